@@ -1,0 +1,259 @@
+/* libattn: exact multi-head attention for C programs.
+ *
+ * One header, prefix attn_ (ATTN_ for macros). Conventions:
+ *   - Every call that can fail returns attn_status; the message for the last
+ *     failure on a context is attn_ctx_error(ctx). The library never prints,
+ *     never exits, and keeps no global mutable state: one context per thread,
+ *     any number of threads.
+ *   - Tensors are strided views (attn_tensor, the shape of DLPack's DLTensor):
+ *     strides count elements, not bytes; a stride of 0 broadcasts.
+ *   - Shapes are written as in PyTorch, outermost first: q is [B, Hq, Nq, D].
+ *   - Outputs come first in argument lists, then inputs, then options.
+ */
+#ifndef ATTN_H
+#define ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- visibility ------------------------------------------------------------ */
+#if defined(ATTN_STATIC)
+#define ATTN_API
+#elif defined(_WIN32)
+#if defined(ATTN_BUILDING)
+#define ATTN_API __declspec(dllexport)
+#else
+#define ATTN_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__)
+#define ATTN_API __attribute__((visibility("default")))
+#else
+#define ATTN_API
+#endif
+
+/* ---- version --------------------------------------------------------------- */
+#define ATTN_VERSION_MAJOR 0
+#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_PATCH 0
+#define ATTN_VERSION_HEX ((ATTN_VERSION_MAJOR << 16) | (ATTN_VERSION_MINOR << 8) | ATTN_VERSION_PATCH)
+
+/* The version of the library actually linked, as ATTN_VERSION_HEX and "0.1.0". */
+ATTN_API unsigned attn_version(void);
+ATTN_API const char *attn_version_string(void);
+
+/* ---- status ---------------------------------------------------------------- */
+typedef enum attn_status {
+  ATTN_OK = 0,
+  ATTN_E_INVALID = 1,     /* a null pointer, a bad option value */
+  ATTN_E_SHAPE = 2,       /* shapes that do not fit together */
+  ATTN_E_DTYPE = 3,       /* a dtype this call does not take */
+  ATTN_E_NOMEM = 4,       /* an allocation failed */
+  ATTN_E_IO = 5,          /* a file could not be opened, read or written */
+  ATTN_E_FORMAT = 6,      /* a file is malformed */
+  ATTN_E_NOT_FOUND = 7,   /* a named tensor is absent */
+  ATTN_E_UNSUPPORTED = 8  /* valid, but not implemented by this build or path */
+} attn_status;
+
+/* A fixed English phrase for a status ("shape mismatch"); never NULL. */
+ATTN_API const char *attn_strerror(attn_status status);
+
+/* ---- context --------------------------------------------------------------- */
+/* A context holds the thread count, the kernel choice and the last error
+ * message. Calls on one context must not overlap; use one per thread. */
+typedef struct attn_ctx attn_ctx;
+
+/* Which implementation computes attention. AUTO picks the fastest this CPU
+ * runs; the environment variable ATTN_KERNEL (ref, c, ...) overrides AUTO. */
+typedef enum attn_kernel {
+  ATTN_KERNEL_AUTO = 0,
+  ATTN_KERNEL_REF = 1,  /* float64 oracle: slow, plain, the yardstick */
+  ATTN_KERNEL_C = 2     /* portable C, fp32 */
+} attn_kernel;
+
+ATTN_API attn_status attn_ctx_create(attn_ctx **out);
+ATTN_API void attn_ctx_destroy(attn_ctx *ctx);
+/* 0 = all processors (OpenMP's default). Results do not depend on it. */
+ATTN_API attn_status attn_ctx_set_threads(attn_ctx *ctx, int threads);
+/* The thread count calls will use (the OpenMP default when set to 0). */
+ATTN_API int attn_ctx_threads(const attn_ctx *ctx);
+ATTN_API attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel);
+/* The kernel calls will actually use (AUTO and ATTN_KERNEL resolved). */
+ATTN_API attn_kernel attn_ctx_kernel(const attn_ctx *ctx);
+ATTN_API const char *attn_kernel_name(attn_kernel kernel);
+/* The message of the last failed call on ctx ("" if none). Valid until the next call. */
+ATTN_API const char *attn_ctx_error(const attn_ctx *ctx);
+
+/* ---- tensors --------------------------------------------------------------- */
+typedef enum attn_dtype {
+  ATTN_F32 = 0,
+  ATTN_F64 = 1,
+  ATTN_F16 = 2,
+  ATTN_BF16 = 3,
+  ATTN_BOOL = 4, /* one byte, 0 = false, anything else = true */
+  ATTN_U8 = 5
+} attn_dtype;
+
+#define ATTN_MAX_RANK 8
+
+typedef struct attn_tensor {
+  void *data;
+  attn_dtype dtype;
+  int rank;
+  int64_t shape[ATTN_MAX_RANK];
+  int64_t strides[ATTN_MAX_RANK]; /* in elements; 0 broadcasts */
+} attn_tensor;
+
+ATTN_API size_t attn_dtype_size(attn_dtype dtype);
+ATTN_API const char *attn_dtype_name(attn_dtype dtype);
+/* A contiguous (C order) view of data. rank <= ATTN_MAX_RANK. */
+ATTN_API attn_tensor attn_tensor_view(void *data, attn_dtype dtype, int rank, const int64_t *shape);
+/* The same data with dimensions reordered: result dim i is t's dim perm[i].
+ * Turns batch-first [B, N, H, D] into [B, H, N, D] without a copy. */
+ATTN_API attn_status attn_tensor_permute(attn_tensor *out, const attn_tensor *t, const int *perm);
+/* Allocates a contiguous tensor (64-byte aligned, zero-filled); free with attn_tensor_free. */
+ATTN_API attn_status attn_tensor_alloc(attn_ctx *ctx, attn_tensor *out, attn_dtype dtype, int rank, const int64_t *shape);
+ATTN_API void attn_tensor_free(attn_tensor *t);
+ATTN_API int64_t attn_tensor_numel(const attn_tensor *t);
+
+/* ---- scaled dot-product attention ------------------------------------------ */
+typedef enum attn_causal {
+  ATTN_CAUSAL_NONE = 0,
+  ATTN_CAUSAL_TOP_LEFT = 1,     /* query i sees keys j <= i (PyTorch is_causal) */
+  ATTN_CAUSAL_BOTTOM_RIGHT = 2  /* query i sees keys j <= i + Nk - Nq (a KV cache) */
+} attn_causal;
+
+/* How a mask tensor is read. Masked logits become -inf (ADDITIVE/SEED: added).
+ *                  mask dtype     true/value means         as in
+ *   KEEP           bool/u8        true = attend             F.scaled_dot_product_attention
+ *   MASKED         bool/u8        true = masked out          nn.MultiheadAttention
+ *   ADDITIVE       f32/f64/f16/bf16  added to the logits (-inf masks)   both, for float masks
+ *   SEED           any            logits += mask * -1e9      the seed module                */
+typedef enum attn_mask_mode {
+  ATTN_MASK_KEEP = 0,
+  ATTN_MASK_MASKED = 1,
+  ATTN_MASK_ADDITIVE = 2,
+  ATTN_MASK_SEED = 3
+} attn_mask_mode;
+
+/* Options for attn_sdpa; initialise with attn_sdpa_opts_init (fields may be
+ * added in later versions, always with a default that changes nothing). */
+typedef struct attn_sdpa_opts {
+  double scale;               /* logits = q.k * scale; NaN (the default) = 1/sqrt(D) */
+  attn_causal causal;
+  const attn_tensor *mask;    /* broadcastable to [B, Hq, Nq, Nk] (numpy rules), or NULL */
+  attn_mask_mode mask_mode;
+  const attn_tensor *key_padding; /* bool/u8 [B, Nk], true = ignore that key; or NULL */
+  attn_tensor *weights;       /* out, f32 [B, Hq, Nq, Nk] softmax probabilities; or NULL */
+  attn_tensor *lse;           /* out, f32 [B, Hq, Nq] log-sum-exp of the scaled, masked logits; or NULL */
+} attn_sdpa_opts;
+
+ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
+
+/* out[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,g,j,:] + mask) v[b,g,j,:]
+ *   out is [B, Hq, Nq, Dv] f32     q is [B, Hq, Nq, D] f32
+ *   k   is [B, Hk, Nk, D]  f32     v is [B, Hk, Nk, Dv] f32
+ * Grouped-query attention: Hq = G * Hk, query head h reads kv head g = h / G
+ * (Hk = 1 is multi-query attention). Any strides: pass permuted views for
+ * batch-first data. A row whose every key is masked gives zeros in out and
+ * weights and -inf in lse, never NaN. NaN or Inf in the inputs propagate.
+ * With ATTN_KERNEL_REF the oracle runs instead (see attn_sdpa_ref). */
+ATTN_API attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
+                               const attn_tensor *v, const attn_sdpa_opts *opts);
+
+/* The float64 oracle: the same contract, but q/k/v/mask may be any float
+ * dtype, every step runs in double, and out/weights/lse may be f32 or f64. */
+ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
+                                   const attn_tensor *v, const attn_sdpa_opts *opts);
+
+/* ---- the multi-head attention layer ----------------------------------------- */
+typedef struct attn_mha attn_mha;
+
+typedef struct attn_mha_config {
+  int64_t embed_dim;    /* E */
+  int64_t num_heads;    /* H; E must divide by H, head dim D = E / H */
+  int64_t num_kv_heads; /* Hk for grouped-query attention; 0 = H */
+  int64_t kdim;         /* features of the key input; 0 = E */
+  int64_t vdim;         /* features of the value input; 0 = E */
+  int bias;             /* nonzero: all four projections have a bias */
+} attn_mha_config;
+
+/* Parameters, in PyTorch Linear layout (y = x W^T + b):
+ *   Q_WEIGHT [E, E]       Q_BIAS [E]
+ *   K_WEIGHT [Hk*D, kdim] K_BIAS [Hk*D]
+ *   V_WEIGHT [Hk*D, vdim] V_BIAS [Hk*D]
+ *   O_WEIGHT [E, E]       O_BIAS [E]          */
+typedef enum attn_mha_param {
+  ATTN_MHA_Q_WEIGHT = 0, ATTN_MHA_Q_BIAS, ATTN_MHA_K_WEIGHT, ATTN_MHA_K_BIAS,
+  ATTN_MHA_V_WEIGHT, ATTN_MHA_V_BIAS, ATTN_MHA_O_WEIGHT, ATTN_MHA_O_BIAS,
+  ATTN_MHA_NUM_PARAMS
+} attn_mha_param;
+
+ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_heads);
+/* Parameters start zeroed. */
+ATTN_API attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg);
+ATTN_API void attn_mha_destroy(attn_mha *mha);
+ATTN_API const attn_mha_config *attn_mha_get_config(const attn_mha *mha);
+/* A writable contiguous f32 view of one parameter (NOT_FOUND for a bias when bias = 0). */
+ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_mha *mha, attn_mha_param which, attn_tensor *out);
+/* Sets a parameter by name, converting any float dtype and checking the shape.
+ * Names of the seed module: wq.weight wq.bias wk.* wv.* dense.*;
+ * of nn.MultiheadAttention: in_proj_weight [E+2*Hk*D, E] (q, k, v rows in turn),
+ * in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight, out_proj.weight, out_proj.bias;
+ * of Llama-style models: q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight (and .bias). */
+ATTN_API attn_status attn_mha_set_param(attn_ctx *ctx, attn_mha *mha, const char *name, const attn_tensor *value);
+/* Loads every parameter from a safetensors file, either naming (detected), each
+ * name preceded by prefix (e.g. "layers.0.attn."; NULL or "" for none). All
+ * required parameters must be present; unrelated tensors are ignored. */
+ATTN_API attn_status attn_mha_load_safetensors(attn_ctx *ctx, attn_mha *mha, const char *path, const char *prefix);
+
+/* Creates a layer whose sizes (E, kdim, vdim, bias) are read from the
+ * parameters in a safetensors file, then loads them. num_kv_heads 0 = num_heads. */
+ATTN_API attn_status attn_mha_create_from_safetensors(attn_ctx *ctx, attn_mha **out, const char *path,
+                                                      const char *prefix, int64_t num_heads, int64_t num_kv_heads);
+
+typedef struct attn_mha_opts {
+  attn_causal causal;
+  const attn_tensor *mask;        /* broadcastable to [B, H, Nq, Nk], or NULL */
+  attn_mask_mode mask_mode;       /* default MASKED: true = masked out, PyTorch MHA's rule */
+  const attn_tensor *key_padding; /* bool/u8 [B, Nk], true = ignore; or NULL */
+  attn_tensor *weights;           /* out, f32 [B, H, Nq, Nk], or [B, Nq, Nk] if average_weights */
+  int average_weights;            /* weights averaged over heads (PyTorch average_attn_weights) */
+} attn_mha_opts;
+
+ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
+
+/* out = O(attention(Q(query), K(key), V(value)))
+ *   out is [B, Nq, E] f32, query [B, Nq, E], key [B, Nk, kdim], value [B, Nk, vdim]
+ *   (batch-first, any strides, f32). key and value NULL: self-attention on query.
+ * With ATTN_KERNEL_REF every step runs in float64 (out may then be f64). */
+ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
+                                      const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts);
+
+/* ---- files ------------------------------------------------------------------- */
+/* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16), little-endian, C order.
+ * Reading allocates: free with attn_tensor_free. Writing gathers any strides
+ * and replaces path atomically (a temporary file, then rename). */
+ATTN_API attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path);
+ATTN_API attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t);
+
+/* safetensors: a file of named tensors (F32, F64, F16, BF16, BOOL, U8). */
+typedef struct attn_safetensors attn_safetensors;
+ATTN_API attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const char *path);
+ATTN_API void attn_safetensors_close(attn_safetensors *st);
+ATTN_API int64_t attn_safetensors_count(const attn_safetensors *st);
+ATTN_API const char *attn_safetensors_name(const attn_safetensors *st, int64_t index);
+/* A read-only view into the file's data, valid until close (NOT_FOUND if absent). */
+ATTN_API attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
+                                          attn_tensor *out);
+/* Writes count tensors (any strides, gathered) under their names, atomically. */
+ATTN_API attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, int64_t count, const char *const *names,
+                                            const attn_tensor *tensors);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ATTN_H */

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The test command: builds with warnings as errors and runs the suite, then again
+# under AddressSanitizer + UndefinedBehaviorSanitizer. Ends with ctest's summary.
+#   scripts/test.sh          both builds
+#   scripts/test.sh quick    the release build only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc 2>/dev/null || echo 2)
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+
+run_suite() { # build dir, extra cmake flags...
+  local dir=$1; shift
+  cmake -S . -B "$dir" "${gen[@]}" -DATTN_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+  # one test at a time: each already uses every core through OpenMP
+  ctest --test-dir "$dir" --output-on-failure
+}
+
+if [ "${1:-}" != quick ]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build =="
+  ASAN_OPTIONS=detect_leaks=1 run_suite build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON
+fi
+echo "== release build =="
+run_suite build -DCMAKE_BUILD_TYPE=Release

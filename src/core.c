@@ -1,0 +1,267 @@
+/* Contexts, status, tensors and argument checks. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define ATTN__STR2(x) #x
+#define ATTN__STR(x) ATTN__STR2(x)
+
+unsigned attn_version(void) { return ATTN_VERSION_HEX; }
+
+const char *attn_version_string(void) {
+  return ATTN__STR(ATTN_VERSION_MAJOR) "." ATTN__STR(ATTN_VERSION_MINOR) "." ATTN__STR(ATTN_VERSION_PATCH);
+}
+
+const char *attn_strerror(attn_status status) {
+  switch (status) {
+    case ATTN_OK: return "success";
+    case ATTN_E_INVALID: return "invalid argument";
+    case ATTN_E_SHAPE: return "shape mismatch";
+    case ATTN_E_DTYPE: return "unsupported dtype";
+    case ATTN_E_NOMEM: return "out of memory";
+    case ATTN_E_IO: return "i/o error";
+    case ATTN_E_FORMAT: return "malformed file";
+    case ATTN_E_NOT_FOUND: return "not found";
+    case ATTN_E_UNSUPPORTED: return "not supported";
+  }
+  return "unknown status";
+}
+
+attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...) {
+  if (ctx) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->msg, sizeof ctx->msg, fmt, ap);
+    va_end(ap);
+  }
+  return status;
+}
+
+attn_status attn_ctx_create(attn_ctx **out) {
+  if (!out) return ATTN_E_INVALID;
+  attn_ctx *c = calloc(1, sizeof *c);
+  *out = c;
+  return c ? ATTN_OK : ATTN_E_NOMEM;
+}
+
+void attn_ctx_destroy(attn_ctx *ctx) { free(ctx); }
+
+attn_status attn_ctx_set_threads(attn_ctx *ctx, int threads) {
+  if (!ctx) return ATTN_E_INVALID;
+  attn__clear(ctx);
+  if (threads < 0 || threads > 4096)
+    return attn__fail(ctx, ATTN_E_INVALID, "thread count %d is out of range 0..4096", threads);
+  ctx->threads = threads;
+  return ATTN_OK;
+}
+
+int attn_ctx_threads(const attn_ctx *ctx) { return attn__threads(ctx); }
+
+int attn__threads(const attn_ctx *ctx) {
+  if (ctx && ctx->threads > 0) return ctx->threads;
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel) {
+  if (!ctx) return ATTN_E_INVALID;
+  attn__clear(ctx);
+  if (kernel != ATTN_KERNEL_AUTO && kernel != ATTN_KERNEL_REF && kernel != ATTN_KERNEL_C)
+    return attn__fail(ctx, ATTN_E_INVALID, "unknown kernel %d", (int)kernel);
+  ctx->kernel = kernel;
+  return ATTN_OK;
+}
+
+const char *attn_kernel_name(attn_kernel kernel) {
+  switch (kernel) {
+    case ATTN_KERNEL_AUTO: return "auto";
+    case ATTN_KERNEL_REF: return "ref";
+    case ATTN_KERNEL_C: return "c";
+  }
+  return "unknown";
+}
+
+attn_kernel attn_ctx_kernel(const attn_ctx *ctx) {
+  if (ctx && ctx->kernel != ATTN_KERNEL_AUTO) return ctx->kernel;
+  /* getenv only reads; the environment is the caller's to keep stable. */
+  const char *env = getenv("ATTN_KERNEL");
+  if (env) {
+    if (!strcmp(env, "ref")) return ATTN_KERNEL_REF;
+    if (!strcmp(env, "c")) return ATTN_KERNEL_C;
+  }
+  return ATTN_KERNEL_C;
+}
+
+const char *attn_ctx_error(const attn_ctx *ctx) { return ctx ? ctx->msg : ""; }
+
+/* ---- tensors ----------------------------------------------------------------- */
+size_t attn_dtype_size(attn_dtype dtype) {
+  switch (dtype) {
+    case ATTN_F32: return 4;
+    case ATTN_F64: return 8;
+    case ATTN_F16: case ATTN_BF16: return 2;
+    case ATTN_BOOL: case ATTN_U8: return 1;
+  }
+  return 0;
+}
+
+const char *attn_dtype_name(attn_dtype dtype) {
+  switch (dtype) {
+    case ATTN_F32: return "f32";
+    case ATTN_F64: return "f64";
+    case ATTN_F16: return "f16";
+    case ATTN_BF16: return "bf16";
+    case ATTN_BOOL: return "bool";
+    case ATTN_U8: return "u8";
+  }
+  return "unknown";
+}
+
+attn_tensor attn_tensor_view(void *data, attn_dtype dtype, int rank, const int64_t *shape) {
+  attn_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dtype;
+  if (rank < 0 || rank > ATTN_MAX_RANK) rank = -1; /* caught by every checked call */
+  t.rank = rank;
+  int64_t s = 1;
+  for (int i = rank - 1; i >= 0; i--) {
+    t.shape[i] = shape[i];
+    t.strides[i] = s;
+    s *= shape[i] > 0 ? shape[i] : 1;
+  }
+  return t;
+}
+
+attn_status attn_tensor_permute(attn_tensor *out, const attn_tensor *t, const int *perm) {
+  if (!out || !t || !perm || t->rank < 0 || t->rank > ATTN_MAX_RANK) return ATTN_E_INVALID;
+  attn_tensor r = *t;
+  int seen[ATTN_MAX_RANK] = {0};
+  for (int i = 0; i < t->rank; i++) {
+    if (perm[i] < 0 || perm[i] >= t->rank || seen[perm[i]]) return ATTN_E_INVALID;
+    seen[perm[i]] = 1;
+    r.shape[i] = t->shape[perm[i]];
+    r.strides[i] = t->strides[perm[i]];
+  }
+  *out = r;
+  return ATTN_OK;
+}
+
+int attn__mul_overflows(int64_t a, int64_t b, int64_t *out) {
+  if (a < 0 || b < 0) return 1;
+  if (a != 0 && b > INT64_MAX / a) return 1;
+  *out = a * b;
+  return 0;
+}
+
+int64_t attn_tensor_numel(const attn_tensor *t) {
+  if (!t || t->rank < 0 || t->rank > ATTN_MAX_RANK) return -1;
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++)
+    if (attn__mul_overflows(n, t->shape[i], &n)) return -1;
+  return n;
+}
+
+void *attn__aligned_alloc(size_t bytes) {
+  void *p = NULL;
+  if (bytes == 0) bytes = 64;
+  if (posix_memalign(&p, 64, (bytes + 63) / 64 * 64)) return NULL;
+  return p;
+}
+
+void attn__aligned_free(void *p) { free(p); }
+
+attn_status attn_tensor_alloc(attn_ctx *ctx, attn_tensor *out, attn_dtype dtype, int rank, const int64_t *shape) {
+  attn__clear(ctx);
+  if (!out || (rank > 0 && !shape)) return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_alloc: null argument");
+  if (rank < 0 || rank > ATTN_MAX_RANK)
+    return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_alloc: rank %d is out of range 0..%d", rank, ATTN_MAX_RANK);
+  size_t es = attn_dtype_size(dtype);
+  if (!es) return attn__fail(ctx, ATTN_E_DTYPE, "attn_tensor_alloc: unknown dtype %d", (int)dtype);
+  int64_t n = 1;
+  for (int i = 0; i < rank; i++)
+    if (shape[i] < 0 || attn__mul_overflows(n, shape[i], &n))
+      return attn__fail(ctx, ATTN_E_SHAPE, "attn_tensor_alloc: bad or too large shape");
+  if (attn__mul_overflows(n, (int64_t)es, &n) || (uint64_t)n > SIZE_MAX / 2)
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_tensor_alloc: tensor too large");
+  void *d = attn__aligned_alloc((size_t)n);
+  if (!d) return attn__fail(ctx, ATTN_E_NOMEM, "attn_tensor_alloc: cannot allocate %lld bytes", (long long)n);
+  memset(d, 0, (size_t)n);
+  *out = attn_tensor_view(d, dtype, rank, shape);
+  return ATTN_OK;
+}
+
+void attn_tensor_free(attn_tensor *t) {
+  if (!t) return;
+  attn__aligned_free(t->data);
+  t->data = NULL;
+}
+
+attn_status attn__check_tensor(attn_ctx *ctx, const attn_tensor *t, const char *what, int rank) {
+  if (!t) return attn__fail(ctx, ATTN_E_INVALID, "%s is NULL", what);
+  if (rank >= 0 && t->rank != rank)
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s must have rank %d, got %d", what, rank, t->rank);
+  if (t->rank < 0 || t->rank > ATTN_MAX_RANK)
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s has rank %d, out of range 0..%d", what, t->rank, ATTN_MAX_RANK);
+  if (!attn_dtype_size(t->dtype)) return attn__fail(ctx, ATTN_E_DTYPE, "%s has unknown dtype %d", what, (int)t->dtype);
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) {
+    if (t->shape[i] < 0 || attn__mul_overflows(n, t->shape[i], &n))
+      return attn__fail(ctx, ATTN_E_SHAPE, "%s has a negative or too large shape", what);
+  }
+  if (n > 0 && !t->data) return attn__fail(ctx, ATTN_E_INVALID, "%s has NULL data", what);
+  return ATTN_OK;
+}
+
+/* ---- half precision ------------------------------------------------------------ */
+float attn__f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+  if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);            /* inf, nan */
+  else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);       /* normal */
+  else if (!man) u = sign;                                          /* zero */
+  else {                                                            /* subnormal: renormalise */
+    int e = -1;
+    do { man <<= 1; e++; } while (!(man & 0x400));
+    u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t attn__f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00 | (uint16_t)((a >> 13) & 0x3ff); /* nan stays nan */
+  if (a >= 0x477ff000u) return sign | 0x7c00;                                /* rounds to inf */
+  if (a < 0x38800000u) {                                                     /* subnormal or zero */
+    if (a < 0x33000000u) return sign;                                        /* below half the tiniest */
+    uint32_t man = (a & 0x7fffff) | 0x800000;
+    int shift = 126 - (int)(a >> 23);                                        /* 14..24 */
+    uint32_t q = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1))) q++;
+    return sign | (uint16_t)q;
+  }
+  uint32_t q = ((a >> 13) - (112u << 10)), rem = a & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (q & 1))) q++;
+  return sign | (uint16_t)q;
+}
+
+uint16_t attn__f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet nan */
+  u += 0x7fffu + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}

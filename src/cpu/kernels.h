@@ -1,0 +1,34 @@
+/* The microkernel contract between the blocked attention framework (flash.c)
+ * and each instruction set's kernels (kernels_c.c, later AVX2 and AVX-512).
+ *
+ * The framework owns loops, packing, masks and threads; a kernel set owns the
+ * arithmetic on one tile. A tile is MR query rows against NR keys:
+ *   S is (MR, NR)  logits, row-major, NR floats per row
+ *   Q is (MR, D)   pre-scaled queries, row-major, D floats per row (rows past Nq are zero)
+ *   Kt is (D, NR)  one key block, transposed: Kt[d * NR + j] = k[j][d] (keys past Nk are zero)
+ *   V is (nkeys, Dv) value rows, ldv floats apart, unit stride within a row
+ *   O is (MR, Dv)  the running output of the tile, row-major, Dv floats per row
+ * Kernels take no locks and know nothing of threads: the framework hands each
+ * thread its own S, O and row statistics. */
+#ifndef ATTN_CPU_KERNELS_H
+#define ATTN_CPU_KERNELS_H
+
+#include <stdint.h>
+
+typedef struct attn__cpu_kernels {
+  const char *name;
+  int mr, nr;
+  /* S = Q . Kt */
+  void (*qk)(float *S, const float *Q, const float *Kt, int64_t D);
+  /* Online-softmax step for MR rows of S (masked logits are -inf):
+   *   m_new = max(m, max_j S[r][j])  (NaN propagates);  alpha[r] = exp(m - m_new);
+   *   S[r][j] = exp(S[r][j] - m_new);  l[r] = l[r] * alpha[r] + sum_j S[r][j];  m = m_new.
+   * A row still without a visible key (m_new = -inf) gets P = 0, alpha = 1. */
+  void (*softmax)(float *S, float *m, float *l, float *alpha);
+  /* O[r][:] = O[r][:] * alpha[r] + sum_{j < nkeys} P[r][j] * V[j][:] */
+  void (*pv)(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv, int64_t nkeys);
+} attn__cpu_kernels;
+
+extern const attn__cpu_kernels attn__kernels_c;
+
+#endif

@@ -1,0 +1,61 @@
+/* Portable C microkernels: the contract of kernels.h with plain loops over
+ * fixed tile sizes, which compilers vectorise well enough. Builds anywhere. */
+#include "kernels.h"
+
+#include <math.h>
+
+#define MR 8
+#define NR 16
+
+static void qk_c(float *S, const float *Q, const float *Kt, int64_t D) {
+  float acc[MR][NR] = {{0}};
+  for (int64_t d = 0; d < D; d++) {
+    const float *kr = Kt + d * NR;
+    for (int r = 0; r < MR; r++) {
+      const float qv = Q[r * D + d];
+      for (int j = 0; j < NR; j++) acc[r][j] += qv * kr[j];
+    }
+  }
+  for (int r = 0; r < MR; r++)
+    for (int j = 0; j < NR; j++) S[r * NR + j] = acc[r][j];
+}
+
+static void softmax_c(float *S, float *m, float *l, float *alpha) {
+  for (int r = 0; r < MR; r++) {
+    float *s = S + r * NR;
+    float mx = m[r];
+    for (int j = 0; j < NR; j++)
+      if (isnan(s[j]) || s[j] > mx) mx = s[j];
+    if (isnan(m[r])) mx = m[r];
+    if (mx == -INFINITY) {
+      for (int j = 0; j < NR; j++) s[j] = 0;
+      alpha[r] = 1;
+      continue;
+    }
+    float sum = 0;
+    for (int j = 0; j < NR; j++) {
+      s[j] = expf(s[j] - mx);
+      sum += s[j];
+    }
+    alpha[r] = expf(m[r] - mx);
+    l[r] = l[r] * alpha[r] + sum;
+    m[r] = mx;
+  }
+}
+
+static void pv_c(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,
+                 int64_t nkeys) {
+  for (int r = 0; r < MR; r++) {
+    float *o = O + r * Dv;
+    const float a = alpha[r];
+    for (int64_t c = 0; c < Dv; c++) o[c] *= a;
+    for (int64_t j = 0; j < nkeys; j++) {
+      const float pj = P[r * NR + j];
+      if (pj == 0) continue; /* masked keys: their values never reach the output */
+      const float *vr = V + j * ldv;
+      for (int64_t c = 0; c < Dv; c++) o[c] += pj * vr[c];
+    }
+  }
+}
+
+const attn__cpu_kernels attn__kernels_c = {"c", MR, NR, qk_c, softmax_c, pv_c};

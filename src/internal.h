@@ -1,0 +1,140 @@
+/* Internal declarations shared by the library's files. Prefix attn__. */
+#ifndef ATTN_INTERNAL_H
+#define ATTN_INTERNAL_H
+
+#include "attn.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ATTN__MSG_LEN 512
+
+struct attn_ctx {
+  int threads;          /* 0 = OpenMP default */
+  attn_kernel kernel;   /* as set; AUTO resolved at call time */
+  char msg[ATTN__MSG_LEN];
+};
+
+/* Records a printf-style message on ctx (if any) and returns status. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...);
+
+/* Clears the message at the start of a public call. */
+static inline void attn__clear(attn_ctx *ctx) {
+  if (ctx) ctx->msg[0] = '\0';
+}
+
+/* The thread count to hand OpenMP: at least 1. */
+int attn__threads(const attn_ctx *ctx);
+
+/* ---- half-precision conversion (round to nearest even) --------------------- */
+float attn__f16_to_f32(uint16_t h);
+uint16_t attn__f32_to_f16(float f);
+static inline float attn__bf16_to_f32(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t attn__f32_to_bf16(float f);
+
+/* Element (at element offset off) of a float or bool tensor, as double. */
+static inline double attn__load(const void *data, attn_dtype dt, int64_t off) {
+  switch (dt) {
+    case ATTN_F32: return ((const float *)data)[off];
+    case ATTN_F64: return ((const double *)data)[off];
+    case ATTN_F16: return attn__f16_to_f32(((const uint16_t *)data)[off]);
+    case ATTN_BF16: return attn__bf16_to_f32(((const uint16_t *)data)[off]);
+    case ATTN_BOOL: return ((const uint8_t *)data)[off] != 0;
+    case ATTN_U8: return ((const uint8_t *)data)[off];
+  }
+  return NAN;
+}
+
+static inline void attn__store(void *data, attn_dtype dt, int64_t off, double x) {
+  switch (dt) {
+    case ATTN_F32: ((float *)data)[off] = (float)x; break;
+    case ATTN_F64: ((double *)data)[off] = x; break;
+    case ATTN_F16: ((uint16_t *)data)[off] = attn__f32_to_f16((float)x); break;
+    case ATTN_BF16: ((uint16_t *)data)[off] = attn__f32_to_bf16((float)x); break;
+    case ATTN_BOOL: ((uint8_t *)data)[off] = x != 0; break;
+    case ATTN_U8: ((uint8_t *)data)[off] = (uint8_t)x; break;
+  }
+}
+
+static inline int attn__is_float(attn_dtype dt) {
+  return dt == ATTN_F32 || dt == ATTN_F64 || dt == ATTN_F16 || dt == ATTN_BF16;
+}
+
+/* Checks a tensor argument: non-null data (unless empty), rank, sane shape. */
+attn_status attn__check_tensor(attn_ctx *ctx, const attn_tensor *t, const char *what, int rank);
+
+/* ---- SDPA problem, validated once and shared by every kernel ----------------- */
+/* Each view is rank 4 with explicit strides (masks broadcast with stride 0). */
+typedef struct attn__sdpa {
+  int64_t B, Hq, Hk, Nq, Nk, D, Dv, group;
+  double scale;
+  attn_causal causal;
+  attn_tensor q, k, v, out;
+  int has_mask;
+  attn_tensor mask; /* [B, Hq, Nq, Nk] view */
+  attn_mask_mode mask_mode;
+  int has_kpm;
+  attn_tensor kpm;  /* [B, 1, 1, Nk] view: stride[3] on keys, stride[0] on batch */
+  attn_tensor *weights; /* [B, Hq, Nq, Nk] or NULL */
+  attn_tensor *lse;     /* [B, Hq, Nq] or NULL */
+} attn__sdpa;
+
+/* Validates arguments and fills p. float_only: q/k/v/out must be f32. */
+attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, const attn_tensor *q,
+                               const attn_tensor *k, const attn_tensor *v, const attn_sdpa_opts *opts,
+                               int f32_only);
+
+/* Kernels: p is validated. */
+attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p);
+attn_status attn__sdpa_run_c(attn_ctx *ctx, const attn__sdpa *p);
+
+/* Last key index query row i may see under causal (exclusive bound), or Nk. */
+static inline int64_t attn__causal_end(attn_causal c, int64_t i, int64_t Nq, int64_t Nk) {
+  int64_t e;
+  if (c == ATTN_CAUSAL_TOP_LEFT) e = i + 1;
+  else if (c == ATTN_CAUSAL_BOTTOM_RIGHT) e = i + 1 + Nk - Nq;
+  else return Nk;
+  return e < 0 ? 0 : (e > Nk ? Nk : e);
+}
+
+/* The mask's and key padding's verdict on logit x at (b, h, i, j), in the
+ * logit's precision: -inf when masked out. Masks are read as double. */
+static inline double attn__mask_logit(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, int64_t j, double x) {
+  if (p->has_kpm) {
+    const attn_tensor *m = &p->kpm;
+    if (attn__load(m->data, m->dtype, b * m->strides[0] + j * m->strides[3]) != 0) return -INFINITY;
+  }
+  if (p->has_mask) {
+    const attn_tensor *m = &p->mask;
+    double mv = attn__load(m->data, m->dtype,
+                           b * m->strides[0] + h * m->strides[1] + i * m->strides[2] + j * m->strides[3]);
+    switch (p->mask_mode) {
+      case ATTN_MASK_KEEP: if (mv == 0) return -INFINITY; break;
+      case ATTN_MASK_MASKED: if (mv != 0) return -INFINITY; break;
+      case ATTN_MASK_ADDITIVE: x += mv; break;
+      case ATTN_MASK_SEED: x += mv * -1e9; break;
+    }
+  }
+  return x;
+}
+
+/* C = A . B^T + bias, fp32; C is (M, N), A is (M, K), B is (N, K). */
+void attn__sgemm_nt(int threads, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+                    int64_t ldb, float *C, int64_t ldc, const float *bias);
+
+/* Size helpers that refuse overflow: 0 on success. */
+int attn__mul_overflows(int64_t a, int64_t b, int64_t *out);
+
+void *attn__aligned_alloc(size_t bytes);
+void attn__aligned_free(void *p);
+
+#endif

@@ -1,0 +1,552 @@
+/* .npy files (format 1.0-3.0): a magic string, a Python-literal header dict,
+ * then the raw C-order data. Files are treated as hostile: every length is
+ * checked against the file's real size before anything is allocated. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* numpy itself refuses headers over 10000 bytes by default; anything this
+ * reader accepts fits a v1 header, so 64 KiB is generous. */
+#define NPY_HEADER_CAP 65536
+#define NPY_CHUNK 65536
+
+static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static attn_status npy_fail(attn_ctx *ctx, attn_status st, const char *path, const char *fmt, ...) {
+  char msg[ATTN__MSG_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return attn__fail(ctx, st, "npy '%s': %s", path, msg);
+}
+
+static int host_is_le(void) {
+  const uint16_t one = 1;
+  unsigned char b;
+  memcpy(&b, &one, 1);
+  return b == 1;
+}
+
+static void swap_elems(unsigned char *p, size_t es, size_t n) {
+  for (size_t i = 0; i < n; i++, p += es)
+    for (size_t a = 0, b = es - 1; a < b; a++, b--) {
+      unsigned char t = p[a];
+      p[a] = p[b];
+      p[b] = t;
+    }
+}
+
+/* Copies a hostile string into a message: printable ASCII only, bounded. */
+static void sanitize(char *dst, size_t cap, const char *src, size_t n) {
+  size_t j = 0;
+  for (size_t i = 0; i < n && j + 1 < cap; i++) dst[j++] = (src[i] >= 0x20 && src[i] < 0x7f) ? src[i] : '?';
+  dst[j] = '\0';
+}
+
+/* Reads up to n bytes; *got < n only at end of file. Returns errno or 0. */
+static int read_full(int fd, void *buf, size_t n, size_t *got) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = read(fd, (unsigned char *)buf + done, n - done);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      *got = done;
+      return errno ? errno : EIO;
+    }
+    if (r == 0) break;
+    done += (size_t)r;
+  }
+  *got = done;
+  return 0;
+}
+
+/* ---- atomic writer: a temporary next to path, renamed over it at the end ---- */
+typedef struct {
+  int fd;
+  char *tmp;
+  const char *path;
+} npy_out;
+
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* O_EXCL with a fresh name rather than mkstemp so the file gets the usual
+ * 0666 & ~umask mode instead of 0600. */
+static attn_status out_open(attn_ctx *ctx, npy_out *w, const char *path) {
+  size_t n = strlen(path), cap = n + 32;
+  w->fd = -1;
+  w->path = path;
+  w->tmp = malloc(cap);
+  if (!w->tmp) return npy_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
+  struct timespec ts = {0, 0};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t seed = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
+                  (uint64_t)(uintptr_t)w;
+  int err = 0;
+  for (int attempt = 0; attempt < 100; attempt++) {
+    seed = mix64(seed + 0x9e3779b97f4a7c15ull);
+    snprintf(w->tmp, cap, "%s.tmp.%06llx", path, (unsigned long long)(seed & 0xffffffu));
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (w->fd >= 0) return ATTN_OK;
+    err = errno;
+    if (err != EEXIST) break;
+  }
+  free(w->tmp);
+  w->tmp = NULL;
+  return npy_fail(ctx, ATTN_E_IO, path, "cannot create a temporary file next to it: %s", strerror(err));
+}
+
+static void out_abort(npy_out *w) {
+  if (w->fd >= 0) close(w->fd);
+  if (w->tmp) unlink(w->tmp);
+  free(w->tmp);
+  w->fd = -1;
+  w->tmp = NULL;
+}
+
+static attn_status out_write(attn_ctx *ctx, npy_out *w, const void *buf, size_t n) {
+  const unsigned char *p = buf;
+  while (n > 0) {
+    ssize_t r = write(w->fd, p, n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      out_abort(w);
+      return npy_fail(ctx, ATTN_E_IO, w->path, "write failed: %s", strerror(err));
+    }
+    p += r;
+    n -= (size_t)r;
+  }
+  return ATTN_OK;
+}
+
+static attn_status out_commit(attn_ctx *ctx, npy_out *w) {
+  int fd = w->fd;
+  w->fd = -1;
+  if (close(fd) != 0) {
+    int err = errno;
+    out_abort(w);
+    return npy_fail(ctx, ATTN_E_IO, w->path, "write failed: %s", strerror(err));
+  }
+  if (rename(w->tmp, w->path) != 0) {
+    int err = errno;
+    out_abort(w);
+    return npy_fail(ctx, ATTN_E_IO, w->path, "cannot rename the temporary file over it: %s", strerror(err));
+  }
+  free(w->tmp);
+  w->tmp = NULL;
+  return ATTN_OK;
+}
+
+static int is_c_contiguous(const attn_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->rank - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->strides[i] != s) return 0;
+    s *= t->shape[i];
+  }
+  return 1;
+}
+
+/* Streams t's elements in C order, whatever its strides, in little-endian. */
+static attn_status out_tensor(attn_ctx *ctx, npy_out *w, const attn_tensor *t) {
+  int64_t n = attn_tensor_numel(t);
+  if (n <= 0) return ATTN_OK;
+  const size_t es = attn_dtype_size(t->dtype);
+  const unsigned char *src = t->data;
+  const int le = host_is_le();
+  if (le && is_c_contiguous(t)) return out_write(ctx, w, src, (size_t)n * es);
+  unsigned char *buf = malloc(NPY_CHUNK);
+  if (!buf) {
+    out_abort(w);
+    return npy_fail(ctx, ATTN_E_NOMEM, w->path, "out of memory");
+  }
+  const size_t cap = NPY_CHUNK / es * es;
+  size_t fill = 0;
+  int64_t idx[ATTN_MAX_RANK] = {0}, off = 0;
+  attn_status st = ATTN_OK;
+  for (int64_t i = 0; i < n && !st; i++) {
+    memcpy(buf + fill, src + off * (int64_t)es, es);
+    fill += es;
+    if (fill == cap || i == n - 1) {
+      if (!le) swap_elems(buf, es, fill / es);
+      st = out_write(ctx, w, buf, fill);
+      fill = 0;
+    }
+    for (int d = t->rank - 1; d >= 0; d--) {
+      if (++idx[d] < t->shape[d]) {
+        off += t->strides[d];
+        break;
+      }
+      off -= t->strides[d] * (t->shape[d] - 1);
+      idx[d] = 0;
+    }
+  }
+  free(buf);
+  return st;
+}
+
+/* ---- header dict parsing ------------------------------------------------------ */
+typedef struct {
+  const char *p, *end;
+} npy_cur;
+
+static void cur_ws(npy_cur *c) {
+  while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r')) c->p++;
+}
+
+static int cur_eat(npy_cur *c, char ch) {
+  cur_ws(c);
+  if (c->p < c->end && *c->p == ch) {
+    c->p++;
+    return 1;
+  }
+  return 0;
+}
+
+static int cur_peek(npy_cur *c) {
+  cur_ws(c);
+  return c->p < c->end ? (unsigned char)*c->p : -1;
+}
+
+/* A Python string literal, raw (escapes are kept; no key or dtype needs them).
+ * Copies at most cap-1 bytes; *len is the full length. 0 if malformed. */
+static int cur_string(npy_cur *c, char *out, size_t cap, size_t *len) {
+  int q = cur_peek(c);
+  if (q != '\'' && q != '"') return 0;
+  const char *s = ++c->p;
+  while (c->p < c->end && *c->p != q) {
+    if (*c->p == '\\') c->p++;
+    if (c->p < c->end) c->p++;
+  }
+  if (c->p >= c->end) return 0;
+  size_t n = (size_t)(c->p - s);
+  c->p++;
+  size_t k = n < cap - 1 ? n : cap - 1;
+  memcpy(out, s, k);
+  out[k] = '\0';
+  *len = n;
+  return 1;
+}
+
+static int cur_word(npy_cur *c, const char *w) {
+  size_t n = strlen(w);
+  cur_ws(c);
+  if ((size_t)(c->end - c->p) < n || memcmp(c->p, w, n) != 0) return 0;
+  if ((size_t)(c->end - c->p) > n) {
+    char nx = c->p[n];
+    if ((nx >= 'a' && nx <= 'z') || (nx >= 'A' && nx <= 'Z') || (nx >= '0' && nx <= '9') || nx == '_') return 0;
+  }
+  c->p += n;
+  return 1;
+}
+
+typedef struct {
+  char descr[32];
+  size_t descr_len;
+  int fortran;
+  int rank;
+  int64_t shape[ATTN_MAX_RANK];
+} npy_header;
+
+static attn_status parse_shape(attn_ctx *ctx, const char *path, npy_cur *c, npy_header *h) {
+  if (!cur_eat(c, '(')) return npy_fail(ctx, ATTN_E_FORMAT, path, "'shape' is not a tuple");
+  h->rank = 0;
+  if (cur_eat(c, ')')) return ATTN_OK;
+  for (;;) {
+    cur_ws(c);
+    int neg = 0;
+    if (c->p < c->end && (*c->p == '-' || *c->p == '+')) neg = *c->p++ == '-';
+    if (c->p >= c->end || *c->p < '0' || *c->p > '9')
+      return npy_fail(ctx, ATTN_E_FORMAT, path, "'shape' holds something other than integers");
+    int64_t v = 0;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
+      int dgt = *c->p++ - '0';
+      if (v > (INT64_MAX - dgt) / 10) return npy_fail(ctx, ATTN_E_FORMAT, path, "a dimension in 'shape' is too large");
+      v = v * 10 + dgt;
+    }
+    if (c->p < c->end && (*c->p == 'L' || *c->p == 'l')) c->p++; /* Python 2 longs */
+    if (neg && v != 0) return npy_fail(ctx, ATTN_E_FORMAT, path, "'shape' has a negative dimension");
+    if (h->rank == ATTN_MAX_RANK)
+      return npy_fail(ctx, ATTN_E_UNSUPPORTED, path, "rank exceeds ATTN_MAX_RANK (%d)", ATTN_MAX_RANK);
+    h->shape[h->rank++] = v;
+    if (cur_eat(c, ',')) {
+      if (cur_eat(c, ')')) return ATTN_OK;
+      continue;
+    }
+    if (cur_eat(c, ')')) return ATTN_OK;
+    return npy_fail(ctx, ATTN_E_FORMAT, path, "'shape' tuple is malformed");
+  }
+}
+
+/* The header is a dict literal with exactly the keys descr, fortran_order and
+ * shape, as numpy demands; order, spacing and a trailing comma are free. */
+static attn_status parse_header(attn_ctx *ctx, const char *path, const char *text, size_t n, npy_header *h) {
+  npy_cur c = {text, text + n};
+  int have_descr = 0, have_fortran = 0, have_shape = 0;
+  attn_status st;
+  if (!cur_eat(&c, '{')) return npy_fail(ctx, ATTN_E_FORMAT, path, "header is not a dict");
+  if (!cur_eat(&c, '}')) {
+    for (;;) {
+      char key[32];
+      size_t klen;
+      if (!cur_string(&c, key, sizeof key, &klen))
+        return npy_fail(ctx, ATTN_E_FORMAT, path, "header dict: expected a quoted key");
+      if (!cur_eat(&c, ':')) return npy_fail(ctx, ATTN_E_FORMAT, path, "header dict: expected ':' after a key");
+      if (klen == 5 && !memcmp(key, "descr", 5)) {
+        if (have_descr++) return npy_fail(ctx, ATTN_E_FORMAT, path, "header repeats 'descr'");
+        int q = cur_peek(&c);
+        if (q == '[' || q == '(')
+          return npy_fail(ctx, ATTN_E_DTYPE, path, "structured dtypes are not supported");
+        if (!cur_string(&c, h->descr, sizeof h->descr, &h->descr_len))
+          return npy_fail(ctx, ATTN_E_FORMAT, path, "'descr' is not a string");
+      } else if (klen == 13 && !memcmp(key, "fortran_order", 13)) {
+        if (have_fortran++) return npy_fail(ctx, ATTN_E_FORMAT, path, "header repeats 'fortran_order'");
+        if (cur_word(&c, "True")) h->fortran = 1;
+        else if (cur_word(&c, "False")) h->fortran = 0;
+        else return npy_fail(ctx, ATTN_E_FORMAT, path, "'fortran_order' is not True or False");
+      } else if (klen == 5 && !memcmp(key, "shape", 5)) {
+        if (have_shape++) return npy_fail(ctx, ATTN_E_FORMAT, path, "header repeats 'shape'");
+        if ((st = parse_shape(ctx, path, &c, h))) return st;
+      } else {
+        char k[40];
+        sanitize(k, sizeof k, key, klen < sizeof key ? klen : sizeof key - 1);
+        return npy_fail(ctx, ATTN_E_FORMAT, path, "header has an unexpected key '%s'", k);
+      }
+      if (cur_eat(&c, ',')) {
+        if (cur_eat(&c, '}')) break;
+        continue;
+      }
+      if (cur_eat(&c, '}')) break;
+      return npy_fail(ctx, ATTN_E_FORMAT, path, "header dict: expected ',' or '}'");
+    }
+  }
+  cur_ws(&c);
+  if (c.p != c.end) return npy_fail(ctx, ATTN_E_FORMAT, path, "header has characters after the dict");
+  if (!have_descr || !have_fortran || !have_shape)
+    return npy_fail(ctx, ATTN_E_FORMAT, path, "header lacks '%s'",
+                    !have_descr ? "descr" : !have_fortran ? "fortran_order" : "shape");
+  return ATTN_OK;
+}
+
+/* Maps a descr to a dtype; *swap says whether the bytes need reversing here. */
+static attn_status parse_descr(attn_ctx *ctx, const char *path, const npy_header *h, attn_dtype *dt, int *swap) {
+  char shown[40];
+  sanitize(shown, sizeof shown, h->descr, h->descr_len < sizeof h->descr ? h->descr_len : sizeof h->descr - 1);
+  const char *d = h->descr;
+  int ok = h->descr_len == 3 && (d[0] == '<' || d[0] == '>' || d[0] == '=' || d[0] == '|');
+  if (ok) {
+    if (!memcmp(d + 1, "f4", 2)) *dt = ATTN_F32;
+    else if (!memcmp(d + 1, "f8", 2)) *dt = ATTN_F64;
+    else if (!memcmp(d + 1, "f2", 2)) *dt = ATTN_F16;
+    else if (!memcmp(d + 1, "b1", 2)) *dt = ATTN_BOOL;
+    else if (!memcmp(d + 1, "u1", 2)) *dt = ATTN_U8;
+    else ok = 0;
+  }
+  if (!ok)
+    return npy_fail(ctx, ATTN_E_DTYPE, path, "unsupported dtype '%s' (supported: <f4 <f8 <f2 |b1 |u1)", shown);
+  *swap = 0;
+  if (attn_dtype_size(*dt) > 1) {
+    if (d[0] == '>')
+      return npy_fail(ctx, ATTN_E_DTYPE, path, "big-endian dtype '%s' is not supported; save it little-endian ('<')",
+                      shown);
+    *swap = d[0] == '<' && !host_is_le(); /* '=' and '|' mean the host's order */
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
+  attn__clear(ctx);
+  if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_read: null argument");
+  memset(out, 0, sizeof *out);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return npy_fail(ctx, ATTN_E_IO, path, "cannot open: %s", strerror(errno));
+  attn_status st = ATTN_OK;
+  char *text = NULL;
+  attn_tensor t;
+  memset(&t, 0, sizeof t);
+  struct stat sb;
+  unsigned char pre[12];
+  size_t got;
+  int err;
+
+  if (fstat(fd, &sb) != 0) {
+    st = npy_fail(ctx, ATTN_E_IO, path, "cannot stat: %s", strerror(errno));
+    goto done;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    st = npy_fail(ctx, ATTN_E_IO, path, "not a regular file");
+    goto done;
+  }
+  const int64_t size = (int64_t)sb.st_size;
+  if ((err = read_full(fd, pre, 8, &got))) {
+    st = npy_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
+    goto done;
+  }
+  if (got < sizeof npy_magic || memcmp(pre, npy_magic, sizeof npy_magic)) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path,
+                  got == 0                                                   ? "empty file"
+                  : got < sizeof npy_magic && !memcmp(pre, npy_magic, got) ? "truncated magic string"
+                                                                             : "not a .npy file (bad magic string)");
+    goto done;
+  }
+  if (got < 8) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated: no format version");
+    goto done;
+  }
+  const int major = pre[6], minor = pre[7];
+  if (major < 1 || major > 3 || minor != 0) {
+    st = npy_fail(ctx, ATTN_E_UNSUPPORTED, path, "format version %d.%d is not supported (1.0, 2.0, 3.0 are)", major,
+                  minor);
+    goto done;
+  }
+  const size_t lenbytes = major == 1 ? 2 : 4;
+  if ((err = read_full(fd, pre + 8, lenbytes, &got))) {
+    st = npy_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
+    goto done;
+  }
+  if (got < lenbytes) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated: no header length");
+    goto done;
+  }
+  uint32_t hlen = (uint32_t)pre[8] | (uint32_t)pre[9] << 8;
+  if (lenbytes == 4) hlen |= (uint32_t)pre[10] << 16 | (uint32_t)pre[11] << 24;
+  const int64_t data_off = (int64_t)(8 + lenbytes) + hlen;
+  if (hlen > NPY_HEADER_CAP) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "header length %lu exceeds the %d-byte limit", (unsigned long)hlen,
+                  NPY_HEADER_CAP);
+    goto done;
+  }
+  if (data_off > size) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated header: %lu bytes claimed, %lld in the file",
+                  (unsigned long)hlen, (long long)(size - (int64_t)(8 + lenbytes)));
+    goto done;
+  }
+  text = malloc(hlen + 1u);
+  if (!text) {
+    st = npy_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
+    goto done;
+  }
+  if ((err = read_full(fd, text, hlen, &got))) {
+    st = npy_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
+    goto done;
+  }
+  if (got < hlen) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated header");
+    goto done;
+  }
+  npy_header h;
+  memset(&h, 0, sizeof h);
+  if ((st = parse_header(ctx, path, text, hlen, &h))) goto done;
+  attn_dtype dt = ATTN_F32;
+  int swap = 0;
+  if ((st = parse_descr(ctx, path, &h, &dt, &swap))) goto done;
+  if (h.fortran) {
+    st = npy_fail(ctx, ATTN_E_UNSUPPORTED, path, "fortran_order is True; only C order is supported");
+    goto done;
+  }
+  int64_t numel = 1, bytes;
+  for (int i = 0; i < h.rank; i++)
+    if (attn__mul_overflows(numel, h.shape[i], &numel)) {
+      st = npy_fail(ctx, ATTN_E_FORMAT, path, "shape is too large (element count overflows)");
+      goto done;
+    }
+  if (attn__mul_overflows(numel, (int64_t)attn_dtype_size(dt), &bytes)) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "shape is too large (byte count overflows)");
+    goto done;
+  }
+  /* Before allocating: a tiny file cannot make us reserve terabytes. */
+  if (bytes > size - data_off) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated: the shape needs %lld data bytes, the file has %lld",
+                  (long long)bytes, (long long)(size - data_off));
+    goto done;
+  }
+  if ((st = attn_tensor_alloc(ctx, &t, dt, h.rank, h.shape))) {
+    char m[ATTN__MSG_LEN];
+    snprintf(m, sizeof m, "%s", attn_ctx_error(ctx));
+    st = npy_fail(ctx, st, path, "%s", m);
+    goto done;
+  }
+  if ((err = read_full(fd, t.data, (size_t)bytes, &got))) {
+    st = npy_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
+    goto done;
+  }
+  if (got < (size_t)bytes) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
+    goto done;
+  }
+  if (swap) swap_elems(t.data, attn_dtype_size(dt), (size_t)numel);
+  *out = t;
+  t.data = NULL;
+
+done:
+  attn_tensor_free(&t);
+  free(text);
+  close(fd);
+  return st;
+}
+
+attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t) {
+  attn__clear(ctx);
+  if (!path || !t) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_write: null argument");
+  attn_status st = attn__check_tensor(ctx, t, "attn_npy_write: tensor", -1);
+  if (st) return st;
+  const char *descr;
+  switch (t->dtype) {
+    case ATTN_F32: descr = "<f4"; break;
+    case ATTN_F64: descr = "<f8"; break;
+    case ATTN_F16: descr = "<f2"; break;
+    case ATTN_BOOL: descr = "|b1"; break;
+    case ATTN_U8: descr = "|u1"; break;
+    case ATTN_BF16:
+    default:
+      return npy_fail(ctx, ATTN_E_DTYPE, path, "dtype %s has no .npy equivalent; convert it to f32 first",
+                      attn_dtype_name(t->dtype));
+  }
+  /* The dict as numpy writes it, e.g. {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), } */
+  char dict[512];
+  int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
+  for (int i = 0; i < t->rank; i++)
+    n += snprintf(dict + n, sizeof dict - (size_t)n, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+  n += snprintf(dict + n, sizeof dict - (size_t)n, "%s), }", t->rank == 1 ? "," : "");
+
+  /* Pad with spaces and end with '\n' so the data starts on a 64-byte boundary. */
+  size_t prefix = 10, total = ((prefix + (size_t)n + 1) + 63) / 64 * 64;
+  if (total - prefix > 65535) {
+    prefix = 12;
+    total = ((prefix + (size_t)n + 1) + 63) / 64 * 64;
+  }
+  const size_t hlen = total - prefix;
+  unsigned char hdr[640];
+  memcpy(hdr, npy_magic, 6);
+  hdr[6] = prefix == 10 ? 1 : 2;
+  hdr[7] = 0;
+  hdr[8] = (unsigned char)(hlen & 0xff);
+  hdr[9] = (unsigned char)((hlen >> 8) & 0xff);
+  if (prefix == 12) {
+    hdr[10] = (unsigned char)((hlen >> 16) & 0xff);
+    hdr[11] = (unsigned char)((hlen >> 24) & 0xff);
+  }
+  memcpy(hdr + prefix, dict, (size_t)n);
+  memset(hdr + prefix + n, ' ', total - prefix - (size_t)n - 1);
+  hdr[total - 1] = '\n';
+
+  npy_out w;
+  if ((st = out_open(ctx, &w, path))) return st;
+  if ((st = out_write(ctx, &w, hdr, total))) return st;
+  if ((st = out_tensor(ctx, &w, t))) return st;
+  return out_commit(ctx, &w);
+}

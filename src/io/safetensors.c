@@ -1,0 +1,1031 @@
+/* safetensors: an 8-byte little-endian header length N, N bytes of JSON
+ *   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+ *    "__metadata__": {...}}
+ * then the data buffer, which the offsets index. The file is read whole into
+ * one 64-byte aligned buffer and tensors are views into it.
+ *
+ * Hostile files: the header is parsed by a strict JSON parser of our own with
+ * a length cap and a nesting cap; every offset is checked against the buffer,
+ * every byte size against shape x dtype (overflow-checked); duplicate names and
+ * overlapping tensors are refused. Holes between tensors are tolerated.
+ *
+ * Dtypes with no attn_dtype (I32, F8_E4M3, ...) do not make the file
+ * unreadable: such tensors are listed and, where their element size is known,
+ * size-checked; attn_safetensors_get refuses them with ATTN_E_DTYPE. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ST_HEADER_CAP ((uint64_t)100 << 20)
+#define ST_MAX_DEPTH 64
+#define ST_CHUNK 65536
+
+typedef struct {
+  char *name;
+  char dtype_name[24]; /* as in the file, printable, for messages */
+  int known;           /* dtype maps to an attn_dtype */
+  attn_dtype dtype;
+  int64_t esize;       /* 0: an element size we do not know */
+  int rank;            /* may exceed ATTN_MAX_RANK: get refuses those */
+  int64_t shape[ATTN_MAX_RANK];
+  int64_t numel, begin, end;
+  void *data;
+  void *own;           /* an aligned copy when the file's offset is misaligned */
+} st_entry;
+
+struct attn_safetensors {
+  unsigned char *buf;
+  char *path;
+  st_entry *e;
+  st_entry **byname;
+  int64_t count, cap;
+};
+
+static const struct {
+  const char *name;
+  int64_t size;
+  int known;
+  attn_dtype dtype;
+} st_dtypes[] = {
+    {"F32", 4, 1, ATTN_F32},     {"F64", 8, 1, ATTN_F64},     {"F16", 2, 1, ATTN_F16},
+    {"BF16", 2, 1, ATTN_BF16},   {"BOOL", 1, 1, ATTN_BOOL},   {"U8", 1, 1, ATTN_U8},
+    {"I8", 1, 0, ATTN_U8},       {"I16", 2, 0, ATTN_U8},      {"U16", 2, 0, ATTN_U8},
+    {"I32", 4, 0, ATTN_U8},      {"U32", 4, 0, ATTN_U8},      {"I64", 8, 0, ATTN_U8},
+    {"U64", 8, 0, ATTN_U8},      {"F8_E4M3", 1, 0, ATTN_U8},  {"F8_E5M2", 1, 0, ATTN_U8},
+    {"F8_E8M0", 1, 0, ATTN_U8},  {"C64", 8, 0, ATTN_U8},
+};
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static attn_status st_fail(attn_ctx *ctx, attn_status status, const char *path, const char *fmt, ...) {
+  char msg[ATTN__MSG_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return attn__fail(ctx, status, "safetensors '%s': %s", path, msg);
+}
+
+static int host_is_le(void) {
+  const uint16_t one = 1;
+  unsigned char b;
+  memcpy(&b, &one, 1);
+  return b == 1;
+}
+
+static void swap_elems(unsigned char *p, size_t es, size_t n) {
+  for (size_t i = 0; i < n; i++, p += es)
+    for (size_t a = 0, b = es - 1; a < b; a++, b--) {
+      unsigned char t = p[a];
+      p[a] = p[b];
+      p[b] = t;
+    }
+}
+
+/* Printable ASCII only, bounded: names and dtypes come from hostile files. */
+static void sanitize(char *dst, size_t cap, const char *src, size_t n) {
+  size_t j = 0;
+  for (size_t i = 0; i < n && j + 1 < cap; i++) dst[j++] = (src[i] >= 0x20 && src[i] < 0x7f) ? src[i] : '?';
+  if (n >= cap && cap > 4) {
+    memcpy(dst + cap - 4, "...", 3);
+    j = cap - 1;
+  }
+  dst[j] = '\0';
+}
+
+/* Length of the valid UTF-8 sequence at p (no overlongs, no surrogates), or 0. */
+static size_t utf8_len(const unsigned char *p, size_t avail) {
+  unsigned c = p[0];
+  if (c < 0x80) return 1;
+  size_t n;
+  uint32_t cp, min;
+  if ((c & 0xe0) == 0xc0) {
+    n = 2;
+    cp = c & 0x1f;
+    min = 0x80;
+  } else if ((c & 0xf0) == 0xe0) {
+    n = 3;
+    cp = c & 0x0f;
+    min = 0x800;
+  } else if ((c & 0xf8) == 0xf0) {
+    n = 4;
+    cp = c & 0x07;
+    min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (avail < n) return 0;
+  for (size_t i = 1; i < n; i++) {
+    if ((p[i] & 0xc0) != 0x80) return 0;
+    cp = cp << 6 | (p[i] & 0x3f);
+  }
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return n;
+}
+
+static int read_full(int fd, void *buf, size_t n, size_t *got) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = read(fd, (unsigned char *)buf + done, n - done);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      *got = done;
+      return errno ? errno : EIO;
+    }
+    if (r == 0) break;
+    done += (size_t)r;
+  }
+  *got = done;
+  return 0;
+}
+
+/* ---- a strict JSON parser, just enough for the header ------------------------ */
+typedef struct {
+  const unsigned char *start, *p, *end;
+  attn_ctx *ctx;
+  const char *path;
+} st_json;
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static attn_status jfail(st_json *j, const char *fmt, ...) {
+  char msg[ATTN__MSG_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return st_fail(j->ctx, ATTN_E_FORMAT, j->path, "bad header JSON at byte %lld: %s", (long long)(j->p - j->start),
+                 msg);
+}
+
+static void j_ws(st_json *j) {
+  while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
+}
+
+static int j_peek(st_json *j) {
+  j_ws(j);
+  return j->p < j->end ? *j->p : -1;
+}
+
+static attn_status j_expect(st_json *j, int ch) {
+  if (j_peek(j) != ch) return j->p < j->end ? jfail(j, "expected '%c'", ch) : jfail(j, "unexpected end, expected '%c'", ch);
+  j->p++;
+  return ATTN_OK;
+}
+
+static int hex4(const unsigned char *p, uint32_t *v) {
+  uint32_t x = 0;
+  for (int i = 0; i < 4; i++) {
+    unsigned c = p[i];
+    x <<= 4;
+    if (c >= '0' && c <= '9') x |= c - '0';
+    else if (c >= 'a' && c <= 'f') x |= c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') x |= c - 'A' + 10;
+    else return 0;
+  }
+  *v = x;
+  return 1;
+}
+
+/* A string, decoded to UTF-8 into a fresh *out (NUL-terminated, *len bytes
+ * which may include NULs from \u0000); out NULL only validates. */
+static attn_status j_string(st_json *j, char **out, size_t *len) {
+  if (j_peek(j) != '"') return jfail(j, j->p < j->end ? "expected a string" : "unexpected end, expected a string");
+  const unsigned char *s = ++j->p, *q = s;
+  while (q < j->end && *q != '"') {
+    if (*q == '\\') q++;
+    else if (*q < 0x20) {
+      j->p = q;
+      return jfail(j, "control character in a string");
+    }
+    if (q < j->end) q++;
+  }
+  if (q >= j->end) return jfail(j, "unterminated string");
+  char *o = NULL;
+  if (out) {
+    o = malloc((size_t)(q - s) + 1); /* decoding never lengthens */
+    if (!o) return st_fail(j->ctx, ATTN_E_NOMEM, j->path, "out of memory");
+  }
+  size_t k = 0;
+  const unsigned char *r = s;
+  while (r < q) {
+    if (*r == '\\') {
+      const unsigned char *esc = r++;
+      char c1 = 0;
+      switch (*r) {
+        case '"': c1 = '"'; break;
+        case '\\': c1 = '\\'; break;
+        case '/': c1 = '/'; break;
+        case 'b': c1 = '\b'; break;
+        case 'f': c1 = '\f'; break;
+        case 'n': c1 = '\n'; break;
+        case 'r': c1 = '\r'; break;
+        case 't': c1 = '\t'; break;
+        case 'u': break;
+        default: j->p = esc; free(o); return jfail(j, "invalid escape in a string");
+      }
+      if (*r != 'u') {
+        if (o) o[k] = c1;
+        k++;
+        r++;
+        continue;
+      }
+      uint32_t cp, lo;
+      if (q - r < 5 || !hex4(r + 1, &cp)) {
+        j->p = esc;
+        free(o);
+        return jfail(j, "invalid \\u escape");
+      }
+      r += 5;
+      if (cp >= 0xd800 && cp <= 0xdbff) {
+        if (q - r < 6 || r[0] != '\\' || r[1] != 'u' || !hex4(r + 2, &lo) || lo < 0xdc00 || lo > 0xdfff) {
+          j->p = esc;
+          free(o);
+          return jfail(j, "unpaired surrogate in a \\u escape");
+        }
+        r += 6;
+        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+      } else if (cp >= 0xdc00 && cp <= 0xdfff) {
+        j->p = esc;
+        free(o);
+        return jfail(j, "unpaired surrogate in a \\u escape");
+      }
+      unsigned char u[4];
+      size_t n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+      static const unsigned char lead[5] = {0, 0x00, 0xc0, 0xe0, 0xf0};
+      for (size_t i = n - 1; i > 0; i--, cp >>= 6) u[i] = (unsigned char)(0x80 | (cp & 0x3f));
+      u[0] = (unsigned char)(lead[n] | cp);
+      if (o) memcpy(o + k, u, n);
+      k += n;
+    } else {
+      size_t n = utf8_len(r, (size_t)(q - r));
+      if (!n) {
+        j->p = r;
+        free(o);
+        return jfail(j, "invalid UTF-8 in a string");
+      }
+      if (o) memcpy(o + k, r, n);
+      k += n;
+      r += n;
+    }
+  }
+  j->p = q + 1;
+  if (o) {
+    o[k] = '\0';
+    *out = o;
+  }
+  if (len) *len = k;
+  return ATTN_OK;
+}
+
+/* A non-negative integer that fits int64 (sizes and offsets). */
+static attn_status j_uint(st_json *j, int64_t *v) {
+  int c = j_peek(j);
+  if (c == '-') return jfail(j, "negative number where a size or offset belongs");
+  if (c < '0' || c > '9') return jfail(j, "expected a non-negative integer");
+  if (c == '0' && j->p + 1 < j->end && j->p[1] >= '0' && j->p[1] <= '9') return jfail(j, "number with a leading zero");
+  int64_t x = 0;
+  while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+    int d = *j->p - '0';
+    if (x > (INT64_MAX - d) / 10) return jfail(j, "integer too large");
+    x = x * 10 + d;
+    j->p++;
+  }
+  if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E'))
+    return jfail(j, "expected an integer, not a fraction");
+  *v = x;
+  return ATTN_OK;
+}
+
+static attn_status j_number(st_json *j) {
+  const unsigned char *p = j->p, *e = j->end;
+  if (p < e && *p == '-') p++;
+  if (p >= e || *p < '0' || *p > '9') return jfail(j, "malformed number");
+  if (*p == '0') p++;
+  else
+    while (p < e && *p >= '0' && *p <= '9') p++;
+  if (p < e && *p == '.') {
+    if (++p >= e || *p < '0' || *p > '9') return jfail(j, "malformed number");
+    while (p < e && *p >= '0' && *p <= '9') p++;
+  }
+  if (p < e && (*p == 'e' || *p == 'E')) {
+    p++;
+    if (p < e && (*p == '+' || *p == '-')) p++;
+    if (p >= e || *p < '0' || *p > '9') return jfail(j, "malformed number");
+    while (p < e && *p >= '0' && *p <= '9') p++;
+  }
+  j->p = p;
+  return ATTN_OK;
+}
+
+static int j_literal(st_json *j, const char *w) {
+  size_t n = strlen(w);
+  if ((size_t)(j->end - j->p) < n || memcmp(j->p, w, n) != 0) return 0;
+  j->p += n;
+  return 1;
+}
+
+/* Validates and skips any value; recursion is bounded by ST_MAX_DEPTH. */
+static attn_status j_skip(st_json *j, int depth) {
+  attn_status st;
+  if (depth > ST_MAX_DEPTH) return jfail(j, "nesting deeper than %d", ST_MAX_DEPTH);
+  int c = j_peek(j);
+  if (c == '{' || c == '[') {
+    const int close = c == '{' ? '}' : ']';
+    j->p++;
+    if (j_peek(j) == close) {
+      j->p++;
+      return ATTN_OK;
+    }
+    for (;;) {
+      if (c == '{') {
+        if ((st = j_string(j, NULL, NULL)) || (st = j_expect(j, ':'))) return st;
+      }
+      if ((st = j_skip(j, depth + 1))) return st;
+      int d = j_peek(j);
+      if (d == ',') {
+        j->p++;
+        continue;
+      }
+      if (d == close) {
+        j->p++;
+        return ATTN_OK;
+      }
+      return jfail(j, "expected ',' or '%c'", close);
+    }
+  }
+  if (c == '"') return j_string(j, NULL, NULL);
+  if (c == '-' || (c >= '0' && c <= '9')) return j_number(j);
+  if (j_literal(j, "true") || j_literal(j, "false") || j_literal(j, "null")) return ATTN_OK;
+  return jfail(j, c < 0 ? "unexpected end, expected a value" : "expected a JSON value");
+}
+
+static int key_is(const char *k, size_t n, const char *w) { return n == strlen(w) && !memcmp(k, w, n); }
+
+/* One tensor's {"dtype": ..., "shape": [...], "data_offsets": [b, e]}; unknown keys are skipped. */
+static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
+  attn_status st;
+  int have_dtype = 0, have_shape = 0, have_off = 0;
+  if (j_peek(j) != '{') return jfail(j, "tensor '%s': expected an object", shown);
+  j->p++;
+  if (j_peek(j) == '}') j->p++;
+  else
+    for (;;) {
+      char *key;
+      size_t klen;
+      if ((st = j_string(j, &key, &klen))) return st;
+      int which = key_is(key, klen, "dtype") ? 1 : key_is(key, klen, "shape") ? 2 : key_is(key, klen, "data_offsets") ? 3 : 0;
+      free(key);
+      if ((st = j_expect(j, ':'))) return st;
+      if ((which == 1 && have_dtype++) || (which == 2 && have_shape++) || (which == 3 && have_off++))
+        return jfail(j, "tensor '%s': repeated key", shown);
+      if (which == 1) {
+        char *dt;
+        size_t dlen;
+        if (j_peek(j) != '"') return jfail(j, "tensor '%s': \"dtype\" is not a string", shown);
+        if ((st = j_string(j, &dt, &dlen))) return st;
+        sanitize(e->dtype_name, sizeof e->dtype_name, dt, dlen);
+        e->known = 0;
+        e->esize = 0;
+        for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
+          if (key_is(dt, dlen, st_dtypes[i].name)) {
+            e->known = st_dtypes[i].known;
+            e->dtype = st_dtypes[i].dtype;
+            e->esize = st_dtypes[i].size;
+          }
+        free(dt);
+      } else if (which == 2) {
+        if (j_peek(j) != '[') return jfail(j, "tensor '%s': \"shape\" is not an array", shown);
+        j->p++;
+        e->rank = 0;
+        e->numel = 1;
+        if (j_peek(j) == ']') j->p++;
+        else
+          for (;;) {
+            int64_t d;
+            if ((st = j_uint(j, &d))) return st;
+            if (e->rank < ATTN_MAX_RANK) e->shape[e->rank] = d;
+            if (e->rank == INT32_MAX) return jfail(j, "tensor '%s': absurd rank", shown);
+            e->rank++;
+            if (attn__mul_overflows(e->numel, d, &e->numel))
+              return jfail(j, "tensor '%s': shape is too large (element count overflows)", shown);
+            int c = j_peek(j);
+            if (c == ',') {
+              j->p++;
+              continue;
+            }
+            if (c == ']') {
+              j->p++;
+              break;
+            }
+            return jfail(j, "tensor '%s': expected ',' or ']' in \"shape\"", shown);
+          }
+      } else if (which == 3) {
+        if ((st = j_expect(j, '['))) return st;
+        if ((st = j_uint(j, &e->begin)) || (st = j_expect(j, ',')) || (st = j_uint(j, &e->end))) return st;
+        if (j_peek(j) != ']') return jfail(j, "tensor '%s': \"data_offsets\" must hold exactly two integers", shown);
+        j->p++;
+      } else if ((st = j_skip(j, 2))) {
+        return st;
+      }
+      int c = j_peek(j);
+      if (c == ',') {
+        j->p++;
+        continue;
+      }
+      if (c == '}') {
+        j->p++;
+        break;
+      }
+      return jfail(j, "tensor '%s': expected ',' or '}'", shown);
+    }
+  if (!have_dtype || !have_shape || !have_off)
+    return jfail(j, "tensor '%s' lacks \"%s\"", shown, !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
+  return ATTN_OK;
+}
+
+static attn_status st_push(attn_ctx *ctx, attn_safetensors *s, const st_entry *e) {
+  if (s->count == s->cap) {
+    int64_t cap = s->cap ? s->cap * 2 : 16;
+    st_entry *ne = realloc(s->e, (size_t)cap * sizeof *ne);
+    if (!ne) return st_fail(ctx, ATTN_E_NOMEM, s->path, "out of memory");
+    s->e = ne;
+    s->cap = cap;
+  }
+  s->e[s->count++] = *e;
+  return ATTN_OK;
+}
+
+static attn_status parse_header(st_json *j, attn_safetensors *s) {
+  attn_status st;
+  int have_meta = 0;
+  if (j_peek(j) != '{') return jfail(j, "the header is not a JSON object");
+  j->p++;
+  if (j_peek(j) == '}') j->p++;
+  else
+    for (;;) {
+      st_entry e;
+      memset(&e, 0, sizeof e);
+      size_t nlen;
+      if ((st = j_string(j, &e.name, &nlen))) return st;
+      char shown[72];
+      sanitize(shown, sizeof shown, e.name, nlen);
+      if ((st = j_expect(j, ':'))) {
+        free(e.name);
+        return st;
+      }
+      if (key_is(e.name, nlen, "__metadata__")) {
+        free(e.name);
+        if (have_meta++) return jfail(j, "repeated \"__metadata__\"");
+        if (j_peek(j) != '{') return jfail(j, "\"__metadata__\" is not an object");
+        if ((st = j_skip(j, 1))) return st;
+      } else {
+        if (strlen(e.name) != nlen) {
+          free(e.name);
+          return jfail(j, "a tensor name contains a NUL character");
+        }
+        if ((st = parse_info(j, &e, shown)) || (st = st_push(j->ctx, s, &e))) {
+          free(e.name);
+          return st;
+        }
+      }
+      int c = j_peek(j);
+      if (c == ',') {
+        j->p++;
+        continue;
+      }
+      if (c == '}') {
+        j->p++;
+        break;
+      }
+      return jfail(j, "expected ',' or '}' after a tensor");
+    }
+  j_ws(j);
+  if (j->p != j->end) return jfail(j, "characters after the header object");
+  return ATTN_OK;
+}
+
+static int cmp_name(const void *a, const void *b) {
+  return strcmp((*(st_entry *const *)a)->name, (*(st_entry *const *)b)->name);
+}
+
+static int cmp_begin(const void *a, const void *b) {
+  const st_entry *x = *(st_entry *const *)a, *y = *(st_entry *const *)b;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Offsets inside the buffer, sizes exact, names unique, no two tensors sharing bytes. */
+static attn_status validate(attn_ctx *ctx, attn_safetensors *s, int64_t bufsize) {
+  char a[72], b[72];
+  for (int64_t i = 0; i < s->count; i++) {
+    st_entry *e = &s->e[i];
+    sanitize(a, sizeof a, e->name, strlen(e->name));
+    if (e->begin > e->end)
+      return st_fail(ctx, ATTN_E_FORMAT, s->path, "tensor '%s': data_offsets [%lld, %lld] are reversed", a,
+                     (long long)e->begin, (long long)e->end);
+    if (e->end > bufsize)
+      return st_fail(ctx, ATTN_E_FORMAT, s->path,
+                     "tensor '%s': data_offsets end %lld lies beyond the %lld-byte data buffer (truncated?)", a,
+                     (long long)e->end, (long long)bufsize);
+    int64_t bytes;
+    if (e->esize) {
+      if (attn__mul_overflows(e->numel, e->esize, &bytes))
+        return st_fail(ctx, ATTN_E_FORMAT, s->path, "tensor '%s': shape is too large", a);
+      if (bytes != e->end - e->begin)
+        return st_fail(ctx, ATTN_E_FORMAT, s->path,
+                       "tensor '%s': data_offsets span %lld bytes, but its shape and dtype %s need %lld", a,
+                       (long long)(e->end - e->begin), e->dtype_name, (long long)bytes);
+    }
+  }
+  if (s->count == 0) return ATTN_OK;
+  s->byname = malloc((size_t)s->count * sizeof *s->byname);
+  st_entry **order = malloc((size_t)s->count * sizeof *order);
+  if (!s->byname || !order) {
+    free(order);
+    return st_fail(ctx, ATTN_E_NOMEM, s->path, "out of memory");
+  }
+  for (int64_t i = 0; i < s->count; i++) s->byname[i] = order[i] = &s->e[i];
+  qsort(s->byname, (size_t)s->count, sizeof *s->byname, cmp_name);
+  for (int64_t i = 1; i < s->count; i++)
+    if (!strcmp(s->byname[i - 1]->name, s->byname[i]->name)) {
+      free(order);
+      sanitize(a, sizeof a, s->byname[i]->name, strlen(s->byname[i]->name));
+      return st_fail(ctx, ATTN_E_FORMAT, s->path, "duplicate tensor name '%s'", a);
+    }
+  qsort(order, (size_t)s->count, sizeof *order, cmp_begin);
+  const st_entry *prev = NULL;
+  for (int64_t i = 0; i < s->count; i++) {
+    const st_entry *e = order[i];
+    if (e->begin == e->end) continue; /* empty tensors own no bytes */
+    if (prev && e->begin < prev->end) {
+      sanitize(a, sizeof a, prev->name, strlen(prev->name));
+      sanitize(b, sizeof b, e->name, strlen(e->name));
+      free(order);
+      return st_fail(ctx, ATTN_E_FORMAT, s->path, "tensors '%s' and '%s' overlap in the data buffer", a, b);
+    }
+    prev = e;
+  }
+  free(order);
+  return ATTN_OK;
+}
+
+/* Points each tensor at its bytes; typed loads need alignment, so a tensor at
+ * a misaligned offset gets its own aligned copy. */
+static attn_status place(attn_ctx *ctx, attn_safetensors *s, int64_t data_start) {
+  for (int64_t i = 0; i < s->count; i++) {
+    st_entry *e = &s->e[i];
+    if (!e->known || e->numel == 0) {
+      e->data = s->buf; /* never dereferenced; kept aligned */
+      continue;
+    }
+    unsigned char *p = s->buf + data_start + e->begin;
+    const size_t bytes = (size_t)(e->end - e->begin);
+    if ((size_t)(data_start + e->begin) % (size_t)e->esize) {
+      e->own = attn__aligned_alloc(bytes);
+      if (!e->own) return st_fail(ctx, ATTN_E_NOMEM, s->path, "out of memory");
+      memcpy(e->own, p, bytes);
+      p = e->own;
+    }
+    if (e->esize > 1 && !host_is_le()) swap_elems(p, (size_t)e->esize, (size_t)e->numel);
+    e->data = p;
+  }
+  return ATTN_OK;
+}
+
+void attn_safetensors_close(attn_safetensors *st) {
+  if (!st) return;
+  for (int64_t i = 0; i < st->count; i++) {
+    free(st->e[i].name);
+    attn__aligned_free(st->e[i].own);
+  }
+  free(st->e);
+  free(st->byname);
+  free(st->path);
+  attn__aligned_free(st->buf);
+  free(st);
+}
+
+attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const char *path) {
+  attn__clear(ctx);
+  if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_open: null argument");
+  *out = NULL;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return st_fail(ctx, ATTN_E_IO, path, "cannot open: %s", strerror(errno));
+  attn_status st = ATTN_OK;
+  attn_safetensors *s = NULL;
+  struct stat sb;
+  unsigned char pre[8];
+  size_t got;
+  int err;
+  if (fstat(fd, &sb) != 0) {
+    st = st_fail(ctx, ATTN_E_IO, path, "cannot stat: %s", strerror(errno));
+    goto done;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    st = st_fail(ctx, ATTN_E_IO, path, "not a regular file");
+    goto done;
+  }
+  const int64_t size = (int64_t)sb.st_size;
+  if ((err = read_full(fd, pre, 8, &got))) {
+    st = st_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
+    goto done;
+  }
+  if (got < 8) {
+    st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated: %zu bytes, too short for the header length", got);
+    goto done;
+  }
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = n << 8 | pre[i];
+  if (n == 0) {
+    st = st_fail(ctx, ATTN_E_FORMAT, path, "header length is 0");
+    goto done;
+  }
+  if (n > ST_HEADER_CAP) {
+    st = st_fail(ctx, ATTN_E_FORMAT, path, "header length %llu exceeds the %llu-byte limit", (unsigned long long)n,
+                 (unsigned long long)ST_HEADER_CAP);
+    goto done;
+  }
+  if ((int64_t)n > size - 8) {
+    st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated: header length %llu, but only %lld bytes follow",
+                 (unsigned long long)n, (long long)(size - 8));
+    goto done;
+  }
+  if ((uint64_t)size > SIZE_MAX / 2) {
+    st = st_fail(ctx, ATTN_E_NOMEM, path, "file too large to load (%lld bytes)", (long long)size);
+    goto done;
+  }
+  s = calloc(1, sizeof *s);
+  if (s) s->path = malloc(strlen(path) + 1);
+  if (s && s->path) {
+    memcpy(s->path, path, strlen(path) + 1);
+    s->buf = attn__aligned_alloc((size_t)size);
+  }
+  if (!s || !s->path || !s->buf) {
+    st = st_fail(ctx, ATTN_E_NOMEM, path, "cannot allocate %lld bytes", (long long)size);
+    goto done;
+  }
+  memcpy(s->buf, pre, 8);
+  /* The header first: a bad one is refused before the data is read. */
+  if ((err = read_full(fd, s->buf + 8, (size_t)n, &got))) {
+    st = st_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
+    goto done;
+  }
+  if (got < n) {
+    st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated header (the file shrank while being read)");
+    goto done;
+  }
+  st_json j = {s->buf + 8, s->buf + 8, s->buf + 8 + n, ctx, path};
+  const int64_t data_start = 8 + (int64_t)n, bufsize = size - data_start;
+  if ((st = parse_header(&j, s)) || (st = validate(ctx, s, bufsize))) goto done;
+  if ((err = read_full(fd, s->buf + data_start, (size_t)bufsize, &got))) {
+    st = st_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
+    goto done;
+  }
+  if (got < (size_t)bufsize) {
+    st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
+    goto done;
+  }
+  if ((st = place(ctx, s, data_start))) goto done;
+  *out = s;
+  s = NULL;
+done:
+  attn_safetensors_close(s);
+  close(fd);
+  return st;
+}
+
+int64_t attn_safetensors_count(const attn_safetensors *st) { return st ? st->count : 0; }
+
+const char *attn_safetensors_name(const attn_safetensors *st, int64_t index) {
+  if (!st || index < 0 || index >= st->count) return NULL;
+  return st->e[index].name;
+}
+
+attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name, attn_tensor *out) {
+  attn__clear(ctx);
+  if (!st || !name || !out) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_get: null argument");
+  char shown[72];
+  sanitize(shown, sizeof shown, name, strlen(name));
+  int64_t lo = 0, hi = st->count;
+  const st_entry *e = NULL;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(st->byname[mid]->name, name);
+    if (c == 0) {
+      e = st->byname[mid];
+      break;
+    }
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  if (!e) return st_fail(ctx, ATTN_E_NOT_FOUND, st->path, "no tensor named '%s'", shown);
+  if (!e->known)
+    return st_fail(ctx, ATTN_E_DTYPE, st->path, "tensor '%s' has dtype %s, which libattn does not support", shown,
+                   e->dtype_name);
+  if (e->rank > ATTN_MAX_RANK)
+    return st_fail(ctx, ATTN_E_UNSUPPORTED, st->path, "tensor '%s' has rank %d, more than ATTN_MAX_RANK (%d)", shown,
+                   e->rank, ATTN_MAX_RANK);
+  *out = attn_tensor_view(e->data, e->dtype, e->rank, e->shape);
+  return ATTN_OK;
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+typedef struct {
+  int fd;
+  char *tmp;
+  const char *path;
+} st_out;
+
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* O_EXCL with a fresh name rather than mkstemp so the file gets the usual
+ * 0666 & ~umask mode instead of 0600. */
+static attn_status out_open(attn_ctx *ctx, st_out *w, const char *path) {
+  size_t n = strlen(path), cap = n + 32;
+  w->fd = -1;
+  w->path = path;
+  w->tmp = malloc(cap);
+  if (!w->tmp) return st_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
+  struct timespec ts = {0, 0};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t seed = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
+                  (uint64_t)(uintptr_t)w;
+  int err = 0;
+  for (int attempt = 0; attempt < 100; attempt++) {
+    seed = mix64(seed + 0x9e3779b97f4a7c15ull);
+    snprintf(w->tmp, cap, "%s.tmp.%06llx", path, (unsigned long long)(seed & 0xffffffu));
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (w->fd >= 0) return ATTN_OK;
+    err = errno;
+    if (err != EEXIST) break;
+  }
+  free(w->tmp);
+  w->tmp = NULL;
+  return st_fail(ctx, ATTN_E_IO, path, "cannot create a temporary file next to it: %s", strerror(err));
+}
+
+static void out_abort(st_out *w) {
+  if (w->fd >= 0) close(w->fd);
+  if (w->tmp) unlink(w->tmp);
+  free(w->tmp);
+  w->fd = -1;
+  w->tmp = NULL;
+}
+
+/* On failure the temporary is already gone. */
+static attn_status out_write(attn_ctx *ctx, st_out *w, const void *buf, size_t n) {
+  const unsigned char *p = buf;
+  while (n > 0) {
+    ssize_t r = write(w->fd, p, n);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      out_abort(w);
+      return st_fail(ctx, ATTN_E_IO, w->path, "write failed: %s", strerror(err));
+    }
+    p += r;
+    n -= (size_t)r;
+  }
+  return ATTN_OK;
+}
+
+static attn_status out_commit(attn_ctx *ctx, st_out *w) {
+  int fd = w->fd;
+  w->fd = -1;
+  if (close(fd) != 0) {
+    int err = errno;
+    out_abort(w);
+    return st_fail(ctx, ATTN_E_IO, w->path, "write failed: %s", strerror(err));
+  }
+  if (rename(w->tmp, w->path) != 0) {
+    int err = errno;
+    out_abort(w);
+    return st_fail(ctx, ATTN_E_IO, w->path, "cannot rename the temporary file over it: %s", strerror(err));
+  }
+  free(w->tmp);
+  w->tmp = NULL;
+  return ATTN_OK;
+}
+
+static int is_c_contiguous(const attn_tensor *t) {
+  int64_t s = 1;
+  for (int i = t->rank - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->strides[i] != s) return 0;
+    s *= t->shape[i];
+  }
+  return 1;
+}
+
+/* Streams t's elements in C order, whatever its strides, little-endian. */
+static attn_status out_tensor(attn_ctx *ctx, st_out *w, const attn_tensor *t) {
+  int64_t n = attn_tensor_numel(t);
+  if (n <= 0) return ATTN_OK;
+  const size_t es = attn_dtype_size(t->dtype);
+  const unsigned char *src = t->data;
+  const int le = host_is_le();
+  if (le && is_c_contiguous(t)) return out_write(ctx, w, src, (size_t)n * es);
+  unsigned char *buf = malloc(ST_CHUNK);
+  if (!buf) {
+    out_abort(w);
+    return st_fail(ctx, ATTN_E_NOMEM, w->path, "out of memory");
+  }
+  const size_t cap = ST_CHUNK / es * es;
+  size_t fill = 0;
+  int64_t idx[ATTN_MAX_RANK] = {0}, off = 0;
+  attn_status st = ATTN_OK;
+  for (int64_t i = 0; i < n && !st; i++) {
+    memcpy(buf + fill, src + off * (int64_t)es, es);
+    fill += es;
+    if (fill == cap || i == n - 1) {
+      if (!le) swap_elems(buf, es, fill / es);
+      st = out_write(ctx, w, buf, fill);
+      fill = 0;
+    }
+    for (int d = t->rank - 1; d >= 0; d--) {
+      if (++idx[d] < t->shape[d]) {
+        off += t->strides[d];
+        break;
+      }
+      off -= t->strides[d] * (t->shape[d] - 1);
+      idx[d] = 0;
+    }
+  }
+  free(buf);
+  return st;
+}
+
+typedef struct {
+  char *s;
+  size_t len, cap;
+  int oom;
+} st_sb;
+
+static void sb_put(st_sb *b, const char *p, size_t n) {
+  if (b->oom) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *ns = realloc(b->s, cap);
+    if (!ns) {
+      b->oom = 1;
+      return;
+    }
+    b->s = ns;
+    b->cap = cap;
+  }
+  memcpy(b->s + b->len, p, n);
+  b->len += n;
+  b->s[b->len] = '\0';
+}
+
+static void sb_str(st_sb *b, const char *p) { sb_put(b, p, strlen(p)); }
+
+static void sb_int(st_sb *b, int64_t v) {
+  char t[24];
+  int n = snprintf(t, sizeof t, "%lld", (long long)v);
+  sb_put(b, t, (size_t)n);
+}
+
+static void sb_json_string(st_sb *b, const char *s) {
+  sb_put(b, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    char t[8];
+    switch (*p) {
+      case '"': sb_put(b, "\\\"", 2); break;
+      case '\\': sb_put(b, "\\\\", 2); break;
+      case '\n': sb_put(b, "\\n", 2); break;
+      case '\r': sb_put(b, "\\r", 2); break;
+      case '\t': sb_put(b, "\\t", 2); break;
+      default:
+        if (*p < 0x20) {
+          snprintf(t, sizeof t, "\\u%04x", *p);
+          sb_put(b, t, 6);
+        } else {
+          sb_put(b, (const char *)p, 1);
+        }
+    }
+  }
+  sb_put(b, "\"", 1);
+}
+
+static const char *st_dtype_code(attn_dtype dt) {
+  switch (dt) {
+    case ATTN_F32: return "F32";
+    case ATTN_F64: return "F64";
+    case ATTN_F16: return "F16";
+    case ATTN_BF16: return "BF16";
+    case ATTN_BOOL: return "BOOL";
+    case ATTN_U8: return "U8";
+  }
+  return NULL;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+static int utf8_valid(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    size_t k = utf8_len(p + i, n - i);
+    if (!k) return 0;
+    i += k;
+  }
+  return 1;
+}
+
+attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, int64_t count, const char *const *names,
+                                   const attn_tensor *tensors) {
+  attn__clear(ctx);
+  if (!path) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_write: path is NULL");
+  if (count < 0) return st_fail(ctx, ATTN_E_INVALID, path, "negative tensor count %lld", (long long)count);
+  if (count > 0 && (!names || !tensors))
+    return st_fail(ctx, ATTN_E_INVALID, path, "names or tensors is NULL");
+  if ((uint64_t)count > SIZE_MAX / sizeof(char *))
+    return st_fail(ctx, ATTN_E_INVALID, path, "absurd tensor count %lld", (long long)count);
+  attn_status st;
+  char what[64], shown[72];
+  for (int64_t i = 0; i < count; i++) {
+    if (!names[i] || !names[i][0])
+      return st_fail(ctx, ATTN_E_INVALID, path, "names[%lld] is %s", (long long)i, names[i] ? "empty" : "NULL");
+    sanitize(shown, sizeof shown, names[i], strlen(names[i]));
+    if (!strcmp(names[i], "__metadata__"))
+      return st_fail(ctx, ATTN_E_INVALID, path, "\"__metadata__\" is reserved and cannot name a tensor");
+    if (!utf8_valid(names[i]))
+      return st_fail(ctx, ATTN_E_INVALID, path, "tensor name '%s' is not valid UTF-8", shown);
+    snprintf(what, sizeof what, "attn_safetensors_write: tensors[%lld]", (long long)i);
+    if ((st = attn__check_tensor(ctx, &tensors[i], what, -1))) return st;
+  }
+  if (count > 1) {
+    const char **sorted = malloc((size_t)count * sizeof *sorted);
+    if (!sorted) return st_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
+    memcpy(sorted, names, (size_t)count * sizeof *sorted);
+    qsort(sorted, (size_t)count, sizeof *sorted, cmp_str);
+    for (int64_t i = 1; i < count; i++)
+      if (!strcmp(sorted[i - 1], sorted[i])) {
+        sanitize(shown, sizeof shown, sorted[i], strlen(sorted[i]));
+        free(sorted);
+        return st_fail(ctx, ATTN_E_INVALID, path, "duplicate tensor name '%s'", shown);
+      }
+    free(sorted);
+  }
+
+  /* Tensors lie in the given order, back to back, as the offsets say. */
+  st_sb b = {NULL, 0, 0, 0};
+  int64_t off = 0;
+  sb_str(&b, "{");
+  for (int64_t i = 0; i < count; i++) {
+    const attn_tensor *t = &tensors[i];
+    int64_t bytes;
+    if (attn__mul_overflows(attn_tensor_numel(t), (int64_t)attn_dtype_size(t->dtype), &bytes) ||
+        off > INT64_MAX - bytes) {
+      free(b.s);
+      return st_fail(ctx, ATTN_E_INVALID, path, "the tensors are too large to write");
+    }
+    if (i) sb_str(&b, ",");
+    sb_json_string(&b, names[i]);
+    sb_str(&b, ":{\"dtype\":\"");
+    sb_str(&b, st_dtype_code(t->dtype));
+    sb_str(&b, "\",\"shape\":[");
+    for (int d = 0; d < t->rank; d++) {
+      if (d) sb_str(&b, ",");
+      sb_int(&b, t->shape[d]);
+    }
+    sb_str(&b, "],\"data_offsets\":[");
+    sb_int(&b, off);
+    sb_str(&b, ",");
+    sb_int(&b, off + bytes);
+    sb_str(&b, "]}");
+    off += bytes;
+  }
+  sb_str(&b, "}");
+  while (!b.oom && b.len % 8) sb_str(&b, " "); /* the reference writer keeps data 8-byte aligned */
+  if (b.oom) {
+    free(b.s);
+    return st_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
+  }
+  unsigned char pre[8];
+  for (int i = 0; i < 8; i++) pre[i] = (unsigned char)(((uint64_t)b.len >> (8 * i)) & 0xff);
+
+  st_out w;
+  st = out_open(ctx, &w, path);
+  if (!st) st = out_write(ctx, &w, pre, 8);
+  if (!st) st = out_write(ctx, &w, b.s, b.len);
+  free(b.s);
+  for (int64_t i = 0; i < count && !st; i++) st = out_tensor(ctx, &w, &tensors[i]);
+  if (!st) st = out_commit(ctx, &w);
+  return st;
+}

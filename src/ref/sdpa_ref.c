@@ -1,0 +1,93 @@
+/* The float64 oracle for scaled dot-product attention.
+ *
+ * Deliberately plain: one query row at a time, the whole row of logits in
+ * double, a two-pass softmax, then the weighted sum of values. Every fast
+ * kernel and backend is tested against this file; keep it obviously right
+ * rather than fast. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+/* NaN wins: a NaN logit must reach the output rather than be skipped. */
+static double max_propagating_nan(double m, double x) { return (isnan(x) || x > m) ? x : m; }
+
+// logits is (Nk), one query row: fills it, softmaxes it in place, writes out/weights/lse.
+static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double *logits) {
+  const int64_t g = h / p->group;
+  const attn_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
+  const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
+  const int64_t kend = attn__causal_end(p->causal, i, p->Nq, p->Nk);
+
+  double m = -INFINITY;
+  int64_t visible = 0;
+  for (int64_t j = 0; j < p->Nk; j++) {
+    double x = -INFINITY;
+    if (j < kend) {
+      const int64_t koff = b * k->strides[0] + g * k->strides[1] + j * k->strides[2];
+      double dot = 0;
+      for (int64_t d = 0; d < p->D; d++)
+        dot += attn__load(q->data, q->dtype, qoff + d * q->strides[3]) *
+               attn__load(k->data, k->dtype, koff + d * k->strides[3]);
+      x = attn__mask_logit(p, b, h, i, j, dot * p->scale);
+    }
+    logits[j] = x;
+    if (x != -INFINITY) visible++;
+    m = max_propagating_nan(m, x);
+  }
+
+  double sum = 0;
+  if (visible) {
+    for (int64_t j = 0; j < p->Nk; j++) {
+      logits[j] = exp(logits[j] - m);
+      sum += logits[j];
+    }
+    for (int64_t j = 0; j < p->Nk; j++) logits[j] /= sum;
+  } else {
+    /* Every key masked: the documented answer is zeros, not 0/0. */
+    for (int64_t j = 0; j < p->Nk; j++) logits[j] = 0;
+  }
+
+  const int64_t ooff = b * o->strides[0] + h * o->strides[1] + i * o->strides[2];
+  for (int64_t c = 0; c < p->Dv; c++) {
+    double acc = 0;
+    for (int64_t j = 0; j < p->Nk; j++) {
+      if (logits[j] == 0) continue; /* exact zeros add nothing; also keeps 0 * inf from a masked row */
+      acc += logits[j] * attn__load(v->data, v->dtype,
+                                    b * v->strides[0] + g * v->strides[1] + j * v->strides[2] + c * v->strides[3]);
+    }
+    attn__store(o->data, o->dtype, ooff + c * o->strides[3], acc);
+  }
+  if (p->weights) {
+    const attn_tensor *w = p->weights;
+    const int64_t woff = b * w->strides[0] + h * w->strides[1] + i * w->strides[2];
+    for (int64_t j = 0; j < p->Nk; j++) attn__store(w->data, w->dtype, woff + j * w->strides[3], logits[j]);
+  }
+  if (p->lse) {
+    const attn_tensor *l = p->lse;
+    attn__store(l->data, l->dtype, b * l->strides[0] + h * l->strides[1] + i * l->strides[2],
+                visible ? m + log(sum) : -INFINITY);
+  }
+}
+
+attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p) {
+  const int64_t rows = p->B * p->Hq * p->Nq;
+  if (rows == 0) return ATTN_OK;
+  int failed = 0;
+#pragma omp parallel num_threads(attn__threads(ctx))
+  {
+    double *logits = malloc((size_t)(p->Nk > 0 ? p->Nk : 1) * sizeof(double));
+    if (!logits) {
+#pragma omp atomic write
+      failed = 1;
+    }
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t r = 0; r < rows; r++) {
+      if (!logits) continue;
+      const int64_t i = r % p->Nq, h = (r / p->Nq) % p->Hq, b = r / (p->Nq * p->Hq);
+      ref_row(p, b, h, i, logits);
+    }
+    free(logits);
+  }
+  if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_ref: cannot allocate a row of %lld logits", (long long)p->Nk);
+  return ATTN_OK;
+}

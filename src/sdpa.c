@@ -1,0 +1,194 @@
+/* Scaled dot-product attention: argument checks and dispatch to a kernel. */
+#include "internal.h"
+
+#include <stdio.h>
+
+void attn_sdpa_opts_init(attn_sdpa_opts *opts) {
+  if (!opts) return;
+  memset(opts, 0, sizeof *opts);
+  opts->scale = NAN;
+  opts->mask_mode = ATTN_MASK_KEEP;
+}
+
+static int dims_equal(const attn_tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
+  return t->shape[0] == a && t->shape[1] == b && t->shape[2] == c && t->shape[3] == d;
+}
+
+/* An output written by several threads must not alias itself through a zero stride. */
+static attn_status check_writable(attn_ctx *ctx, const attn_tensor *t, const char *what) {
+  if (attn_tensor_numel(t) == 0) return ATTN_OK;
+  for (int i = 0; i < t->rank; i++)
+    if (t->shape[i] > 1 && t->strides[i] == 0)
+      return attn__fail(ctx, ATTN_E_INVALID, "%s has stride 0 in dimension %d: outputs cannot broadcast", what, i);
+  return ATTN_OK;
+}
+
+static attn_status check_float_dtype(attn_ctx *ctx, const attn_tensor *t, const char *what, int f32_only, int out) {
+  if (f32_only ? t->dtype == ATTN_F32 : (out ? (t->dtype == ATTN_F32 || t->dtype == ATTN_F64) : attn__is_float(t->dtype)))
+    return ATTN_OK;
+  return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; this call takes %s", what, attn_dtype_name(t->dtype),
+                    f32_only ? "f32" : (out ? "f32 or f64" : "f32, f64, f16 or bf16"));
+}
+
+static void fmt_shape(char *buf, size_t n, const attn_tensor *t) {
+  size_t used = 0;
+  used += (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < t->rank && used < n; i++)
+    used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+  if (used < n) snprintf(buf + used, n - used, "]");
+}
+
+/* Right-aligns a mask of rank <= 4 against [B, H, Nq, Nk] (numpy broadcasting). */
+static attn_status broadcast_mask(attn_ctx *ctx, attn_tensor *out, const attn_tensor *m, const int64_t full[4],
+                                  const char *what) {
+  attn_status st = attn__check_tensor(ctx, m, what, -1);
+  if (st) return st;
+  if (m->rank > 4) return attn__fail(ctx, ATTN_E_SHAPE, "%s has rank %d; at most 4", what, m->rank);
+  attn_tensor r;
+  memset(&r, 0, sizeof r);
+  r.data = m->data;
+  r.dtype = m->dtype;
+  r.rank = 4;
+  int off = 4 - m->rank;
+  for (int i = 0; i < 4; i++) {
+    r.shape[i] = full[i];
+    if (i < off) { r.strides[i] = 0; continue; }
+    int64_t s = m->shape[i - off];
+    if (s == full[i]) r.strides[i] = s == 1 ? 0 : m->strides[i - off];
+    else if (s == 1) r.strides[i] = 0;
+    else {
+      char a[96];
+      fmt_shape(a, sizeof a, m);
+      return attn__fail(ctx, ATTN_E_SHAPE,
+                        "%s of shape %s does not broadcast to [%lld, %lld, %lld, %lld] (dimension %d: %lld vs %lld)",
+                        what, a, (long long)full[0], (long long)full[1], (long long)full[2], (long long)full[3], i,
+                        (long long)s, (long long)full[i]);
+    }
+  }
+  *out = r;
+  return ATTN_OK;
+}
+
+attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, const attn_tensor *q,
+                               const attn_tensor *k, const attn_tensor *v, const attn_sdpa_opts *opts,
+                               int f32_only) {
+  attn_status st;
+  memset(p, 0, sizeof *p);
+  if ((st = attn__check_tensor(ctx, q, "q", 4)) || (st = attn__check_tensor(ctx, k, "k", 4)) ||
+      (st = attn__check_tensor(ctx, v, "v", 4)) || (st = attn__check_tensor(ctx, out, "out", 4)))
+    return st;
+  if ((st = check_float_dtype(ctx, q, "q", f32_only, 0)) || (st = check_float_dtype(ctx, k, "k", f32_only, 0)) ||
+      (st = check_float_dtype(ctx, v, "v", f32_only, 0)) || (st = check_float_dtype(ctx, out, "out", f32_only, 1)))
+    return st;
+  p->B = q->shape[0]; p->Hq = q->shape[1]; p->Nq = q->shape[2]; p->D = q->shape[3];
+  p->Hk = k->shape[1]; p->Nk = k->shape[2]; p->Dv = v->shape[3];
+  char sq[96], sk[96], sv[96], so[96];
+  fmt_shape(sq, sizeof sq, q); fmt_shape(sk, sizeof sk, k); fmt_shape(sv, sizeof sv, v); fmt_shape(so, sizeof so, out);
+  if (k->shape[0] != p->B || k->shape[3] != p->D)
+    return attn__fail(ctx, ATTN_E_SHAPE, "k %s does not match q %s: want [B, Hk, Nk, D] = [%lld, Hk, Nk, %lld]", sk, sq,
+                      (long long)p->B, (long long)p->D);
+  if (!dims_equal(v, p->B, p->Hk, p->Nk, p->Dv))
+    return attn__fail(ctx, ATTN_E_SHAPE, "v %s does not match k %s: want [B, Hk, Nk, Dv]", sv, sk);
+  if (!dims_equal(out, p->B, p->Hq, p->Nq, p->Dv))
+    return attn__fail(ctx, ATTN_E_SHAPE, "out %s must be [B, Hq, Nq, Dv] = [%lld, %lld, %lld, %lld]", so,
+                      (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Dv);
+  if (p->D < 1) return attn__fail(ctx, ATTN_E_SHAPE, "head dim D of q and k must be at least 1, got %lld", (long long)p->D);
+  if (p->Hk < 1 || p->Hq % p->Hk != 0)
+    return attn__fail(ctx, ATTN_E_SHAPE, "query heads (%lld) must be a multiple of key/value heads (%lld)",
+                      (long long)p->Hq, (long long)p->Hk);
+  p->group = p->Hq / p->Hk;
+  if ((st = check_writable(ctx, out, "out"))) return st;
+  p->q = *q; p->k = *k; p->v = *v; p->out = *out;
+
+  attn_sdpa_opts defaults;
+  if (!opts) {
+    attn_sdpa_opts_init(&defaults);
+    opts = &defaults;
+  }
+  if (isnan(opts->scale)) p->scale = 1.0 / sqrt((double)p->D);
+  else if (isfinite(opts->scale)) p->scale = opts->scale;
+  else return attn__fail(ctx, ATTN_E_INVALID, "scale must be finite (or NaN for 1/sqrt(D)), got %g", opts->scale);
+  if (opts->causal != ATTN_CAUSAL_NONE && opts->causal != ATTN_CAUSAL_TOP_LEFT &&
+      opts->causal != ATTN_CAUSAL_BOTTOM_RIGHT)
+    return attn__fail(ctx, ATTN_E_INVALID, "unknown causal mode %d", (int)opts->causal);
+  p->causal = opts->causal;
+
+  if (opts->mask) {
+    int64_t full[4] = {p->B, p->Hq, p->Nq, p->Nk};
+    if ((st = broadcast_mask(ctx, &p->mask, opts->mask, full, "mask"))) return st;
+    attn_dtype dt = opts->mask->dtype;
+    switch (opts->mask_mode) {
+      case ATTN_MASK_KEEP: case ATTN_MASK_MASKED:
+        if (dt != ATTN_BOOL && dt != ATTN_U8)
+          return attn__fail(ctx, ATTN_E_DTYPE, "a %s mask must be bool or u8, got %s (use additive for a float mask)",
+                            opts->mask_mode == ATTN_MASK_KEEP ? "keep" : "masked", attn_dtype_name(dt));
+        break;
+      case ATTN_MASK_ADDITIVE:
+        if (!attn__is_float(dt))
+          return attn__fail(ctx, ATTN_E_DTYPE, "an additive mask must be a float dtype, got %s", attn_dtype_name(dt));
+        break;
+      case ATTN_MASK_SEED: break;
+      default: return attn__fail(ctx, ATTN_E_INVALID, "unknown mask mode %d", (int)opts->mask_mode);
+    }
+    p->has_mask = 1;
+    p->mask_mode = opts->mask_mode;
+  }
+  if (opts->key_padding) {
+    const attn_tensor *m = opts->key_padding;
+    if ((st = attn__check_tensor(ctx, m, "key_padding", 2))) return st;
+    if (m->shape[0] != p->B || m->shape[1] != p->Nk)
+      return attn__fail(ctx, ATTN_E_SHAPE, "key_padding [%lld, %lld] must be [B, Nk] = [%lld, %lld]",
+                        (long long)m->shape[0], (long long)m->shape[1], (long long)p->B, (long long)p->Nk);
+    if (m->dtype != ATTN_BOOL && m->dtype != ATTN_U8)
+      return attn__fail(ctx, ATTN_E_DTYPE, "key_padding must be bool or u8, got %s", attn_dtype_name(m->dtype));
+    memset(&p->kpm, 0, sizeof p->kpm);
+    p->kpm.data = m->data;
+    p->kpm.dtype = m->dtype;
+    p->kpm.rank = 4;
+    p->kpm.shape[0] = p->B; p->kpm.shape[1] = 1; p->kpm.shape[2] = 1; p->kpm.shape[3] = p->Nk;
+    p->kpm.strides[0] = m->strides[0];
+    p->kpm.strides[3] = m->strides[1];
+    p->has_kpm = 1;
+  }
+  if (opts->weights) {
+    attn_tensor *w = opts->weights;
+    if ((st = attn__check_tensor(ctx, w, "weights", 4)) || (st = check_float_dtype(ctx, w, "weights", f32_only, 1)) ||
+        (st = check_writable(ctx, w, "weights")))
+      return st;
+    if (!dims_equal(w, p->B, p->Hq, p->Nq, p->Nk))
+      return attn__fail(ctx, ATTN_E_SHAPE, "weights must be [B, Hq, Nq, Nk] = [%lld, %lld, %lld, %lld]",
+                        (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Nk);
+    p->weights = w;
+  }
+  if (opts->lse) {
+    attn_tensor *l = opts->lse;
+    if ((st = attn__check_tensor(ctx, l, "lse", 3)) || (st = check_float_dtype(ctx, l, "lse", f32_only, 1)) ||
+        (st = check_writable(ctx, l, "lse")))
+      return st;
+    if (l->shape[0] != p->B || l->shape[1] != p->Hq || l->shape[2] != p->Nq)
+      return attn__fail(ctx, ATTN_E_SHAPE, "lse must be [B, Hq, Nq] = [%lld, %lld, %lld]", (long long)p->B,
+                        (long long)p->Hq, (long long)p->Nq);
+    p->lse = l;
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
+                      const attn_tensor *v, const attn_sdpa_opts *opts) {
+  attn__clear(ctx);
+  attn_kernel kern = attn_ctx_kernel(ctx);
+  attn__sdpa p;
+  attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, kern != ATTN_KERNEL_REF);
+  if (st) return st;
+  if (kern == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, &p);
+  return attn__sdpa_run_c(ctx, &p);
+}
+
+attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
+                          const attn_tensor *v, const attn_sdpa_opts *opts) {
+  attn__clear(ctx);
+  attn__sdpa p;
+  attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, 0);
+  if (st) return st;
+  return attn__sdpa_run_ref(ctx, &p);
+}

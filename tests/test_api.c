@@ -1,0 +1,272 @@
+/* The API's contract outside the arithmetic: versions, statuses, contexts,
+ * tensor helpers, and every error path of attn_sdpa (a status, a message,
+ * and outputs left untouched). */
+#include "testutil.h"
+
+/* Expects status want with a non-empty message mentioning needle. */
+#define CHECK_ERR(ctx, call, want, needle)                                                              \
+  do {                                                                                                  \
+    attn_status st_ = (call);                                                                           \
+    const char *m_ = attn_ctx_error(ctx);                                                               \
+    CHECK(st_ == (want) && m_[0] && strstr(m_, needle), "%s -> %s (%s), want %s mentioning '%s'", #call, \
+          attn_strerror(st_), m_, attn_strerror(want), needle);                                         \
+  } while (0)
+
+static void versions_and_statuses(void) {
+  CHECK(attn_version() == ATTN_VERSION_HEX, "runtime version %x vs header %x", attn_version(), ATTN_VERSION_HEX);
+  char want[32];
+  snprintf(want, sizeof want, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
+  CHECK(!strcmp(attn_version_string(), want), "version string %s", attn_version_string());
+  for (int s = ATTN_OK; s <= ATTN_E_UNSUPPORTED; s++)
+    CHECK(attn_strerror((attn_status)s)[0] != '\0' && strcmp(attn_strerror((attn_status)s), "unknown status"),
+          "status %d has no message", s);
+  CHECK(!strcmp(attn_strerror((attn_status)1234), "unknown status"), "unknown status text");
+  CHECK(attn_dtype_size(ATTN_F32) == 4 && attn_dtype_size(ATTN_F64) == 8 && attn_dtype_size(ATTN_BF16) == 2 &&
+            attn_dtype_size(ATTN_BOOL) == 1,
+        "dtype sizes");
+}
+
+static void contexts(void) {
+  attn_ctx *ctx;
+  CHECK(attn_ctx_create(NULL) == ATTN_E_INVALID, "create(NULL)");
+  CHECK_OK(NULL, attn_ctx_create(&ctx));
+  CHECK(attn_ctx_error(ctx)[0] == '\0', "a new context has no message");
+  CHECK_ERR(ctx, attn_ctx_set_threads(ctx, -1), ATTN_E_INVALID, "thread");
+  CHECK_OK(ctx, attn_ctx_set_threads(ctx, 3));
+  CHECK(attn_ctx_threads(ctx) == 3, "threads %d", attn_ctx_threads(ctx));
+  CHECK(attn_ctx_error(ctx)[0] == '\0', "a successful call clears the message");
+  CHECK_ERR(ctx, attn_ctx_set_kernel(ctx, (attn_kernel)77), ATTN_E_INVALID, "kernel");
+  CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF));
+  CHECK(attn_ctx_kernel(ctx) == ATTN_KERNEL_REF, "kernel set");
+  CHECK(!strcmp(attn_kernel_name(ATTN_KERNEL_C), "c") && !strcmp(attn_kernel_name(ATTN_KERNEL_REF), "ref"),
+        "kernel names");
+  attn_ctx_destroy(ctx);
+  attn_ctx_destroy(NULL);
+}
+
+static void tensors(void) {
+  float buf[2 * 3 * 4];
+  int64_t s[3] = {2, 3, 4};
+  attn_tensor t = attn_tensor_view(buf, ATTN_F32, 3, s), p;
+  CHECK(t.strides[0] == 12 && t.strides[1] == 4 && t.strides[2] == 1, "contiguous strides");
+  CHECK(attn_tensor_numel(&t) == 24, "numel");
+  int perm[3] = {0, 2, 1};
+  CHECK(attn_tensor_permute(&p, &t, perm) == ATTN_OK && p.shape[1] == 4 && p.strides[1] == 1 && p.strides[2] == 4,
+        "permute");
+  int bad[3] = {0, 0, 1};
+  CHECK(attn_tensor_permute(&p, &t, bad) == ATTN_E_INVALID, "a repeated axis is refused");
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  attn_tensor a;
+  int64_t huge[2] = {INT64_MAX / 2, 4};
+  CHECK_ERR(ctx, attn_tensor_alloc(ctx, &a, ATTN_F32, 2, huge), ATTN_E_SHAPE, "large");
+  int64_t neg[1] = {-1};
+  CHECK_ERR(ctx, attn_tensor_alloc(ctx, &a, ATTN_F32, 1, neg), ATTN_E_SHAPE, "shape");
+  CHECK_ERR(ctx, attn_tensor_alloc(ctx, &a, ATTN_F32, 9, s), ATTN_E_INVALID, "rank");
+  CHECK_OK(ctx, attn_tensor_alloc(ctx, &a, ATTN_F64, 3, s));
+  CHECK(((uintptr_t)a.data & 63) == 0 && ((double *)a.data)[23] == 0, "aligned and zeroed");
+  attn_tensor_free(&a);
+  CHECK(a.data == NULL, "free clears the pointer");
+  attn_ctx_destroy(ctx);
+}
+
+/* Every way to call attn_sdpa wrongly. */
+static void sdpa_errors(void) {
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  enum { B = 2, H = 4, N = 5, D = 8 };
+  static float q[B * H * N * D], k[B * H * N * D], v[B * H * N * D], out[B * H * N * D], w[B * H * N * N];
+  static float lse[B * H * N];
+  tu_rng r = {5};
+  tu_fill_f32(&r, q, B * H * N * D, 1);
+  tu_fill_f32(&r, k, B * H * N * D, 1);
+  tu_fill_f32(&r, v, B * H * N * D, 1);
+  int64_t s[4] = {B, H, N, D};
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, s), tk = tq, tv = tq, to = attn_tensor_view(out, ATTN_F32, 4, s);
+  tk.data = k;
+  tv.data = v;
+  tu_poison_f32(out, B * H * N * D);
+  attn_sdpa_opts o;
+  attn_sdpa_opts_init(&o);
+  const attn_kernel kernels[] = {ATTN_KERNEL_REF, ATTN_KERNEL_C};
+  for (int ki = 0; ki < 2; ki++) {
+    attn_ctx_set_kernel(ctx, kernels[ki]);
+    CHECK_ERR(ctx, attn_sdpa(ctx, NULL, &tq, &tk, &tv, &o), ATTN_E_INVALID, "out");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, NULL, &tv, &o), ATTN_E_INVALID, "k");
+    attn_tensor t3 = tq;
+    t3.rank = 3;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &t3, &tk, &tv, &o), ATTN_E_SHAPE, "rank");
+    attn_tensor nul = tq;
+    nul.data = NULL;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &nul, &tk, &tv, &o), ATTN_E_INVALID, "NULL");
+    attn_tensor neg = tq;
+    neg.shape[2] = -3;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &neg, &tk, &tv, &o), ATTN_E_SHAPE, "negative");
+    attn_tensor kd = tk;
+    kd.shape[3] = D - 1;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &kd, &tv, &o), ATTN_E_SHAPE, "k");
+    attn_tensor kb = tk;
+    kb.shape[0] = 1;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &kb, &tv, &o), ATTN_E_SHAPE, "k");
+    attn_tensor vn = tv;
+    vn.shape[2] = N - 1;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &vn, &o), ATTN_E_SHAPE, "v");
+    attn_tensor kh = tk, vh = tv;
+    kh.shape[1] = vh.shape[1] = 3; /* 4 query heads over 3 kv heads */
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &kh, &vh, &o), ATTN_E_SHAPE, "multiple");
+    attn_tensor ob = to;
+    ob.shape[3] = D + 1;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &ob, &tq, &tk, &tv, &o), ATTN_E_SHAPE, "out");
+    attn_tensor os = to;
+    os.strides[2] = 0;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &os, &tq, &tk, &tv, &o), ATTN_E_INVALID, "stride 0");
+    attn_tensor qd = tq;
+    qd.dtype = ATTN_BOOL;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &qd, &tk, &tv, &o), ATTN_E_DTYPE, "dtype");
+    attn_tensor q0 = tq, k0 = tk;
+    q0.shape[3] = k0.shape[3] = 0;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &q0, &k0, &tv, &o), ATTN_E_SHAPE, "at least 1");
+
+    attn_sdpa_opts bad = o;
+    bad.scale = INFINITY;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_INVALID, "scale");
+    bad = o;
+    bad.causal = (attn_causal)9;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_INVALID, "causal");
+
+    /* masks */
+    static uint8_t mb[B * H * N * N];
+    int64_t ms[3] = {3, N, N};
+    attn_tensor m = attn_tensor_view(mb, ATTN_BOOL, 3, ms); /* 3 does not broadcast to H = 4 */
+    bad = o;
+    bad.mask = &m;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "broadcast");
+    int64_t m5s[5] = {1, 1, 1, N, N};
+    attn_tensor m5 = attn_tensor_view(mb, ATTN_BOOL, 5, m5s);
+    bad.mask = &m5;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "at most 4");
+    int64_t m2s[2] = {N, N};
+    attn_tensor mf = attn_tensor_view(w, ATTN_F32, 2, m2s);
+    bad.mask = &mf;
+    bad.mask_mode = ATTN_MASK_KEEP;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_DTYPE, "bool");
+    attn_tensor mbool = attn_tensor_view(mb, ATTN_BOOL, 2, m2s);
+    bad.mask = &mbool;
+    bad.mask_mode = ATTN_MASK_ADDITIVE;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_DTYPE, "float");
+    bad.mask_mode = (attn_mask_mode)17;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_INVALID, "mask mode");
+
+    /* key padding */
+    int64_t ks[2] = {B, N + 1};
+    attn_tensor kp = attn_tensor_view(mb, ATTN_BOOL, 2, ks);
+    bad = o;
+    bad.key_padding = &kp;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "key_padding");
+    int64_t kfs[2] = {B, N};
+    attn_tensor kpf = attn_tensor_view(w, ATTN_F32, 2, kfs);
+    bad.key_padding = &kpf;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_DTYPE, "key_padding");
+
+    /* optional outputs */
+    int64_t wbad[4] = {B, H, N, N + 1}, lbad[3] = {B, H, N + 1};
+    attn_tensor tw = attn_tensor_view(w, ATTN_F32, 4, wbad), tl = attn_tensor_view(lse, ATTN_F32, 3, lbad);
+    bad = o;
+    bad.weights = &tw;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "weights");
+    bad = o;
+    bad.lse = &tl;
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "lse");
+  }
+  int untouched = 1;
+  for (int i = 0; i < B * H * N * D; i++) untouched &= isnan(out[i]) != 0;
+  CHECK(untouched, "a refused call must leave its output untouched");
+  /* f64 inputs: the oracle takes them, the fp32 kernel does not */
+  static double qd64[B * H * N * D];
+  attn_tensor t64 = attn_tensor_view(qd64, ATTN_F64, 4, s);
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_C);
+  CHECK_ERR(ctx, attn_sdpa(ctx, &to, &t64, &tk, &tv, &o), ATTN_E_DTYPE, "f32");
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &t64, &tk, &tv, &o));
+  /* zero-size problems are fine and touch nothing */
+  attn_tensor qe = tq, oe = to;
+  qe.shape[2] = oe.shape[2] = 0;
+  CHECK_OK(ctx, attn_sdpa(ctx, &oe, &qe, &tk, &tv, &o));
+  attn_ctx_destroy(ctx);
+}
+
+static void mha_errors(void) {
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  attn_mha *m = NULL;
+  attn_mha_config c;
+  attn_mha_config_init(&c, 10, 3);
+  CHECK_ERR(ctx, attn_mha_create(ctx, &m, &c), ATTN_E_INVALID, "divisible");
+  attn_mha_config_init(&c, 0, 1);
+  CHECK_ERR(ctx, attn_mha_create(ctx, &m, &c), ATTN_E_INVALID, "positive");
+  attn_mha_config_init(&c, 8, 0);
+  CHECK_ERR(ctx, attn_mha_create(ctx, &m, &c), ATTN_E_INVALID, "positive");
+  attn_mha_config_init(&c, 8, 4);
+  c.num_kv_heads = 3;
+  CHECK_ERR(ctx, attn_mha_create(ctx, &m, &c), ATTN_E_INVALID, "multiple");
+  CHECK(m == NULL, "no layer after a failed create");
+  attn_mha_config_init(&c, 8, 2);
+  c.kdim = 6;
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &c));
+  float wbuf[64] = {0};
+  int64_t s88[2] = {8, 8}, s86[2] = {8, 6}, s7[1] = {7};
+  attn_tensor w88 = attn_tensor_view(wbuf, ATTN_F32, 2, s88), w86 = attn_tensor_view(wbuf, ATTN_F32, 2, s86);
+  attn_tensor b7 = attn_tensor_view(wbuf, ATTN_F32, 1, s7);
+  CHECK_OK(ctx, attn_mha_set_param(ctx, m, "wq.weight", &w88));
+  CHECK_OK(ctx, attn_mha_set_param(ctx, m, "k_proj_weight", &w86));
+  CHECK_ERR(ctx, attn_mha_set_param(ctx, m, "wk.weight", &w88), ATTN_E_SHAPE, "wk.weight");
+  CHECK_ERR(ctx, attn_mha_set_param(ctx, m, "wq.bias", &b7), ATTN_E_SHAPE, "wq.bias");
+  CHECK_ERR(ctx, attn_mha_set_param(ctx, m, "in_proj_weight", &w88), ATTN_E_SHAPE, "kdim");
+  CHECK_ERR(ctx, attn_mha_set_param(ctx, m, "nonsense", &w88), ATTN_E_NOT_FOUND, "nonsense");
+  float x[2 * 4 * 8] = {0}, y[2 * 3 * 8];
+  int64_t xs[3] = {2, 3, 8}, ks[3] = {2, 4, 8}, ks6[3] = {2, 4, 6};
+  attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, xs), ty = attn_tensor_view(y, ATTN_F32, 3, xs);
+  attn_tensor tk8 = attn_tensor_view(x, ATTN_F32, 3, ks), tk6 = attn_tensor_view(x, ATTN_F32, 3, ks6);
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, NULL, NULL, NULL), ATTN_E_INVALID, "self-attention");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk8, &tk8, NULL), ATTN_E_SHAPE, "key");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, NULL, NULL), ATTN_E_INVALID, "both");
+  attn_tensor v3 = tk8;
+  v3.shape[1] = 3;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, &v3, NULL), ATTN_E_SHAPE, "positions");
+  attn_tensor yb = ty;
+  yb.shape[2] = 7;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &yb, &tx, &tk6, &tk8, NULL), ATTN_E_SHAPE, "out");
+  attn_tensor tw;
+  float wb[2 * 2 * 3 * 4];
+  int64_t wsb[4] = {2, 2, 3, 5};
+  tw = attn_tensor_view(wb, ATTN_F32, 4, wsb);
+  attn_mha_opts o;
+  attn_mha_opts_init(&o);
+  o.weights = &tw;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, &tk8, &o), ATTN_E_SHAPE, "weights");
+  o.average_weights = 1;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, &tk8, &o), ATTN_E_SHAPE, "rank");
+  CHECK_OK(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, &tk8, NULL));
+  attn_tensor pv;
+  CHECK_OK(ctx, attn_mha_param_view(ctx, m, ATTN_MHA_K_WEIGHT, &pv));
+  CHECK(pv.shape[0] == 8 && pv.shape[1] == 6, "k weight view [%lld, %lld]", (long long)pv.shape[0],
+        (long long)pv.shape[1]);
+  attn_mha_destroy(m);
+  attn_mha_config_init(&c, 8, 2);
+  c.bias = 0;
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &c));
+  CHECK_ERR(ctx, attn_mha_param_view(ctx, m, ATTN_MHA_Q_BIAS, &pv), ATTN_E_NOT_FOUND, "bias");
+  int64_t s8[1] = {8};
+  attn_tensor b8 = attn_tensor_view(wbuf, ATTN_F32, 1, s8);
+  CHECK_ERR(ctx, attn_mha_set_param(ctx, m, "wq.bias", &b8), ATTN_E_INVALID, "without bias");
+  attn_mha_destroy(m);
+  attn_ctx_destroy(ctx);
+}
+
+int main(void) {
+  versions_and_statuses();
+  contexts();
+  tensors();
+  sdpa_errors();
+  mha_errors();
+  return tu_finish("test_api");
+}

@@ -1,0 +1,214 @@
+/* The multi-head layer: the fp32 path against the float64 path over random
+ * configurations (GQA, kdim/vdim, bias, masks, weights per head or averaged,
+ * strided inputs, thread counts), the parameter namings, and loading from
+ * safetensors. */
+#include "testutil.h"
+
+static const char *tmpdir(void) {
+  const char *d = getenv("ATTN_TEST_TMP");
+  return d ? d : "/tmp";
+}
+
+/* Fills every parameter of m with random values; returns them in PyTorch's names too. */
+static void randomize(attn_ctx *ctx, attn_mha *m, tu_rng *r) {
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    attn_tensor t;
+    if (attn_mha_param_view(ctx, m, (attn_mha_param)p, &t)) continue;
+    tu_fill_f32(r, t.data, attn_tensor_numel(&t), 0.4);
+  }
+}
+
+static void random_layer_case(attn_ctx *ctx, uint64_t seed) {
+  tu_rng r = {seed};
+  const int64_t H = tu_int(&r, 1, 4), Hk_div = tu_int(&r, 0, 1) ? H : 1, D = tu_int(&r, 1, 12), E = H * D;
+  attn_mha_config c;
+  attn_mha_config_init(&c, E, H);
+  c.num_kv_heads = (H % 2 == 0 && tu_int(&r, 0, 1)) ? H / 2 : Hk_div;
+  const int cross = (int)tu_int(&r, 0, 1);
+  if (cross && tu_int(&r, 0, 1)) {
+    c.kdim = tu_int(&r, 1, 20);
+    c.vdim = tu_int(&r, 1, 20);
+  }
+  c.bias = (int)tu_int(&r, 0, 1);
+  attn_mha *m;
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &c));
+  randomize(ctx, m, &r);
+  const int64_t B = tu_int(&r, 1, 3), Nq = tu_int(&r, 1, 20), Nk = cross ? tu_int(&r, 1, 20) : Nq;
+  const int64_t kd = c.kdim ? c.kdim : E, vd = c.vdim ? c.vdim : E;
+  /* batch_first = False data: a [N, B, E] buffer viewed as [B, N, E] */
+  const int seq_first = (int)tu_int(&r, 0, 1);
+  float *xq = malloc(sizeof(float) * (size_t)(B * Nq * E)), *xk = malloc(sizeof(float) * (size_t)(B * Nk * kd));
+  float *xv = malloc(sizeof(float) * (size_t)(B * Nk * vd));
+  tu_fill_f32(&r, xq, B * Nq * E, 1);
+  tu_fill_f32(&r, xk, B * Nk * kd, 1);
+  tu_fill_f32(&r, xv, B * Nk * vd, 1);
+  int64_t sq[3] = {B, Nq, E}, sk[3] = {B, Nk, kd}, sv[3] = {B, Nk, vd};
+  attn_tensor tq = attn_tensor_view(xq, ATTN_F32, 3, sq), tk = attn_tensor_view(xk, ATTN_F32, 3, sk);
+  attn_tensor tv = attn_tensor_view(xv, ATTN_F32, 3, sv);
+  if (seq_first) {
+    tq.strides[0] = E; tq.strides[1] = B * E;
+    tk.strides[0] = kd; tk.strides[1] = B * kd;
+    tv.strides[0] = vd; tv.strides[1] = B * vd;
+  }
+  attn_mha_opts o;
+  attn_mha_opts_init(&o);
+  o.causal = (attn_causal)tu_int(&r, 0, 2);
+  uint8_t *mask = malloc((size_t)(Nq * Nk)), *kpm = malloc((size_t)(B * Nk));
+  int64_t ms[2] = {Nq, Nk}, ks[2] = {B, Nk};
+  attn_tensor tm = attn_tensor_view(mask, ATTN_BOOL, 2, ms), tkp = attn_tensor_view(kpm, ATTN_BOOL, 2, ks);
+  for (int64_t i = 0; i < Nq * Nk; i++) mask[i] = tu_int(&r, 0, 4) == 0;
+  for (int64_t i = 0; i < B * Nk; i++) kpm[i] = tu_int(&r, 0, 5) == 0;
+  if (tu_int(&r, 0, 1)) o.mask = &tm;
+  if (tu_int(&r, 0, 1)) o.key_padding = &tkp;
+  const int want_w = (int)tu_int(&r, 0, 2);
+  o.average_weights = want_w == 2;
+  const int64_t nw = o.average_weights ? B * Nq * Nk : B * H * Nq * Nk;
+  int64_t w4[4] = {B, H, Nq, Nk}, w3[3] = {B, Nq, Nk};
+
+  double *ref = malloc(sizeof(double) * (size_t)(B * Nq * E)), *wref = malloc(sizeof(double) * (size_t)(nw + 1));
+  attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 3, sq);
+  attn_tensor twr = attn_tensor_view(wref, ATTN_F64, o.average_weights ? 3 : 4, o.average_weights ? w3 : w4);
+  const attn_tensor *kk = cross ? &tk : NULL, *vv = cross ? &tv : NULL;
+  attn_mha_opts oref = o;
+  oref.weights = want_w ? &twr : NULL;
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF);
+  CHECK_OK(ctx, attn_mha_forward(ctx, m, &tr, &tq, kk, vv, &oref));
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
+
+  float *out = malloc(sizeof(float) * (size_t)(B * Nq * E)), *w = malloc(sizeof(float) * (size_t)(nw + 1));
+  float *first = malloc(sizeof(float) * (size_t)(B * Nq * E));
+  for (int threads = 1; threads <= 3; threads++) {
+    attn_ctx_set_threads(ctx, threads);
+    attn_tensor to = attn_tensor_view(out, ATTN_F32, 3, sq);
+    attn_tensor tw = attn_tensor_view(w, ATTN_F32, o.average_weights ? 3 : 4, o.average_weights ? w3 : w4);
+    tu_poison_f32(out, B * Nq * E);
+    tu_poison_f32(w, nw);
+    attn_mha_opts of = o;
+    of.weights = want_w ? &tw : NULL;
+    CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, &tq, kk, vv, &of));
+    double *got = tu_to_f64(&to);
+    const double e = tu_rel_l2(got, ref, B * Nq * E);
+    CHECK(e <= 1e-5 && tu_count_nan(got, B * Nq * E) == 0,
+          "seed %llu (E=%lld H=%lld Hk=%lld cross=%d bias=%d threads=%d): out rel err %.3g", (unsigned long long)seed,
+          (long long)E, (long long)H, (long long)c.num_kv_heads, cross, c.bias, threads, e);
+    if (want_w) {
+      double *gw = tu_to_f64(&tw);
+      const double ew = tu_rel_l2(gw, wref, nw);
+      CHECK(ew <= 1e-5 && tu_count_nan(gw, nw) == 0, "seed %llu: weights rel err %.3g", (unsigned long long)seed, ew);
+      free(gw);
+    }
+    if (threads == 1) memcpy(first, out, sizeof(float) * (size_t)(B * Nq * E));
+    else CHECK(!memcmp(first, out, sizeof(float) * (size_t)(B * Nq * E)), "seed %llu: threads %d changed the bits",
+               (unsigned long long)seed, threads);
+    free(got);
+  }
+  attn_ctx_set_threads(ctx, 0);
+  free(xq); free(xk); free(xv); free(mask); free(kpm); free(ref); free(wref); free(out); free(w); free(first);
+  attn_mha_destroy(m);
+}
+
+/* The same numbers under every naming give the same layer. */
+static void namings(attn_ctx *ctx) {
+  enum { E = 12, H = 3, B = 2, N = 6 };
+  tu_rng r = {42};
+  float wq[E * E], wk[E * E], wv[E * E], wo[E * E], bq[E], bk[E], bv[E], bo[E], packed[3 * E * E], pb[3 * E];
+  tu_fill_f32(&r, wq, E * E, 0.5); tu_fill_f32(&r, wk, E * E, 0.5); tu_fill_f32(&r, wv, E * E, 0.5);
+  tu_fill_f32(&r, wo, E * E, 0.5); tu_fill_f32(&r, bq, E, 0.5); tu_fill_f32(&r, bk, E, 0.5);
+  tu_fill_f32(&r, bv, E, 0.5); tu_fill_f32(&r, bo, E, 0.5);
+  memcpy(packed, wq, sizeof wq); memcpy(packed + E * E, wk, sizeof wk); memcpy(packed + 2 * E * E, wv, sizeof wv);
+  memcpy(pb, bq, sizeof bq); memcpy(pb + E, bk, sizeof bk); memcpy(pb + 2 * E, bv, sizeof bv);
+  int64_t sw[2] = {E, E}, sb[1] = {E}, sp[2] = {3 * E, E}, spb[1] = {3 * E};
+  attn_tensor Wq = attn_tensor_view(wq, ATTN_F32, 2, sw), Wk = attn_tensor_view(wk, ATTN_F32, 2, sw);
+  attn_tensor Wv = attn_tensor_view(wv, ATTN_F32, 2, sw), Wo = attn_tensor_view(wo, ATTN_F32, 2, sw);
+  attn_tensor Bq = attn_tensor_view(bq, ATTN_F32, 1, sb), Bk = attn_tensor_view(bk, ATTN_F32, 1, sb);
+  attn_tensor Bv = attn_tensor_view(bv, ATTN_F32, 1, sb), Bo = attn_tensor_view(bo, ATTN_F32, 1, sb);
+  attn_tensor P = attn_tensor_view(packed, ATTN_F32, 2, sp), PB = attn_tensor_view(pb, ATTN_F32, 1, spb);
+
+  const char *seed_names[] = {"wq.weight", "wq.bias", "wk.weight", "wk.bias", "wv.weight", "wv.bias", "dense.weight", "dense.bias"};
+  const char *llama_names[] = {"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
+                               "v_proj.weight", "v_proj.bias", "o_proj.weight", "o_proj.bias"};
+  const attn_tensor *vals[] = {&Wq, &Bq, &Wk, &Bk, &Wv, &Bv, &Wo, &Bo};
+  float x[B * N * E], outs[5][B * N * E];
+  tu_fill_f32(&r, x, B * N * E, 1);
+  int64_t sx[3] = {B, N, E};
+  attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, sx);
+  attn_mha_config c;
+  attn_mha_config_init(&c, E, H);
+  char path[512];
+  for (int variant = 0; variant < 5; variant++) {
+    attn_mha *m;
+    CHECK_OK(ctx, attn_mha_create(ctx, &m, &c));
+    if (variant == 0)
+      for (int i = 0; i < 8; i++) CHECK_OK(ctx, attn_mha_set_param(ctx, m, seed_names[i], vals[i]));
+    if (variant == 1) {
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "in_proj_weight", &P));
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "in_proj_bias", &PB));
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "out_proj.weight", &Wo));
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "out_proj.bias", &Bo));
+    }
+    if (variant == 2) {
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "q_proj_weight", &Wq));
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "k_proj_weight", &Wk));
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "v_proj_weight", &Wv));
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "in_proj_bias", &PB));
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "out_proj.weight", &Wo));
+      CHECK_OK(ctx, attn_mha_set_param(ctx, m, "out_proj.bias", &Bo));
+    }
+    if (variant == 3) {
+      /* through a safetensors file with a prefix and an unrelated tensor beside it */
+      const char *names[10];
+      attn_tensor ts[10];
+      char nb[9][64];
+      for (int i = 0; i < 8; i++) {
+        snprintf(nb[i], sizeof nb[i], "model.layers.0.attn.%s", llama_names[i]);
+        names[i] = nb[i];
+        ts[i] = *vals[i];
+      }
+      names[8] = "model.embed.weight";
+      ts[8] = Wq;
+      snprintf(path, sizeof path, "%s/test_mha_llama.safetensors", tmpdir());
+      CHECK_OK(ctx, attn_safetensors_write(ctx, path, 9, names, ts));
+      CHECK_OK(ctx, attn_mha_load_safetensors(ctx, m, path, "model.layers.0.attn."));
+      attn_mha *m2;
+      CHECK_OK(ctx, attn_mha_create_from_safetensors(ctx, &m2, path, "model.layers.0.attn.", H, 0));
+      CHECK(m2 && attn_mha_get_config(m2)->embed_dim == E && attn_mha_get_config(m2)->bias == 1, "inferred config");
+      attn_mha_destroy(m2);
+      CHECK(attn_mha_load_safetensors(ctx, m, path, "wrong.") == ATTN_E_NOT_FOUND && strstr(attn_ctx_error(ctx), "wrong."),
+            "a wrong prefix names itself: %s", attn_ctx_error(ctx));
+    }
+    if (variant == 4) {
+      /* PyTorch's packed naming, in f64 in the file */
+      double pd[3 * E * E], pbd[3 * E], wod[E * E], bod[E];
+      for (int i = 0; i < 3 * E * E; i++) pd[i] = packed[i];
+      for (int i = 0; i < 3 * E; i++) pbd[i] = pb[i];
+      for (int i = 0; i < E * E; i++) wod[i] = wo[i];
+      for (int i = 0; i < E; i++) bod[i] = bo[i];
+      attn_tensor ts[4] = {attn_tensor_view(pd, ATTN_F64, 2, sp), attn_tensor_view(pbd, ATTN_F64, 1, spb),
+                           attn_tensor_view(wod, ATTN_F64, 2, sw), attn_tensor_view(bod, ATTN_F64, 1, sb)};
+      const char *names[4] = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"};
+      snprintf(path, sizeof path, "%s/test_mha_torch.safetensors", tmpdir());
+      CHECK_OK(ctx, attn_safetensors_write(ctx, path, 4, names, ts));
+      CHECK_OK(ctx, attn_mha_load_safetensors(ctx, m, path, NULL));
+      /* a file missing a tensor is a clear error */
+      CHECK_OK(ctx, attn_safetensors_write(ctx, path, 3, names, ts));
+      CHECK(attn_mha_load_safetensors(ctx, m, path, "") == ATTN_E_NOT_FOUND && strstr(attn_ctx_error(ctx), "out_proj.bias"),
+            "missing tensor: %s", attn_ctx_error(ctx));
+      CHECK_OK(ctx, attn_safetensors_write(ctx, path, 4, names, ts));
+      CHECK_OK(ctx, attn_mha_load_safetensors(ctx, m, path, NULL));
+    }
+    attn_tensor to = attn_tensor_view(outs[variant], ATTN_F32, 3, sx);
+    CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, &tx, NULL, NULL, NULL));
+    if (variant) CHECK(!memcmp(outs[0], outs[variant], sizeof outs[0]), "naming variant %d differs", variant);
+    attn_mha_destroy(m);
+  }
+}
+
+int main(int argc, char **argv) {
+  attn_ctx *ctx;
+  if (attn_ctx_create(&ctx)) return 1;
+  const int cases = argc > 1 ? atoi(argv[1]) : 150;
+  namings(ctx);
+  for (int i = 0; i < cases; i++) random_layer_case(ctx, 5000 + (uint64_t)i);
+  attn_ctx_destroy(ctx);
+  return tu_finish("test_mha");
+}

@@ -1,0 +1,101 @@
+/* Small helpers shared by the tests: a seeded RNG, error metrics, checks that count. */
+#ifndef ATTN_TESTUTIL_H
+#define ATTN_TESTUTIL_H
+
+#include "attn.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int tu_failures = 0, tu_checks = 0;
+
+#define CHECK(cond, ...)                                            \
+  do {                                                              \
+    tu_checks++;                                                    \
+    if (!(cond)) {                                                  \
+      tu_failures++;                                                \
+      fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                 \
+      fputc('\n', stderr);                                          \
+    }                                                               \
+  } while (0)
+
+/* Checks a call's status, printing the context's message on failure. */
+#define CHECK_OK(ctx, call)                                                              \
+  do {                                                                                   \
+    attn_status tu_st_ = (call);                                                         \
+    CHECK(tu_st_ == ATTN_OK, "%s -> %s: %s", #call, attn_strerror(tu_st_), attn_ctx_error(ctx)); \
+  } while (0)
+
+/* Ends a test program: the exit status says whether every check passed. */
+static inline int tu_finish(const char *name) {
+  printf("%s: %d checks, %d failed\n", name, tu_checks, tu_failures);
+  return tu_failures ? 1 : 0;
+}
+
+/* splitmix64: a fixed seed gives the same stream on every machine. */
+typedef struct { uint64_t s; } tu_rng;
+static inline uint64_t tu_next(tu_rng *r) {
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/* uniform in [-1, 1) */
+static inline double tu_uniform(tu_rng *r) { return (double)(tu_next(r) >> 11) * (2.0 / 9007199254740992.0) - 1.0; }
+static inline int64_t tu_int(tu_rng *r, int64_t lo, int64_t hi) { return lo + (int64_t)(tu_next(r) % (uint64_t)(hi - lo + 1)); }
+
+static inline void tu_fill_f32(tu_rng *r, float *x, int64_t n, double amp) {
+  for (int64_t i = 0; i < n; i++) x[i] = (float)(amp * tu_uniform(r));
+}
+/* A value no kernel would compute: catches elements never written. */
+static inline void tu_poison_f32(float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+/* Relative L2 error of a (strided f32/f64 tensor) against b (contiguous double). */
+static inline double tu_rel_l2(const double *a, const double *b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = a[i] - b[i];
+    num += d * d;
+    den += b[i] * b[i];
+  }
+  if (den == 0) return sqrt(num);
+  return sqrt(num / den);
+}
+
+/* Copies any float tensor of rank <= 4 into contiguous doubles. */
+static inline double *tu_to_f64(const attn_tensor *t) {
+  int64_t n = attn_tensor_numel(t);
+  double *o = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+  int64_t sh[4] = {1, 1, 1, 1}, st[4] = {0, 0, 0, 0};
+  int off = 4 - t->rank;
+  for (int i = 0; i < t->rank; i++) { sh[off + i] = t->shape[i]; st[off + i] = t->strides[i]; }
+  int64_t idx = 0;
+  for (int64_t a = 0; a < sh[0]; a++)
+    for (int64_t b = 0; b < sh[1]; b++)
+      for (int64_t c = 0; c < sh[2]; c++)
+        for (int64_t d = 0; d < sh[3]; d++) {
+          int64_t e = a * st[0] + b * st[1] + c * st[2] + d * st[3];
+          double v;
+          switch (t->dtype) {
+            case ATTN_F32: v = ((const float *)t->data)[e]; break;
+            case ATTN_F64: v = ((const double *)t->data)[e]; break;
+            default: v = ((const uint8_t *)t->data)[e]; break;
+          }
+          o[idx++] = v;
+        }
+  return o;
+}
+
+static inline int tu_count_nan(const double *x, int64_t n) {
+  int c = 0;
+  for (int64_t i = 0; i < n; i++) c += isnan(x[i]) != 0;
+  return c;
+}
+
+#endif
