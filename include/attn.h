@@ -67,11 +67,14 @@ ATTN_API const char *attn_strerror(attn_status status);
 typedef struct attn_ctx attn_ctx;
 
 /* Which implementation computes attention. AUTO picks the fastest this CPU
- * runs; the environment variable ATTN_KERNEL (ref, c, ...) overrides AUTO. */
+ * runs; the environment variable ATTN_KERNEL (ref, c, avx2, avx512) overrides
+ * AUTO. Asking for an instruction set the CPU lacks is an error. */
 typedef enum attn_kernel {
   ATTN_KERNEL_AUTO = 0,
-  ATTN_KERNEL_REF = 1,  /* float64 oracle: slow, plain, the yardstick */
-  ATTN_KERNEL_C = 2     /* portable C, fp32 */
+  ATTN_KERNEL_REF = 1,    /* float64 oracle: slow, plain, the yardstick */
+  ATTN_KERNEL_C = 2,      /* portable C, fp32: any CPU */
+  ATTN_KERNEL_AVX2 = 3,   /* x86-64 AVX2 + FMA */
+  ATTN_KERNEL_AVX512 = 4  /* x86-64 AVX-512 (F, DQ, BW, VL) */
 } attn_kernel;
 
 ATTN_API attn_status attn_ctx_create(attn_ctx **out);
@@ -84,6 +87,8 @@ ATTN_API attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel);
 /* The kernel calls will actually use (AUTO and ATTN_KERNEL resolved). */
 ATTN_API attn_kernel attn_ctx_kernel(const attn_ctx *ctx);
 ATTN_API const char *attn_kernel_name(attn_kernel kernel);
+/* Nonzero when this CPU (and this build) can run kernel. */
+ATTN_API int attn_kernel_supported(attn_kernel kernel);
 /* The message of the last failed call on ctx ("" if none). Valid until the next call. */
 ATTN_API const char *attn_ctx_error(const attn_ctx *ctx);
 

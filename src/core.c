@@ -75,8 +75,10 @@ int attn__threads(const attn_ctx *ctx) {
 attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel) {
   if (!ctx) return ATTN_E_INVALID;
   attn__clear(ctx);
-  if (kernel != ATTN_KERNEL_AUTO && kernel != ATTN_KERNEL_REF && kernel != ATTN_KERNEL_C)
+  if ((int)kernel < ATTN_KERNEL_AUTO || kernel > ATTN_KERNEL_AVX512)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown kernel %d", (int)kernel);
+  if (kernel != ATTN_KERNEL_AUTO && !attn_kernel_supported(kernel))
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "kernel %s is not supported by this CPU or build", attn_kernel_name(kernel));
   ctx->kernel = kernel;
   return ATTN_OK;
 }
@@ -86,8 +88,23 @@ const char *attn_kernel_name(attn_kernel kernel) {
     case ATTN_KERNEL_AUTO: return "auto";
     case ATTN_KERNEL_REF: return "ref";
     case ATTN_KERNEL_C: return "c";
+    case ATTN_KERNEL_AVX2: return "avx2";
+    case ATTN_KERNEL_AVX512: return "avx512";
   }
   return "unknown";
+}
+
+int attn_kernel_supported(attn_kernel kernel) {
+  switch (kernel) {
+    case ATTN_KERNEL_AUTO: case ATTN_KERNEL_REF: case ATTN_KERNEL_C: return 1;
+    case ATTN_KERNEL_AVX2: case ATTN_KERNEL_AVX512:
+#ifdef ATTN_HAVE_X86_KERNELS
+      return attn__cpu_has(kernel);
+#else
+      return 0;
+#endif
+  }
+  return 0;
 }
 
 attn_kernel attn_ctx_kernel(const attn_ctx *ctx) {
@@ -95,9 +112,12 @@ attn_kernel attn_ctx_kernel(const attn_ctx *ctx) {
   /* getenv only reads; the environment is the caller's to keep stable. */
   const char *env = getenv("ATTN_KERNEL");
   if (env) {
-    if (!strcmp(env, "ref")) return ATTN_KERNEL_REF;
-    if (!strcmp(env, "c")) return ATTN_KERNEL_C;
+    /* an unknown or unsupported name falls through to the automatic choice */
+    for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AVX512; k++)
+      if (!strcmp(env, attn_kernel_name((attn_kernel)k)) && attn_kernel_supported((attn_kernel)k)) return (attn_kernel)k;
   }
+  if (attn_kernel_supported(ATTN_KERNEL_AVX512)) return ATTN_KERNEL_AVX512;
+  if (attn_kernel_supported(ATTN_KERNEL_AVX2)) return ATTN_KERNEL_AVX2;
   return ATTN_KERNEL_C;
 }
 

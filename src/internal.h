@@ -93,9 +93,12 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
                                const attn_tensor *k, const attn_tensor *v, const attn_sdpa_opts *opts,
                                int f32_only);
 
+/* Nonzero when the CPU and OS support the instruction set of kernel isa. */
+int attn__cpu_has(attn_kernel isa);
+
 /* Kernels: p is validated. */
 attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p);
-attn_status attn__sdpa_run_c(attn_ctx *ctx, const attn__sdpa *p);
+attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa);
 
 /* Last key index query row i may see under causal (exclusive bound), or Nk. */
 static inline int64_t attn__causal_end(attn_causal c, int64_t i, int64_t Nq, int64_t Nk) {
@@ -127,8 +130,9 @@ static inline double attn__mask_logit(const attn__sdpa *p, int64_t b, int64_t h,
   return x;
 }
 
-/* C = A . B^T + bias, fp32; C is (M, N), A is (M, K), B is (N, K). */
-void attn__sgemm_nt(int threads, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+/* C = A . B^T + bias, fp32; C is (M, N), A is (M, K), B is (N, K), bias is (N) or NULL.
+ * isa: ATTN_KERNEL_C, _AVX2 or _AVX512 (already checked as supported). */
+void attn__sgemm_nt(int threads, attn_kernel isa, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc, const float *bias);
 
 /* Size helpers that refuse overflow: 0 on success. */

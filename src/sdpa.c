@@ -181,7 +181,7 @@ attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, con
   attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, kern != ATTN_KERNEL_REF);
   if (st) return st;
   if (kern == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, &p);
-  return attn__sdpa_run_c(ctx, &p);
+  return attn__sdpa_run_cpu(ctx, &p, kern);
 }
 
 attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,

@@ -40,6 +40,23 @@ static void contexts(void) {
   CHECK(attn_ctx_kernel(ctx) == ATTN_KERNEL_REF, "kernel set");
   CHECK(!strcmp(attn_kernel_name(ATTN_KERNEL_C), "c") && !strcmp(attn_kernel_name(ATTN_KERNEL_REF), "ref"),
         "kernel names");
+  /* ATTN_KERNEL picks the path of a context left on AUTO; unknown names are ignored */
+  CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO));
+  const attn_kernel automatic = attn_ctx_kernel(ctx);
+  CHECK(automatic != ATTN_KERNEL_AUTO && automatic != ATTN_KERNEL_REF && attn_kernel_supported(automatic),
+        "AUTO resolves to a supported fast kernel, got %s", attn_kernel_name(automatic));
+  for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AVX512; k++) {
+    setenv("ATTN_KERNEL", attn_kernel_name((attn_kernel)k), 1);
+    const attn_kernel got = attn_ctx_kernel(ctx);
+    if (attn_kernel_supported((attn_kernel)k)) CHECK((int)got == k, "ATTN_KERNEL=%s gave %s", attn_kernel_name((attn_kernel)k), attn_kernel_name(got));
+    else {
+      CHECK(got == automatic, "unsupported ATTN_KERNEL=%s must fall back", attn_kernel_name((attn_kernel)k));
+      CHECK_ERR(ctx, attn_ctx_set_kernel(ctx, (attn_kernel)k), ATTN_E_UNSUPPORTED, "not supported");
+    }
+  }
+  setenv("ATTN_KERNEL", "nonsense", 1);
+  CHECK(attn_ctx_kernel(ctx) == automatic, "an unknown ATTN_KERNEL is ignored");
+  unsetenv("ATTN_KERNEL");
   attn_ctx_destroy(ctx);
   attn_ctx_destroy(NULL);
 }

@@ -90,7 +90,8 @@ static int same_elements(const attn_tensor *t, const attn_tensor *c) {
   int64_t n = attn_tensor_numel(t);
   size_t es = attn_dtype_size(t->dtype);
   for (int64_t i = 0; i < n; i++)
-    if (memcmp((const unsigned char *)t->data + elem_off(t, i) * (int64_t)es, (const unsigned char *)c->data + i * (int64_t)es, es))
+    if (memcmp((const unsigned char *)t->data + elem_off(t, i) * (int64_t)es,
+               (const unsigned char *)c->data + i * (int64_t)es, es))
       return 0;
   return 1;
 }
@@ -110,7 +111,10 @@ static attn_tensor make_source(tu_rng *r, attn_dtype dt, int rank, const int64_t
   }
   int brank = rank;
   const int64_t *bs = bshape;
-  if (variant == V_BROADCAST && rank > 0) brank = rank - 1, bs = bshape + 1;
+  if (variant == V_BROADCAST && rank > 0) {
+    brank = rank - 1;
+    bs = bshape + 1;
+  }
   for (int i = 0; i < brank; i++) n *= bs[i];
   *base = malloc((size_t)(n ? n : 1) * es);
   for (int64_t i = 0; i < n * (int64_t)es; i++) (*base)[i] = (unsigned char)tu_next(r);
@@ -124,14 +128,20 @@ static attn_tensor make_source(tu_rng *r, attn_dtype dt, int rank, const int64_t
       attn_tensor_permute(&v, &b, perm);
       break;
     case V_STEP2:
-      for (int i = 0; i < rank; i++) v.shape[i] = shape[i], v.strides[i] = b.strides[i] * 2;
+      for (int i = 0; i < rank; i++) {
+        v.shape[i] = shape[i];
+        v.strides[i] = b.strides[i] * 2;
+      }
       break;
     case V_BROADCAST:
       if (rank == 0) break;
       v.rank = rank;
       v.shape[0] = shape[0];
       v.strides[0] = 0;
-      for (int i = 1; i < rank; i++) v.shape[i] = shape[i], v.strides[i] = b.strides[i - 1];
+      for (int i = 1; i < rank; i++) {
+        v.shape[i] = shape[i];
+        v.strides[i] = b.strides[i - 1];
+      }
       break;
     case V_REVERSED:
       if (rank == 0 || shape[rank - 1] == 0) break;
@@ -172,7 +182,8 @@ static void test_roundtrip(attn_ctx *ctx) {
             st = attn_npy_read(ctx, &got, np);
             CHECK(st == ATTN_OK, "npy read %s rank %d %s: %s", attn_dtype_name(dt), rank, what, attn_ctx_error(ctx));
             if (st == ATTN_OK) {
-              CHECK(same_elements(&src, &got), "npy round trip differs: %s rank %d %s", attn_dtype_name(dt), rank, what);
+              CHECK(same_elements(&src, &got), "npy round trip differs: %s rank %d %s", attn_dtype_name(dt), rank,
+                    what);
               CHECK(((uintptr_t)got.data & 63) == 0, "npy data not 64-byte aligned");
               attn_tensor_free(&got);
             }
@@ -326,6 +337,18 @@ static void test_npy_handmade(attn_ctx *ctx) {
     CHECK(!memcmp(t.data, f6, sizeof f6), "good header %zu: data", i);
     attn_tensor_free(&t);
   }
+  /* Byte for byte what numpy 2.x writes for np.save(f, np.array([1.0, -2.0], '<f4')). */
+  static const char numpy_bytes[] = "\x93NUMPY\x01\x00\x76\x00"
+                                    "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"
+                                    "          " "          " "          " "          " "          " "          "
+                                    "\n"
+                                    "\x00\x00\x80\x3f\x00\x00\x00\xc0";
+  CHECK(sizeof numpy_bytes - 1 == 136, "literal length %zu", sizeof numpy_bytes - 1);
+  CHECK_OK(ctx, npy_from_bytes(ctx, numpy_bytes, sizeof numpy_bytes - 1, &t));
+  CHECK(t.dtype == ATTN_F32 && t.rank == 1 && t.shape[0] == 2 && ((float *)t.data)[0] == 1 &&
+            ((float *)t.data)[1] == -2,
+        "numpy's own file");
+  attn_tensor_free(&t);
   /* Scalars, f64, f16, u8, bool; trailing bytes after the data are ignored. */
   n = make_npy(buf, 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (), }", 1, d3, sizeof d3);
   CHECK_OK(ctx, npy_from_bytes(ctx, buf, n, &t));
@@ -366,12 +389,14 @@ static void test_npy_handmade(attn_ctx *ctx) {
   /* Header length beyond the file, and beyond the cap. */
   n = make_npy(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 1, f6, sizeof f6);
   npy_bad(ctx, buf, 70, ATTN_E_FORMAT, "truncated", __LINE__); /* header cut short */
-  buf[8] = 0xff, buf[9] = 0xff;
+  buf[8] = 0xff;
+  buf[9] = 0xff;
   npy_bad(ctx, buf, n, ATTN_E_FORMAT, "truncated", __LINE__);
   n = make_npy(buf, 2, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 1, f6, sizeof f6);
-  buf[8] = 0, buf[9] = 0, buf[10] = 0x10, buf[11] = 0; /* 1 MiB */
+  memcpy(buf + 8, "\x00\x00\x10\x00", 4); /* 1 MiB */
   npy_bad(ctx, buf, n, ATTN_E_FORMAT, "limit", __LINE__);
-  buf[10] = 0xff, buf[11] = 0xff;
+  buf[10] = 0xff;
+  buf[11] = 0xff;
   npy_bad(ctx, buf, n, ATTN_E_FORMAT, "limit", __LINE__);
   /* Data one byte short. */
   n = make_npy(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 1, f6, sizeof f6);
@@ -518,6 +543,14 @@ static void test_st_handmade(attn_ctx *ctx) {
     attn_safetensors_close(s);
     s = NULL;
   }
+  /* Rank above ATTN_MAX_RANK: the file opens, that tensor is refused. */
+  n = make_st(buf, "{\"r\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", f2, 8);
+  CHECK_OK(ctx, st_from_bytes(ctx, buf, n, &s));
+  if (s) {
+    CHECK_FAIL(ctx, attn_safetensors_get(ctx, s, "r", &t), ATTN_E_UNSUPPORTED);
+    attn_safetensors_close(s);
+    s = NULL;
+  }
   n = make_st(buf, "{}      ", NULL, 0);
   CHECK_OK(ctx, st_from_bytes(ctx, buf, n, &s));
   CHECK(s && attn_safetensors_count(s) == 0, "empty header");
@@ -609,7 +642,10 @@ static void test_st_handmade(attn_ctx *ctx) {
   memcpy(deep + k, "}}", 3);
   st_bad(ctx, deep, 0, ATTN_E_FORMAT, "nesting", __LINE__);
   k = (size_t)snprintf(deep, sizeof deep, "{\"a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0],\"x\":");
-  for (int i = 0; i < 1000; i++) deep[k++] = '{', memcpy(deep + k, "\"k\":", 4), k += 4;
+  for (int i = 0; i < 1000; i++) {
+    memcpy(deep + k, "{\"k\":", 5);
+    k += 5;
+  }
   deep[k] = '\0';
   st_bad(ctx, deep, 0, ATTN_E_FORMAT, "nesting", __LINE__);
   /* Modest nesting is fine. */
@@ -765,7 +801,10 @@ static void test_fuzz(attn_ctx *ctx) {
         case 4: buf[(size_t)tu_int(&r, 8, 11) % (n ? n : 1)] = (unsigned char)tu_next(&r); break; /* length fields */
         default: { /* shift a run of bytes, as an insertion or deletion would */
           size_t len = (size_t)tu_int(&r, 1, 8);
-          if (at + len < n) memmove(buf + at, buf + at + len, n - at - len), n -= len;
+          if (at + len < n) {
+            memmove(buf + at, buf + at + len, n - at - len);
+            n -= len;
+          }
           break;
         }
       }

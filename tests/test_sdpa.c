@@ -174,8 +174,9 @@ static void random_case(attn_ctx *ctx, uint64_t seed) {
 
   const int64_t no = c.B * c.Hq * c.Nq * c.Dv, nw = c.B * c.Hq * c.Nq * c.Nk, nl = c.B * c.Hq * c.Nq;
   float *first = NULL;
-  static const attn_kernel kernels[] = {ATTN_KERNEL_C};
+  static const attn_kernel kernels[] = {ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
   for (size_t ki = 0; ki < sizeof kernels / sizeof kernels[0]; ki++) {
+    if (!attn_kernel_supported(kernels[ki])) continue;
     for (int threads = 1; threads <= 3; threads++) {
       attn_ctx_set_kernel(ctx, kernels[ki]);
       attn_ctx_set_threads(ctx, threads);
@@ -285,8 +286,9 @@ static void edge_cases(attn_ctx *ctx) {
   }
   attn_tensor mk = attn_tensor_view(keep, ATTN_BOOL, 2, m2), mm = attn_tensor_view(masked, ATTN_U8, 2, m2);
   attn_tensor ma = attn_tensor_view(additive, ATTN_F32, 2, m2);
-  const attn_kernel kernels[] = {ATTN_KERNEL_REF, ATTN_KERNEL_C};
-  for (int ki = 0; ki < 2; ki++) {
+  const attn_kernel kernels[] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
+  for (int ki = 0; ki < 4; ki++) {
+    if (!attn_kernel_supported(kernels[ki])) continue;
     attn_ctx_set_kernel(ctx, kernels[ki]);
     for (int mode = 0; mode < 3; mode++) {
       attn_sdpa_opts o;
@@ -362,23 +364,95 @@ static void long_case(attn_ctx *ctx) {
     attn_sdpa_opts_init(&o);
     o.causal = (attn_causal)causal;
     CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, &tq, &tk, &tv, &o));
-    tu_poison_f32(out, B * H * N * D);
-    CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
-    double *got = tu_to_f64(&to);
-    double e = tu_rel_l2(got, ref, B * H * N * D);
-    CHECK(e <= 1e-5, "N=%d causal %d: rel err %.3g", N, causal, e);
-    free(got);
+    for (int kern = ATTN_KERNEL_C; kern <= ATTN_KERNEL_AVX512; kern++) {
+      if (!attn_kernel_supported((attn_kernel)kern)) continue;
+      attn_ctx_set_kernel(ctx, (attn_kernel)kern);
+      tu_poison_f32(out, B * H * N * D);
+      CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+      double *got = tu_to_f64(&to);
+      double e = tu_rel_l2(got, ref, B * H * N * D);
+      CHECK(e <= 1e-5, "N=%d causal %d kernel %s: rel err %.3g", N, causal, attn_kernel_name((attn_kernel)kern), e);
+      free(got);
+    }
   }
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
   free(q); free(k); free(v); free(out); free(ref);
+}
+
+// out is (N, Dv) for one head: the textbook fp32 loop (scores, softmax, weighted sum), no blocking.
+static void plain_fp32(float *out, const float *q, const float *k, const float *v, int N, int D, int causal) {
+  float *s = malloc(sizeof(float) * (size_t)N);
+  const float scale = 1.0f / sqrtf((float)D);
+  for (int i = 0; i < N; i++) {
+    const int end = causal ? i + 1 : N;
+    float mx = -INFINITY, sum = 0;
+    for (int j = 0; j < end; j++) {
+      float dot = 0;
+      for (int d = 0; d < D; d++) dot += q[i * D + d] * k[j * D + d];
+      s[j] = dot * scale;
+      if (s[j] > mx) mx = s[j];
+    }
+    for (int j = 0; j < end; j++) sum += (s[j] = expf(s[j] - mx));
+    for (int c = 0; c < D; c++) {
+      float acc = 0;
+      for (int j = 0; j < end; j++) acc += s[j] * v[j * D + c];
+      out[i * D + c] = acc / sum;
+    }
+  }
+  free(s);
+}
+
+/* The fast kernels must be no less accurate than the plain fp32 loop: at most
+ * twice its error against the oracle, over long rows where rounding builds up. */
+static void accuracy_vs_plain(attn_ctx *ctx) {
+  enum { N = 1024, D = 64 };
+  float *q = malloc(sizeof(float) * N * D), *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
+  float *out = malloc(sizeof(float) * N * D), *plain = malloc(sizeof(float) * N * D);
+  double *ref = malloc(sizeof(double) * N * D), *pd = malloc(sizeof(double) * N * D);
+  tu_rng r = {2024};
+  tu_fill_f32(&r, q, N * D, 3);
+  tu_fill_f32(&r, k, N * D, 3);
+  tu_fill_f32(&r, v, N * D, 1);
+  int64_t s[4] = {1, 1, N, D};
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, s), tk = attn_tensor_view(k, ATTN_F32, 4, s);
+  attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, s), to = attn_tensor_view(out, ATTN_F32, 4, s);
+  attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 4, s);
+  for (int causal = 0; causal < 2; causal++) {
+    attn_sdpa_opts o;
+    attn_sdpa_opts_init(&o);
+    o.causal = causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, &tq, &tk, &tv, &o));
+    plain_fp32(plain, q, k, v, N, D, causal);
+    for (int i = 0; i < N * D; i++) pd[i] = plain[i];
+    const double e_plain = tu_rel_l2(pd, ref, N * D);
+    for (int kern = ATTN_KERNEL_C; kern <= ATTN_KERNEL_AVX512; kern++) {
+      if (!attn_kernel_supported((attn_kernel)kern)) continue;
+      attn_ctx_set_kernel(ctx, (attn_kernel)kern);
+      CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+      double *got = tu_to_f64(&to);
+      const double e = tu_rel_l2(got, ref, N * D);
+      printf("accuracy N=%d causal=%d: kernel %-6s rel L2 %.3g, plain fp32 loop %.3g\n", N, causal,
+             attn_kernel_name((attn_kernel)kern), e, e_plain);
+      CHECK(e <= 2 * e_plain && e <= 1e-5, "kernel %s: rel err %.3g vs plain %.3g", attn_kernel_name((attn_kernel)kern), e,
+            e_plain);
+      free(got);
+    }
+  }
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
+  free(q); free(k); free(v); free(out); free(plain); free(ref); free(pd);
 }
 
 int main(int argc, char **argv) {
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx)) return 1;
   int cases = argc > 1 ? atoi(argv[1]) : 400;
+  for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AVX512; k++)
+    printf("kernel %-6s %s\n", attn_kernel_name((attn_kernel)k),
+           attn_kernel_supported((attn_kernel)k) ? "tested" : "not supported here: skipped");
   oracle_by_hand(ctx);
   edge_cases(ctx);
   long_case(ctx);
+  accuracy_vs_plain(ctx);
   for (int i = 0; i < cases; i++) random_case(ctx, 1000 + (uint64_t)i);
   attn_ctx_destroy(ctx);
   return tu_finish("test_sdpa");

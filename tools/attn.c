@@ -352,6 +352,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "sdpa")) return cmd_sdpa(argc - 2, argv + 2);
   if (!strcmp(cmd, "mha")) return cmd_mha(argc - 2, argv + 2);
   if (!strcmp(cmd, "demo")) return cmd_demo(argc - 2, argv + 2);
+  if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
   if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
     printf("attn %s (kernel: %s)\n", attn_version_string(), attn_kernel_name(attn_ctx_kernel(NULL)));
     return 0;

@@ -34,5 +34,6 @@ int cli_double(cli_args *a, const char *name, double *out);
 double cli_now(void);
 
 int cmd_demo(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

@@ -10,117 +10,182 @@
 
 #include <stdlib.h>
 
+/* Tiles of query rows that share each key block while it is in L1: fewer
+ * passes over K and V through L2. A tile's arithmetic does not depend on how
+ * many tiles share a block, so results do not either. */
+#define QB_MAX 4
+
+typedef struct tile_state {
+  float *Q, *O, *m, *l, *alpha;
+  int64_t i0, kend;
+  int rows;
+} tile_state;
+
 typedef struct scratch {
-  float *Q, *S, *O, *m, *l, *alpha;
+  tile_state t[QB_MAX];
+  float *S, *Mb;
 } scratch;
 
 static int scratch_alloc(scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t Dv) {
-  s->Q = attn__aligned_alloc((size_t)(mr * D) * sizeof(float));
-  s->S = attn__aligned_alloc((size_t)(mr * nr) * sizeof(float));
-  s->O = attn__aligned_alloc((size_t)(mr * (Dv > 0 ? Dv : 1)) * sizeof(float));
-  s->m = attn__aligned_alloc((size_t)(3 * mr) * sizeof(float));
-  s->l = s->m ? s->m + mr : NULL;
-  s->alpha = s->m ? s->m + 2 * mr : NULL;
-  return s->Q && s->S && s->O && s->m;
+  memset(s, 0, sizeof *s);
+  int ok = (s->S = attn__aligned_alloc((size_t)(mr * nr) * sizeof(float))) != NULL;
+  ok &= (s->Mb = attn__aligned_alloc((size_t)(mr * nr) * sizeof(float))) != NULL;
+  for (int t = 0; t < QB_MAX; t++) {
+    tile_state *ts = &s->t[t];
+    ok &= (ts->Q = attn__aligned_alloc((size_t)(mr * D) * sizeof(float))) != NULL;
+    ok &= (ts->O = attn__aligned_alloc((size_t)(mr * (Dv > 0 ? Dv : 1)) * sizeof(float))) != NULL;
+    ok &= (ts->m = attn__aligned_alloc((size_t)(3 * ATTN__STAT_LANES) * sizeof(float))) != NULL;
+    if (ts->m) {
+      ts->l = ts->m + ATTN__STAT_LANES;
+      ts->alpha = ts->m + 2 * ATTN__STAT_LANES;
+    }
+  }
+  return ok;
 }
 
 static void scratch_free(scratch *s) {
-  attn__aligned_free(s->Q);
   attn__aligned_free(s->S);
-  attn__aligned_free(s->O);
-  attn__aligned_free(s->m);
-}
-
-/* Sets masked logits of one tile to -inf: causal bound, key padding, mask, and keys past Nk. */
-static void mask_tile(const attn__sdpa *p, float *S, int nr, int64_t b, int64_t h, int64_t i0, int rows, int64_t j0) {
-  for (int r = 0; r < rows; r++) {
-    const int64_t i = i0 + r, kend = attn__causal_end(p->causal, i, p->Nq, p->Nk);
-    float *s = S + (int64_t)r * nr;
-    for (int jj = 0; jj < nr; jj++) {
-      const int64_t j = j0 + jj;
-      if (j >= kend) s[jj] = -INFINITY;
-      else if (p->has_kpm || p->has_mask) {
-        if (p->has_mask && (p->mask_mode == ATTN_MASK_ADDITIVE || p->mask_mode == ATTN_MASK_SEED)) {
-          /* float arithmetic, as an fp32 framework would add the mask */
-          double verdict = attn__mask_logit(p, b, h, i, j, 0.0);
-          if (verdict == -INFINITY) s[jj] = -INFINITY;
-          else s[jj] += (float)(p->mask_mode == ATTN_MASK_SEED ? (float)verdict : verdict);
-        } else if (attn__mask_logit(p, b, h, i, j, 0.0) == -INFINITY) {
-          s[jj] = -INFINITY;
-        }
-      }
-    }
+  attn__aligned_free(s->Mb);
+  for (int t = 0; t < QB_MAX; t++) {
+    attn__aligned_free(s->t[t].Q);
+    attn__aligned_free(s->t[t].O);
+    attn__aligned_free(s->t[t].m);
   }
 }
 
-/* First key block past every key any row of the tile can see. */
-static int64_t tile_key_end(const attn__sdpa *p, int64_t i0, int rows) {
-  return attn__causal_end(p->causal, i0 + rows - 1, p->Nq, p->Nk);
+/* What a tile's mask does: nothing (every logit visible), everything (skip the
+ * tile), or something (Mb holds -inf or the value to add, per logit). */
+typedef enum tile_mask { TILE_OPEN, TILE_CLOSED, TILE_PARTIAL } tile_mask;
+
+/* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, keys
+ * past Nk, key padding and the mask, decided before any arithmetic so that a
+ * fully masked tile costs no FMAs. */
+static tile_mask mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0, int rows,
+                           int64_t j0) {
+  const int64_t kend_first = attn__causal_end(p->causal, i0, p->Nq, p->Nk);
+  if (!p->has_mask && !p->has_kpm && j0 + nr <= kend_first) return TILE_OPEN;
+  int64_t visible = 0;
+  for (int r = 0; r < rows; r++) {
+    const int64_t i = i0 + r, kend = attn__causal_end(p->causal, i, p->Nq, p->Nk);
+    float *mb = Mb + (int64_t)r * nr;
+    if (!p->has_mask && !p->has_kpm) { /* only the causal bound (or Nk): a prefix is visible */
+      const int lim = kend - j0 <= 0 ? 0 : kend - j0 >= nr ? nr : (int)(kend - j0);
+      for (int jj = 0; jj < nr; jj++) mb[jj] = jj < lim ? 0.0f : -INFINITY;
+      visible += lim;
+      continue;
+    }
+    for (int jj = 0; jj < nr; jj++) {
+      const int64_t j = j0 + jj;
+      float x = 0.0f;
+      if (j >= kend) x = -INFINITY;
+      else if (p->has_kpm || p->has_mask) x = (float)attn__mask_logit(p, b, h, i, j, 0.0);
+      mb[jj] = x;
+      visible += x != -INFINITY;
+    }
+  }
+  return visible ? TILE_PARTIAL : TILE_CLOSED;
 }
 
-// One tile: rows i0..i0+rows of query head h against the packed keys of its kv head.
-static void run_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const float *Kt, const float *V,
-                     int64_t ldv, int64_t b, int64_t h, int64_t i0, int rows) {
+/* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too. */
+static tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const tile_state *ts,
+                             const float *Kt, int64_t b, int64_t h, int64_t j0) {
   const int mr = kn->mr, nr = kn->nr;
-  const int64_t D = p->D, Dv = p->Dv;
+  const tile_mask tm = mask_tile(p, s->Mb, nr, b, h, ts->i0, ts->rows, j0);
+  if (tm == TILE_CLOSED) return tm;
+  kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D);
+  if (tm == TILE_PARTIAL)
+    for (int64_t e = 0; e < (int64_t)ts->rows * nr; e++) s->S[e] += s->Mb[e];
+  for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
+  return tm;
+}
+
+/* Loads the tile's queries (scaled) and clears its running statistics. */
+static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_state *ts, int64_t b, int64_t h,
+                       int64_t i0, int rows) {
+  const int mr = kn->mr;
+  const int64_t D = p->D;
   const attn_tensor *q = &p->q;
   const float *qd = q->data;
   const float scale = (float)p->scale;
+  ts->i0 = i0;
+  ts->rows = rows;
+  ts->kend = attn__causal_end(p->causal, i0 + rows - 1, p->Nq, p->Nk); /* the last row sees the most */
   for (int r = 0; r < mr; r++) {
-    float *dst = s->Q + (int64_t)r * D;
+    float *dst = ts->Q + (int64_t)r * D;
     if (r < rows) {
       const float *src = qd + b * q->strides[0] + h * q->strides[1] + (i0 + r) * q->strides[2];
       for (int64_t d = 0; d < D; d++) dst[d] = src[d * q->strides[3]] * scale;
     } else {
       memset(dst, 0, (size_t)D * sizeof(float));
     }
-    s->m[r] = -INFINITY;
-    s->l[r] = 0;
   }
-  memset(s->O, 0, (size_t)(mr * Dv) * sizeof(float));
-
-  const int64_t kend = tile_key_end(p, i0, rows);
-  for (int64_t j0 = 0; j0 < kend; j0 += nr) {
-    kn->qk(s->S, s->Q, Kt + j0 * D, D);
-    mask_tile(p, s->S, nr, b, h, i0, rows, j0);
-    kn->softmax(s->S, s->m, s->l, s->alpha);
-    const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-    kn->pv(s->O, s->alpha, s->S, V + j0 * ldv, ldv, Dv, nk);
+  for (int r = 0; r < ATTN__STAT_LANES; r++) {
+    ts->m[r] = -INFINITY;
+    ts->l[r] = 0;
   }
+  memset(ts->O, 0, (size_t)(mr * p->Dv) * sizeof(float));
+}
 
+/* Normalises the tile's output rows and writes them, with the log-sum-exp. */
+static void tile_end(const attn__sdpa *p, const tile_state *ts, int64_t b, int64_t h) {
+  const int64_t Dv = p->Dv;
   const attn_tensor *o = &p->out;
   float *od = o->data;
-  for (int r = 0; r < rows; r++) {
-    const float l = s->l[r];
+  for (int r = 0; r < ts->rows; r++) {
+    const float l = ts->l[r];
     const float inv = l == 0 ? 0.0f : 1.0f / l; /* l = 0 only when every key is masked */
-    float *dst = od + b * o->strides[0] + h * o->strides[1] + (i0 + r) * o->strides[2];
-    for (int64_t c = 0; c < Dv; c++) dst[c * o->strides[3]] = s->O[r * Dv + c] * inv;
+    float *dst = od + b * o->strides[0] + h * o->strides[1] + (ts->i0 + r) * o->strides[2];
+    for (int64_t c = 0; c < Dv; c++) dst[c * o->strides[3]] = ts->O[r * Dv + c] * inv;
     if (p->lse) {
       const attn_tensor *lt = p->lse;
-      ((float *)lt->data)[b * lt->strides[0] + h * lt->strides[1] + (i0 + r) * lt->strides[2]] =
-          l == 0 ? -INFINITY : s->m[r] + logf(l);
+      ((float *)lt->data)[b * lt->strides[0] + h * lt->strides[1] + (ts->i0 + r) * lt->strides[2]] =
+          l == 0 ? -INFINITY : ts->m[r] + logf(l);
     }
   }
+}
 
-  if (p->weights) {
-    /* Second pass: the normalised probabilities need the final max and sum. */
-    const attn_tensor *w = p->weights;
-    float *wd = w->data;
-    for (int64_t j0 = 0; j0 < p->Nk; j0 += nr) {
-      const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-      if (j0 < kend) {
-        kn->qk(s->S, s->Q, Kt + j0 * D, D);
-        mask_tile(p, s->S, nr, b, h, i0, rows, j0);
-      }
-      for (int r = 0; r < rows; r++) {
-        float *dst = wd + b * w->strides[0] + h * w->strides[1] + (i0 + r) * w->strides[2];
-        const float l = s->l[r], mx = s->m[r];
-        for (int64_t jj = 0; jj < nk; jj++) {
-          float x = j0 < kend ? s->S[r * nr + jj] : -INFINITY;
-          dst[(j0 + jj) * w->strides[3]] = (l == 0 || x == -INFINITY) ? 0.0f : expf(x - mx) / l;
-        }
+/* Second pass for requested weights: the normalised probabilities need the final max and sum. */
+static void tile_weights(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const tile_state *ts,
+                         const float *Kt, int64_t b, int64_t h) {
+  const int nr = kn->nr;
+  const attn_tensor *w = p->weights;
+  float *wd = w->data;
+  for (int64_t j0 = 0; j0 < p->Nk; j0 += nr) {
+    const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
+    const int open = j0 < ts->kend && logits_tile(kn, p, s, ts, Kt, b, h, j0) != TILE_CLOSED;
+    for (int r = 0; r < ts->rows; r++) {
+      float *dst = wd + b * w->strides[0] + h * w->strides[1] + (ts->i0 + r) * w->strides[2];
+      const float l = ts->l[r], mx = ts->m[r];
+      for (int64_t jj = 0; jj < nk; jj++) {
+        const float x = open ? s->S[r * nr + jj] : -INFINITY;
+        dst[(j0 + jj) * w->strides[3]] = (l == 0 || x == -INFINITY) ? 0.0f : expf(x - mx) / l;
       }
     }
+  }
+}
+
+// Query block: `count` tiles of MR rows from row i0 of head h, against the packed keys of its kv head.
+static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const float *Kt, const float *V,
+                      int64_t ldv, int64_t b, int64_t h, int64_t i0, int count) {
+  const int mr = kn->mr, nr = kn->nr;
+  int64_t kmax = 0;
+  for (int t = 0; t < count; t++) {
+    const int64_t r0 = i0 + (int64_t)t * mr;
+    tile_begin(kn, p, &s->t[t], b, h, r0, (int)(p->Nq - r0 < mr ? p->Nq - r0 : mr));
+    if (s->t[t].kend > kmax) kmax = s->t[t].kend;
+  }
+  for (int64_t j0 = 0; j0 < kmax; j0 += nr) {
+    const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
+    for (int t = 0; t < count; t++) {
+      tile_state *ts = &s->t[t];
+      if (j0 >= ts->kend || logits_tile(kn, p, s, ts, Kt, b, h, j0) == TILE_CLOSED) continue;
+      kn->softmax(s->S, ts->m, ts->l, ts->alpha);
+      kn->pv(ts->O, ts->alpha, s->S, V + j0 * ldv, ldv, p->Dv, nk);
+    }
+  }
+  for (int t = 0; t < count; t++) {
+    tile_end(p, &s->t[t], b, h);
+    if (p->weights) tile_weights(kn, p, s, &s->t[t], Kt, b, h);
   }
 }
 
@@ -140,12 +205,16 @@ static void pack_block(const attn__sdpa *p, int nr, float *Kt, int64_t b, int64_
   }
 }
 
-attn_status attn__sdpa_run_c(attn_ctx *ctx, const attn__sdpa *p) {
-  const attn__cpu_kernels *kn = &attn__kernels_c;
-  const int mr = kn->mr, nr = kn->nr;
+attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa) {
+  const attn__cpu_kernels *kn = attn__kernels_for(isa);
+  const int mr = kn->mr, nr = kn->nr, threads = attn__threads(ctx);
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
   const int64_t nblocks = (p->Nk + nr - 1) / nr;
   const int64_t ntiles = (p->Nq + mr - 1) / mr;
+  /* As many tiles per query block as still leave every thread a few blocks per kv head. */
+  int qb = QB_MAX;
+  while (qb > 1 && p->group * ((ntiles + qb - 1) / qb) < 4 * threads) qb /= 2;
+  const int64_t nqblk = (ntiles + qb - 1) / qb, items = p->group * nqblk;
   const int v_unit = p->v.strides[3] == 1 || p->Dv <= 1;
   float *Kt = attn__aligned_alloc((size_t)(nblocks * nr * p->D) * sizeof(float));
   float *Vp = v_unit ? NULL : attn__aligned_alloc((size_t)(p->Nk * p->Dv) * sizeof(float));
@@ -155,11 +224,10 @@ attn_status attn__sdpa_run_c(attn_ctx *ctx, const attn__sdpa *p) {
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate packed keys for Nk = %lld", (long long)p->Nk);
   }
   int failed = 0;
-  const int64_t items = p->group * ntiles;
-#pragma omp parallel num_threads(attn__threads(ctx))
+#pragma omp parallel num_threads(threads)
   {
     scratch s;
-    int ok = scratch_alloc(&s, mr, nr, p->D, p->Dv);
+    const int ok = scratch_alloc(&s, mr, nr, p->D, p->Dv);
     if (!ok) {
 #pragma omp atomic write
       failed = 1;
@@ -183,16 +251,18 @@ attn_status attn__sdpa_run_c(attn_ctx *ctx, const attn__sdpa *p) {
         V = Vp;
         ldv = p->Dv;
       }
-      /* Last tiles first: under a causal mask they carry the most keys. */
-#pragma omp for schedule(dynamic, 1)
+      /* Round-robin from the last block down: under a causal mask the last
+       * blocks carry the most keys, and dealing them out in turn balances
+       * threads without a shared counter. */
+#pragma omp for schedule(static, 1)
       for (int64_t it = 0; it < items; it++) {
-        const int64_t t = ntiles - 1 - it % ntiles, h = g * p->group + it / ntiles;
-        const int64_t i0 = t * mr;
-        const int rows = (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr);
-        run_tile(kn, p, &s, Kt, V, ldv, b, h, i0, rows);
+        const int64_t blk = nqblk - 1 - it % nqblk, h = g * p->group + it / nqblk;
+        const int64_t i0 = blk * qb * mr;
+        const int64_t left = (ntiles - blk * qb);
+        run_block(kn, p, &s, Kt, V, ldv, b, h, i0, (int)(left < qb ? left : qb));
       }
     }
-    if (ok) scratch_free(&s);
+    scratch_free(&s);
   }
   attn__aligned_free(Kt);
   attn__aligned_free(Vp);

@@ -1,37 +1,232 @@
 /* fp32 GEMM for the layer's projections: C = A . B^T + bias (PyTorch Linear).
- * Blocked so that a block of B stays in cache while rows of A stream past it;
- * the inner loop runs over K, contiguous in both A and B. */
+ *
+ * BLIS-style: for each block of nc columns of C and kc steps of depth, B's
+ * rows are packed into k-major micro-panels of nr (the block of B stays in
+ * L2/L3, one micro-panel in L1); for each block of mc rows, A's rows are packed
+ * into k-major micro-panels of mr (the block stays in L2); a register-blocked
+ * microkernel (gemm.h states its contract) then updates each mr x nr tile of C
+ * over those kc steps. Tiles cut by the edge of C run on a private copy.
+ *
+ * Threads split C into a grid of rectangles (whole tiles, never the depth):
+ * each thread packs what its rectangle needs into its own buffers, so there are
+ * no barriers, and each element of C is the same chain of K multiply-adds in k
+ * order whatever the thread count, the blocking or the tile's position. So the
+ * result is bitwise the same for any thread count (for a given isa). */
 #include "../internal.h"
+#include "gemm.h"
 
-#define GEMM_NB 64   /* columns of C (rows of B) per block */
-#define GEMM_KB 256  /* depth per block */
+#include <stdlib.h>
 
-// C is (M, N) ldc apart, A is (M, K) lda apart, B is (N, K) ldb apart, bias is (N) or NULL.
-void attn__sgemm_nt(int threads, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
-                    int64_t ldb, float *C, int64_t ldc, const float *bias) {
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2) if (M * N * K > 32768)
-  for (int64_t i0 = 0; i0 < M; i0 += 4) {
-    for (int64_t n0 = 0; n0 < N; n0 += GEMM_NB) {
-      const int64_t i1 = i0 + 4 < M ? i0 + 4 : M, n1 = n0 + GEMM_NB < N ? n0 + GEMM_NB : N;
-      for (int64_t i = i0; i < i1; i++)
-        for (int64_t n = n0; n < n1; n++) C[i * ldc + n] = bias ? bias[n] : 0.0f;
-      for (int64_t k0 = 0; k0 < K; k0 += GEMM_KB) {
-        const int64_t k1 = k0 + GEMM_KB < K ? k0 + GEMM_KB : K;
-        for (int64_t i = i0; i < i1; i++) {
-          const float *a = A + i * lda;
-          for (int64_t n = n0; n < n1; n++) {
-            const float *b = B + n * ldb;
-            /* eight partial sums: a fixed order, so results do not depend on threads */
-            float s[8] = {0};
-            int64_t k = k0;
-            for (; k + 8 <= k1; k += 8)
-              for (int u = 0; u < 8; u++) s[u] += a[k + u] * b[k + u];
-            float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-            for (; k < k1; k++) t += a[k] * b[k];
-            C[i * ldc + n] += t;
+/* ---- the portable microkernel ------------------------------------------------ */
+/* Plain loops over a fixed tile, which compilers vectorise: 2 x 24 where x86-64's
+ * baseline gives 16 xmm registers (12 of them accumulators), 4 x 16 where SIMD
+ * registers are 32 (AArch64's NEON, ...). */
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
+#define C_MR 2
+#define C_NR 24
+#else
+#define C_MR 4
+#define C_NR 16
+#endif
+
+static void ukr_c(int64_t kc, const float *restrict Ap, const float *restrict Bp, float *restrict C, int64_t ldc,
+                  const float *restrict init) {
+  float acc[C_MR][C_NR];
+  for (int i = 0; i < C_MR; i++)
+    for (int j = 0; j < C_NR; j++) acc[i][j] = init ? init[j] : C[i * ldc + j];
+  for (int64_t k = 0; k < kc; k++) {
+    const float *a = Ap + k * C_MR, *b = Bp + k * C_NR;
+    for (int i = 0; i < C_MR; i++) {
+      const float ai = a[i];
+      for (int j = 0; j < C_NR; j++) acc[i][j] += ai * b[j];
+    }
+  }
+  for (int i = 0; i < C_MR; i++)
+    for (int j = 0; j < C_NR; j++) C[i * ldc + j] = acc[i][j];
+}
+
+static const attn__sgemm_kernel kernel_c = {"c", C_MR, C_NR, 256, (128 / C_MR) * C_MR, (512 / C_NR) * C_NR, ukr_c, NULL, NULL};
+
+static const attn__sgemm_kernel *kernel_for(attn_kernel isa) {
+  switch (isa) {
+#ifdef ATTN_HAVE_X86_KERNELS
+    case ATTN_KERNEL_AVX512: return &attn__sgemm_kernel_avx512;
+    case ATTN_KERNEL_AVX2: return &attn__sgemm_kernel_avx2;
+#endif
+    default: return &kernel_c;
+  }
+}
+
+#define MAX_MR 32
+#define MAX_NR 64
+
+/* ---- packing ------------------------------------------------------------------- */
+/* rows x kc of X (ld apart) into ceil(rows / r) k-major micro-panels of r rows, zero-padded. */
+static void pack_panels(const float *restrict X, int64_t ld, int64_t rows, int64_t kc, int r, float *restrict P,
+                        attn__sgemm_pack_fn fast) {
+  for (int64_t p = 0; p < rows; p += r, P += (int64_t)r * kc) {
+    const int64_t h = rows - p < r ? rows - p : r;
+    const float *x = X + p * ld;
+    if (h == r && fast) {
+      fast(x, ld, kc, P);
+    } else if (h == r) {
+      /* four k at a time: each row's reads stay contiguous, writes a few lines apart */
+      int64_t k = 0;
+      for (; k + 4 <= kc; k += 4)
+        for (int i = 0; i < r; i++) {
+          const float *s = x + i * ld + k;
+          P[(k + 0) * r + i] = s[0];
+          P[(k + 1) * r + i] = s[1];
+          P[(k + 2) * r + i] = s[2];
+          P[(k + 3) * r + i] = s[3];
+        }
+      for (; k < kc; k++)
+        for (int i = 0; i < r; i++) P[k * r + i] = x[i * ld + k];
+    } else {
+      for (int64_t k = 0; k < kc; k++) {
+        int i = 0;
+        for (; i < h; i++) P[k * r + i] = x[i * ld + k];
+        for (; i < r; i++) P[k * r + i] = 0.0f;
+      }
+    }
+  }
+}
+
+/* ---- one thread's rectangle of C ------------------------------------------------ */
+typedef struct gemm_args {
+  const attn__sgemm_kernel *kd;
+  int64_t K;
+  const float *A, *B, *bias;
+  int64_t lda, ldb, ldc;
+  float *C;
+} gemm_args;
+
+static const float zeros[MAX_NR];
+
+/* Rows [m0, m1) and columns [n0, n1) of C, blocked by (mc, nc, kc) with buffers
+ * Abuf (ceil(mc / mr) * mr * kc floats) and Bbuf (ceil(nc / nr) * nr * kc floats). */
+static void gemm_rect(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t mcb, int64_t ncb,
+                      int64_t kcb, float *Abuf, float *Bbuf) {
+  const attn__sgemm_kernel *kd = g->kd;
+  const int mr = kd->mr, nr = kd->nr;
+  _Alignas(64) float tile[MAX_MR * MAX_NR];
+  _Alignas(64) float binit[MAX_NR];
+  memset(tile, 0, sizeof tile); /* the lanes of an edge tile past C's edge: computed, never stored */
+  for (int64_t jc = n0; jc < n1; jc += ncb) {
+    const int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
+    for (int64_t pc = 0; pc < g->K; pc += kcb) {
+      const int64_t kc = g->K - pc < kcb ? g->K - pc : kcb;
+      pack_panels(g->B + jc * g->ldb + pc, g->ldb, nc, kc, nr, Bbuf, kd->pack_b);
+      for (int64_t ic = m0; ic < m1; ic += mcb) {
+        const int64_t mc = m1 - ic < mcb ? m1 - ic : mcb;
+        pack_panels(g->A + ic * g->lda + pc, g->lda, mc, kc, mr, Abuf, kd->pack_a);
+        for (int64_t jr = 0; jr < nc; jr += nr) {
+          const int64_t w = nc - jr < nr ? nc - jr : nr;
+          const float *Bp = Bbuf + jr * kc;
+          const float *init = NULL;
+          if (pc == 0) {
+            if (!g->bias) {
+              init = zeros;
+            } else if (w == nr) {
+              init = g->bias + jc + jr;
+            } else {
+              for (int j = 0; j < nr; j++) binit[j] = j < w ? g->bias[jc + jr + j] : 0.0f;
+              init = binit;
+            }
+          }
+          for (int64_t ir = 0; ir < mc; ir += mr) {
+            const int64_t h = mc - ir < mr ? mc - ir : mr;
+            const float *Ap = Abuf + ir * kc;
+            float *c = g->C + (ic + ir) * g->ldc + jc + jr;
+            if (h == mr && w == nr) {
+              kd->ukr(kc, Ap, Bp, c, g->ldc, init);
+            } else {
+              if (!init)
+                for (int64_t i = 0; i < h; i++) memcpy(tile + i * nr, c + i * g->ldc, (size_t)w * sizeof(float));
+              kd->ukr(kc, Ap, Bp, tile, nr, init);
+              for (int64_t i = 0; i < h; i++) memcpy(c + i * g->ldc, tile + i * nr, (size_t)w * sizeof(float));
+            }
           }
         }
       }
     }
   }
 }
+
+/* Without heap buffers (allocation failed): the same arithmetic, one tile of
+ * rows and columns at a time, with buffers on the stack. */
+#define FALLBACK_KC 128
+
+static void gemm_rect_small(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  _Alignas(64) float abuf[MAX_MR * FALLBACK_KC];
+  _Alignas(64) float bbuf[MAX_NR * FALLBACK_KC];
+  gemm_rect(g, m0, m1, n0, n1, g->kd->mr, g->kd->nr, FALLBACK_KC, abuf, bbuf);
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The grid of tm x tn rectangles for t threads: the factorisation of t with the
+ * least work (multiply-adds plus packing) for the busiest thread. */
+static void choose_grid(int t, int64_t M, int64_t N, int64_t K, const attn__sgemm_kernel *kd, int *tm, int *tn) {
+  const int64_t MT = ceil_div(M, kd->mr), NT = ceil_div(N, kd->nr);
+  double best = -1;
+  *tm = 1;
+  *tn = 1;
+  for (int a = 1; a <= t; a++) {
+    if (t % a) continue;
+    const int b = t / a;
+    const double rows = (double)(ceil_div(MT, a) * kd->mr), cols = (double)(ceil_div(NT, b) * kd->nr);
+    /* ~32 flops a cycle against ~1 packed element a cycle; A is packed once per block of nc columns */
+    const double cost = rows * cols * (double)K / 16.0 + (rows * (double)ceil_div((int64_t)cols, kd->nc) + cols) * (double)K;
+    if (best < 0 || cost < best) {
+      best = cost;
+      *tm = a;
+      *tn = b;
+    }
+  }
+}
+
+void attn__sgemm_nt(int threads, attn_kernel isa, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+                    int64_t ldb, float *C, int64_t ldc, const float *bias) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) C[i * ldc + j] = bias ? bias[j] : 0.0f;
+    return;
+  }
+  gemm_args g = {kernel_for(isa), K, A, B, bias, lda, ldb, ldc, C};
+  const attn__sgemm_kernel *kd = g.kd;
+  const int64_t mcmax = kd->mc > kd->mr ? kd->mc / kd->mr * kd->mr : kd->mr;
+  const int64_t ncmax = kd->nc > kd->nr ? kd->nc / kd->nr * kd->nr : kd->nr;
+  if (threads < 1) threads = 1;
+  /* small products are not worth waking threads for (nor a thread per tile) */
+  const double flops = 2.0 * (double)M * (double)N * (double)K;
+  int64_t tmax = (int64_t)(flops / 4e6) + 1;
+  if (tmax > ceil_div(M, kd->mr) * ceil_div(N, kd->nr)) tmax = ceil_div(M, kd->mr) * ceil_div(N, kd->nr);
+  if (threads > tmax) threads = (int)tmax;
+  int tm, tn;
+  choose_grid(threads, M, N, K, kd, &tm, &tn);
+  const int64_t MT = ceil_div(M, kd->mr), NT = ceil_div(N, kd->nr);
+  const int64_t rt = ceil_div(MT, tm), ct = ceil_div(NT, tn); /* tiles per rectangle */
+  const int64_t kcb = K < kd->kc ? K : kd->kc;
+  const int nrect = tm * tn;
+
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int r = 0; r < nrect; r++) {
+    const int64_t m0 = (r / tn) * rt * kd->mr, n0 = (r % tn) * ct * kd->nr;
+    const int64_t m1 = m0 + rt * kd->mr < M ? m0 + rt * kd->mr : M, n1 = n0 + ct * kd->nr < N ? n0 + ct * kd->nr : N;
+    if (m0 < m1 && n0 < n1) {
+      const int64_t mcb = m1 - m0 < mcmax ? ceil_div(m1 - m0, kd->mr) * kd->mr : mcmax;
+      const int64_t ncb = n1 - n0 < ncmax ? ceil_div(n1 - n0, kd->nr) * kd->nr : ncmax;
+      float *abuf = attn__aligned_alloc((size_t)(mcb * kcb) * sizeof(float));
+      float *bbuf = attn__aligned_alloc((size_t)(ncb * kcb) * sizeof(float));
+      if (abuf && bbuf)
+        gemm_rect(&g, m0, m1, n0, n1, mcb, ncb, kcb, abuf, bbuf);
+      else
+        gemm_rect_small(&g, m0, m1, n0, n1);
+      attn__aligned_free(abuf);
+      attn__aligned_free(bbuf);
+    }
+  }
+}
+

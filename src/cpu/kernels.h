@@ -8,12 +8,18 @@
  *   Kt is (D, NR)  one key block, transposed: Kt[d * NR + j] = k[j][d] (keys past Nk are zero)
  *   V is (nkeys, Dv) value rows, ldv floats apart, unit stride within a row
  *   O is (MR, Dv)  the running output of the tile, row-major, Dv floats per row
+ * m, l and alpha each hold ATTN__STAT_LANES floats, 64-byte aligned, so a
+ * kernel may keep row statistics in vector lanes (lanes past MR are its own).
  * Kernels take no locks and know nothing of threads: the framework hands each
  * thread its own S, O and row statistics. */
 #ifndef ATTN_CPU_KERNELS_H
 #define ATTN_CPU_KERNELS_H
 
 #include <stdint.h>
+
+#include "attn.h"
+
+#define ATTN__STAT_LANES 64
 
 typedef struct attn__cpu_kernels {
   const char *name;
@@ -30,5 +36,11 @@ typedef struct attn__cpu_kernels {
 } attn__cpu_kernels;
 
 extern const attn__cpu_kernels attn__kernels_c;
+#ifdef ATTN_HAVE_X86_KERNELS
+extern const attn__cpu_kernels attn__kernels_avx2;
+extern const attn__cpu_kernels attn__kernels_avx512;
+#endif
+/* The kernel set for an instruction set (the portable one for anything else). */
+const attn__cpu_kernels *attn__kernels_for(attn_kernel isa);
 
 #endif

@@ -1,203 +1,19 @@
 /* .npy files (format 1.0-3.0): a magic string, a Python-literal header dict,
  * then the raw C-order data. Files are treated as hostile: every length is
  * checked against the file's real size before anything is allocated. */
-#include "internal.h"
+#include "file.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 /* numpy itself refuses headers over 10000 bytes by default; anything this
  * reader accepts fits a v1 header, so 64 KiB is generous. */
 #define NPY_HEADER_CAP 65536
-#define NPY_CHUNK 65536
 
 static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-static attn_status npy_fail(attn_ctx *ctx, attn_status st, const char *path, const char *fmt, ...) {
-  char msg[ATTN__MSG_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  return attn__fail(ctx, st, "npy '%s': %s", path, msg);
-}
-
-static int host_is_le(void) {
-  const uint16_t one = 1;
-  unsigned char b;
-  memcpy(&b, &one, 1);
-  return b == 1;
-}
-
-static void swap_elems(unsigned char *p, size_t es, size_t n) {
-  for (size_t i = 0; i < n; i++, p += es)
-    for (size_t a = 0, b = es - 1; a < b; a++, b--) {
-      unsigned char t = p[a];
-      p[a] = p[b];
-      p[b] = t;
-    }
-}
-
-/* Copies a hostile string into a message: printable ASCII only, bounded. */
-static void sanitize(char *dst, size_t cap, const char *src, size_t n) {
-  size_t j = 0;
-  for (size_t i = 0; i < n && j + 1 < cap; i++) dst[j++] = (src[i] >= 0x20 && src[i] < 0x7f) ? src[i] : '?';
-  dst[j] = '\0';
-}
-
-/* Reads up to n bytes; *got < n only at end of file. Returns errno or 0. */
-static int read_full(int fd, void *buf, size_t n, size_t *got) {
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = read(fd, (unsigned char *)buf + done, n - done);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      *got = done;
-      return errno ? errno : EIO;
-    }
-    if (r == 0) break;
-    done += (size_t)r;
-  }
-  *got = done;
-  return 0;
-}
-
-/* ---- atomic writer: a temporary next to path, renamed over it at the end ---- */
-typedef struct {
-  int fd;
-  char *tmp;
-  const char *path;
-} npy_out;
-
-static uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-/* O_EXCL with a fresh name rather than mkstemp so the file gets the usual
- * 0666 & ~umask mode instead of 0600. */
-static attn_status out_open(attn_ctx *ctx, npy_out *w, const char *path) {
-  size_t n = strlen(path), cap = n + 32;
-  w->fd = -1;
-  w->path = path;
-  w->tmp = malloc(cap);
-  if (!w->tmp) return npy_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
-  struct timespec ts = {0, 0};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t seed = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
-                  (uint64_t)(uintptr_t)w;
-  int err = 0;
-  for (int attempt = 0; attempt < 100; attempt++) {
-    seed = mix64(seed + 0x9e3779b97f4a7c15ull);
-    snprintf(w->tmp, cap, "%s.tmp.%06llx", path, (unsigned long long)(seed & 0xffffffu));
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (w->fd >= 0) return ATTN_OK;
-    err = errno;
-    if (err != EEXIST) break;
-  }
-  free(w->tmp);
-  w->tmp = NULL;
-  return npy_fail(ctx, ATTN_E_IO, path, "cannot create a temporary file next to it: %s", strerror(err));
-}
-
-static void out_abort(npy_out *w) {
-  if (w->fd >= 0) close(w->fd);
-  if (w->tmp) unlink(w->tmp);
-  free(w->tmp);
-  w->fd = -1;
-  w->tmp = NULL;
-}
-
-static attn_status out_write(attn_ctx *ctx, npy_out *w, const void *buf, size_t n) {
-  const unsigned char *p = buf;
-  while (n > 0) {
-    ssize_t r = write(w->fd, p, n);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      out_abort(w);
-      return npy_fail(ctx, ATTN_E_IO, w->path, "write failed: %s", strerror(err));
-    }
-    p += r;
-    n -= (size_t)r;
-  }
-  return ATTN_OK;
-}
-
-static attn_status out_commit(attn_ctx *ctx, npy_out *w) {
-  int fd = w->fd;
-  w->fd = -1;
-  if (close(fd) != 0) {
-    int err = errno;
-    out_abort(w);
-    return npy_fail(ctx, ATTN_E_IO, w->path, "write failed: %s", strerror(err));
-  }
-  if (rename(w->tmp, w->path) != 0) {
-    int err = errno;
-    out_abort(w);
-    return npy_fail(ctx, ATTN_E_IO, w->path, "cannot rename the temporary file over it: %s", strerror(err));
-  }
-  free(w->tmp);
-  w->tmp = NULL;
-  return ATTN_OK;
-}
-
-static int is_c_contiguous(const attn_tensor *t) {
-  int64_t s = 1;
-  for (int i = t->rank - 1; i >= 0; i--) {
-    if (t->shape[i] != 1 && t->strides[i] != s) return 0;
-    s *= t->shape[i];
-  }
-  return 1;
-}
-
-/* Streams t's elements in C order, whatever its strides, in little-endian. */
-static attn_status out_tensor(attn_ctx *ctx, npy_out *w, const attn_tensor *t) {
-  int64_t n = attn_tensor_numel(t);
-  if (n <= 0) return ATTN_OK;
-  const size_t es = attn_dtype_size(t->dtype);
-  const unsigned char *src = t->data;
-  const int le = host_is_le();
-  if (le && is_c_contiguous(t)) return out_write(ctx, w, src, (size_t)n * es);
-  unsigned char *buf = malloc(NPY_CHUNK);
-  if (!buf) {
-    out_abort(w);
-    return npy_fail(ctx, ATTN_E_NOMEM, w->path, "out of memory");
-  }
-  const size_t cap = NPY_CHUNK / es * es;
-  size_t fill = 0;
-  int64_t idx[ATTN_MAX_RANK] = {0}, off = 0;
-  attn_status st = ATTN_OK;
-  for (int64_t i = 0; i < n && !st; i++) {
-    memcpy(buf + fill, src + off * (int64_t)es, es);
-    fill += es;
-    if (fill == cap || i == n - 1) {
-      if (!le) swap_elems(buf, es, fill / es);
-      st = out_write(ctx, w, buf, fill);
-      fill = 0;
-    }
-    for (int d = t->rank - 1; d >= 0; d--) {
-      if (++idx[d] < t->shape[d]) {
-        off += t->strides[d];
-        break;
-      }
-      off -= t->strides[d] * (t->shape[d] - 1);
-      idx[d] = 0;
-    }
-  }
-  free(buf);
-  return st;
-}
+#define npy_fail(ctx, st, path, ...) attn__io_fail(ctx, st, "npy", path, __VA_ARGS__)
 
 /* ---- header dict parsing ------------------------------------------------------ */
 typedef struct {
@@ -323,7 +139,7 @@ static attn_status parse_header(attn_ctx *ctx, const char *path, const char *tex
         if ((st = parse_shape(ctx, path, &c, h))) return st;
       } else {
         char k[40];
-        sanitize(k, sizeof k, key, klen < sizeof key ? klen : sizeof key - 1);
+        attn__sanitize(k, sizeof k, key, klen < sizeof key ? klen : sizeof key - 1);
         return npy_fail(ctx, ATTN_E_FORMAT, path, "header has an unexpected key '%s'", k);
       }
       if (cur_eat(&c, ',')) {
@@ -345,7 +161,7 @@ static attn_status parse_header(attn_ctx *ctx, const char *path, const char *tex
 /* Maps a descr to a dtype; *swap says whether the bytes need reversing here. */
 static attn_status parse_descr(attn_ctx *ctx, const char *path, const npy_header *h, attn_dtype *dt, int *swap) {
   char shown[40];
-  sanitize(shown, sizeof shown, h->descr, h->descr_len < sizeof h->descr ? h->descr_len : sizeof h->descr - 1);
+  attn__sanitize(shown, sizeof shown, h->descr, h->descr_len < sizeof h->descr ? h->descr_len : sizeof h->descr - 1);
   const char *d = h->descr;
   int ok = h->descr_len == 3 && (d[0] == '<' || d[0] == '>' || d[0] == '=' || d[0] == '|');
   if (ok) {
@@ -363,7 +179,7 @@ static attn_status parse_descr(attn_ctx *ctx, const char *path, const npy_header
     if (d[0] == '>')
       return npy_fail(ctx, ATTN_E_DTYPE, path, "big-endian dtype '%s' is not supported; save it little-endian ('<')",
                       shown);
-    *swap = d[0] == '<' && !host_is_le(); /* '=' and '|' mean the host's order */
+    *swap = d[0] == '<' && !attn__host_is_le(); /* '=' and '|' mean the host's order */
   }
   return ATTN_OK;
 }
@@ -372,30 +188,17 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
   attn__clear(ctx);
   if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_read: null argument");
   memset(out, 0, sizeof *out);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return npy_fail(ctx, ATTN_E_IO, path, "cannot open: %s", strerror(errno));
-  attn_status st = ATTN_OK;
+  int fd;
+  int64_t size;
+  attn_status st = attn__io_open_read(ctx, "npy", path, &fd, &size);
+  if (st) return st;
   char *text = NULL;
   attn_tensor t;
   memset(&t, 0, sizeof t);
-  struct stat sb;
   unsigned char pre[12];
   size_t got;
-  int err;
 
-  if (fstat(fd, &sb) != 0) {
-    st = npy_fail(ctx, ATTN_E_IO, path, "cannot stat: %s", strerror(errno));
-    goto done;
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    st = npy_fail(ctx, ATTN_E_IO, path, "not a regular file");
-    goto done;
-  }
-  const int64_t size = (int64_t)sb.st_size;
-  if ((err = read_full(fd, pre, 8, &got))) {
-    st = npy_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
-    goto done;
-  }
+  if ((st = attn__io_read(ctx, "npy", path, fd, pre, 8, &got))) goto done;
   if (got < sizeof npy_magic || memcmp(pre, npy_magic, sizeof npy_magic)) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path,
                   got == 0                                                   ? "empty file"
@@ -414,10 +217,7 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
     goto done;
   }
   const size_t lenbytes = major == 1 ? 2 : 4;
-  if ((err = read_full(fd, pre + 8, lenbytes, &got))) {
-    st = npy_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
-    goto done;
-  }
+  if ((st = attn__io_read(ctx, "npy", path, fd, pre + 8, lenbytes, &got))) goto done;
   if (got < lenbytes) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated: no header length");
     goto done;
@@ -440,10 +240,7 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
     st = npy_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
     goto done;
   }
-  if ((err = read_full(fd, text, hlen, &got))) {
-    st = npy_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
-    goto done;
-  }
+  if ((st = attn__io_read(ctx, "npy", path, fd, text, hlen, &got))) goto done;
   if (got < hlen) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated header");
     goto done;
@@ -480,15 +277,12 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
     st = npy_fail(ctx, st, path, "%s", m);
     goto done;
   }
-  if ((err = read_full(fd, t.data, (size_t)bytes, &got))) {
-    st = npy_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
-    goto done;
-  }
+  if ((st = attn__io_read(ctx, "npy", path, fd, t.data, (size_t)bytes, &got))) goto done;
   if (got < (size_t)bytes) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
     goto done;
   }
-  if (swap) swap_elems(t.data, attn_dtype_size(dt), (size_t)numel);
+  if (swap) attn__swap_elems(t.data, attn_dtype_size(dt), (size_t)numel);
   *out = t;
   t.data = NULL;
 
@@ -544,9 +338,9 @@ attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t
   memset(hdr + prefix + n, ' ', total - prefix - (size_t)n - 1);
   hdr[total - 1] = '\n';
 
-  npy_out w;
-  if ((st = out_open(ctx, &w, path))) return st;
-  if ((st = out_write(ctx, &w, hdr, total))) return st;
-  if ((st = out_tensor(ctx, &w, t))) return st;
-  return out_commit(ctx, &w);
+  attn__out w;
+  if ((st = attn__out_open(ctx, &w, "npy", path))) return st;
+  if ((st = attn__out_write(ctx, &w, hdr, total))) return st;
+  if ((st = attn__out_tensor(ctx, &w, t))) return st;
+  return attn__out_commit(ctx, &w);
 }

@@ -12,20 +12,15 @@
  * Dtypes with no attn_dtype (I32, F8_E4M3, ...) do not make the file
  * unreadable: such tensors are listed and, where their element size is known,
  * size-checked; attn_safetensors_get refuses them with ATTN_E_DTYPE. */
-#include "internal.h"
+#include "file.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define ST_HEADER_CAP ((uint64_t)100 << 20)
 #define ST_MAX_DEPTH 64
-#define ST_CHUNK 65536
 
 typedef struct {
   char *name;
@@ -62,44 +57,7 @@ static const struct {
     {"F8_E8M0", 1, 0, ATTN_U8},  {"C64", 8, 0, ATTN_U8},
 };
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-static attn_status st_fail(attn_ctx *ctx, attn_status status, const char *path, const char *fmt, ...) {
-  char msg[ATTN__MSG_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  return attn__fail(ctx, status, "safetensors '%s': %s", path, msg);
-}
-
-static int host_is_le(void) {
-  const uint16_t one = 1;
-  unsigned char b;
-  memcpy(&b, &one, 1);
-  return b == 1;
-}
-
-static void swap_elems(unsigned char *p, size_t es, size_t n) {
-  for (size_t i = 0; i < n; i++, p += es)
-    for (size_t a = 0, b = es - 1; a < b; a++, b--) {
-      unsigned char t = p[a];
-      p[a] = p[b];
-      p[b] = t;
-    }
-}
-
-/* Printable ASCII only, bounded: names and dtypes come from hostile files. */
-static void sanitize(char *dst, size_t cap, const char *src, size_t n) {
-  size_t j = 0;
-  for (size_t i = 0; i < n && j + 1 < cap; i++) dst[j++] = (src[i] >= 0x20 && src[i] < 0x7f) ? src[i] : '?';
-  if (n >= cap && cap > 4) {
-    memcpy(dst + cap - 4, "...", 3);
-    j = cap - 1;
-  }
-  dst[j] = '\0';
-}
+#define st_fail(ctx, status, path, ...) attn__io_fail(ctx, status, "safetensors", path, __VA_ARGS__)
 
 /* Length of the valid UTF-8 sequence at p (no overlongs, no surrogates), or 0. */
 static size_t utf8_len(const unsigned char *p, size_t avail) {
@@ -129,22 +87,6 @@ static size_t utf8_len(const unsigned char *p, size_t avail) {
   }
   if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
   return n;
-}
-
-static int read_full(int fd, void *buf, size_t n, size_t *got) {
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = read(fd, (unsigned char *)buf + done, n - done);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      *got = done;
-      return errno ? errno : EIO;
-    }
-    if (r == 0) break;
-    done += (size_t)r;
-  }
-  *got = done;
-  return 0;
 }
 
 /* ---- a strict JSON parser, just enough for the header ------------------------ */
@@ -177,7 +119,8 @@ static int j_peek(st_json *j) {
 }
 
 static attn_status j_expect(st_json *j, int ch) {
-  if (j_peek(j) != ch) return j->p < j->end ? jfail(j, "expected '%c'", ch) : jfail(j, "unexpected end, expected '%c'", ch);
+  if (j_peek(j) != ch)
+    return j->p < j->end ? jfail(j, "expected '%c'", ch) : jfail(j, "unexpected end, expected '%c'", ch);
   j->p++;
   return ATTN_OK;
 }
@@ -383,7 +326,10 @@ static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
       char *key;
       size_t klen;
       if ((st = j_string(j, &key, &klen))) return st;
-      int which = key_is(key, klen, "dtype") ? 1 : key_is(key, klen, "shape") ? 2 : key_is(key, klen, "data_offsets") ? 3 : 0;
+      int which = key_is(key, klen, "dtype")          ? 1
+                  : key_is(key, klen, "shape")        ? 2
+                  : key_is(key, klen, "data_offsets") ? 3
+                                                       : 0;
       free(key);
       if ((st = j_expect(j, ':'))) return st;
       if ((which == 1 && have_dtype++) || (which == 2 && have_shape++) || (which == 3 && have_off++))
@@ -393,7 +339,7 @@ static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
         size_t dlen;
         if (j_peek(j) != '"') return jfail(j, "tensor '%s': \"dtype\" is not a string", shown);
         if ((st = j_string(j, &dt, &dlen))) return st;
-        sanitize(e->dtype_name, sizeof e->dtype_name, dt, dlen);
+        attn__sanitize(e->dtype_name, sizeof e->dtype_name, dt, dlen);
         e->known = 0;
         e->esize = 0;
         for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
@@ -478,7 +424,7 @@ static attn_status parse_header(st_json *j, attn_safetensors *s) {
       size_t nlen;
       if ((st = j_string(j, &e.name, &nlen))) return st;
       char shown[72];
-      sanitize(shown, sizeof shown, e.name, nlen);
+      attn__sanitize(shown, sizeof shown, e.name, nlen);
       if ((st = j_expect(j, ':'))) {
         free(e.name);
         return st;
@@ -529,7 +475,7 @@ static attn_status validate(attn_ctx *ctx, attn_safetensors *s, int64_t bufsize)
   char a[72], b[72];
   for (int64_t i = 0; i < s->count; i++) {
     st_entry *e = &s->e[i];
-    sanitize(a, sizeof a, e->name, strlen(e->name));
+    attn__sanitize(a, sizeof a, e->name, strlen(e->name));
     if (e->begin > e->end)
       return st_fail(ctx, ATTN_E_FORMAT, s->path, "tensor '%s': data_offsets [%lld, %lld] are reversed", a,
                      (long long)e->begin, (long long)e->end);
@@ -559,7 +505,7 @@ static attn_status validate(attn_ctx *ctx, attn_safetensors *s, int64_t bufsize)
   for (int64_t i = 1; i < s->count; i++)
     if (!strcmp(s->byname[i - 1]->name, s->byname[i]->name)) {
       free(order);
-      sanitize(a, sizeof a, s->byname[i]->name, strlen(s->byname[i]->name));
+      attn__sanitize(a, sizeof a, s->byname[i]->name, strlen(s->byname[i]->name));
       return st_fail(ctx, ATTN_E_FORMAT, s->path, "duplicate tensor name '%s'", a);
     }
   qsort(order, (size_t)s->count, sizeof *order, cmp_begin);
@@ -568,8 +514,8 @@ static attn_status validate(attn_ctx *ctx, attn_safetensors *s, int64_t bufsize)
     const st_entry *e = order[i];
     if (e->begin == e->end) continue; /* empty tensors own no bytes */
     if (prev && e->begin < prev->end) {
-      sanitize(a, sizeof a, prev->name, strlen(prev->name));
-      sanitize(b, sizeof b, e->name, strlen(e->name));
+      attn__sanitize(a, sizeof a, prev->name, strlen(prev->name));
+      attn__sanitize(b, sizeof b, e->name, strlen(e->name));
       free(order);
       return st_fail(ctx, ATTN_E_FORMAT, s->path, "tensors '%s' and '%s' overlap in the data buffer", a, b);
     }
@@ -596,7 +542,7 @@ static attn_status place(attn_ctx *ctx, attn_safetensors *s, int64_t data_start)
       memcpy(e->own, p, bytes);
       p = e->own;
     }
-    if (e->esize > 1 && !host_is_le()) swap_elems(p, (size_t)e->esize, (size_t)e->numel);
+    if (e->esize > 1 && !attn__host_is_le()) attn__swap_elems(p, (size_t)e->esize, (size_t)e->numel);
     e->data = p;
   }
   return ATTN_OK;
@@ -619,27 +565,14 @@ attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const c
   attn__clear(ctx);
   if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_open: null argument");
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return st_fail(ctx, ATTN_E_IO, path, "cannot open: %s", strerror(errno));
-  attn_status st = ATTN_OK;
+  int fd;
+  int64_t size;
+  attn_status st = attn__io_open_read(ctx, "safetensors", path, &fd, &size);
+  if (st) return st;
   attn_safetensors *s = NULL;
-  struct stat sb;
   unsigned char pre[8];
   size_t got;
-  int err;
-  if (fstat(fd, &sb) != 0) {
-    st = st_fail(ctx, ATTN_E_IO, path, "cannot stat: %s", strerror(errno));
-    goto done;
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    st = st_fail(ctx, ATTN_E_IO, path, "not a regular file");
-    goto done;
-  }
-  const int64_t size = (int64_t)sb.st_size;
-  if ((err = read_full(fd, pre, 8, &got))) {
-    st = st_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
-    goto done;
-  }
+  if ((st = attn__io_read(ctx, "safetensors", path, fd, pre, 8, &got))) goto done;
   if (got < 8) {
     st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated: %zu bytes, too short for the header length", got);
     goto done;
@@ -676,10 +609,7 @@ attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const c
   }
   memcpy(s->buf, pre, 8);
   /* The header first: a bad one is refused before the data is read. */
-  if ((err = read_full(fd, s->buf + 8, (size_t)n, &got))) {
-    st = st_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
-    goto done;
-  }
+  if ((st = attn__io_read(ctx, "safetensors", path, fd, s->buf + 8, (size_t)n, &got))) goto done;
   if (got < n) {
     st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated header (the file shrank while being read)");
     goto done;
@@ -687,10 +617,7 @@ attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const c
   st_json j = {s->buf + 8, s->buf + 8, s->buf + 8 + n, ctx, path};
   const int64_t data_start = 8 + (int64_t)n, bufsize = size - data_start;
   if ((st = parse_header(&j, s)) || (st = validate(ctx, s, bufsize))) goto done;
-  if ((err = read_full(fd, s->buf + data_start, (size_t)bufsize, &got))) {
-    st = st_fail(ctx, ATTN_E_IO, path, "cannot read: %s", strerror(err));
-    goto done;
-  }
+  if ((st = attn__io_read(ctx, "safetensors", path, fd, s->buf + data_start, (size_t)bufsize, &got))) goto done;
   if (got < (size_t)bufsize) {
     st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
     goto done;
@@ -715,7 +642,7 @@ attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, cons
   attn__clear(ctx);
   if (!st || !name || !out) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_get: null argument");
   char shown[72];
-  sanitize(shown, sizeof shown, name, strlen(name));
+  attn__sanitize(shown, sizeof shown, name, strlen(name));
   int64_t lo = 0, hi = st->count;
   const st_entry *e = NULL;
   while (lo < hi) {
@@ -740,134 +667,6 @@ attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, cons
 }
 
 /* ---- writing ------------------------------------------------------------------ */
-typedef struct {
-  int fd;
-  char *tmp;
-  const char *path;
-} st_out;
-
-static uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-/* O_EXCL with a fresh name rather than mkstemp so the file gets the usual
- * 0666 & ~umask mode instead of 0600. */
-static attn_status out_open(attn_ctx *ctx, st_out *w, const char *path) {
-  size_t n = strlen(path), cap = n + 32;
-  w->fd = -1;
-  w->path = path;
-  w->tmp = malloc(cap);
-  if (!w->tmp) return st_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
-  struct timespec ts = {0, 0};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t seed = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
-                  (uint64_t)(uintptr_t)w;
-  int err = 0;
-  for (int attempt = 0; attempt < 100; attempt++) {
-    seed = mix64(seed + 0x9e3779b97f4a7c15ull);
-    snprintf(w->tmp, cap, "%s.tmp.%06llx", path, (unsigned long long)(seed & 0xffffffu));
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (w->fd >= 0) return ATTN_OK;
-    err = errno;
-    if (err != EEXIST) break;
-  }
-  free(w->tmp);
-  w->tmp = NULL;
-  return st_fail(ctx, ATTN_E_IO, path, "cannot create a temporary file next to it: %s", strerror(err));
-}
-
-static void out_abort(st_out *w) {
-  if (w->fd >= 0) close(w->fd);
-  if (w->tmp) unlink(w->tmp);
-  free(w->tmp);
-  w->fd = -1;
-  w->tmp = NULL;
-}
-
-/* On failure the temporary is already gone. */
-static attn_status out_write(attn_ctx *ctx, st_out *w, const void *buf, size_t n) {
-  const unsigned char *p = buf;
-  while (n > 0) {
-    ssize_t r = write(w->fd, p, n);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      out_abort(w);
-      return st_fail(ctx, ATTN_E_IO, w->path, "write failed: %s", strerror(err));
-    }
-    p += r;
-    n -= (size_t)r;
-  }
-  return ATTN_OK;
-}
-
-static attn_status out_commit(attn_ctx *ctx, st_out *w) {
-  int fd = w->fd;
-  w->fd = -1;
-  if (close(fd) != 0) {
-    int err = errno;
-    out_abort(w);
-    return st_fail(ctx, ATTN_E_IO, w->path, "write failed: %s", strerror(err));
-  }
-  if (rename(w->tmp, w->path) != 0) {
-    int err = errno;
-    out_abort(w);
-    return st_fail(ctx, ATTN_E_IO, w->path, "cannot rename the temporary file over it: %s", strerror(err));
-  }
-  free(w->tmp);
-  w->tmp = NULL;
-  return ATTN_OK;
-}
-
-static int is_c_contiguous(const attn_tensor *t) {
-  int64_t s = 1;
-  for (int i = t->rank - 1; i >= 0; i--) {
-    if (t->shape[i] != 1 && t->strides[i] != s) return 0;
-    s *= t->shape[i];
-  }
-  return 1;
-}
-
-/* Streams t's elements in C order, whatever its strides, little-endian. */
-static attn_status out_tensor(attn_ctx *ctx, st_out *w, const attn_tensor *t) {
-  int64_t n = attn_tensor_numel(t);
-  if (n <= 0) return ATTN_OK;
-  const size_t es = attn_dtype_size(t->dtype);
-  const unsigned char *src = t->data;
-  const int le = host_is_le();
-  if (le && is_c_contiguous(t)) return out_write(ctx, w, src, (size_t)n * es);
-  unsigned char *buf = malloc(ST_CHUNK);
-  if (!buf) {
-    out_abort(w);
-    return st_fail(ctx, ATTN_E_NOMEM, w->path, "out of memory");
-  }
-  const size_t cap = ST_CHUNK / es * es;
-  size_t fill = 0;
-  int64_t idx[ATTN_MAX_RANK] = {0}, off = 0;
-  attn_status st = ATTN_OK;
-  for (int64_t i = 0; i < n && !st; i++) {
-    memcpy(buf + fill, src + off * (int64_t)es, es);
-    fill += es;
-    if (fill == cap || i == n - 1) {
-      if (!le) swap_elems(buf, es, fill / es);
-      st = out_write(ctx, w, buf, fill);
-      fill = 0;
-    }
-    for (int d = t->rank - 1; d >= 0; d--) {
-      if (++idx[d] < t->shape[d]) {
-        off += t->strides[d];
-        break;
-      }
-      off -= t->strides[d] * (t->shape[d] - 1);
-      idx[d] = 0;
-    }
-  }
-  free(buf);
-  return st;
-}
-
 typedef struct {
   char *s;
   size_t len, cap;
@@ -961,7 +760,7 @@ attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, int64_t coun
   for (int64_t i = 0; i < count; i++) {
     if (!names[i] || !names[i][0])
       return st_fail(ctx, ATTN_E_INVALID, path, "names[%lld] is %s", (long long)i, names[i] ? "empty" : "NULL");
-    sanitize(shown, sizeof shown, names[i], strlen(names[i]));
+    attn__sanitize(shown, sizeof shown, names[i], strlen(names[i]));
     if (!strcmp(names[i], "__metadata__"))
       return st_fail(ctx, ATTN_E_INVALID, path, "\"__metadata__\" is reserved and cannot name a tensor");
     if (!utf8_valid(names[i]))
@@ -976,7 +775,7 @@ attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, int64_t coun
     qsort(sorted, (size_t)count, sizeof *sorted, cmp_str);
     for (int64_t i = 1; i < count; i++)
       if (!strcmp(sorted[i - 1], sorted[i])) {
-        sanitize(shown, sizeof shown, sorted[i], strlen(sorted[i]));
+        attn__sanitize(shown, sizeof shown, sorted[i], strlen(sorted[i]));
         free(sorted);
         return st_fail(ctx, ATTN_E_INVALID, path, "duplicate tensor name '%s'", shown);
       }
@@ -1020,12 +819,12 @@ attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, int64_t coun
   unsigned char pre[8];
   for (int i = 0; i < 8; i++) pre[i] = (unsigned char)(((uint64_t)b.len >> (8 * i)) & 0xff);
 
-  st_out w;
-  st = out_open(ctx, &w, path);
-  if (!st) st = out_write(ctx, &w, pre, 8);
-  if (!st) st = out_write(ctx, &w, b.s, b.len);
+  attn__out w;
+  st = attn__out_open(ctx, &w, "safetensors", path);
+  if (!st) st = attn__out_write(ctx, &w, pre, 8);
+  if (!st) st = attn__out_write(ctx, &w, b.s, b.len);
   free(b.s);
-  for (int64_t i = 0; i < count && !st; i++) st = out_tensor(ctx, &w, &tensors[i]);
-  if (!st) st = out_commit(ctx, &w);
+  for (int64_t i = 0; i < count && !st; i++) st = attn__out_tensor(ctx, &w, &tensors[i]);
+  if (!st) st = attn__out_commit(ctx, &w);
   return st;
 }

@@ -376,7 +376,8 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
                              const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts) {
   attn__clear(ctx);
   if (!mha) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward: layer is NULL");
-  const int ref = attn_ctx_kernel(ctx) == ATTN_KERNEL_REF;
+  const attn_kernel kern = attn_ctx_kernel(ctx);
+  const int ref = kern == ATTN_KERNEL_REF;
   const attn_mha_config *c = &mha->cfg;
   const int64_t E = c->embed_dim, H = c->num_heads, Hk = c->num_kv_heads, D = mha->head_dim;
   attn_status st;
@@ -448,9 +449,9 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
       st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
       goto done;
     }
-    attn__sgemm_nt(th, B * Nq, E, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E, P[ATTN_MHA_Q_BIAS]);
-    attn__sgemm_nt(th, B * Nk, kv, c->kdim, xk, c->kdim, P[ATTN_MHA_K_WEIGHT], c->kdim, K, kv, P[ATTN_MHA_K_BIAS]);
-    attn__sgemm_nt(th, B * Nk, kv, c->vdim, xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, V, kv, P[ATTN_MHA_V_BIAS]);
+    attn__sgemm_nt(th, kern, B * Nq, E, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E, P[ATTN_MHA_Q_BIAS]);
+    attn__sgemm_nt(th, kern, B * Nk, kv, c->kdim, xk, c->kdim, P[ATTN_MHA_K_WEIGHT], c->kdim, K, kv, P[ATTN_MHA_K_BIAS]);
+    attn__sgemm_nt(th, kern, B * Nk, kv, c->vdim, xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, V, kv, P[ATTN_MHA_V_BIAS]);
   }
 
   attn_tensor qh = heads_view(Q, dt, B, Nq, H, D), kh = heads_view(K, dt, B, Nk, Hk, D);
@@ -489,7 +490,7 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
   } else {
     const int contiguous = out->strides[2] == 1 && out->strides[1] == E && (out->strides[0] == Nq * E || B == 1);
     float *y = contiguous ? out->data : Q;
-    attn__sgemm_nt(attn__threads(ctx), B * Nq, E, E, A, E, Wo, E, y, E, bo);
+    attn__sgemm_nt(attn__threads(ctx), kern, B * Nq, E, E, A, E, Wo, E, y, E, bo);
     if (!contiguous)
       for (int64_t b = 0; b < B; b++)
         for (int64_t n = 0; n < Nq; n++)

@@ -1,0 +1,568 @@
+#!/usr/bin/env python3
+"""The standard benchmark grid: `attn bench --json` on every case, the same cases
+through PyTorch (when a Python with torch is around), and the outside FMA yardstick
+../shared/tools/peak.c, all in one run; writes the table into BENCHMARKS.md between
+<!-- grid:begin --> and <!-- grid:end --> (prose outside the markers stays).
+
+    scripts/bench_grid.py [--attn PATH] [--threads 2] [--torch-python PY | --no-torch]
+                          [--case-budget 90] [--only REGEX] [--out BENCHMARKS.md] [--dry-run]
+
+PyTorch: --torch-python, else $TORCH_PYTHON, else python3 if `import torch` works.
+Only the standard library is used here; torch runs in a worker process.
+Every case's runs are planned from the rate measured on the previous case: large
+cases get fewer repeats, and a case whose warm-up plus runs would take more than
+--case-budget seconds is skipped with its estimate. The unfused PyTorch path is
+skipped where its score matrix would exceed 4 GiB.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import select
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BEGIN, END = "<!-- grid:begin -->", "<!-- grid:end -->"
+SCORES_LIMIT = 4 << 30  # bytes of one score matrix the unfused path may allocate
+
+# ---- the PyTorch worker: one JSON case per stdin line, one JSON result per stdout line ----
+TORCH_WORKER = r'''
+import json, math, sys, time
+import torch
+import torch.nn.functional as F
+
+def timed(fn, repeat):
+    t0 = time.perf_counter(); fn(); one = time.perf_counter() - t0; warm = 1
+    if one < 0.25:
+        t0 = time.perf_counter(); fn(); one = time.perf_counter() - t0; warm = 2
+    r = repeat or max(3, min(1000000, math.ceil(1.0 / max(one, 1e-9))))
+    ts = []
+    for _ in range(r):
+        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+    ts.sort()
+    med = ts[r // 2] if r % 2 else 0.5 * (ts[r // 2 - 1] + ts[r // 2])
+    return {"median_s": med, "min_s": ts[0], "repeats": r, "warmups": warm}
+
+def rand(*shape, gen):
+    return torch.rand(*shape, generator=gen) * 2 - 1
+
+print(json.dumps({"torch": torch.__version__}), flush=True)
+for line in sys.stdin:
+    c = json.loads(line)
+    res = {"id": c["id"]}
+    try:
+        torch.set_num_threads(c["threads"])
+        gen = torch.Generator().manual_seed(0)
+        with torch.inference_mode():
+            if c["op"] == "sdpa":
+                B, H, G, N, M, D = c["batch"], c["heads"], c["kv_heads"], c["seq"], c["kv_seq"], c["dim"]
+                q, k, v = rand(B, H, N, D, gen=gen), rand(B, G, M, D, gen=gen), rand(B, G, M, D, gen=gen)
+                causal = c["causal"]
+                try:
+                    F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], enable_gqa=G != H)
+                    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=G != H)
+                except TypeError:  # torch without enable_gqa
+                    kk, vv = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)
+                    sdpa = lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+                if c.get("sdpa_skip"):
+                    res["sdpa_note"] = c["sdpa_skip"]
+                else:
+                    res["sdpa"] = timed(sdpa, c.get("sdpa_repeat"))
+                if c.get("unfused_skip"):
+                    res["unfused_note"] = c["unfused_skip"]
+                else:
+                    scale = 1.0 / math.sqrt(D)
+                    mask = torch.ones(N, M, dtype=torch.bool).triu(1) if causal else None
+                    def unfused():
+                        kk = k if G == H else k.repeat_interleave(H // G, 1)
+                        vv = v if G == H else v.repeat_interleave(H // G, 1)
+                        s = (q @ kk.transpose(-2, -1)) * scale
+                        if mask is not None:
+                            s.masked_fill_(mask, float("-inf"))
+                        return torch.softmax(s, dim=-1) @ vv
+                    res["unfused"] = timed(unfused, c.get("unfused_repeat"))
+            else:
+                B, N, E, H = c["batch"], c["seq"], c["embed"], c["heads"]
+                mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+                x = rand(B, N, E, gen=gen)
+                if c.get("sdpa_skip"):
+                    res["sdpa_note"] = c["sdpa_skip"]
+                else:
+                    res["sdpa"] = timed(lambda: mha(x, x, x, need_weights=False), c.get("sdpa_repeat"))
+                res["unfused_note"] = "n/a"
+    except Exception as e:  # out of memory and the like: report, keep serving
+        res["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+    print(json.dumps(res), flush=True)
+'''
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- cases ------------------------------------------------------------------------------
+def sdpa_case(label, B, H, N, D, G=None, M=None, causal=False, threads=None, group="main"):
+    return {"op": "sdpa", "label": label, "batch": B, "heads": H, "kv_heads": G or H, "seq": N, "kv_seq": M or N,
+            "dim": D, "causal": causal, "threads": threads, "group": group}
+
+
+def grid(T):
+    cs = []
+    for N in (1, 16, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768):
+        cs.append(sdpa_case("B1 H8 N%d D64" % N, 1, 8, N, 64))
+    cs.append(sdpa_case("B1 H4 N2048 D128", 1, 4, 2048, 128))
+    for N in (1024, 2048, 4096):
+        cs.append(sdpa_case("causal B1 H8 N%d D64" % N, 1, 8, N, 64, causal=True))
+    cs.append(sdpa_case("GQA B1 H32 G8 N2048 D128", 1, 32, 2048, 128, G=8))
+    for D in (32, 80, 96, 256):
+        cs.append(sdpa_case("B1 H8 N2048 D%d" % D, 1, 8, 2048, D))
+    if T != 1:
+        for N in (1024, 2048):
+            cs.append(sdpa_case("B1 H8 N%d D64, 1 thread" % N, 1, 8, N, 64, threads=1, group="threads"))
+    cs.append({"op": "mha", "label": "MHA layer B1 N2048 E512 H8", "batch": 1, "seq": 2048, "embed": 512, "heads": 8,
+               "threads": None, "group": "main"})
+    for i, c in enumerate(cs):
+        c["id"] = i
+        if c["threads"] is None:
+            c["threads"] = T
+    return cs
+
+
+def case_gflop(c):
+    """The same count as attn bench: 4*D per visible (query, key) pair (+ the projections for mha)."""
+    if c["op"] == "mha":
+        B, N, E = c["batch"], c["seq"], c["embed"]
+        return (4.0 * B * N * N * E + 4 * 2.0 * B * N * E * E) * 1e-9
+    N, M = c["seq"], c["kv_seq"]
+    if c["causal"]:  # top-left: row i sees min(i + 1, M) keys
+        pairs = sum(min(i + 1, M) for i in range(N))
+    else:
+        pairs = N * M
+    return 4.0 * c["dim"] * pairs * c["batch"] * c["heads"] * 1e-9
+
+
+class Planner:
+    """Repeats and skips from the best rate seen so far on cases of the same kind
+    (only cases long enough to time count: tiny ones say nothing about big ones);
+    before any, a modest prior rate plans the repeats but never skips a case."""
+
+    PRIOR_GFLOPS = 20.0
+
+    def __init__(self, budget):
+        self.budget = budget
+        self.rate = {}
+
+    def plan(self, kind, gflop):
+        r = self.rate.get(kind)
+        est = gflop / (r or self.PRIOR_GFLOPS)
+        if est < 0.35:
+            return None, est, None  # the tool's own rule: about a second of runs
+        repeat = max(1, min(3, int(round(3.0 / est))))
+        if r is not None and est * (1 + repeat) > self.budget:  # one warm-up run, then the repeats
+            return None, est, "skipped (~%.0f s per run, over the %.0f s budget per case)" % (est, self.budget)
+        return repeat, est, None
+
+    def seen(self, kind, gflop, median_s):
+        if median_s and median_s >= 2e-3:
+            self.rate[kind] = max(self.rate.get(kind, 0.0), gflop / median_s)
+
+
+# ---- running -------------------------------------------------------------------------------
+def run_attn(attn, c, timeout):
+    cmd = [attn, "bench", c["op"], "--batch", str(c["batch"]), "--heads", str(c["heads"]), "--seq", str(c["seq"])]
+    if c["op"] == "sdpa":
+        cmd += ["--dim", str(c["dim"])]
+        if c["kv_heads"] != c["heads"]:
+            cmd += ["--kv-heads", str(c["kv_heads"])]
+        if c["kv_seq"] != c["seq"]:
+            cmd += ["--kv-seq", str(c["kv_seq"])]
+        if c["causal"]:
+            cmd += ["--causal"]
+    else:
+        cmd += ["--embed", str(c["embed"])]
+    cmd += ["--threads", str(c["threads"]), "--json"]
+    if c.get("repeat"):
+        cmd += ["--repeat", str(c["repeat"])]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out after %.0f s" % timeout}
+    wall = time.time() - t0
+    if p.returncode != 0:
+        return {"error": "exit %d: %s" % (p.returncode, p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "")}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if len(lines) != 1:
+        return {"error": "expected one JSON line, got %d" % len(lines)}
+    r = json.loads(lines[0])
+    r["wall_s"] = wall
+    r["command"] = " ".join(shlex.quote(x) for x in cmd)
+    return r
+
+
+class TorchWorker:
+    def __init__(self, python):
+        self.python = python
+        self.proc = None
+        self.version = None
+        self.errlog = tempfile.TemporaryFile(mode="w+")
+
+    def start(self):
+        self.proc = subprocess.Popen([self.python, "-c", TORCH_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.errlog, universal_newlines=True, bufsize=1)
+        hello = self.proc.stdout.readline()
+        if not hello:
+            self.proc = None
+            return False
+        self.version = json.loads(hello)["torch"]
+        return True
+
+    def run(self, c, timeout):
+        if self.proc is None and not self.start():
+            return {"error": "the torch worker did not start"}
+        try:
+            self.proc.stdin.write(json.dumps(c) + "\n")
+            self.proc.stdin.flush()
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            if not ready:
+                self.proc.kill()
+                self.proc.wait()
+                self.proc = None
+                return {"error": "timed out after %.0f s" % timeout}
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:  # killed (out of memory?): restart for the next case
+            code = self.proc.wait()
+            self.proc = None
+            self.errlog.seek(0)
+            tail = [ln.strip() for ln in self.errlog.read().splitlines() if ln.strip()][-1:]
+            return {"error": "the torch worker died (exit %s)%s" % (code, ": " + tail[0] if tail else "")}
+        return json.loads(line)
+
+    def close(self):
+        if self.proc:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+def find_torch_python(arg):
+    cands = [arg] if arg else ([os.environ["TORCH_PYTHON"]] if os.environ.get("TORCH_PYTHON") else ["python3"])
+    for py in cands:
+        try:
+            if subprocess.run([py, "-c", "import torch"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=120).returncode == 0:
+                return py
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return None
+
+
+def run_peak_c():
+    """Builds and runs ../shared/tools/peak.c: {threads: fma_gflops}, its lines, and a note."""
+    src = os.path.join(os.path.dirname(ROOT), "shared", "tools", "peak.c")
+    if not os.path.exists(src):
+        return {}, [], "../shared/tools/peak.c not found: no outside yardstick in this run"
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        return {}, [], "no gcc to build peak.c"
+    d = tempfile.mkdtemp(prefix="attn_peak_")
+    exe = os.path.join(d, "peak")
+    try:
+        b = subprocess.run([cc, "-O2", "-march=native", "-fopenmp", src, "-o", exe], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, universal_newlines=True)
+        if b.returncode != 0:
+            return {}, [], "peak.c did not build: " + b.stdout.strip().splitlines()[-1]
+        p = subprocess.run([exe, "--json"], stdout=subprocess.PIPE, universal_newlines=True)
+        peaks, lines = {}, []
+        for ln in p.stdout.splitlines():
+            if ln.startswith("{"):
+                j = json.loads(ln)
+                peaks[j["threads"]] = j["fma_gflops"]
+                lines.append(ln)
+        return peaks, lines, None
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def cpu_model():
+    model, fam, mod = "unknown", "?", "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                k, _, v = ln.partition(":")
+                k, v = k.strip(), v.strip()
+                if k == "model name" and model == "unknown":
+                    model = v
+                elif k == "cpu family" and fam == "?":
+                    fam = v
+                elif k == "model" and mod == "?":
+                    mod = v
+    except OSError:
+        pass
+    return "%s (family %s, model %s), %d logical CPUs" % (model, fam, mod, os.cpu_count() or 0)
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+# ---- the table ------------------------------------------------------------------------------
+def fmt(x, spec="%.1f"):
+    return "—" if x is None else spec % x
+
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def gflops_of(r):
+    return r.get("gflops") if r and "error" not in r and "note" not in r else None
+
+
+def torch_gflops(t, key, gflop):
+    if not t or key not in t:
+        return None
+    return gflop / t[key]["median_s"]
+
+
+def torch_cell(t, key, gflop):
+    g = torch_gflops(t, key, gflop)
+    if g is not None:
+        return "%.1f" % g
+    if t is None:
+        return "—"
+    if "error" in t:
+        return "error: " + t["error"]
+    return t.get(key + "_note", "—")
+
+
+def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
+    out = [BEGIN, ""]
+    out.append("Command: `%s`  " % info["command"])
+    out.append("Date: %s  " % info["date"])
+    out.append("CPU: %s  " % info["cpu"])
+    out.append("libattn: `%s`; PyTorch: %s  " % (info["version"], info["torch"]))
+    out.append("Load average (1, 5, 15 min) before: %s, after: %s; grid wall time %.0f s" %
+               (info["load_before"], info["load_after"], info["wall"]))
+    out.append("")
+    if peak_lines:
+        out.append("Outside yardstick, `../shared/tools/peak.c --json` in the same run:")
+        out.append("")
+        out.append("```")
+        out.extend(peak_lines)
+        out.append("```")
+    else:
+        out.append("Outside yardstick: %s." % peak_note)
+    out.append("")
+    T = info["threads"]
+    out.append("All cases fp32, %d threads unless the case says otherwise. GFLOP/s = counted flops / median time." % T)
+    out.append("")
+    out.append("| case | ours GFLOP/s | fraction of our measured peak | fraction of peak.c's peak | PyTorch SDPA GFLOP/s "
+               "| unfused GFLOP/s | ours/PyTorch | ours/unfused | oracle error | peak RSS |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    notes = []
+    for c in cases:
+        r, t = ours.get(c["id"]), theirs.get(c["id"])
+        g = gflops_of(r)
+        gf = case_gflop(c)
+        if r is None:
+            og = "—"
+        elif "error" in r:
+            og = "error: " + r["error"]
+        elif "note" in r:
+            og = r["note"]
+        else:
+            og = "%.1f" % g
+        frac = fmt(r.get("fraction_of_peak") if g is not None else None, "%.3f")
+        pk = peaks.get(c["threads"]) or (peaks[max(peaks)] if peaks else None)
+        frac_pc = fmt(ratio(g, pk), "%.3f")
+        ts, tu = torch_gflops(t, "sdpa", gf), torch_gflops(t, "unfused", gf)
+        if g is not None and r.get("oracle_rel_l2") is not None:
+            sub = r.get("oracle_subset", "")
+            err = "%.1e%s" % (r["oracle_rel_l2"], "" if sub == "all" else " (subset)")
+            if sub != "all":
+                notes.append("%s: oracle on %s" % (c["label"], sub))
+        elif g is not None:
+            err = r.get("oracle_subset", "—")
+        else:
+            err = "—"
+        rss = "%.0f MiB (io %.0f MiB)" % (r["peak_rss_mib"], r["io_mib"]) if g is not None else "—"
+        label = c["label"] + (" [%.3g GFLOP]" % gf)
+        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            label, og, frac, frac_pc, torch_cell(t, "sdpa", gf), torch_cell(t, "unfused", gf),
+            fmt(ratio(g, ts), "%.2f×"), fmt(ratio(g, tu), "%.2f×"), err, rss))
+    out.append("")
+    out.append("The MHA row's PyTorch column is `nn.MultiheadAttention(E, H, batch_first=True)(x, x, x, "
+               "need_weights=False)`; its flops count the attention plus the four projections (2·B·N·E² each).")
+    # thread scaling
+    pairs = []
+    for c in cases:
+        if c["group"] != "threads":
+            continue
+        for d in cases:
+            if (d["group"] == "main" and d["op"] == c["op"] and d["threads"] == T and
+                    all(d.get(k) == c.get(k) for k in ("batch", "heads", "kv_heads", "seq", "kv_seq", "dim", "causal"))):
+                pairs.append((c, d))
+    if pairs:
+        out.append("")
+        out.append("Thread scaling (same case, 1 thread vs %d threads):" % T)
+        out.append("")
+        out.append("| case | ours 1 thread GFLOP/s | ours %d threads GFLOP/s | ours speed-up | PyTorch SDPA 1 thread "
+                   "| PyTorch SDPA %d threads | PyTorch speed-up |" % (T, T))
+        out.append("|---|---:|---:|---:|---:|---:|---:|")
+        for c1, cT in pairs:
+            gf = case_gflop(c1)
+            a, b = gflops_of(ours.get(c1["id"])), gflops_of(ours.get(cT["id"]))
+            ta, tb = torch_gflops(theirs.get(c1["id"]), "sdpa", gf), torch_gflops(theirs.get(cT["id"]), "sdpa", gf)
+            out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                cT["label"], fmt(a), fmt(b), fmt(ratio(b, a), "%.2f×"), fmt(ta), fmt(tb), fmt(ratio(tb, ta), "%.2f×")))
+    if notes:
+        out.append("")
+        out.append("Oracle subsets:")
+        out.append("")
+        for n in notes:
+            out.append("- " + n)
+    out.append("")
+    out.append("<details><summary>raw results (one JSON object per case: ours, then PyTorch)</summary>")
+    out.append("")
+    out.append("```")
+    for c in cases:
+        r = dict(ours.get(c["id"]) or {})
+        r.pop("command", None)
+        out.append(json.dumps({"case": c["label"], "ours": r, "torch": theirs.get(c["id"])}, sort_keys=False))
+    out.append("```")
+    out.append("</details>")
+    out.append("")
+    out.append(END)
+    return "\n".join(out)
+
+
+def write_markdown(path, block):
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
+        new = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        new = text + ("\n" if text and not text.endswith("\n") else "") + block + "\n"
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(new)
+    os.replace(tmp, path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--attn", default=None,
+                    help="an attn binary to use as is (default: build build-bench/attn, Release, from this tree)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--torch-python", default=None)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--case-budget", type=float, default=90.0, help="seconds one case may take (default 90)")
+    ap.add_argument("--only", default=None, help="run only the cases whose label matches this regex")
+    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    ap.add_argument("--dry-run", action="store_true", help="list the cases and exit")
+    args = ap.parse_args()
+    if args.threads < 1:
+        ap.error("--threads must be at least 1")
+
+    cases = grid(args.threads)
+    if args.only:
+        cases = [c for c in cases if re.search(args.only, c["label"])]
+    if args.dry_run:
+        for c in cases:
+            print("%-40s %8.3g GFLOP  %d threads" % (c["label"], case_gflop(c), c["threads"]))
+        return 0
+
+    attn = args.attn
+    if attn is None:  # (re)build the tool from this tree: incremental, and never a stale binary
+        bdir = os.path.join(ROOT, "build-bench")
+        log("building %s/attn" % bdir)
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        subprocess.run(["cmake", "-S", ROOT, "-B", bdir] + gen + ["-DCMAKE_BUILD_TYPE=Release", "-DATTN_BUILD_TESTS=OFF"],
+                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["cmake", "--build", bdir, "--target", "attn_cli"], check=True, stdout=subprocess.DEVNULL)
+        attn = os.path.join(bdir, "attn")
+    version = subprocess.run([attn, "version"], stdout=subprocess.PIPE, universal_newlines=True).stdout.strip()
+
+    cmd = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    if os.environ.get("TORCH_PYTHON") and not args.torch_python and not args.no_torch:
+        cmd = "TORCH_PYTHON=%s %s" % (shlex.quote(os.environ["TORCH_PYTHON"]), cmd)
+    info = {"command": cmd, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "cpu": cpu_model(), "version": version, "threads": args.threads, "load_before": loadavg()}
+    t_start = time.time()
+
+    torch_py = None if args.no_torch else find_torch_python(args.torch_python)
+    worker = TorchWorker(torch_py) if torch_py else None
+    if worker and not worker.start():
+        log("torch worker failed to start; continuing without PyTorch")
+        worker = None
+    info["torch"] = ("%s (`%s`)" % (worker.version, torch_py)) if worker else "not available in this run"
+
+    log("peak.c ...")
+    peaks, peak_lines, peak_note = run_peak_c()
+    for ln in peak_lines:
+        log("  peak.c: " + ln)
+
+    ours, theirs = {}, {}
+    plan_ours, plan_torch = Planner(args.case_budget), Planner(args.case_budget)
+    for c in cases:
+        gf = case_gflop(c)
+        kind = (c["op"], c["threads"])
+        rep, est, skip = plan_ours.plan(kind, gf)
+        if skip:
+            ours[c["id"]] = {"note": skip}
+        else:
+            c["repeat"] = rep
+            r = run_attn(attn, c, 3 * args.case_budget + 60)
+            ours[c["id"]] = r
+            if "error" not in r:
+                plan_ours.seen(kind, gf, r["median_s"])
+        r = ours[c["id"]]
+        log("%-36s ours: %s" % (c["label"], ("%.1f GFLOP/s" % r["gflops"]) if "gflops" in r else
+                                 r.get("error", r.get("note"))))
+        if worker:
+            tc = dict(c)
+            srep, _, sskip = plan_torch.plan(("sdpa",) + kind, gf)
+            urep, _, uskip = plan_torch.plan(("unfused",) + kind, gf)
+            tc["sdpa_repeat"], tc["unfused_repeat"] = srep, urep
+            if sskip:
+                tc["sdpa_skip"] = sskip
+            if c["op"] == "sdpa":
+                scores = 4 * c["batch"] * c["heads"] * c["seq"] * c["kv_seq"]
+                if scores > SCORES_LIMIT:
+                    tc["unfused_skip"] = "skipped (scores need %.0f GiB)" % (scores / 2 ** 30)
+                elif uskip:
+                    tc["unfused_skip"] = uskip
+            t = worker.run(tc, 2 * (3 * args.case_budget + 60))
+            theirs[c["id"]] = t
+            for key in ("sdpa", "unfused"):
+                if key in t:
+                    plan_torch.seen((key,) + kind, gf, t[key]["median_s"])
+            log("%-36s torch: sdpa %s, unfused %s" % ("", torch_cell(t, "sdpa", gf), torch_cell(t, "unfused", gf)))
+    if worker:
+        worker.close()
+    info["wall"] = time.time() - t_start
+    info["load_after"] = loadavg()
+    block = render(cases, ours, theirs, peaks, peak_lines, peak_note, info)
+    write_markdown(args.out, block)
+    log("wrote %s (%.0f s)" % (args.out, info["wall"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+/* AVX-512 microkernels for the contract in kernels.h (compiled with
+ * -mavx512f -mavx512dq -mavx512bw -mavx512vl; called only when the CPU has them).
+ *
+ * Tile: MR = 6 query rows x NR = 64 keys (four zmm per row), the best of
+ * 12x32, 12x64, 12x96, 8x64, 6x64 and 4x64 measured at D = 64 and 128.
+ *   qk: in passes of 32 keys, 12 zmm accumulators; per d, two loads of Kt and
+ *       12 FMAs with the query element broadcast from memory.
+ *   pv: output columns in chunks of 64 (masked at the tail), 24 accumulators,
+ *       so O is loaded and rescaled once per 64 keys; per key, four loads of V
+ *       and 24 FMAs with P broadcast from memory.
+ *   softmax: row statistics kept in vector lanes (sixteen horizontal
+ *       reductions in one shuffle tree), and a vectorised exp (degree-6
+ *       polynomial for 2^f, vscalefps for 2^n: about 1 ulp, exact 0 for
+ *       -inf, NaN kept). */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#ifndef MR
+#define MR 6
+#endif
+#ifndef NR
+#define NR 64
+#endif
+#define NV (NR / 16) /* zmm per row of a tile */
+#if MR > 16 || NR % 32
+#error "row statistics hold 16 rows per vector; qk works in passes of 32 keys"
+#endif
+#ifndef CW
+#define CW 4 /* zmm per chunk of output columns in pv */
+#endif
+
+/* e^x for a vector: 2^(x log2 e) with 2^f on f in [-1/2, 1/2] by a degree-6
+ * polynomial (about 1 ulp) and vscalefps for 2^n. x <= 88 (softmax arguments
+ * are <= 0); -inf gives +0 exactly, NaN stays NaN. */
+static inline __m512 exp512(__m512 x) {
+  /* max(lo, t) keeps t when t is NaN (the second operand wins on NaN) */
+  const __m512 t = _mm512_max_ps(_mm512_set1_ps(-150.0f), _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f); /* ln2^6 / 6! ... ln2 / 1! */
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+/* Sixteen horizontal reductions at once, in 15 shuffle pairs: lane k of the
+ * result reduces v[(k % 4) * 4 + k / 4] (a 4 x 4 transpose, its own inverse). */
+#define REDUCE16(name, op)                                                                                    \
+  static inline __m512 name(const __m512 v[16]) {                                                            \
+    __m512 w[8], x[4], y[2];                                                                                  \
+    for (int i = 0; i < 8; i++)                                                                               \
+      w[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE)); \
+    for (int i = 0; i < 4; i++)                                                                               \
+      x[i] = op(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88), _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD)); \
+    for (int i = 0; i < 2; i++)                                                                               \
+      y[i] = op(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE)); \
+    return op(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));                     \
+  }
+REDUCE16(reduce16_max, _mm512_max_ps)
+REDUCE16(reduce16_add, _mm512_add_ps)
+#define SLOT(r) (((r) % 4) * 4 + (r) / 4) /* input slot whose reduction lands in lane r */
+
+/* In passes of 32 keys: 24 accumulators stay in registers whatever NR is. */
+static void qk_avx512(float *S, const float *Q, const float *Kt, int64_t D) {
+  for (int v0 = 0; v0 < NV; v0 += 2) {
+    __m512 a[MR][2];
+    for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d++) {
+      const __m512 k0 = _mm512_load_ps(Kt + d * NR + 16 * v0), k1 = _mm512_load_ps(Kt + d * NR + 16 * v0 + 16);
+      for (int r = 0; r < MR; r++) {
+        const __m512 qv = _mm512_set1_ps(Q[r * D + d]);
+        a[r][0] = _mm512_fmadd_ps(qv, k0, a[r][0]);
+        a[r][1] = _mm512_fmadd_ps(qv, k1, a[r][1]);
+      }
+    }
+    for (int r = 0; r < MR; r++) {
+      _mm512_store_ps(S + r * NR + 16 * v0, a[r][0]);
+      _mm512_store_ps(S + r * NR + 16 * v0 + 16, a[r][1]);
+    }
+  }
+}
+
+/* Row statistics live in lanes: row r of the tile is lane r of m, l, alpha. */
+static void softmax_avx512(float *S, float *m, float *l, float *alpha) {
+  __m512 part[16];
+  for (int r = MR; r < 16; r++) part[SLOT(r)] = _mm512_set1_ps(-INFINITY);
+  for (int r = 0; r < MR; r++) {
+    __m512 mx = _mm512_load_ps(S + r * NR);
+    for (int v = 1; v < NV; v++) mx = _mm512_max_ps(mx, _mm512_load_ps(S + r * NR + 16 * v));
+    part[SLOT(r)] = mx;
+  }
+  const __m512 mold = _mm512_load_ps(m), tile_max = reduce16_max(part);
+  __m512 mnew = _mm512_max_ps(mold, tile_max);
+  /* NaN wins: max skips it, and a row with nothing else visible would lose it */
+  mnew = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mold, mold, _CMP_UNORD_Q), mnew, mold);
+  __mmask16 empty = _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+  for (int r = 0; r < MR; r++)
+    if ((empty >> r) & 1)
+      for (int v = 0; v < NV; v++) {
+        const __m512 x = _mm512_load_ps(S + r * NR + 16 * v);
+        if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)) {
+          mnew = _mm512_mask_blend_ps((__mmask16)(1u << r), mnew, _mm512_set1_ps(NAN));
+          empty &= (__mmask16) ~(1u << r);
+        }
+      }
+  /* rows without a visible key yet: shift by 0, so exp(-inf - 0) = 0 rather than NaN */
+  const __m512 shift = _mm512_mask_blend_ps(empty, mnew, _mm512_setzero_ps());
+  const __m512 a = _mm512_mask_blend_ps(empty, exp512(_mm512_sub_ps(mold, mnew)), _mm512_set1_ps(1.0f));
+  float sh[16];
+  _mm512_storeu_ps(sh, shift);
+  __m512 sums[16];
+  for (int r = MR; r < 16; r++) sums[SLOT(r)] = _mm512_setzero_ps();
+  for (int r = 0; r < MR; r++) {
+    float *s = S + r * NR;
+    const __m512 mv = _mm512_set1_ps(sh[r]);
+    __m512 sum = _mm512_setzero_ps();
+    for (int v = 0; v < NV; v++) {
+      const __m512 p = exp512(_mm512_sub_ps(_mm512_load_ps(s + 16 * v), mv));
+      _mm512_store_ps(s + 16 * v, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    sums[SLOT(r)] = sum;
+  }
+  _mm512_store_ps(l, _mm512_fmadd_ps(_mm512_load_ps(l), a, reduce16_add(sums)));
+  _mm512_store_ps(alpha, a);
+  _mm512_store_ps(m, _mm512_mask_blend_ps(empty, mnew, mold));
+}
+
+/* Lanes [0, n) of a zmm, n clamped to 0..16. */
+static inline __mmask16 lanes16(int64_t n) {
+  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+static void pv_avx512(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,
+                      int64_t nkeys) {
+  for (int64_t c0 = 0; c0 < Dv; c0 += 16 * CW) {
+    __mmask16 mk[CW];
+    for (int w = 0; w < CW; w++) mk[w] = lanes16(Dv - c0 - 16 * w);
+    __m512 o[MR][CW];
+    for (int r = 0; r < MR; r++) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      for (int w = 0; w < CW; w++) o[r][w] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w), a);
+    }
+    for (int64_t j = 0; j < nkeys; j++) {
+      const float *vr = V + j * ldv + c0;
+      __m512 vv[CW];
+      for (int w = 0; w < CW; w++) vv[w] = _mm512_maskz_loadu_ps(mk[w], vr + 16 * w);
+      for (int r = 0; r < MR; r++) {
+        const __m512 p = _mm512_set1_ps(P[r * NR + j]);
+        for (int w = 0; w < CW; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);
+      }
+    }
+    for (int r = 0; r < MR; r++)
+      for (int w = 0; w < CW; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);
+  }
+}
+
+const attn__cpu_kernels attn__kernels_avx512 = {"avx512", MR, NR, qk_avx512, softmax_avx512, pv_avx512};

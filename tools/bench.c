@@ -1,0 +1,689 @@
+/* attn bench: how fast, against what limit, with how much memory, and how exact.
+ *
+ *   attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]
+ *                   [--threads T] [--repeat R] [--kernel auto|c|avx2|avx512|ref] [--json]
+ *   attn bench mha  --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel ...] [--json]
+ *
+ * One case per run. Inputs are fresh fixed-seed uniform values in (-1, 1) (never
+ * zero). The case runs once or twice to warm up, then R times (default: enough
+ * runs for about a second, at least 3); the median is reported.
+ *
+ * Flops count what attention has to do, not what a kernel chooses to do:
+ *   sdpa: 4 * D * (visible (query, key) pairs), summed over batch and query heads;
+ *         under --causal only the pairs with j <= i (top-left, PyTorch is_causal)
+ *         are visible, counted exactly row by row.
+ *   mha:  the attention's flops as above plus the four projections, 2*B*N*E*E each.
+ * The peak is this machine's fp32 FMA rate for the same thread count, measured
+ * in the same run by the code below (many independent FMA chains in registers).
+ * Memory: the process's peak resident set (getrusage) after the timed runs, and
+ * the bytes of the inputs and outputs for comparison. Accuracy: the relative L2
+ * error against the float64 oracle, on all of the problem or a stated subset.
+ *
+ * Exit: 0 done, 1 out of memory or a library error, 2 a bad command line. */
+#include "cli.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* ---- inputs ------------------------------------------------------------------ */
+/* splitmix64: a fixed-seed generator, the same numbers on every machine. */
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Uniform on the odd multiples of 2^-24 in (-1, 1): never exactly zero. */
+static float rng_uniform(uint64_t *s) {
+  const uint64_t u = rng_next(s) >> 41; /* 23 bits */
+  return (float)(((double)u + 0.5) * (2.0 / 8388608.0) - 1.0);
+}
+
+static void fill(float *x, int64_t n, uint64_t seed, float scale) {
+  uint64_t s = seed;
+  for (int64_t i = 0; i < n; i++) x[i] = scale * rng_uniform(&s);
+}
+
+/* ---- timing -------------------------------------------------------------------- */
+typedef int (*bench_fn)(void *arg); /* 0, or an attn_status */
+
+typedef struct timing {
+  double median_s, min_s;
+  long long repeats;
+  int warmups;
+} timing;
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+#define BENCH_TARGET_S 1.0
+#define BENCH_MAX_REPEATS 1000000LL
+
+/* Warm-up (a second run when the first was quick), then repeat runs.
+ * repeat 0: enough runs for about BENCH_TARGET_S, at least 3. Returns 0 or a status. */
+static int time_runs(bench_fn fn, void *arg, long long repeat, timing *t) {
+  memset(t, 0, sizeof *t);
+  double t0 = cli_now();
+  int st = fn(arg);
+  if (st) return st;
+  double one = cli_now() - t0;
+  t->warmups = 1;
+  if (one < 0.25) {
+    t0 = cli_now();
+    if ((st = fn(arg))) return st;
+    one = cli_now() - t0;
+    t->warmups = 2;
+  }
+  long long r = repeat;
+  if (r <= 0) {
+    const double want = one > 0 ? ceil(BENCH_TARGET_S / one) : (double)BENCH_MAX_REPEATS;
+    r = want < 3 ? 3 : (want > (double)BENCH_MAX_REPEATS ? BENCH_MAX_REPEATS : (long long)want);
+  }
+  double *times = malloc((size_t)r * sizeof *times);
+  if (!times) return ATTN_E_NOMEM;
+  for (long long i = 0; i < r; i++) {
+    t0 = cli_now();
+    if ((st = fn(arg))) {
+      free(times);
+      return st;
+    }
+    times[i] = cli_now() - t0;
+  }
+  qsort(times, (size_t)r, sizeof *times, cmp_double);
+  t->median_s = r % 2 ? times[r / 2] : 0.5 * (times[r / 2 - 1] + times[r / 2]);
+  t->min_s = times[0];
+  t->repeats = r;
+  free(times);
+  return 0;
+}
+
+/* ---- the FMA peak ---------------------------------------------------------------- */
+/* Each thread runs NACC independent multiply-add chains c = c * a + b in
+ * registers (a just below 1, so the chains converge and never overflow or go
+ * subnormal); enough chains to cover the FMA latency on every port. The
+ * returned sum keeps the compiler from dropping the work. */
+#define STEP16(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11) F(12) F(13) F(14) F(15)
+#define STEP12(F) F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11)
+
+#if defined(__x86_64__)
+#define PEAK512_ACC 16
+__attribute__((target("avx512f"))) static float fma_chains_avx512(long long iters, float a, float b) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+#define DECL(i) __m512 c##i = _mm512_set1_ps(1.0f + 0.001f * (float)(i));
+  STEP16(DECL)
+#undef DECL
+  for (long long n = 0; n < iters; n++) {
+#define STEP(i) c##i = _mm512_fmadd_ps(c##i, va, vb);
+    STEP16(STEP)
+#undef STEP
+  }
+  __m512 s = _mm512_setzero_ps();
+#define SUM(i) s = _mm512_add_ps(s, c##i);
+  STEP16(SUM)
+#undef SUM
+  return _mm512_reduce_add_ps(s);
+}
+
+#define PEAK256_ACC 12
+__attribute__((target("avx2,fma"))) static float fma_chains_avx2(long long iters, float a, float b) {
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+#define DECL(i) __m256 c##i = _mm256_set1_ps(1.0f + 0.001f * (float)(i));
+  STEP12(DECL)
+#undef DECL
+  for (long long n = 0; n < iters; n++) {
+#define STEP(i) c##i = _mm256_fmadd_ps(c##i, va, vb);
+    STEP12(STEP)
+#undef STEP
+  }
+  __m256 s = _mm256_setzero_ps();
+#define SUM(i) s = _mm256_add_ps(s, c##i);
+  STEP12(SUM)
+#undef SUM
+  float f[8];
+  _mm256_storeu_ps(f, s);
+  return f[0] + f[1] + f[2] + f[3] + f[4] + f[5] + f[6] + f[7];
+}
+#endif
+
+#define PEAK_SCALAR_ACC 12
+static float fma_chains_scalar(long long iters, float a, float b) {
+#define DECL(i) float c##i = 1.0f + 0.001f * (float)(i);
+  STEP12(DECL)
+#undef DECL
+  for (long long n = 0; n < iters; n++) {
+#define STEP(i) c##i = c##i * a + b;
+    STEP12(STEP)
+#undef STEP
+  }
+  float s = 0;
+#define SUM(i) s += c##i;
+  STEP12(SUM)
+#undef SUM
+  return s;
+}
+
+typedef enum peak_isa { PEAK_SCALAR, PEAK_AVX2, PEAK_AVX512 } peak_isa;
+static const char *const peak_isa_name[] = {"scalar", "avx2+fma", "avx512f"};
+
+/* The widest FMA this CPU runs: what the library's dispatcher says, and on x86
+ * also the compiler's CPU check (which also asks the OS), so a build of the
+ * library without its x86 kernels still measures the machine's real limit. */
+static peak_isa choose_peak_isa(void) {
+#if defined(__x86_64__)
+  int avx512 = attn_kernel_supported(ATTN_KERNEL_AVX512), avx2 = attn_kernel_supported(ATTN_KERNEL_AVX2);
+#if defined(__GNUC__)
+  __builtin_cpu_init();
+  avx512 = avx512 || __builtin_cpu_supports("avx512f");
+  avx2 = avx2 || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+#endif
+  if (avx512) return PEAK_AVX512;
+  if (avx2) return PEAK_AVX2;
+#endif
+  return PEAK_SCALAR;
+}
+
+static volatile float peak_sink;
+
+/* One timed pass: every thread runs iters steps; returns the elapsed seconds. */
+static double peak_pass(peak_isa isa, int threads, long long iters) {
+  volatile float va = 0.999999f, vb = 1e-6f;
+  const float a = va, b = vb;
+  float sink = 0;
+  const double t0 = cli_now();
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+#endif
+  {
+    float r;
+#if defined(__x86_64__)
+    if (isa == PEAK_AVX512) r = fma_chains_avx512(iters, a, b);
+    else if (isa == PEAK_AVX2) r = fma_chains_avx2(iters, a, b);
+    else
+#endif
+      r = fma_chains_scalar(iters, a, b);
+    sink += r;
+  }
+  const double dt = cli_now() - t0;
+  peak_sink = sink;
+  return dt;
+}
+
+/* GFLOP/s of threads threads doing fp32 FMAs: ~0.2 s passes, the best of 3. */
+static double measure_peak(int threads, peak_isa *isa_out) {
+  const peak_isa isa = choose_peak_isa();
+  *isa_out = isa;
+  const int lanes = isa == PEAK_AVX512 ? 16 : isa == PEAK_AVX2 ? 8 : 1;
+#if defined(__x86_64__)
+  const int acc = isa == PEAK_AVX512 ? PEAK512_ACC : isa == PEAK_AVX2 ? PEAK256_ACC : PEAK_SCALAR_ACC;
+#else
+  const int acc = PEAK_SCALAR_ACC;
+#endif
+  long long iters = 20000;
+  double dt = peak_pass(isa, threads, iters);
+  while (dt < 0.02 && iters < (1LL << 40)) { /* calibrate on a pass long enough to time */
+    iters *= 4;
+    dt = peak_pass(isa, threads, iters);
+  }
+  iters = (long long)((double)iters * 0.2 / (dt > 0 ? dt : 1e-9));
+  if (iters < 1) iters = 1;
+  double best = 0;
+  for (int k = 0; k < 3; k++) {
+    dt = peak_pass(isa, threads, iters);
+    const double g = 2.0 * lanes * acc * (double)iters * threads / dt * 1e-9;
+    if (g > best) best = g;
+  }
+  return best;
+}
+
+/* ---- shared pieces ------------------------------------------------------------------ */
+static double peak_rss_mib(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru)) return NAN;
+  return (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
+}
+
+/* Refuses (exit 1) a case whose arrays alone would not fit in this machine's
+ * memory: allocation would succeed lazily and the first touch be killed. */
+static int check_fits(double bytes) {
+  double phys = INFINITY;
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) phys = (double)pages * (double)page;
+#endif
+  if (bytes > 4e18 || bytes > 0.9 * phys)
+    return cli_fail(CLI_EXIT_FAIL, "out of memory: the inputs and outputs need %.1f GiB, this machine has %.1f GiB",
+                    bytes / 1073741824.0, phys / 1073741824.0);
+  return 0;
+}
+
+/* JSON numbers: non-finite values are null. */
+static void json_num(const char *key, double x, int last) {
+  if (isfinite(x)) printf("\"%s\":%.6g%s", key, x, last ? "" : ",");
+  else printf("\"%s\":null%s", key, last ? "" : ",");
+}
+
+/* The oracle runs at roughly 1 GFLOP/s: above this, check a subset (or skip). */
+#ifndef ORACLE_MAX_FLOP
+#define ORACLE_MAX_FLOP 3e9
+#endif
+
+static int parse_kernel(const char *s, attn_kernel *k) {
+  static const struct { const char *name; attn_kernel k; } names[] = {
+      {"auto", ATTN_KERNEL_AUTO}, {"c", ATTN_KERNEL_C}, {"avx2", ATTN_KERNEL_AVX2},
+      {"avx512", ATTN_KERNEL_AVX512}, {"ref", ATTN_KERNEL_REF}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(s, names[i].name)) {
+      *k = names[i].k;
+      return 0;
+    }
+  return cli_fail(CLI_EXIT_USAGE, "--kernel wants auto, c, avx2, avx512 or ref, got '%s'", s);
+}
+
+/* The context every case runs on: --threads and --kernel applied. */
+static int bench_ctx(cli_args *a, attn_ctx **ctx) {
+  long long threads = 0;
+  attn_kernel kern = ATTN_KERNEL_AUTO;
+  int r;
+  if ((r = cli_int(a, "--threads", 0, 4096, &threads))) return r;
+  if (cli_has(a, "--kernel") && (r = parse_kernel(cli_get(a, "--kernel"), &kern))) return r;
+  if (attn_ctx_create(ctx)) return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  attn_ctx_set_threads(*ctx, (int)threads);
+  if (attn_ctx_set_kernel(*ctx, kern)) {
+    r = cli_fail(CLI_EXIT_USAGE, "--kernel %s: %s", cli_get(a, "--kernel"), attn_ctx_error(*ctx));
+    attn_ctx_destroy(*ctx);
+    *ctx = NULL;
+    return r;
+  }
+  return 0;
+}
+
+/* A required positive integer flag. */
+static int need_int(cli_args *a, const char *op, const char *name, long long hi, long long *out) {
+  if (!cli_has(a, name)) return cli_fail(CLI_EXIT_USAGE, "bench %s needs %s", op, name);
+  return cli_int(a, name, 1, hi, out);
+}
+
+/* Everything one case reports. */
+typedef struct report {
+  const char *op;
+  long long batch, heads, kv_heads, seq, kv_seq, dim, embed;
+  const char *causal; /* "none", "top-left", "bottom-right" */
+  int threads;
+  const char *kernel;
+  timing t;
+  double gflop, attn_gflop, proj_gflop;
+  double peak_gflops;
+  peak_isa isa;
+  double rss_mib, io_mib;
+  double oracle_err, oracle_s;
+  char subset[160];
+} report;
+
+static void print_report(const report *r, int json) {
+  const double gflops = r->gflop / r->t.median_s, frac = gflops / r->peak_gflops;
+  if (json) {
+    printf("{\"op\":\"%s\",\"batch\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"seq\":%lld,\"kv_seq\":%lld,\"dim\":%lld,",
+           r->op, r->batch, r->heads, r->kv_heads, r->seq, r->kv_seq, r->dim);
+    if (r->embed) printf("\"embed\":%lld,", r->embed);
+    printf("\"causal\":%s,\"causal_align\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",",
+           strcmp(r->causal, "none") ? "true" : "false", r->causal, r->threads, r->kernel);
+    json_num("median_s", r->t.median_s, 0);
+    json_num("min_s", r->t.min_s, 0);
+    printf("\"repeats\":%lld,\"warmups\":%d,", r->t.repeats, r->t.warmups);
+    json_num("gflop", r->gflop, 0);
+    json_num("attn_gflop", r->attn_gflop, 0);
+    json_num("proj_gflop", r->proj_gflop, 0);
+    json_num("gflops", gflops, 0);
+    json_num("peak_gflops", r->peak_gflops, 0);
+    printf("\"peak_isa\":\"%s\",", peak_isa_name[r->isa]);
+    json_num("fraction_of_peak", frac, 0);
+    json_num("peak_rss_mib", r->rss_mib, 0);
+    json_num("io_mib", r->io_mib, 0);
+    json_num("oracle_rel_l2", r->oracle_err, 0);
+    json_num("oracle_s", r->oracle_s, 0);
+    printf("\"oracle_subset\":\"%s\"}\n", r->subset);
+  } else {
+    if (!strcmp(r->op, "sdpa"))
+      printf("sdpa B=%lld Hq=%lld Hk=%lld Nq=%lld Nk=%lld D=%lld causal=%s", r->batch, r->heads, r->kv_heads, r->seq,
+             r->kv_seq, r->dim, r->causal);
+    else
+      printf("mha B=%lld N=%lld E=%lld H=%lld (D=%lld)", r->batch, r->seq, r->embed, r->heads, r->dim);
+    printf(" | kernel %s, %d threads | median %.4g ms of %lld (min %.4g ms) | %.2f GFLOP/s", r->kernel, r->threads,
+           r->t.median_s * 1e3, r->t.repeats, r->t.min_s * 1e3, gflops);
+    if (r->proj_gflop > 0)
+      printf(" (%.4g GFLOP: attention %.4g + projections %.4g)", r->gflop, r->attn_gflop, r->proj_gflop);
+    else
+      printf(" (%.4g GFLOP, visible pairs only)", r->gflop);
+    printf(" | %.1f%% of measured peak %.1f GFLOP/s (%s FMA, %d threads)", 100 * frac, r->peak_gflops,
+           peak_isa_name[r->isa], r->threads);
+    printf(" | peak RSS %.1f MiB (inputs+outputs %.1f MiB)", r->rss_mib, r->io_mib);
+    if (isfinite(r->oracle_err)) printf(" | oracle rel L2 %.2e on %s\n", r->oracle_err, r->subset);
+    else printf(" | oracle: %s\n", r->subset);
+  }
+  fflush(stdout);
+}
+
+/* ---- attn bench sdpa ------------------------------------------------------------------ */
+typedef struct sdpa_case {
+  attn_ctx *ctx;
+  attn_tensor q, k, v, out;
+  attn_sdpa_opts o;
+} sdpa_case;
+
+static int run_sdpa(void *arg) {
+  sdpa_case *c = arg;
+  return attn_sdpa(c->ctx, &c->out, &c->q, &c->k, &c->v, &c->o);
+}
+
+/* Keys query row i sees: [0, end). */
+static int64_t causal_end(attn_causal c, int64_t i, int64_t Nq, int64_t Nk) {
+  int64_t e;
+  if (c == ATTN_CAUSAL_TOP_LEFT) e = i + 1;
+  else if (c == ATTN_CAUSAL_BOTTOM_RIGHT) e = i + 1 + Nk - Nq;
+  else return Nk;
+  return e < 0 ? 0 : (e > Nk ? Nk : e);
+}
+
+/* A view of rows [r0, r0 + n) of (batch 0, head 0) of a [B, H, N, D] tensor. */
+static attn_tensor head0_rows(const attn_tensor *t, int64_t r0, int64_t n) {
+  attn_tensor s = *t;
+  s.data = (float *)t->data + r0 * t->strides[2];
+  s.shape[0] = 1;
+  s.shape[1] = 1;
+  s.shape[2] = n;
+  return s;
+}
+
+static int sdpa_oracle(sdpa_case *c, report *rep, double pairs_per_head) {
+  const int64_t B = c->q.shape[0], Hq = c->q.shape[1], Nq = c->q.shape[2], D = c->q.shape[3];
+  const int64_t Nk = c->k.shape[2], Dv = c->v.shape[3];
+  const double full_flop = 2.0 * (double)(D + Dv) * pairs_per_head * (double)(B * Hq);
+  attn_sdpa_opts o = c->o;
+  attn_tensor q = c->q, k = c->k, v = c->v;
+  int64_t r0 = 0, n = Nq, heads = B * Hq;
+  if (full_flop <= ORACLE_MAX_FLOP) {
+    snprintf(rep->subset, sizeof rep->subset, "all");
+  } else {
+    /* One head's last rows; each keeps exactly the keys it sees in the full problem. */
+    n = Nq < 64 ? Nq : 64;
+    heads = 1;
+    const char *how = "";
+    if (o.causal == ATTN_CAUSAL_TOP_LEFT) {
+      if (Nq == Nk) {
+        r0 = Nq - n; /* row r of the subset is row Nq - n + r: bottom-right sees j <= r + Nk - n = i */
+        o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        how = ", causal as bottom-right on the subset";
+      } else {
+        r0 = 0; /* the first rows see j <= i under top-left in any problem */
+      }
+    } else {
+      r0 = Nq - n; /* non-causal: any rows; bottom-right: the offset Nk - Nq is kept */
+    }
+    q = head0_rows(&c->q, r0, n);
+    k = head0_rows(&c->k, 0, Nk);
+    v = head0_rows(&c->v, 0, Nk);
+    snprintf(rep->subset, sizeof rep->subset, "batch 0 head 0 query rows %lld..%lld of %lld, all %lld keys%s",
+             (long long)r0, (long long)(r0 + n - 1), (long long)Nq, (long long)Nk, how);
+  }
+  attn_tensor ref;
+  int64_t rs[4] = {q.shape[0], q.shape[1], n, Dv};
+  if (attn_tensor_alloc(c->ctx, &ref, ATTN_F64, 4, rs)) return cli_fail(CLI_EXIT_FAIL, "oracle: out of memory");
+  const double t0 = cli_now();
+  if (attn_sdpa_ref(c->ctx, &ref, &q, &k, &v, &o)) {
+    attn_tensor_free(&ref);
+    return cli_fail(CLI_EXIT_FAIL, "oracle: %s", attn_ctx_error(c->ctx));
+  }
+  rep->oracle_s = cli_now() - t0;
+  /* out is contiguous [B, Hq, Nq, Dv]: the checked heads' rows, one block of n rows per head */
+  double num = 0, den = 0;
+  for (int64_t h = 0; h < heads; h++) {
+    const float *o32 = (const float *)c->out.data + (h * Nq + r0) * Dv;
+    const double *o64 = (const double *)ref.data + h * n * Dv;
+    for (int64_t i = 0; i < n * Dv; i++) {
+      num += (o32[i] - o64[i]) * (o32[i] - o64[i]);
+      den += o64[i] * o64[i];
+    }
+  }
+  rep->oracle_err = den > 0 ? sqrt(num / den) : sqrt(num);
+  attn_tensor_free(&ref);
+  return 0;
+}
+
+static int bench_sdpa(int argc, char **argv) {
+  static const char *const known[] = {"--batch", "--heads", "--kv-heads", "--seq", "--kv-seq", "--dim",
+                                      "--threads", "--repeat", "--kernel", NULL};
+  static const char *const switches[] = {"--causal", "--json", "--backward", NULL};
+  cli_args a;
+  int r = cli_parse(&a, argc, argv, known, switches);
+  if (r) return r;
+  if (cli_has(&a, "--backward")) return cli_fail(CLI_EXIT_USAGE, "bench sdpa --backward: not implemented yet");
+  long long B, H, G = 0, N, M = 0, D, repeat = 0;
+  if ((r = need_int(&a, "sdpa", "--batch", 1 << 20, &B)) || (r = need_int(&a, "sdpa", "--heads", 1 << 16, &H)) ||
+      (r = need_int(&a, "sdpa", "--seq", 1 << 24, &N)) || (r = need_int(&a, "sdpa", "--dim", 1 << 16, &D)) ||
+      (r = cli_int(&a, "--kv-heads", 1, 1 << 16, &G)) || (r = cli_int(&a, "--kv-seq", 1, 1 << 24, &M)) ||
+      (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)))
+    return r;
+  if (!G) G = H;
+  if (!M) M = N;
+  if (H % G) return cli_fail(CLI_EXIT_USAGE, "--heads (%lld) must be a multiple of --kv-heads (%lld)", H, G);
+  attn_causal causal = ATTN_CAUSAL_NONE;
+  const char *cs = cli_get(&a, "--causal");
+  if (cs) {
+    if (!*cs || !strcmp(cs, "top-left")) causal = ATTN_CAUSAL_TOP_LEFT;
+    else if (!strcmp(cs, "bottom-right")) causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cs);
+  }
+  const double qn = (double)B * H * N * D, kn = (double)B * G * M * D;
+  if ((r = check_fits(4.0 * (2 * qn + 2 * kn)))) return r;
+  attn_ctx *ctx;
+  if ((r = bench_ctx(&a, &ctx))) return r;
+
+  sdpa_case c;
+  memset(&c, 0, sizeof c);
+  c.ctx = ctx;
+  report rep;
+  memset(&rep, 0, sizeof rep);
+  int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, M, D};
+  if (attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.k, ATTN_F32, 4, ks) ||
+      attn_tensor_alloc(ctx, &c.v, ATTN_F32, 4, ks) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs)) {
+    r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  fill(c.q.data, attn_tensor_numel(&c.q), 1, 1.0f);
+  fill(c.k.data, attn_tensor_numel(&c.k), 2, 1.0f);
+  fill(c.v.data, attn_tensor_numel(&c.v), 3, 1.0f);
+  fill(c.out.data, attn_tensor_numel(&c.out), 4, 1.0f); /* a kernel that skips rows cannot look right */
+  attn_sdpa_opts_init(&c.o);
+  c.o.causal = causal;
+
+  double pairs = 0; /* visible (query, key) pairs of one head */
+  for (int64_t i = 0; i < N; i++) pairs += (double)causal_end(causal, i, N, M);
+
+  if ((r = time_runs(run_sdpa, &c, repeat, &rep.t))) {
+    r = cli_fail(CLI_EXIT_FAIL, "sdpa: %s", r == ATTN_E_NOMEM && !*attn_ctx_error(ctx) ? "out of memory"
+                                                                                        : attn_ctx_error(ctx));
+    goto done;
+  }
+  rep.rss_mib = peak_rss_mib();
+  rep.io_mib = 4.0 * (2 * qn + 2 * kn) / 1048576.0;
+  rep.op = "sdpa";
+  rep.batch = B; rep.heads = H; rep.kv_heads = G; rep.seq = N; rep.kv_seq = M; rep.dim = D;
+  rep.causal = causal == ATTN_CAUSAL_NONE ? "none" : causal == ATTN_CAUSAL_TOP_LEFT ? "top-left" : "bottom-right";
+  rep.threads = attn_ctx_threads(ctx);
+  rep.kernel = attn_kernel_name(attn_ctx_kernel(ctx));
+  rep.attn_gflop = rep.gflop = 4.0 * (double)D * pairs * (double)(B * H) * 1e-9;
+  rep.peak_gflops = measure_peak(rep.threads, &rep.isa);
+  if ((r = sdpa_oracle(&c, &rep, pairs))) goto done;
+  print_report(&rep, cli_has(&a, "--json"));
+done:
+  attn_tensor_free(&c.q); attn_tensor_free(&c.k); attn_tensor_free(&c.v); attn_tensor_free(&c.out);
+  attn_ctx_destroy(ctx);
+  return r;
+}
+
+/* ---- attn bench mha ----------------------------------------------------------------- */
+typedef struct mha_case {
+  attn_ctx *ctx;
+  attn_mha *mha;
+  attn_tensor x, out;
+} mha_case;
+
+static int run_mha(void *arg) {
+  mha_case *c = arg;
+  return attn_mha_forward(c->ctx, c->mha, &c->out, &c->x, NULL, NULL, NULL);
+}
+
+/* The float64 layer on all batches, on batch 0, or on batch 0's last query rows
+ * (queries from those rows, keys and values from every row: the same outputs as
+ * self-attention gives those rows), whichever is the largest that stays cheap. */
+static int mha_oracle(mha_case *c, report *rep) {
+  const int64_t B = c->x.shape[0], N = c->x.shape[1], E = c->x.shape[2];
+  const double per_batch = 4.0 * N * N * E + 8.0 * N * E * E;
+  const int64_t n = N < 64 ? N : 64;
+  const double rows_flop = 2.0 * n * E * E * 2 + 4.0 * N * E * E + 4.0 * n * N * E;
+  int64_t b = B, r0 = 0, rows = N;
+  int cross = 0;
+  if (per_batch * (double)B <= ORACLE_MAX_FLOP) {
+    snprintf(rep->subset, sizeof rep->subset, "all");
+  } else if (per_batch <= ORACLE_MAX_FLOP) {
+    b = 1;
+    snprintf(rep->subset, sizeof rep->subset, "batch 0 (all %lld rows)", (long long)N);
+  } else if (rows_flop <= ORACLE_MAX_FLOP) {
+    b = 1;
+    r0 = N - n;
+    rows = n;
+    cross = 1;
+    snprintf(rep->subset, sizeof rep->subset, "batch 0 query rows %lld..%lld of %lld (keys and values from all rows)",
+             (long long)r0, (long long)(N - 1), (long long)N);
+  } else {
+    rep->oracle_err = NAN;
+    rep->oracle_s = NAN;
+    snprintf(rep->subset, sizeof rep->subset, "skipped (even 64 rows need ~%.0f GFLOP of float64, ~%.0f s at ~1 GFLOP/s)",
+             rows_flop * 1e-9, rows_flop * 1e-9);
+    return 0;
+  }
+  attn_ctx *rctx;
+  if (attn_ctx_create(&rctx)) return cli_fail(CLI_EXIT_FAIL, "oracle: out of memory");
+  attn_ctx_set_threads(rctx, attn_ctx_threads(c->ctx));
+  attn_ctx_set_kernel(rctx, ATTN_KERNEL_REF);
+  attn_tensor xs = c->x, kv = c->x, ref;
+  xs.shape[0] = kv.shape[0] = b;
+  xs.data = (float *)c->x.data + r0 * E;
+  xs.shape[1] = rows;
+  int64_t os[3] = {b, rows, E};
+  int ret = 0;
+  if (attn_tensor_alloc(rctx, &ref, ATTN_F64, 3, os)) {
+    attn_ctx_destroy(rctx);
+    return cli_fail(CLI_EXIT_FAIL, "oracle: out of memory");
+  }
+  const double t0 = cli_now();
+  if (attn_mha_forward(rctx, c->mha, &ref, &xs, cross ? &kv : NULL, cross ? &kv : NULL, NULL)) {
+    ret = cli_fail(CLI_EXIT_FAIL, "oracle: %s", attn_ctx_error(rctx));
+  } else {
+    rep->oracle_s = cli_now() - t0;
+    double num = 0, den = 0;
+    for (int64_t bb = 0; bb < b; bb++)
+      for (int64_t i = 0; i < rows; i++)
+        for (int64_t e = 0; e < E; e++) {
+          const double x = ((const float *)c->out.data)[(bb * N + r0 + i) * E + e];
+          const double y = ((const double *)ref.data)[(bb * rows + i) * E + e];
+          num += (x - y) * (x - y);
+          den += y * y;
+        }
+    rep->oracle_err = den > 0 ? sqrt(num / den) : sqrt(num);
+  }
+  attn_tensor_free(&ref);
+  attn_ctx_destroy(rctx);
+  return ret;
+}
+
+static int bench_mha(int argc, char **argv) {
+  static const char *const known[] = {"--batch", "--seq", "--embed", "--heads", "--threads", "--repeat", "--kernel", NULL};
+  static const char *const switches[] = {"--json", "--backward", NULL};
+  cli_args a;
+  int r = cli_parse(&a, argc, argv, known, switches);
+  if (r) return r;
+  if (cli_has(&a, "--backward")) return cli_fail(CLI_EXIT_USAGE, "bench mha --backward: not implemented yet");
+  long long B, N, E, H, repeat = 0;
+  if ((r = need_int(&a, "mha", "--batch", 1 << 20, &B)) || (r = need_int(&a, "mha", "--seq", 1 << 24, &N)) ||
+      (r = need_int(&a, "mha", "--embed", 1 << 20, &E)) || (r = need_int(&a, "mha", "--heads", 1 << 16, &H)) ||
+      (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)))
+    return r;
+  if (E % H) return cli_fail(CLI_EXIT_USAGE, "--embed (%lld) must be a multiple of --heads (%lld)", E, H);
+  if ((r = check_fits(4.0 * (6.0 * B * N * E + 4.0 * E * E)))) return r;
+  attn_ctx *ctx;
+  if ((r = bench_ctx(&a, &ctx))) return r;
+
+  mha_case c;
+  memset(&c, 0, sizeof c);
+  c.ctx = ctx;
+  report rep;
+  memset(&rep, 0, sizeof rep);
+  attn_mha_config cfg;
+  attn_mha_config_init(&cfg, E, H); /* with biases, as nn.MultiheadAttention */
+  if (attn_mha_create(ctx, &c.mha, &cfg)) {
+    r = cli_fail(CLI_EXIT_FAIL, "mha: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  double param_bytes = 0;
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    attn_tensor t;
+    if (attn_mha_param_view(ctx, c.mha, (attn_mha_param)p, &t)) continue; /* no such bias */
+    fill(t.data, attn_tensor_numel(&t), 100 + (uint64_t)p, (float)(1.0 / sqrt((double)E))); /* nn.Linear's range */
+    param_bytes += 4.0 * (double)attn_tensor_numel(&t);
+  }
+  int64_t xs[3] = {B, N, E};
+  if (attn_tensor_alloc(ctx, &c.x, ATTN_F32, 3, xs) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 3, xs)) {
+    r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  fill(c.x.data, attn_tensor_numel(&c.x), 1, 1.0f);
+  fill(c.out.data, attn_tensor_numel(&c.out), 4, 1.0f);
+
+  if ((r = time_runs(run_mha, &c, repeat, &rep.t))) {
+    r = cli_fail(CLI_EXIT_FAIL, "mha: %s", r == ATTN_E_NOMEM && !*attn_ctx_error(ctx) ? "out of memory"
+                                                                                      : attn_ctx_error(ctx));
+    goto done;
+  }
+  rep.rss_mib = peak_rss_mib();
+  rep.io_mib = (2.0 * 4.0 * (double)B * N * E + param_bytes) / 1048576.0; /* x, out and the parameters */
+  rep.op = "mha";
+  rep.batch = B; rep.heads = H; rep.kv_heads = H; rep.seq = N; rep.kv_seq = N; rep.dim = E / H; rep.embed = E;
+  rep.causal = "none";
+  rep.threads = attn_ctx_threads(ctx);
+  rep.kernel = attn_kernel_name(attn_ctx_kernel(ctx));
+  rep.attn_gflop = 4.0 * (double)B * H * N * N * (double)(E / H) * 1e-9;
+  rep.proj_gflop = 4 * 2.0 * (double)B * N * E * E * 1e-9;
+  rep.gflop = rep.attn_gflop + rep.proj_gflop;
+  rep.peak_gflops = measure_peak(rep.threads, &rep.isa);
+  if ((r = mha_oracle(&c, &rep))) goto done;
+  print_report(&rep, cli_has(&a, "--json"));
+done:
+  attn_tensor_free(&c.x); attn_tensor_free(&c.out);
+  attn_mha_destroy(c.mha);
+  attn_ctx_destroy(ctx);
+  return r;
+}
+
+int cmd_bench(int argc, char **argv) {
+  if (argc < 1)
+    return cli_fail(CLI_EXIT_USAGE, "bench needs an operation: 'attn bench sdpa ...' or 'attn bench mha ...'");
+  if (!strcmp(argv[0], "sdpa")) return bench_sdpa(argc - 1, argv + 1);
+  if (!strcmp(argv[0], "mha")) return bench_mha(argc - 1, argv + 1);
+  return cli_fail(CLI_EXIT_USAGE, "bench: unknown operation '%s'; want sdpa or mha", argv[0]);
+}
