@@ -87,7 +87,8 @@ ATTN_API attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel);
 /* The kernel calls will actually use (AUTO and ATTN_KERNEL resolved). */
 ATTN_API attn_kernel attn_ctx_kernel(const attn_ctx *ctx);
 ATTN_API const char *attn_kernel_name(attn_kernel kernel);
-/* Nonzero when this CPU (and this build) can run kernel. */
+/* Nonzero when this CPU (and this build) can run kernel. Asks the CPU on every
+ * call (CPUID is slow inside VMs); a context asks once, when it is created. */
 ATTN_API int attn_kernel_supported(attn_kernel kernel);
 /* The message of the last failed call on ctx ("" if none). Valid until the next call. */
 ATTN_API const char *attn_ctx_error(const attn_ctx *ctx);
@@ -152,8 +153,16 @@ typedef struct attn_sdpa_opts {
   const attn_tensor *mask;    /* broadcastable to [B, Hq, Nq, Nk] (numpy rules), or NULL */
   attn_mask_mode mask_mode;
   const attn_tensor *key_padding; /* bool/u8 [B, Nk], true = ignore that key; or NULL */
-  attn_tensor *weights;       /* out, f32 [B, Hq, Nq, Nk] softmax probabilities; or NULL */
+  attn_tensor *weights;       /* out, f32 [B, Hq, Nq, Nk] the probabilities applied to v (after dropout); or NULL */
   attn_tensor *lse;           /* out, f32 [B, Hq, Nq] log-sum-exp of the scaled, masked logits; or NULL */
+  /* Training: dropout on the probabilities, kept ones scaled by 1/(1-p). Entry
+   * (b, h, i, j) is dropped when attn_dropout_keep(seed, p, b, h, i, j) is 0,
+   * so the backward pass regenerates the mask and no thread count changes it. */
+  double dropout_p;           /* in [0, 1); 0 = off */
+  uint64_t dropout_seed;
+  /* Backward only: out, f32 [B, Hq, Nq, Nk], the gradient of an ADDITIVE mask
+   * (sum it over the dimensions the mask broadcast along); or NULL. */
+  attn_tensor *mask_grad;
 } attn_sdpa_opts;
 
 ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
@@ -173,6 +182,26 @@ ATTN_API attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tenso
  * dtype, every step runs in double, and out/weights/lse may be f32 or f64. */
 ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
                                    const attn_tensor *v, const attn_sdpa_opts *opts);
+
+/* Backward of attn_sdpa: gradients of a loss L given dout = dL/dout.
+ *   dq is [B, Hq, Nq, D], dk [B, Hk, Nk, D], dv [B, Hk, Nk, Dv] (f32, overwritten)
+ *   dout, out [B, Hq, Nq, Dv] and lse [B, Hq, Nq] come from the forward call,
+ *   made with the same q, k, v and opts (mask, causal, scale, dropout); the
+ *   weights are not needed: scores are recomputed tile by tile.
+ * With grouped-query attention dk/dv sum over the query heads of a group.
+ * Rows whose every key is masked give zero gradients. */
+ATTN_API attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
+                                        const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
+                                        const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
+                                        const attn_sdpa_opts *opts);
+/* The float64 oracle of the backward pass: any float dtype in, f32 or f64 out. */
+ATTN_API attn_status attn_sdpa_backward_ref(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
+                                            const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
+                                            const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
+                                            const attn_sdpa_opts *opts);
+/* 1 when dropout keeps entry (b, h, i, j) for this seed and p: a counter-based
+ * generator (Philox-4x32-10), the same in every kernel and on every machine. */
+ATTN_API int attn_dropout_keep(uint64_t seed, double p, int64_t b, int64_t h, int64_t i, int64_t j);
 
 /* ---- the multi-head attention layer ----------------------------------------- */
 typedef struct attn_mha attn_mha;

@@ -9,8 +9,8 @@ through PyTorch (when a Python with torch is around), and the outside FMA yardst
 
 PyTorch: --torch-python, else $TORCH_PYTHON, else python3 if `import torch` works.
 Only the standard library is used here; torch runs in a worker process.
-Every case's runs are planned from the rate measured on the previous case: large
-cases get fewer repeats, and a case whose warm-up plus runs would take more than
+Every case's runs are planned from the best rate measured so far on cases of the
+same kind: large cases get fewer repeats, and a case whose warm-up plus runs would take more than
 --case-budget seconds is skipped with its estimate. The unfused PyTorch path is
 skipped where its score matrix would exceed 4 GiB.
 """
@@ -349,6 +349,38 @@ def torch_cell(t, key, gflop):
     return t.get(key + "_note", "—")
 
 
+CONTENDED = 0.85  # a case's measured peak under this share of the run's best: the CPUs were shared
+
+
+def best_peaks(ours, outside=None):
+    """The best FMA peak seen in this run per thread count: ours, and peak.c's."""
+    best = dict(outside or {})
+    for r in ours.values():
+        if r and "peak_gflops" in r and r["peak_gflops"]:
+            best[r["threads"]] = max(best.get(r["threads"], 0.0), r["peak_gflops"])
+    return best
+
+
+def contended(r, bests):
+    b = bests.get(r.get("threads"))
+    return bool(b) and r.get("peak_gflops", 0) < CONTENDED * b
+
+
+def subset_tag(sub):
+    """A short name for the oracle's subset: all, b0, b0 h0 rows a-b, b0 rows a-b."""
+    if sub == "all":
+        return "all"
+    m = re.match(r"batch 0 head 0 query rows (\d+)\.\.(\d+) of \d+, all \d+ keys", sub)
+    if m:
+        return "b0 h0 rows %s–%s" % m.groups()
+    m = re.match(r"batch 0 query rows (\d+)\.\.(\d+) of \d+ \(keys and values from all rows\)", sub)
+    if m:
+        return "b0 rows %s–%s" % m.groups()
+    if sub.startswith("batch 0 (all"):
+        return "b0"
+    return "subset"
+
+
 def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
     out = [BEGIN, ""]
     out.append("Command: `%s`  " % info["command"])
@@ -374,6 +406,7 @@ def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
                "| unfused GFLOP/s | ours/PyTorch | ours/unfused | oracle error | peak RSS |")
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     notes = []
+    bests, n_contended = best_peaks(ours, peaks), 0
     for c in cases:
         r, t = ours.get(c["id"]), theirs.get(c["id"])
         g = gflops_of(r)
@@ -387,13 +420,16 @@ def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
         else:
             og = "%.1f" % g
         frac = fmt(r.get("fraction_of_peak") if g is not None else None, "%.3f")
+        if g is not None and contended(r, bests):
+            frac += " *"
+            n_contended += 1
         pk = peaks.get(c["threads"]) or (peaks[max(peaks)] if peaks else None)
         frac_pc = fmt(ratio(g, pk), "%.3f")
         ts, tu = torch_gflops(t, "sdpa", gf), torch_gflops(t, "unfused", gf)
         if g is not None and r.get("oracle_rel_l2") is not None:
             sub = r.get("oracle_subset", "")
-            err = "%.1e%s" % (r["oracle_rel_l2"], "" if sub == "all" else " (subset)")
-            if sub != "all":
+            err = "%.1e (%s)" % (r["oracle_rel_l2"], subset_tag(sub))
+            if subset_tag(sub) == "subset":
                 notes.append("%s: oracle on %s" % (c["label"], sub))
         elif g is not None:
             err = r.get("oracle_subset", "—")
@@ -404,6 +440,11 @@ def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
         out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             label, og, frac, frac_pc, torch_cell(t, "sdpa", gf), torch_cell(t, "unfused", gf),
             fmt(ratio(g, ts), "%.2f×"), fmt(ratio(g, tu), "%.2f×"), err, rss))
+    out.append("")
+    out.append("Cases whose own measured peak was below %.0f%% of the best measured at the same thread count in this "
+               "run shared the CPUs with another load; the grid reran each such case once (%d reruns) and kept the "
+               "less disturbed run.%s" % (100 * CONTENDED, info.get("retried", 0),
+                                          " Still so, marked *: %d." % n_contended if n_contended else ""))
     out.append("")
     out.append("The MHA row's PyTorch column is `nn.MultiheadAttention(E, H, batch_first=True)(x, x, x, "
                "need_weights=False)`; its flops count the attention plus the four projections (2·B·N·E² each).")
@@ -429,12 +470,13 @@ def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
             ta, tb = torch_gflops(theirs.get(c1["id"]), "sdpa", gf), torch_gflops(theirs.get(cT["id"]), "sdpa", gf)
             out.append("| %s | %s | %s | %s | %s | %s | %s |" % (
                 cT["label"], fmt(a), fmt(b), fmt(ratio(b, a), "%.2f×"), fmt(ta), fmt(tb), fmt(ratio(tb, ta), "%.2f×")))
-    if notes:
-        out.append("")
-        out.append("Oracle subsets:")
-        out.append("")
-        for n in notes:
-            out.append("- " + n)
+    out.append("")
+    out.append("Oracle error: relative L2 against the float64 oracle, on all of the output (all), or on the last "
+               "query rows of batch 0, head 0 against all keys (b0 h0 rows a–b; a causal case's rows keep exactly "
+               "the keys they see in the full problem), or for the layer on the last rows of batch 0, their "
+               "queries against keys and values from every row (b0 rows a–b).")
+    for n in notes:
+        out.append("- " + n)
     out.append("")
     out.append("<details><summary>raw results (one JSON object per case: ours, then PyTorch)</summary>")
     out.append("")
@@ -556,6 +598,23 @@ def main():
             log("%-36s torch: sdpa %s, unfused %s" % ("", torch_cell(t, "sdpa", gf), torch_cell(t, "unfused", gf)))
     if worker:
         worker.close()
+    # A case whose own measured peak fell well below the run's best shared the CPUs
+    # with another load: run it once more and keep the less disturbed of the two.
+    retried = 0
+    for c in cases:
+        r = ours.get(c["id"])
+        if not r or "gflops" not in r or not contended(r, best_peaks(ours, peaks)):
+            continue
+        c2 = dict(c)
+        r2 = run_attn(attn, c2, 3 * args.case_budget + 60)
+        retried += 1
+        if "gflops" in r2 and r2["peak_gflops"] > r["peak_gflops"]:
+            r2["retried"] = "kept the rerun (measured peak %.0f before, %.0f now)" % (r["peak_gflops"], r2["peak_gflops"])
+            ours[c["id"]] = r2
+        else:
+            r["retried"] = "kept the first run (the rerun's measured peak was no higher)"
+        log("%-36s rerun: %.1f GFLOP/s (peak %.0f)" % (c["label"], ours[c["id"]]["gflops"], ours[c["id"]]["peak_gflops"]))
+    info["retried"] = retried
     info["wall"] = time.time() - t_start
     info["load_after"] = loadavg()
     block = render(cases, ours, theirs, peaks, peak_lines, peak_note, info)

@@ -142,8 +142,10 @@ def bias_from_allowed(allowed):
 # SDPA cases
 # ---------------------------------------------------------------------------
 def sdpa_case(name, seed, B, Hq, Hk, Nq, Nk, D, Dv=None, scale=None, causal="none", mask_mode="none",
-              mask_shape=None, key_padding=False):
-    """Builds an sdpa case. mask_mode: none | keep | additive | seed."""
+              mask_shape=None, key_padding=False, backward=False):
+    """Builds an sdpa case. mask_mode: none | keep | additive | seed.
+    backward: also an upstream gradient G (float32) and float64 autograd's dq, dk, dv
+    (and dmask, shaped like the mask, for an additive mask) of sum(out * G)."""
     Dv = D if Dv is None else Dv
     gen = torch.Generator().manual_seed(seed)
     q32, k32, v32 = randn(gen, B, Hq, Nq, D), randn(gen, B, Hk, Nk, D), randn(gen, B, Hk, Nk, Dv)
@@ -193,20 +195,59 @@ def sdpa_case(name, seed, B, Hq, Hk, Nq, Nk, D, Dv=None, scale=None, causal="non
     else:
         bias = bias.masked_fill(~allowed, -math.inf)
         ref_out, weights, lse = math_sdpa(q, k, v, eff_scale, bias)
-        # The output itself from PyTorch's sdpa (float64).
-        kw = dict(scale=scale, enable_gqa=Hq != Hk)
-        if causal == "top_left" and mask is None and not key_padding:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
-        elif causal == "none" and mask_mode == "keep" and not key_padding:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
-        elif causal == "none" and mask_mode == "additive" and not key_padding:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(F64), **kw)
-        elif causal == "none" and mask_mode == "none" and not key_padding:
-            out = F.scaled_dot_product_attention(q, k, v, **kw)
-        else:  # several rules at once (or bottom-right causal): one explicit keep mask
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.isfinite(bias) if mask_mode != "additive"
-                                                 else bias, **kw)
+
+        def torch_sdpa(q, k, v, mask64):
+            """The output from PyTorch's sdpa (float64); mask64: the additive mask as float64."""
+            kw = dict(scale=scale, enable_gqa=Hq != Hk)
+            if causal == "top_left" and mask is None and not key_padding:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
+            elif causal == "none" and mask_mode == "keep" and not key_padding:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+            elif causal == "none" and mask_mode == "additive" and not key_padding:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask64, **kw)
+            elif causal == "none" and mask_mode == "none" and not key_padding:
+                return F.scaled_dot_product_attention(q, k, v, **kw)
+            else:  # several rules at once (or bottom-right causal): one explicit keep mask
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.isfinite(bias)
+                                                      if mask_mode != "additive" else bias, **kw)
+
+        out = torch_sdpa(q, k, v, mask.to(F64) if mask_mode == "additive" else None)
     assert torch.allclose(out, ref_out, rtol=0, atol=1e-12), name
+
+    if backward:
+        # Gradients of sum(out * G) by float64 autograd, through PyTorch's sdpa (the seed's
+        # formula for seed masks), checked against autograd of the explicit math.
+        G32 = randn(gen, B, Hq, Nq, Dv)
+        G = G32.to(F64)
+        grad_mask = mask_mode == "additive"
+        assert not grad_mask or (causal == "none" and not key_padding), "dmask only through sdpa's attn_mask"
+
+        def autograd(fn):
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            if grad_mask:
+                leaves.append(mask.to(F64).clone().requires_grad_(True))
+            (fn(*leaves) * G).sum().backward()
+            return [t.grad for t in leaves]
+
+        if mask_mode == "seed":
+            grads = autograd(lambda q, k, v: seed_sdpa(q, k, v, mask=mask.to(F64))[0])
+            check = autograd(lambda q, k, v: math_sdpa(q, k, v, eff_scale, mask.to(F64) * -1e9)[0])
+        elif grad_mask:
+            grads = autograd(lambda q, k, v, m: torch_sdpa(q, k, v, m))
+            check = autograd(lambda q, k, v, m: math_sdpa(
+                q, k, v, eff_scale, (m + torch.zeros(B, Hq, Nq, Nk, dtype=F64)).masked_fill(~allowed, -math.inf))[0])
+        else:
+            grads = autograd(lambda q, k, v: torch_sdpa(q, k, v, None))
+            check = autograd(lambda q, k, v: math_sdpa(q, k, v, eff_scale, bias)[0])
+        for g, c in zip(grads, check):
+            assert torch.isfinite(g).all() and torch.allclose(g, c, rtol=0, atol=1e-12), name
+        case.manifest["backward"] = 1
+        case.add("G", G32)
+        case.add("dq", grads[0])
+        case.add("dk", grads[1])
+        case.add("dv", grads[2])
+        if grad_mask:
+            case.add("dmask", grads[3])
 
     case.add("q", q32)
     case.add("k", k32)
@@ -238,6 +279,16 @@ def sdpa_cases():
                   causal="top_left", mask_mode="additive", mask_shape=(17, 17)),
         sdpa_case("sdpa_combo_br", 115, B=2, Hq=4, Hk=2, Nq=4, Nk=13, D=8, causal="bottom_right",
                   mask_mode="keep", mask_shape=(2, 1, 4, 13), key_padding=True),
+        # backward=1: the gradients too (tests/test_backward.c)
+        sdpa_case("sdpa_bwd_plain", 301, B=2, Hq=2, Hk=2, Nq=6, Nk=7, D=8, backward=True),
+        sdpa_case("sdpa_bwd_gqa_causal", 302, B=2, Hq=4, Hk=2, Nq=6, Nk=9, D=8, Dv=12, scale=0.3,
+                  causal="top_left", backward=True),
+        sdpa_case("sdpa_bwd_additive", 303, B=2, Hq=2, Hk=2, Nq=6, Nk=9, D=8, mask_mode="additive",
+                  mask_shape=(2, 1, 6, 9), backward=True),
+        sdpa_case("sdpa_bwd_mqa_br", 304, B=2, Hq=4, Hk=1, Nq=4, Nk=10, D=8, causal="bottom_right",
+                  mask_mode="keep", mask_shape=(1, 4, 4, 10), key_padding=True, backward=True),
+        sdpa_case("sdpa_bwd_seed", 305, B=2, Hq=2, Hk=2, Nq=7, Nk=7, D=16, mask_mode="seed",
+                  mask_shape=(2, 1, 7, 7), backward=True),
     ]
 
 

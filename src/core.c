@@ -47,7 +47,10 @@ attn_status attn_ctx_create(attn_ctx **out) {
   if (!out) return ATTN_E_INVALID;
   attn_ctx *c = calloc(1, sizeof *c);
   *out = c;
-  return c ? ATTN_OK : ATTN_E_NOMEM;
+  if (!c) return ATTN_E_NOMEM;
+  for (int k = ATTN_KERNEL_AUTO; k <= ATTN_KERNEL_AVX512; k++)
+    if (attn_kernel_supported((attn_kernel)k)) c->supported |= 1u << k;
+  return ATTN_OK;
 }
 
 void attn_ctx_destroy(attn_ctx *ctx) { free(ctx); }
@@ -77,7 +80,7 @@ attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel) {
   attn__clear(ctx);
   if ((int)kernel < ATTN_KERNEL_AUTO || kernel > ATTN_KERNEL_AVX512)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown kernel %d", (int)kernel);
-  if (kernel != ATTN_KERNEL_AUTO && !attn_kernel_supported(kernel))
+  if (!((ctx->supported >> kernel) & 1))
     return attn__fail(ctx, ATTN_E_UNSUPPORTED, "kernel %s is not supported by this CPU or build", attn_kernel_name(kernel));
   ctx->kernel = kernel;
   return ATTN_OK;
@@ -109,15 +112,20 @@ int attn_kernel_supported(attn_kernel kernel) {
 
 attn_kernel attn_ctx_kernel(const attn_ctx *ctx) {
   if (ctx && ctx->kernel != ATTN_KERNEL_AUTO) return ctx->kernel;
+  unsigned supported = 0;
+  if (ctx) supported = ctx->supported;
+  else
+    for (int k = ATTN_KERNEL_AUTO; k <= ATTN_KERNEL_AVX512; k++)
+      if (attn_kernel_supported((attn_kernel)k)) supported |= 1u << k;
   /* getenv only reads; the environment is the caller's to keep stable. */
   const char *env = getenv("ATTN_KERNEL");
   if (env) {
     /* an unknown or unsupported name falls through to the automatic choice */
     for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AVX512; k++)
-      if (!strcmp(env, attn_kernel_name((attn_kernel)k)) && attn_kernel_supported((attn_kernel)k)) return (attn_kernel)k;
+      if (!strcmp(env, attn_kernel_name((attn_kernel)k)) && ((supported >> k) & 1)) return (attn_kernel)k;
   }
-  if (attn_kernel_supported(ATTN_KERNEL_AVX512)) return ATTN_KERNEL_AVX512;
-  if (attn_kernel_supported(ATTN_KERNEL_AVX2)) return ATTN_KERNEL_AVX2;
+  if ((supported >> ATTN_KERNEL_AVX512) & 1) return ATTN_KERNEL_AVX512;
+  if ((supported >> ATTN_KERNEL_AVX2) & 1) return ATTN_KERNEL_AVX2;
   return ATTN_KERNEL_C;
 }
 

@@ -13,6 +13,7 @@
 struct attn_ctx {
   int threads;          /* 0 = OpenMP default */
   attn_kernel kernel;   /* as set; AUTO resolved at call time */
+  unsigned supported;   /* bit k: kernel k runs here; asked once, as CPUID is slow in a VM */
   char msg[ATTN__MSG_LEN];
 };
 
@@ -86,6 +87,9 @@ typedef struct attn__sdpa {
   attn_tensor kpm;  /* [B, 1, 1, Nk] view: stride[3] on keys, stride[0] on batch */
   attn_tensor *weights; /* [B, Hq, Nq, Nk] or NULL */
   attn_tensor *lse;     /* [B, Hq, Nq] or NULL */
+  double dropout_p;     /* in [0, 1); 0 = no dropout (see dropout.h for the mask) */
+  uint64_t dropout_seed;
+  attn_tensor *mask_grad; /* backward only: [B, Hq, Nq, Nk] dS of an additive mask, or NULL */
 } attn__sdpa;
 
 /* Validates arguments and fills p. float_only: q/k/v/out must be f32. */
@@ -93,12 +97,28 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
                                const attn_tensor *k, const attn_tensor *v, const attn_sdpa_opts *opts,
                                int f32_only);
 
+/* Checks the backward's arguments (q/k/v/out/opts as attn__sdpa_prepare, then
+ * dq, dk, dv, dout, lse) and fills p. f32_only: every tensor must be f32. */
+attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
+                                        attn_tensor *dv, const attn_tensor *dout, const attn_tensor *q,
+                                        const attn_tensor *k, const attn_tensor *v, const attn_tensor *out,
+                                        const attn_tensor *lse, const attn_sdpa_opts *opts, int f32_only);
+
 /* Nonzero when the CPU and OS support the instruction set of kernel isa. */
 int attn__cpu_has(attn_kernel isa);
 
 /* Kernels: p is validated. */
 attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p);
 attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa);
+/* The float64 backward oracle (src/ref/sdpa_backward_ref.c); p from attn__sdpa_backward_prepare.
+ * dq/dk/dv (and p->mask_grad) are overwritten, f32 or f64; the inputs any float dtype. */
+attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
+                                        attn_tensor *dv, const attn_tensor *dout, const attn_tensor *out,
+                                        const attn_tensor *lse);
+/* The fp32 backward (src/cpu/flash_backward.c); shapes already checked. */
+attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa, attn_tensor *dq,
+                                        attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
+                                        const attn_tensor *out, const attn_tensor *lse);
 
 /* Last key index query row i may see under causal (exclusive bound), or Nk. */
 static inline int64_t attn__causal_end(attn_causal c, int64_t i, int64_t Nq, int64_t Nk) {

@@ -82,16 +82,21 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
     return st;
   p->B = q->shape[0]; p->Hq = q->shape[1]; p->Nq = q->shape[2]; p->D = q->shape[3];
   p->Hk = k->shape[1]; p->Nk = k->shape[2]; p->Dv = v->shape[3];
-  char sq[96], sk[96], sv[96], so[96];
-  fmt_shape(sq, sizeof sq, q); fmt_shape(sk, sizeof sk, k); fmt_shape(sv, sizeof sv, v); fmt_shape(so, sizeof so, out);
-  if (k->shape[0] != p->B || k->shape[3] != p->D)
-    return attn__fail(ctx, ATTN_E_SHAPE, "k %s does not match q %s: want [B, Hk, Nk, D] = [%lld, Hk, Nk, %lld]", sk, sq,
+  char sa[96], sb[96]; /* shapes are formatted only for a message */
+  if (k->shape[0] != p->B || k->shape[3] != p->D) {
+    fmt_shape(sa, sizeof sa, k), fmt_shape(sb, sizeof sb, q);
+    return attn__fail(ctx, ATTN_E_SHAPE, "k %s does not match q %s: want [B, Hk, Nk, D] = [%lld, Hk, Nk, %lld]", sa, sb,
                       (long long)p->B, (long long)p->D);
-  if (!dims_equal(v, p->B, p->Hk, p->Nk, p->Dv))
-    return attn__fail(ctx, ATTN_E_SHAPE, "v %s does not match k %s: want [B, Hk, Nk, Dv]", sv, sk);
-  if (!dims_equal(out, p->B, p->Hq, p->Nq, p->Dv))
-    return attn__fail(ctx, ATTN_E_SHAPE, "out %s must be [B, Hq, Nq, Dv] = [%lld, %lld, %lld, %lld]", so,
+  }
+  if (!dims_equal(v, p->B, p->Hk, p->Nk, p->Dv)) {
+    fmt_shape(sa, sizeof sa, v), fmt_shape(sb, sizeof sb, k);
+    return attn__fail(ctx, ATTN_E_SHAPE, "v %s does not match k %s: want [B, Hk, Nk, Dv]", sa, sb);
+  }
+  if (!dims_equal(out, p->B, p->Hq, p->Nq, p->Dv)) {
+    fmt_shape(sa, sizeof sa, out);
+    return attn__fail(ctx, ATTN_E_SHAPE, "out %s must be [B, Hq, Nq, Dv] = [%lld, %lld, %lld, %lld]", sa,
                       (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Dv);
+  }
   if (p->D < 1) return attn__fail(ctx, ATTN_E_SHAPE, "head dim D of q and k must be at least 1, got %lld", (long long)p->D);
   if (p->Hk < 1 || p->Hq % p->Hk != 0)
     return attn__fail(ctx, ATTN_E_SHAPE, "query heads (%lld) must be a multiple of key/value heads (%lld)",
@@ -170,6 +175,70 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
                         (long long)p->Hq, (long long)p->Nq);
     p->lse = l;
   }
+  if (!isfinite(opts->dropout_p) || opts->dropout_p < 0 || opts->dropout_p >= 1)
+    return attn__fail(ctx, ATTN_E_INVALID, "dropout_p must be in [0, 1), got %g", opts->dropout_p);
+  p->dropout_p = opts->dropout_p;
+  p->dropout_seed = opts->dropout_seed;
+  if (opts->mask_grad) {
+    attn_tensor *g = opts->mask_grad;
+    if (!opts->mask || opts->mask_mode != ATTN_MASK_ADDITIVE)
+      return attn__fail(ctx, ATTN_E_INVALID, "mask_grad needs an additive mask (mask_mode ATTN_MASK_ADDITIVE)%s",
+                        opts->mask ? "" : "; no mask was given");
+    if ((st = attn__check_tensor(ctx, g, "mask_grad", 4)) ||
+        (st = check_float_dtype(ctx, g, "mask_grad", f32_only, 1)) || (st = check_writable(ctx, g, "mask_grad")))
+      return st;
+    if (!dims_equal(g, p->B, p->Hq, p->Nq, p->Nk)) {
+      char sg[96];
+      fmt_shape(sg, sizeof sg, g);
+      return attn__fail(ctx, ATTN_E_SHAPE, "mask_grad %s must be [B, Hq, Nq, Nk] = [%lld, %lld, %lld, %lld]", sg,
+                        (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Nk);
+    }
+    p->mask_grad = g;
+  }
+  return ATTN_OK;
+}
+
+/* A tensor of the backward of exactly [a, b, c, d]: an input (any float dtype) or, when grad,
+ * a gradient output (f32 or f64, writable). f32_only: f32 either way. */
+static attn_status check_bwd4(attn_ctx *ctx, const attn_tensor *t, const char *what, const char *want, int64_t a,
+                              int64_t b, int64_t c, int64_t d, int f32_only, int grad) {
+  attn_status st;
+  if ((st = attn__check_tensor(ctx, t, what, 4)) || (st = check_float_dtype(ctx, t, what, f32_only, grad))) return st;
+  if (!dims_equal(t, a, b, c, d)) {
+    char s[96];
+    fmt_shape(s, sizeof s, t);
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s %s must be %s = [%lld, %lld, %lld, %lld]", what, s, want, (long long)a,
+                      (long long)b, (long long)c, (long long)d);
+  }
+  return grad ? check_writable(ctx, t, what) : ATTN_OK;
+}
+
+attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
+                                        attn_tensor *dv, const attn_tensor *dout, const attn_tensor *q,
+                                        const attn_tensor *k, const attn_tensor *v, const attn_tensor *out,
+                                        const attn_tensor *lse, const attn_sdpa_opts *opts, int f32_only) {
+  attn_status st;
+  memset(p, 0, sizeof *p);
+  /* out is an input here; attn__sdpa_prepare only reads the view it is given. */
+  if ((st = attn__check_tensor(ctx, out, "out", 4))) return st;
+  attn_tensor out_view = *out;
+  if ((st = attn__sdpa_prepare(ctx, p, &out_view, q, k, v, opts, f32_only))) return st;
+  /* The forward's optional outputs play no part in the backward. */
+  p->weights = NULL;
+  p->lse = NULL;
+  if ((st = check_bwd4(ctx, dout, "dout", "[B, Hq, Nq, Dv]", p->B, p->Hq, p->Nq, p->Dv, f32_only, 0))) return st;
+  if ((st = attn__check_tensor(ctx, lse, "lse", 3)) || (st = check_float_dtype(ctx, lse, "lse", f32_only, 0)))
+    return st;
+  if (lse->shape[0] != p->B || lse->shape[1] != p->Hq || lse->shape[2] != p->Nq) {
+    char s[96];
+    fmt_shape(s, sizeof s, lse);
+    return attn__fail(ctx, ATTN_E_SHAPE, "lse %s must be [B, Hq, Nq] = [%lld, %lld, %lld] (the forward's lse)", s,
+                      (long long)p->B, (long long)p->Hq, (long long)p->Nq);
+  }
+  if ((st = check_bwd4(ctx, dq, "dq", "[B, Hq, Nq, D]", p->B, p->Hq, p->Nq, p->D, f32_only, 1)) ||
+      (st = check_bwd4(ctx, dk, "dk", "[B, Hk, Nk, D]", p->B, p->Hk, p->Nk, p->D, f32_only, 1)) ||
+      (st = check_bwd4(ctx, dv, "dv", "[B, Hk, Nk, Dv]", p->B, p->Hk, p->Nk, p->Dv, f32_only, 1)))
+    return st;
   return ATTN_OK;
 }
 
@@ -181,6 +250,9 @@ attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, con
   attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, kern != ATTN_KERNEL_REF);
   if (st) return st;
   if (kern == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, &p);
+  if (p.dropout_p > 0)
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "dropout is not implemented by the %s kernel yet",
+                      attn_kernel_name(kern));
   return attn__sdpa_run_cpu(ctx, &p, kern);
 }
 

@@ -367,12 +367,21 @@ static void long_case(attn_ctx *ctx) {
     for (int kern = ATTN_KERNEL_C; kern <= ATTN_KERNEL_AVX512; kern++) {
       if (!attn_kernel_supported((attn_kernel)kern)) continue;
       attn_ctx_set_kernel(ctx, (attn_kernel)kern);
-      tu_poison_f32(out, B * H * N * D);
-      CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
-      double *got = tu_to_f64(&to);
-      double e = tu_rel_l2(got, ref, B * H * N * D);
-      CHECK(e <= 1e-5, "N=%d causal %d kernel %s: rel err %.3g", N, causal, attn_kernel_name((attn_kernel)kern), e);
-      free(got);
+      float *first = malloc(sizeof(float) * B * H * N * D);
+      for (int threads = 1; threads <= 3; threads++) { /* large enough that every thread works */
+        attn_ctx_set_threads(ctx, threads);
+        tu_poison_f32(out, B * H * N * D);
+        CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+        double *got = tu_to_f64(&to);
+        double e = tu_rel_l2(got, ref, B * H * N * D);
+        CHECK(e <= 1e-5, "N=%d causal %d kernel %s: rel err %.3g", N, causal, attn_kernel_name((attn_kernel)kern), e);
+        if (threads == 1) memcpy(first, out, sizeof(float) * B * H * N * D);
+        else CHECK(!memcmp(first, out, sizeof(float) * B * H * N * D), "N=%d kernel %s: threads %d changed the bits", N,
+                   attn_kernel_name((attn_kernel)kern), threads);
+        free(got);
+      }
+      attn_ctx_set_threads(ctx, 0);
+      free(first);
     }
   }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);

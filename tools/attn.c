@@ -337,6 +337,9 @@ static void usage(FILE *f) {
         "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
         "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
         "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
+        "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]\n"
+        "            [--threads T] [--repeat R] [--kernel K] [--json]\n"
+        "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--json]\n"
         "  attn version\n"
         "Arrays are .npy (float32; float64 is converted). q/k/v are [B, H, N, D]; mha inputs are [B, N, E].\n"
         "A bool mask means keep (sdpa) or masked (mha) unless --mask-mode says otherwise; a float mask is additive.\n",

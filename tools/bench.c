@@ -207,6 +207,8 @@ static double peak_pass(peak_isa isa, int threads, long long iters) {
   const double t0 = cli_now();
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
+#else
+  (void)threads;
 #endif
   {
     float r;

@@ -24,34 +24,33 @@ typedef struct tile_state {
 typedef struct scratch {
   tile_state t[QB_MAX];
   float *S, *Mb;
+  float *base; /* one allocation behind everything above */
 } scratch;
 
+/* Carves a thread's tiles out of one allocation, each piece 64-byte aligned. */
 static int scratch_alloc(scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t Dv) {
   memset(s, 0, sizeof *s);
-  int ok = (s->S = attn__aligned_alloc((size_t)(mr * nr) * sizeof(float))) != NULL;
-  ok &= (s->Mb = attn__aligned_alloc((size_t)(mr * nr) * sizeof(float))) != NULL;
-  for (int t = 0; t < QB_MAX; t++) {
+  const int64_t up = 16; /* floats per 64 bytes */
+  const int64_t q = (mr * D + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
+  const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
+  float *b = attn__aligned_alloc((size_t)(2 * tile + QB_MAX * (q + o + st)) * sizeof(float));
+  if (!b) return 0;
+  s->base = b;
+  s->S = b;
+  s->Mb = b + tile;
+  b += 2 * tile;
+  for (int t = 0; t < QB_MAX; t++, b += q + o + st) {
     tile_state *ts = &s->t[t];
-    ok &= (ts->Q = attn__aligned_alloc((size_t)(mr * D) * sizeof(float))) != NULL;
-    ok &= (ts->O = attn__aligned_alloc((size_t)(mr * (Dv > 0 ? Dv : 1)) * sizeof(float))) != NULL;
-    ok &= (ts->m = attn__aligned_alloc((size_t)(3 * ATTN__STAT_LANES) * sizeof(float))) != NULL;
-    if (ts->m) {
-      ts->l = ts->m + ATTN__STAT_LANES;
-      ts->alpha = ts->m + 2 * ATTN__STAT_LANES;
-    }
+    ts->Q = b;
+    ts->O = b + q;
+    ts->m = b + q + o;
+    ts->l = ts->m + ATTN__STAT_LANES;
+    ts->alpha = ts->m + 2 * ATTN__STAT_LANES;
   }
-  return ok;
+  return 1;
 }
 
-static void scratch_free(scratch *s) {
-  attn__aligned_free(s->S);
-  attn__aligned_free(s->Mb);
-  for (int t = 0; t < QB_MAX; t++) {
-    attn__aligned_free(s->t[t].Q);
-    attn__aligned_free(s->t[t].O);
-    attn__aligned_free(s->t[t].m);
-  }
-}
+static void scratch_free(scratch *s) { attn__aligned_free(s->base); }
 
 /* What a tile's mask does: nothing (every logit visible), everything (skip the
  * tile), or something (Mb holds -inf or the value to add, per logit). */
@@ -92,7 +91,7 @@ static tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, s
   const int mr = kn->mr, nr = kn->nr;
   const tile_mask tm = mask_tile(p, s->Mb, nr, b, h, ts->i0, ts->rows, j0);
   if (tm == TILE_CLOSED) return tm;
-  kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D);
+  kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D, p->Nk - j0 < nr ? p->Nk - j0 : nr);
   if (tm == TILE_PARTIAL)
     for (int64_t e = 0; e < (int64_t)ts->rows * nr; e++) s->S[e] += s->Mb[e];
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
@@ -161,7 +160,24 @@ static void tile_weights(const attn__cpu_kernels *kn, const attn__sdpa *p, scrat
         dst[(j0 + jj) * w->strides[3]] = (l == 0 || x == -INFINITY) ? 0.0f : expf(x - mx) / l;
       }
     }
+    if (p->dropout_p > 0) { /* the weights applied to v: after dropout */
+      for (int r = 0; r < ts->rows; r++) {
+        float *dst = wd + b * w->strides[0] + h * w->strides[1] + (ts->i0 + r) * w->strides[2];
+        for (int64_t jj = 0; jj < nk; jj++)
+          dst[(j0 + jj) * w->strides[3]] *=
+              attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, ts->i0 + r, j0 + jj) ? (float)(1.0 / (1.0 - p->dropout_p)) : 0.0f;
+      }
+    }
   }
+}
+
+/* Dropout on one tile of probabilities (after the softmax statistics took them whole). */
+static void dropout_tile(const attn__sdpa *p, float *P, int nr, int64_t b, int64_t h, int64_t i0, int rows,
+                         int64_t j0) {
+  const float keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+  for (int r = 0; r < rows; r++)
+    for (int jj = 0; jj < nr && j0 + jj < p->Nk; jj++)
+      P[r * nr + jj] *= attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i0 + r, j0 + jj) ? keep_scale : 0.0f;
 }
 
 // Query block: `count` tiles of MR rows from row i0 of head h, against the packed keys of its kv head.
@@ -180,6 +196,7 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch 
       tile_state *ts = &s->t[t];
       if (j0 >= ts->kend || logits_tile(kn, p, s, ts, Kt, b, h, j0) == TILE_CLOSED) continue;
       kn->softmax(s->S, ts->m, ts->l, ts->alpha);
+      if (p->dropout_p > 0) dropout_tile(p, s->S, nr, b, h, ts->i0, ts->rows, j0);
       kn->pv(ts->O, ts->alpha, s->S, V + j0 * ldv, ldv, p->Dv, nk);
     }
   }
@@ -192,32 +209,41 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch 
 // Kt is (nblocks, D, NR) and, when V is not unit-stride, Vp is (Nk, Dv): one kv head's keys and values.
 static void pack_block(const attn__sdpa *p, int nr, float *Kt, int64_t b, int64_t g, int64_t blk) {
   const attn_tensor *k = &p->k;
-  const float *kd = (const float *)k->data + b * k->strides[0] + g * k->strides[1];
+  const float *kd = (const float *)k->data + b * k->strides[0] + g * k->strides[1] + blk * nr * k->strides[2];
   float *dst = Kt + blk * nr * p->D;
-  for (int jj = 0; jj < nr; jj++) {
-    const int64_t j = blk * nr + jj;
-    if (j < p->Nk) {
-      const float *src = kd + j * k->strides[2];
-      for (int64_t d = 0; d < p->D; d++) dst[d * nr + jj] = src[d * k->strides[3]];
-    } else {
-      for (int64_t d = 0; d < p->D; d++) dst[d * nr + jj] = 0;
-    }
+  const int n = p->Nk - blk * nr < nr ? (int)(p->Nk - blk * nr) : nr;
+  /* writes run along the packed rows: the reads' nr key rows stay in L1 across d */
+  for (int64_t d = 0; d < p->D; d++) {
+    float *row = dst + d * nr;
+    for (int jj = 0; jj < n; jj++) row[jj] = kd[jj * k->strides[2] + d * k->strides[3]];
+    for (int jj = n; jj < nr; jj++) row[jj] = 0;
   }
 }
 
+/* Packed keys (and values) of this many bytes per round at most: enough kv
+ * heads per round to keep every thread busy at small N, few enough to stay
+ * far below the inputs' size at large N. */
+#define PACK_BUDGET ((int64_t)8 << 20)
+
 attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa) {
   const attn__cpu_kernels *kn = attn__kernels_for(isa);
-  const int mr = kn->mr, nr = kn->nr, threads = attn__threads(ctx);
+  const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
-  const int64_t nblocks = (p->Nk + nr - 1) / nr;
-  const int64_t ntiles = (p->Nq + mr - 1) / mr;
-  /* As many tiles per query block as still leave every thread a few blocks per kv head. */
-  int qb = QB_MAX;
-  while (qb > 1 && p->group * ((ntiles + qb - 1) / qb) < 4 * threads) qb /= 2;
-  const int64_t nqblk = (ntiles + qb - 1) / qb, items = p->group * nqblk;
+  const int64_t nblocks = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr;
   const int v_unit = p->v.strides[3] == 1 || p->Dv <= 1;
-  float *Kt = attn__aligned_alloc((size_t)(nblocks * nr * p->D) * sizeof(float));
-  float *Vp = v_unit ? NULL : attn__aligned_alloc((size_t)(p->Nk * p->Dv) * sizeof(float));
+  const int64_t kt_size = nblocks * nr * p->D, vp_size = v_unit ? 0 : p->Nk * p->Dv;
+  const int64_t pairs = p->B * p->Hk;
+  int64_t per_round = PACK_BUDGET / (int64_t)sizeof(float) / (kt_size + vp_size + 1);
+  per_round = per_round < 1 ? 1 : per_round > pairs ? pairs : per_round;
+  /* A problem of a few microseconds is not worth waking a second thread. */
+  const double work = (double)p->B * (double)p->Hq * (double)p->Nq * (double)p->Nk * (double)(p->D + p->Dv);
+  const int threads = work < 1e6 ? 1 : attn__threads(ctx);
+  /* As many tiles per query block as still leave every thread a few blocks. */
+  int qb = QB_MAX;
+  while (qb > 1 && per_round * p->group * ((ntiles + qb - 1) / qb) < 4 * threads) qb /= 2;
+  const int64_t nqblk = (ntiles + qb - 1) / qb, per_pair = p->group * nqblk;
+  float *Kt = attn__aligned_alloc((size_t)(per_round * kt_size) * sizeof(float));
+  float *Vp = v_unit ? NULL : attn__aligned_alloc((size_t)(per_round * vp_size) * sizeof(float));
   if (!Kt || (!v_unit && !Vp)) {
     attn__aligned_free(Kt);
     attn__aligned_free(Vp);
@@ -233,33 +259,35 @@ attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel i
       failed = 1;
     }
 #pragma omp barrier
-    for (int64_t bg = 0; bg < p->B * p->Hk && !failed; bg++) {
-      const int64_t b = bg / p->Hk, g = bg % p->Hk;
+    for (int64_t first = 0; first < pairs && !failed; first += per_round) {
+      const int64_t n = pairs - first < per_round ? pairs - first : per_round;
 #pragma omp for schedule(static)
-      for (int64_t blk = 0; blk < nblocks; blk++) pack_block(p, nr, Kt, b, g, blk);
-      const float *V;
-      int64_t ldv;
-      if (v_unit) {
-        V = (const float *)p->v.data + b * p->v.strides[0] + g * p->v.strides[1];
-        ldv = p->v.strides[2];
-      } else {
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < p->Nk; j++) {
-          const float *src = (const float *)p->v.data + b * p->v.strides[0] + g * p->v.strides[1] + j * p->v.strides[2];
-          for (int64_t c = 0; c < p->Dv; c++) Vp[j * p->Dv + c] = src[c * p->v.strides[3]];
-        }
-        V = Vp;
-        ldv = p->Dv;
+      for (int64_t w = 0; w < n * nblocks; w++) {
+        const int64_t bg = first + w / nblocks;
+        pack_block(p, nr, Kt + (w / nblocks) * kt_size, bg / p->Hk, bg % p->Hk, w % nblocks);
       }
-      /* Round-robin from the last block down: under a causal mask the last
-       * blocks carry the most keys, and dealing them out in turn balances
-       * threads without a shared counter. */
-#pragma omp for schedule(static, 1)
-      for (int64_t it = 0; it < items; it++) {
-        const int64_t blk = nqblk - 1 - it % nqblk, h = g * p->group + it / nqblk;
-        const int64_t i0 = blk * qb * mr;
-        const int64_t left = (ntiles - blk * qb);
-        run_block(kn, p, &s, Kt, V, ldv, b, h, i0, (int)(left < qb ? left : qb));
+      if (!v_unit) {
+#pragma omp for schedule(static)
+        for (int64_t w = 0; w < n * p->Nk; w++) {
+          const int64_t bg = first + w / p->Nk, j = w % p->Nk;
+          const float *src = (const float *)p->v.data + (bg / p->Hk) * p->v.strides[0] +
+                             (bg % p->Hk) * p->v.strides[1] + j * p->v.strides[2];
+          float *dst = Vp + (w / p->Nk) * vp_size + j * p->Dv;
+          for (int64_t c = 0; c < p->Dv; c++) dst[c] = src[c * p->v.strides[3]];
+        }
+      }
+      /* From the last block down: under a causal mask the last blocks carry
+       * the most keys. Handed out on demand, so a thread that the OS (or a
+       * busy neighbour) holds back does not stall the others at the barrier. */
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < n * per_pair; it++) {
+        const int64_t slot = it / per_pair, rest = it % per_pair, bg = first + slot;
+        const int64_t b = bg / p->Hk, g = bg % p->Hk;
+        const int64_t blk = nqblk - 1 - rest % nqblk, h = g * p->group + rest / nqblk;
+        const float *V = v_unit ? (const float *)p->v.data + b * p->v.strides[0] + g * p->v.strides[1]
+                                : Vp + slot * vp_size;
+        const int64_t ldv = v_unit ? p->v.strides[2] : p->Dv, left = ntiles - blk * qb;
+        run_block(kn, p, &s, Kt + slot * kt_size, V, ldv, b, h, blk * qb * mr, (int)(left < qb ? left : qb));
       }
     }
     scratch_free(&s);

@@ -15,6 +15,10 @@
 #include "../internal.h"
 #include "gemm.h"
 
+#ifdef ATTN_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
 #include <stdlib.h>
 
 /* ---- the portable microkernel ------------------------------------------------ */
@@ -176,7 +180,7 @@ static void choose_grid(int t, int64_t M, int64_t N, int64_t K, const attn__sgem
     if (t % a) continue;
     const int b = t / a;
     const double rows = (double)(ceil_div(MT, a) * kd->mr), cols = (double)(ceil_div(NT, b) * kd->nr);
-    /* ~32 flops a cycle against ~1 packed element a cycle; A is packed once per block of nc columns */
+    /* tens of flops a cycle against a packed element or so a cycle; A is packed once per block of nc columns */
     const double cost = rows * cols * (double)K / 16.0 + (rows * (double)ceil_div((int64_t)cols, kd->nc) + cols) * (double)K;
     if (best < 0 || cost < best) {
       best = cost;
@@ -189,6 +193,17 @@ static void choose_grid(int t, int64_t M, int64_t N, int64_t K, const attn__sgem
 void attn__sgemm_nt(int threads, attn_kernel isa, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc, const float *bias) {
   if (M <= 0 || N <= 0) return;
+#ifdef ATTN_HAVE_CBLAS
+  /* -DATTN_WITH_CBLAS=ON: the BLAS does the fast paths (its own threads and
+   * rounding order); the portable kernel stays ours, for comparison. */
+  if (isa != ATTN_KERNEL_C && K > 0) {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) C[i * ldc + j] = bias ? bias[j] : 0.0f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,
+                bias ? 1.0f : 0.0f, C, (int)ldc);
+    return;
+  }
+#endif
   if (K <= 0) {
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) C[i * ldc + j] = bias ? bias[j] : 0.0f;

@@ -12,10 +12,11 @@
  *   for k = 0 .. kc-1:  acc[i][j] = fma(Ap[k * mr + i], Bp[k * nr + j], acc[i][j])  (in this order)
  *   C[i * ldc + j] = acc[i][j]
  * The SIMD kernels round once per step (a fused multiply-add); the portable
- * kernel multiplies then adds. init (when not NULL) holds nr floats, any
- * alignment. C is any float pointer with ldc >= nr; the kernel reads and
- * writes exactly the mr x nr tile, so tiles cut by the edge of C are run by the
- * framework on a private mr x nr copy.
+ * kernel multiplies then adds (or whatever one fixed sequence its compiler
+ * makes of that loop). init (when not NULL) holds nr floats, any alignment.
+ * C is any float pointer with ldc >= nr; the kernel reads and writes exactly
+ * the mr x nr tile, so tiles cut by the edge of C are run by the framework on
+ * a private mr x nr copy.
  *
  * So every element of C is one chain of kc (over all depth blocks: K) updates
  * in k order, starting from the bias or zero: the result does not depend on

@@ -24,8 +24,9 @@
 typedef struct attn__cpu_kernels {
   const char *name;
   int mr, nr;
-  /* S = Q . Kt */
-  void (*qk)(float *S, const float *Q, const float *Kt, int64_t D);
+  /* S = Q . Kt for the first nkeys keys (1..NR); a kernel may compute more, and
+   * writes finite values (0) to the columns it skips. */
+  void (*qk)(float *S, const float *Q, const float *Kt, int64_t D, int64_t nkeys);
   /* Online-softmax step for MR rows of S (masked logits are -inf):
    *   m_new = max(m, max_j S[r][j])  (NaN propagates);  alpha[r] = exp(m - m_new);
    *   S[r][j] = exp(S[r][j] - m_new);  l[r] = l[r] * alpha[r] + sum_j S[r][j];  m = m_new.
@@ -33,6 +34,11 @@ typedef struct attn__cpu_kernels {
   void (*softmax)(float *S, float *m, float *l, float *alpha);
   /* O[r][:] = O[r][:] * alpha[r] + sum_{j < nkeys} P[r][j] * V[j][:] */
   void (*pv)(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv, int64_t nkeys);
+  /* Backward pass: S[r][j] = exp(S[r][j] - shift[r]); a row whose shift is -inf becomes 0. */
+  void (*exp_shift)(float *S, const float *shift);
+  /* Backward pass, transposed accumulate: Out[j][c] += sum_{r < MR} P[r][j] * X[r][c]
+   * for j < NR, c < C; Out rows ldo apart, X rows ldx apart (unit stride within rows). */
+  void (*pt_acc)(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C);
 } attn__cpu_kernels;
 
 extern const attn__cpu_kernels attn__kernels_c;

@@ -49,7 +49,8 @@ static inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
-static void qk_avx2(float *S, const float *Q, const float *Kt, int64_t D) {
+static void qk_avx2(float *S, const float *Q, const float *Kt, int64_t D, int64_t nkeys) {
+  (void)nkeys; /* NR = 16: one pass, nothing to skip */
   __m256 a[MR][2];
   for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
   for (int64_t d = 0; d < D; d++) {
@@ -136,4 +137,36 @@ static void pv_avx2(float *O, const float *alpha, const float *P, const float *V
   }
 }
 
-const attn__cpu_kernels attn__kernels_avx2 = {"avx2", MR, NR, qk_avx2, softmax_avx2, pv_avx2};
+static void exp_shift_avx2(float *S, const float *shift) {
+  for (int r = 0; r < MR; r++) {
+    float *s = S + r * NR;
+    const __m256 mv = _mm256_set1_ps(shift[r]);
+    for (int v = 0; v < NR; v += 8)
+      _mm256_store_ps(s + v, shift[r] == -INFINITY ? _mm256_setzero_ps() : exp256(_mm256_sub_ps(_mm256_load_ps(s + v), mv)));
+  }
+}
+
+/* The MR rows of X for 16 columns stay in 12 registers while every key row of Out streams past. */
+static void pt_acc_avx2(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
+  for (int64_t c0 = 0; c0 < C; c0 += 16) {
+    const __m256i m0 = lanes(C - c0), m1 = lanes(C - c0 - 8);
+    __m256 x[MR][2];
+    for (int r = 0; r < MR; r++) {
+      x[r][0] = _mm256_maskload_ps(X + r * ldx + c0, m0);
+      x[r][1] = _mm256_maskload_ps(X + r * ldx + c0 + 8, m1);
+    }
+    for (int j = 0; j < NR; j++) {
+      float *o = Out + j * ldo + c0;
+      __m256 a0 = _mm256_maskload_ps(o, m0), a1 = _mm256_maskload_ps(o + 8, m1);
+      for (int r = 0; r < MR; r++) {
+        const __m256 pv = _mm256_broadcast_ss(P + r * NR + j);
+        a0 = _mm256_fmadd_ps(pv, x[r][0], a0);
+        a1 = _mm256_fmadd_ps(pv, x[r][1], a1);
+      }
+      _mm256_maskstore_ps(o, m0, a0);
+      _mm256_maskstore_ps(o + 8, m1, a1);
+    }
+  }
+}
+
+const attn__cpu_kernels attn__kernels_avx2 = {"avx2", MR, NR, qk_avx2, softmax_avx2, pv_avx2, exp_shift_avx2, pt_acc_avx2};

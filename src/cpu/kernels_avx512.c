@@ -24,8 +24,8 @@
 #define NR 64
 #endif
 #define NV (NR / 16) /* zmm per row of a tile */
-#if MR > 16 || NR % 32
-#error "row statistics hold 16 rows per vector; qk works in passes of 32 keys"
+#if MR > 7 || NR % 32
+#error "pt_acc keeps MR x 4 zmm of X in registers (MR <= 7); qk works in passes of 32 keys"
 #endif
 #ifndef CW
 #define CW 4 /* zmm per chunk of output columns in pv */
@@ -67,8 +67,13 @@ REDUCE16(reduce16_add, _mm512_add_ps)
 #define SLOT(r) (((r) % 4) * 4 + (r) / 4) /* input slot whose reduction lands in lane r */
 
 /* In passes of 32 keys: 24 accumulators stay in registers whatever NR is. */
-static void qk_avx512(float *S, const float *Q, const float *Kt, int64_t D) {
+static void qk_avx512(float *S, const float *Q, const float *Kt, int64_t D, int64_t nkeys) {
   for (int v0 = 0; v0 < NV; v0 += 2) {
+    if (16 * v0 >= nkeys) { /* past the last key: nothing to compute, but finite */
+      for (int r = 0; r < MR; r++)
+        for (int v = v0; v < v0 + 2; v++) _mm512_store_ps(S + r * NR + 16 * v, _mm512_setzero_ps());
+      continue;
+    }
     __m512 a[MR][2];
     for (int r = 0; r < MR; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d++) {
@@ -161,4 +166,38 @@ static void pv_avx512(float *O, const float *alpha, const float *P, const float 
   }
 }
 
-const attn__cpu_kernels attn__kernels_avx512 = {"avx512", MR, NR, qk_avx512, softmax_avx512, pv_avx512};
+static void exp_shift_avx512(float *S, const float *shift) {
+  for (int r = 0; r < MR; r++) {
+    float *s = S + r * NR;
+    if (shift[r] == -INFINITY) {
+      for (int v = 0; v < NV; v++) _mm512_store_ps(s + 16 * v, _mm512_setzero_ps());
+      continue;
+    }
+    const __m512 mv = _mm512_set1_ps(shift[r]);
+    for (int v = 0; v < NV; v++) _mm512_store_ps(s + 16 * v, exp512(_mm512_sub_ps(_mm512_load_ps(s + 16 * v), mv)));
+  }
+}
+
+/* The MR rows of X for 64 columns stay in 24 registers while every key row of Out streams past. */
+static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
+  for (int64_t c0 = 0; c0 < C; c0 += 64) {
+    __mmask16 mk[4];
+    for (int w = 0; w < 4; w++) mk[w] = lanes16(C - c0 - 16 * w);
+    __m512 x[MR][4];
+    for (int r = 0; r < MR; r++)
+      for (int w = 0; w < 4; w++) x[r][w] = _mm512_maskz_loadu_ps(mk[w], X + r * ldx + c0 + 16 * w);
+    for (int j = 0; j < NR; j++) {
+      float *o = Out + j * ldo + c0;
+      __m512 acc[4];
+      for (int w = 0; w < 4; w++) acc[w] = _mm512_maskz_loadu_ps(mk[w], o + 16 * w);
+      for (int r = 0; r < MR; r++) {
+        const __m512 pv = _mm512_set1_ps(P[r * NR + j]);
+        for (int w = 0; w < 4; w++) acc[w] = _mm512_fmadd_ps(pv, x[r][w], acc[w]);
+      }
+      for (int w = 0; w < 4; w++) _mm512_mask_storeu_ps(o + 16 * w, mk[w], acc[w]);
+    }
+  }
+}
+
+const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, softmax_avx512, pv_avx512,
+                                                exp_shift_avx512, pt_acc_avx512};

@@ -7,7 +7,8 @@
 #define MR 8
 #define NR 16
 
-static void qk_c(float *S, const float *Q, const float *Kt, int64_t D) {
+static void qk_c(float *S, const float *Q, const float *Kt, int64_t D, int64_t nkeys) {
+  (void)nkeys; /* the whole block: the loops are too short to be worth cutting */
   float acc[MR][NR] = {{0}};
   for (int64_t d = 0; d < D; d++) {
     const float *kr = Kt + d * NR;
@@ -58,4 +59,20 @@ static void pv_c(float *O, const float *alpha, const float *P, const float *V, i
   }
 }
 
-const attn__cpu_kernels attn__kernels_c = {"c", MR, NR, qk_c, softmax_c, pv_c};
+static void exp_shift_c(float *S, const float *shift) {
+  for (int r = 0; r < MR; r++)
+    for (int j = 0; j < NR; j++) S[r * NR + j] = shift[r] == -INFINITY ? 0.0f : expf(S[r * NR + j] - shift[r]);
+}
+
+static void pt_acc_c(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
+  for (int j = 0; j < NR; j++) {
+    float *o = Out + j * ldo;
+    for (int r = 0; r < MR; r++) {
+      const float pj = P[r * NR + j];
+      const float *x = X + r * ldx;
+      for (int64_t c = 0; c < C; c++) o[c] += pj * x[c];
+    }
+  }
+}
+
+const attn__cpu_kernels attn__kernels_c = {"c", MR, NR, qk_c, softmax_c, pv_c, exp_shift_c, pt_acc_c};

@@ -11,7 +11,7 @@
 /* NaN wins: a NaN logit must reach the output rather than be skipped. */
 static double max_propagating_nan(double m, double x) { return (isnan(x) || x > m) ? x : m; }
 
-// logits is (Nk), one query row: fills it, softmaxes it in place, writes out/weights/lse.
+// logits is (Nk), one query row: fills it, softmaxes it in place (then drops out), writes out/weights/lse.
 static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double *logits) {
   const int64_t g = h / p->group;
   const attn_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
@@ -45,6 +45,14 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
   } else {
     /* Every key masked: the documented answer is zeros, not 0/0. */
     for (int64_t j = 0; j < p->Nk; j++) logits[j] = 0;
+  }
+  if (p->dropout_p > 0) {
+    /* Dropout on the probabilities: w * keep / (1 - p), so a NaN weight stays NaN even when
+     * dropped (as in PyTorch); lse stays that of the softmax. */
+    for (int64_t j = 0; j < p->Nk; j++) {
+      const double keep = attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i, j);
+      logits[j] = logits[j] * keep / (1 - p->dropout_p);
+    }
   }
 
   const int64_t ooff = b * o->strides[0] + h * o->strides[1] + i * o->strides[2];

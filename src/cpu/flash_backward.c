@@ -1,0 +1,271 @@
+/* The blocked backward pass for fp32 on the CPU (FlashAttention's, made deterministic).
+ *
+ * Scores are recomputed tile by tile from q, k and the forward's log-sum-exp:
+ *   P = exp(S - lse), A = P * M (M: dropout's keep/(1-p), else 1),
+ *   dP = dO . V^T * M, dS = P * (dP - Dd) with Dd = rowsum(dO * O).
+ * Two passes, so that no two threads ever add into the same gradient:
+ *   pass A, parallel over key blocks: dV += A^T . dO and dK += dS^T . Q*scale,
+ *           looping over every query tile (and every query head of a GQA group);
+ *   pass B, parallel over query tiles: dQ += dS . K * scale over every key block.
+ * Each gradient element is summed in one fixed order, so results are bitwise
+ * the same whatever the thread count, at the price of recomputing S and dP once. */
+#include "../internal.h"
+#include "kernels.h"
+
+#include <stdlib.h>
+
+typedef struct bwd_scratch {
+  float *Q, *dO, *S, *dP, *Mb, *dK, *dV, *dQ, *lse, *Dd, *ones;
+} bwd_scratch;
+
+static int bwd_alloc(bwd_scratch *s, int mr, int nr, int64_t D, int64_t Dv) {
+  memset(s, 0, sizeof *s);
+  const int64_t Dp = D > 0 ? D : 1, Dvp = Dv > 0 ? Dv : 1;
+  float **bufs[] = {&s->Q, &s->dO, &s->S, &s->dP, &s->Mb, &s->dK, &s->dV, &s->dQ, &s->lse, &s->Dd, &s->ones};
+  const int64_t sizes[] = {mr * Dp, mr * Dvp, mr * nr, mr * nr, mr * nr, nr * Dp, nr * Dvp, mr * Dp,
+                           ATTN__STAT_LANES, ATTN__STAT_LANES, ATTN__STAT_LANES};
+  int ok = 1;
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    ok &= (*bufs[i] = attn__aligned_alloc((size_t)sizes[i] * sizeof(float))) != NULL;
+  if (ok)
+    for (int i = 0; i < ATTN__STAT_LANES; i++) s->ones[i] = 1.0f;
+  return ok;
+}
+
+static void bwd_free(bwd_scratch *s) {
+  float *bufs[] = {s->Q, s->dO, s->S, s->dP, s->Mb, s->dK, s->dV, s->dQ, s->lse, s->Dd, s->ones};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) attn__aligned_free(bufs[i]);
+}
+
+/* Everything one pass needs about the problem beyond p. */
+typedef struct bwd_args {
+  const attn__sdpa *p;
+  const attn__cpu_kernels *kn;
+  const attn_tensor *dout, *lse;
+  const float *Dd;            /* [B, Hq, Nq] rowsum(dO * O) */
+  const float *Kt, *Vt, *Kr;  /* one kv head: Kt (nblk, D, NR), Vt (nblk, Dv, NR), K rows ldk apart */
+  int64_t ldk;
+} bwd_args;
+
+/* Masked logits of one tile as an additive bias, like the forward's mask_tile. Returns 0 when all are masked. */
+static int bwd_mask(const attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0, int rows, int64_t j0) {
+  int64_t visible = 0;
+  for (int r = 0; r < rows; r++) {
+    const int64_t i = i0 + r, kend = attn__causal_end(p->causal, i, p->Nq, p->Nk);
+    for (int jj = 0; jj < nr; jj++) {
+      const int64_t j = j0 + jj;
+      float x = j >= kend ? -INFINITY : (p->has_kpm || p->has_mask) ? (float)attn__mask_logit(p, b, h, i, j, 0.0) : 0.0f;
+      Mb[r * nr + jj] = x;
+      visible += x != -INFINITY;
+    }
+  }
+  return visible != 0;
+}
+
+/* Loads query tile (b, h, i0): scaled queries, dO rows, lse and Dd; rows past `rows` are zero. */
+static void bwd_load_tile(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t i0, int rows) {
+  const attn__sdpa *p = a->p;
+  const int mr = a->kn->mr;
+  const float scale = (float)p->scale;
+  const attn_tensor *q = &p->q, *g = a->dout, *l = a->lse;
+  for (int r = 0; r < mr; r++) {
+    float *qd = s->Q + r * p->D, *od = s->dO + r * p->Dv;
+    if (r < rows) {
+      const int64_t i = i0 + r;
+      const float *qs = (const float *)q->data + b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
+      const float *gs = (const float *)g->data + b * g->strides[0] + h * g->strides[1] + i * g->strides[2];
+      for (int64_t d = 0; d < p->D; d++) qd[d] = qs[d * q->strides[3]] * scale;
+      for (int64_t c = 0; c < p->Dv; c++) od[c] = gs[c * g->strides[3]];
+      s->lse[r] = ((const float *)l->data)[b * l->strides[0] + h * l->strides[1] + i * l->strides[2]];
+      s->Dd[r] = a->Dd[(b * p->Hq + h) * p->Nq + i];
+    } else {
+      memset(qd, 0, (size_t)p->D * sizeof(float));
+      memset(od, 0, (size_t)p->Dv * sizeof(float));
+      s->lse[r] = -INFINITY;
+      s->Dd[r] = 0;
+    }
+  }
+}
+
+/* For the loaded tile against key block j0: s->S becomes A = P * M and s->dP becomes dS.
+ * Returns 0 when the block is entirely masked for this tile (nothing to add). */
+static int bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t i0, int rows, int64_t j0,
+                      int write_mask_grad) {
+  const attn__sdpa *p = a->p;
+  const attn__cpu_kernels *kn = a->kn;
+  const int mr = kn->mr, nr = kn->nr;
+  if (!bwd_mask(p, s->Mb, nr, b, h, i0, rows, j0)) return 0;
+  const int64_t blk = j0 / nr;
+  const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
+  kn->qk(s->S, s->Q, a->Kt + blk * nr * p->D, p->D, nk);
+  for (int e = 0; e < mr * nr; e++) s->S[e] = e < rows * nr ? s->S[e] + s->Mb[e] : -INFINITY;
+  kn->exp_shift(s->S, s->lse);
+  kn->qk(s->dP, s->dO, a->Vt + blk * nr * p->Dv, p->Dv, nk);
+  const double dp = p->dropout_p;
+  const float keep_scale = (float)(1.0 / (1.0 - dp));
+  for (int r = 0; r < mr; r++) {
+    for (int jj = 0; jj < nr; jj++) {
+      const int e = r * nr + jj;
+      const float P = s->S[e];
+      float m = 1.0f;
+      if (dp > 0 && r < rows && j0 + jj < p->Nk)
+        m = attn_dropout_keep(p->dropout_seed, dp, b, h, i0 + r, j0 + jj) ? keep_scale : 0.0f;
+      /* P = 0 (masked) must give dS = 0 even where dP is not finite */
+      const float dS = P == 0 ? 0.0f : P * (s->dP[e] * m - s->Dd[r]);
+      s->S[e] = P * m;
+      s->dP[e] = dS;
+      if (write_mask_grad && r < rows && j0 + jj < p->Nk) {
+        const attn_tensor *mg = p->mask_grad;
+        ((float *)mg->data)[b * mg->strides[0] + h * mg->strides[1] + (i0 + r) * mg->strides[2] +
+                            (j0 + jj) * mg->strides[3]] = dS;
+      }
+    }
+  }
+  return 1;
+}
+
+/* First query row that can see key j0 under the causal bound (all rows without one). */
+static int64_t first_row_seeing(const attn__sdpa *p, int64_t j0) {
+  if (p->causal == ATTN_CAUSAL_NONE) return 0;
+  const int64_t shift = p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? p->Nk - p->Nq : 0;
+  const int64_t i = j0 - shift; /* row i sees j0 when j0 <= i + shift */
+  return i < 0 ? 0 : i;
+}
+
+// Pass A for key block blk of kv head (b, g): writes dk and dv rows of that block.
+static void pass_kv(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_tensor *dv, int64_t b, int64_t g,
+                    int64_t blk) {
+  const attn__sdpa *p = a->p;
+  const int mr = a->kn->mr, nr = a->kn->nr;
+  const int64_t j0 = blk * nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
+  memset(s->dK, 0, (size_t)(nr * p->D) * sizeof(float));
+  memset(s->dV, 0, (size_t)(nr * p->Dv) * sizeof(float));
+  const int64_t t0 = first_row_seeing(p, j0) / mr;
+  for (int64_t h = g * p->group; h < (g + 1) * p->group; h++) {
+    for (int64_t t = t0; t * mr < p->Nq; t++) {
+      const int64_t i0 = t * mr;
+      const int rows = (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr);
+      bwd_load_tile(a, s, b, h, i0, rows);
+      if (!bwd_scores(a, s, b, h, i0, rows, j0, p->mask_grad != NULL)) continue;
+      a->kn->pt_acc(s->dV, p->Dv, s->S, s->dO, p->Dv, p->Dv);
+      a->kn->pt_acc(s->dK, p->D, s->dP, s->Q, p->D, p->D);
+    }
+  }
+  for (int64_t jj = 0; jj < nk; jj++) {
+    float *kd = (float *)dk->data + b * dk->strides[0] + g * dk->strides[1] + (j0 + jj) * dk->strides[2];
+    float *vd = (float *)dv->data + b * dv->strides[0] + g * dv->strides[1] + (j0 + jj) * dv->strides[2];
+    for (int64_t d = 0; d < p->D; d++) kd[d * dk->strides[3]] = s->dK[jj * p->D + d];
+    for (int64_t c = 0; c < p->Dv; c++) vd[c * dv->strides[3]] = s->dV[jj * p->Dv + c];
+  }
+}
+
+// Pass B for query tile (b, h, i0): writes dq rows of that tile.
+static void pass_q(const bwd_args *a, bwd_scratch *s, attn_tensor *dq, int64_t b, int64_t h, int64_t i0, int rows) {
+  const attn__sdpa *p = a->p;
+  const int nr = a->kn->nr, mr = a->kn->mr;
+  memset(s->dQ, 0, (size_t)(mr * p->D) * sizeof(float));
+  bwd_load_tile(a, s, b, h, i0, rows);
+  const int64_t kend = attn__causal_end(p->causal, i0 + rows - 1, p->Nq, p->Nk);
+  for (int64_t j0 = 0; j0 < kend; j0 += nr) {
+    if (!bwd_scores(a, s, b, h, i0, rows, j0, 0)) continue;
+    const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
+    a->kn->pv(s->dQ, s->ones, s->dP, a->Kr + j0 * a->ldk, a->ldk, p->D, nk);
+  }
+  const float scale = (float)p->scale;
+  for (int r = 0; r < rows; r++) {
+    float *qd = (float *)dq->data + b * dq->strides[0] + h * dq->strides[1] + (i0 + r) * dq->strides[2];
+    for (int64_t d = 0; d < p->D; d++) qd[d * dq->strides[3]] = s->dQ[r * p->D + d] * scale;
+  }
+}
+
+/* Kt/Vt blocks: transposed, zero past Nk; Kr: rows of K when K is not unit-stride. */
+static void pack_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk, int64_t F) {
+  const float *base = (const float *)t->data + b * t->strides[0] + g * t->strides[1] + blk * nr * t->strides[2];
+  float *o = dst + blk * nr * F;
+  const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
+  for (int64_t f = 0; f < F; f++) {
+    for (int jj = 0; jj < n; jj++) o[f * nr + jj] = base[jj * t->strides[2] + f * t->strides[3]];
+    for (int jj = n; jj < nr; jj++) o[f * nr + jj] = 0.0f;
+  }
+}
+
+attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa, attn_tensor *dq,
+                                        attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
+                                        const attn_tensor *out, const attn_tensor *lse) {
+  const attn__cpu_kernels *kn = attn__kernels_for(isa);
+  const int mr = kn->mr, nr = kn->nr, threads = attn__threads(ctx);
+  const int64_t nblk = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr;
+  const int k_unit = p->k.strides[3] == 1;
+  float *Kt = attn__aligned_alloc((size_t)(nblk * nr * p->D) * sizeof(float));
+  float *Vt = attn__aligned_alloc((size_t)(nblk * nr * (p->Dv > 0 ? p->Dv : 1)) * sizeof(float));
+  float *Kr = k_unit ? NULL : attn__aligned_alloc((size_t)(p->Nk * p->D) * sizeof(float));
+  float *Dd = attn__aligned_alloc((size_t)(p->B * p->Hq * p->Nq) * sizeof(float));
+  if (!Kt || !Vt || (!k_unit && !Kr) || !Dd) {
+    attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Dd);
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate packed keys and values");
+  }
+  int failed = 0;
+#pragma omp parallel num_threads(threads)
+  {
+    bwd_scratch s;
+    const int ok = bwd_alloc(&s, mr, nr, p->D, p->Dv);
+    if (!ok) {
+#pragma omp atomic write
+      failed = 1;
+    }
+    if (p->mask_grad) { /* pass A writes the visible tiles only */
+      const attn_tensor *mg = p->mask_grad;
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < p->B * p->Hq * p->Nq; row++) {
+        const int64_t i = row % p->Nq, h = (row / p->Nq) % p->Hq, b = row / (p->Nq * p->Hq);
+        float *m = (float *)mg->data + b * mg->strides[0] + h * mg->strides[1] + i * mg->strides[2];
+        for (int64_t j = 0; j < p->Nk; j++) m[j * mg->strides[3]] = 0.0f;
+      }
+    }
+    /* Dd = rowsum(dO * O), in double: it is subtracted from every dP of the row */
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < p->B * p->Hq * p->Nq; row++) {
+      const int64_t i = row % p->Nq, h = (row / p->Nq) % p->Hq, b = row / (p->Nq * p->Hq);
+      const float *go = (const float *)dout->data + b * dout->strides[0] + h * dout->strides[1] + i * dout->strides[2];
+      const float *oo = (const float *)out->data + b * out->strides[0] + h * out->strides[1] + i * out->strides[2];
+      double acc = 0;
+      for (int64_t c = 0; c < p->Dv; c++) acc += (double)go[c * dout->strides[3]] * oo[c * out->strides[3]];
+      Dd[row] = (float)acc;
+    }
+    for (int64_t bg = 0; bg < p->B * p->Hk && !failed; bg++) {
+      const int64_t b = bg / p->Hk, g = bg % p->Hk;
+#pragma omp for schedule(static)
+      for (int64_t blk = 0; blk < nblk; blk++) {
+        pack_t(Kt, &p->k, b, g, blk, nr, p->Nk, p->D);
+        pack_t(Vt, &p->v, b, g, blk, nr, p->Nk, p->Dv);
+      }
+      const float *Krow;
+      int64_t ldk;
+      if (k_unit) {
+        Krow = (const float *)p->k.data + b * p->k.strides[0] + g * p->k.strides[1];
+        ldk = p->k.strides[2];
+      } else {
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < p->Nk; j++)
+          for (int64_t d = 0; d < p->D; d++)
+            Kr[j * p->D + d] = ((const float *)p->k.data)[b * p->k.strides[0] + g * p->k.strides[1] +
+                                                          j * p->k.strides[2] + d * p->k.strides[3]];
+        Krow = Kr;
+        ldk = p->D;
+      }
+      const bwd_args a = {p, kn, dout, lse, Dd, Kt, Vt, Krow, ldk};
+      /* on demand, as in the forward: work items are large, stalls are costly */
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t blk = 0; blk < nblk; blk++) pass_kv(&a, &s, dk, dv, b, g, blk);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < p->group * ntiles; it++) {
+        const int64_t t = ntiles - 1 - it % ntiles, h = g * p->group + it / ntiles, i0 = t * mr;
+        pass_q(&a, &s, dq, b, h, i0, (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr));
+      }
+    }
+    bwd_free(&s);
+  }
+  attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Dd);
+  if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate per-thread tiles");
+  return ATTN_OK;
+}
