@@ -250,9 +250,6 @@ attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, con
   attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, kern != ATTN_KERNEL_REF);
   if (st) return st;
   if (kern == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, &p);
-  if (p.dropout_p > 0)
-    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "dropout is not implemented by the %s kernel yet",
-                      attn_kernel_name(kern));
   return attn__sdpa_run_cpu(ctx, &p, kern);
 }
 

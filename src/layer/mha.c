@@ -11,7 +11,8 @@
 struct attn_mha {
   attn_mha_config cfg;
   int64_t head_dim, kv_dim; /* D = E / H; kv_dim = Hk * D */
-  float *param[ATTN_MHA_NUM_PARAMS];
+  float *param[ATTN_MHA_NUM_PARAMS]; /* views into store */
+  float *store;
   int64_t rows[ATTN_MHA_NUM_PARAMS], cols[ATTN_MHA_NUM_PARAMS]; /* cols 0: a vector */
 };
 
@@ -59,17 +60,30 @@ attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config
   const int64_t E = c.embed_dim;
   int64_t r[ATTN_MHA_NUM_PARAMS] = {E, E, m->kv_dim, m->kv_dim, m->kv_dim, m->kv_dim, E, E};
   int64_t k[ATTN_MHA_NUM_PARAMS] = {E, 0, c.kdim, 0, c.vdim, 0, E, 0};
+  /* One allocation, the q, k, v weights (and biases) back to back: with kdim =
+   * vdim = E they form PyTorch's packed [E + 2 Hk D, E] in_proj, and
+   * self-attention projects with one GEMM. */
+  static const int order[ATTN_MHA_NUM_PARAMS] = {ATTN_MHA_Q_WEIGHT, ATTN_MHA_K_WEIGHT, ATTN_MHA_V_WEIGHT,
+                                                 ATTN_MHA_Q_BIAS,   ATTN_MHA_K_BIAS,   ATTN_MHA_V_BIAS,
+                                                 ATTN_MHA_O_WEIGHT, ATTN_MHA_O_BIAS};
+  int64_t total = 0;
   for (int i = 0; i < ATTN_MHA_NUM_PARAMS; i++) {
     m->rows[i] = r[i];
     m->cols[i] = k[i];
+    if (k[i] || c.bias) total += r[i] * (k[i] ? k[i] : 1);
+  }
+  m->store = attn__aligned_alloc((size_t)total * sizeof(float));
+  if (!m->store) {
+    attn_mha_destroy(m);
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_create: cannot allocate parameters");
+  }
+  memset(m->store, 0, (size_t)total * sizeof(float));
+  float *next = m->store;
+  for (int o = 0; o < ATTN_MHA_NUM_PARAMS; o++) {
+    const int i = order[o];
     if (!k[i] && !c.bias) continue;
-    size_t n = (size_t)(r[i] * (k[i] ? k[i] : 1));
-    m->param[i] = attn__aligned_alloc(n * sizeof(float));
-    if (!m->param[i]) {
-      attn_mha_destroy(m);
-      return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_create: cannot allocate parameters");
-    }
-    memset(m->param[i], 0, n * sizeof(float));
+    m->param[i] = next;
+    next += r[i] * (k[i] ? k[i] : 1);
   }
   *out = m;
   return ATTN_OK;
@@ -77,7 +91,7 @@ attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config
 
 void attn_mha_destroy(attn_mha *mha) {
   if (!mha) return;
-  for (int i = 0; i < ATTN_MHA_NUM_PARAMS; i++) attn__aligned_free(mha->param[i]);
+  attn__aligned_free(mha->store);
   free(mha);
 }
 
@@ -330,16 +344,20 @@ static const float *rows_of(const attn_tensor *t, float **owned) {
   return c;
 }
 
-/* [B, N, H*D] buffer viewed as [B, H, N, D]. */
-static attn_tensor heads_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D) {
+/* [B, N, ld] rows (the first H*D columns) viewed as [B, H, N, D]. */
+static attn_tensor heads_view_ld(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D, int64_t ld) {
   attn_tensor t;
   memset(&t, 0, sizeof t);
   t.data = data;
   t.dtype = dt;
   t.rank = 4;
   t.shape[0] = B; t.shape[1] = H; t.shape[2] = N; t.shape[3] = D;
-  t.strides[0] = N * H * D; t.strides[1] = D; t.strides[2] = H * D; t.strides[3] = 1;
+  t.strides[0] = N * ld; t.strides[1] = D; t.strides[2] = ld; t.strides[3] = 1;
   return t;
+}
+
+static attn_tensor heads_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D) {
+  return heads_view_ld(data, dt, B, N, H, D, H * D);
 }
 
 /* y is (M, N) contiguous doubles = x (M, K) . W^T + b, all read as given. */
@@ -425,8 +443,11 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
   const attn_dtype dt = ref ? ATTN_F64 : ATTN_F32;
   const size_t es = ref ? sizeof(double) : sizeof(float);
   const int64_t kv = mha->kv_dim;
-  void *Q = attn__aligned_alloc((size_t)(B * Nq * E) * es), *K = attn__aligned_alloc((size_t)(B * Nk * kv) * es);
-  void *V = attn__aligned_alloc((size_t)(B * Nk * kv) * es), *A = attn__aligned_alloc((size_t)(B * Nq * E) * es);
+  /* Self-attention in fp32: q, k, v in one GEMM against the packed weights. */
+  const int fused = !ref && key == query && value == query && c->kdim == E && c->vdim == E;
+  void *Q = attn__aligned_alloc((size_t)(B * Nq * (fused ? E + 2 * kv : E)) * es), *A = attn__aligned_alloc((size_t)(B * Nq * E) * es);
+  void *K = fused ? Q : attn__aligned_alloc((size_t)(B * Nk * kv) * es);
+  void *V = fused ? Q : attn__aligned_alloc((size_t)(B * Nk * kv) * es);
   attn_tensor wbuf = {0};
   int have_wbuf = 0;
   float *own_q = NULL, *own_k = NULL, *own_v = NULL;
@@ -436,7 +457,15 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
     goto done;
   }
   const float *const *P = (const float *const *)mha->param;
-  if (ref) {
+  if (fused) {
+    const float *xq = rows_of(query, &own_q);
+    if (!xq) {
+      st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
+      goto done;
+    }
+    attn__sgemm_nt(attn__threads(ctx), kern, B * Nq, E + 2 * kv, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E + 2 * kv,
+                   P[ATTN_MHA_Q_BIAS]);
+  } else if (ref) {
     linear_ref(attn__threads(ctx), Q, query, B * Nq, P[ATTN_MHA_Q_WEIGHT], P[ATTN_MHA_Q_BIAS], E, E);
     linear_ref(attn__threads(ctx), K, key, B * Nk, P[ATTN_MHA_K_WEIGHT], P[ATTN_MHA_K_BIAS], kv, c->kdim);
     linear_ref(attn__threads(ctx), V, value, B * Nk, P[ATTN_MHA_V_WEIGHT], P[ATTN_MHA_V_BIAS], kv, c->vdim);
@@ -456,6 +485,11 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
 
   attn_tensor qh = heads_view(Q, dt, B, Nq, H, D), kh = heads_view(K, dt, B, Nk, Hk, D);
   attn_tensor vh = heads_view(V, dt, B, Nk, Hk, D), ah = heads_view(A, dt, B, Nq, H, D);
+  if (fused) {
+    qh = heads_view_ld(Q, dt, B, Nq, H, D, E + 2 * kv);
+    kh = heads_view_ld((float *)Q + E, dt, B, Nk, Hk, D, E + 2 * kv);
+    vh = heads_view_ld((float *)Q + E + kv, dt, B, Nk, Hk, D, E + 2 * kv);
+  }
   attn_sdpa_opts so;
   attn_sdpa_opts_init(&so);
   so.causal = opts->causal;
@@ -502,9 +536,9 @@ done:
   attn__aligned_free(own_q);
   attn__aligned_free(own_k);
   attn__aligned_free(own_v);
+  if (K != Q) attn__aligned_free(K);
+  if (V != Q) attn__aligned_free(V);
   attn__aligned_free(Q);
-  attn__aligned_free(K);
-  attn__aligned_free(V);
   attn__aligned_free(A);
   return st;
 }

@@ -191,7 +191,5 @@ attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, 
                                                kern != ATTN_KERNEL_REF);
   if (st) return st;
   if (kern == ATTN_KERNEL_REF) return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
-  /* The fp32 kernels: until the fast backward (attn__sdpa_backward_run_cpu) is wired in
-   * here, the oracle computes the f32 gradients. */
-  return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
+  return attn__sdpa_backward_run_cpu(ctx, &p, kern, dq, dk, dv, dout, out, lse);
 }
