@@ -256,6 +256,8 @@ typedef struct attn_mha_opts {
   const attn_tensor *key_padding; /* bool/u8 [B, Nk], true = ignore; or NULL */
   attn_tensor *weights;           /* out, f32 [B, H, Nq, Nk], or [B, Nq, Nk] if average_weights */
   int average_weights;            /* weights averaged over heads (PyTorch average_attn_weights) */
+  double dropout_p;               /* training: dropout on the attention probabilities, as in attn_sdpa_opts */
+  uint64_t dropout_seed;
 } attn_mha_opts;
 
 ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
@@ -266,6 +268,23 @@ ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
  * With ATTN_KERNEL_REF every step runs in float64 (out may then be f64). */
 ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
                                       const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts);
+
+/* Training. attn_mha_forward_save runs attn_mha_forward and keeps what the
+ * backward pass needs (the projections, the attention output and its
+ * log-sum-exp; O(N) memory, never the Nq x Nk weights). attn_mha_backward
+ * then gives the gradients of a loss L from dout = dL/dout [B, Nq, E]:
+ *   dquery [B, Nq, E], dkey [B, Nk, kdim], dvalue [B, Nk, vdim] (any may be NULL;
+ *   after self-attention dquery gets the whole input gradient and dkey/dvalue
+ *   must be NULL), and every parameter's gradient written into the parameters
+ *   of `grads`, a layer created with the same configuration (overwritten). */
+typedef struct attn_mha_saved attn_mha_saved;
+ATTN_API attn_status attn_mha_forward_save(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
+                                           const attn_tensor *key, const attn_tensor *value,
+                                           const attn_mha_opts *opts, attn_mha_saved **saved);
+ATTN_API void attn_mha_saved_free(attn_mha_saved *saved);
+ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_saved *saved,
+                                       const attn_tensor *dout, attn_tensor *dquery, attn_tensor *dkey,
+                                       attn_tensor *dvalue, attn_mha *grads);
 
 /* ---- files ------------------------------------------------------------------- */
 /* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16), little-endian, C order.

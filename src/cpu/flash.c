@@ -52,17 +52,13 @@ static int scratch_alloc(scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t 
 
 static void scratch_free(scratch *s) { attn__aligned_free(s->base); }
 
-/* What a tile's mask does: nothing (every logit visible), everything (skip the
- * tile), or something (Mb holds -inf or the value to add, per logit). */
-typedef enum tile_mask { TILE_OPEN, TILE_CLOSED, TILE_PARTIAL } tile_mask;
-
 /* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, keys
  * past Nk, key padding and the mask, decided before any arithmetic so that a
  * fully masked tile costs no FMAs. */
-static tile_mask mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0, int rows,
-                           int64_t j0) {
+attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0, int rows,
+                                int64_t j0) {
   const int64_t kend_first = attn__causal_end(p->causal, i0, p->Nq, p->Nk);
-  if (!p->has_mask && !p->has_kpm && j0 + nr <= kend_first) return TILE_OPEN;
+  if (!p->has_mask && !p->has_kpm && j0 + nr <= kend_first) return ATTN__TILE_OPEN;
   int64_t visible = 0;
   for (int r = 0; r < rows; r++) {
     const int64_t i = i0 + r, kend = attn__causal_end(p->causal, i, p->Nq, p->Nk);
@@ -82,17 +78,17 @@ static tile_mask mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t b, in
       visible += x != -INFINITY;
     }
   }
-  return visible ? TILE_PARTIAL : TILE_CLOSED;
+  return visible ? ATTN__TILE_PARTIAL : ATTN__TILE_CLOSED;
 }
 
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too. */
-static tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const tile_state *ts,
+static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const tile_state *ts,
                              const float *Kt, int64_t b, int64_t h, int64_t j0) {
   const int mr = kn->mr, nr = kn->nr;
-  const tile_mask tm = mask_tile(p, s->Mb, nr, b, h, ts->i0, ts->rows, j0);
-  if (tm == TILE_CLOSED) return tm;
+  const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, b, h, ts->i0, ts->rows, j0);
+  if (tm == ATTN__TILE_CLOSED) return tm;
   kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D, p->Nk - j0 < nr ? p->Nk - j0 : nr);
-  if (tm == TILE_PARTIAL)
+  if (tm == ATTN__TILE_PARTIAL)
     for (int64_t e = 0; e < (int64_t)ts->rows * nr; e++) s->S[e] += s->Mb[e];
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
   return tm;
@@ -151,7 +147,7 @@ static void tile_weights(const attn__cpu_kernels *kn, const attn__sdpa *p, scrat
   float *wd = w->data;
   for (int64_t j0 = 0; j0 < p->Nk; j0 += nr) {
     const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-    const int open = j0 < ts->kend && logits_tile(kn, p, s, ts, Kt, b, h, j0) != TILE_CLOSED;
+    const int open = j0 < ts->kend && logits_tile(kn, p, s, ts, Kt, b, h, j0) != ATTN__TILE_CLOSED;
     for (int r = 0; r < ts->rows; r++) {
       float *dst = wd + b * w->strides[0] + h * w->strides[1] + (ts->i0 + r) * w->strides[2];
       const float l = ts->l[r], mx = ts->m[r];
@@ -194,7 +190,7 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch 
     const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
     for (int t = 0; t < count; t++) {
       tile_state *ts = &s->t[t];
-      if (j0 >= ts->kend || logits_tile(kn, p, s, ts, Kt, b, h, j0) == TILE_CLOSED) continue;
+      if (j0 >= ts->kend || logits_tile(kn, p, s, ts, Kt, b, h, j0) == ATTN__TILE_CLOSED) continue;
       kn->softmax(s->S, ts->m, ts->l, ts->alpha);
       if (p->dropout_p > 0) dropout_tile(p, s->S, nr, b, h, ts->i0, ts->rows, j0);
       kn->pv(ts->O, ts->alpha, s->S, V + j0 * ldv, ldv, p->Dv, nk);

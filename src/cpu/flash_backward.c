@@ -15,110 +15,81 @@
 #include <stdlib.h>
 
 typedef struct bwd_scratch {
-  float *Q, *dO, *S, *dP, *Mb, *dK, *dV, *dQ, *lse, *Dd, *ones;
+  float *S, *dP, *Mb, *dK, *dV, *dQ, *ones;
+  float *base;
 } bwd_scratch;
 
 static int bwd_alloc(bwd_scratch *s, int mr, int nr, int64_t D, int64_t Dv) {
   memset(s, 0, sizeof *s);
-  const int64_t Dp = D > 0 ? D : 1, Dvp = Dv > 0 ? Dv : 1;
-  float **bufs[] = {&s->Q, &s->dO, &s->S, &s->dP, &s->Mb, &s->dK, &s->dV, &s->dQ, &s->lse, &s->Dd, &s->ones};
-  const int64_t sizes[] = {mr * Dp, mr * Dvp, mr * nr, mr * nr, mr * nr, nr * Dp, nr * Dvp, mr * Dp,
-                           ATTN__STAT_LANES, ATTN__STAT_LANES, ATTN__STAT_LANES};
-  int ok = 1;
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    ok &= (*bufs[i] = attn__aligned_alloc((size_t)sizes[i] * sizeof(float))) != NULL;
-  if (ok)
-    for (int i = 0; i < ATTN__STAT_LANES; i++) s->ones[i] = 1.0f;
-  return ok;
+  const int64_t up = 16, Dp = D > 0 ? D : 1, Dvp = Dv > 0 ? Dv : 1;
+  float **bufs[] = {&s->S, &s->dP, &s->Mb, &s->dK, &s->dV, &s->dQ, &s->ones};
+  const int64_t sizes[] = {mr * nr, mr * nr, mr * nr, nr * Dp, nr * Dvp, mr * Dp, ATTN__STAT_LANES};
+  int64_t total = 0;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + up - 1) / up * up;
+  float *b = s->base = attn__aligned_alloc((size_t)total * sizeof(float));
+  if (!b) return 0;
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+    *bufs[i] = b;
+    b += (sizes[i] + up - 1) / up * up;
+  }
+  for (int i = 0; i < ATTN__STAT_LANES; i++) s->ones[i] = 1.0f;
+  return 1;
 }
 
-static void bwd_free(bwd_scratch *s) {
-  float *bufs[] = {s->Q, s->dO, s->S, s->dP, s->Mb, s->dK, s->dV, s->dQ, s->lse, s->Dd, s->ones};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) attn__aligned_free(bufs[i]);
-}
+/* One query head's rows, packed once per kv head so that every (tile, key
+ * block) pair reads them in place: scaled q, dO, lse and Dd = rowsum(dO * O).
+ * Rows past Nq (up to a whole tile) are zero, with lse -inf. */
+typedef struct bwd_rows {
+  float *Q, *dO, *lse, *Dd;
+} bwd_rows;
 
 /* Everything one pass needs about the problem beyond p. */
 typedef struct bwd_args {
   const attn__sdpa *p;
   const attn__cpu_kernels *kn;
-  const attn_tensor *dout, *lse;
-  const float *Dd;            /* [B, Hq, Nq] rowsum(dO * O) */
+  const bwd_rows *rows;       /* [group] for the kv head at hand */
   const float *Kt, *Vt, *Kr;  /* one kv head: Kt (nblk, D, NR), Vt (nblk, Dv, NR), K rows ldk apart */
   int64_t ldk;
 } bwd_args;
 
-/* Masked logits of one tile as an additive bias, like the forward's mask_tile. Returns 0 when all are masked. */
-static int bwd_mask(const attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0, int rows, int64_t j0) {
-  int64_t visible = 0;
-  for (int r = 0; r < rows; r++) {
-    const int64_t i = i0 + r, kend = attn__causal_end(p->causal, i, p->Nq, p->Nk);
-    for (int jj = 0; jj < nr; jj++) {
-      const int64_t j = j0 + jj;
-      float x = j >= kend ? -INFINITY : (p->has_kpm || p->has_mask) ? (float)attn__mask_logit(p, b, h, i, j, 0.0) : 0.0f;
-      Mb[r * nr + jj] = x;
-      visible += x != -INFINITY;
-    }
-  }
-  return visible != 0;
-}
-
-/* Loads query tile (b, h, i0): scaled queries, dO rows, lse and Dd; rows past `rows` are zero. */
-static void bwd_load_tile(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t i0, int rows) {
-  const attn__sdpa *p = a->p;
-  const int mr = a->kn->mr;
-  const float scale = (float)p->scale;
-  const attn_tensor *q = &p->q, *g = a->dout, *l = a->lse;
-  for (int r = 0; r < mr; r++) {
-    float *qd = s->Q + r * p->D, *od = s->dO + r * p->Dv;
-    if (r < rows) {
-      const int64_t i = i0 + r;
-      const float *qs = (const float *)q->data + b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
-      const float *gs = (const float *)g->data + b * g->strides[0] + h * g->strides[1] + i * g->strides[2];
-      for (int64_t d = 0; d < p->D; d++) qd[d] = qs[d * q->strides[3]] * scale;
-      for (int64_t c = 0; c < p->Dv; c++) od[c] = gs[c * g->strides[3]];
-      s->lse[r] = ((const float *)l->data)[b * l->strides[0] + h * l->strides[1] + i * l->strides[2]];
-      s->Dd[r] = a->Dd[(b * p->Hq + h) * p->Nq + i];
-    } else {
-      memset(qd, 0, (size_t)p->D * sizeof(float));
-      memset(od, 0, (size_t)p->Dv * sizeof(float));
-      s->lse[r] = -INFINITY;
-      s->Dd[r] = 0;
-    }
-  }
-}
-
-/* For the loaded tile against key block j0: s->S becomes A = P * M and s->dP becomes dS.
- * Returns 0 when the block is entirely masked for this tile (nothing to add). */
-static int bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t i0, int rows, int64_t j0,
+/* For query tile t of query head h (slot hs in the group) against key block j0:
+ * s->S becomes A = P * M and s->dP becomes dS. Returns 0 when the block is
+ * entirely masked for this tile (nothing to add). */
+static int bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t hs, int64_t t, int64_t j0,
                       int write_mask_grad) {
   const attn__sdpa *p = a->p;
   const attn__cpu_kernels *kn = a->kn;
   const int mr = kn->mr, nr = kn->nr;
-  if (!bwd_mask(p, s->Mb, nr, b, h, i0, rows, j0)) return 0;
-  const int64_t blk = j0 / nr;
-  const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-  kn->qk(s->S, s->Q, a->Kt + blk * nr * p->D, p->D, nk);
-  for (int e = 0; e < mr * nr; e++) s->S[e] = e < rows * nr ? s->S[e] + s->Mb[e] : -INFINITY;
-  kn->exp_shift(s->S, s->lse);
-  kn->qk(s->dP, s->dO, a->Vt + blk * nr * p->Dv, p->Dv, nk);
-  const double dp = p->dropout_p;
-  const float keep_scale = (float)(1.0 / (1.0 - dp));
-  for (int r = 0; r < mr; r++) {
-    for (int jj = 0; jj < nr; jj++) {
-      const int e = r * nr + jj;
-      const float P = s->S[e];
-      float m = 1.0f;
-      if (dp > 0 && r < rows && j0 + jj < p->Nk)
-        m = attn_dropout_keep(p->dropout_seed, dp, b, h, i0 + r, j0 + jj) ? keep_scale : 0.0f;
-      /* P = 0 (masked) must give dS = 0 even where dP is not finite */
-      const float dS = P == 0 ? 0.0f : P * (s->dP[e] * m - s->Dd[r]);
-      s->S[e] = P * m;
-      s->dP[e] = dS;
-      if (write_mask_grad && r < rows && j0 + jj < p->Nk) {
-        const attn_tensor *mg = p->mask_grad;
-        ((float *)mg->data)[b * mg->strides[0] + h * mg->strides[1] + (i0 + r) * mg->strides[2] +
-                            (j0 + jj) * mg->strides[3]] = dS;
-      }
+  const int64_t i0 = t * mr;
+  const int rows = (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr);
+  const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, b, h, i0, rows, j0);
+  if (tm == ATTN__TILE_CLOSED) return 0;
+  const bwd_rows *R = &a->rows[hs];
+  const float *Q = R->Q + i0 * p->D, *dO = R->dO + i0 * p->Dv;
+  const int64_t blk = j0 / nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
+  kn->qk(s->S, Q, a->Kt + blk * nr * p->D, p->D, nk);
+  if (tm == ATTN__TILE_PARTIAL)
+    for (int e = 0; e < rows * nr; e++) s->S[e] += s->Mb[e];
+  kn->exp_shift(s->S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
+  kn->qk(s->dP, dO, a->Vt + blk * nr * p->Dv, p->Dv, nk);
+  if (p->dropout_p > 0) { /* dP * M before dS; A = P * M after */
+    const float keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+    float *M = s->Mb; /* free again: the mask is in S */
+    for (int r = 0; r < mr; r++)
+      for (int jj = 0; jj < nr; jj++)
+        M[r * nr + jj] = r < rows && jj < nk && attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i0 + r, j0 + jj)
+                             ? keep_scale : 0.0f;
+    for (int e = 0; e < mr * nr; e++) s->dP[e] *= M[e];
+    kn->ds(s->S, s->dP, R->Dd + i0);
+    for (int e = 0; e < mr * nr; e++) s->S[e] *= M[e];
+  } else {
+    kn->ds(s->S, s->dP, R->Dd + i0);
+  }
+  if (write_mask_grad) {
+    const attn_tensor *mg = p->mask_grad;
+    for (int r = 0; r < rows; r++) {
+      float *m = (float *)mg->data + b * mg->strides[0] + h * mg->strides[1] + (i0 + r) * mg->strides[2];
+      for (int64_t jj = 0; jj < nk; jj++) m[(j0 + jj) * mg->strides[3]] = s->dP[r * nr + jj];
     }
   }
   return 1;
@@ -141,14 +112,13 @@ static void pass_kv(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_ten
   memset(s->dK, 0, (size_t)(nr * p->D) * sizeof(float));
   memset(s->dV, 0, (size_t)(nr * p->Dv) * sizeof(float));
   const int64_t t0 = first_row_seeing(p, j0) / mr;
-  for (int64_t h = g * p->group; h < (g + 1) * p->group; h++) {
+  for (int64_t hs = 0; hs < p->group; hs++) {
+    const int64_t h = g * p->group + hs;
+    const bwd_rows *R = &a->rows[hs];
     for (int64_t t = t0; t * mr < p->Nq; t++) {
-      const int64_t i0 = t * mr;
-      const int rows = (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr);
-      bwd_load_tile(a, s, b, h, i0, rows);
-      if (!bwd_scores(a, s, b, h, i0, rows, j0, p->mask_grad != NULL)) continue;
-      a->kn->pt_acc(s->dV, p->Dv, s->S, s->dO, p->Dv, p->Dv);
-      a->kn->pt_acc(s->dK, p->D, s->dP, s->Q, p->D, p->D);
+      if (!bwd_scores(a, s, b, h, hs, t, j0, p->mask_grad != NULL)) continue;
+      a->kn->pt_acc(s->dV, p->Dv, s->S, R->dO + t * mr * p->Dv, p->Dv, p->Dv);
+      a->kn->pt_acc(s->dK, p->D, s->dP, R->Q + t * mr * p->D, p->D, p->D);
     }
   }
   for (int64_t jj = 0; jj < nk; jj++) {
@@ -159,15 +129,16 @@ static void pass_kv(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_ten
   }
 }
 
-// Pass B for query tile (b, h, i0): writes dq rows of that tile.
-static void pass_q(const bwd_args *a, bwd_scratch *s, attn_tensor *dq, int64_t b, int64_t h, int64_t i0, int rows) {
+// Pass B for query tile t of head h (slot hs): writes dq rows of that tile.
+static void pass_q(const bwd_args *a, bwd_scratch *s, attn_tensor *dq, int64_t b, int64_t h, int64_t hs, int64_t t) {
   const attn__sdpa *p = a->p;
   const int nr = a->kn->nr, mr = a->kn->mr;
+  const int64_t i0 = t * mr;
+  const int rows = (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr);
   memset(s->dQ, 0, (size_t)(mr * p->D) * sizeof(float));
-  bwd_load_tile(a, s, b, h, i0, rows);
   const int64_t kend = attn__causal_end(p->causal, i0 + rows - 1, p->Nq, p->Nk);
   for (int64_t j0 = 0; j0 < kend; j0 += nr) {
-    if (!bwd_scores(a, s, b, h, i0, rows, j0, 0)) continue;
+    if (!bwd_scores(a, s, b, h, hs, t, j0, 0)) continue;
     const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
     a->kn->pv(s->dQ, s->ones, s->dP, a->Kr + j0 * a->ldk, a->ldk, p->D, nk);
   }
@@ -176,6 +147,32 @@ static void pass_q(const bwd_args *a, bwd_scratch *s, attn_tensor *dq, int64_t b
     float *qd = (float *)dq->data + b * dq->strides[0] + h * dq->strides[1] + (i0 + r) * dq->strides[2];
     for (int64_t d = 0; d < p->D; d++) qd[d * dq->strides[3]] = s->dQ[r * p->D + d] * scale;
   }
+}
+
+/* Packs query row i of head h into slot R: scaled q, dO, lse, and Dd in double. */
+static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *dout, const attn_tensor *out,
+                     const attn_tensor *lse, int64_t b, int64_t h, int64_t i) {
+  float *qd = R->Q + i * p->D, *od = R->dO + i * p->Dv;
+  if (i >= p->Nq) {
+    memset(qd, 0, (size_t)p->D * sizeof(float));
+    memset(od, 0, (size_t)p->Dv * sizeof(float));
+    R->lse[i] = -INFINITY;
+    R->Dd[i] = 0;
+    return;
+  }
+  const attn_tensor *q = &p->q;
+  const float scale = (float)p->scale;
+  const float *qs = (const float *)q->data + b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
+  const float *gs = (const float *)dout->data + b * dout->strides[0] + h * dout->strides[1] + i * dout->strides[2];
+  const float *os = (const float *)out->data + b * out->strides[0] + h * out->strides[1] + i * out->strides[2];
+  double dd = 0;
+  for (int64_t d = 0; d < p->D; d++) qd[d] = qs[d * q->strides[3]] * scale;
+  for (int64_t c = 0; c < p->Dv; c++) {
+    od[c] = gs[c * dout->strides[3]];
+    dd += (double)od[c] * os[c * out->strides[3]];
+  }
+  R->lse[i] = ((const float *)lse->data)[b * lse->strides[0] + h * lse->strides[1] + i * lse->strides[2]];
+  R->Dd[i] = (float)dd; /* subtracted from every dP of the row: summed in double */
 }
 
 /* Kt/Vt blocks: transposed, zero past Nk; Kr: rows of K when K is not unit-stride. */
@@ -194,15 +191,24 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
                                         const attn_tensor *out, const attn_tensor *lse) {
   const attn__cpu_kernels *kn = attn__kernels_for(isa);
   const int mr = kn->mr, nr = kn->nr, threads = attn__threads(ctx);
-  const int64_t nblk = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr;
+  const int64_t nblk = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr, nqp = ntiles * mr;
   const int k_unit = p->k.strides[3] == 1;
+  const int64_t per_head = nqp * (p->D + p->Dv + 2);
   float *Kt = attn__aligned_alloc((size_t)(nblk * nr * p->D) * sizeof(float));
   float *Vt = attn__aligned_alloc((size_t)(nblk * nr * (p->Dv > 0 ? p->Dv : 1)) * sizeof(float));
   float *Kr = k_unit ? NULL : attn__aligned_alloc((size_t)(p->Nk * p->D) * sizeof(float));
-  float *Dd = attn__aligned_alloc((size_t)(p->B * p->Hq * p->Nq) * sizeof(float));
-  if (!Kt || !Vt || (!k_unit && !Kr) || !Dd) {
-    attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Dd);
-    return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate packed keys and values");
+  float *Rows = attn__aligned_alloc((size_t)(p->group * per_head) * sizeof(float));
+  bwd_rows *rows = calloc((size_t)p->group, sizeof *rows);
+  if (!Kt || !Vt || (!k_unit && !Kr) || !Rows || !rows) {
+    attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Rows); free(rows);
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate packed keys, values and queries");
+  }
+  for (int64_t hs = 0; hs < p->group; hs++) {
+    float *base = Rows + hs * per_head;
+    rows[hs].Q = base;
+    rows[hs].dO = base + nqp * p->D;
+    rows[hs].lse = base + nqp * (p->D + p->Dv);
+    rows[hs].Dd = rows[hs].lse + nqp;
   }
   int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -222,16 +228,6 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
         for (int64_t j = 0; j < p->Nk; j++) m[j * mg->strides[3]] = 0.0f;
       }
     }
-    /* Dd = rowsum(dO * O), in double: it is subtracted from every dP of the row */
-#pragma omp for schedule(static)
-    for (int64_t row = 0; row < p->B * p->Hq * p->Nq; row++) {
-      const int64_t i = row % p->Nq, h = (row / p->Nq) % p->Hq, b = row / (p->Nq * p->Hq);
-      const float *go = (const float *)dout->data + b * dout->strides[0] + h * dout->strides[1] + i * dout->strides[2];
-      const float *oo = (const float *)out->data + b * out->strides[0] + h * out->strides[1] + i * out->strides[2];
-      double acc = 0;
-      for (int64_t c = 0; c < p->Dv; c++) acc += (double)go[c * dout->strides[3]] * oo[c * out->strides[3]];
-      Dd[row] = (float)acc;
-    }
     for (int64_t bg = 0; bg < p->B * p->Hk && !failed; bg++) {
       const int64_t b = bg / p->Hk, g = bg % p->Hk;
 #pragma omp for schedule(static)
@@ -239,6 +235,9 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
         pack_t(Kt, &p->k, b, g, blk, nr, p->Nk, p->D);
         pack_t(Vt, &p->v, b, g, blk, nr, p->Nk, p->Dv);
       }
+#pragma omp for schedule(static)
+      for (int64_t w = 0; w < p->group * nqp; w++)
+        pack_row(p, &rows[w / nqp], dout, out, lse, b, g * p->group + w / nqp, w % nqp);
       const float *Krow;
       int64_t ldk;
       if (k_unit) {
@@ -253,19 +252,19 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
         Krow = Kr;
         ldk = p->D;
       }
-      const bwd_args a = {p, kn, dout, lse, Dd, Kt, Vt, Krow, ldk};
+      const bwd_args a = {p, kn, rows, Kt, Vt, Krow, ldk};
       /* on demand, as in the forward: work items are large, stalls are costly */
 #pragma omp for schedule(dynamic, 1)
       for (int64_t blk = 0; blk < nblk; blk++) pass_kv(&a, &s, dk, dv, b, g, blk);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < p->group * ntiles; it++) {
-        const int64_t t = ntiles - 1 - it % ntiles, h = g * p->group + it / ntiles, i0 = t * mr;
-        pass_q(&a, &s, dq, b, h, i0, (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr));
+        const int64_t t = ntiles - 1 - it % ntiles, hs = it / ntiles;
+        pass_q(&a, &s, dq, b, g * p->group + hs, hs, t);
       }
     }
-    bwd_free(&s);
+    attn__aligned_free(s.base);
   }
-  attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Dd);
+  attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Rows); free(rows);
   if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate per-thread tiles");
   return ATTN_OK;
 }

@@ -36,6 +36,8 @@ typedef struct attn__cpu_kernels {
   void (*pv)(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv, int64_t nkeys);
   /* Backward pass: S[r][j] = exp(S[r][j] - shift[r]); a row whose shift is -inf becomes 0. */
   void (*exp_shift)(float *S, const float *shift);
+  /* Backward pass: dP[r][j] = P[r][j] * (dP[r][j] - Dd[r]) (dS over dP), exactly 0 where P is 0. */
+  void (*ds)(const float *P, float *dP, const float *Dd);
   /* Backward pass, transposed accumulate: Out[j][c] += sum_{r < MR} P[r][j] * X[r][c]
    * for j < NR, c < C; Out rows ldo apart, X rows ldx apart (unit stride within rows). */
   void (*pt_acc)(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C);
@@ -46,6 +48,17 @@ extern const attn__cpu_kernels attn__kernels_c;
 extern const attn__cpu_kernels attn__kernels_avx2;
 extern const attn__cpu_kernels attn__kernels_avx512;
 #endif
+/* What a tile's mask does: nothing (every logit visible), everything (skip the
+ * tile), or something (Mb holds -inf or the value to add, per logit). */
+typedef enum attn__tile_mask { ATTN__TILE_OPEN, ATTN__TILE_CLOSED, ATTN__TILE_PARTIAL } attn__tile_mask;
+
+struct attn__sdpa;
+/* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, keys
+ * past Nk, key padding and the mask, decided before any arithmetic (flash.c).
+ * Mb is (rows, nr); it is written unless the tile is OPEN. */
+attn__tile_mask attn__mask_tile(const struct attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0,
+                                int rows, int64_t j0);
+
 /* The kernel set for an instruction set (the portable one for anything else). */
 const attn__cpu_kernels *attn__kernels_for(attn_kernel isa);
 

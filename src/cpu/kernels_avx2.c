@@ -146,6 +146,17 @@ static void exp_shift_avx2(float *S, const float *shift) {
   }
 }
 
+static void ds_avx2(const float *P, float *dP, const float *Dd) {
+  for (int r = 0; r < MR; r++) {
+    const __m256 dd = _mm256_set1_ps(Dd[r]);
+    for (int v = 0; v < NR; v += 8) {
+      const __m256 pv = _mm256_load_ps(P + r * NR + v);
+      const __m256 d = _mm256_mul_ps(pv, _mm256_sub_ps(_mm256_load_ps(dP + r * NR + v), dd));
+      _mm256_store_ps(dP + r * NR + v, _mm256_and_ps(_mm256_cmp_ps(pv, _mm256_setzero_ps(), _CMP_NEQ_UQ), d));
+    }
+  }
+}
+
 /* The MR rows of X for 16 columns stay in 12 registers while every key row of Out streams past. */
 static void pt_acc_avx2(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
   for (int64_t c0 = 0; c0 < C; c0 += 16) {
@@ -169,4 +180,4 @@ static void pt_acc_avx2(float *Out, int64_t ldo, const float *P, const float *X,
   }
 }
 
-const attn__cpu_kernels attn__kernels_avx2 = {"avx2", MR, NR, qk_avx2, softmax_avx2, pv_avx2, exp_shift_avx2, pt_acc_avx2};
+const attn__cpu_kernels attn__kernels_avx2 = {"avx2", MR, NR, qk_avx2, softmax_avx2, pv_avx2, exp_shift_avx2, ds_avx2, pt_acc_avx2};

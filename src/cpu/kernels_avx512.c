@@ -178,6 +178,17 @@ static void exp_shift_avx512(float *S, const float *shift) {
   }
 }
 
+static void ds_avx512(const float *P, float *dP, const float *Dd) {
+  for (int r = 0; r < MR; r++) {
+    const __m512 dd = _mm512_set1_ps(Dd[r]);
+    for (int v = 0; v < NV; v++) {
+      const __m512 pv = _mm512_load_ps(P + r * NR + 16 * v);
+      const __m512 d = _mm512_mul_ps(pv, _mm512_sub_ps(_mm512_load_ps(dP + r * NR + 16 * v), dd));
+      _mm512_store_ps(dP + r * NR + 16 * v, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(pv, _mm512_setzero_ps(), _CMP_NEQ_UQ), d));
+    }
+  }
+}
+
 /* The MR rows of X for 64 columns stay in 24 registers while every key row of Out streams past. */
 static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
   for (int64_t c0 = 0; c0 < C; c0 += 64) {
@@ -200,4 +211,4 @@ static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *
 }
 
 const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, softmax_avx512, pv_avx512,
-                                                exp_shift_avx512, pt_acc_avx512};
+                                                exp_shift_avx512, ds_avx512, pt_acc_avx512};

@@ -64,6 +64,14 @@ static void exp_shift_c(float *S, const float *shift) {
     for (int j = 0; j < NR; j++) S[r * NR + j] = shift[r] == -INFINITY ? 0.0f : expf(S[r * NR + j] - shift[r]);
 }
 
+static void ds_c(const float *P, float *dP, const float *Dd) {
+  for (int r = 0; r < MR; r++)
+    for (int j = 0; j < NR; j++) {
+      const float pv = P[r * NR + j];
+      dP[r * NR + j] = pv == 0 ? 0.0f : pv * (dP[r * NR + j] - Dd[r]);
+    }
+}
+
 static void pt_acc_c(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
   for (int j = 0; j < NR; j++) {
     float *o = Out + j * ldo;
@@ -75,4 +83,4 @@ static void pt_acc_c(float *Out, int64_t ldo, const float *P, const float *X, in
   }
 }
 
-const attn__cpu_kernels attn__kernels_c = {"c", MR, NR, qk_c, softmax_c, pv_c, exp_shift_c, pt_acc_c};
+const attn__cpu_kernels attn__kernels_c = {"c", MR, NR, qk_c, softmax_c, pv_c, exp_shift_c, ds_c, pt_acc_c};
