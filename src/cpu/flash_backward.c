@@ -3,12 +3,13 @@
  * Scores are recomputed tile by tile from q, k and the forward's log-sum-exp:
  *   P = exp(S - lse), A = P * M (M: dropout's keep/(1-p), else 1),
  *   dP = dO . V^T * M, dS = P * (dP - Dd) with Dd = rowsum(dO * O).
- * Two passes, so that no two threads ever add into the same gradient:
- *   pass A, parallel over key blocks: dV += A^T . dO and dK += dS^T . Q*scale,
- *           looping over every query tile (and every query head of a GQA group);
- *   pass B, parallel over query tiles: dQ += dS . K * scale over every key block.
- * Each gradient element is summed in one fixed order, so results are bitwise
- * the same whatever the thread count, at the price of recomputing S and dP once. */
+ * Key blocks are dealt to a fixed number of chunks (block b to chunk b mod C),
+ * one work item each: a chunk walks its key blocks, accumulating dV += A^T dO
+ * and dK += dS^T Q*scale for the block, and dS K into the chunk's own partial
+ * dQ. The partials are then summed in chunk order. So every gradient element
+ * is summed in one fixed order whatever the thread count (bitwise the same
+ * results), no two threads add into the same memory, and there is no second
+ * pass recomputing the scores. C does not depend on the threads. */
 #include "../internal.h"
 #include "kernels.h"
 
@@ -103,49 +104,39 @@ static int64_t first_row_seeing(const attn__sdpa *p, int64_t j0) {
   return i < 0 ? 0 : i;
 }
 
-// Pass A for key block blk of kv head (b, g): writes dk and dv rows of that block.
-static void pass_kv(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_tensor *dv, int64_t b, int64_t g,
-                    int64_t blk) {
+/* Work items per kv head: enough for a few threads, few enough to keep the
+ * partial dQ buffers (CHUNKS x group x Nq x D floats) small. */
+#define CHUNKS 4
+
+// Chunk c of kv head (b, g): every key block blk with blk % CHUNKS == c.
+// Writes those blocks' dk and dv rows, and adds dS.K into the chunk's dQ partials dQc [group][nqp][D].
+static void pass_chunk(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_tensor *dv, float *dQc, int64_t nqp,
+                       int64_t b, int64_t g, int64_t c) {
   const attn__sdpa *p = a->p;
   const int mr = a->kn->mr, nr = a->kn->nr;
-  const int64_t j0 = blk * nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-  memset(s->dK, 0, (size_t)(nr * p->D) * sizeof(float));
-  memset(s->dV, 0, (size_t)(nr * p->Dv) * sizeof(float));
-  const int64_t t0 = first_row_seeing(p, j0) / mr;
-  for (int64_t hs = 0; hs < p->group; hs++) {
-    const int64_t h = g * p->group + hs;
-    const bwd_rows *R = &a->rows[hs];
-    for (int64_t t = t0; t * mr < p->Nq; t++) {
-      if (!bwd_scores(a, s, b, h, hs, t, j0, p->mask_grad != NULL)) continue;
-      a->kn->pt_acc(s->dV, p->Dv, s->S, R->dO + t * mr * p->Dv, p->Dv, p->Dv);
-      a->kn->pt_acc(s->dK, p->D, s->dP, R->Q + t * mr * p->D, p->D, p->D);
+  const int64_t nblk = (p->Nk + nr - 1) / nr;
+  memset(dQc, 0, (size_t)(p->group * nqp * p->D) * sizeof(float));
+  for (int64_t blk = c; blk < nblk; blk += CHUNKS) {
+    const int64_t j0 = blk * nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
+    memset(s->dK, 0, (size_t)(nr * p->D) * sizeof(float));
+    memset(s->dV, 0, (size_t)(nr * p->Dv) * sizeof(float));
+    const int64_t t0 = first_row_seeing(p, j0) / mr;
+    for (int64_t hs = 0; hs < p->group; hs++) {
+      const int64_t h = g * p->group + hs;
+      const bwd_rows *R = &a->rows[hs];
+      for (int64_t t = t0; t * mr < p->Nq; t++) {
+        if (!bwd_scores(a, s, b, h, hs, t, j0, p->mask_grad != NULL)) continue;
+        a->kn->pt_acc(s->dV, p->Dv, s->S, R->dO + t * mr * p->Dv, p->Dv, p->Dv);
+        a->kn->pt_acc(s->dK, p->D, s->dP, R->Q + t * mr * p->D, p->D, p->D);
+        a->kn->pv(dQc + (hs * nqp + t * mr) * p->D, s->ones, s->dP, a->Kr + j0 * a->ldk, a->ldk, p->D, nk);
+      }
     }
-  }
-  for (int64_t jj = 0; jj < nk; jj++) {
-    float *kd = (float *)dk->data + b * dk->strides[0] + g * dk->strides[1] + (j0 + jj) * dk->strides[2];
-    float *vd = (float *)dv->data + b * dv->strides[0] + g * dv->strides[1] + (j0 + jj) * dv->strides[2];
-    for (int64_t d = 0; d < p->D; d++) kd[d * dk->strides[3]] = s->dK[jj * p->D + d];
-    for (int64_t c = 0; c < p->Dv; c++) vd[c * dv->strides[3]] = s->dV[jj * p->Dv + c];
-  }
-}
-
-// Pass B for query tile t of head h (slot hs): writes dq rows of that tile.
-static void pass_q(const bwd_args *a, bwd_scratch *s, attn_tensor *dq, int64_t b, int64_t h, int64_t hs, int64_t t) {
-  const attn__sdpa *p = a->p;
-  const int nr = a->kn->nr, mr = a->kn->mr;
-  const int64_t i0 = t * mr;
-  const int rows = (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr);
-  memset(s->dQ, 0, (size_t)(mr * p->D) * sizeof(float));
-  const int64_t kend = attn__causal_end(p->causal, i0 + rows - 1, p->Nq, p->Nk);
-  for (int64_t j0 = 0; j0 < kend; j0 += nr) {
-    if (!bwd_scores(a, s, b, h, hs, t, j0, 0)) continue;
-    const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-    a->kn->pv(s->dQ, s->ones, s->dP, a->Kr + j0 * a->ldk, a->ldk, p->D, nk);
-  }
-  const float scale = (float)p->scale;
-  for (int r = 0; r < rows; r++) {
-    float *qd = (float *)dq->data + b * dq->strides[0] + h * dq->strides[1] + (i0 + r) * dq->strides[2];
-    for (int64_t d = 0; d < p->D; d++) qd[d * dq->strides[3]] = s->dQ[r * p->D + d] * scale;
+    for (int64_t jj = 0; jj < nk; jj++) {
+      float *kd = (float *)dk->data + b * dk->strides[0] + g * dk->strides[1] + (j0 + jj) * dk->strides[2];
+      float *vd = (float *)dv->data + b * dv->strides[0] + g * dv->strides[1] + (j0 + jj) * dv->strides[2];
+      for (int64_t d = 0; d < p->D; d++) kd[d * dk->strides[3]] = s->dK[jj * p->D + d];
+      for (int64_t e = 0; e < p->Dv; e++) vd[e * dv->strides[3]] = s->dV[jj * p->Dv + e];
+    }
   }
 }
 
@@ -198,9 +189,11 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
   float *Vt = attn__aligned_alloc((size_t)(nblk * nr * (p->Dv > 0 ? p->Dv : 1)) * sizeof(float));
   float *Kr = k_unit ? NULL : attn__aligned_alloc((size_t)(p->Nk * p->D) * sizeof(float));
   float *Rows = attn__aligned_alloc((size_t)(p->group * per_head) * sizeof(float));
+  float *dQp = attn__aligned_alloc((size_t)(CHUNKS * p->group * nqp * (p->D > 0 ? p->D : 1)) * sizeof(float));
   bwd_rows *rows = calloc((size_t)p->group, sizeof *rows);
-  if (!Kt || !Vt || (!k_unit && !Kr) || !Rows || !rows) {
+  if (!Kt || !Vt || (!k_unit && !Kr) || !Rows || !rows || !dQp) {
     attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Rows); free(rows);
+    attn__aligned_free(dQp);
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate packed keys, values and queries");
   }
   for (int64_t hs = 0; hs < p->group; hs++) {
@@ -255,16 +248,23 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
       const bwd_args a = {p, kn, rows, Kt, Vt, Krow, ldk};
       /* on demand, as in the forward: work items are large, stalls are costly */
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t blk = 0; blk < nblk; blk++) pass_kv(&a, &s, dk, dv, b, g, blk);
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t it = 0; it < p->group * ntiles; it++) {
-        const int64_t t = ntiles - 1 - it % ntiles, hs = it / ntiles;
-        pass_q(&a, &s, dq, b, g * p->group + hs, hs, t);
+      for (int64_t c = 0; c < CHUNKS; c++) pass_chunk(&a, &s, dk, dv, dQp + c * p->group * nqp * p->D, nqp, b, g, c);
+      const float scale = (float)p->scale;
+#pragma omp for schedule(static)
+      for (int64_t w = 0; w < p->group * p->Nq; w++) {
+        const int64_t hs = w / p->Nq, i = w % p->Nq, h = g * p->group + hs;
+        float *qd = (float *)dq->data + b * dq->strides[0] + h * dq->strides[1] + i * dq->strides[2];
+        for (int64_t d = 0; d < p->D; d++) {
+          float acc = 0; /* chunk order: fixed */
+          for (int64_t c = 0; c < CHUNKS; c++) acc += dQp[((c * p->group + hs) * nqp + i) * p->D + d];
+          qd[d * dq->strides[3]] = acc * scale;
+        }
       }
     }
     attn__aligned_free(s.base);
   }
   attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Rows); free(rows);
+  attn__aligned_free(dQp);
   if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate per-thread tiles");
   return ATTN_OK;
 }
