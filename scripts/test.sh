@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The test command: builds with warnings as errors and runs the suite, then again
-# under AddressSanitizer + UndefinedBehaviorSanitizer. Ends with ctest's summary.
+# The test command: builds with warnings as errors and runs the suite under
+# AddressSanitizer + UndefinedBehaviorSanitizer, with the optional CBLAS
+# projections (where OpenBLAS is installed), then as released. Ends with
+# ctest's summary.
 #   scripts/test.sh          both builds
 #   scripts/test.sh quick    the release build only
 set -euo pipefail
@@ -19,6 +21,10 @@ run_suite() { # build dir, extra cmake flags...
 if [ "${1:-}" != quick ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build =="
   ASAN_OPTIONS=detect_leaks=1 run_suite build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON
+fi
+if [ "${1:-}" != quick ] && pkg-config --exists openblas 2>/dev/null; then
+  echo "== release build with the optional CBLAS (OpenBLAS) projections =="
+  run_suite build-cblas -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CBLAS=ON
 fi
 echo "== release build =="
 run_suite build -DCMAKE_BUILD_TYPE=Release

@@ -87,7 +87,8 @@ static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa
   const int mr = kn->mr, nr = kn->nr;
   const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, b, h, ts->i0, ts->rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
-  kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D, p->Nk - j0 < nr ? p->Nk - j0 : nr);
+  /* keys past the tile's last visible one (Nk, or the causal bound of its last row) need no dot products */
+  kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D, ts->kend - j0 < nr ? ts->kend - j0 : nr);
   if (tm == ATTN__TILE_PARTIAL)
     for (int64_t e = 0; e < (int64_t)ts->rows * nr; e++) s->S[e] += s->Mb[e];
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
@@ -187,10 +188,10 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch 
     if (s->t[t].kend > kmax) kmax = s->t[t].kend;
   }
   for (int64_t j0 = 0; j0 < kmax; j0 += nr) {
-    const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
     for (int t = 0; t < count; t++) {
       tile_state *ts = &s->t[t];
       if (j0 >= ts->kend || logits_tile(kn, p, s, ts, Kt, b, h, j0) == ATTN__TILE_CLOSED) continue;
+      const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr; /* P is 0 past the tile's last visible key */
       kn->softmax(s->S, ts->m, ts->l, ts->alpha);
       if (p->dropout_p > 0) dropout_tile(p, s->S, nr, b, h, ts->i0, ts->rows, j0);
       kn->pv(ts->O, ts->alpha, s->S, V + j0 * ldv, ldv, p->Dv, nk);

@@ -24,9 +24,10 @@
 #define NR 64
 #endif
 #define NV (NR / 16) /* zmm per row of a tile */
-#if MR > 7 || NR % 32
-#error "pt_acc keeps MR x 4 zmm of X in registers (MR <= 7); qk works in passes of 32 keys"
+#if MR > 12 || NR % 32
+#error "pt_acc keeps MR x PW zmm of X in registers; qk works in passes of 32 keys"
 #endif
+#define PW (MR <= 6 ? 4 : 2) /* zmm of X per row that pt_acc keeps in registers */
 #ifndef CW
 #define CW 4 /* zmm per chunk of output columns in pv */
 #endif
@@ -189,23 +190,23 @@ static void ds_avx512(const float *P, float *dP, const float *Dd) {
   }
 }
 
-/* The MR rows of X for 64 columns stay in 24 registers while every key row of Out streams past. */
+/* The MR rows of X for 16 * PW columns stay in registers while every key row of Out streams past. */
 static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
-  for (int64_t c0 = 0; c0 < C; c0 += 64) {
-    __mmask16 mk[4];
-    for (int w = 0; w < 4; w++) mk[w] = lanes16(C - c0 - 16 * w);
-    __m512 x[MR][4];
+  for (int64_t c0 = 0; c0 < C; c0 += 16 * PW) {
+    __mmask16 mk[PW];
+    for (int w = 0; w < PW; w++) mk[w] = lanes16(C - c0 - 16 * w);
+    __m512 x[MR][PW];
     for (int r = 0; r < MR; r++)
-      for (int w = 0; w < 4; w++) x[r][w] = _mm512_maskz_loadu_ps(mk[w], X + r * ldx + c0 + 16 * w);
+      for (int w = 0; w < PW; w++) x[r][w] = _mm512_maskz_loadu_ps(mk[w], X + r * ldx + c0 + 16 * w);
     for (int j = 0; j < NR; j++) {
       float *o = Out + j * ldo + c0;
-      __m512 acc[4];
-      for (int w = 0; w < 4; w++) acc[w] = _mm512_maskz_loadu_ps(mk[w], o + 16 * w);
+      __m512 acc[PW];
+      for (int w = 0; w < PW; w++) acc[w] = _mm512_maskz_loadu_ps(mk[w], o + 16 * w);
       for (int r = 0; r < MR; r++) {
         const __m512 pv = _mm512_set1_ps(P[r * NR + j]);
-        for (int w = 0; w < 4; w++) acc[w] = _mm512_fmadd_ps(pv, x[r][w], acc[w]);
+        for (int w = 0; w < PW; w++) acc[w] = _mm512_fmadd_ps(pv, x[r][w], acc[w]);
       }
-      for (int w = 0; w < 4; w++) _mm512_mask_storeu_ps(o + 16 * w, mk[w], acc[w]);
+      for (int w = 0; w < PW; w++) _mm512_mask_storeu_ps(o + 16 * w, mk[w], acc[w]);
     }
   }
 }
