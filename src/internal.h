@@ -155,6 +155,20 @@ static inline double attn__mask_logit(const attn__sdpa *p, int64_t b, int64_t h,
 void attn__sgemm_nt(int threads, attn_kernel isa, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc, const float *bias);
 
+/* The oracle's logit for (b, h, i, j) in double: scale * q.k plus the mask,
+ * -inf when masked or past the causal bound. Shared by the forward and the
+ * backward oracles so that both see exactly the same scores. */
+static inline double attn__ref_logit(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (j >= attn__causal_end(p->causal, i, p->Nq, p->Nk)) return -INFINITY;
+  const attn_tensor *q = &p->q, *k = &p->k;
+  const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
+  const int64_t koff = b * k->strides[0] + (h / p->group) * k->strides[1] + j * k->strides[2];
+  double dot = 0;
+  for (int64_t d = 0; d < p->D; d++)
+    dot += attn__load(q->data, q->dtype, qoff + d * q->strides[3]) * attn__load(k->data, k->dtype, koff + d * k->strides[3]);
+  return attn__mask_logit(p, b, h, i, j, dot * p->scale);
+}
+
 /* Size helpers that refuse overflow: 0 on success. */
 int attn__mul_overflows(int64_t a, int64_t b, int64_t *out);
 

@@ -203,17 +203,15 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch 
   }
 }
 
-// Kt is (nblocks, D, NR) and, when V is not unit-stride, Vp is (Nk, Dv): one kv head's keys and values.
-static void pack_block(const attn__sdpa *p, int nr, float *Kt, int64_t b, int64_t g, int64_t blk) {
-  const attn_tensor *k = &p->k;
-  const float *kd = (const float *)k->data + b * k->strides[0] + g * k->strides[1] + blk * nr * k->strides[2];
-  float *dst = Kt + blk * nr * p->D;
-  const int n = p->Nk - blk * nr < nr ? (int)(p->Nk - blk * nr) : nr;
-  /* writes run along the packed rows: the reads' nr key rows stay in L1 across d */
-  for (int64_t d = 0; d < p->D; d++) {
-    float *row = dst + d * nr;
-    for (int jj = 0; jj < n; jj++) row[jj] = kd[jj * k->strides[2] + d * k->strides[3]];
-    for (int jj = n; jj < nr; jj++) row[jj] = 0;
+void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
+                        int64_t F) {
+  const float *base = (const float *)t->data + b * t->strides[0] + g * t->strides[1] + blk * nr * t->strides[2];
+  float *o = dst + blk * nr * F;
+  const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
+  /* writes run along the packed rows: the reads' nr rows stay in L1 across f */
+  for (int64_t f = 0; f < F; f++) {
+    for (int jj = 0; jj < n; jj++) o[f * nr + jj] = base[jj * t->strides[2] + f * t->strides[3]];
+    for (int jj = n; jj < nr; jj++) o[f * nr + jj] = 0.0f;
   }
 }
 
@@ -261,7 +259,7 @@ attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel i
 #pragma omp for schedule(static)
       for (int64_t w = 0; w < n * nblocks; w++) {
         const int64_t bg = first + w / nblocks;
-        pack_block(p, nr, Kt + (w / nblocks) * kt_size, bg / p->Hk, bg % p->Hk, w % nblocks);
+        attn__pack_block_t(Kt + (w / nblocks) * kt_size, &p->k, bg / p->Hk, bg % p->Hk, w % nblocks, nr, p->Nk, p->D);
       }
       if (!v_unit) {
 #pragma omp for schedule(static)

@@ -166,17 +166,6 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
   R->Dd[i] = (float)dd; /* subtracted from every dP of the row: summed in double */
 }
 
-/* Kt/Vt blocks: transposed, zero past Nk; Kr: rows of K when K is not unit-stride. */
-static void pack_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk, int64_t F) {
-  const float *base = (const float *)t->data + b * t->strides[0] + g * t->strides[1] + blk * nr * t->strides[2];
-  float *o = dst + blk * nr * F;
-  const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
-  for (int64_t f = 0; f < F; f++) {
-    for (int jj = 0; jj < n; jj++) o[f * nr + jj] = base[jj * t->strides[2] + f * t->strides[3]];
-    for (int jj = n; jj < nr; jj++) o[f * nr + jj] = 0.0f;
-  }
-}
-
 attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa, attn_tensor *dq,
                                         attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
                                         const attn_tensor *out, const attn_tensor *lse) {
@@ -225,8 +214,8 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
       const int64_t b = bg / p->Hk, g = bg % p->Hk;
 #pragma omp for schedule(static)
       for (int64_t blk = 0; blk < nblk; blk++) {
-        pack_t(Kt, &p->k, b, g, blk, nr, p->Nk, p->D);
-        pack_t(Vt, &p->v, b, g, blk, nr, p->Nk, p->Dv);
+        attn__pack_block_t(Kt, &p->k, b, g, blk, nr, p->Nk, p->D);
+        attn__pack_block_t(Vt, &p->v, b, g, blk, nr, p->Nk, p->Dv);
       }
 #pragma omp for schedule(static)
       for (int64_t w = 0; w < p->group * nqp; w++)

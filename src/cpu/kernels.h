@@ -59,6 +59,11 @@ struct attn__sdpa;
 attn__tile_mask attn__mask_tile(const struct attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0,
                                 int rows, int64_t j0);
 
+/* Packs key block blk of kv head (b, g) of a [B, Hk, N, F] view, transposed, as
+ * Kt is laid out: dst[blk][f][jj] for f < F, jj < nr, zero past row Nk (flash.c). */
+void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
+                        int64_t F);
+
 /* The kernel set for an instruction set (the portable one for anything else). */
 const attn__cpu_kernels *attn__kernels_for(attn_kernel isa);
 

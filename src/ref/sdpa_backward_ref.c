@@ -43,17 +43,7 @@ static bwd_entry entry_at(const bwd_args *a, int64_t b, int64_t h, int64_t i, in
   const attn__sdpa *p = a->p;
   const int64_t g = h / p->group;
   bwd_entry e = {0, 1, 0};
-  double s = -INFINITY;
-  if (j < attn__causal_end(p->causal, i, p->Nq, p->Nk)) {
-    const attn_tensor *q = &p->q, *k = &p->k;
-    const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
-    const int64_t koff = b * k->strides[0] + g * k->strides[1] + j * k->strides[2];
-    double dot = 0;
-    for (int64_t d = 0; d < p->D; d++)
-      dot += attn__load(q->data, q->dtype, qoff + d * q->strides[3]) *
-             attn__load(k->data, k->dtype, koff + d * k->strides[3]);
-    s = attn__mask_logit(p, b, h, i, j, dot * p->scale);
-  }
+  const double s = attn__ref_logit(p, b, h, i, j);
   e.P = s == -INFINITY ? 0 : exp(s - lse_i);
   if (p->dropout_p > 0) e.M = attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i, j) / (1 - p->dropout_p);
   if (e.P * e.M != 0) {

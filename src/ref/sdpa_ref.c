@@ -14,22 +14,12 @@ static double max_propagating_nan(double m, double x) { return (isnan(x) || x > 
 // logits is (Nk), one query row: fills it, softmaxes it in place (then drops out), writes out/weights/lse.
 static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double *logits) {
   const int64_t g = h / p->group;
-  const attn_tensor *q = &p->q, *k = &p->k, *v = &p->v, *o = &p->out;
-  const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
-  const int64_t kend = attn__causal_end(p->causal, i, p->Nq, p->Nk);
+  const attn_tensor *v = &p->v, *o = &p->out;
 
   double m = -INFINITY;
   int64_t visible = 0;
   for (int64_t j = 0; j < p->Nk; j++) {
-    double x = -INFINITY;
-    if (j < kend) {
-      const int64_t koff = b * k->strides[0] + g * k->strides[1] + j * k->strides[2];
-      double dot = 0;
-      for (int64_t d = 0; d < p->D; d++)
-        dot += attn__load(q->data, q->dtype, qoff + d * q->strides[3]) *
-               attn__load(k->data, k->dtype, koff + d * k->strides[3]);
-      x = attn__mask_logit(p, b, h, i, j, dot * p->scale);
-    }
+    const double x = attn__ref_logit(p, b, h, i, j);
     logits[j] = x;
     if (x != -INFINITY) visible++;
     m = max_propagating_nan(m, x);
