@@ -3,9 +3,17 @@
 through PyTorch (when a Python with torch is around), and the outside FMA yardstick
 ../shared/tools/peak.c, all in one run; writes the table into BENCHMARKS.md between
 <!-- grid:begin --> and <!-- grid:end --> (prose outside the markers stays).
+Then the backward table: `attn bench sdpa --backward` (forward with lse, then
+attn_sdpa_backward) beside PyTorch's F.scaled_dot_product_attention and the unfused
+path under autograd (forward, then .backward(G)), and our peak memory at N=16384;
+written between <!-- backward:begin --> and <!-- backward:end --> (appended when absent).
 
     scripts/bench_grid.py [--attn PATH] [--threads 2] [--torch-python PY | --no-torch]
                           [--case-budget 90] [--only REGEX] [--out BENCHMARKS.md] [--dry-run]
+
+--only REGEX runs the cases whose label matches, in either table; a table none of
+whose cases ran is left as it is. The backward cases' labels start with "backward",
+so `--only backward` runs the backward table alone; the default run does both.
 
 PyTorch: --torch-python, else $TORCH_PYTHON, else python3 if `import torch` works.
 Only the standard library is used here; torch runs in a worker process.
@@ -30,6 +38,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- grid:begin -->", "<!-- grid:end -->"
+BWD_BEGIN, BWD_END = "<!-- backward:begin -->", "<!-- backward:end -->"
+BWD_FACTOR, FWD_BWD_FACTOR = 2.5, 3.5  # the backward's flops and forward+backward's, in forwards (as attn bench)
 SCORES_LIMIT = 4 << 30  # bytes of one score matrix the unfused path may allocate
 
 # ---- the PyTorch worker: one JSON case per stdin line, one JSON result per stdout line ----
@@ -53,6 +63,31 @@ def timed(fn, repeat):
 def rand(*shape, gen):
     return torch.rand(*shape, generator=gen) * 2 - 1
 
+def backward_case(c, res, gen):
+    """Forward + backward under autograd: SDPA and the unfused path, then .backward(G)."""
+    B, H, N, D = c["batch"], c["heads"], c["seq"], c["dim"]
+    causal = c["causal"]
+    q, k, v = [rand(B, H, N, D, gen=gen).requires_grad_() for _ in range(3)]
+    g = rand(B, H, N, D, gen=gen)
+    scale = 1.0 / math.sqrt(D)
+    mask = torch.ones(N, N, dtype=torch.bool).triu(1) if causal else None
+    def clear():
+        q.grad = k.grad = v.grad = None
+    def sdpa():
+        clear()
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
+    def unfused():
+        clear()
+        s = (q @ k.transpose(-2, -1)) * scale
+        if mask is not None:
+            s = s.masked_fill(mask, float("-inf"))
+        (torch.softmax(s, dim=-1) @ v).backward(g)
+    for key, fn in (("sdpa", sdpa), ("unfused", unfused)):
+        if c.get(key + "_skip"):
+            res[key + "_note"] = c[key + "_skip"]
+        else:
+            res[key] = timed(fn, c.get(key + "_repeat"))
+
 print(json.dumps({"torch": torch.__version__}), flush=True)
 for line in sys.stdin:
     c = json.loads(line)
@@ -60,6 +95,10 @@ for line in sys.stdin:
     try:
         torch.set_num_threads(c["threads"])
         gen = torch.Generator().manual_seed(0)
+        if c.get("backward"):
+            backward_case(c, res, gen)
+            print(json.dumps(res), flush=True)
+            continue
         with torch.inference_mode():
             if c["op"] == "sdpa":
                 B, H, G, N, M, D = c["batch"], c["heads"], c["kv_heads"], c["seq"], c["kv_seq"], c["dim"]
@@ -135,6 +174,25 @@ def grid(T):
     return cs
 
 
+def backward_grid(T, first_id):
+    """Forward+backward beside PyTorch, then our peak memory at N=16384 (ours only)."""
+    cs = []
+    for causal in (False, True):
+        for N in (1024, 2048):
+            c = sdpa_case("backward %sB1 H8 N%d D64" % ("causal " if causal else "", N), 1, 8, N, 64, causal=causal,
+                          group="backward")
+            c["backward"] = True
+            cs.append(c)
+    c = sdpa_case("backward memory B1 H8 N16384 D64", 1, 8, 16384, 64, group="backward_memory")
+    c["backward"] = True
+    c["torch"] = False
+    cs.append(c)
+    for i, c in enumerate(cs):
+        c["id"] = first_id + i
+        c["threads"] = T
+    return cs
+
+
 def case_gflop(c):
     """The same count as attn bench: 4*D per visible (query, key) pair (+ the projections for mha)."""
     if c["op"] == "mha":
@@ -159,9 +217,9 @@ class Planner:
         self.budget = budget
         self.rate = {}
 
-    def plan(self, kind, gflop):
+    def plan(self, kind, gflop, prior=None):
         r = self.rate.get(kind)
-        est = gflop / (r or self.PRIOR_GFLOPS)
+        est = gflop / (r or prior or self.PRIOR_GFLOPS)
         if est < 0.35:
             return None, est, None  # the tool's own rule: about a second of runs
         repeat = max(1, min(3, int(round(3.0 / est))))
@@ -185,6 +243,8 @@ def run_attn(attn, c, timeout):
             cmd += ["--kv-seq", str(c["kv_seq"])]
         if c["causal"]:
             cmd += ["--causal"]
+        if c.get("backward"):
+            cmd += ["--backward"]
     else:
         cmd += ["--embed", str(c["embed"])]
     cmd += ["--threads", str(c["threads"]), "--json"]
@@ -492,19 +552,205 @@ def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
     return "\n".join(out)
 
 
-def write_markdown(path, block):
+def bwd_ok(r):
+    return bool(r) and "error" not in r and "note" not in r and r.get("fwd_bwd_median_s") is not None
+
+
+def ms(x):
+    return "—" if x is None else ("%.1f" % (x * 1e3) if x >= 0.1 else "%.2f" % (x * 1e3))
+
+
+def render_backward(cases, ours, theirs, peaks, peak_lines, peak_note, info):
+    out = [BWD_BEGIN, ""]
+    out.append("Command: `%s`  " % info["command"])
+    out.append("Date: %s  " % info["date"])
+    out.append("CPU: %s  " % info["cpu"])
+    out.append("libattn: `%s`; PyTorch: %s  " % (info["version"], info["torch"]))
+    out.append("Load average (1, 5, 15 min) before: %s, after: %s; backward table wall time %.0f s" %
+               (info["bwd_load_before"], info["bwd_load_after"], info["bwd_wall"]))
+    out.append("")
+    T = info["threads"]
+    if peak_lines:
+        out.append("Outside yardstick (`../shared/tools/peak.c`, same run): %s." %
+                   ", ".join("%d threads %.1f GFLOP/s" % (t, g) for t, g in sorted(peaks.items())))
+    else:
+        out.append("Outside yardstick: %s." % peak_note)
+    out.append("")
+    out.append("Forward+backward of SDPA, fp32, %d threads. Ours: `attn bench sdpa --backward` (the forward with "
+               "lse, then `attn_sdpa_backward`; the backward alone is timed on the forward's out and lse). "
+               "PyTorch: `F.scaled_dot_product_attention(q, k, v, is_causal=...)` on `requires_grad` inputs, then "
+               "`.backward(G)`; unfused: `q @ k.T * scale` → (`masked_fill` under causal) → `softmax` → `@ v` under "
+               "autograd, then `.backward(G)`. Flops: the backward counts %.1f× the forward's visible-pair flops, "
+               "forward+backward %.1f×, for all three. ours/X is X's forward+backward time over ours (above 1: we "
+               "are faster)." % (T, BWD_FACTOR, FWD_BWD_FACTOR))
+    out.append("")
+    out.append("| case | ours fwd+bwd | ours fwd+bwd GFLOP/s | PyTorch SDPA fwd+bwd | unfused fwd+bwd | ours/PyTorch "
+               "| ours/unfused | ours backward | backward GFLOP/s | backward fraction of our peak "
+               "| backward fraction of peak.c's | forward fraction of our peak | backward oracle error |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    bests, n_contended, mem = best_peaks(ours, peaks), 0, []
+    for c in cases:
+        if c["group"] == "backward_memory":
+            mem.append(c)
+            continue
+        r, t = ours.get(c["id"]), theirs.get(c["id"])
+        fb_gflop = FWD_BWD_FACTOR * case_gflop(c)
+        label = c["label"][len("backward "):] + " [%.3g GFLOP fwd+bwd]" % fb_gflop
+        if not bwd_ok(r):
+            why = "—" if r is None else ("error: " + r["error"] if "error" in r else r.get("note", "no backward"))
+            out.append("| %s | %s |%s" % (label, why, " — |" * 11))
+            continue
+        fb = r["fwd_bwd_median_s"]
+        ts = t["sdpa"]["median_s"] if t and "sdpa" in t else None
+        tu = t["unfused"]["median_s"] if t and "unfused" in t else None
+        def tcell(tm, key):
+            if tm is not None:
+                return "%s ms (%.1f GFLOP/s)" % (ms(tm), fb_gflop / tm)
+            if t is None:
+                return "—"
+            return "error: " + t["error"] if "error" in t else t.get(key + "_note", "—")
+        frac = "%.3f" % r["backward_fraction_of_peak"]
+        if contended(r, bests):
+            frac += " *"
+            n_contended += 1
+        pk = peaks.get(c["threads"]) or (peaks[max(peaks)] if peaks else None)
+        if r.get("backward_oracle_rel_l2") is not None:
+            sub = r.get("backward_oracle_subset", "")
+            tag = "all" if sub == "all" else ("b0 h0" if sub.startswith("batch 0 head 0") else "subset")
+            err = "%.1e (%s)" % (r["backward_oracle_rel_l2"], tag)
+        else:
+            err = r.get("backward_oracle_subset", "—")
+        out.append("| %s | %s ms | %.1f | %s | %s | %s | %s | %s ms | %.1f | %s | %s | %.3f | %s |" % (
+            label, ms(fb), r["fwd_bwd_gflops"], tcell(ts, "sdpa"), tcell(tu, "unfused"),
+            fmt(ratio(ts, fb), "%.2f×"), fmt(ratio(tu, fb), "%.2f×"), ms(r["backward_median_s"]),
+            r["backward_gflops"], frac, fmt(ratio(r["backward_gflops"], pk), "%.3f"), r["fraction_of_peak"], err))
+    out.append("")
+    out.append("Backward oracle error: the largest relative L2 error of dq, dk and dv against `attn_sdpa_backward_ref` "
+               "fed by the float64 forward, on the whole problem (all) or on batch 0, head 0 with all rows and keys "
+               "(b0 h0). A case whose measured peak was below %.0f%% of the run's best at the same thread count "
+               "shared the CPUs: the table reran each such case once (%d reruns) and kept the less disturbed run%s."
+               % (100 * CONTENDED, info.get("bwd_retried", 0),
+                  "; still so, its backward fraction marked *: %d" % n_contended if n_contended else ""))
+    if mem:
+        out.append("")
+        out.append("Peak memory of forward+backward without weights (`attn bench sdpa --backward`, the whole "
+                   "process's peak RSS after the timed runs) beside the bytes of its inputs and outputs (q, k, v, "
+                   "out, dout, dq, dk, dv, lse):")
+        out.append("")
+        out.append("| case | peak RSS | inputs+outputs | RSS − io | RSS / io | fwd+bwd time | backward oracle |")
+        out.append("|---|---:|---:|---:|---:|---:|---|")
+        for c in mem:
+            r = ours.get(c["id"])
+            label = c["label"][len("backward memory "):]
+            if not bwd_ok(r):
+                why = "—" if r is None else ("error: " + r["error"] if "error" in r else r.get("note", "no backward"))
+                out.append("| %s | %s | — | — | — | — | — |" % (label, why))
+                continue
+            out.append("| %s | %.0f MiB | %.0f MiB | %.0f MiB | %.2f | %s ms | %s |" % (
+                label, r["peak_rss_mib"], r["io_mib"], r["peak_rss_mib"] - r["io_mib"],
+                r["peak_rss_mib"] / r["io_mib"], ms(r["fwd_bwd_median_s"]), r.get("backward_oracle_subset", "—")))
+    out.append("")
+    out.append("<details><summary>raw results (one JSON object per case: ours, then PyTorch)</summary>")
+    out.append("")
+    out.append("```")
+    for c in cases:
+        r = dict(ours.get(c["id"]) or {})
+        r.pop("command", None)
+        out.append(json.dumps({"case": c["label"], "ours": r, "torch": theirs.get(c["id"])}, sort_keys=False))
+    out.append("```")
+    out.append("</details>")
+    out.append("")
+    out.append(BWD_END)
+    return "\n".join(out)
+
+
+def write_markdown(path, block, begin=BEGIN, end=END):
     text = ""
     if os.path.exists(path):
         with open(path) as f:
             text = f.read()
-    if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
-        new = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    if begin in text and end in text and text.index(begin) < text.index(end):
+        new = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
     else:
         new = text + ("\n" if text and not text.endswith("\n") else "") + block + "\n"
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(new)
     os.replace(tmp, path)
+
+
+def run_cases(cases, attn, worker, args, plan_ours, plan_torch, ours, theirs):
+    """Ours, then PyTorch's, case by case; results into ours and theirs by case id."""
+    for c in cases:
+        gf = case_gflop(c)
+        bwd = bool(c.get("backward"))
+        kind = (c["op"] + ("_bwd" if bwd else ""), c["threads"])
+        # --backward times the forward, forward+backward and the backward, each with these repeats: planned
+        # on the longest (forward+backward), a case takes about twice what the plan says. Before any
+        # backward ran, the forward's rate (or a modest one) stands in: the default prior would cap small
+        # cases at 3 repeats and make their medians noisy.
+        plan_gf = gf * FWD_BWD_FACTOR if bwd else gf
+        prior = (plan_ours.rate.get((c["op"], c["threads"])) or 100.0) if bwd else None
+        rep, est, skip = plan_ours.plan(kind, plan_gf, prior)
+        if skip:
+            ours[c["id"]] = {"note": skip}
+        else:
+            c["repeat"] = rep
+            r = run_attn(attn, c, (3 if not bwd else 7) * args.case_budget + 60)
+            ours[c["id"]] = r
+            if "error" not in r:
+                plan_ours.seen(kind, plan_gf, r.get("fwd_bwd_median_s") if bwd else r["median_s"])
+        r = ours[c["id"]]
+        if bwd:
+            log("%-36s ours: %s" % (c["label"], ("fwd+bwd %.1f GFLOP/s, backward %.1f GFLOP/s" % (
+                r["fwd_bwd_gflops"], r["backward_gflops"])) if bwd_ok(r) else r.get("error", r.get("note"))))
+        else:
+            log("%-36s ours: %s" % (c["label"], ("%.1f GFLOP/s" % r["gflops"]) if "gflops" in r else
+                                     r.get("error", r.get("note"))))
+        if worker and c.get("torch", True):
+            tc = dict(c)
+            tgf = gf * FWD_BWD_FACTOR if bwd else gf
+            sfx = "_bwd" if bwd else ""
+            fwd_kind = (c["op"], c["threads"])
+            srep, _, sskip = plan_torch.plan(("sdpa" + sfx,) + kind, tgf,
+                                             (plan_torch.rate.get(("sdpa",) + fwd_kind) or 50.0) if bwd else None)
+            urep, _, uskip = plan_torch.plan(("unfused" + sfx,) + kind, tgf,
+                                             (plan_torch.rate.get(("unfused",) + fwd_kind) or 20.0) if bwd else None)
+            tc["sdpa_repeat"], tc["unfused_repeat"] = srep, urep
+            if sskip:
+                tc["sdpa_skip"] = sskip
+            if c["op"] == "sdpa":
+                # under autograd the unfused path keeps the scores, the probabilities and their gradients
+                scores = 4 * c["batch"] * c["heads"] * c["seq"] * c["kv_seq"] * (4 if bwd else 1)
+                if scores > SCORES_LIMIT:
+                    tc["unfused_skip"] = "skipped (scores need %.0f GiB)" % (scores / 2 ** 30)
+                elif uskip:
+                    tc["unfused_skip"] = uskip
+            t = worker.run(tc, 2 * (3 * args.case_budget + 60))
+            theirs[c["id"]] = t
+            for key in ("sdpa", "unfused"):
+                if key in t:
+                    plan_torch.seen((key + sfx,) + kind, tgf, t[key]["median_s"])
+            log("%-36s torch: sdpa %s, unfused %s" % ("", torch_cell(t, "sdpa", tgf), torch_cell(t, "unfused", tgf)))
+
+
+def rerun_contended(cases, attn, args, ours, peaks):
+    """Reruns once each case whose measured peak fell below CONTENDED of the run's best; keeps the less disturbed."""
+    retried = 0
+    for c in cases:
+        r = ours.get(c["id"])
+        if not r or "gflops" not in r or not contended(r, best_peaks(ours, peaks)):
+            continue
+        c2 = dict(c)
+        r2 = run_attn(attn, c2, (7 if c.get("backward") else 3) * args.case_budget + 60)
+        retried += 1
+        if "gflops" in r2 and r2["peak_gflops"] > r["peak_gflops"]:
+            r2["retried"] = "kept the rerun (measured peak %.0f before, %.0f now)" % (r["peak_gflops"], r2["peak_gflops"])
+            ours[c["id"]] = r2
+        else:
+            r["retried"] = "kept the first run (the rerun's measured peak was no higher)"
+        log("%-36s rerun: %.1f GFLOP/s (peak %.0f)" % (c["label"], ours[c["id"]]["gflops"], ours[c["id"]]["peak_gflops"]))
+    return retried
 
 
 def main():
@@ -523,12 +769,17 @@ def main():
         ap.error("--threads must be at least 1")
 
     cases = grid(args.threads)
+    cases += backward_grid(args.threads, len(cases))
     if args.only:
         cases = [c for c in cases if re.search(args.only, c["label"])]
     if args.dry_run:
         for c in cases:
-            print("%-40s %8.3g GFLOP  %d threads" % (c["label"], case_gflop(c), c["threads"]))
+            g = case_gflop(c) * (FWD_BWD_FACTOR if c.get("backward") else 1.0)
+            print("%-40s %8.3g GFLOP%s  %d threads" % (c["label"], g, " fwd+bwd" if c.get("backward") else "",
+                                                      c["threads"]))
         return 0
+    grid_cases = [c for c in cases if not c.get("backward")]
+    bwd_cases = [c for c in cases if c.get("backward")]
 
     attn = args.attn
     if attn is None:  # (re)build the tool from this tree: incremental, and never a stale binary
@@ -562,64 +813,31 @@ def main():
 
     ours, theirs = {}, {}
     plan_ours, plan_torch = Planner(args.case_budget), Planner(args.case_budget)
-    for c in cases:
-        gf = case_gflop(c)
-        kind = (c["op"], c["threads"])
-        rep, est, skip = plan_ours.plan(kind, gf)
-        if skip:
-            ours[c["id"]] = {"note": skip}
-        else:
-            c["repeat"] = rep
-            r = run_attn(attn, c, 3 * args.case_budget + 60)
-            ours[c["id"]] = r
-            if "error" not in r:
-                plan_ours.seen(kind, gf, r["median_s"])
-        r = ours[c["id"]]
-        log("%-36s ours: %s" % (c["label"], ("%.1f GFLOP/s" % r["gflops"]) if "gflops" in r else
-                                 r.get("error", r.get("note"))))
-        if worker:
-            tc = dict(c)
-            srep, _, sskip = plan_torch.plan(("sdpa",) + kind, gf)
-            urep, _, uskip = plan_torch.plan(("unfused",) + kind, gf)
-            tc["sdpa_repeat"], tc["unfused_repeat"] = srep, urep
-            if sskip:
-                tc["sdpa_skip"] = sskip
-            if c["op"] == "sdpa":
-                scores = 4 * c["batch"] * c["heads"] * c["seq"] * c["kv_seq"]
-                if scores > SCORES_LIMIT:
-                    tc["unfused_skip"] = "skipped (scores need %.0f GiB)" % (scores / 2 ** 30)
-                elif uskip:
-                    tc["unfused_skip"] = uskip
-            t = worker.run(tc, 2 * (3 * args.case_budget + 60))
-            theirs[c["id"]] = t
-            for key in ("sdpa", "unfused"):
-                if key in t:
-                    plan_torch.seen((key,) + kind, gf, t[key]["median_s"])
-            log("%-36s torch: sdpa %s, unfused %s" % ("", torch_cell(t, "sdpa", gf), torch_cell(t, "unfused", gf)))
-    if worker:
-        worker.close()
-    # A case whose own measured peak fell well below the run's best shared the CPUs
-    # with another load: run it once more and keep the less disturbed of the two.
     retried = 0
-    for c in cases:
-        r = ours.get(c["id"])
-        if not r or "gflops" not in r or not contended(r, best_peaks(ours, peaks)):
-            continue
-        c2 = dict(c)
-        r2 = run_attn(attn, c2, 3 * args.case_budget + 60)
-        retried += 1
-        if "gflops" in r2 and r2["peak_gflops"] > r["peak_gflops"]:
-            r2["retried"] = "kept the rerun (measured peak %.0f before, %.0f now)" % (r["peak_gflops"], r2["peak_gflops"])
-            ours[c["id"]] = r2
-        else:
-            r["retried"] = "kept the first run (the rerun's measured peak was no higher)"
-        log("%-36s rerun: %.1f GFLOP/s (peak %.0f)" % (c["label"], ours[c["id"]]["gflops"], ours[c["id"]]["peak_gflops"]))
+    if grid_cases:
+        run_cases(grid_cases, attn, worker, args, plan_ours, plan_torch, ours, theirs)
+        # A case whose own measured peak fell well below the run's best shared the CPUs
+        # with another load: run it once more and keep the less disturbed of the two.
+        retried = rerun_contended(grid_cases, attn, args, ours, peaks)
     info["retried"] = retried
     info["wall"] = time.time() - t_start
-    info["load_after"] = loadavg()
-    block = render(cases, ours, theirs, peaks, peak_lines, peak_note, info)
-    write_markdown(args.out, block)
-    log("wrote %s (%.0f s)" % (args.out, info["wall"]))
+    info["load_after"] = info["bwd_load_before"] = loadavg()
+    t_bwd = time.time()
+    info["bwd_retried"] = 0
+    if bwd_cases:
+        run_cases(bwd_cases, attn, worker, args, plan_ours, plan_torch, ours, theirs)
+        info["bwd_retried"] = rerun_contended(bwd_cases, attn, args, ours, peaks)
+    info["bwd_wall"] = time.time() - t_bwd
+    info["bwd_load_after"] = loadavg()
+    if worker:
+        worker.close()
+    if grid_cases:
+        write_markdown(args.out, render(grid_cases, ours, theirs, peaks, peak_lines, peak_note, info))
+    if bwd_cases:
+        write_markdown(args.out, render_backward(bwd_cases, ours, theirs, peaks, peak_lines, peak_note, info),
+                       BWD_BEGIN, BWD_END)
+    log("wrote %s (%s; %.0f s)" % (args.out, " and ".join(
+        n for n, cs in (("the grid", grid_cases), ("the backward table", bwd_cases)) if cs), time.time() - t_start))
     return 0
 
 

@@ -9,9 +9,11 @@ pass=0 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
-# expect CODE OUTFILE -- ARGS: exit status CODE; on failure one stderr line and no OUTFILE
+# expect CODE OUTFILE -- ARGS: exit status CODE; on failure one stderr line, no OUTFILE and no $T/never*
+# (the failure cases name every output they ask for $T/never*)
 expect() {
   local code=$1 out=$2; shift 3
+  [ "$code" = 0 ] || rm -f "$T"/never*  # one failure must not make the next case fail too
   "$ATTN" "$@" >"$T/stdout" 2>"$T/stderr"
   local rc=$?
   if [ "$rc" != "$code" ]; then bad "attn $* exited $rc, want $code: $(cat "$T/stderr")"; return; fi
@@ -19,12 +21,35 @@ expect() {
     local lines; lines=$(wc -l <"$T/stderr")
     if [ "$lines" != 1 ] || ! grep -q '^attn: ' "$T/stderr"; then bad "attn $*: want one 'attn: ' line on stderr, got: $(cat "$T/stderr")"; return; fi
     if [ -n "$out" ] && [ -e "$out" ]; then bad "attn $*: left $out behind"; return; fi
+    if ls "$T" | grep -q '^never'; then bad "attn $*: left $(ls "$T" | grep '^never' | tr '\n' ' ')behind"; rm -f "$T"/never*; return; fi
     if ls "$T" | grep -q '\.tmp'; then bad "attn $*: left a temporary file"; return; fi
   fi
   ok
 }
 close() { # close A B TOL
   if "$CMP" "$1" "$2" "$3" >/dev/null; then ok; else bad "$1 differs from $2"; fi
+}
+differ() { # differ A B: not within 1e-3 of each other
+  if "$CMP" "$1" "$2" 1e-3 >/dev/null; then bad "$1 equals $2"; else ok; fi
+}
+missing() { # missing FILE...: none of them exists
+  local f; for f in "$@"; do if [ -e "$f" ]; then bad "$f exists"; return; fi; done; ok
+}
+# has_tensors FILE NAME...: the safetensors header (plain JSON after 8 bytes) names each tensor
+has_tensors() {
+  local f=$1 n; shift
+  [ -s "$f" ] || { bad "$f missing or empty"; return; }
+  for n in "$@"; do
+    if ! head -c 65536 "$f" | grep -aqF "\"$n\":{"; then bad "$f has no tensor '$n'"; return; fi
+  done
+  ok
+}
+lacks_tensors() { # lacks_tensors FILE NAME...: the header names none of them
+  local f=$1 n; shift
+  for n in "$@"; do
+    if head -c 65536 "$f" | grep -aqF "\"$n\":{"; then bad "$f has a tensor '$n'"; return; fi
+  done
+  ok
 }
 
 G=golden
@@ -47,6 +72,47 @@ close "$T/o.npy" $G/sdpa_gqa/out.npy 1e-5
 expect 0 "" -- sdpa --q $G/sdpa_scale/q.npy --k $G/sdpa_scale/k.npy --v $G/sdpa_scale/v.npy --out "$T/o.npy" --scale "$(sed -n 's/^scale=//p' $G/sdpa_scale/case.txt)"
 close "$T/o.npy" $G/sdpa_scale/out.npy 1e-5
 
+# --- sdpa gradients on the goldens: --grad-out G gives the gradients of sum(out * G) ---
+bwd() { # bwd CASE [FLAGS...]: forward + backward, all three gradients against the golden
+  local d=$G/sdpa_bwd_$1; shift
+  rm -f "$T/o.npy" "$T/dq.npy" "$T/dk.npy" "$T/dv.npy"
+  expect 0 "" -- sdpa --q $d/q.npy --k $d/k.npy --v $d/v.npy --out "$T/o.npy" --grad-out $d/G.npy \
+    --dq-out "$T/dq.npy" --dk-out "$T/dk.npy" --dv-out "$T/dv.npy" --threads 2 "$@"
+  close "$T/o.npy" $d/out.npy 1e-5
+  close "$T/dq.npy" $d/dq.npy 1e-5
+  close "$T/dk.npy" $d/dk.npy 1e-5
+  close "$T/dv.npy" $d/dv.npy 1e-5
+}
+bwd plain
+bwd gqa_causal --causal --scale "$(sed -n 's/^scale=//p' $G/sdpa_bwd_gqa_causal/case.txt)"
+bwd mqa_br --causal=bottom-right --mask $G/sdpa_bwd_mqa_br/mask.npy --key-padding $G/sdpa_bwd_mqa_br/key_padding.npy
+bwd seed --mask $G/sdpa_bwd_seed/mask.npy --mask-mode seed
+rm -f "$T/dm.npy"
+bwd additive --mask $G/sdpa_bwd_additive/mask.npy --mask-grad-out "$T/dm.npy"
+close "$T/dm.npy" $G/sdpa_bwd_additive/dmask.npy 1e-5   # [B, 1, Nq, Nk]: summed over the heads
+# each gradient output is optional
+D=$G/sdpa_bwd_plain; SQKV="--q $D/q.npy --k $D/k.npy --v $D/v.npy"
+rm -f "$T/dq.npy" "$T/dk.npy" "$T/dv.npy"
+expect 0 "" -- sdpa $SQKV --out "$T/o.npy" --grad-out $D/G.npy --dk-out "$T/dk.npy"
+close "$T/dk.npy" $D/dk.npy 1e-5
+missing "$T/dq.npy" "$T/dv.npy"
+D=$G/sdpa_bwd_additive
+expect 0 "" -- sdpa --q $D/q.npy --k $D/k.npy --v $D/v.npy --mask $D/mask.npy --out "$T/o.npy" --grad-out $D/G.npy --mask-grad-out "$T/dm.npy"
+close "$T/dm.npy" $D/dmask.npy 1e-5
+# dropout: off at p = 0; with p > 0 a function of the seed alone, whatever the thread count
+D=$G/sdpa_bwd_plain
+expect 0 "" -- sdpa $SQKV --out "$T/o.npy" --grad-out $D/G.npy --dq-out "$T/dq.npy" --dropout 0 --seed 5
+close "$T/o.npy" $D/out.npy 1e-5
+close "$T/dq.npy" $D/dq.npy 1e-5
+expect 0 "" -- sdpa $SQKV --out "$T/o1.npy" --grad-out $D/G.npy --dq-out "$T/dq1.npy" --dv-out "$T/dv1.npy" --dropout 0.3 --seed 18446744073709551615 --threads 1
+expect 0 "" -- sdpa $SQKV --out "$T/o2.npy" --grad-out $D/G.npy --dq-out "$T/dq2.npy" --dv-out "$T/dv2.npy" --dropout 0.3 --seed 18446744073709551615 --threads 3
+close "$T/o1.npy" "$T/o2.npy" 0
+close "$T/dq1.npy" "$T/dq2.npy" 0
+close "$T/dv1.npy" "$T/dv2.npy" 0
+differ "$T/o1.npy" $D/out.npy
+expect 0 "" -- sdpa $SQKV --out "$T/o3.npy" --dropout 0.3
+differ "$T/o3.npy" "$T/o1.npy"
+
 # --- mha on the goldens ---
 expect 0 "" -- mha --params $G/mha_seed/params.safetensors --heads "$(sed -n 's/^heads=//p' $G/mha_seed/case.txt)" --query $G/mha_seed/x.npy --out "$T/o.npy" --weights-out "$T/w.npy"
 close "$T/o.npy" $G/mha_seed/out.npy 1e-5
@@ -63,6 +129,37 @@ H=$(sed -n 's/^heads=//p' $G/mha_torch_kvdim/case.txt)
 expect 0 "" -- mha --params $G/mha_torch_kvdim/params.safetensors --heads "$H" --query $G/mha_torch_kvdim/x.npy --key $G/mha_torch_kvdim/key.npy --value $G/mha_torch_kvdim/value.npy --mask $G/mha_torch_kvdim/mask.npy --key-padding $G/mha_torch_kvdim/key_padding.npy --out "$T/o.npy" --weights-out "$T/w.npy"
 close "$T/w.npy" $G/mha_torch_kvdim/weights.npy 1e-5
 close "$T/o.npy" $G/mha_torch_kvdim/out.npy 1e-5
+
+# --- mha gradients: every parameter under the file's own names (prefix kept), and the inputs' ---
+# (the gradients' values are the library's tests' business; here: the file and its names)
+mha_grads() { # mha_grads CASE [FLAGS...]
+  local d=$G/$1; shift
+  rm -f "$T/grads.safetensors"
+  expect 0 "" -- mha --params $d/params.safetensors --prefix "$(sed -n 's/^prefix=//p' $d/case.txt)" \
+    --heads "$(sed -n 's/^heads=//p' $d/case.txt)" --query $d/x.npy --out "$T/o.npy" \
+    --grad-out $d/out.npy --grads-out "$T/grads.safetensors" "$@"
+}
+mha_grads mha_seed
+close "$T/o.npy" $G/mha_seed/out.npy 1e-5
+has_tensors "$T/grads.safetensors" wq.weight wq.bias wk.weight wk.bias wv.weight wv.bias dense.weight dense.bias query
+lacks_tensors "$T/grads.safetensors" key value
+mha_grads mha_seed --dropout 0.25 --seed 3
+has_tensors "$T/grads.safetensors" wq.weight dense.bias query
+P=encoder.layers.0.self_attn.
+mha_grads mha_torch_heads --mask $G/mha_torch_heads/mask.npy --key-padding $G/mha_torch_heads/key_padding.npy
+has_tensors "$T/grads.safetensors" ${P}in_proj_weight ${P}in_proj_bias ${P}out_proj.weight ${P}out_proj.bias query
+lacks_tensors "$T/grads.safetensors" in_proj_weight encoder.layers.0.norm1.weight
+mha_grads mha_torch_kvdim --key $G/mha_torch_kvdim/key.npy --value $G/mha_torch_kvdim/value.npy
+has_tensors "$T/grads.safetensors" q_proj_weight k_proj_weight v_proj_weight in_proj_bias out_proj.weight out_proj.bias query key value
+mha_grads mha_torch_nobias
+has_tensors "$T/grads.safetensors" in_proj_weight out_proj.weight query
+lacks_tensors "$T/grads.safetensors" in_proj_bias out_proj.bias
+
+# --- the benchmark's backward ---
+expect 0 "" -- bench sdpa --batch 1 --heads 4 --kv-heads 2 --seq 24 --dim 8 --causal --backward --repeat 1 --threads 2 --json
+for f in backward_median_s backward_gflops backward_fraction_of_peak fwd_bwd_median_s fwd_bwd_gflops backward_oracle_rel_l2; do
+  if grep -q "\"$f\":[0-9]" "$T/stdout" && [ "$(grep -c '^{' "$T/stdout")" = 1 ]; then ok; else bad "bench --backward --json: no $f in $(cat "$T/stdout")"; fi
+done
 
 # --- the demo and the small commands ---
 expect 0 "" -- demo
@@ -92,6 +189,47 @@ expect 1 "$O" -- sdpa --q $Q --k $K --v $V --out "$O" --mask $G/sdpa_dv/q.npy
 expect 1 "$O" -- sdpa --q $Q --k $K --v $V --out "$O" --mask $G/sdpa_keep_4d/mask.npy --mask-mode additive
 expect 1 "$O" -- sdpa --q $Q --k $K --v $V --out "$T/no/such/dir/o.npy"
 expect 1 "$O" -- sdpa --q $Q --k $K --v $V --out "$O" --weights-out "$T/no/such/dir/w.npy"
+# the gradients' flags
+D=$G/sdpa_bwd_additive; BQKV="--q $D/q.npy --k $D/k.npy --v $D/v.npy"; DG="--grad-out $D/G.npy"
+expect 2 "$O" -- sdpa $BQKV --out "$O" $DG
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dq-out "$T/never_dq.npy"
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dk-out "$T/never_dk.npy" --dv-out "$T/never_dv.npy"
+expect 2 "$O" -- sdpa $BQKV --out "$O" --mask $D/mask.npy --mask-grad-out "$T/never_dm.npy"
+expect 2 "$O" -- sdpa $BQKV --out "$O" $DG --mask-grad-out "$T/never_dm.npy"
+expect 2 "$O" -- sdpa $BQKV --out "$O" $DG --mask $D/mask.npy --mask-mode seed --mask-grad-out "$T/never_dm.npy"
+expect 2 "$O" -- sdpa $BQKV --out "$O" $DG --dq-out "$O"
+expect 2 "$O" -- sdpa $BQKV --out "$O" $DG --dq-out "$T/never_d.npy" --dk-out "$T/never_d.npy"
+expect 2 "$O" -- sdpa $BQKV --out "$O" $DG --dq-out ""
+expect 2 "$O" -- sdpa $BQKV --out "$O" --grad-out "" --dq-out "$T/never_dq.npy"
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout 1
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout -0.1
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout nan
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout half
+expect 2 "$O" -- sdpa $BQKV --out "$O" --seed 3
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout 0.1 --seed -1
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout 0.1 --seed 18446744073709551616
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout 0.1 --seed 0x10
+# bad data: exit 1, and none of the outputs (those written before the failing one included) stays
+ALLG="--dq-out $T/never_dq.npy --dk-out $T/never_dk.npy --dv-out $T/never_dv.npy"
+expect 1 "$O" -- sdpa $BQKV --out "$O" --grad-out $G/sdpa_bwd_gqa_causal/G.npy $ALLG
+expect 1 "$O" -- sdpa $BQKV --out "$O" --grad-out $G/sdpa_bwd_mqa_br/key_padding.npy $ALLG
+expect 1 "$O" -- sdpa $BQKV --out "$O" --grad-out "$T/missing.npy" $ALLG
+expect 1 "$O" -- sdpa $BQKV --out "$O" --grad-out "$T/garbage.npy" $ALLG
+expect 1 "$O" -- sdpa $BQKV --out "$O" $DG --mask $G/sdpa_keep_4d/mask.npy --mask-grad-out "$T/never_dm.npy"
+expect 1 "$O" -- sdpa $BQKV --out "$O" $DG --dq-out "$T/never_dq.npy" --dk-out "$T/no/such/dir/dk.npy"
+expect 1 "$O" -- sdpa $BQKV --out "$O" --weights-out "$T/never_w.npy" $DG $ALLG --mask $D/mask.npy --mask-grad-out "$T/no/such/dir/dm.npy"
+expect 1 "$O" -- sdpa $BQKV --out "$O" --key-padding $D/q.npy
+MS="--params $G/mha_seed/params.safetensors --heads 2 --query $G/mha_seed/x.npy"
+expect 2 "$O" -- mha $MS --out "$O" --grad-out $G/mha_seed/out.npy
+expect 2 "$O" -- mha $MS --out "$O" --grads-out "$T/never_g.safetensors"
+expect 2 "$O" -- mha $MS --out "$O" --grad-out $G/mha_seed/out.npy --grads-out "$O"
+expect 2 "$O" -- mha $MS --out "$O" --seed 1
+expect 2 "$O" -- mha $MS --out "$O" --dropout 2
+expect 1 "$O" -- mha $MS --out "$O" --weights-out "$T/never_w.npy" --grad-out $Q --grads-out "$T/never_g.safetensors"
+expect 1 "$O" -- mha $MS --out "$O" --grad-out $G/mha_torch_kvdim/x.npy --grads-out "$T/never_g.safetensors"
+expect 1 "$O" -- mha $MS --out "$O" --grad-out "$T/garbage.npy" --grads-out "$T/never_g.safetensors"
+expect 1 "$O" -- mha $MS --out "$O" --weights-out "$T/never_w.npy" --grad-out $G/mha_seed/out.npy --grads-out "$T/no/such/dir/g.safetensors"
+expect 2 "$O" -- bench sdpa --batch 1 --heads 2 --seq 8 --dim 8 --backward --kernel nope
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --query $G/mha_seed/x.npy --out "$O"
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --heads 0 --query $G/mha_seed/x.npy --out "$O"
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --heads 2 --query $G/mha_seed/x.npy --key $G/mha_seed/x.npy --out "$O"

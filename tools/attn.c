@@ -1,7 +1,9 @@
 /* attn: the command line tool. Its flags are a contract that scripts rely on.
  *
  *   attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [options]
+ *             [--grad-out G.npy --dq-out DQ.npy --dk-out DK.npy --dv-out DV.npy --mask-grad-out DM.npy]
  *   attn mha  --params P.safetensors --heads H --query X.npy --out O.npy [options]
+ *             [--grad-out G.npy --grads-out GRADS.safetensors]
  *   attn demo
  *   attn version
  *
@@ -9,6 +11,7 @@
  * no output file left behind. */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -95,6 +98,18 @@ int cli_double(cli_args *a, const char *name, double *out) {
   return 0;
 }
 
+int cli_u64(cli_args *a, const char *name, uint64_t *out) {
+  const char *s = cli_get(a, name);
+  if (!s) return 0;
+  char *end;
+  errno = 0;
+  const unsigned long long v = isdigit((unsigned char)*s) ? strtoull(s, &end, 10) : 0;
+  if (!isdigit((unsigned char)*s) || errno || *end || v > UINT64_MAX)
+    return cli_fail(CLI_EXIT_USAGE, "%s wants an unsigned 64-bit integer, got '%s'", name, s);
+  *out = (uint64_t)v;
+  return 0;
+}
+
 double cli_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -127,18 +142,52 @@ static int want_rank(const attn_tensor *t, int rank, const char *flag, const cha
   return 0;
 }
 
-/* Output files written so far, removed again if a later step fails. */
+/* Output files written so far: if a later one fails, every one is removed again,
+ * so a failed command leaves none of its outputs behind. Each file itself is
+ * written atomically (a temporary file, then rename). Every computation runs
+ * before the first file is written. */
+#define CLI_MAX_OUTPUTS 8
 typedef struct outputs {
   int n;
-  const char *path[4];
+  const char *path[CLI_MAX_OUTPUTS];
 } outputs;
 
-static int write_output(attn_ctx *ctx, outputs *o, const char *path, const attn_tensor *t, const char *flag) {
-  if (attn_npy_write(ctx, path, t)) {
-    for (int i = 0; i < o->n; i++) unlink(o->path[i]);
-    return cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, attn_ctx_error(ctx));
+static void remove_outputs(outputs *o) {
+  for (int i = 0; i < o->n; i++) unlink(o->path[i]);
+  o->n = 0;
+}
+
+static int output_done(attn_ctx *ctx, outputs *o, attn_status st, const char *path, const char *flag) {
+  if (st || o->n == CLI_MAX_OUTPUTS) {
+    remove_outputs(o);
+    if (!st) unlink(path);
+    return cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, st ? attn_ctx_error(ctx) : "too many outputs");
   }
   o->path[o->n++] = path;
+  return 0;
+}
+
+static int write_output(attn_ctx *ctx, outputs *o, const char *path, const attn_tensor *t, const char *flag) {
+  return output_done(ctx, o, attn_npy_write(ctx, path, t), path, flag);
+}
+
+static int write_safetensors_output(attn_ctx *ctx, outputs *o, const char *path, int64_t count,
+                                    const char *const *names, const attn_tensor *t, const char *flag) {
+  return output_done(ctx, o, attn_safetensors_write(ctx, path, count, names, t), path, flag);
+}
+
+/* Output flags must name distinct, non-empty paths (the second write would
+ * replace the first). 0 or CLI_EXIT_USAGE. */
+static int check_output_flags(cli_args *a, const char *const *flags) {
+  for (int i = 0; flags[i]; i++) {
+    const char *p = cli_get(a, flags[i]);
+    if (!p) continue;
+    if (!*p) return cli_fail(CLI_EXIT_USAGE, "%s needs a file name", flags[i]);
+    for (int j = 0; j < i; j++) {
+      const char *q = cli_get(a, flags[j]);
+      if (q && !strcmp(p, q)) return cli_fail(CLI_EXIT_USAGE, "%s and %s name the same file '%s'", flags[j], flags[i], p);
+    }
+  }
   return 0;
 }
 
@@ -161,6 +210,18 @@ static int parse_causal(cli_args *a, attn_causal *c) {
   return 0;
 }
 
+/* --dropout P (in [0, 1)) and --seed S (needs --dropout; default 0). */
+static int parse_dropout(cli_args *a, double *p, uint64_t *seed) {
+  *p = 0;
+  *seed = 0;
+  int r;
+  if (cli_has(a, "--seed") && !cli_has(a, "--dropout")) return cli_fail(CLI_EXIT_USAGE, "--seed needs --dropout");
+  if ((r = cli_double(a, "--dropout", p))) return r;
+  if (!(*p >= 0 && *p < 1))
+    return cli_fail(CLI_EXIT_USAGE, "--dropout wants a probability in [0, 1), got '%s'", cli_get(a, "--dropout"));
+  return cli_u64(a, "--seed", seed);
+}
+
 /* The mask mode: --mask-mode if given, else the call's rule for bool masks, additive for float. */
 static int mask_mode_for(cli_args *a, const attn_tensor *mask, attn_mask_mode bool_default, attn_mask_mode *mode) {
   const char *s = cli_get(a, "--mask-mode");
@@ -178,25 +239,80 @@ static int setup_ctx(attn_ctx **ctx, cli_args *a) {
   return 0;
 }
 
+static int alloc_f32(attn_ctx *ctx, attn_tensor *t, int rank, const int64_t *shape) {
+  if (attn_tensor_alloc(ctx, t, ATTN_F32, rank, shape)) return cli_fail(CLI_EXIT_FAIL, "%s", attn_ctx_error(ctx));
+  return 0;
+}
+
 /* ---- attn sdpa ---------------------------------------------------------------- */
+/* The gradient of a mask that broadcast to [B, Hq, Nq, Nk]: mg (contiguous
+ * [B, Hq, Nq, Nk]) summed over the dimensions the mask broadcast along, into
+ * dm (f32, the mask's own shape). Sums run in double, in a fixed order. */
+static int reduce_mask_grad(attn_ctx *ctx, attn_tensor *dm, const attn_tensor *mg, const attn_tensor *mask) {
+  int r = alloc_f32(ctx, dm, mask->rank, mask->shape);
+  if (r) return r;
+  const int64_t n = attn_tensor_numel(dm);
+  double *acc = calloc(n > 0 ? (size_t)n : 1, sizeof *acc);
+  if (!acc) return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  int64_t cs[ATTN_MAX_RANK], st[4];
+  for (int d = mask->rank - 1; d >= 0; d--) cs[d] = d == mask->rank - 1 ? 1 : cs[d + 1] * mask->shape[d + 1];
+  const int off = 4 - mask->rank; /* right-aligned, as numpy broadcasts */
+  for (int d = 0; d < 4; d++) st[d] = (d < off || mask->shape[d - off] == 1) ? 0 : cs[d - off];
+  const float *g = mg->data;
+  for (int64_t b = 0; b < mg->shape[0]; b++)
+    for (int64_t h = 0; h < mg->shape[1]; h++)
+      for (int64_t i = 0; i < mg->shape[2]; i++) {
+        double *row = acc + b * st[0] + h * st[1] + i * st[2];
+        for (int64_t j = 0; j < mg->shape[3]; j++) row[j * st[3]] += *g++;
+      }
+  for (int64_t e = 0; e < n; e++) ((float *)dm->data)[e] = (float)acc[e];
+  free(acc);
+  return 0;
+}
+
 static int cmd_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--q", "--k", "--v", "--out", "--mask", "--mask-mode", "--scale",
-                                      "--weights-out", "--threads", NULL};
+                                      "--weights-out", "--threads", "--key-padding", "--grad-out", "--dq-out",
+                                      "--dk-out", "--dv-out", "--mask-grad-out", "--dropout", "--seed", NULL};
   static const char *const switches[] = {"--causal", NULL};
+  static const char *const out_flags[] = {"--out", "--weights-out", "--dq-out", "--dk-out", "--dv-out",
+                                          "--mask-grad-out", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
   const char *need[] = {"--q", "--k", "--v", "--out"};
   for (int i = 0; i < 4; i++)
     if (!cli_get(&a, need[i]) || !*cli_get(&a, need[i])) return cli_fail(CLI_EXIT_USAGE, "sdpa needs %s", need[i]);
+  if ((r = check_output_flags(&a, out_flags))) return r;
   attn_causal causal;
-  double scale = NAN;
-  if ((r = parse_causal(&a, &causal)) || (r = cli_double(&a, "--scale", &scale))) return r;
-  if (cli_has(&a, "--mask-mode") && !cli_has(&a, "--mask"))
-    return cli_fail(CLI_EXIT_USAGE, "--mask-mode needs --mask");
+  double scale = NAN, dropout = 0;
+  uint64_t seed = 0;
+  if ((r = parse_causal(&a, &causal)) || (r = cli_double(&a, "--scale", &scale)) ||
+      (r = parse_dropout(&a, &dropout, &seed)))
+    return r;
+  attn_mask_mode mode_flag = ATTN_MASK_KEEP;
+  if (cli_has(&a, "--mask-mode")) {
+    if (!cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-mode needs --mask");
+    if ((r = parse_mask_mode(cli_get(&a, "--mask-mode"), &mode_flag))) return r;
+  }
+  /* the backward: --grad-out G with at least one gradient output, and none without it */
+  const int want_dq = cli_has(&a, "--dq-out"), want_dk = cli_has(&a, "--dk-out"), want_dv = cli_has(&a, "--dv-out");
+  const int want_dm = cli_has(&a, "--mask-grad-out");
+  const int backward = cli_has(&a, "--grad-out");
+  if (backward && !want_dq && !want_dk && !want_dv && !want_dm)
+    return cli_fail(CLI_EXIT_USAGE, "--grad-out needs at least one of --dq-out, --dk-out, --dv-out, --mask-grad-out");
+  if (!backward && (want_dq || want_dk || want_dv || want_dm))
+    return cli_fail(CLI_EXIT_USAGE, "%s needs --grad-out",
+                    want_dq ? "--dq-out" : want_dk ? "--dk-out" : want_dv ? "--dv-out" : "--mask-grad-out");
+  if (backward && !*cli_get(&a, "--grad-out")) return cli_fail(CLI_EXIT_USAGE, "--grad-out needs a file name");
+  if (want_dm && !cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-grad-out needs --mask");
+  if (want_dm && cli_has(&a, "--mask-mode") && mode_flag != ATTN_MASK_ADDITIVE)
+    return cli_fail(CLI_EXIT_USAGE, "--mask-grad-out needs an additive mask, not --mask-mode %s",
+                    cli_get(&a, "--mask-mode"));
   attn_ctx *ctx = NULL;
   if ((r = setup_ctx(&ctx, &a))) return r;
-  attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, out = {0}, w = {0};
+  attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
+  attn_tensor g = {0}, lse = {0}, dq = {0}, dk = {0}, dv = {0}, mg = {0}, dm = {0};
   outputs outs = {0};
   if ((r = load_array(ctx, &q, cli_get(&a, "--q"), "--q", 1)) || (r = want_rank(&q, 4, "--q", "[B, H, Nq, D]")) ||
       (r = load_array(ctx, &k, cli_get(&a, "--k"), "--k", 1)) || (r = want_rank(&k, 4, "--k", "[B, Hk, Nk, D]")) ||
@@ -206,66 +322,228 @@ static int cmd_sdpa(int argc, char **argv) {
   attn_sdpa_opts_init(&o);
   o.scale = scale;
   o.causal = causal;
+  o.dropout_p = dropout;
+  o.dropout_seed = seed;
   if (cli_has(&a, "--mask")) {
     if ((r = load_array(ctx, &mask, cli_get(&a, "--mask"), "--mask", 0)) ||
         (r = mask_mode_for(&a, &mask, ATTN_MASK_KEEP, &o.mask_mode)))
       goto done;
-    o.mask = &mask;
-  }
-  int64_t oshape[4] = {q.shape[0], q.shape[1], q.shape[2], v.shape[3]};
-  if (attn_tensor_alloc(ctx, &out, ATTN_F32, 4, oshape)) {
-    r = cli_fail(CLI_EXIT_FAIL, "%s", attn_ctx_error(ctx));
-    goto done;
-  }
-  if (cli_has(&a, "--weights-out")) {
-    int64_t wshape[4] = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
-    if (attn_tensor_alloc(ctx, &w, ATTN_F32, 4, wshape)) {
-      r = cli_fail(CLI_EXIT_FAIL, "%s", attn_ctx_error(ctx));
+    if (want_dm && o.mask_mode != ATTN_MASK_ADDITIVE) {
+      r = cli_fail(CLI_EXIT_FAIL, "--mask-grad-out needs an additive (float) mask; %s is %s", cli_get(&a, "--mask"),
+                   attn_dtype_name(mask.dtype));
       goto done;
     }
+    o.mask = &mask;
+  }
+  if (cli_has(&a, "--key-padding")) {
+    if ((r = load_array(ctx, &kpm, cli_get(&a, "--key-padding"), "--key-padding", 0))) goto done;
+    o.key_padding = &kpm;
+  }
+  if (backward && ((r = load_array(ctx, &g, cli_get(&a, "--grad-out"), "--grad-out", 1)) ||
+                   (r = want_rank(&g, 4, "--grad-out", "[B, H, Nq, Dv]"))))
+    goto done;
+  int64_t oshape[4] = {q.shape[0], q.shape[1], q.shape[2], v.shape[3]};
+  if ((r = alloc_f32(ctx, &out, 4, oshape))) goto done;
+  if (cli_has(&a, "--weights-out")) {
+    int64_t wshape[4] = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
+    if ((r = alloc_f32(ctx, &w, 4, wshape))) goto done;
     o.weights = &w;
+  }
+  if (backward) {
+    if ((r = alloc_f32(ctx, &lse, 3, q.shape))) goto done;
+    o.lse = &lse;
   }
   if (attn_sdpa(ctx, &out, &q, &k, &v, &o)) {
     r = cli_fail(CLI_EXIT_FAIL, "sdpa: %s", attn_ctx_error(ctx));
     goto done;
   }
-  if ((r = write_output(ctx, &outs, cli_get(&a, "--out"), &out, "--out"))) goto done;
-  if (o.weights && (r = write_output(ctx, &outs, cli_get(&a, "--weights-out"), &w, "--weights-out"))) goto done;
+  if (backward) {
+    /* the forward has checked the shapes: every gradient is computed, the asked-for ones written */
+    int64_t mshape[4] = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
+    if ((r = alloc_f32(ctx, &dq, 4, q.shape)) || (r = alloc_f32(ctx, &dk, 4, k.shape)) ||
+        (r = alloc_f32(ctx, &dv, 4, v.shape)) || (want_dm && (r = alloc_f32(ctx, &mg, 4, mshape))))
+      goto done;
+    attn_sdpa_opts ob = o;
+    ob.weights = NULL;
+    ob.lse = NULL;
+    ob.mask_grad = want_dm ? &mg : NULL;
+    if (attn_sdpa_backward(ctx, &dq, &dk, &dv, &g, &q, &k, &v, &out, &lse, &ob)) {
+      r = cli_fail(CLI_EXIT_FAIL, "sdpa backward: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    if (want_dm && (r = reduce_mask_grad(ctx, &dm, &mg, &mask))) goto done;
+  }
+  if ((r = write_output(ctx, &outs, cli_get(&a, "--out"), &out, "--out")) ||
+      (o.weights && (r = write_output(ctx, &outs, cli_get(&a, "--weights-out"), &w, "--weights-out"))) ||
+      (want_dq && (r = write_output(ctx, &outs, cli_get(&a, "--dq-out"), &dq, "--dq-out"))) ||
+      (want_dk && (r = write_output(ctx, &outs, cli_get(&a, "--dk-out"), &dk, "--dk-out"))) ||
+      (want_dv && (r = write_output(ctx, &outs, cli_get(&a, "--dv-out"), &dv, "--dv-out"))) ||
+      (want_dm && (r = write_output(ctx, &outs, cli_get(&a, "--mask-grad-out"), &dm, "--mask-grad-out"))))
+    goto done;
 done:
-  attn_tensor_free(&q); attn_tensor_free(&k); attn_tensor_free(&v);
-  attn_tensor_free(&mask); attn_tensor_free(&out); attn_tensor_free(&w);
+  attn_tensor_free(&q); attn_tensor_free(&k); attn_tensor_free(&v); attn_tensor_free(&mask);
+  attn_tensor_free(&kpm); attn_tensor_free(&out); attn_tensor_free(&w); attn_tensor_free(&g);
+  attn_tensor_free(&lse); attn_tensor_free(&dq); attn_tensor_free(&dk); attn_tensor_free(&dv);
+  attn_tensor_free(&mg); attn_tensor_free(&dm);
   attn_ctx_destroy(ctx);
   return r;
 }
 
 /* ---- attn mha ----------------------------------------------------------------- */
+/* The parameter naming of a safetensors file, by attn_mha_load_safetensors' rules. */
+typedef enum naming { NAMING_NONE, NAMING_SEED, NAMING_TORCH_PACKED, NAMING_TORCH_SEPARATE, NAMING_LLAMA } naming;
+
+/* Each naming's name per attn_mha_param; NULL where the file holds that parameter
+ * inside a packed tensor (in_proj_weight: q, k, v weights; in_proj_bias: the biases). */
+static const char *const naming_names[][ATTN_MHA_NUM_PARAMS] = {
+    [NAMING_SEED] = {"wq.weight", "wq.bias", "wk.weight", "wk.bias", "wv.weight", "wv.bias", "dense.weight", "dense.bias"},
+    [NAMING_TORCH_PACKED] = {NULL, NULL, NULL, NULL, NULL, NULL, "out_proj.weight", "out_proj.bias"},
+    [NAMING_TORCH_SEPARATE] = {"q_proj_weight", NULL, "k_proj_weight", NULL, "v_proj_weight", NULL,
+                               "out_proj.weight", "out_proj.bias"},
+    [NAMING_LLAMA] = {"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias",
+                      "o_proj.weight", "o_proj.bias"},
+};
+
+static char *join(const char *a, const char *b) {
+  const size_t la = strlen(a), lb = strlen(b);
+  char *s = malloc(la + lb + 1);
+  if (s) {
+    memcpy(s, a, la);
+    memcpy(s + la, b, lb + 1);
+  }
+  return s;
+}
+
+static int detect_naming(attn_ctx *ctx, const char *path, const char *prefix, naming *nm) {
+  static const struct { const char *name; naming nm; } probe[] = {
+      {"in_proj_weight", NAMING_TORCH_PACKED}, {"q_proj_weight", NAMING_TORCH_SEPARATE},
+      {"wq.weight", NAMING_SEED}, {"q_proj.weight", NAMING_LLAMA}};
+  attn_safetensors *st;
+  if (attn_safetensors_open(ctx, &st, path)) return cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
+  *nm = NAMING_NONE;
+  int r = 0;
+  for (size_t i = 0; i < sizeof probe / sizeof probe[0] && *nm == NAMING_NONE; i++) {
+    char *full = join(prefix, probe[i].name);
+    if (!full) {
+      r = cli_fail(CLI_EXIT_FAIL, "out of memory");
+      break;
+    }
+    attn_tensor t;
+    if (attn_safetensors_get(ctx, st, full, &t) == ATTN_OK) *nm = probe[i].nm;
+    free(full);
+  }
+  attn_safetensors_close(st);
+  if (!r && *nm == NAMING_NONE) r = cli_fail(CLI_EXIT_FAIL, "--params %s: no attention parameters under prefix '%s'", path, prefix);
+  return r;
+}
+
+/* The tensors of the gradients file: names and f32 tensors, some owned (packed copies). */
+#define GRADS_MAX (ATTN_MHA_NUM_PARAMS + 3)
+typedef struct grad_file {
+  int n;
+  char *name[GRADS_MAX];
+  attn_tensor t[GRADS_MAX];
+  int owned[GRADS_MAX];
+} grad_file;
+
+static void grad_file_free(grad_file *f) {
+  for (int i = 0; i < f->n; i++) {
+    free(f->name[i]);
+    if (f->owned[i]) attn_tensor_free(&f->t[i]);
+  }
+  f->n = 0;
+}
+
+static int grad_add(grad_file *f, const char *prefix, const char *name, const attn_tensor *t, int owned) {
+  if (f->n == GRADS_MAX || !(f->name[f->n] = join(prefix, name))) return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  f->t[f->n] = *t;
+  f->owned[f->n] = owned;
+  f->n++;
+  return 0;
+}
+
+/* PyTorch's packed in_proj_weight / in_proj_bias: the q, k and v rows in turn. */
+static int grad_add_packed(attn_ctx *ctx, grad_file *f, attn_mha *grads, const char *prefix, const char *name,
+                           int bias) {
+  attn_tensor part[3], t;
+  int64_t shape[2] = {0, 0};
+  for (int i = 0; i < 3; i++) {
+    if (attn_mha_param_view(ctx, grads, (attn_mha_param)(2 * i + bias), &part[i]))
+      return cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
+    shape[0] += part[i].shape[0];
+    shape[1] = bias ? 0 : part[i].shape[1];
+  }
+  int r = alloc_f32(ctx, &t, bias ? 1 : 2, shape);
+  if (r) return r;
+  float *dst = t.data;
+  for (int i = 0; i < 3; i++) {
+    const int64_t n = attn_tensor_numel(&part[i]);
+    memcpy(dst, part[i].data, (size_t)n * sizeof *dst);
+    dst += n;
+  }
+  if ((r = grad_add(f, prefix, name, &t, 1))) attn_tensor_free(&t);
+  return r;
+}
+
+/* Every parameter's gradient under the name the file used, prefix included. */
+static int collect_param_grads(attn_ctx *ctx, grad_file *f, attn_mha *grads, naming nm, const char *prefix) {
+  const int bias = attn_mha_get_config(grads)->bias;
+  int r;
+  if (nm == NAMING_TORCH_PACKED && (r = grad_add_packed(ctx, f, grads, prefix, "in_proj_weight", 0))) return r;
+  if ((nm == NAMING_TORCH_PACKED || nm == NAMING_TORCH_SEPARATE) && bias &&
+      (r = grad_add_packed(ctx, f, grads, prefix, "in_proj_bias", 1)))
+    return r;
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    const char *name = naming_names[nm][p];
+    if (!name || (p % 2 == 1 && !bias)) continue;
+    attn_tensor t;
+    if (attn_mha_param_view(ctx, grads, (attn_mha_param)p, &t))
+      return cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
+    if ((r = grad_add(f, prefix, name, &t, 0))) return r;
+  }
+  return 0;
+}
+
 static int cmd_mha(int argc, char **argv) {
   static const char *const known[] = {"--params", "--prefix", "--heads", "--kv-heads", "--query", "--key",
                                       "--value", "--out", "--mask", "--mask-mode", "--key-padding",
-                                      "--weights-out", "--threads", NULL};
+                                      "--weights-out", "--threads", "--grad-out", "--grads-out", "--dropout",
+                                      "--seed", NULL};
   static const char *const switches[] = {"--causal", "--average-weights", NULL};
+  static const char *const out_flags[] = {"--out", "--weights-out", "--grads-out", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
   const char *need[] = {"--params", "--heads", "--query", "--out"};
   for (int i = 0; i < 4; i++)
     if (!cli_get(&a, need[i]) || !*cli_get(&a, need[i])) return cli_fail(CLI_EXIT_USAGE, "mha needs %s", need[i]);
+  if ((r = check_output_flags(&a, out_flags))) return r;
   if (cli_has(&a, "--key") != cli_has(&a, "--value")) return cli_fail(CLI_EXIT_USAGE, "give both --key and --value, or neither");
   if (cli_has(&a, "--mask-mode") && !cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-mode needs --mask");
   if (cli_has(&a, "--average-weights") && !cli_has(&a, "--weights-out"))
     return cli_fail(CLI_EXIT_USAGE, "--average-weights needs --weights-out");
+  if (cli_has(&a, "--grad-out") != cli_has(&a, "--grads-out"))
+    return cli_fail(CLI_EXIT_USAGE, "give both --grad-out and --grads-out, or neither");
+  const int train = cli_has(&a, "--grad-out");
+  if (train && !*cli_get(&a, "--grad-out")) return cli_fail(CLI_EXIT_USAGE, "--grad-out needs a file name");
   long long heads = 0, kv_heads = 0;
   attn_causal causal;
+  double dropout = 0;
+  uint64_t seed = 0;
   if ((r = cli_int(&a, "--heads", 1, 1 << 20, &heads)) || (r = cli_int(&a, "--kv-heads", 1, 1 << 20, &kv_heads)) ||
-      (r = parse_causal(&a, &causal)))
+      (r = parse_causal(&a, &causal)) || (r = parse_dropout(&a, &dropout, &seed)))
     return r;
   attn_ctx *ctx = NULL;
   if ((r = setup_ctx(&ctx, &a))) return r;
-  attn_mha *mha = NULL;
+  attn_mha *mha = NULL, *grads = NULL;
+  attn_mha_saved *saved = NULL;
   attn_tensor x = {0}, key = {0}, value = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
+  attn_tensor g = {0}, dx = {0}, dkey = {0}, dvalue = {0};
+  grad_file gf = {0};
   outputs outs = {0};
   const char *prefix = cli_get(&a, "--prefix");
-  if (attn_mha_create_from_safetensors(ctx, &mha, cli_get(&a, "--params"), prefix ? prefix : "", heads, kv_heads)) {
+  if (!prefix) prefix = "";
+  if (attn_mha_create_from_safetensors(ctx, &mha, cli_get(&a, "--params"), prefix, heads, kv_heads)) {
     r = cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
     goto done;
   }
@@ -281,6 +559,8 @@ static int cmd_mha(int argc, char **argv) {
   attn_mha_opts o;
   attn_mha_opts_init(&o);
   o.causal = causal;
+  o.dropout_p = dropout;
+  o.dropout_seed = seed;
   if (cli_has(&a, "--mask")) {
     if ((r = load_array(ctx, &mask, cli_get(&a, "--mask"), "--mask", 0)) ||
         (r = mask_mode_for(&a, &mask, ATTN_MASK_MASKED, &o.mask_mode)))
@@ -299,30 +579,63 @@ static int cmd_mha(int argc, char **argv) {
     if ((r = load_array(ctx, &kpm, cli_get(&a, "--key-padding"), "--key-padding", 0))) goto done;
     o.key_padding = &kpm;
   }
+  naming nm = NAMING_NONE;
+  if (train && ((r = load_array(ctx, &g, cli_get(&a, "--grad-out"), "--grad-out", 1)) ||
+                (r = want_rank(&g, 3, "--grad-out", "[B, Nq, E]")) ||
+                (r = detect_naming(ctx, cli_get(&a, "--params"), prefix, &nm))))
+    goto done;
   const attn_mha_config *cfg = attn_mha_get_config(mha);
   int64_t oshape[3] = {B, Nq, cfg->embed_dim};
-  if (attn_tensor_alloc(ctx, &out, ATTN_F32, 3, oshape)) {
-    r = cli_fail(CLI_EXIT_FAIL, "%s", attn_ctx_error(ctx));
+  if ((r = alloc_f32(ctx, &out, 3, oshape))) goto done;
+  if (train && (g.shape[0] != B || g.shape[1] != Nq || g.shape[2] != cfg->embed_dim)) {
+    r = cli_fail(CLI_EXIT_FAIL, "--grad-out is [%lld, %lld, %lld]; want the output's shape [B, Nq, E] = [%lld, %lld, %lld]",
+                 (long long)g.shape[0], (long long)g.shape[1], (long long)g.shape[2], (long long)B, (long long)Nq,
+                 (long long)cfg->embed_dim);
     goto done;
   }
   if (cli_has(&a, "--weights-out")) {
     o.average_weights = cli_has(&a, "--average-weights");
     int64_t ws4[4] = {B, heads, Nq, Nk}, ws3[3] = {B, Nq, Nk};
-    if (attn_tensor_alloc(ctx, &w, ATTN_F32, o.average_weights ? 3 : 4, o.average_weights ? ws3 : ws4)) {
-      r = cli_fail(CLI_EXIT_FAIL, "%s", attn_ctx_error(ctx));
-      goto done;
-    }
+    if ((r = alloc_f32(ctx, &w, o.average_weights ? 3 : 4, o.average_weights ? ws3 : ws4))) goto done;
     o.weights = &w;
   }
-  if (attn_mha_forward(ctx, mha, &out, &x, cross ? &key : NULL, cross ? &value : NULL, &o)) {
-    r = cli_fail(CLI_EXIT_FAIL, "mha: %s", attn_ctx_error(ctx));
-    goto done;
+  if (!train) {
+    if (attn_mha_forward(ctx, mha, &out, &x, cross ? &key : NULL, cross ? &value : NULL, &o)) {
+      r = cli_fail(CLI_EXIT_FAIL, "mha: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+  } else {
+    if (attn_mha_forward_save(ctx, mha, &out, &x, cross ? &key : NULL, cross ? &value : NULL, &o, &saved)) {
+      r = cli_fail(CLI_EXIT_FAIL, "mha: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    if ((r = alloc_f32(ctx, &dx, 3, x.shape)) ||
+        (cross && ((r = alloc_f32(ctx, &dkey, 3, key.shape)) || (r = alloc_f32(ctx, &dvalue, 3, value.shape)))))
+      goto done;
+    if (attn_mha_create(ctx, &grads, cfg)) {
+      r = cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    if (attn_mha_backward(ctx, mha, saved, &g, &dx, cross ? &dkey : NULL, cross ? &dvalue : NULL, grads)) {
+      r = cli_fail(CLI_EXIT_FAIL, "mha backward: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    if ((r = collect_param_grads(ctx, &gf, grads, nm, prefix)) || (r = grad_add(&gf, "", "query", &dx, 0)) ||
+        (cross && ((r = grad_add(&gf, "", "key", &dkey, 0)) || (r = grad_add(&gf, "", "value", &dvalue, 0)))))
+      goto done;
   }
-  if ((r = write_output(ctx, &outs, cli_get(&a, "--out"), &out, "--out"))) goto done;
-  if (o.weights && (r = write_output(ctx, &outs, cli_get(&a, "--weights-out"), &w, "--weights-out"))) goto done;
+  if ((r = write_output(ctx, &outs, cli_get(&a, "--out"), &out, "--out")) ||
+      (o.weights && (r = write_output(ctx, &outs, cli_get(&a, "--weights-out"), &w, "--weights-out"))) ||
+      (train && (r = write_safetensors_output(ctx, &outs, cli_get(&a, "--grads-out"), gf.n,
+                                              (const char *const *)gf.name, gf.t, "--grads-out"))))
+    goto done;
 done:
+  grad_file_free(&gf);
   attn_tensor_free(&x); attn_tensor_free(&key); attn_tensor_free(&value); attn_tensor_free(&mask);
-  attn_tensor_free(&kpm); attn_tensor_free(&out); attn_tensor_free(&w);
+  attn_tensor_free(&kpm); attn_tensor_free(&out); attn_tensor_free(&w); attn_tensor_free(&g);
+  attn_tensor_free(&dx); attn_tensor_free(&dkey); attn_tensor_free(&dvalue);
+  attn_mha_saved_free(saved);
+  attn_mha_destroy(grads);
   attn_mha_destroy(mha);
   attn_ctx_destroy(ctx);
   return r;
@@ -332,17 +645,24 @@ static void usage(FILE *f) {
   fputs("usage: attn <command> [flags]\n"
         "  attn demo                         the seed's layer on a built-in example\n"
         "  attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy\n"
-        "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--causal | --causal=bottom-right]\n"
-        "            [--scale S] [--weights-out W.npy] [--threads N]\n"
+        "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--key-padding KP.npy]\n"
+        "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
+        "            [--dropout P [--seed S]]\n"
+        "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]]\n"
         "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
         "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
         "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
+        "            [--dropout P [--seed S]] [--grad-out G.npy --grads-out GRADS.safetensors]\n"
         "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]\n"
-        "            [--threads T] [--repeat R] [--kernel K] [--json]\n"
+        "            [--backward] [--threads T] [--repeat R] [--kernel K] [--json]\n"
         "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--json]\n"
         "  attn version\n"
         "Arrays are .npy (float32; float64 is converted). q/k/v are [B, H, N, D]; mha inputs are [B, N, E].\n"
-        "A bool mask means keep (sdpa) or masked (mha) unless --mask-mode says otherwise; a float mask is additive.\n",
+        "A bool mask means keep (sdpa) or masked (mha) unless --mask-mode says otherwise; a float mask is additive.\n"
+        "--grad-out G gives the gradients of sum(out * G): sdpa writes the ones asked for (--mask-grad-out: an\n"
+        "additive mask's, in the mask's shape); mha writes every parameter's under the file's own names (with\n"
+        "the prefix) and the inputs' as query (key, value) into one safetensors file.\n"
+        "--dropout P: training-mode dropout on the attention probabilities (seed S, default 0).\n",
         f);
 }
 

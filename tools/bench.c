@@ -1,12 +1,22 @@
 /* attn bench: how fast, against what limit, with how much memory, and how exact.
  *
  *   attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]
- *                   [--threads T] [--repeat R] [--kernel auto|c|avx2|avx512|ref] [--json]
+ *                   [--backward] [--threads T] [--repeat R] [--kernel auto|c|avx2|avx512|ref] [--json]
  *   attn bench mha  --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel ...] [--json]
  *
  * One case per run. Inputs are fresh fixed-seed uniform values in (-1, 1) (never
  * zero). The case runs once or twice to warm up, then R times (default: enough
  * runs for about a second, at least 3); the median is reported.
+ *
+ * --backward: also times attn_sdpa_backward alone (on the out and lse of a
+ * forward with lse) and the forward with lse followed by the backward, each
+ * the same way; their flops are 2.5x and 3.5x the forward's (dS = P o (dP - Dd),
+ * dV, dP, dQ, dK: five products where the forward has two, plus recomputing the
+ * scores). Their oracle is attn_sdpa_backward_ref fed by attn_sdpa_ref (exact
+ * out and lse) on all of the problem, or on batch 0's first kv head with its
+ * group of query heads (all rows, all keys, so dk and dv are complete), or is
+ * skipped with a note; the error is the largest relative L2 of dq, dk and dv.
+ * Peak RSS then covers the backward, and the io bytes add dout, dq, dk, dv, lse.
  *
  * Flops count what attention has to do, not what a kernel chooses to do:
  *   sdpa: 4 * D * (visible (query, key) pairs), summed over batch and query heads;
@@ -283,6 +293,10 @@ static void json_num(const char *key, double x, int last) {
 #ifndef ORACLE_MAX_FLOP
 #define ORACLE_MAX_FLOP 3e9
 #endif
+/* The backward's oracle (float64 forward + backward, threaded): one head of N = 2048, D = 64 fits. */
+#ifndef ORACLE_BWD_MAX_FLOP
+#define ORACLE_BWD_MAX_FLOP 6e9
+#endif
 
 static int parse_kernel(const char *s, attn_kernel *k) {
   static const struct { const char *name; attn_kernel k; } names[] = {
@@ -334,7 +348,16 @@ typedef struct report {
   double rss_mib, io_mib;
   double oracle_err, oracle_s;
   char subset[160];
+  /* --backward */
+  int backward;
+  timing tb, tfb;                 /* the backward alone; forward (with lse) + backward */
+  double bwd_err[3], bwd_oracle_err, bwd_oracle_s; /* dq, dk, dv; their largest */
+  char bwd_subset[200];
 } report;
+
+/* Flops of the backward and of forward + backward, in units of the forward's. */
+#define BWD_FLOP_FACTOR 2.5
+#define FWD_BWD_FLOP_FACTOR 3.5
 
 static void print_report(const report *r, int json) {
   const double gflops = r->gflop / r->t.median_s, frac = gflops / r->peak_gflops;
@@ -358,7 +381,30 @@ static void print_report(const report *r, int json) {
     json_num("io_mib", r->io_mib, 0);
     json_num("oracle_rel_l2", r->oracle_err, 0);
     json_num("oracle_s", r->oracle_s, 0);
-    printf("\"oracle_subset\":\"%s\"}\n", r->subset);
+    printf("\"oracle_subset\":\"%s\"", r->subset);
+    if (r->backward) {
+      const double bg = BWD_FLOP_FACTOR * r->gflop, fbg = FWD_BWD_FLOP_FACTOR * r->gflop;
+      printf(",\"backward\":true,");
+      json_num("backward_median_s", r->tb.median_s, 0);
+      json_num("backward_min_s", r->tb.min_s, 0);
+      printf("\"backward_repeats\":%lld,", r->tb.repeats);
+      json_num("backward_gflop", bg, 0);
+      json_num("backward_gflops", bg / r->tb.median_s, 0);
+      json_num("backward_fraction_of_peak", bg / r->tb.median_s / r->peak_gflops, 0);
+      json_num("fwd_bwd_median_s", r->tfb.median_s, 0);
+      json_num("fwd_bwd_min_s", r->tfb.min_s, 0);
+      printf("\"fwd_bwd_repeats\":%lld,", r->tfb.repeats);
+      json_num("fwd_bwd_gflop", fbg, 0);
+      json_num("fwd_bwd_gflops", fbg / r->tfb.median_s, 0);
+      json_num("fwd_bwd_fraction_of_peak", fbg / r->tfb.median_s / r->peak_gflops, 0);
+      json_num("backward_oracle_rel_l2", r->bwd_oracle_err, 0);
+      json_num("backward_oracle_dq_rel_l2", r->bwd_err[0], 0);
+      json_num("backward_oracle_dk_rel_l2", r->bwd_err[1], 0);
+      json_num("backward_oracle_dv_rel_l2", r->bwd_err[2], 0);
+      json_num("backward_oracle_s", r->bwd_oracle_s, 0);
+      printf("\"backward_oracle_subset\":\"%s\"", r->bwd_subset);
+    }
+    printf("}\n");
   } else {
     if (!strcmp(r->op, "sdpa"))
       printf("sdpa B=%lld Hq=%lld Hk=%lld Nq=%lld Nk=%lld D=%lld causal=%s", r->batch, r->heads, r->kv_heads, r->seq,
@@ -374,8 +420,23 @@ static void print_report(const report *r, int json) {
     printf(" | %.1f%% of measured peak %.1f GFLOP/s (%s FMA, %d threads)", 100 * frac, r->peak_gflops,
            peak_isa_name[r->isa], r->threads);
     printf(" | peak RSS %.1f MiB (inputs+outputs %.1f MiB)", r->rss_mib, r->io_mib);
-    if (isfinite(r->oracle_err)) printf(" | oracle rel L2 %.2e on %s\n", r->oracle_err, r->subset);
-    else printf(" | oracle: %s\n", r->subset);
+    if (isfinite(r->oracle_err)) printf(" | oracle rel L2 %.2e on %s", r->oracle_err, r->subset);
+    else printf(" | oracle: %s", r->subset);
+    if (r->backward) {
+      const double bg = BWD_FLOP_FACTOR * r->gflop, fbg = FWD_BWD_FLOP_FACTOR * r->gflop;
+      printf("\n  backward: median %.4g ms of %lld (min %.4g ms) | %.2f GFLOP/s (%.4g GFLOP = %.1fx forward) | "
+             "%.1f%% of peak", r->tb.median_s * 1e3, r->tb.repeats, r->tb.min_s * 1e3, bg / r->tb.median_s, bg,
+             BWD_FLOP_FACTOR, 100 * bg / r->tb.median_s / r->peak_gflops);
+      printf("\n  forward+backward: median %.4g ms of %lld (min %.4g ms) | %.2f GFLOP/s (%.4g GFLOP = %.1fx forward) | "
+             "%.1f%% of peak", r->tfb.median_s * 1e3, r->tfb.repeats, r->tfb.min_s * 1e3, fbg / r->tfb.median_s, fbg,
+             FWD_BWD_FLOP_FACTOR, 100 * fbg / r->tfb.median_s / r->peak_gflops);
+      if (isfinite(r->bwd_oracle_err))
+        printf("\n  backward oracle rel L2: dq %.2e, dk %.2e, dv %.2e on %s", r->bwd_err[0], r->bwd_err[1],
+               r->bwd_err[2], r->bwd_subset);
+      else
+        printf("\n  backward oracle: %s", r->bwd_subset);
+    }
+    printf("\n");
   }
   fflush(stdout);
 }
@@ -385,11 +446,25 @@ typedef struct sdpa_case {
   attn_ctx *ctx;
   attn_tensor q, k, v, out;
   attn_sdpa_opts o;
+  /* --backward: o_lse is o with lse set */
+  attn_tensor lse, dout, dq, dk, dv;
+  attn_sdpa_opts o_lse;
 } sdpa_case;
 
 static int run_sdpa(void *arg) {
   sdpa_case *c = arg;
   return attn_sdpa(c->ctx, &c->out, &c->q, &c->k, &c->v, &c->o);
+}
+
+static int run_sdpa_backward(void *arg) {
+  sdpa_case *c = arg;
+  return attn_sdpa_backward(c->ctx, &c->dq, &c->dk, &c->dv, &c->dout, &c->q, &c->k, &c->v, &c->out, &c->lse, &c->o);
+}
+
+static int run_sdpa_fwd_bwd(void *arg) {
+  sdpa_case *c = arg;
+  int st = attn_sdpa(c->ctx, &c->out, &c->q, &c->k, &c->v, &c->o_lse);
+  return st ? st : run_sdpa_backward(c);
 }
 
 /* Keys query row i sees: [0, end). */
@@ -466,6 +541,74 @@ static int sdpa_oracle(sdpa_case *c, report *rep, double pairs_per_head) {
   return 0;
 }
 
+/* Relative L2 of n floats against n doubles. */
+static double rel_l2(const float *x, const double *y, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    num += (x[i] - y[i]) * (x[i] - y[i]);
+    den += y[i] * y[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The backward's oracle: the float64 forward (exact out and lse), then the float64
+ * backward, on everything or on batch 0's kv head 0 with its query heads. */
+static int sdpa_backward_oracle(sdpa_case *c, report *rep, double pairs_per_head) {
+  const int64_t B = c->q.shape[0], Hq = c->q.shape[1], Nq = c->q.shape[2], D = c->q.shape[3];
+  const int64_t Hk = c->k.shape[1], Nk = c->k.shape[2], Dv = c->v.shape[3], group = Hq / Hk;
+  const double head_flop = 2.0 * (double)(D + Dv) * pairs_per_head * FWD_BWD_FLOP_FACTOR; /* forward + backward */
+  attn_tensor q = c->q, k = c->k, v = c->v, dout = c->dout;
+  rep->bwd_oracle_err = rep->bwd_err[0] = rep->bwd_err[1] = rep->bwd_err[2] = rep->bwd_oracle_s = NAN;
+  if (head_flop * (double)(B * Hq) <= ORACLE_BWD_MAX_FLOP) {
+    snprintf(rep->bwd_subset, sizeof rep->bwd_subset, "all");
+  } else if (head_flop * (double)group <= ORACLE_BWD_MAX_FLOP) {
+    /* contiguous [B, H, N, D]: batch 0's first heads are the tensors' first elements */
+    q.shape[0] = k.shape[0] = v.shape[0] = dout.shape[0] = 1;
+    q.shape[1] = dout.shape[1] = group;
+    k.shape[1] = v.shape[1] = 1;
+    if (group == 1)
+      snprintf(rep->bwd_subset, sizeof rep->bwd_subset, "batch 0 head 0 (all %lld query rows, all %lld keys)",
+               (long long)Nq, (long long)Nk);
+    else
+      snprintf(rep->bwd_subset, sizeof rep->bwd_subset,
+               "batch 0 kv head 0 with query heads 0..%lld (all %lld query rows, all %lld keys)",
+               (long long)(group - 1), (long long)Nq, (long long)Nk);
+  } else {
+    snprintf(rep->bwd_subset, sizeof rep->bwd_subset,
+             "skipped (even one kv head needs ~%.0f GFLOP of float64 forward+backward)",
+             head_flop * (double)group * 1e-9);
+    return 0;
+  }
+  const int64_t b = q.shape[0], hq = q.shape[1], hk = k.shape[1];
+  int64_t os[4] = {b, hq, Nq, Dv}, ls[3] = {b, hq, Nq}, qs[4] = {b, hq, Nq, D}, ks[4] = {b, hk, Nk, D},
+          vs[4] = {b, hk, Nk, Dv};
+  attn_tensor out = {0}, lse = {0}, dq = {0}, dk = {0}, dv = {0};
+  int r = 0;
+  if (attn_tensor_alloc(c->ctx, &out, ATTN_F64, 4, os) || attn_tensor_alloc(c->ctx, &lse, ATTN_F64, 3, ls) ||
+      attn_tensor_alloc(c->ctx, &dq, ATTN_F64, 4, qs) || attn_tensor_alloc(c->ctx, &dk, ATTN_F64, 4, ks) ||
+      attn_tensor_alloc(c->ctx, &dv, ATTN_F64, 4, vs)) {
+    r = cli_fail(CLI_EXIT_FAIL, "backward oracle: out of memory");
+    goto done;
+  }
+  attn_sdpa_opts o = c->o;
+  o.lse = &lse;
+  const double t0 = cli_now();
+  if (attn_sdpa_ref(c->ctx, &out, &q, &k, &v, &o) ||
+      attn_sdpa_backward_ref(c->ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &c->o)) {
+    r = cli_fail(CLI_EXIT_FAIL, "backward oracle: %s", attn_ctx_error(c->ctx));
+    goto done;
+  }
+  rep->bwd_oracle_s = cli_now() - t0;
+  rep->bwd_err[0] = rel_l2(c->dq.data, dq.data, attn_tensor_numel(&dq));
+  rep->bwd_err[1] = rel_l2(c->dk.data, dk.data, attn_tensor_numel(&dk));
+  rep->bwd_err[2] = rel_l2(c->dv.data, dv.data, attn_tensor_numel(&dv));
+  rep->bwd_oracle_err = fmax(rep->bwd_err[0], fmax(rep->bwd_err[1], rep->bwd_err[2]));
+done:
+  attn_tensor_free(&out); attn_tensor_free(&lse);
+  attn_tensor_free(&dq); attn_tensor_free(&dk); attn_tensor_free(&dv);
+  return r;
+}
+
 static int bench_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--heads", "--kv-heads", "--seq", "--kv-seq", "--dim",
                                       "--threads", "--repeat", "--kernel", NULL};
@@ -473,7 +616,7 @@ static int bench_sdpa(int argc, char **argv) {
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
-  if (cli_has(&a, "--backward")) return cli_fail(CLI_EXIT_USAGE, "bench sdpa --backward: not implemented yet");
+  const int backward = cli_has(&a, "--backward");
   long long B, H, G = 0, N, M = 0, D, repeat = 0;
   if ((r = need_int(&a, "sdpa", "--batch", 1 << 20, &B)) || (r = need_int(&a, "sdpa", "--heads", 1 << 16, &H)) ||
       (r = need_int(&a, "sdpa", "--seq", 1 << 24, &N)) || (r = need_int(&a, "sdpa", "--dim", 1 << 16, &D)) ||
@@ -491,7 +634,9 @@ static int bench_sdpa(int argc, char **argv) {
     else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cs);
   }
   const double qn = (double)B * H * N * D, kn = (double)B * G * M * D;
-  if ((r = check_fits(4.0 * (2 * qn + 2 * kn)))) return r;
+  /* q, k, v, out; with --backward also dout, dq, dk, dv and lse */
+  const double io_bytes = 4.0 * (2 * qn + 2 * kn) * (backward ? 2 : 1) + (backward ? 4.0 * B * H * N : 0);
+  if ((r = check_fits(io_bytes))) return r;
   attn_ctx *ctx;
   if ((r = bench_ctx(&a, &ctx))) return r;
 
@@ -512,6 +657,19 @@ static int bench_sdpa(int argc, char **argv) {
   fill(c.out.data, attn_tensor_numel(&c.out), 4, 1.0f); /* a kernel that skips rows cannot look right */
   attn_sdpa_opts_init(&c.o);
   c.o.causal = causal;
+  if (backward) {
+    int64_t ls[3] = {B, H, N};
+    if (attn_tensor_alloc(ctx, &c.lse, ATTN_F32, 3, ls) || attn_tensor_alloc(ctx, &c.dout, ATTN_F32, 4, qs) ||
+        attn_tensor_alloc(ctx, &c.dq, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.dk, ATTN_F32, 4, ks) ||
+        attn_tensor_alloc(ctx, &c.dv, ATTN_F32, 4, ks)) {
+      r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    fill(c.dout.data, attn_tensor_numel(&c.dout), 5, 1.0f);
+    fill(c.dq.data, attn_tensor_numel(&c.dq), 6, 1.0f); /* as out: a skipped row cannot look right */
+    c.o_lse = c.o;
+    c.o_lse.lse = &c.lse;
+  }
 
   double pairs = 0; /* visible (query, key) pairs of one head */
   for (int64_t i = 0; i < N; i++) pairs += (double)causal_end(causal, i, N, M);
@@ -521,8 +679,16 @@ static int bench_sdpa(int argc, char **argv) {
                                                                                         : attn_ctx_error(ctx));
     goto done;
   }
+  /* forward (with lse) + backward first: it leaves the out and lse the backward alone then reads */
+  if (backward && ((r = time_runs(run_sdpa_fwd_bwd, &c, repeat, &rep.tfb)) ||
+                   (r = time_runs(run_sdpa_backward, &c, repeat, &rep.tb)))) {
+    r = cli_fail(CLI_EXIT_FAIL, "sdpa backward: %s", r == ATTN_E_NOMEM && !*attn_ctx_error(ctx)
+                                                           ? "out of memory" : attn_ctx_error(ctx));
+    goto done;
+  }
+  rep.backward = backward;
   rep.rss_mib = peak_rss_mib();
-  rep.io_mib = 4.0 * (2 * qn + 2 * kn) / 1048576.0;
+  rep.io_mib = io_bytes / 1048576.0;
   rep.op = "sdpa";
   rep.batch = B; rep.heads = H; rep.kv_heads = G; rep.seq = N; rep.kv_seq = M; rep.dim = D;
   rep.causal = causal == ATTN_CAUSAL_NONE ? "none" : causal == ATTN_CAUSAL_TOP_LEFT ? "top-left" : "bottom-right";
@@ -531,9 +697,12 @@ static int bench_sdpa(int argc, char **argv) {
   rep.attn_gflop = rep.gflop = 4.0 * (double)D * pairs * (double)(B * H) * 1e-9;
   rep.peak_gflops = measure_peak(rep.threads, &rep.isa);
   if ((r = sdpa_oracle(&c, &rep, pairs))) goto done;
+  if (backward && (r = sdpa_backward_oracle(&c, &rep, pairs))) goto done;
   print_report(&rep, cli_has(&a, "--json"));
 done:
   attn_tensor_free(&c.q); attn_tensor_free(&c.k); attn_tensor_free(&c.v); attn_tensor_free(&c.out);
+  attn_tensor_free(&c.lse); attn_tensor_free(&c.dout); attn_tensor_free(&c.dq); attn_tensor_free(&c.dk);
+  attn_tensor_free(&c.dv);
   attn_ctx_destroy(ctx);
   return r;
 }

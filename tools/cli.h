@@ -4,6 +4,8 @@
 
 #include "attn.h"
 
+#include <stdint.h>
+
 /* Exit codes: scripts tell a bad command line from a failed run. */
 #define CLI_EXIT_FAIL 1  /* bad input data, unreadable file, failed computation */
 #define CLI_EXIT_USAGE 2 /* unknown flag, missing or malformed value */
@@ -30,6 +32,8 @@ int cli_has(cli_args *a, const char *name);
 /* Parses an integer flag in [lo, hi]; 0 or an exit code. */
 int cli_int(cli_args *a, const char *name, long long lo, long long hi, long long *out);
 int cli_double(cli_args *a, const char *name, double *out);
+/* Parses an unsigned 64-bit decimal integer flag (no sign); 0 or an exit code. */
+int cli_u64(cli_args *a, const char *name, uint64_t *out);
 
 double cli_now(void);
 

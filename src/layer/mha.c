@@ -3,18 +3,10 @@
  * Heads are split and merged by strides, not copies: the projected Q of
  * [B, N, H*D] is viewed as [B, H, N, D], and SDPA writes straight into a
  * [B, N, H*D] buffer viewed the same way. */
-#include "../internal.h"
+#include "mha_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-struct attn_mha {
-  attn_mha_config cfg;
-  int64_t head_dim, kv_dim; /* D = E / H; kv_dim = Hk * D */
-  float *param[ATTN_MHA_NUM_PARAMS]; /* views into store */
-  float *store;
-  int64_t rows[ATTN_MHA_NUM_PARAMS], cols[ATTN_MHA_NUM_PARAMS]; /* cols 0: a vector */
-};
 
 static const char *param_label[ATTN_MHA_NUM_PARAMS] = {"q weight", "q bias", "k weight", "k bias",
                                                        "v weight", "v bias", "out weight", "out bias"};
@@ -329,11 +321,12 @@ static attn_status check_input(attn_ctx *ctx, const attn_tensor *t, const char *
   return ATTN_OK;
 }
 
-/* Gathers a [B, N, F] f32 view into contiguous rows unless it already is. */
-static const float *rows_of(const attn_tensor *t, float **owned) {
+/* Gathers a [B, N, F] f32 view into contiguous rows unless it already is and
+ * copy is 0 (then the view's own data is returned and *owned stays NULL). */
+static const float *rows_of(const attn_tensor *t, float **owned, int copy) {
   const int64_t B = t->shape[0], N = t->shape[1], F = t->shape[2];
   *owned = NULL;
-  if (t->strides[2] == 1 && t->strides[1] == F && (t->strides[0] == N * F || B == 1)) return t->data;
+  if (!copy && t->strides[2] == 1 && t->strides[1] == F && (t->strides[0] == N * F || B == 1)) return t->data;
   float *c = attn__aligned_alloc((size_t)(B * N * F) * sizeof(float));
   if (!c) return NULL;
   const float *s = t->data;
@@ -344,20 +337,26 @@ static const float *rows_of(const attn_tensor *t, float **owned) {
   return c;
 }
 
-/* [B, N, ld] rows (the first H*D columns) viewed as [B, H, N, D]. */
-static attn_tensor heads_view_ld(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D, int64_t ld) {
-  attn_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.dtype = dt;
-  t.rank = 4;
-  t.shape[0] = B; t.shape[1] = H; t.shape[2] = N; t.shape[3] = D;
-  t.strides[0] = N * ld; t.strides[1] = D; t.strides[2] = ld; t.strides[3] = 1;
-  return t;
+/* A contiguous double copy of a [B, N, F] f32 or f64 view (the float64 path's saved inputs). */
+static double *rows_f64(const attn_tensor *t) {
+  const int64_t B = t->shape[0], N = t->shape[1], F = t->shape[2];
+  double *c = attn__aligned_alloc((size_t)(B * N * F) * sizeof(double));
+  if (!c) return NULL;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t f = 0; f < F; f++)
+        c[(b * N + n) * F + f] = attn__load(t->data, t->dtype, b * t->strides[0] + n * t->strides[1] + f * t->strides[2]);
+  return c;
+}
+
+/* A contiguous [B, N, F] view. */
+static attn_tensor rows_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t F) {
+  int64_t s[3] = {B, N, F};
+  return attn_tensor_view(data, dt, 3, s);
 }
 
 static attn_tensor heads_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D) {
-  return heads_view_ld(data, dt, B, N, H, D, H * D);
+  return attn__heads_view(data, dt, B, N, H, D, H * D);
 }
 
 /* y is (M, N) contiguous doubles = x (M, K) . W^T + b, all read as given. */
@@ -393,6 +392,15 @@ static void average_heads(attn_tensor *out, const attn_tensor *w) {
 attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
                              const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts) {
   attn__clear(ctx);
+  return attn__mha_forward(ctx, mha, out, query, key, value, opts, NULL);
+}
+
+/* The forward; with saved, it also keeps (instead of freeing) copies of the
+ * inputs, the projections, the attention output A and SDPA's lse. */
+attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
+                              const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts,
+                              attn_mha_saved **saved) {
+  if (saved) *saved = NULL;
   if (!mha) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward: layer is NULL");
   const attn_kernel kern = attn_ctx_kernel(ctx);
   const int ref = kern == ATTN_KERNEL_REF;
@@ -402,6 +410,7 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
   if ((st = check_input(ctx, query, "query", -1, E, ref))) return st;
   const int64_t B = query->shape[0], Nq = query->shape[1];
   if (!key != !value) return attn__fail(ctx, ATTN_E_INVALID, "give both key and value, or neither (self-attention)");
+  const int self = !key;
   if (!key) {
     if (c->kdim != E || c->vdim != E)
       return attn__fail(ctx, ATTN_E_INVALID, "self-attention needs kdim = vdim = embed_dim; pass key and value");
@@ -438,8 +447,35 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
     if (w->dtype != ATTN_F32 && !(ref && w->dtype == ATTN_F64))
       return attn__fail(ctx, ATTN_E_DTYPE, "weights must be f32, got %s", attn_dtype_name(w->dtype));
   }
-  if (B == 0 || Nq == 0) return ATTN_OK;
+  /* SDPA checks it too, but an empty batch never reaches SDPA */
+  if (!isfinite(opts->dropout_p) || opts->dropout_p < 0 || opts->dropout_p >= 1)
+    return attn__fail(ctx, ATTN_E_INVALID, "dropout_p must be in [0, 1), got %g", opts->dropout_p);
 
+  attn_mha_saved *sv = NULL;
+  if (saved) {
+    if (!(sv = calloc(1, sizeof *sv))) return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_save: out of memory");
+    sv->cfg = *c;
+    sv->ref = ref;
+    sv->self = self;
+    sv->B = B; sv->Nq = Nq; sv->Nk = Nk;
+    sv->opts = *opts;
+    sv->opts.weights = NULL;
+    sv->opts.average_weights = 0;
+    if (opts->mask) {
+      sv->mask = *opts->mask;
+      sv->opts.mask = &sv->mask;
+    }
+    if (opts->key_padding) {
+      sv->key_padding = *opts->key_padding;
+      sv->opts.key_padding = &sv->key_padding;
+    }
+  }
+  if (B == 0 || Nq == 0) { /* nothing to compute; the backward gives zero gradients */
+    if (saved) *saved = sv;
+    return ATTN_OK;
+  }
+
+  const int keep = saved != NULL;
   const attn_dtype dt = ref ? ATTN_F64 : ATTN_F32;
   const size_t es = ref ? sizeof(double) : sizeof(float);
   const int64_t kv = mha->kv_dim;
@@ -448,17 +484,21 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
   void *Q = attn__aligned_alloc((size_t)(B * Nq * (fused ? E + 2 * kv : E)) * es), *A = attn__aligned_alloc((size_t)(B * Nq * E) * es);
   void *K = fused ? Q : attn__aligned_alloc((size_t)(B * Nk * kv) * es);
   void *V = fused ? Q : attn__aligned_alloc((size_t)(B * Nk * kv) * es);
+  void *L = keep ? attn__aligned_alloc((size_t)(B * H * Nq) * es) : NULL; /* lse, for the backward */
+  void *Y = NULL; /* the out projection's rows, when they cannot go to out directly */
   attn_tensor wbuf = {0};
   int have_wbuf = 0;
-  float *own_q = NULL, *own_k = NULL, *own_v = NULL;
+  float *own_q = NULL, *own_k = NULL, *own_v = NULL; /* fp32 copies of the inputs */
+  double *cq = NULL, *ck = NULL, *cv = NULL;         /* float64 copies, kept for the backward */
+  const float *xq = NULL, *xk = NULL, *xv = NULL;
   st = ATTN_OK;
-  if (!Q || !K || !V || !A) {
+  if (!Q || !K || !V || !A || (keep && !L)) {
     st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate activations");
     goto done;
   }
   const float *const *P = (const float *const *)mha->param;
   if (fused) {
-    const float *xq = rows_of(query, &own_q);
+    xq = xk = xv = rows_of(query, &own_q, keep);
     if (!xq) {
       st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
       goto done;
@@ -466,14 +506,29 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
     attn__sgemm_nt(attn__threads(ctx), kern, B * Nq, E + 2 * kv, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E + 2 * kv,
                    P[ATTN_MHA_Q_BIAS]);
   } else if (ref) {
-    linear_ref(attn__threads(ctx), Q, query, B * Nq, P[ATTN_MHA_Q_WEIGHT], P[ATTN_MHA_Q_BIAS], E, E);
-    linear_ref(attn__threads(ctx), K, key, B * Nk, P[ATTN_MHA_K_WEIGHT], P[ATTN_MHA_K_BIAS], kv, c->kdim);
-    linear_ref(attn__threads(ctx), V, value, B * Nk, P[ATTN_MHA_V_WEIGHT], P[ATTN_MHA_V_BIAS], kv, c->vdim);
+    attn_tensor vq, vk, vv;
+    const attn_tensor *tq = query, *tk = key, *tv = value;
+    if (keep) { /* project from double copies, which the backward reads */
+      cq = rows_f64(query);
+      ck = key == query ? cq : rows_f64(key);
+      cv = value == query ? cq : (value == key ? ck : rows_f64(value));
+      if (!cq || !ck || !cv) {
+        st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
+        goto done;
+      }
+      vq = rows_view(cq, ATTN_F64, B, Nq, E);
+      vk = rows_view(ck, ATTN_F64, B, Nk, c->kdim);
+      vv = rows_view(cv, ATTN_F64, B, Nk, c->vdim);
+      tq = &vq, tk = &vk, tv = &vv;
+    }
+    linear_ref(attn__threads(ctx), Q, tq, B * Nq, P[ATTN_MHA_Q_WEIGHT], P[ATTN_MHA_Q_BIAS], E, E);
+    linear_ref(attn__threads(ctx), K, tk, B * Nk, P[ATTN_MHA_K_WEIGHT], P[ATTN_MHA_K_BIAS], kv, c->kdim);
+    linear_ref(attn__threads(ctx), V, tv, B * Nk, P[ATTN_MHA_V_WEIGHT], P[ATTN_MHA_V_BIAS], kv, c->vdim);
   } else {
     const int th = attn__threads(ctx);
-    const float *xq = rows_of(query, &own_q);
-    const float *xk = key == query ? xq : rows_of(key, &own_k);
-    const float *xv = value == query ? xq : (value == key ? xk : rows_of(value, &own_v));
+    xq = rows_of(query, &own_q, keep);
+    xk = key == query ? xq : rows_of(key, &own_k, keep);
+    xv = value == query ? xq : (value == key ? xk : rows_of(value, &own_v, keep));
     if (!xq || !xk || !xv) {
       st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
       goto done;
@@ -483,12 +538,14 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
     attn__sgemm_nt(th, kern, B * Nk, kv, c->vdim, xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, V, kv, P[ATTN_MHA_V_BIAS]);
   }
 
-  attn_tensor qh = heads_view(Q, dt, B, Nq, H, D), kh = heads_view(K, dt, B, Nk, Hk, D);
-  attn_tensor vh = heads_view(V, dt, B, Nk, Hk, D), ah = heads_view(A, dt, B, Nq, H, D);
-  if (fused) {
-    qh = heads_view_ld(Q, dt, B, Nq, H, D, E + 2 * kv);
-    kh = heads_view_ld((float *)Q + E, dt, B, Nk, Hk, D, E + 2 * kv);
-    vh = heads_view_ld((float *)Q + E + kv, dt, B, Nk, Hk, D, E + 2 * kv);
+  const int64_t ldq = fused ? E + 2 * kv : E, ldkv = fused ? E + 2 * kv : kv;
+  void *Kp = fused ? (void *)((float *)Q + E) : K, *Vp = fused ? (void *)((float *)Q + E + kv) : V;
+  attn_tensor qh = attn__heads_view(Q, dt, B, Nq, H, D, ldq), kh = attn__heads_view(Kp, dt, B, Nk, Hk, D, ldkv);
+  attn_tensor vh = attn__heads_view(Vp, dt, B, Nk, Hk, D, ldkv), ah = heads_view(A, dt, B, Nq, H, D);
+  attn_tensor lse = {0};
+  if (keep) {
+    int64_t ls[3] = {B, H, Nq};
+    lse = attn_tensor_view(L, dt, 3, ls);
   }
   attn_sdpa_opts so;
   attn_sdpa_opts_init(&so);
@@ -496,6 +553,9 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
   so.mask = opts->mask;
   so.mask_mode = opts->mask_mode;
   so.key_padding = opts->key_padding;
+  so.dropout_p = opts->dropout_p;
+  so.dropout_seed = opts->dropout_seed;
+  so.lse = keep ? &lse : NULL;
   if (opts->weights && opts->average_weights) {
     int64_t ws[4] = {B, H, Nq, Nk};
     if ((st = attn_tensor_alloc(ctx, &wbuf, dt, 4, ws))) goto done;
@@ -509,12 +569,18 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
   if (have_wbuf) average_heads(opts->weights, &wbuf);
 
   const float *Wo = P[ATTN_MHA_O_WEIGHT], *bo = P[ATTN_MHA_O_BIAS];
+  const int contiguous = out->strides[2] == 1 && out->strides[1] == E && (out->strides[0] == Nq * E || B == 1);
+  if (ref || !contiguous) {
+    /* Q is free now, unless it is kept */
+    if (keep && !(Y = attn__aligned_alloc((size_t)(B * Nq * E) * es))) {
+      st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate the output rows");
+      goto done;
+    }
+    if (!keep) Y = Q;
+  }
   if (ref) {
-    attn_tensor a3 = {0};
-    a3.data = A; a3.dtype = ATTN_F64; a3.rank = 3;
-    a3.shape[0] = B; a3.shape[1] = Nq; a3.shape[2] = E;
-    a3.strides[0] = Nq * E; a3.strides[1] = E; a3.strides[2] = 1;
-    double *y = Q; /* Q is no longer needed */
+    attn_tensor a3 = rows_view(A, ATTN_F64, B, Nq, E);
+    double *y = Y;
     linear_ref(attn__threads(ctx), y, &a3, B * Nq, Wo, bo, E, E);
     for (int64_t b = 0; b < B; b++)
       for (int64_t n = 0; n < Nq; n++)
@@ -522,8 +588,7 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
           attn__store(out->data, out->dtype, b * out->strides[0] + n * out->strides[1] + e * out->strides[2],
                       y[(b * Nq + n) * E + e]);
   } else {
-    const int contiguous = out->strides[2] == 1 && out->strides[1] == E && (out->strides[0] == Nq * E || B == 1);
-    float *y = contiguous ? out->data : Q;
+    float *y = contiguous ? out->data : Y;
     attn__sgemm_nt(attn__threads(ctx), kern, B * Nq, E, E, A, E, Wo, E, y, E, bo);
     if (!contiguous)
       for (int64_t b = 0; b < B; b++)
@@ -531,14 +596,40 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, con
           for (int64_t e = 0; e < E; e++)
             ((float *)out->data)[b * out->strides[0] + n * out->strides[1] + e * out->strides[2]] = y[(b * Nq + n) * E + e];
   }
+  if (keep) { /* hand every buffer the backward reads to the saved state */
+    if (ref) {
+      sv->xq = cq; sv->xk = ck; sv->xv = cv;
+    } else {
+      sv->xq = xq; sv->xk = xk; sv->xv = xv;
+    }
+    sv->q = Q; sv->k = Kp; sv->v = Vp;
+    sv->ldq = ldq; sv->ldkv = ldkv;
+    sv->a = A;
+    sv->lse = L;
+    void *bufs[] = {own_q, own_k, own_v, cq, ck != cq ? ck : NULL, (cv != cq && cv != ck) ? cv : NULL,
+                    Q, K != Q ? K : NULL, V != Q ? V : NULL, A, L};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+      if (bufs[i]) sv->owned[sv->n_owned++] = bufs[i];
+    *saved = sv;
+    sv = NULL;
+    Q = K = V = A = L = NULL;
+    own_q = own_k = own_v = NULL;
+    cq = ck = cv = NULL;
+  }
 done:
   if (have_wbuf) attn_tensor_free(&wbuf);
+  if (Y != Q) attn__aligned_free(Y);
   attn__aligned_free(own_q);
   attn__aligned_free(own_k);
   attn__aligned_free(own_v);
+  if (ck != cq) attn__aligned_free(ck);
+  if (cv != cq && cv != ck) attn__aligned_free(cv);
+  attn__aligned_free(cq);
   if (K != Q) attn__aligned_free(K);
   if (V != Q) attn__aligned_free(V);
   attn__aligned_free(Q);
   attn__aligned_free(A);
+  attn__aligned_free(L);
+  free(sv);
   return st;
 }

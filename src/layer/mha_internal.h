@@ -1,0 +1,59 @@
+/* Internal to the multi-head attention layer: what the forward (mha.c) and the
+ * backward (mha_backward.c) share. Prefix attn__. */
+#ifndef ATTN_LAYER_MHA_INTERNAL_H
+#define ATTN_LAYER_MHA_INTERNAL_H
+
+#include "../internal.h"
+
+struct attn_mha {
+  attn_mha_config cfg;
+  int64_t head_dim, kv_dim; /* D = E / H; kv_dim = Hk * D */
+  float *param[ATTN_MHA_NUM_PARAMS]; /* views into store */
+  float *store;
+  int64_t rows[ATTN_MHA_NUM_PARAMS], cols[ATTN_MHA_NUM_PARAMS]; /* cols 0: a vector */
+};
+
+#define ATTN__MHA_SAVED_BUFS 8
+
+/* What attn_mha_forward_save keeps for attn_mha_backward. Every buffer is
+ * contiguous and owned; its element type is double when `ref` (the forward ran
+ * with ATTN_KERNEL_REF) and float otherwise. M = B * Nq and Mk = B * Nk rows. */
+struct attn_mha_saved {
+  attn_mha_config cfg;   /* of the layer that made it (kv heads, kdim, vdim resolved) */
+  int ref;
+  int self;              /* key and value were NULL: dquery gets the whole input gradient */
+  int64_t B, Nq, Nk;
+  const void *xq, *xk, *xv; /* copies of the inputs' rows [M, E], [Mk, kdim], [Mk, vdim]; may share a buffer */
+  const void *q, *k, *v;    /* projections [M, E], [Mk, Hk*D], [Mk, Hk*D], rows ldq / ldkv apart */
+  int64_t ldq, ldkv;
+  const void *a;            /* [M, E]: the attention output before the out projection (SDPA's out) */
+  const void *lse;          /* [B, H, Nq]: SDPA's log-sum-exp */
+  /* The forward's options, weights cleared. mask and key_padding point at the
+   * copies of the caller's views below: the views themselves may go, but the
+   * data they point at must stay valid and unchanged until the backward. */
+  attn_mha_opts opts;
+  attn_tensor mask, key_padding;
+  void *owned[ATTN__MHA_SAVED_BUFS];
+  int n_owned;
+};
+
+/* attn_mha_forward's body. saved NULL: a plain forward. Otherwise *saved gets
+ * a new attn_mha_saved on success (NULL on failure). Does not clear ctx. */
+attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
+                              const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts,
+                              attn_mha_saved **saved);
+
+/* [B, N, ld] rows (the first H*D columns) viewed as [B, H, N, D]. */
+static inline attn_tensor attn__heads_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D,
+                                           int64_t ld) {
+  attn_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = dt;
+  t.rank = 4;
+  t.shape[0] = B; t.shape[1] = H; t.shape[2] = N; t.shape[3] = D;
+  t.strides[0] = N * ld; t.strides[1] = D; t.strides[2] = ld; t.strides[3] = 1;
+  return t;
+}
+
+#endif
