@@ -79,6 +79,12 @@ typedef enum attn_kernel {
 
 ATTN_API attn_status attn_ctx_create(attn_ctx **out);
 ATTN_API void attn_ctx_destroy(attn_ctx *ctx);
+/* A context keeps the scratch memory of its largest call (packed keys and
+ * values, partial gradients: O(N·D), never O(N²)) for the calls that follow,
+ * so repeated calls do not pay to fault it in again. attn_ctx_trim returns it
+ * to the system now; attn_ctx_workspace_bytes says how much is held. */
+ATTN_API void attn_ctx_trim(attn_ctx *ctx);
+ATTN_API size_t attn_ctx_workspace_bytes(const attn_ctx *ctx);
 /* 0 = all processors (OpenMP's default). Results do not depend on it. */
 ATTN_API attn_status attn_ctx_set_threads(attn_ctx *ctx, int threads);
 /* The thread count calls will use (the OpenMP default when set to 0). */

@@ -1,4 +1,5 @@
 /* Contexts, status, tensors and argument checks. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS on glibc */
 #include "internal.h"
 
 #include <stdarg.h>
@@ -7,6 +8,13 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#define ATTN__HAVE_MMAP 1
+#if !defined(MAP_ANONYMOUS) && defined(MAP_ANON)
+#define MAP_ANONYMOUS MAP_ANON
+#endif
 #endif
 
 #define ATTN__STR2(x) #x
@@ -53,7 +61,47 @@ attn_status attn_ctx_create(attn_ctx **out) {
   return ATTN_OK;
 }
 
-void attn_ctx_destroy(attn_ctx *ctx) { free(ctx); }
+void attn_ctx_trim(attn_ctx *ctx) {
+  if (!ctx || !ctx->work) return;
+#ifdef ATTN__HAVE_MMAP
+  if (ctx->work_mapped) munmap(ctx->work, ctx->work_bytes);
+  else
+#endif
+    attn__aligned_free(ctx->work);
+  ctx->work = NULL;
+  ctx->work_bytes = 0;
+  ctx->work_mapped = 0;
+}
+
+size_t attn_ctx_workspace_bytes(const attn_ctx *ctx) { return ctx ? ctx->work_bytes : 0; }
+
+/* Large workspaces are mapped from the system rather than taken from malloc:
+ * a block freed to glibc's heap stays resident, so growing through malloc
+ * would keep the old workspace beside the new one at the peak. */
+void *attn__workspace(attn_ctx *ctx, size_t bytes) {
+  if (bytes == 0) bytes = 64;
+  if (ctx->work && ctx->work_bytes >= bytes) return ctx->work;
+  attn_ctx_trim(ctx); /* before the new one: never both at once */
+  bytes = (bytes + 4095) / 4096 * 4096;
+#ifdef ATTN__HAVE_MMAP
+  if (bytes >= ((size_t)1 << 20)) {
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    ctx->work_mapped = 1;
+    ctx->work = m;
+    ctx->work_bytes = bytes;
+    return m;
+  }
+#endif
+  if (!(ctx->work = attn__aligned_alloc(bytes))) return NULL;
+  ctx->work_bytes = bytes;
+  return ctx->work;
+}
+
+void attn_ctx_destroy(attn_ctx *ctx) {
+  attn_ctx_trim(ctx);
+  free(ctx);
+}
 
 attn_status attn_ctx_set_threads(attn_ctx *ctx, int threads) {
   if (!ctx) return ATTN_E_INVALID;

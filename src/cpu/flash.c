@@ -237,13 +237,12 @@ attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel i
   int qb = QB_MAX;
   while (qb > 1 && per_round * p->group * ((ntiles + qb - 1) / qb) < 4 * threads) qb /= 2;
   const int64_t nqblk = (ntiles + qb - 1) / qb, per_pair = p->group * nqblk;
-  float *Kt = attn__aligned_alloc((size_t)(per_round * kt_size) * sizeof(float));
-  float *Vp = v_unit ? NULL : attn__aligned_alloc((size_t)(per_round * vp_size) * sizeof(float));
-  if (!Kt || (!v_unit && !Vp)) {
-    attn__aligned_free(Kt);
-    attn__aligned_free(Vp);
-    return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate packed keys for Nk = %lld", (long long)p->Nk);
-  }
+  const size_t kt_bytes = (size_t)(per_round * kt_size) * sizeof(float);
+  const size_t vp_bytes = (size_t)(per_round * vp_size) * sizeof(float);
+  char *ws = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vp_bytes));
+  if (!ws) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate packed keys for Nk = %lld", (long long)p->Nk);
+  float *Kt = attn__carve(&ws, kt_bytes);
+  float *Vp = v_unit ? NULL : attn__carve(&ws, vp_bytes);
   int failed = 0;
 #pragma omp parallel num_threads(threads)
   {
@@ -287,8 +286,6 @@ attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel i
     }
     scratch_free(&s);
   }
-  attn__aligned_free(Kt);
-  attn__aligned_free(Vp);
   if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate per-thread tiles");
   return ATTN_OK;
 }

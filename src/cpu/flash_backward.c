@@ -174,17 +174,21 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
   const int64_t nblk = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr, nqp = ntiles * mr;
   const int k_unit = p->k.strides[3] == 1;
   const int64_t per_head = nqp * (p->D + p->Dv + 2);
-  float *Kt = attn__aligned_alloc((size_t)(nblk * nr * p->D) * sizeof(float));
-  float *Vt = attn__aligned_alloc((size_t)(nblk * nr * (p->Dv > 0 ? p->Dv : 1)) * sizeof(float));
-  float *Kr = k_unit ? NULL : attn__aligned_alloc((size_t)(p->Nk * p->D) * sizeof(float));
-  float *Rows = attn__aligned_alloc((size_t)(p->group * per_head) * sizeof(float));
-  float *dQp = attn__aligned_alloc((size_t)(CHUNKS * p->group * nqp * (p->D > 0 ? p->D : 1)) * sizeof(float));
+  const size_t kt_bytes = (size_t)(nblk * nr * p->D) * sizeof(float);
+  const size_t vt_bytes = (size_t)(nblk * nr * (p->Dv > 0 ? p->Dv : 1)) * sizeof(float);
+  const size_t kr_bytes = k_unit ? 0 : (size_t)(p->Nk * p->D) * sizeof(float);
+  const size_t rows_bytes = (size_t)(p->group * per_head) * sizeof(float);
+  const size_t dqp_bytes = (size_t)(CHUNKS * p->group * nqp * (p->D > 0 ? p->D : 1)) * sizeof(float);
+  char *work = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vt_bytes) + attn__carve_size(kr_bytes) +
+                                        attn__carve_size(rows_bytes) + attn__carve_size(dqp_bytes));
   bwd_rows *rows = calloc((size_t)p->group, sizeof *rows);
-  if (!Kt || !Vt || (!k_unit && !Kr) || !Rows || !rows || !dQp) {
-    attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Rows); free(rows);
-    attn__aligned_free(dQp);
+  if (!work || !rows) {
+    free(rows);
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate packed keys, values and queries");
   }
+  float *Kt = attn__carve(&work, kt_bytes), *Vt = attn__carve(&work, vt_bytes);
+  float *Kr = k_unit ? NULL : attn__carve(&work, kr_bytes);
+  float *Rows = attn__carve(&work, rows_bytes), *dQp = attn__carve(&work, dqp_bytes);
   for (int64_t hs = 0; hs < p->group; hs++) {
     float *base = Rows + hs * per_head;
     rows[hs].Q = base;
@@ -252,8 +256,7 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
     }
     attn__aligned_free(s.base);
   }
-  attn__aligned_free(Kt); attn__aligned_free(Vt); attn__aligned_free(Kr); attn__aligned_free(Rows); free(rows);
-  attn__aligned_free(dQp);
+  free(rows);
   if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate per-thread tiles");
   return ATTN_OK;
 }
