@@ -169,7 +169,29 @@ typedef struct attn_sdpa_opts {
   /* Backward only: out, f32 [B, Hq, Nq, Nk], the gradient of an ADDITIVE mask
    * (sum it over the dimensions the mask broadcast along); or NULL. */
   attn_tensor *mask_grad;
+  /* Options of recent models. Positions: query row i sits at i' = i + Nk - Nq
+   * under ATTN_CAUSAL_BOTTOM_RIGHT (a KV cache), else at i' = i.
+   * Sliding window: query i' sees keys i' - window < j <= i' only. A window
+   * implies the causal bound (top-left when causal is NONE); 0 = off. */
+  int64_t window;
+  /* Logit soft-capping: s = softcap * tanh(s / softcap) on the scaled logits,
+   * before ALiBi and the masks (Gemma 2); 0 = off, else > 0. */
+  double softcap;
+  /* ALiBi: f32 [Hq], logits of head h += slope[h] * (j - i'); see
+   * attn_alibi_slopes for the paper's slopes. NULL = off. */
+  const attn_tensor *alibi_slopes;
+  /* Attention sinks: f32 [Hq], one learned logit per query head that joins the
+   * softmax's denominator and adds nothing to out (lse includes it, weights
+   * do not). A row with every key masked then gives zeros and lse = sink. */
+  const attn_tensor *sinks;
+  /* Backward only: out, f32 [Hq], dL/dsinks (summed over batch and rows); or NULL. */
+  attn_tensor *sinks_grad;
 } attn_sdpa_opts;
+
+/* The ALiBi paper's slopes for heads heads into slopes[0..heads): for a power
+ * of two n, slope h is 2^(-8(h+1)/n); otherwise the slopes of the largest
+ * power of two below n, then every other slope of twice that power. */
+ATTN_API attn_status attn_alibi_slopes(float *slopes, int64_t heads);
 
 ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
 

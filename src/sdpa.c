@@ -30,6 +30,18 @@ static attn_status check_float_dtype(attn_ctx *ctx, const attn_tensor *t, const 
                     f32_only ? "f32" : (out ? "f32 or f64" : "f32, f64, f16 or bf16"));
 }
 
+/* An f32 [Hq] option (ALiBi slopes, sinks, their gradient), or NULL. */
+static attn_status check_head_vector(attn_ctx *ctx, const attn_tensor *t, const char *what, int64_t Hq, int out) {
+  if (!t) return ATTN_OK;
+  attn_status st = attn__check_tensor(ctx, t, what, 1);
+  if (st) return st;
+  if (t->dtype != ATTN_F32) return attn__fail(ctx, ATTN_E_DTYPE, "%s must be f32, got %s", what, attn_dtype_name(t->dtype));
+  if (t->shape[0] != Hq)
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s has %lld entries; want one per query head (%lld)", what,
+                      (long long)t->shape[0], (long long)Hq);
+  return out ? check_writable(ctx, t, what) : ATTN_OK;
+}
+
 static void fmt_shape(char *buf, size_t n, const attn_tensor *t) {
   size_t used = 0;
   used += (size_t)snprintf(buf, n, "[");
@@ -117,6 +129,17 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
       opts->causal != ATTN_CAUSAL_BOTTOM_RIGHT)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown causal mode %d", (int)opts->causal);
   p->causal = opts->causal;
+  if (opts->window < 0) return attn__fail(ctx, ATTN_E_INVALID, "window must be >= 0 (0 = off), got %lld", (long long)opts->window);
+  p->window = opts->window;
+  if (p->window > 0 && p->causal == ATTN_CAUSAL_NONE) p->causal = ATTN_CAUSAL_TOP_LEFT;
+  if (!(opts->softcap >= 0) || !isfinite(opts->softcap))
+    return attn__fail(ctx, ATTN_E_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", opts->softcap);
+  p->softcap = opts->softcap;
+  if ((st = check_head_vector(ctx, opts->alibi_slopes, "alibi_slopes", p->Hq, 0)) ||
+      (st = check_head_vector(ctx, opts->sinks, "sinks", p->Hq, 0)))
+    return st;
+  p->alibi = opts->alibi_slopes;
+  p->sinks = opts->sinks;
 
   if (opts->mask) {
     int64_t full[4] = {p->B, p->Hq, p->Nq, p->Nk};
@@ -195,6 +218,11 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
     }
     p->mask_grad = g;
   }
+  if (opts->sinks_grad) {
+    if (!opts->sinks) return attn__fail(ctx, ATTN_E_INVALID, "sinks_grad needs sinks");
+    if ((st = check_head_vector(ctx, opts->sinks_grad, "sinks_grad", p->Hq, 1))) return st;
+    p->sinks_grad = opts->sinks_grad;
+  }
   return ATTN_OK;
 }
 
@@ -260,4 +288,14 @@ attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q,
   attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, 0);
   if (st) return st;
   return attn__sdpa_run_ref(ctx, &p);
+}
+
+attn_status attn_alibi_slopes(float *slopes, int64_t heads) {
+  if (!slopes || heads < 1) return ATTN_E_INVALID;
+  int64_t n = 1;
+  while (n * 2 <= heads) n *= 2;
+  for (int64_t h = 0; h < n && h < heads; h++) slopes[h] = (float)exp2(-8.0 * (double)(h + 1) / (double)n);
+  /* the rest: slopes 1, 3, 5, ... (odd exponents) of 2n heads */
+  for (int64_t h = n; h < heads; h++) slopes[h] = (float)exp2(-8.0 * (double)(2 * (h - n) + 1) / (double)(2 * n));
+  return ATTN_OK;
 }
