@@ -17,6 +17,7 @@ struct attn_ctx {
   char msg[ATTN__MSG_LEN];
   void *work;           /* workspace: see attn__workspace */
   size_t work_bytes;     /* its size; also says how it was made (attn_ctx_trim) */
+  int no_decode;        /* ATTN_DECODE=0: never the decode kernel */
 };
 
 /* ctx's workspace of at least bytes (64-byte aligned), or NULL when out of
@@ -82,6 +83,13 @@ static inline void attn__store(void *data, attn_dtype dt, int64_t off, double x)
   }
 }
 
+/* Element off of an f32, f16 or bf16 tensor, as f32: how the fp32 kernels widen halves. */
+static inline float attn__load_f32(const void *data, attn_dtype dt, int64_t off) {
+  if (dt == ATTN_F32) return ((const float *)data)[off];
+  if (dt == ATTN_BF16) return attn__bf16_to_f32(((const uint16_t *)data)[off]);
+  return attn__f16_to_f32(((const uint16_t *)data)[off]);
+}
+
 static inline int attn__is_float(attn_dtype dt) {
   return dt == ATTN_F32 || dt == ATTN_F64 || dt == ATTN_F16 || dt == ATTN_BF16;
 }
@@ -140,6 +148,12 @@ attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn
 attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa, attn_tensor *dq,
                                         attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
                                         const attn_tensor *out, const attn_tensor *lse);
+
+/* The decode kernel (src/cpu/decode.c): few query rows per kv head (Nq times
+ * the GQA group at most ATTN__DEC_MAX_ROWS), no weights, no dropout. */
+#define ATTN__DEC_MAX_ROWS 8
+int attn__decode_fits(const attn__sdpa *p);
+attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa);
 
 /* Last key index query row i may see under causal (exclusive bound), or Nk. */
 static inline int64_t attn__causal_end(attn_causal c, int64_t i, int64_t Nq, int64_t Nk) {

@@ -23,11 +23,22 @@ static attn_status check_writable(attn_ctx *ctx, const attn_tensor *t, const cha
   return ATTN_OK;
 }
 
+/* f32_only (the fp32 kernels): outputs f32, inputs f32, f16 or bf16 (widened as they
+ * are packed). Otherwise (the oracle): outputs f32 or f64, inputs any float. */
 static attn_status check_float_dtype(attn_ctx *ctx, const attn_tensor *t, const char *what, int f32_only, int out) {
-  if (f32_only ? t->dtype == ATTN_F32 : (out ? (t->dtype == ATTN_F32 || t->dtype == ATTN_F64) : attn__is_float(t->dtype)))
-    return ATTN_OK;
-  return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; this call takes %s", what, attn_dtype_name(t->dtype),
-                    f32_only ? "f32" : (out ? "f32 or f64" : "f32, f64, f16 or bf16"));
+  const attn_dtype dt = t->dtype;
+  const int ok = out ? (dt == ATTN_F32 || (!f32_only && dt == ATTN_F64))
+                     : (attn__is_float(dt) && (!f32_only || dt != ATTN_F64));
+  if (ok) return ATTN_OK;
+  return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; this call takes %s", what, attn_dtype_name(dt),
+                    out ? (f32_only ? "f32" : "f32 or f64") : (f32_only ? "f32, f16 or bf16" : "f32, f64, f16 or bf16"));
+}
+
+/* The fp32 backward reads its inputs in place: f32 only. */
+static attn_status check_f32(attn_ctx *ctx, const attn_tensor *t, const char *what) {
+  if (t->dtype == ATTN_F32) return ATTN_OK;
+  return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; the backward pass takes f32 (f16/bf16 inputs are forward-only)",
+                    what, attn_dtype_name(t->dtype));
 }
 
 /* An f32 [Hq] option (ALiBi slopes, sinks, their gradient), or NULL. */
@@ -263,6 +274,9 @@ attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tenso
     return attn__fail(ctx, ATTN_E_SHAPE, "lse %s must be [B, Hq, Nq] = [%lld, %lld, %lld] (the forward's lse)", s,
                       (long long)p->B, (long long)p->Hq, (long long)p->Nq);
   }
+  if (f32_only && ((st = check_f32(ctx, q, "q")) || (st = check_f32(ctx, k, "k")) || (st = check_f32(ctx, v, "v")) ||
+                   (st = check_f32(ctx, dout, "dout")) || (st = check_f32(ctx, lse, "lse"))))
+    return st;
   if ((st = check_bwd4(ctx, dq, "dq", "[B, Hq, Nq, D]", p->B, p->Hq, p->Nq, p->D, f32_only, 1)) ||
       (st = check_bwd4(ctx, dk, "dk", "[B, Hk, Nk, D]", p->B, p->Hk, p->Nk, p->D, f32_only, 1)) ||
       (st = check_bwd4(ctx, dv, "dv", "[B, Hk, Nk, Dv]", p->B, p->Hk, p->Nk, p->Dv, f32_only, 1)))
