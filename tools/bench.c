@@ -1017,6 +1017,11 @@ static int bench_decode(int argc, char **argv) {
     goto done;
   }
   step_s = t.median_s;
+  c.next = 0; /* the oracle reads copy 0: the output must be copy 0's */
+  if ((r = run_decode(&c))) {
+    r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
+    goto done;
+  }
   err = decode_oracle(&c, H / G);
   if (cli_has(&a, "--compare")) {
     /* the same step through the blocked (prefill) kernel, and without a cache: all L rows again */

@@ -61,16 +61,19 @@ static void fix_block(const attn__sdpa *p, float *S, int64_t R, int64_t b, int64
   }
 }
 
-/* Block of n keys from key j0 of kv head (b, g) of t, as f32 rows: in place when
- * it already is, else widened into buf. *ld gets the row distance. */
-static const float *key_rows(const attn__decode_kernels *dk, const attn_tensor *t, int64_t b, int64_t g, int64_t j0,
-                             int n, int64_t F, float *buf, int64_t *ld) {
+/* Block of n keys from key j0 of kv head (b, g) of t, as rows the kernels
+ * read: in place when they take its dtype and it has unit stride, else widened
+ * into buf as f32. *ld and *dt get the row distance and the element type. */
+static const void *key_rows(const attn__decode_kernels *dk, const attn_tensor *t, int64_t b, int64_t g, int64_t j0,
+                            int n, int64_t F, float *buf, int64_t *ld, attn_dtype *dt) {
   const int64_t off = b * t->strides[0] + g * t->strides[1] + j0 * t->strides[2];
-  if (t->dtype == ATTN_F32 && (t->strides[3] == 1 || F == 1)) {
-    *ld = t->strides[2];
-    return (const float *)t->data + off;
-  }
   const size_t es = attn_dtype_size(t->dtype);
+  if (((dk->dtypes >> t->dtype) & 1) && (t->strides[3] == 1 || F == 1)) {
+    *ld = t->strides[2];
+    *dt = t->dtype;
+    return (const char *)t->data + (size_t)off * es;
+  }
+  *dt = ATTN_F32;
   for (int jj = 0; jj < n; jj++) {
     const int64_t ro = off + jj * t->strides[2];
     if (t->strides[3] == 1) dk->widen(buf + jj * F, (const char *)t->data + (size_t)ro * es, t->dtype, F);
@@ -79,6 +82,19 @@ static const float *key_rows(const attn__decode_kernels *dk, const attn_tensor *
   }
   *ld = F;
   return buf;
+}
+
+/* Asks for rows [j0, j0 + n) of kv head (b, g) of t ahead of use. A block of K
+ * then a block of V breaks the stride the hardware prefetchers follow: without
+ * asking ahead, one core reads at half speed (the kernels ask for the rows
+ * they read in place themselves, key by key; this is for rows widened here). */
+static void prefetch_rows(const attn_tensor *t, int64_t b, int64_t g, int64_t j0, int n, int64_t F) {
+  const size_t es = attn_dtype_size(t->dtype), row = (size_t)F * es;
+  const char *base = (const char *)t->data + (size_t)(b * t->strides[0] + g * t->strides[1]) * es;
+  for (int jj = 0; jj < n; jj++) {
+    const char *r = base + (size_t)((j0 + jj) * t->strides[2]) * es;
+    for (size_t off = 0; off < row; off += 64) __builtin_prefetch(r + off, 0, 3);
+  }
 }
 
 // One chunk [k0, k1) of kv head (b, g) for its R rows; the partial goes to part: (R, Dv) then m (R), l (R).
@@ -106,11 +122,18 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
   for (int64_t j0 = lo; j0 < hi; j0 += ATTN__DEC_NB) {
     const int n = (int)(hi - j0 < ATTN__DEC_NB ? hi - j0 : ATTN__DEC_NB);
     int64_t ldk, ldv;
-    const float *K = key_rows(dk, &p->k, b, g, j0, n, D, s->Kc, &ldk);
-    dk->qk(s->S, s->Q, (int)R, K, ldk, n, D);
+    attn_dtype kt, vt;
+    const void *K = key_rows(dk, &p->k, b, g, j0, n, D, s->Kc, &ldk, &kt);
+    const void *V = key_rows(dk, &p->v, b, g, j0, n, Dv, s->Vc, &ldv, &vt);
+    const int64_t next = j0 + ATTN__DEC_NB;
+    if (next < hi && (K == s->Kc || V == s->Vc)) { /* the kernels prefetch rows they read in place, not these */
+      const int nn = (int)(hi - next < ATTN__DEC_NB ? hi - next : ATTN__DEC_NB);
+      prefetch_rows(&p->k, b, g, next, nn, D);
+      prefetch_rows(&p->v, b, g, next, nn, Dv);
+    }
+    dk->qk(s->S, s->Q, (int)R, K, ldk, n, D, kt);
     fix_block(p, s->S, R, b, g, j0, n);
-    const float *V = key_rows(dk, &p->v, b, g, j0, n, Dv, s->Vc, &ldv);
-    dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, n, Dv);
+    dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, n, Dv, vt);
   }
   memcpy(part, s->O, (size_t)(R * Dv) * sizeof(float));
   memcpy(part + R * Dv, s->m, (size_t)R * sizeof(float));

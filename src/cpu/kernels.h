@@ -52,16 +52,21 @@ extern const attn__cpu_kernels attn__kernels_avx512;
  * rows in place, unpacked; see there). A block is at most ATTN__DEC_NB keys:
  *   S is (rows, ATTN__DEC_NB)  logits, ATTN__DEC_NB floats per row
  *   Q is (rows, D)             pre-scaled queries
- *   K is (nkeys, D), V (nkeys, Dv): f32 rows ldk / ldv floats apart, unit stride
+ *   K is (nkeys, D), V (nkeys, Dv): rows ldk / ldv elements apart, unit stride
  *   O is (rows, Dv)            the running output; m, l: (rows) row statistics */
 #define ATTN__DEC_NB 32
+#define ATTN__DEC_MAX_ROWS_K 8 /* rows per call at most (internal.h's ATTN__DEC_MAX_ROWS) */
 typedef struct attn__decode_kernels {
+  /* Element types qk and pv read K and V in (bit k: attn_dtype k), widening
+   * in registers; the framework widens any other type into f32 rows first. */
+  unsigned dtypes;
   /* S[r][j] = Q[r] . K[j] for r < rows, j < nkeys (other columns untouched). */
-  void (*qk)(float *S, const float *Q, int rows, const float *K, int64_t ldk, int nkeys, int64_t D);
+  void (*qk)(float *S, const float *Q, int rows, const void *K, int64_t ldk, int nkeys, int64_t D, attn_dtype kt);
   /* The online-softmax step of kernels.h's softmax on columns j < nkeys of each
-   * row (masked logits are -inf; a row with nothing visible yet is left alone),
+   * row (masked logits are -inf; a row with nothing visible yet gets P = 0),
    * then O[r][:] = O[r][:] * alpha[r] + sum_j P[r][j] V[j][:]. S becomes P. */
-  void (*pv)(float *O, float *m, float *l, float *S, int rows, const float *V, int64_t ldv, int nkeys, int64_t Dv);
+  void (*pv)(float *O, float *m, float *l, float *S, int rows, const void *V, int64_t ldv, int nkeys, int64_t Dv,
+             attn_dtype vt);
   /* dst[0..n) = src[0..n) widened to f32 from f32, f16 or bf16 (contiguous). */
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n);
 } attn__decode_kernels;

@@ -214,5 +214,141 @@ static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *
 const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, softmax_avx512, pv_avx512,
                                                 exp_shift_avx512, ds_avx512, pt_acc_avx512};
 
+/* ---- decode (kernels.h's attn__decode_kernels) ----------------------------------
+ * K and V are read where they lie, in f32, f16 (vcvtph2ps) or bf16 (a shift),
+ * widened in registers. qk: for each row, sixteen keys at a time, one
+ * accumulator per key, then the sixteen dot products in one shuffle tree.
+ * pv: each V row is loaded (and widened) once per 64 columns for up to six
+ * query rows, whose outputs stay in registers across the block. */
 #define DEC_NAME(x) x##_avx512
+#define DEC_OWN_QK_PV
 #include "decode_kernels.inc"
+
+static inline __attribute__((always_inline)) __m512 load_wide(const void *p, int64_t off, __mmask16 m, attn_dtype dt) {
+  if (dt == ATTN_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + off));
+  if (dt == ATTN_BF16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + off)), 16));
+  return _mm512_maskz_loadu_ps(m, (const float *)p + off);
+}
+
+static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float *Q, int rows, const void *K,
+                                                           int64_t ldk, int nkeys, int64_t D, attn_dtype dt) {
+  for (int j0 = 0; j0 < nkeys; j0 += 16) {
+    int64_t row[16]; /* keys past nkeys repeat the last one: their lanes are not stored */
+    for (int j = 0; j < 16; j++) row[j] = (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
+    {
+      const size_t es = dt == ATTN_F32 ? 4 : 2, bytes = (size_t)D * es;
+      for (int j = 0; j < 16; j++) {
+        const char *pr = (const char *)K + (size_t)((j0 + j + DEC_PF_ROWS) * ldk) * es;
+        for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, _MM_HINT_T0);
+      }
+    }
+    for (int r = 0; r < rows; r++) {
+      __m512 acc[16];
+      for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < D; c += 16) {
+        const __mmask16 m = lanes16(D - c);
+        const __m512 qv = _mm512_maskz_loadu_ps(m, Q + r * D + c);
+        for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, load_wide(K, row[j] + c, m, dt), acc[j]);
+      }
+      __m512 v[16];
+      for (int j = 0; j < 16; j++) v[SLOT(j)] = acc[j];
+      _mm512_mask_storeu_ps(S + r * ATTN__DEC_NB + j0, lanes16(nkeys - j0), reduce16_add(v));
+    }
+  }
+}
+
+// rows RR (1..6) of O against P for n keys of V: O = O * alpha + P V.
+static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const float *alpha, const float *P, int RR,
+                                                              const void *V, int64_t ldv, int nkeys, int64_t Dv,
+                                                              attn_dtype dt) {
+  for (int64_t c0 = 0; c0 < Dv; c0 += 64) {
+    __mmask16 mk[4];
+    for (int w = 0; w < 4; w++) mk[w] = lanes16(Dv - c0 - 16 * w);
+    __m512 o[6][4];
+    for (int r = 0; r < RR; r++) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      for (int w = 0; w < 4; w++) o[r][w] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w), a);
+    }
+    for (int j = 0; j < nkeys; j++) {
+      if (c0 == 0) {
+        const size_t es = dt == ATTN_F32 ? 4 : 2, bytes = (size_t)Dv * es;
+        const char *pr = (const char *)V + (size_t)((j + DEC_PF_ROWS) * ldv) * es;
+        for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, _MM_HINT_T0);
+      }
+      __m512 vv[4];
+      for (int w = 0; w < 4; w++) vv[w] = load_wide(V, j * ldv + c0 + 16 * w, mk[w], dt);
+      for (int r = 0; r < RR; r++) {
+        const __m512 p = _mm512_set1_ps(P[r * ATTN__DEC_NB + j]);
+        for (int w = 0; w < 4; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);
+      }
+    }
+    for (int r = 0; r < RR; r++)
+      for (int w = 0; w < 4; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);
+  }
+}
+
+static inline __attribute__((always_inline)) void dec_pv_t(float *O, float *m, float *l, float *S, int rows,
+                                                           const void *V, int64_t ldv, int nkeys, int64_t Dv,
+                                                           attn_dtype dt) {
+  float alpha[ATTN__DEC_MAX_ROWS_K];
+  for (int r = 0; r < rows; r++) { /* the softmax step, one row at a time */
+    float *s = S + r * ATTN__DEC_NB;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    for (int j = 0; j < nkeys; j += 16) {
+      const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes16(nkeys - j), s + j);
+      nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+      mx = _mm512_max_ps(mx, x);
+    }
+    float mnew = _mm512_reduce_max_ps(mx);
+    if (m[r] > mnew) mnew = m[r];
+    if (nan || isnan(m[r])) mnew = NAN; /* NaN wins */
+    if (mnew == -INFINITY) { /* nothing visible yet */
+      for (int j = 0; j < nkeys; j++) s[j] = 0;
+      alpha[r] = 1;
+      continue;
+    }
+    alpha[r] = expf(m[r] - mnew);
+    const __m512 mv = _mm512_set1_ps(mnew);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < nkeys; j += 16) {
+      const __mmask16 k = lanes16(nkeys - j);
+      const __m512 p = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv)));
+      _mm512_mask_storeu_ps(s + j, k, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
+    m[r] = mnew;
+  }
+  for (int r0 = 0; r0 < rows; r0 += 6) {
+    const int rr = rows - r0 < 6 ? rows - r0 : 6;
+    float *o = O + r0 * Dv;
+    const float *a = alpha + r0, *P = S + r0 * ATTN__DEC_NB;
+    switch (rr) { /* a constant row count keeps the outputs in registers */
+      case 1: dec_pv_rows(o, a, P, 1, V, ldv, nkeys, Dv, dt); break;
+      case 2: dec_pv_rows(o, a, P, 2, V, ldv, nkeys, Dv, dt); break;
+      case 3: dec_pv_rows(o, a, P, 3, V, ldv, nkeys, Dv, dt); break;
+      case 4: dec_pv_rows(o, a, P, 4, V, ldv, nkeys, Dv, dt); break;
+      case 5: dec_pv_rows(o, a, P, 5, V, ldv, nkeys, Dv, dt); break;
+      default: dec_pv_rows(o, a, P, 6, V, ldv, nkeys, Dv, dt); break;
+    }
+  }
+}
+
+static void dec_qk_wide(float *S, const float *Q, int rows, const void *K, int64_t ldk, int nkeys, int64_t D,
+                        attn_dtype dt) {
+  if (dt == ATTN_F16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F16);
+  else if (dt == ATTN_BF16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_BF16);
+  else dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F32);
+}
+
+static void dec_pv_wide(float *O, float *m, float *l, float *S, int rows, const void *V, int64_t ldv, int nkeys,
+                        int64_t Dv, attn_dtype dt) {
+  if (dt == ATTN_F16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F16);
+  else if (dt == ATTN_BF16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_BF16);
+  else dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F32);
+}
+
+const attn__decode_kernels attn__decode_kernels_avx512 = {(1u << ATTN_F32) | (1u << ATTN_F16) | (1u << ATTN_BF16),
+                                                          dec_qk_wide, dec_pv_wide, widen_avx512};
