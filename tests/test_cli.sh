@@ -112,6 +112,22 @@ close "$T/dv1.npy" "$T/dv2.npy" 0
 differ "$T/o1.npy" $D/out.npy
 expect 0 "" -- sdpa $SQKV --out "$T/o3.npy" --dropout 0.3
 differ "$T/o3.npy" "$T/o1.npy"
+# bench decode runs, checks itself against the oracle and says so
+expect 0 "" -- bench decode --batch 2 --kv-seq 300 --heads 4 --kv-heads 2 --dim 16 --dtype bf16 --repeat 2 --json
+if grep -q '"op":"decode"' "$T/stdout" && grep -Eq '"oracle_rel_l2":[0-9.e-]+' "$T/stdout"; then ok; else bad "bench decode --json: $(cat "$T/stdout")"; fi
+
+# --kv-dtype: k and v rounded to halves; the stored-halves forward and the rounded-f32 backward agree
+D=$G/sdpa_bwd_plain
+expect 0 "" -- sdpa $SQKV --out "$T/oh.npy" --kv-dtype f16
+expect 0 "" -- sdpa $SQKV --out "$T/ohb.npy" --kv-dtype f16 --grad-out $D/G.npy --dq-out "$T/dqh.npy"
+close "$T/oh.npy" "$T/ohb.npy" 1e-6
+close "$T/oh.npy" $D/out.npy 5e-3
+expect 0 "" -- sdpa $SQKV --out "$T/obf.npy" --kv-dtype bf16 --threads 1
+close "$T/obf.npy" $D/out.npy 3e-2
+differ "$T/obf.npy" $D/out.npy
+expect 0 "" -- sdpa $SQKV --out "$T/o32.npy" --kv-dtype f32
+close "$T/o32.npy" $D/out.npy 1e-6
+expect 2 "$T/never_o.npy" -- sdpa $SQKV --out "$T/never_o.npy" --kv-dtype f8
 
 # --- mha on the goldens ---
 expect 0 "" -- mha --params $G/mha_seed/params.safetensors --heads "$(sed -n 's/^heads=//p' $G/mha_seed/case.txt)" --query $G/mha_seed/x.npy --out "$T/o.npy" --weights-out "$T/w.npy"
@@ -230,6 +246,9 @@ expect 1 "$O" -- mha $MS --out "$O" --grad-out $G/mha_torch_kvdim/x.npy --grads-
 expect 1 "$O" -- mha $MS --out "$O" --grad-out "$T/garbage.npy" --grads-out "$T/never_g.safetensors"
 expect 1 "$O" -- mha $MS --out "$O" --weights-out "$T/never_w.npy" --grad-out $G/mha_seed/out.npy --grads-out "$T/no/such/dir/g.safetensors"
 expect 2 "$O" -- bench sdpa --batch 1 --heads 2 --seq 8 --dim 8 --backward --kernel nope
+expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --heads 2 --dim 8 --dtype f8
+expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --heads 3 --kv-heads 2 --dim 8
+expect 2 "$O" -- bench decode --batch 1 --heads 2 --dim 8
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --query $G/mha_seed/x.npy --out "$O"
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --heads 0 --query $G/mha_seed/x.npy --out "$O"
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --heads 2 --query $G/mha_seed/x.npy --key $G/mha_seed/x.npy --out "$O"

@@ -10,6 +10,7 @@
  * Errors: one line on stderr, exit 1 (bad data) or 2 (bad command line), and
  * no output file left behind. */
 #include "cli.h"
+#include "internal.h" /* half-precision rounding for --kv-dtype */
 
 #include <ctype.h>
 #include <errno.h>
@@ -270,10 +271,41 @@ static int reduce_mask_grad(attn_ctx *ctx, attn_tensor *dm, const attn_tensor *m
   return 0;
 }
 
+/* --kv-dtype f32|f16|bf16: k and v rounded to that type before attention. The
+ * forward then reads them stored as halves; the backward (f32 only) reads the
+ * rounded values in f32, which is the same function. */
+static int kv_dtype(attn_ctx *ctx, cli_args *a, attn_tensor *k, attn_tensor *v, int backward) {
+  const char *s = cli_get(a, "--kv-dtype");
+  if (!s || !strcmp(s, "f32")) return 0;
+  attn_dtype dt;
+  if (!strcmp(s, "f16")) dt = ATTN_F16;
+  else if (!strcmp(s, "bf16")) dt = ATTN_BF16;
+  else return cli_fail(CLI_EXIT_USAGE, "--kv-dtype wants f32, f16 or bf16, got '%s'", s);
+  attn_tensor *t[2] = {k, v};
+  for (int i = 0; i < 2; i++) {
+    attn_tensor h;
+    if (attn_tensor_alloc(ctx, &h, dt, 4, t[i]->shape)) return cli_fail(CLI_EXIT_FAIL, "out of memory");
+    const int64_t n = attn_tensor_numel(t[i]);
+    float *f = t[i]->data; /* load_array gives contiguous f32 */
+    for (int64_t e = 0; e < n; e++) {
+      attn__store(h.data, dt, e, f[e]);
+      if (backward) f[e] = (float)attn__load(h.data, dt, e);
+    }
+    if (backward) {
+      attn_tensor_free(&h);
+    } else {
+      attn_tensor_free(t[i]);
+      *t[i] = h;
+    }
+  }
+  return 0;
+}
+
 static int cmd_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--q", "--k", "--v", "--out", "--mask", "--mask-mode", "--scale",
                                       "--weights-out", "--threads", "--key-padding", "--grad-out", "--dq-out",
-                                      "--dk-out", "--dv-out", "--mask-grad-out", "--dropout", "--seed", NULL};
+                                      "--dk-out", "--dv-out", "--mask-grad-out", "--dropout", "--seed", "--kv-dtype",
+                                      NULL};
   static const char *const switches[] = {"--causal", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--dq-out", "--dk-out", "--dv-out",
                                           "--mask-grad-out", NULL};
@@ -316,7 +348,8 @@ static int cmd_sdpa(int argc, char **argv) {
   outputs outs = {0};
   if ((r = load_array(ctx, &q, cli_get(&a, "--q"), "--q", 1)) || (r = want_rank(&q, 4, "--q", "[B, H, Nq, D]")) ||
       (r = load_array(ctx, &k, cli_get(&a, "--k"), "--k", 1)) || (r = want_rank(&k, 4, "--k", "[B, Hk, Nk, D]")) ||
-      (r = load_array(ctx, &v, cli_get(&a, "--v"), "--v", 1)) || (r = want_rank(&v, 4, "--v", "[B, Hk, Nk, Dv]")))
+      (r = load_array(ctx, &v, cli_get(&a, "--v"), "--v", 1)) || (r = want_rank(&v, 4, "--v", "[B, Hk, Nk, Dv]")) ||
+      (r = kv_dtype(ctx, &a, &k, &v, backward)))
     goto done;
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
@@ -647,7 +680,7 @@ static void usage(FILE *f) {
         "  attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy\n"
         "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--key-padding KP.npy]\n"
         "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
-        "            [--dropout P [--seed S]]\n"
+        "            [--dropout P [--seed S]] [--kv-dtype f32|f16|bf16]\n"
         "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]]\n"
         "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
         "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
@@ -656,13 +689,16 @@ static void usage(FILE *f) {
         "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]\n"
         "            [--backward] [--threads T] [--repeat R] [--kernel K] [--json]\n"
         "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--json]\n"
+        "  attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq]\n"
+        "            [--dtype f32|f16|bf16] [--compare] [--threads T] [--repeat R] [--json]\n"
         "  attn version\n"
         "Arrays are .npy (float32; float64 is converted). q/k/v are [B, H, N, D]; mha inputs are [B, N, E].\n"
         "A bool mask means keep (sdpa) or masked (mha) unless --mask-mode says otherwise; a float mask is additive.\n"
         "--grad-out G gives the gradients of sum(out * G): sdpa writes the ones asked for (--mask-grad-out: an\n"
         "additive mask's, in the mask's shape); mha writes every parameter's under the file's own names (with\n"
         "the prefix) and the inputs' as query (key, value) into one safetensors file.\n"
-        "--dropout P: training-mode dropout on the attention probabilities (seed S, default 0).\n",
+        "--dropout P: training-mode dropout on the attention probabilities (seed S, default 0).\n"
+        "--kv-dtype: k and v rounded to f16 or bf16 (and read stored so) before attention.\n",
         f);
 }
 
