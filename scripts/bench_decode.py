@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""The decode table: `attn bench decode --json` on the standard decoding cases
+(GQA and MHA head layouts, f32/f16/bf16 caches, 1 and 2 threads), with the
+outside yardstick ../shared/tools/peak.c (its read bandwidth) in the same run;
+written into BENCHMARKS.md between <!-- decode:begin --> and <!-- decode:end -->.
+
+    scripts/bench_decode.py [--attn PATH] [--out BENCHMARKS.md] [--dry-run]
+
+Each case's fraction is its GB/s of cache read over the read bandwidth that
+`attn bench decode` measures in the same process for the same thread count;
+peak.c's figure for that thread count is shown beside it. Only the standard
+library is used; the tool is (re)built in build-bench/ unless --attn is given.
+"""
+import argparse
+import datetime
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_grid import ROOT, cpu_model, loadavg, write_markdown  # noqa: E402
+
+BEGIN, END = "<!-- decode:begin -->", "<!-- decode:end -->"
+
+# label, batch, kv_seq, heads, kv_heads, dim, dtype, threads, extra flags
+CASES = [
+    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f32", 2, []),
+    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f16", 2, []),
+    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "bf16", 2, []),
+    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f32", 1, []),
+    ("MHA 8/8, L=8192 (split-KV)", 1, 8192, 8, 8, 128, "f32", 2, []),
+    ("MHA 8/8, L=8192 (split-KV)", 1, 8192, 8, 8, 128, "f32", 1, []),
+    ("MHA 8/8, L=32768 (split-KV)", 1, 32768, 8, 8, 128, "f32", 2, []),
+    ("MHA 8/8, L=32768 (split-KV)", 1, 32768, 8, 8, 128, "f32", 1, []),
+    ("MHA 8/8, L=32768 (split-KV)", 1, 32768, 8, 8, 128, "f16", 2, []),
+    ("1 token over 4096", 1, 4096, 32, 8, 128, "f32", 2, ["--compare"]),
+    ("batch 8, GQA 32/8, L=4096", 8, 4096, 32, 8, 128, "f16", 2, []),
+]
+
+
+def run_peak_c():
+    """{threads: read GB/s} from ../shared/tools/peak.c, or ({}, note)."""
+    src = os.path.join(os.path.dirname(ROOT), "shared", "tools", "peak.c")
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if not os.path.exists(src) or not cc:
+        return {}, "peak.c or gcc not found: no outside yardstick in this run"
+    d = tempfile.mkdtemp(prefix="attn_peak_")
+    try:
+        exe = os.path.join(d, "peak")
+        if subprocess.run([cc, "-O2", "-march=native", "-fopenmp", src, "-o", exe],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
+            return {}, "peak.c did not build"
+        out = subprocess.run([exe, "--json"], stdout=subprocess.PIPE, universal_newlines=True).stdout
+        return {j["threads"]: j["read_gbs"] for j in map(json.loads, filter(lambda l: l.startswith("{"),
+                                                                         out.splitlines()))}, None
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--attn", help="an attn binary to use as is (default: build build-bench/attn from this tree)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    ap.add_argument("--dry-run", action="store_true", help="list the cases and stop")
+    args = ap.parse_args()
+    if args.dry_run:
+        for c in CASES:
+            print(c)
+        return 0
+    attn = args.attn
+    if attn is None:
+        bdir = os.path.join(ROOT, "build-bench")
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        subprocess.run(["cmake", "-S", ROOT, "-B", bdir] + gen + ["-DCMAKE_BUILD_TYPE=Release", "-DATTN_BUILD_TESTS=OFF"],
+                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["cmake", "--build", bdir, "--target", "attn_cli"], check=True, stdout=subprocess.DEVNULL)
+        attn = os.path.join(bdir, "attn")
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_model(),
+            "load": loadavg(), "cmd": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}
+    peak, note = run_peak_c()
+    rows = []
+    for label, B, L, H, G, D, dt, T, extra in CASES:
+        argv = [attn, "bench", "decode", "--batch", str(B), "--kv-seq", str(L), "--heads", str(H), "--kv-heads",
+                str(G), "--dim", str(D), "--dtype", dt, "--threads", str(T), "--json"] + extra
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        if p.returncode:
+            print("failed: %s: %s" % (" ".join(argv), p.stderr.strip()), file=sys.stderr)
+            return 1
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        print("%-28s %-4s %dT %7.3f ms %6.2f GB/s %5.1f%%" % (label, dt, T, r["median_s"] * 1e3, r["read_gbs"],
+                                                              100 * r["fraction_of_read_bw"]), file=sys.stderr)
+        rows.append((label, dt, T, r))
+    f32 = {(l, T): r["median_s"] for l, dt, T, r in rows if dt == "f32"}
+    out = [BEGIN, "", "## Decoding (attn bench decode)", "",
+           "Run %s on %s; load average before: %s. Command: `%s`." % (info["date"], info["cpu"], info["load"], info["cmd"]),
+           "One new token per row (Nq = 1), bottom-right causal, D = 128; the cache is B·Hk·L·D keys and as many values "
+           "in the stated type. *Fraction* is GB/s of cache read over the read bandwidth `attn bench decode` measures "
+           "in the same run for the same thread count (a cache under 256 MiB is cycled through copies, so every step "
+           "reads memory); peak.c's read bandwidth for that thread count is in the last column" +
+           (" (%s)." % note if note else "."), "",
+           "| case | cache | threads | median ms | GB/s | fraction of read BW | speed-up over f32 | oracle rel L2 | peak.c read GB/s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for label, dt, T, r in rows:
+        base = f32.get((label, T))
+        sp = "%.2f×" % (base / r["median_s"]) if base and dt != "f32" else "—"
+        out.append("| %s | %s | %d | %.3f | %.2f | **%.3f** | %s | %.1e | %s |" % (
+            label, dt, T, r["median_s"] * 1e3, r["read_gbs"], r["fraction_of_read_bw"], sp, r["oracle_rel_l2"],
+            "%.1f" % peak[T] if T in peak else "—"))
+    cmp = [(label, r) for label, dt, T, r in rows if r.get("blocked_kernel_s")]
+    if cmp:
+        out += ["", "The same decoding step three ways (`--compare`): the decode kernel, the blocked (prefill) kernel on "
+                "the same single row (`ATTN_DECODE=0`), and a full recomputation of all L rows without a cache:", "",
+                "| case | decode ms | blocked kernel ms | full recompute ms |", "|---|---|---|---|"]
+        for label, r in cmp:
+            full = r.get("full_recompute_s")
+            out.append("| %s | %.3f | %.3f (%.2f× slower) | %s |" % (
+                label, r["median_s"] * 1e3, r["blocked_kernel_s"] * 1e3, r["blocked_kernel_s"] / r["median_s"],
+                "%.1f (%.0f× slower)" % (full * 1e3, full / r["median_s"]) if full else "—"))
+    out += ["", END]
+    write_markdown(args.out, "\n".join(out), BEGIN, END)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
