@@ -12,7 +12,10 @@ gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 
 run_suite() { # build dir, extra cmake flags...
   local dir=$1; shift
-  cmake -S . -B "$dir" "${gen[@]}" -DATTN_WERROR=ON "$@" >/dev/null
+  # a build folder keeps the generator it was made with (the README's demo
+  # command makes build/ with CMake's default one)
+  local g=("${gen[@]}"); [ -f "$dir/CMakeCache.txt" ] && g=()
+  cmake -S . -B "$dir" "${g[@]}" -DATTN_WERROR=ON "$@" >/dev/null
   cmake --build "$dir" -j "$jobs"
   # one test at a time: each already uses every core through OpenMP
   ctest --test-dir "$dir" --output-on-failure

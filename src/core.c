@@ -61,41 +61,41 @@ attn_status attn_ctx_create(attn_ctx **out) {
   return ATTN_OK;
 }
 
+/* Workspaces this large are mapped from the system rather than taken from
+ * malloc: a block freed to glibc's heap stays resident, so growing through
+ * malloc would keep the old workspace beside the new one at the peak. */
+#define WORKSPACE_MAP_MIN ((size_t)1 << 20)
+
 void attn_ctx_trim(attn_ctx *ctx) {
   if (!ctx || !ctx->work) return;
 #ifdef ATTN__HAVE_MMAP
-  if (ctx->work_mapped) munmap(ctx->work, ctx->work_bytes);
+  if (ctx->work_bytes >= WORKSPACE_MAP_MIN) munmap(ctx->work, ctx->work_bytes);
   else
 #endif
     attn__aligned_free(ctx->work);
   ctx->work = NULL;
   ctx->work_bytes = 0;
-  ctx->work_mapped = 0;
 }
 
 size_t attn_ctx_workspace_bytes(const attn_ctx *ctx) { return ctx ? ctx->work_bytes : 0; }
 
-/* Large workspaces are mapped from the system rather than taken from malloc:
- * a block freed to glibc's heap stays resident, so growing through malloc
- * would keep the old workspace beside the new one at the peak. */
 void *attn__workspace(attn_ctx *ctx, size_t bytes) {
   if (bytes == 0) bytes = 64;
   if (ctx->work && ctx->work_bytes >= bytes) return ctx->work;
   attn_ctx_trim(ctx); /* before the new one: never both at once */
   bytes = (bytes + 4095) / 4096 * 4096;
+  void *w;
 #ifdef ATTN__HAVE_MMAP
-  if (bytes >= ((size_t)1 << 20)) {
-    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return NULL;
-    ctx->work_mapped = 1;
-    ctx->work = m;
-    ctx->work_bytes = bytes;
-    return m;
-  }
+  if (bytes >= WORKSPACE_MAP_MIN) {
+    w = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (w == MAP_FAILED) w = NULL;
+  } else
 #endif
-  if (!(ctx->work = attn__aligned_alloc(bytes))) return NULL;
+    w = attn__aligned_alloc(bytes);
+  if (!w) return NULL;
+  ctx->work = w;
   ctx->work_bytes = bytes;
-  return ctx->work;
+  return w;
 }
 
 void attn_ctx_destroy(attn_ctx *ctx) {

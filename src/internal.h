@@ -16,8 +16,7 @@ struct attn_ctx {
   unsigned supported;   /* bit k: kernel k runs here; asked once, as CPUID is slow in a VM */
   char msg[ATTN__MSG_LEN];
   void *work;           /* workspace: see attn__workspace */
-  size_t work_bytes;
-  int work_mapped;
+  size_t work_bytes;     /* its size; also says how it was made (attn_ctx_trim) */
 };
 
 /* ctx's workspace of at least bytes (64-byte aligned), or NULL when out of
@@ -25,14 +24,14 @@ struct attn_ctx {
  * asks for a workspace, so a call takes it once and carves its buffers out of
  * it (attn__carve). */
 void *attn__workspace(attn_ctx *ctx, size_t bytes);
+/* What attn__carve needs for a block of bytes (add these up for attn__workspace). */
+static inline size_t attn__carve_size(size_t bytes) { return (bytes + 63) / 64 * 64; }
 /* The next 64-byte aligned block of bytes at *cursor; advances the cursor. */
 static inline void *attn__carve(char **cursor, size_t bytes) {
   void *p = *cursor;
-  *cursor += (bytes + 63) / 64 * 64;
+  *cursor += attn__carve_size(bytes);
   return p;
 }
-/* What attn__carve needs for a block of bytes (add these up for attn__workspace). */
-static inline size_t attn__carve_size(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 /* Records a printf-style message on ctx (if any) and returns status. */
 #if defined(__GNUC__)
