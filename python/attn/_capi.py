@@ -109,6 +109,8 @@ _protos = {
     "attn_tensor_view": (Tensor, [_P, _c_enum, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]),
     "attn_sdpa_opts_init": (None, [ctypes.POINTER(SdpaOpts)]),
     "attn_sdpa": (_st, [_P, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    # dq, dk, dv, dout, q, k, v, out, lse, opts
+    "attn_sdpa_backward": (_st, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
     "attn_mha_config_init": (None, [ctypes.POINTER(MhaConfig), ctypes.c_int64, ctypes.c_int64]),
     "attn_mha_create": (_st, [_P, ctypes.POINTER(_P), ctypes.POINTER(MhaConfig)]),
     "attn_mha_destroy": (None, [_P]),
