@@ -173,7 +173,9 @@ static int render(rs_image *im, const float *w, int64_t H, int64_t Nq, int64_t N
   const int pw = (int)Nk * cell, ph = (int)Nq * cell;
   const int lw = qt ? max_label_width(qt) + 4 : 0, lh = kt ? max_label_width(kt) + 4 : 0;
   const int title_h = 14, gap = 14, margin = 10;
-  const int ncols = H < 4 ? (int)H : 4, nrows = (int)((H + ncols - 1) / ncols);
+  int ncols = 1; /* a near-square grid of heads */
+  while ((int64_t)ncols * ncols < H) ncols++;
+  const int nrows = (int)((H + ncols - 1) / ncols);
   const int bw = lw + pw + gap, bh = title_h + ph + lh + gap; /* one head's block */
   /* colour bar: a strip as tall as one map, with three ticks and their values */
   char tick[3][32];
@@ -210,7 +212,8 @@ static int render(rs_image *im, const float *w, int64_t H, int64_t Nq, int64_t N
   const int ty[3] = {cy, cy + cb_h / 2, cy + cb_h - 1};
   for (int i = 0; i < 3; i++) {
     rs_fill(im, cx + cb_w, ty[i], 4, 1, ink);
-    rs_text(im, cx + cb_w + 6, ty[i] - RS_GLYPH_H / 2, tick[i], 1, ink, 0);
+    /* the top value sits below its tick, clear of the "weight" caption */
+    rs_text(im, cx + cb_w + 6, i == 0 ? ty[i] : ty[i] - RS_GLYPH_H / 2, tick[i], 1, ink, 0);
   }
   return 0;
 }
