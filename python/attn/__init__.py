@@ -429,18 +429,9 @@ class MultiheadAttention:
             raise ValueError(f"{what}: expected 2 or 3 dimensions, got shape {a.shape}")
         return (a if self.batch_first else a.transpose(1, 0, 2)), False  # a view, no copy
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, *, mask_mode=None):
-        """As torch.nn.MultiheadAttention.forward: returns (out, weights or None).
-
-        Library extra: mask_mode ('masked', 'keep', 'additive', 'seed') reads
-        attn_mask another way than PyTorch's rule (bool True = masked out,
-        float added); 'seed' is the seed module's logits += mask * -1e9."""
-        like_torch = _is_torch(query)
-        q, unbatched = self._batch_major(query, "query")
-        k, _ = self._batch_major(key, "key")
-        v, _ = self._batch_major(value, "value")
-        B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
+    def _opts(self, B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode):
+        """attn_mha_opts for the masks of one call, and the arrays/structs it points to."""
+        H = self.num_heads
         opts = _capi.MhaOpts()
         _capi.lib.attn_mha_opts_init(ctypes.byref(opts))
         keep = []
@@ -476,6 +467,21 @@ class MultiheadAttention:
             keep += [m, mt]
             opts.mask = ctypes.pointer(mt)
             opts.mask_mode = _mask_mode(mask_mode, m, _capi.MASK_MASKED)
+        return opts, keep
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False, *, mask_mode=None):
+        """As torch.nn.MultiheadAttention.forward: returns (out, weights or None).
+
+        Library extra: mask_mode ('masked', 'keep', 'additive', 'seed') reads
+        attn_mask another way than PyTorch's rule (bool True = masked out,
+        float added); 'seed' is the seed module's logits += mask * -1e9."""
+        like_torch = _is_torch(query)
+        q, unbatched = self._batch_major(query, "query")
+        k, _ = self._batch_major(key, "key")
+        v, _ = self._batch_major(value, "value")
+        B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
+        opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         weights = None
         if need_weights:
             weights = np.empty((B, L, S) if average_attn_weights else (B, H, L, S), np.float32)
@@ -496,6 +502,89 @@ class MultiheadAttention:
         return _wrap(out, like_torch), (None if weights is None else _wrap(weights, like_torch))
 
     __call__ = forward
+
+    def _user_layout(self, shape_bm, unbatched):
+        """A float32 array in the caller's layout and its batch-major [B, N, F] view."""
+        B, N, Fd = shape_bm
+        if self.batch_first or unbatched:
+            a = np.empty((B, N, Fd), np.float32)
+            return a, a
+        a = np.empty((N, B, Fd), np.float32)
+        return a, a.transpose(1, 0, 2)
+
+    def _packed_in_proj(self):
+        """Whether PyTorch would pack this configuration's Q/K/V weights into in_proj_weight."""
+        return self.kdim == self.embed_dim and self.vdim == self.embed_dim and self.num_kv_heads == self.num_heads
+
+    def grad(self, query, key, value, grad_output, key_padding_mask=None, attn_mask=None, is_causal=False, *,
+             mask_mode=None):
+        """Gradients of a loss L through forward(query, key, value, ...), given grad_output = dL/dout.
+
+        Runs the forward pass again (attn_mha_forward_save), then attn_mha_backward.
+        Returns a dict: 'query', 'key', 'value' (input gradients, in the inputs'
+        layout; with key and value the very same object as query, self-attention,
+        only 'query', the whole gradient), and every parameter's under PyTorch's
+        names (in_proj_weight or q/k/v_proj_weight, in_proj_bias, out_proj.weight,
+        out_proj.bias). NumPy or torch like query.
+        """
+        like_torch = _is_torch(query)
+        self_attn = key is query and value is query
+        q, unbatched = self._batch_major(query, "query")
+        k, _ = self._batch_major(key, "key")
+        v, _ = self._batch_major(value, "value")
+        g, _ = self._batch_major(grad_output, "grad_output")
+        B, L, S = q.shape[0], q.shape[1], k.shape[1]
+        opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
+        out = np.empty((B, L, self.embed_dim), np.float32)
+        dq, dqb = self._user_layout(q.shape, unbatched)
+        dk = dkb = dv = dvb = None
+        if not self_attn:
+            dk, dkb = self._user_layout(k.shape, unbatched)
+            dv, dvb = self._user_layout(v.shape, unbatched)
+        ts = [_tensor(a) for a in (out, q, k, v, g, dqb)]
+        dkt = None if dkb is None else _tensor(dkb)
+        dvt = None if dvb is None else _tensor(dvb)
+        ref = lambda t: None if t is None else ctypes.byref(t)  # noqa: E731
+        c = self._ctx
+        grads = ctypes.c_void_p()
+        saved = ctypes.c_void_p()
+        with self._lock:
+            try:
+                c.check(_capi.lib.attn_mha_create(c.h, ctypes.byref(grads), _capi.lib.attn_mha_get_config(self._h)))
+                c.check(_capi.lib.attn_mha_forward_save(c.h, self._h, ref(ts[0]), ref(ts[1]),
+                                                        None if self_attn else ref(ts[2]),
+                                                        None if self_attn else ref(ts[3]), ctypes.byref(opts),
+                                                        ctypes.byref(saved)))
+                c.check(_capi.lib.attn_mha_backward(c.h, self._h, saved, ref(ts[4]), ref(ts[5]), ref(dkt), ref(dvt),
+                                                    grads))
+                p = {}
+                for which in range(8):
+                    t = _capi.Tensor()
+                    if _capi.lib.attn_mha_param_view(c.h, grads, which, ctypes.byref(t)) != 0:
+                        continue  # a bias of a layer without biases
+                    n = int(np.prod([t.shape[i] for i in range(t.rank)]))
+                    flat = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)), (n,))
+                    p[which] = flat.reshape([t.shape[i] for i in range(t.rank)]).copy()
+            finally:
+                if saved:
+                    _capi.lib.attn_mha_saved_free(saved)
+                if grads:
+                    _capi.lib.attn_mha_destroy(grads)
+        res = {"query": dq[0] if unbatched else dq}
+        if not self_attn:
+            res["key"] = dk[0] if unbatched else dk
+            res["value"] = dv[0] if unbatched else dv
+        P = _capi
+        if self._packed_in_proj():
+            res["in_proj_weight"] = np.concatenate([p[P.MHA_Q_WEIGHT], p[P.MHA_K_WEIGHT], p[P.MHA_V_WEIGHT]])
+        else:
+            res["q_proj_weight"], res["k_proj_weight"], res["v_proj_weight"] = (
+                p[P.MHA_Q_WEIGHT], p[P.MHA_K_WEIGHT], p[P.MHA_V_WEIGHT])
+        if P.MHA_Q_BIAS in p:
+            res["in_proj_bias"] = np.concatenate([p[P.MHA_Q_BIAS], p[P.MHA_K_BIAS], p[P.MHA_V_BIAS]])
+            res["out_proj.bias"] = p[P.MHA_O_BIAS]
+        res["out_proj.weight"] = p[P.MHA_O_WEIGHT]
+        return {n: _wrap(a, like_torch) for n, a in res.items()}
 
     def __del__(self):
         h = getattr(self, "_h", None)

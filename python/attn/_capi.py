@@ -11,6 +11,9 @@ F32, F64, F16, BF16, BOOL, U8 = 0, 1, 2, 3, 4, 5
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
 # attn_mask_mode
 MASK_KEEP, MASK_MASKED, MASK_ADDITIVE, MASK_SEED = 0, 1, 2, 3
+# attn_mha_param
+(MHA_Q_WEIGHT, MHA_Q_BIAS, MHA_K_WEIGHT, MHA_K_BIAS, MHA_V_WEIGHT, MHA_V_BIAS, MHA_O_WEIGHT,
+ MHA_O_BIAS) = range(8)
 
 _c_enum = ctypes.c_int  # C enums with small values are int-sized on every ABI we target
 
@@ -120,6 +123,12 @@ _protos = {
                                                ctypes.c_int64, ctypes.c_int64]),
     "attn_mha_opts_init": (None, [ctypes.POINTER(MhaOpts)]),
     "attn_mha_forward": (_st, [_P, _P, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
+    "attn_mha_param_view": (_st, [_P, _P, ctypes.c_int, _PT]),
+    # ctx, mha, out, query, key, value, opts, saved**
+    "attn_mha_forward_save": (_st, [_P, _P, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts), ctypes.POINTER(_P)]),
+    "attn_mha_saved_free": (None, [_P]),
+    # ctx, mha, saved, dout, dquery, dkey, dvalue, grads
+    "attn_mha_backward": (_st, [_P, _P, _P, _PT, _PT, _PT, _PT, _P]),
 }
 for _name, (_res, _args) in _protos.items():
     _f = getattr(lib, _name)

@@ -488,6 +488,68 @@ else:
         desc = ",".join(f"{k}={v}" for k, v in g.items())
         case(MHA, desc, mha_case(**g))
 
+    # ---- MultiheadAttention.grad against torch autograd ----------------------------
+    MHB = "mha backward"
+
+    def mha_grad_case(E, H, L, S, batch_first, kdim=None, vdim=None, bias=True, self_attn=False, mask=None,
+                      kpm=False, causal=False, unbatched=False):
+        def run():
+            tm = torch.nn.MultiheadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first)
+            with torch.no_grad():
+                for p in tm.parameters():
+                    p.normal_(0, 0.3)
+            tm = tm.double()
+            m = attn.MultiheadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first)
+            m.load_state_dict(tm.state_dict())
+            B = 2
+            shp = lambda n, f: (n, f) if unbatched else ((B, n, f) if batch_first else (n, B, f))  # noqa: E731
+            q = torch.randn(*shp(L, E))
+            k = q if self_attn else torch.randn(*shp(S, kdim or E))
+            v = q if self_attn else torch.randn(*shp(S, vdim or E))
+            Sk = L if self_attn else S
+            am = None
+            if mask == "bool":
+                am = torch.rand(L, Sk) < 0.3
+                am[:, 0] = False
+            elif mask == "float":
+                am = torch.randn(L, Sk)
+            if causal:
+                am = torch.ones(L, Sk, dtype=torch.bool).triu(1)
+            kp = None
+            if kpm:
+                kp = torch.rand(Sk) < 0.3 if unbatched else torch.rand(B, Sk) < 0.3
+                kp[..., 0] = False
+            G = torch.randn(*shp(L, E))
+            qd = q.double().requires_grad_()
+            kd = qd if self_attn else k.double().requires_grad_()
+            vd = qd if self_attn else v.double().requires_grad_()
+            ro, _ = tm(qd, kd, vd, key_padding_mask=kp, need_weights=False,
+                       attn_mask=None if am is None else (am if am.dtype == torch.bool else am.double()))
+            ro.backward(G.double())
+            g = m.grad(q, k, v, G, key_padding_mask=kp, attn_mask=None if causal else am, is_causal=causal)
+            errs = [rel(g["query"], qd.grad)]
+            if not self_attn:
+                errs += [rel(g["key"], kd.grad), rel(g["value"], vd.grad)]
+            else:
+                assert "key" not in g
+            for name, p in tm.named_parameters():
+                errs.append(rel(g[name], p.grad))
+            assert set(g) - {"query", "key", "value"} == {n for n, _ in tm.named_parameters()}, sorted(g)
+            return max(errs)
+        return run
+
+    for g in [dict(E=16, H=4, L=5, S=7, batch_first=True),
+              dict(E=16, H=4, L=6, S=6, batch_first=False, self_attn=True),
+              dict(E=32, H=4, L=9, S=9, batch_first=True, self_attn=True, causal=True),
+              dict(E=32, H=8, L=6, S=11, batch_first=False, mask="bool", kpm=True),
+              dict(E=32, H=8, L=6, S=11, batch_first=True, mask="float"),
+              dict(E=24, H=3, L=8, S=10, batch_first=False, kdim=10, vdim=12),
+              dict(E=24, H=3, L=8, S=10, batch_first=True, bias=False),
+              dict(E=16, H=2, L=5, S=6, batch_first=False, unbatched=True, kpm=True),
+              dict(E=64, H=4, L=100, S=130, batch_first=True)]:
+        desc = ",".join(f"{k}={v}" for k, v in g.items())
+        case(MHB, desc, mha_grad_case(**g))
+
     # ---- the seed module ------------------------------------------------------------
     class SeedMHA(torch.nn.Module):
         """The seed's layer: Q/K/V Linear projections wq/wk/wv, split heads, scaled
@@ -541,6 +603,30 @@ else:
               dict(E=64, H=2, L=70, S=90, mask="padding")]:
         desc = ",".join(f"{k}={v}" for k, v in g.items())
         case(SEED, desc, seed_case(**g))
+
+    def seed_backward():
+        E, H, L = 32, 4, 9
+        sm = SeedMHA(E, H).double()
+        m = attn.MultiheadAttention(E, H, batch_first=True)
+        m.load_state_dict(sm.state_dict())
+        x = torch.randn(2, L, E)
+        mk = torch.ones(L, L).triu(1)  # the seed's look-ahead mask
+        G = torch.randn(2, L, E)
+        xd = x.double().requires_grad_()
+        ro, _ = sm(xd, xd, xd, mk.double())
+        ro.backward(G.double())
+        g = m.grad(x, x, x, G, attn_mask=mk, mask_mode="seed")
+        ipw, ipb = g["in_proj_weight"], g["in_proj_bias"]
+        pairs = [(g["query"], xd.grad), (g["out_proj.weight"], sm.dense.weight.grad),
+                 (g["out_proj.bias"], sm.dense.bias.grad)]
+        for i, lin in enumerate((sm.wq, sm.wk, sm.wv)):
+            pairs.append((ipw[i * E:(i + 1) * E], lin.weight.grad))
+        # the key bias's gradient is zero in exact arithmetic (softmax ignores a shift
+        # of every logit of a row): compare the three biases together, as PyTorch stores them
+        pairs.append((ipb, torch.cat([sm.wq.bias.grad, sm.wk.bias.grad, sm.wv.bias.grad])))
+        return max(rel(a, b) for a, b in pairs)
+
+    case(SEED, "backward: input and every parameter's gradient, look-ahead mask", seed_backward)
 
     def seed_from_safetensors():
         E, H = 16, 4
