@@ -55,7 +55,8 @@ typedef struct attn_dl_tensor {
  * ndim > 0, NULL data with elements), ATTN_E_UNSUPPORTED (a device other
  * than the CPU), ATTN_E_DTYPE (lanes != 1, a code/bits pair with no attn_dtype),
  * ATTN_E_SHAPE (ndim < 0 or > ATTN_MAX_RANK, a negative extent). out is
- * written only on success. */
+ * written only on success. Strides are copied as given, negative ones too:
+ * the calls that take the view check what they can use. */
 ATTN_API attn_status attn_tensor_from_dlpack(attn_ctx *ctx, attn_tensor *out, const attn_dl_tensor *t);
 
 /* A DLTensor describing t (CPU, device 0, byte_offset 0, explicit strides).

@@ -87,6 +87,8 @@ def _to_numpy(x, what, kind="float"):
         x = np.asarray(x)
     if x.dtype == np.bool_ and kind == "mask":
         pass
+    elif x.dtype == np.uint8 and kind == "mask":
+        x = x != 0  # a uint8 mask reads as bool (nonzero = true): a copy
     elif x.dtype in (np.float32, np.float64, np.float16):
         if x.dtype != np.float32:
             x = x.astype(np.float32)  # the kernels compute in float32: a copy
@@ -373,7 +375,10 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
 # ---- the layer ---------------------------------------------------------------
 
 class MultiheadAttention:
-    """Inference counterpart of torch.nn.MultiheadAttention (no dropout, no bias_k/bias_v).
+    """Counterpart of torch.nn.MultiheadAttention (no dropout, no bias_k/bias_v).
+
+    forward builds no autograd graph (inputs are read as plain arrays); the
+    gradients come from grad(), which runs libattn's backward pass.
 
     Parameters start at zero: load them with load_state_dict (PyTorch names
     in_proj_weight, in_proj_bias, q/k/v_proj_weight, out_proj.weight,

@@ -233,6 +233,17 @@ def seed_mask_mode():
 case(FWD, "mask_mode='seed' (logits += mask * -1e9)", seed_mask_mode)
 
 
+def uint8_mask():
+    q, k, v = randn(1, 2, 5, 8), randn(1, 2, 6, 8), randn(1, 2, 6, 8)
+    bm = rng.random((5, 6)) < 0.6
+    bm[:, 0] = True
+    u = bm.astype(np.uint8) * 7  # nonzero = true
+    return rel(attn.scaled_dot_product_attention(q, k, v, attn_mask=u), np_sdpa(q, k, v, mask=bm)[0])
+
+
+case(FWD, "uint8 mask reads as bool", uint8_mask)
+
+
 def errors():
     q = randn(1, 2, 4, 8)
     try:
