@@ -346,6 +346,11 @@ int cmd_map(int argc, char **argv) {
     H = heads;
     Nq = x.shape[1];
     Nk = cross ? key.shape[1] : Nq;
+    if (Nq > MAP_MAX_SIDE || Nk > MAP_MAX_SIDE) { /* before the [H, Nq, Nk] weights are allocated */
+      r = cli_fail(CLI_EXIT_FAIL, "map: %lld queries x %lld keys: more than %d a side to draw", (long long)Nq,
+                   (long long)Nk, MAP_MAX_SIDE);
+      goto done;
+    }
     const attn_mha_config *cfg = attn_mha_get_config(mha);
     attn_tensor out;
     int64_t os[3] = {1, Nq, cfg->embed_dim}, ws[4] = {1, H, Nq, Nk};

@@ -4,7 +4,6 @@ The shared library is called through ctypes; inputs are passed as strided
 views (no copy) whenever they are float32 with non-negative strides.
 """
 import ctypes
-import math
 import threading
 
 import numpy as np
