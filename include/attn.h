@@ -169,7 +169,29 @@ typedef struct attn_sdpa_opts {
   /* Backward only: out, f32 [B, Hq, Nq, Nk], the gradient of an ADDITIVE mask
    * (sum it over the dimensions the mask broadcast along); or NULL. */
   attn_tensor *mask_grad;
+  /* Options of recent models. Positions: query row i sits at i' = i + Nk - Nq
+   * under ATTN_CAUSAL_BOTTOM_RIGHT (a KV cache), else at i' = i.
+   * Sliding window: query i' sees keys i' - window < j <= i' only. A window
+   * implies the causal bound (top-left when causal is NONE); 0 = off. */
+  int64_t window;
+  /* Logit soft-capping: s = softcap * tanh(s / softcap) on the scaled logits,
+   * before ALiBi and the masks (Gemma 2); 0 = off, else > 0. */
+  double softcap;
+  /* ALiBi: f32 [Hq], logits of head h += slope[h] * (j - i'); see
+   * attn_alibi_slopes for the paper's slopes. NULL = off. */
+  const attn_tensor *alibi_slopes;
+  /* Attention sinks: f32 [Hq], one learned logit per query head that joins the
+   * softmax's denominator and adds nothing to out (lse includes it, weights
+   * do not). A row with every key masked then gives zeros and lse = sink. */
+  const attn_tensor *sinks;
+  /* Backward only: out, f32 [Hq], dL/dsinks (summed over batch and rows); or NULL. */
+  attn_tensor *sinks_grad;
 } attn_sdpa_opts;
+
+/* The ALiBi paper's slopes for heads heads into slopes[0..heads): for a power
+ * of two n, slope h is 2^(-8(h+1)/n); otherwise the slopes of the largest
+ * power of two below n, then every other slope of twice that power. */
+ATTN_API attn_status attn_alibi_slopes(float *slopes, int64_t heads);
 
 ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
 
@@ -208,6 +230,55 @@ ATTN_API attn_status attn_sdpa_backward_ref(attn_ctx *ctx, attn_tensor *dq, attn
 /* 1 when dropout keeps entry (b, h, i, j) for this seed and p: a counter-based
  * generator (Philox-4x32-10), the same in every kernel and on every machine. */
 ATTN_API int attn_dropout_keep(uint64_t seed, double p, int64_t b, int64_t h, int64_t i, int64_t j);
+
+/* ---- KV cache: incremental decoding ------------------------------------------- */
+/* The keys and values of one attention layer's past tokens, for B sequences
+ * (rows) that may each hold a different number of tokens. Storage is
+ * [B, Hk, capacity, D] for keys and [B, Hk, capacity, Dv] for values, in f32,
+ * f16 or bf16 (halves the memory and the read time of a decoding step; rounded
+ * to nearest even on append, widened to f32 in registers on attend). */
+typedef struct attn_kv_cache attn_kv_cache;
+
+typedef struct attn_kv_cache_config {
+  int64_t batch;      /* B rows */
+  int64_t capacity;   /* tokens each row can hold */
+  int64_t kv_heads;   /* Hk */
+  int64_t head_dim;   /* D of the keys */
+  int64_t v_head_dim; /* Dv of the values; 0 = D */
+  attn_dtype dtype;   /* storage: ATTN_F32, ATTN_F16 or ATTN_BF16 */
+} attn_kv_cache_config;
+
+/* batch, capacity, kv_heads, head_dim as given; Dv = D; f32 storage. */
+ATTN_API void attn_kv_cache_config_init(attn_kv_cache_config *cfg, int64_t batch, int64_t capacity, int64_t kv_heads,
+                                        int64_t head_dim);
+ATTN_API attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_kv_cache_config *cfg);
+ATTN_API void attn_kv_cache_destroy(attn_kv_cache *cache);
+ATTN_API const attn_kv_cache_config *attn_kv_cache_get_config(const attn_kv_cache *cache);
+/* Tokens row b holds now (0 for a row out of range). */
+ATTN_API int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t b);
+/* Appends new tokens: k is [B, Hk, n, D], v [B, Hk, n, Dv], any float dtype and
+ * strides. Row b takes its first n_new[b] tokens (0..n); n_new NULL = all n.
+ * If any row would pass its capacity nothing is appended (ATTN_E_SHAPE). */
+ATTN_API attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn_tensor *k,
+                                          const attn_tensor *v, const int64_t *n_new);
+/* Attention of new queries over every cached token of their row:
+ *   out is [B, Hq, Nq, Dv] f32, q is [B, Hq, Nq, D] (f32, f16 or bf16), Hq a multiple of Hk.
+ * Query i of row b is the token at position len_b - Nq + i (the row's last Nq
+ * tokens, bottom-right causal), so append first, then attend. opts may set
+ * scale, window (only the last W keys are read), softcap, alibi_slopes, sinks
+ * and lse ([B, Hq, Nq]); masks, key padding, weights and dropout are refused
+ * (a row's length says which keys exist). Positions < 0 (a row holding fewer
+ * than Nq tokens) see nothing: zeros, lse -inf. */
+ATTN_API attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out,
+                                          const attn_tensor *q, const attn_sdpa_opts *opts);
+/* Rollback: row b (-1: every row) keeps its first length tokens (length <= its length). */
+ATTN_API attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t b, int64_t length);
+/* Beam search: row dst becomes a copy of row src (tokens and length). */
+ATTN_API attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache, int64_t dst, int64_t src);
+/* Views of row b's cached keys [1, Hk, len_b, D] and values [1, Hk, len_b, Dv]
+ * in the storage dtype, valid until the next append, truncate or destroy. */
+ATTN_API attn_status attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t b, attn_tensor *k,
+                                        attn_tensor *v);
 
 /* ---- the multi-head attention layer ----------------------------------------- */
 typedef struct attn_mha attn_mha;
@@ -274,6 +345,17 @@ ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
  * With ATTN_KERNEL_REF every step runs in float64 (out may then be f64). */
 ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
                                       const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts);
+
+/* Incremental self-attention (decoding): x is [B, n, E] f32, the next n tokens
+ * of every row; their keys and values are appended to cache (created with
+ * batch B, kv_heads Hk and head_dim E / H of this layer), then their queries
+ * attend over the whole cache (bottom-right causal) and out [B, n, E] gets
+ * the output projection. Token by token this gives what one causal
+ * attn_mha_forward over the whole sequence gives. opts: only causal
+ * (ignored: always causal here) and the options of recent models are read;
+ * masks, key padding, weights and dropout are refused. kdim = vdim = E. */
+ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache *cache, attn_tensor *out,
+                                             const attn_tensor *x, const attn_mha_opts *opts);
 
 /* Training. attn_mha_forward_save runs attn_mha_forward and keeps what the
  * backward pass needs (the projections, the attention output and its

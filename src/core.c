@@ -58,6 +58,9 @@ attn_status attn_ctx_create(attn_ctx **out) {
   if (!c) return ATTN_E_NOMEM;
   for (int k = ATTN_KERNEL_AUTO; k <= ATTN_KERNEL_AVX512; k++)
     if (attn_kernel_supported((attn_kernel)k)) c->supported |= 1u << k;
+  /* ATTN_DECODE=0 sends decode-sized problems through the blocked kernel (benchmarks, tests) */
+  const char *dec = getenv("ATTN_DECODE");
+  c->no_decode = dec && strcmp(dec, "0") == 0;
   return ATTN_OK;
 }
 

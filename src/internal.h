@@ -17,6 +17,7 @@ struct attn_ctx {
   char msg[ATTN__MSG_LEN];
   void *work;           /* workspace: see attn__workspace */
   size_t work_bytes;     /* its size; also says how it was made (attn_ctx_trim) */
+  int no_decode;        /* ATTN_DECODE=0: never the decode kernel */
 };
 
 /* ctx's workspace of at least bytes (64-byte aligned), or NULL when out of
@@ -82,6 +83,13 @@ static inline void attn__store(void *data, attn_dtype dt, int64_t off, double x)
   }
 }
 
+/* Element off of an f32, f16 or bf16 tensor, as f32: how the fp32 kernels widen halves. */
+static inline float attn__load_f32(const void *data, attn_dtype dt, int64_t off) {
+  if (dt == ATTN_F32) return ((const float *)data)[off];
+  if (dt == ATTN_BF16) return attn__bf16_to_f32(((const uint16_t *)data)[off]);
+  return attn__f16_to_f32(((const uint16_t *)data)[off]);
+}
+
 static inline int attn__is_float(attn_dtype dt) {
   return dt == ATTN_F32 || dt == ATTN_F64 || dt == ATTN_F16 || dt == ATTN_BF16;
 }
@@ -106,6 +114,11 @@ typedef struct attn__sdpa {
   double dropout_p;     /* in [0, 1); 0 = no dropout (see dropout.h for the mask) */
   uint64_t dropout_seed;
   attn_tensor *mask_grad; /* backward only: [B, Hq, Nq, Nk] dS of an additive mask, or NULL */
+  int64_t window;         /* > 0: keys i' - window < j <= i' (causal is then never NONE) */
+  double softcap;         /* > 0: s = softcap * tanh(s / softcap) */
+  const attn_tensor *alibi; /* f32 [Hq] slopes or NULL */
+  const attn_tensor *sinks; /* f32 [Hq] or NULL */
+  attn_tensor *sinks_grad;  /* backward only: f32 [Hq] or NULL */
 } attn__sdpa;
 
 /* Validates arguments and fills p. float_only: q/k/v/out must be f32. */
@@ -136,6 +149,12 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
                                         attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
                                         const attn_tensor *out, const attn_tensor *lse);
 
+/* The decode kernel (src/cpu/decode.c): few query rows per kv head (Nq times
+ * the GQA group at most ATTN__DEC_MAX_ROWS), no weights, no dropout. */
+#define ATTN__DEC_MAX_ROWS 8
+int attn__decode_fits(const attn__sdpa *p);
+attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa);
+
 /* Last key index query row i may see under causal (exclusive bound), or Nk. */
 static inline int64_t attn__causal_end(attn_causal c, int64_t i, int64_t Nq, int64_t Nk) {
   int64_t e;
@@ -143,6 +162,31 @@ static inline int64_t attn__causal_end(attn_causal c, int64_t i, int64_t Nq, int
   else if (c == ATTN_CAUSAL_BOTTOM_RIGHT) e = i + 1 + Nk - Nq;
   else return Nk;
   return e < 0 ? 0 : (e > Nk ? Nk : e);
+}
+
+/* Query row i's position among the keys (the causal alignment in use). */
+static inline int64_t attn__qpos(const attn__sdpa *p, int64_t i) {
+  return p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + p->Nk - p->Nq : i;
+}
+
+/* First key index query row i may see under the sliding window, or 0. */
+static inline int64_t attn__window_begin(const attn__sdpa *p, int64_t i) {
+  if (p->window <= 0) return 0;
+  const int64_t s = attn__qpos(p, i) - p->window + 1;
+  return s < 0 ? 0 : s;
+}
+
+/* Element h of an f32 [Hq] option tensor (slopes, sinks). */
+static inline float attn__head_value(const attn_tensor *t, int64_t h) {
+  return ((const float *)t->data)[h * t->strides[0]];
+}
+
+/* Softcap then ALiBi on a scaled logit x of (h, i, j): every kernel's and the
+ * oracle's logit passes through this before the masks (in x's precision). */
+static inline double attn__logit_mods(const attn__sdpa *p, int64_t h, int64_t i, int64_t j, double x) {
+  if (p->softcap > 0) x = p->softcap * tanh(x / p->softcap);
+  if (p->alibi) x += (double)attn__head_value(p->alibi, h) * (double)(j - attn__qpos(p, i));
+  return x;
 }
 
 /* The mask's and key padding's verdict on logit x at (b, h, i, j), in the
@@ -171,18 +215,19 @@ static inline double attn__mask_logit(const attn__sdpa *p, int64_t b, int64_t h,
 void attn__sgemm_nt(int threads, attn_kernel isa, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc, const float *bias);
 
-/* The oracle's logit for (b, h, i, j) in double: scale * q.k plus the mask,
- * -inf when masked or past the causal bound. Shared by the forward and the
- * backward oracles so that both see exactly the same scores. */
+/* The oracle's logit for (b, h, i, j) in double: scale * q.k, softcap, ALiBi,
+ * then the mask; -inf when masked or outside the causal bound or the window.
+ * Shared by the forward and the backward oracles so that both see exactly the
+ * same scores. */
 static inline double attn__ref_logit(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, int64_t j) {
-  if (j >= attn__causal_end(p->causal, i, p->Nq, p->Nk)) return -INFINITY;
+  if (j >= attn__causal_end(p->causal, i, p->Nq, p->Nk) || j < attn__window_begin(p, i)) return -INFINITY;
   const attn_tensor *q = &p->q, *k = &p->k;
   const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
   const int64_t koff = b * k->strides[0] + (h / p->group) * k->strides[1] + j * k->strides[2];
   double dot = 0;
   for (int64_t d = 0; d < p->D; d++)
     dot += attn__load(q->data, q->dtype, qoff + d * q->strides[3]) * attn__load(k->data, k->dtype, koff + d * k->strides[3]);
-  return attn__mask_logit(p, b, h, i, j, dot * p->scale);
+  return attn__mask_logit(p, b, h, i, j, attn__logit_mods(p, h, i, j, dot * p->scale));
 }
 
 /* Size helpers that refuse overflow: 0 on success. */

@@ -23,11 +23,34 @@ static attn_status check_writable(attn_ctx *ctx, const attn_tensor *t, const cha
   return ATTN_OK;
 }
 
+/* f32_only (the fp32 kernels): outputs f32, inputs f32, f16 or bf16 (widened as they
+ * are packed). Otherwise (the oracle): outputs f32 or f64, inputs any float. */
 static attn_status check_float_dtype(attn_ctx *ctx, const attn_tensor *t, const char *what, int f32_only, int out) {
-  if (f32_only ? t->dtype == ATTN_F32 : (out ? (t->dtype == ATTN_F32 || t->dtype == ATTN_F64) : attn__is_float(t->dtype)))
-    return ATTN_OK;
-  return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; this call takes %s", what, attn_dtype_name(t->dtype),
-                    f32_only ? "f32" : (out ? "f32 or f64" : "f32, f64, f16 or bf16"));
+  const attn_dtype dt = t->dtype;
+  const int ok = out ? (dt == ATTN_F32 || (!f32_only && dt == ATTN_F64))
+                     : (attn__is_float(dt) && (!f32_only || dt != ATTN_F64));
+  if (ok) return ATTN_OK;
+  return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; this call takes %s", what, attn_dtype_name(dt),
+                    out ? (f32_only ? "f32" : "f32 or f64") : (f32_only ? "f32, f16 or bf16" : "f32, f64, f16 or bf16"));
+}
+
+/* The fp32 backward reads its inputs in place: f32 only. */
+static attn_status check_f32(attn_ctx *ctx, const attn_tensor *t, const char *what) {
+  if (t->dtype == ATTN_F32) return ATTN_OK;
+  return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; the backward pass takes f32 (f16/bf16 inputs are forward-only)",
+                    what, attn_dtype_name(t->dtype));
+}
+
+/* An f32 [Hq] option (ALiBi slopes, sinks, their gradient), or NULL. */
+static attn_status check_head_vector(attn_ctx *ctx, const attn_tensor *t, const char *what, int64_t Hq, int out) {
+  if (!t) return ATTN_OK;
+  attn_status st = attn__check_tensor(ctx, t, what, 1);
+  if (st) return st;
+  if (t->dtype != ATTN_F32) return attn__fail(ctx, ATTN_E_DTYPE, "%s must be f32, got %s", what, attn_dtype_name(t->dtype));
+  if (t->shape[0] != Hq)
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s has %lld entries; want one per query head (%lld)", what,
+                      (long long)t->shape[0], (long long)Hq);
+  return out ? check_writable(ctx, t, what) : ATTN_OK;
 }
 
 static void fmt_shape(char *buf, size_t n, const attn_tensor *t) {
@@ -117,6 +140,17 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
       opts->causal != ATTN_CAUSAL_BOTTOM_RIGHT)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown causal mode %d", (int)opts->causal);
   p->causal = opts->causal;
+  if (opts->window < 0) return attn__fail(ctx, ATTN_E_INVALID, "window must be >= 0 (0 = off), got %lld", (long long)opts->window);
+  p->window = opts->window;
+  if (p->window > 0 && p->causal == ATTN_CAUSAL_NONE) p->causal = ATTN_CAUSAL_TOP_LEFT;
+  if (!(opts->softcap >= 0) || !isfinite(opts->softcap))
+    return attn__fail(ctx, ATTN_E_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", opts->softcap);
+  p->softcap = opts->softcap;
+  if ((st = check_head_vector(ctx, opts->alibi_slopes, "alibi_slopes", p->Hq, 0)) ||
+      (st = check_head_vector(ctx, opts->sinks, "sinks", p->Hq, 0)))
+    return st;
+  p->alibi = opts->alibi_slopes;
+  p->sinks = opts->sinks;
 
   if (opts->mask) {
     int64_t full[4] = {p->B, p->Hq, p->Nq, p->Nk};
@@ -195,6 +229,11 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
     }
     p->mask_grad = g;
   }
+  if (opts->sinks_grad) {
+    if (!opts->sinks) return attn__fail(ctx, ATTN_E_INVALID, "sinks_grad needs sinks");
+    if ((st = check_head_vector(ctx, opts->sinks_grad, "sinks_grad", p->Hq, 1))) return st;
+    p->sinks_grad = opts->sinks_grad;
+  }
   return ATTN_OK;
 }
 
@@ -235,6 +274,9 @@ attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tenso
     return attn__fail(ctx, ATTN_E_SHAPE, "lse %s must be [B, Hq, Nq] = [%lld, %lld, %lld] (the forward's lse)", s,
                       (long long)p->B, (long long)p->Hq, (long long)p->Nq);
   }
+  if (f32_only && ((st = check_f32(ctx, q, "q")) || (st = check_f32(ctx, k, "k")) || (st = check_f32(ctx, v, "v")) ||
+                   (st = check_f32(ctx, dout, "dout")) || (st = check_f32(ctx, lse, "lse"))))
+    return st;
   if ((st = check_bwd4(ctx, dq, "dq", "[B, Hq, Nq, D]", p->B, p->Hq, p->Nq, p->D, f32_only, 1)) ||
       (st = check_bwd4(ctx, dk, "dk", "[B, Hk, Nk, D]", p->B, p->Hk, p->Nk, p->D, f32_only, 1)) ||
       (st = check_bwd4(ctx, dv, "dv", "[B, Hk, Nk, Dv]", p->B, p->Hk, p->Nk, p->Dv, f32_only, 1)))
@@ -260,4 +302,14 @@ attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q,
   attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, 0);
   if (st) return st;
   return attn__sdpa_run_ref(ctx, &p);
+}
+
+attn_status attn_alibi_slopes(float *slopes, int64_t heads) {
+  if (!slopes || heads < 1) return ATTN_E_INVALID;
+  int64_t n = 1;
+  while (n * 2 <= heads) n *= 2;
+  for (int64_t h = 0; h < n && h < heads; h++) slopes[h] = (float)exp2(-8.0 * (double)(h + 1) / (double)n);
+  /* the rest: slopes 1, 3, 5, ... (odd exponents) of 2n heads */
+  for (int64_t h = n; h < heads; h++) slopes[h] = (float)exp2(-8.0 * (double)(2 * (h - n) + 1) / (double)(2 * n));
+  return ATTN_OK;
 }

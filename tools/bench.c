@@ -3,6 +3,8 @@
  *   attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]
  *                   [--backward] [--threads T] [--repeat R] [--kernel auto|c|avx2|avx512|ref] [--json]
  *   attn bench mha  --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel ...] [--json]
+ *   attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq] [--dtype f32|f16|bf16]
+ *                   [--compare] [--threads T] [--repeat R] [--kernel ...] [--json]
  *
  * One case per run. Inputs are fresh fixed-seed uniform values in (-1, 1) (never
  * zero). The case runs once or twice to warm up, then R times (default: enough
@@ -29,8 +31,17 @@
  * the bytes of the inputs and outputs for comparison. Accuracy: the relative L2
  * error against the float64 oracle, on all of the problem or a stated subset.
  *
+ * decode: Nq new tokens (default 1) per batch row against a cache of L keys and
+ * values stored in --dtype, bottom-right causal. Reported: GB/s of cache read
+ * (2 * B * Hk * L * D * element size per step) and its fraction of this
+ * machine's read bandwidth for the same thread count, measured in the same run
+ * (measure_read_gbs). A cache under 256 MiB is cycled through copies so every
+ * step reads memory. --compare also times the same step through the blocked
+ * kernel (ATTN_DECODE=0) and a full recompute of all L rows (no cache).
+ *
  * Exit: 0 done, 1 out of memory or a library error, 2 a bad command line. */
 #include "cli.h"
+#include "internal.h" /* half-precision rounding of the inputs */
 
 #include <math.h>
 #include <stdint.h>
@@ -851,10 +862,242 @@ done:
   return r;
 }
 
+/* ---- attn bench decode ---------------------------------------------------------------- */
+/* Bytes per second this many threads read from memory: each thread sums its
+ * share of a 512 MiB array of floats (eight running sums, so the adds keep up
+ * with the loads); the best of 5 passes. The same yardstick the decode kernel
+ * is held to: it must stream K and V once, and nothing else. */
+static double measure_read_gbs(int threads) {
+  const size_t n = (size_t)512 << 20 >> 2;
+  float *x = malloc(n * sizeof(float));
+  if (!x) return NAN;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (size_t i = 0; i < n; i++) x[i] = (float)(i & 1023) * 1e-3f; /* each thread faults in its own share */
+  double best = 0, sink = 0;
+  for (int pass = 0; pass < 5; pass++) {
+    const double t0 = cli_now();
+    double total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+#ifdef _OPENMP
+      const size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+#else
+      const size_t t = 0, nt = 1;
+#endif
+      const size_t lo = n / nt * t, hi = t + 1 == nt ? n : n / nt * (t + 1);
+      /* eight independent vector sums: enough loads in flight on any x86-64 */
+      typedef float v4 __attribute__((vector_size(16)));
+      v4 s[8];
+      memset(s, 0, sizeof s);
+      for (size_t i = lo; i + 32 <= hi; i += 32)
+        for (int k = 0; k < 8; k++) {
+          v4 xv;
+          memcpy(&xv, x + i + 4 * k, sizeof xv);
+          s[k] += xv;
+        }
+      for (int k = 1; k < 8; k++) s[0] += s[k];
+      total = s[0][0] + s[0][1] + s[0][2] + s[0][3];
+    }
+    const double dt = cli_now() - t0;
+    sink += total;
+    if (n * sizeof(float) / dt > best) best = (double)(n * sizeof(float)) / dt;
+  }
+  free(x);
+  return sink == -1.0 ? 0 : best * 1e-9; /* the sink keeps the sums alive */
+}
+
+/* Caches smaller than this are cycled through copies, so that each timed step
+ * reads from memory as a real model's many layers would, not from L3. */
+#define DECODE_COLD_BYTES ((double)(256 << 20))
+#define DECODE_MAX_COPIES 16
+
+typedef struct decode_case {
+  attn_ctx *ctx;
+  attn_tensor q, out, k[DECODE_MAX_COPIES], v[DECODE_MAX_COPIES];
+  int copies, next;
+  attn_sdpa_opts o;
+} decode_case;
+
+static int run_decode(void *arg) {
+  decode_case *c = arg;
+  const int i = c->next;
+  c->next = (c->next + 1) % c->copies;
+  return attn_sdpa(c->ctx, &c->out, &c->q, &c->k[i], &c->v[i], &c->o);
+}
+
+/* Fills a tensor of f32, f16 or bf16 with fixed-seed uniform values in (-1, 1). */
+static void fill_typed(attn_tensor *t, uint64_t seed) {
+  const int64_t n = attn_tensor_numel(t);
+  uint64_t s = seed;
+  for (int64_t i = 0; i < n; i++) {
+    const float x = rng_uniform(&s);
+    if (t->dtype == ATTN_F32) ((float *)t->data)[i] = x;
+    else ((uint16_t *)t->data)[i] = t->dtype == ATTN_F16 ? attn__f32_to_f16(x) : attn__f32_to_bf16(x);
+  }
+}
+
+/* The oracle on batch 0's first kv head and its query heads: every key. */
+static double decode_oracle(decode_case *c, int64_t group) {
+  attn_tensor q = c->q, k = c->k[0], v = c->v[0], out = c->out;
+  q.shape[0] = k.shape[0] = v.shape[0] = out.shape[0] = 1;
+  q.shape[1] = out.shape[1] = group;
+  k.shape[1] = v.shape[1] = 1;
+  const int64_t n = group * out.shape[2] * out.shape[3];
+  double *ref = malloc((size_t)n * sizeof(double));
+  if (!ref) return NAN;
+  const int64_t rs[4] = {1, group, out.shape[2], out.shape[3]};
+  attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 4, rs);
+  double err = NAN;
+  if (attn_sdpa_ref(c->ctx, &tr, &q, &k, &v, &c->o) == ATTN_OK) {
+    double num = 0, den = 0;
+    for (int64_t h = 0; h < group; h++)
+      for (int64_t i = 0; i < out.shape[2]; i++)
+        for (int64_t d = 0; d < out.shape[3]; d++) {
+          const double x = ((const float *)out.data)[h * out.strides[1] + i * out.strides[2] + d],
+                       y = ref[(h * out.shape[2] + i) * out.shape[3] + d];
+          num += (x - y) * (x - y), den += y * y;
+        }
+    err = sqrt(num / (den > 0 ? den : 1));
+  }
+  free(ref);
+  return err;
+}
+
+static int bench_decode(int argc, char **argv) {
+  static const char *const known[] = {"--batch", "--kv-seq", "--heads", "--kv-heads", "--dim", "--seq", "--dtype",
+                                      "--threads", "--repeat", "--kernel", NULL};
+  static const char *const switches[] = {"--json", "--compare", NULL};
+  cli_args a;
+  int r = cli_parse(&a, argc, argv, known, switches);
+  if (r) return r;
+  long long B, L, H, G = 0, D, N = 1, repeat = 0;
+  if ((r = need_int(&a, "decode", "--batch", 1 << 20, &B)) || (r = need_int(&a, "decode", "--kv-seq", 1 << 26, &L)) ||
+      (r = need_int(&a, "decode", "--heads", 1 << 16, &H)) || (r = need_int(&a, "decode", "--dim", 1 << 16, &D)) ||
+      (r = cli_int(&a, "--kv-heads", 1, 1 << 16, &G)) || (r = cli_int(&a, "--seq", 1, 1 << 16, &N)) ||
+      (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)))
+    return r;
+  if (!G) G = H;
+  if (H % G) return cli_fail(CLI_EXIT_USAGE, "--heads (%lld) must be a multiple of --kv-heads (%lld)", H, G);
+  attn_dtype dt = ATTN_F32;
+  const char *ds = cli_get(&a, "--dtype");
+  if (ds) {
+    if (!strcmp(ds, "f32")) dt = ATTN_F32;
+    else if (!strcmp(ds, "f16")) dt = ATTN_F16;
+    else if (!strcmp(ds, "bf16")) dt = ATTN_BF16;
+    else return cli_fail(CLI_EXIT_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", ds);
+  }
+  const double cache_bytes = 2.0 * (double)B * G * L * D * (double)attn_dtype_size(dt);
+  int copies = cache_bytes >= DECODE_COLD_BYTES ? 1 : (int)ceil(DECODE_COLD_BYTES / cache_bytes);
+  if (copies > DECODE_MAX_COPIES) copies = DECODE_MAX_COPIES;
+  if ((r = check_fits(copies * cache_bytes + 8.0 * B * H * N * D))) return r;
+  attn_ctx *ctx;
+  if ((r = bench_ctx(&a, &ctx))) return r;
+  decode_case c;
+  memset(&c, 0, sizeof c);
+  c.ctx = ctx;
+  c.copies = copies;
+  const int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, L, D};
+  int bad = attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs);
+  for (int i = 0; i < copies && !bad; i++)
+    bad = attn_tensor_alloc(ctx, &c.k[i], dt, 4, ks) || attn_tensor_alloc(ctx, &c.v[i], dt, 4, ks);
+  double step_s = NAN, blocked_s = NAN, full_s = NAN, err = NAN, read_gbs = NAN;
+  timing t, tb, tf;
+  memset(&tb, 0, sizeof tb), memset(&tf, 0, sizeof tf);
+  if (bad) {
+    r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  fill_typed(&c.q, 1);
+  fill_typed(&c.out, 4);
+  for (int i = 0; i < copies; i++) fill_typed(&c.k[i], 2 + 2 * (uint64_t)i), fill_typed(&c.v[i], 3 + 2 * (uint64_t)i);
+  attn_sdpa_opts_init(&c.o);
+  c.o.causal = ATTN_CAUSAL_BOTTOM_RIGHT; /* the new tokens are the cache's last */
+  if ((r = time_runs(run_decode, &c, repeat, &t))) {
+    r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  step_s = t.median_s;
+  err = decode_oracle(&c, H / G);
+  if (cli_has(&a, "--compare")) {
+    /* the same step through the blocked (prefill) kernel, and without a cache: all L rows again */
+    attn_ctx *bctx;
+    setenv("ATTN_DECODE", "0", 1);
+    const int made = attn_ctx_create(&bctx) == ATTN_OK;
+    unsetenv("ATTN_DECODE");
+    if (!made) {
+      r = cli_fail(CLI_EXIT_FAIL, "out of memory");
+      goto done;
+    }
+    attn_ctx_set_threads(bctx, attn_ctx_threads(ctx));
+    attn_ctx_set_kernel(bctx, attn_ctx_kernel(ctx));
+    c.ctx = bctx;
+    r = time_runs(run_decode, &c, repeat, &tb);
+    blocked_s = tb.median_s;
+    decode_case f = c;
+    attn_tensor fq, fo;
+    memset(&fq, 0, sizeof fq), memset(&fo, 0, sizeof fo);
+    const int64_t fs[4] = {B, H, L, D};
+    /* (a full recompute is quadratic in L: only where it takes seconds, not hours) */
+    if (!r && L <= 8192 && !attn_tensor_alloc(ctx, &fq, ATTN_F32, 4, fs) && !attn_tensor_alloc(ctx, &fo, ATTN_F32, 4, fs)) {
+      fill_typed(&fq, 5);
+      f.q = fq, f.out = fo, f.copies = 1, f.next = 0, f.ctx = ctx;
+      r = time_runs(run_decode, &f, repeat < 3 ? repeat : 3, &tf);
+      full_s = tf.median_s;
+    }
+    attn_tensor_free(&fq), attn_tensor_free(&fo);
+    c.ctx = ctx;
+    attn_ctx_destroy(bctx);
+    if (r) {
+      r = cli_fail(CLI_EXIT_FAIL, "decode --compare: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+  }
+  read_gbs = measure_read_gbs(attn_ctx_threads(ctx));
+  {
+    const double gbs = cache_bytes / step_s * 1e-9;
+    const int threads = attn_ctx_threads(ctx);
+    const char *kernel = attn_kernel_name(attn_ctx_kernel(ctx));
+    if (cli_has(&a, "--json")) {
+      printf("{\"op\":\"decode\",\"batch\":%lld,\"kv_seq\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,"
+             "\"seq\":%lld,\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",\"cache_copies\":%d,",
+             B, L, H, G, D, N, attn_dtype_name(dt), threads, kernel, copies);
+      json_num("median_s", step_s, 0);
+      json_num("min_s", t.min_s, 0);
+      printf("\"repeats\":%lld,", t.repeats);
+      json_num("cache_bytes", cache_bytes, 0);
+      json_num("read_gbs", gbs, 0);
+      json_num("measured_read_gbs", read_gbs, 0);
+      json_num("fraction_of_read_bw", gbs / read_gbs, 0);
+      json_num("blocked_kernel_s", blocked_s, 0);
+      json_num("full_recompute_s", full_s, 0);
+      json_num("oracle_rel_l2", err, 1);
+      printf("}\n");
+    } else {
+      printf("decode B=%lld L=%lld Hq=%lld Hk=%lld D=%lld Nq=%lld %s | kernel %s, %d threads | median %.4g ms of %lld "
+             "(min %.4g ms) | cache %.1f MiB read at %.2f GB/s = %.1f%% of measured read bandwidth %.2f GB/s",
+             B, L, H, G, D, N, attn_dtype_name(dt), kernel, threads, step_s * 1e3, t.repeats, t.min_s * 1e3,
+             cache_bytes / 1048576.0, gbs, 100 * gbs / read_gbs, read_gbs);
+      if (copies > 1) printf(" (%d copies cycled, so each step reads memory)", copies);
+      printf(" | oracle rel L2 %.2e on batch 0, kv head 0", err);
+      if (isfinite(blocked_s))
+        printf("\n  same step through the blocked kernel: %.4g ms (decode %.2fx faster)", blocked_s * 1e3, blocked_s / step_s);
+      if (isfinite(full_s))
+        printf("; full recompute of all %lld rows: %.4g ms (%.1fx)", L, full_s * 1e3, full_s / step_s);
+      printf("\n");
+    }
+  }
+done:
+  attn_tensor_free(&c.q), attn_tensor_free(&c.out);
+  for (int i = 0; i < copies; i++) attn_tensor_free(&c.k[i]), attn_tensor_free(&c.v[i]);
+  attn_ctx_destroy(ctx);
+  return r;
+}
+
 int cmd_bench(int argc, char **argv) {
   if (argc < 1)
-    return cli_fail(CLI_EXIT_USAGE, "bench needs an operation: 'attn bench sdpa ...' or 'attn bench mha ...'");
+    return cli_fail(CLI_EXIT_USAGE, "bench needs an operation: 'attn bench sdpa ...', 'attn bench mha ...' or 'attn bench decode ...'");
   if (!strcmp(argv[0], "sdpa")) return bench_sdpa(argc - 1, argv + 1);
   if (!strcmp(argv[0], "mha")) return bench_mha(argc - 1, argv + 1);
-  return cli_fail(CLI_EXIT_USAGE, "bench: unknown operation '%s'; want sdpa or mha", argv[0]);
+  if (!strcmp(argv[0], "decode")) return bench_decode(argc - 1, argv + 1);
+  return cli_fail(CLI_EXIT_USAGE, "bench: unknown operation '%s'; want sdpa, mha or decode", argv[0]);
 }

@@ -40,6 +40,11 @@ class SdpaOpts(ctypes.Structure):
         ("dropout_p", ctypes.c_double),
         ("dropout_seed", ctypes.c_uint64),
         ("mask_grad", ctypes.POINTER(Tensor)),
+        ("window", ctypes.c_int64),
+        ("softcap", ctypes.c_double),
+        ("alibi_slopes", ctypes.POINTER(Tensor)),
+        ("sinks", ctypes.POINTER(Tensor)),
+        ("sinks_grad", ctypes.POINTER(Tensor)),
     ]
 
 
@@ -134,3 +139,24 @@ for _name, (_res, _args) in _protos.items():
     _f = getattr(lib, _name)
     _f.restype = _res
     _f.argtypes = _args
+
+
+def c_struct_size(init, *args):
+    """The size the library gives an options struct: its *_init memsets the
+    whole struct, so count the bytes it changes in a sentinel-filled buffer."""
+    buf = (ctypes.c_ubyte * 4096)(*([0xA5] * 4096))
+    init(ctypes.cast(buf, init.argtypes[0]), *args)
+    n = 4096
+    while n > 0 and buf[n - 1] == 0xA5:
+        n -= 1
+    return n
+
+
+# A library whose structs differ from these mirrors would read and write past
+# them: refuse it (a stale build, or a binding older than the header).
+for _struct, _init, _args in ((SdpaOpts, lib.attn_sdpa_opts_init, ()), (MhaOpts, lib.attn_mha_opts_init, ()),
+                              (MhaConfig, lib.attn_mha_config_init, (8, 2))):
+    _got = c_struct_size(_init, *_args)
+    if _got != ctypes.sizeof(_struct):
+        raise ImportError(f"{library_path}: {_struct.__name__} is {_got} bytes in the library, "
+                          f"{ctypes.sizeof(_struct)} in this binding: rebuild the library or update the binding")

@@ -41,3 +41,13 @@ const attn__cpu_kernels *attn__kernels_for(attn_kernel k) {
     default: return &attn__kernels_c;
   }
 }
+
+const attn__decode_kernels *attn__decode_kernels_for(attn_kernel k) {
+  switch (k) {
+#ifdef ATTN_HAVE_X86_KERNELS
+    case ATTN_KERNEL_AVX512: return &attn__decode_kernels_avx512;
+    case ATTN_KERNEL_AVX2: return &attn__decode_kernels_avx2;
+#endif
+    default: return &attn__decode_kernels_c;
+  }
+}

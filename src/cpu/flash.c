@@ -101,7 +101,6 @@ static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_st
   const int mr = kn->mr;
   const int64_t D = p->D;
   const attn_tensor *q = &p->q;
-  const float *qd = q->data;
   const float scale = (float)p->scale;
   ts->i0 = i0;
   ts->rows = rows;
@@ -109,8 +108,8 @@ static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_st
   for (int r = 0; r < mr; r++) {
     float *dst = ts->Q + (int64_t)r * D;
     if (r < rows) {
-      const float *src = qd + b * q->strides[0] + h * q->strides[1] + (i0 + r) * q->strides[2];
-      for (int64_t d = 0; d < D; d++) dst[d] = src[d * q->strides[3]] * scale;
+      const int64_t off = b * q->strides[0] + h * q->strides[1] + (i0 + r) * q->strides[2];
+      for (int64_t d = 0; d < D; d++) dst[d] = attn__load_f32(q->data, q->dtype, off + d * q->strides[3]) * scale;
     } else {
       memset(dst, 0, (size_t)D * sizeof(float));
     }
@@ -205,12 +204,18 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch 
 
 void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
                         int64_t F) {
-  const float *base = (const float *)t->data + b * t->strides[0] + g * t->strides[1] + blk * nr * t->strides[2];
+  const int64_t base = b * t->strides[0] + g * t->strides[1] + blk * nr * t->strides[2];
   float *o = dst + blk * nr * F;
   const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
   /* writes run along the packed rows: the reads' nr rows stay in L1 across f */
   for (int64_t f = 0; f < F; f++) {
-    for (int jj = 0; jj < n; jj++) o[f * nr + jj] = base[jj * t->strides[2] + f * t->strides[3]];
+    if (t->dtype == ATTN_F32) {
+      const float *src = (const float *)t->data + base + f * t->strides[3];
+      for (int jj = 0; jj < n; jj++) o[f * nr + jj] = src[jj * t->strides[2]];
+    } else {
+      for (int jj = 0; jj < n; jj++)
+        o[f * nr + jj] = attn__load_f32(t->data, t->dtype, base + jj * t->strides[2] + f * t->strides[3]);
+    }
     for (int jj = n; jj < nr; jj++) o[f * nr + jj] = 0.0f;
   }
 }
@@ -221,11 +226,14 @@ void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, 
 #define PACK_BUDGET ((int64_t)8 << 20)
 
 attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa) {
+  if (!ctx->no_decode && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p, isa);
+  if (p->window || p->softcap > 0 || p->alibi || p->sinks) /* TODO(options): implement, then drop this */
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_sdpa: window, softcap, alibi and sinks run on the ref kernel only for now");
   const attn__cpu_kernels *kn = attn__kernels_for(isa);
   const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
   const int64_t nblocks = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr;
-  const int v_unit = p->v.strides[3] == 1 || p->Dv <= 1;
+  const int v_unit = p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1); /* else packed as f32 */
   const int64_t kt_size = nblocks * nr * p->D, vp_size = v_unit ? 0 : p->Nk * p->Dv;
   const int64_t pairs = p->B * p->Hk;
   int64_t per_round = PACK_BUDGET / (int64_t)sizeof(float) / (kt_size + vp_size + 1);
@@ -264,10 +272,9 @@ attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel i
 #pragma omp for schedule(static)
         for (int64_t w = 0; w < n * p->Nk; w++) {
           const int64_t bg = first + w / p->Nk, j = w % p->Nk;
-          const float *src = (const float *)p->v.data + (bg / p->Hk) * p->v.strides[0] +
-                             (bg % p->Hk) * p->v.strides[1] + j * p->v.strides[2];
+          const int64_t off = (bg / p->Hk) * p->v.strides[0] + (bg % p->Hk) * p->v.strides[1] + j * p->v.strides[2];
           float *dst = Vp + (w / p->Nk) * vp_size + j * p->Dv;
-          for (int64_t c = 0; c < p->Dv; c++) dst[c] = src[c * p->v.strides[3]];
+          for (int64_t c = 0; c < p->Dv; c++) dst[c] = attn__load_f32(p->v.data, p->v.dtype, off + c * p->v.strides[3]);
         }
       }
       /* From the last block down: under a causal mask the last blocks carry

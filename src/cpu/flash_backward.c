@@ -169,6 +169,8 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
 attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa, attn_tensor *dq,
                                         attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
                                         const attn_tensor *out, const attn_tensor *lse) {
+  if (p->window || p->softcap > 0 || p->alibi || p->sinks) /* TODO(options): implement, then drop this */
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_sdpa_backward: window, softcap, alibi and sinks run on the ref kernel only for now");
   const attn__cpu_kernels *kn = attn__kernels_for(isa);
   const int mr = kn->mr, nr = kn->nr, threads = attn__threads(ctx);
   const int64_t nblk = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr, nqp = ntiles * mr;

@@ -48,6 +48,32 @@ extern const attn__cpu_kernels attn__kernels_c;
 extern const attn__cpu_kernels attn__kernels_avx2;
 extern const attn__cpu_kernels attn__kernels_avx512;
 #endif
+/* The decode contract (decode.c streams the keys and values of a few query
+ * rows in place, unpacked; see there). A block is at most ATTN__DEC_NB keys:
+ *   S is (rows, ATTN__DEC_NB)  logits, ATTN__DEC_NB floats per row
+ *   Q is (rows, D)             pre-scaled queries
+ *   K is (nkeys, D), V (nkeys, Dv): f32 rows ldk / ldv floats apart, unit stride
+ *   O is (rows, Dv)            the running output; m, l: (rows) row statistics */
+#define ATTN__DEC_NB 32
+typedef struct attn__decode_kernels {
+  /* S[r][j] = Q[r] . K[j] for r < rows, j < nkeys (other columns untouched). */
+  void (*qk)(float *S, const float *Q, int rows, const float *K, int64_t ldk, int nkeys, int64_t D);
+  /* The online-softmax step of kernels.h's softmax on columns j < nkeys of each
+   * row (masked logits are -inf; a row with nothing visible yet is left alone),
+   * then O[r][:] = O[r][:] * alpha[r] + sum_j P[r][j] V[j][:]. S becomes P. */
+  void (*pv)(float *O, float *m, float *l, float *S, int rows, const float *V, int64_t ldv, int nkeys, int64_t Dv);
+  /* dst[0..n) = src[0..n) widened to f32 from f32, f16 or bf16 (contiguous). */
+  void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n);
+} attn__decode_kernels;
+
+extern const attn__decode_kernels attn__decode_kernels_c;
+#ifdef ATTN_HAVE_X86_KERNELS
+extern const attn__decode_kernels attn__decode_kernels_avx2;
+extern const attn__decode_kernels attn__decode_kernels_avx512;
+#endif
+const attn__decode_kernels *attn__decode_kernels_for(attn_kernel isa);
+float attn__f16_to_f32(uint16_t h); /* core.c: exact, for CPUs without F16C */
+
 /* What a tile's mask does: nothing (every logit visible), everything (skip the
  * tile), or something (Mb holds -inf or the value to add, per logit). */
 typedef enum attn__tile_mask { ATTN__TILE_OPEN, ATTN__TILE_CLOSED, ATTN__TILE_PARTIAL } attn__tile_mask;
@@ -59,7 +85,8 @@ struct attn__sdpa;
 attn__tile_mask attn__mask_tile(const struct attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0,
                                 int rows, int64_t j0);
 
-/* Packs key block blk of kv head (b, g) of a [B, Hk, N, F] view, transposed, as
+/* Packs key block blk of kv head (b, g) of a [B, Hk, N, F] view (f32, f16 or
+ * bf16, widened to f32), transposed, as
  * Kt is laid out: dst[blk][f][jj] for f < F, jj < nr, zero past row Nk (flash.c). */
 void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
                         int64_t F);

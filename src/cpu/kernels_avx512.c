@@ -213,3 +213,6 @@ static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *
 
 const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, softmax_avx512, pv_avx512,
                                                 exp_shift_avx512, ds_avx512, pt_acc_avx512};
+
+#define DEC_NAME(x) x##_avx512
+#include "decode_kernels.inc"

@@ -123,6 +123,8 @@ static void key_pass(const bwd_args *a, int64_t b, int64_t g, int64_t j, double 
 attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
                                         attn_tensor *dv, const attn_tensor *dout, const attn_tensor *out,
                                         const attn_tensor *lse) {
+  if (p->softcap > 0 || p->sinks) /* TODO(options) */
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_sdpa_backward: softcap and sinks are not implemented yet");
   const int64_t rows = p->B * p->Hq * p->Nq, keys = p->B * p->Hk * p->Nk;
   bwd_args a = {p, dout, lse, dq, dk, dv, NULL};
   a.Dd = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(double));

@@ -68,6 +68,7 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
 }
 
 attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p) {
+  if (p->sinks) return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_sdpa: sinks are not implemented yet"); /* TODO(options) */
   const int64_t rows = p->B * p->Hq * p->Nq;
   if (rows == 0) return ATTN_OK;
   int failed = 0;

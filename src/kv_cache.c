@@ -1,0 +1,247 @@
+/* The KV cache: keys and values of past tokens per row, appended as decoding
+ * goes and attended by each new token's queries. Attention itself is
+ * attn_sdpa on views of the storage, one row at a time (each row has its own
+ * length), so the decode kernel and every option come for free. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+struct attn_kv_cache {
+  attn_kv_cache_config cfg; /* Dv resolved */
+  void *k, *v;              /* [B, Hk, capacity, D] and [B, Hk, capacity, Dv] in cfg.dtype */
+  int64_t *len;             /* [B] tokens per row */
+};
+
+void attn_kv_cache_config_init(attn_kv_cache_config *cfg, int64_t batch, int64_t capacity, int64_t kv_heads,
+                               int64_t head_dim) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->batch = batch;
+  cfg->capacity = capacity;
+  cfg->kv_heads = kv_heads;
+  cfg->head_dim = head_dim;
+  cfg->dtype = ATTN_F32;
+}
+
+attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_kv_cache_config *cfg) {
+  attn__clear(ctx);
+  if (!out || !cfg) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_create: null argument");
+  *out = NULL;
+  attn_kv_cache_config c = *cfg;
+  if (!c.v_head_dim) c.v_head_dim = c.head_dim;
+  if (c.batch < 1 || c.capacity < 1 || c.kv_heads < 1 || c.head_dim < 1 || c.v_head_dim < 1)
+    return attn__fail(ctx, ATTN_E_INVALID,
+                      "attn_kv_cache_create: batch (%lld), capacity (%lld), kv_heads (%lld) and head dims (%lld, %lld) "
+                      "must be at least 1",
+                      (long long)c.batch, (long long)c.capacity, (long long)c.kv_heads, (long long)c.head_dim,
+                      (long long)c.v_head_dim);
+  if (c.dtype != ATTN_F32 && c.dtype != ATTN_F16 && c.dtype != ATTN_BF16)
+    return attn__fail(ctx, ATTN_E_DTYPE, "attn_kv_cache_create: storage must be f32, f16 or bf16, got %s",
+                      attn_dtype_name(c.dtype));
+  int64_t rows, nk, nv;
+  const int64_t es = (int64_t)attn_dtype_size(c.dtype);
+  if (attn__mul_overflows(c.batch, c.kv_heads, &rows) || attn__mul_overflows(rows, c.capacity, &rows) ||
+      attn__mul_overflows(rows, c.head_dim * es, &nk) || attn__mul_overflows(rows, c.v_head_dim * es, &nv) ||
+      (uint64_t)nk > SIZE_MAX / 4 || (uint64_t)nv > SIZE_MAX / 4)
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_kv_cache_create: a cache of this size cannot be addressed");
+  attn_kv_cache *kc = calloc(1, sizeof *kc);
+  if (kc) {
+    kc->cfg = c;
+    kc->k = attn__aligned_alloc((size_t)nk);
+    kc->v = attn__aligned_alloc((size_t)nv);
+    kc->len = calloc((size_t)c.batch, sizeof(int64_t));
+  }
+  if (!kc || !kc->k || !kc->v || !kc->len) {
+    attn_kv_cache_destroy(kc);
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_kv_cache_create: cannot allocate %lld + %lld bytes", (long long)nk,
+                      (long long)nv);
+  }
+  *out = kc;
+  return ATTN_OK;
+}
+
+void attn_kv_cache_destroy(attn_kv_cache *cache) {
+  if (!cache) return;
+  attn__aligned_free(cache->k);
+  attn__aligned_free(cache->v);
+  free(cache->len);
+  free(cache);
+}
+
+const attn_kv_cache_config *attn_kv_cache_get_config(const attn_kv_cache *cache) { return cache ? &cache->cfg : NULL; }
+
+int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t b) {
+  return cache && b >= 0 && b < cache->cfg.batch ? cache->len[b] : 0;
+}
+
+/* Row b's storage of one kind as a [1, Hk, len, F] view. */
+static attn_tensor row_view(const attn_kv_cache *c, void *base, int64_t F, int64_t b, int64_t len) {
+  const int64_t plane = c->cfg.capacity * F;
+  attn_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = (char *)base + (size_t)(b * c->cfg.kv_heads * plane) * attn_dtype_size(c->cfg.dtype);
+  t.dtype = c->cfg.dtype;
+  t.rank = 4;
+  t.shape[0] = 1, t.shape[1] = c->cfg.kv_heads, t.shape[2] = len, t.shape[3] = F;
+  t.strides[0] = c->cfg.kv_heads * plane, t.strides[1] = plane, t.strides[2] = F, t.strides[3] = 1;
+  return t;
+}
+
+static attn_status check_new(attn_ctx *ctx, const attn_kv_cache *c, const attn_tensor *t, const char *what, int64_t F,
+                             int64_t n) {
+  attn_status st = attn__check_tensor(ctx, t, what, 4);
+  if (st) return st;
+  if (!attn__is_float(t->dtype))
+    return attn__fail(ctx, ATTN_E_DTYPE, "attn_kv_cache_append: %s must be a float dtype, got %s", what,
+                      attn_dtype_name(t->dtype));
+  if (t->shape[0] != c->cfg.batch || t->shape[1] != c->cfg.kv_heads || t->shape[2] != n || t->shape[3] != F)
+    return attn__fail(ctx, ATTN_E_SHAPE,
+                      "attn_kv_cache_append: %s is [%lld, %lld, %lld, %lld]; want [B, Hk, n, %s] = [%lld, %lld, %lld, %lld]",
+                      what, (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
+                      (long long)t->shape[3], what[0] == 'k' ? "D" : "Dv", (long long)c->cfg.batch,
+                      (long long)c->cfg.kv_heads, (long long)n, (long long)F);
+  return ATTN_OK;
+}
+
+/* Tokens [0, n) of row b of src (a [B, Hk, n, F] view) into dst (row b's [1, Hk, *, F] view) from position at. */
+static void copy_tokens(attn_tensor *dst, const attn_tensor *src, int64_t b, int64_t at, int64_t n) {
+  const int64_t Hk = dst->shape[1], F = dst->shape[3];
+  for (int64_t g = 0; g < Hk; g++)
+    for (int64_t j = 0; j < n; j++) {
+      const int64_t so = b * src->strides[0] + g * src->strides[1] + j * src->strides[2];
+      const int64_t d0 = g * dst->strides[1] + (at + j) * dst->strides[2];
+      if (dst->dtype == ATTN_F32 && src->dtype == ATTN_F32 && src->strides[3] == 1)
+        memcpy((float *)dst->data + d0, (const float *)src->data + so, (size_t)F * sizeof(float));
+      else
+        for (int64_t f = 0; f < F; f++)
+          attn__store(dst->data, dst->dtype, d0 + f, attn__load(src->data, src->dtype, so + f * src->strides[3]));
+    }
+}
+
+attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn_tensor *k, const attn_tensor *v,
+                                 const int64_t *n_new) {
+  attn__clear(ctx);
+  if (!cache || !k || !v) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_append: null argument");
+  const attn_kv_cache_config *c = &cache->cfg;
+  const int64_t n = k->rank == 4 ? k->shape[2] : -1;
+  attn_status st;
+  if ((st = check_new(ctx, cache, k, "k", c->head_dim, n)) || (st = check_new(ctx, cache, v, "v", c->v_head_dim, n)))
+    return st;
+  for (int64_t b = 0; b < c->batch; b++) { /* every row is checked before any is written */
+    const int64_t m = n_new ? n_new[b] : n;
+    if (m < 0 || m > n)
+      return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_append: n_new[%lld] = %lld is outside 0..%lld",
+                        (long long)b, (long long)m, (long long)n);
+    if (m > c->capacity - cache->len[b])
+      return attn__fail(ctx, ATTN_E_SHAPE,
+                        "attn_kv_cache_append: row %lld holds %lld of %lld tokens; %lld more do not fit (nothing appended)",
+                        (long long)b, (long long)cache->len[b], (long long)c->capacity, (long long)m);
+  }
+  for (int64_t b = 0; b < c->batch; b++) {
+    const int64_t m = n_new ? n_new[b] : n;
+    attn_tensor kd = row_view(cache, cache->k, c->head_dim, b, c->capacity);
+    attn_tensor vd = row_view(cache, cache->v, c->v_head_dim, b, c->capacity);
+    copy_tokens(&kd, k, b, cache->len[b], m);
+    copy_tokens(&vd, v, b, cache->len[b], m);
+    cache->len[b] += m;
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, const attn_tensor *q,
+                                 const attn_sdpa_opts *opts) {
+  attn__clear(ctx);
+  if (!cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_attend: cache is NULL");
+  attn_status st;
+  if ((st = attn__check_tensor(ctx, q, "q", 4)) || (st = attn__check_tensor(ctx, out, "out", 4))) return st;
+  const attn_kv_cache_config *c = &cache->cfg;
+  if (q->shape[0] != c->batch || q->shape[3] != c->head_dim)
+    return attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: q is [%lld, %lld, %lld, %lld]; want [B, Hq, Nq, D] with B = %lld, D = %lld",
+                      (long long)q->shape[0], (long long)q->shape[1], (long long)q->shape[2], (long long)q->shape[3],
+                      (long long)c->batch, (long long)c->head_dim);
+  if (out->shape[0] != c->batch)
+    return attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: out has batch %lld; the cache has %lld rows",
+                      (long long)out->shape[0], (long long)c->batch);
+  const attn_tensor *lse = opts ? opts->lse : NULL;
+  if (lse && ((st = attn__check_tensor(ctx, lse, "lse", 3)) || lse->shape[0] != c->batch))
+    return st ? st : attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: lse has batch %lld; the cache has %lld rows",
+                                (long long)lse->shape[0], (long long)c->batch);
+  attn_sdpa_opts o;
+  attn_sdpa_opts_init(&o);
+  if (opts) {
+    if (opts->mask || opts->key_padding || opts->weights || opts->dropout_p != 0 || opts->mask_grad || opts->sinks_grad)
+      return attn__fail(ctx, ATTN_E_INVALID,
+                        "attn_kv_cache_attend: masks, key padding, weights and dropout are not taken here (each row's "
+                        "length says which keys exist)");
+    o = *opts;
+  }
+  o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+  for (int64_t b = 0; b < c->batch; b++) {
+    attn_tensor qb = *q, ob = *out, kb = row_view(cache, cache->k, c->head_dim, b, cache->len[b]);
+    attn_tensor vb = row_view(cache, cache->v, c->v_head_dim, b, cache->len[b]), lb;
+    qb.shape[0] = ob.shape[0] = 1;
+    qb.data = (char *)q->data + (size_t)(b * q->strides[0]) * attn_dtype_size(q->dtype);
+    ob.data = (char *)out->data + (size_t)(b * out->strides[0]) * attn_dtype_size(out->dtype);
+    if (lse) {
+      lb = *lse;
+      lb.shape[0] = 1;
+      lb.data = (char *)lse->data + (size_t)(b * lse->strides[0]) * attn_dtype_size(lse->dtype);
+      o.lse = &lb;
+    }
+    /* attn_sdpa checks the rest (out's shape, Hq against Hk, dtypes) with the row's view */
+    if ((st = attn_sdpa(ctx, &ob, &qb, &kb, &vb, &o))) {
+      char msg[ATTN__MSG_LEN];
+      snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
+      return attn__fail(ctx, st, "attn_kv_cache_attend: row %lld: %s", (long long)b, msg);
+    }
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t b, int64_t length) {
+  attn__clear(ctx);
+  if (!cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_truncate: cache is NULL");
+  if (b < -1 || b >= cache->cfg.batch)
+    return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_truncate: row %lld is outside -1..%lld", (long long)b,
+                      (long long)cache->cfg.batch - 1);
+  const int64_t lo = b < 0 ? 0 : b, hi = b < 0 ? cache->cfg.batch : b + 1;
+  for (int64_t r = lo; r < hi; r++)
+    if (length < 0 || length > cache->len[r])
+      return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_truncate: row %lld holds %lld tokens; cannot keep %lld",
+                        (long long)r, (long long)cache->len[r], (long long)length);
+  for (int64_t r = lo; r < hi; r++) cache->len[r] = length;
+  return ATTN_OK;
+}
+
+attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache, int64_t dst, int64_t src) {
+  attn__clear(ctx);
+  if (!cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_copy_row: cache is NULL");
+  const attn_kv_cache_config *c = &cache->cfg;
+  if (dst < 0 || dst >= c->batch || src < 0 || src >= c->batch)
+    return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_copy_row: rows %lld and %lld must be in 0..%lld",
+                      (long long)dst, (long long)src, (long long)c->batch - 1);
+  if (dst == src) return ATTN_OK;
+  const size_t es = attn_dtype_size(c->dtype);
+  const int64_t F[2] = {c->head_dim, c->v_head_dim};
+  void *base[2] = {cache->k, cache->v};
+  for (int kind = 0; kind < 2; kind++) {
+    attn_tensor d = row_view(cache, base[kind], F[kind], dst, 0), s = row_view(cache, base[kind], F[kind], src, 0);
+    for (int64_t g = 0; g < c->kv_heads; g++) /* only the tokens held, not the whole capacity */
+      memcpy((char *)d.data + (size_t)(g * d.strides[1]) * es, (const char *)s.data + (size_t)(g * s.strides[1]) * es,
+             (size_t)(cache->len[src] * F[kind]) * es);
+  }
+  cache->len[dst] = cache->len[src];
+  return ATTN_OK;
+}
+
+attn_status attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t b, attn_tensor *k, attn_tensor *v) {
+  attn__clear(ctx);
+  if (!cache || !k || !v) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_view: null argument");
+  if (b < 0 || b >= cache->cfg.batch)
+    return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_view: row %lld is outside 0..%lld", (long long)b,
+                      (long long)cache->cfg.batch - 1);
+  *k = row_view(cache, cache->k, cache->cfg.head_dim, b, cache->len[b]);
+  *v = row_view(cache, cache->v, cache->cfg.v_head_dim, b, cache->len[b]);
+  return ATTN_OK;
+}
