@@ -10,6 +10,13 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 
+# The Python conformance suite (a ctest) needs a Python with numpy (and torch,
+# else it is skipped): $ATTN_PYTHON, or the .venv that .ci/run makes.
+py=()
+if [ -n "${ATTN_PYTHON:-}" ]; then py=(-DATTN_PYTHON_EXECUTABLE="$ATTN_PYTHON")
+elif [ -x .venv/bin/python ]; then py=(-DATTN_PYTHON_EXECUTABLE="$PWD/.venv/bin/python")
+fi
+
 run_suite() { # build dir, extra cmake flags...
   local dir=$1; shift
   # a build folder keeps the generator it was made with (the README's demo
@@ -27,7 +34,7 @@ if [ "${1:-}" != quick ]; then
 fi
 if [ "${1:-}" != quick ] && pkg-config --exists openblas 2>/dev/null; then
   echo "== release build with the optional CBLAS (OpenBLAS) projections =="
-  run_suite build-cblas -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CBLAS=ON
+  run_suite build-cblas -DCMAKE_BUILD_TYPE=Release -DATTN_WITH_CBLAS=ON "${py[@]}"
 fi
 echo "== release build =="
-run_suite build -DCMAKE_BUILD_TYPE=Release
+run_suite build -DCMAKE_BUILD_TYPE=Release "${py[@]}"

@@ -260,5 +260,72 @@ expect 1 "$O" -- mha --params $G/mha_seed/params.safetensors --heads 2 --query $
 expect 1 "$O" -- mha --params $G/mha_seed/params.safetensors --heads 2 --query $G/mha_seed/x.npy --mask $Q --out "$O"
 expect 1 "$O" -- mha --params $G/mha_seed/params.safetensors --heads 2 --query $G/mha_seed/x.npy --key-padding $Q --out "$O"
 
+# --- attn map: attention weights as a PNG (only where built with libpng) ---
+is_png() { # is_png FILE: exists and starts with the PNG signature
+  if [ -s "$1" ] && [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; then ok; else bad "$1 is not a PNG"; fi
+}
+png_size() { # png_size FILE: "WIDTH HEIGHT" from the IHDR chunk
+  od -An -tu1 -j16 -N8 "$1" | awk '{print $1*16777216+$2*65536+$3*256+$4, $5*16777216+$6*65536+$7*256+$8}'
+}
+"$ATTN" map >/dev/null 2>"$T/stderr"
+if grep -q 'built without libpng' "$T/stderr"; then
+  echo "test_cli: attn map built without libpng: only its one-line refusal is tested"
+  expect 1 "$T/never.png" -- map --weights $G/mha_seed/weights.npy --png "$T/never.png"
+else
+  MP="--params $G/mha_seed/params.safetensors --heads 2 --query $G/mha_seed/x.npy"
+  printf 'the\ncat\nsat\non\nthe\nmat\nnow\n' >"$T/tok7.txt"
+  printf 'a\r\nb\r\nc\r\n' >"$T/tok3.txt"
+  rm -f "$T"/map*.png
+  expect 0 "" -- map $MP --png "$T/map_p.png" --tokens "$T/tok7.txt"
+  is_png "$T/map_p.png"
+  # the same weights through `attn mha --weights-out` draw the same picture
+  expect 0 "" -- mha $MP --out "$T/o.npy" --weights-out "$T/w.npy"
+  expect 0 "" -- map --weights "$T/w.npy" --png "$T/map_w.png" --tokens "$T/tok7.txt"
+  if cmp -s "$T/map_p.png" "$T/map_w.png"; then ok; else bad "map from --params and from --weights differ"; fi
+  expect 0 "" -- map --weights "$T/w.npy" --batch 1 --png "$T/map_b1.png" --tokens "$T/tok7.txt"
+  if cmp -s "$T/map_w.png" "$T/map_b1.png"; then bad "--batch 1 drew batch 0"; else ok; fi
+  expect 0 "" -- map --weights "$T/w.npy" --png "$T/map_nolabels.png"
+  is_png "$T/map_nolabels.png"
+  # one head [Nq, Nk], rank 3 [H, Nq, Nk], a cross-attention layer, --key alone
+  expect 0 "" -- map --weights $G/sdpa_plain/weights.npy --png "$T/map_sdpa.png"
+  is_png "$T/map_sdpa.png"
+  CP="--params $G/mha_seed_cross/params.safetensors --heads $(sed -n 's/^heads=//p' $G/mha_seed_cross/case.txt)"
+  expect 0 "" -- map $CP --query $G/mha_seed_cross/x.npy --key $G/mha_seed_cross/key.npy --value $G/mha_seed_cross/value.npy --png "$T/map_cross.png"
+  is_png "$T/map_cross.png"
+  expect 0 "" -- map $MP --key $G/mha_seed/x.npy --causal --png "$T/map_causal.png"
+  is_png "$T/map_causal.png"
+  # more heads, a wider picture; labels make it larger
+  read -r w1 h1 <<<"$(png_size "$T/map_nolabels.png")"
+  read -r w2 h2 <<<"$(png_size "$T/map_w.png")"
+  if [ "$w1" -gt 0 ] && [ "$h1" -gt 0 ] && [ "$w2" -gt "$w1" ] && [ "$h2" -gt "$h1" ]; then ok; else bad "map sizes $w1x$h1 (no labels) vs $w2x$h2 (labels)"; fi
+  # bad command lines: exit 2; bad data: exit 1; never a PNG left behind
+  NP="$T/never.png"
+  expect 2 "$NP" -- map --weights "$T/w.npy"
+  expect 2 "$NP" -- map --png "$NP"
+  expect 2 "$NP" -- map --weights "$T/w.npy" $MP --png "$NP"
+  expect 2 "$NP" -- map --weights "$T/w.npy" --heads 2 --png "$NP"
+  expect 2 "$NP" -- map --params $G/mha_seed/params.safetensors --query $G/mha_seed/x.npy --png "$NP"
+  expect 2 "$NP" -- map --params $G/mha_seed/params.safetensors --heads 2 --png "$NP"
+  expect 2 "$NP" -- map $MP --value $G/mha_seed/x.npy --png "$NP"
+  expect 2 "$NP" -- map --weights "$T/w.npy" --png "$NP" --batch -1
+  expect 2 "$NP" -- map --weights "$T/w.npy" --png "$NP" --colour red
+  expect 2 "$NP" -- map --weights "$T/w.npy" --png ""
+  expect 1 "$NP" -- map --weights "$T/w.npy" --png "$NP" --batch 2
+  expect 1 "$NP" -- map --weights "$T/w.npy" --png "$NP" --tokens "$T/tok3.txt"
+  expect 1 "$NP" -- map --weights "$T/w.npy" --png "$NP" --tokens "$T/missing.txt"
+  expect 1 "$NP" -- map --weights "$T/w.npy" --png "$NP" --key-tokens "$T/tok3.txt"
+  expect 1 "$NP" -- map --weights "$T/garbage.npy" --png "$NP"
+  expect 1 "$NP" -- map --weights $G/mha_seed/params.safetensors --png "$NP"
+  expect 1 "$NP" -- map --weights $G/sdpa_keep_4d/mask.npy --png "$NP"
+  expect 1 "$NP" -- map --weights "$T/w.npy" --png "$T/no/such/dir/map.png"
+  expect 1 "$NP" -- map --params $G/mha_seed/params.safetensors --heads 7 --query $G/mha_seed/x.npy --png "$NP"
+  expect 1 "$NP" -- map --params $G/mha_seed/params.safetensors --heads 2 --query $Q --png "$NP"
+  expect 1 "$NP" -- map $MP --batch 5 --png "$NP"
+  # a failed run keeps an existing PNG as it was
+  cp "$T/map_w.png" "$T/keep.png"
+  expect 1 "" -- map --weights "$T/w.npy" --png "$T/keep.png" --tokens "$T/tok3.txt"
+  if cmp -s "$T/map_w.png" "$T/keep.png"; then ok; else bad "a failed map changed an existing PNG"; fi
+fi
+
 echo "test_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

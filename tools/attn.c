@@ -4,6 +4,8 @@
  *             [--grad-out G.npy --dq-out DQ.npy --dk-out DK.npy --dv-out DV.npy --mask-grad-out DM.npy]
  *   attn mha  --params P.safetensors --heads H --query X.npy --out O.npy [options]
  *             [--grad-out G.npy --grads-out GRADS.safetensors]
+ *   attn map  --params P.safetensors --heads H --query X.npy --png OUT.png [--tokens T.txt]  (tools/map.c)
+ *   attn map  --weights W.npy --png OUT.png [--tokens T.txt]
  *   attn demo
  *   attn version
  *
@@ -686,6 +688,10 @@ static void usage(FILE *f) {
         "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
         "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
         "            [--dropout P [--seed S]] [--grad-out G.npy --grads-out GRADS.safetensors]\n"
+        "  attn map  --params P.safetensors --heads H --query X.npy [--key K.npy [--value V.npy]] --png OUT.png\n"
+        "            [--tokens T.txt] [--key-tokens T.txt] [--batch I] [--causal] [--prefix PFX] [--kv-heads G]\n"
+        "  attn map  --weights W.npy --png OUT.png [--tokens T.txt] [--key-tokens T.txt] [--batch I]\n"
+        "            every head's attention weights as heatmaps in a PNG (one token per line in T.txt)\n"
         "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]\n"
         "            [--backward] [--threads T] [--repeat R] [--kernel K] [--json]\n"
         "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--json]\n"
@@ -712,6 +718,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "mha")) return cmd_mha(argc - 2, argv + 2);
   if (!strcmp(cmd, "demo")) return cmd_demo(argc - 2, argv + 2);
   if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
+  if (!strcmp(cmd, "map")) return cmd_map(argc - 2, argv + 2);
   if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
     printf("attn %s (kernel: %s)\n", attn_version_string(), attn_kernel_name(attn_ctx_kernel(NULL)));
     return 0;

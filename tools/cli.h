@@ -39,5 +39,6 @@ double cli_now(void);
 
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_map(int argc, char **argv); /* tools/map.c */
 
 #endif

@@ -1,0 +1,162 @@
+"""ctypes mirror of include/attn.h and the shared-library lookup."""
+import ctypes
+import os
+import pathlib
+
+MAX_RANK = 8
+
+# attn_dtype
+F32, F64, F16, BF16, BOOL, U8 = 0, 1, 2, 3, 4, 5
+# attn_causal
+CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+# attn_mask_mode
+MASK_KEEP, MASK_MASKED, MASK_ADDITIVE, MASK_SEED = 0, 1, 2, 3
+# attn_mha_param
+(MHA_Q_WEIGHT, MHA_Q_BIAS, MHA_K_WEIGHT, MHA_K_BIAS, MHA_V_WEIGHT, MHA_V_BIAS, MHA_O_WEIGHT,
+ MHA_O_BIAS) = range(8)
+
+_c_enum = ctypes.c_int  # C enums with small values are int-sized on every ABI we target
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", _c_enum),
+        ("rank", ctypes.c_int),
+        ("shape", ctypes.c_int64 * MAX_RANK),
+        ("strides", ctypes.c_int64 * MAX_RANK),
+    ]
+
+
+class SdpaOpts(ctypes.Structure):
+    _fields_ = [
+        ("scale", ctypes.c_double),
+        ("causal", _c_enum),
+        ("mask", ctypes.POINTER(Tensor)),
+        ("mask_mode", _c_enum),
+        ("key_padding", ctypes.POINTER(Tensor)),
+        ("weights", ctypes.POINTER(Tensor)),
+        ("lse", ctypes.POINTER(Tensor)),
+        ("dropout_p", ctypes.c_double),
+        ("dropout_seed", ctypes.c_uint64),
+        ("mask_grad", ctypes.POINTER(Tensor)),
+        ("window", ctypes.c_int64),
+        ("softcap", ctypes.c_double),
+        ("alibi_slopes", ctypes.POINTER(Tensor)),
+        ("sinks", ctypes.POINTER(Tensor)),
+        ("sinks_grad", ctypes.POINTER(Tensor)),
+    ]
+
+
+class MhaConfig(ctypes.Structure):
+    _fields_ = [
+        ("embed_dim", ctypes.c_int64),
+        ("num_heads", ctypes.c_int64),
+        ("num_kv_heads", ctypes.c_int64),
+        ("kdim", ctypes.c_int64),
+        ("vdim", ctypes.c_int64),
+        ("bias", ctypes.c_int),
+    ]
+
+
+class MhaOpts(ctypes.Structure):
+    _fields_ = [
+        ("causal", _c_enum),
+        ("mask", ctypes.POINTER(Tensor)),
+        ("mask_mode", _c_enum),
+        ("key_padding", ctypes.POINTER(Tensor)),
+        ("weights", ctypes.POINTER(Tensor)),
+        ("average_weights", ctypes.c_int),
+        ("dropout_p", ctypes.c_double),
+        ("dropout_seed", ctypes.c_uint64),
+    ]
+
+
+def _candidates():
+    here = pathlib.Path(__file__).resolve().parent
+    # 1. the copy installed into the package by `pip install`
+    for name in ("libattn.so", "libattn.dylib", "attn.dll"):
+        yield here / name
+    # 2. an explicit override
+    env = os.environ.get("ATTN_LIBRARY")
+    if env:
+        yield pathlib.Path(env)
+    # 3. a development build tree: <repo>/build next to <repo>/python/attn
+    repo = here.parent.parent
+    for name in ("libattn.so", "libattn.dylib", "attn.dll"):
+        yield repo / "build" / name
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        tried.append(str(path))
+        if path.is_file():
+            return ctypes.CDLL(str(path)), str(path)
+    raise OSError("libattn shared library not found; tried: " + ", ".join(tried) +
+                  " (build it with cmake, or set ATTN_LIBRARY)")
+
+
+lib, library_path = _load()
+
+_P = ctypes.c_void_p
+_PT = ctypes.POINTER(Tensor)
+_st = ctypes.c_int
+
+_protos = {
+    "attn_version": (ctypes.c_uint, []),
+    "attn_version_string": (ctypes.c_char_p, []),
+    "attn_strerror": (ctypes.c_char_p, [_st]),
+    "attn_ctx_create": (_st, [ctypes.POINTER(_P)]),
+    "attn_ctx_destroy": (None, [_P]),
+    "attn_ctx_set_threads": (_st, [_P, ctypes.c_int]),
+    "attn_ctx_threads": (ctypes.c_int, [_P]),
+    "attn_ctx_error": (ctypes.c_char_p, [_P]),
+    "attn_ctx_kernel": (ctypes.c_int, [_P]),
+    "attn_kernel_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "attn_tensor_view": (Tensor, [_P, _c_enum, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]),
+    "attn_sdpa_opts_init": (None, [ctypes.POINTER(SdpaOpts)]),
+    "attn_sdpa": (_st, [_P, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    # dq, dk, dv, dout, q, k, v, out, lse, opts
+    "attn_sdpa_backward": (_st, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    "attn_mha_config_init": (None, [ctypes.POINTER(MhaConfig), ctypes.c_int64, ctypes.c_int64]),
+    "attn_mha_create": (_st, [_P, ctypes.POINTER(_P), ctypes.POINTER(MhaConfig)]),
+    "attn_mha_destroy": (None, [_P]),
+    "attn_mha_get_config": (ctypes.POINTER(MhaConfig), [_P]),
+    "attn_mha_set_param": (_st, [_P, _P, ctypes.c_char_p, _PT]),
+    "attn_mha_create_from_safetensors": (_st, [_P, ctypes.POINTER(_P), ctypes.c_char_p, ctypes.c_char_p,
+                                               ctypes.c_int64, ctypes.c_int64]),
+    "attn_mha_opts_init": (None, [ctypes.POINTER(MhaOpts)]),
+    "attn_mha_forward": (_st, [_P, _P, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
+    "attn_mha_param_view": (_st, [_P, _P, ctypes.c_int, _PT]),
+    # ctx, mha, out, query, key, value, opts, saved**
+    "attn_mha_forward_save": (_st, [_P, _P, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts), ctypes.POINTER(_P)]),
+    "attn_mha_saved_free": (None, [_P]),
+    # ctx, mha, saved, dout, dquery, dkey, dvalue, grads
+    "attn_mha_backward": (_st, [_P, _P, _P, _PT, _PT, _PT, _PT, _P]),
+}
+for _name, (_res, _args) in _protos.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args
+
+
+def c_struct_size(init, *args):
+    """The size the library gives an options struct: its *_init memsets the
+    whole struct, so count the bytes it changes in a sentinel-filled buffer."""
+    buf = (ctypes.c_ubyte * 4096)(*([0xA5] * 4096))
+    init(ctypes.cast(buf, init.argtypes[0]), *args)
+    n = 4096
+    while n > 0 and buf[n - 1] == 0xA5:
+        n -= 1
+    return n
+
+
+# A library whose structs differ from these mirrors would read and write past
+# them: refuse it (a stale build, or a binding older than the header).
+for _struct, _init, _args in ((SdpaOpts, lib.attn_sdpa_opts_init, ()), (MhaOpts, lib.attn_mha_opts_init, ()),
+                              (MhaConfig, lib.attn_mha_config_init, (8, 2))):
+    _got = c_struct_size(_init, *_args)
+    if _got != ctypes.sizeof(_struct):
+        raise ImportError(f"{library_path}: {_struct.__name__} is {_got} bytes in the library, "
+                          f"{ctypes.sizeof(_struct)} in this binding: rebuild the library or update the binding")

@@ -1,0 +1,690 @@
+#!/usr/bin/env python3
+"""Conformance of the attn Python package against PyTorch, run in float64.
+
+Case families: scaled_dot_product_attention forward (shapes, layouts, masks,
+GQA), its backward (torch autograd through attn's Function and the plain
+attn.sdpa_backward, against torch autograd), nn.MultiheadAttention, the seed
+module (written below in torch), file loading, errors, plots. Prints one line
+per case and the worst relative L2 error of each family; exits 1 on any
+failure. Without torch (or with ATTN_TEST_NO_TORCH=1) the NumPy float64
+reference cases still run, then the suite exits 77 (skipped) if they pass.
+"""
+import ctypes
+import math
+import os
+import sys
+import tempfile
+import warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np  # noqa: E402
+
+import attn  # noqa: E402
+from attn import _capi  # noqa: E402
+
+SKIP = 77  # ctest's SKIP_RETURN_CODE
+try:
+    if os.environ.get("ATTN_TEST_NO_TORCH"):  # exercise the NumPy-only path
+        raise ImportError("ATTN_TEST_NO_TORCH is set")
+    import torch
+    import torch.nn.functional as F
+    torch.manual_seed(4321)
+except ImportError as e:
+    torch = None
+    no_torch_reason = str(e)
+
+# PyTorch's own deprecation notice for a bool key_padding_mask beside a float attn_mask
+warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
+TOL = 1e-5  # float32 kernels against a float64 reference, relative L2
+rng = np.random.default_rng(1234)
+passed = failed = 0
+worst = {}  # family -> worst error
+
+
+def rel(a, b):
+    if torch is not None and torch.is_tensor(a):
+        a = a.detach().numpy()
+    if torch is not None and torch.is_tensor(b):
+        b = b.detach().numpy()
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        raise AssertionError(f"shape {a.shape} != reference {b.shape}")
+    if not np.isfinite(a).all():
+        return float("inf")
+    d = np.linalg.norm(a - b)
+    n = np.linalg.norm(b)
+    return d / n if n > 0 else d
+
+
+def case(family, name, fn):
+    global passed, failed
+    try:
+        err = float(fn())
+        ok = err <= TOL
+    except Exception as e:  # a crash of one case is a failure, not the end of the run
+        err, ok = float("nan"), False
+        name += f" [{type(e).__name__}: {e}]"
+    print(f"{'PASS' if ok else 'FAIL'} {family}: {name}: rel err {err:.3g}")
+    w = worst.get(family, 0.0)
+    worst[family] = err if (math.isnan(err) or err > w) else w
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+
+
+def randn(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def np_sdpa(q, k, v, mask=None, causal=None, scale=None, kpm=None):
+    """float64 NumPy reference, [..., L, D] with GQA on dim -3; returns (out, weights)."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    if q.ndim == 4 and k.shape[1] != q.shape[1]:
+        g = q.shape[1] // k.shape[1]
+        k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    L, S = q.shape[-2], k.shape[-2]
+    s = q @ np.swapaxes(k, -1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if mask is not None:
+        s = s + (np.where(mask, 0.0, -np.inf) if mask.dtype == np.bool_ else mask.astype(np.float64))
+    if causal is not None:
+        off = 0 if causal == "top-left" else S - L
+        s = s + np.where(np.arange(S)[None, :] <= np.arange(L)[:, None] + off, 0.0, -np.inf)
+    if kpm is not None:
+        s = s + np.where(kpm, -np.inf, 0.0)[:, None, None, :]
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    return p @ v, p
+
+
+def torch_mask(mask, kpm, causal, L, S, requires_grad=False):
+    """One PyTorch attn_mask (True = attend, or float) for mask + key padding + bottom-right causal."""
+    m = None
+    if mask is not None:
+        m = torch.from_numpy(np.ascontiguousarray(mask))
+        m = m if mask.dtype == np.bool_ else m.double().requires_grad_(requires_grad)
+    leaf = m
+    extra = None
+    if kpm is not None:
+        extra = torch.from_numpy(~kpm)[:, None, None, :]
+    if causal == "bottom-right":
+        cm = torch.ones(L, S, dtype=torch.bool).tril(S - L)
+        extra = cm if extra is None else extra & cm
+    if extra is not None:
+        m = extra if m is None else (m & extra if m.dtype == torch.bool else m.masked_fill(~extra, float("-inf")))
+    return m, leaf
+
+
+def ref_sdpa(q, k, v, mask=None, causal=None, scale=None, kpm=None, gqa=False):
+    if torch is None:
+        return np_sdpa(q, k, v, mask, causal, scale, kpm)[0]
+    t = lambda x: torch.from_numpy(np.ascontiguousarray(x)).double()  # noqa: E731
+    m, _ = torch_mask(mask, kpm, causal, q.shape[-2], k.shape[-2])
+    return F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=m, is_causal=causal == "top-left",
+                                          scale=scale, enable_gqa=gqa).numpy()
+
+
+# ---- the ctypes mirror matches the C layout -----------------------------------
+def layout():
+    shape = (ctypes.c_int64 * 3)(2, 3, 5)
+    buf = np.zeros(30, np.float32)
+    t = _capi.lib.attn_tensor_view(buf.ctypes.data, _capi.F32, 3, shape)
+    assert t.data == buf.ctypes.data and t.rank == 3 and list(t.shape[:3]) == [2, 3, 5]
+    assert list(t.strides[:3]) == [15, 5, 1], list(t.strides[:3])
+    o = _capi.SdpaOpts()
+    o.causal = 77
+    o.dropout_seed = 99
+    _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
+    assert math.isnan(o.scale) and o.causal == 0 and not o.mask and not o.weights and o.dropout_p == 0.0
+    assert o.dropout_seed == 0 and not o.mask_grad
+    mo = _capi.MhaOpts()
+    mo.mask_mode = 9
+    _capi.lib.attn_mha_opts_init(ctypes.byref(mo))
+    assert mo.mask_mode == _capi.MASK_MASKED and mo.average_weights in (0, 1)
+    # the mirrors are as large as the library's structs (their *_init memsets them whole)
+    for st, init, args in ((_capi.SdpaOpts, _capi.lib.attn_sdpa_opts_init, ()),
+                           (_capi.MhaOpts, _capi.lib.attn_mha_opts_init, ()),
+                           (_capi.MhaConfig, _capi.lib.attn_mha_config_init, (8, 2))):
+        assert _capi.c_struct_size(init, *args) == ctypes.sizeof(st), st.__name__
+    m = attn.MultiheadAttention(8, 2, kdim=6, vdim=5, num_kv_heads=1, bias=False)
+    assert (m.embed_dim, m.num_heads, m.num_kv_heads, m.kdim, m.vdim, m.bias) == (8, 2, 1, 6, 5, False)
+    return 0.0
+
+
+case("binding", "ctypes layout of attn_tensor/attn_sdpa_opts/attn_mha_opts/attn_mha_config", layout)
+
+# ---- scaled_dot_product_attention forward -------------------------------------
+FWD = "sdpa forward"
+SHAPES = [(1, 1, 1, 1, 8), (2, 3, 7, 5, 16), (2, 4, 33, 47, 64), (1, 2, 300, 257, 64), (1, 2, 16, 16, 128)]
+for (B, H, L, S, D) in SHAPES:
+    sh = f"{B}x{H}x{L}x{S}x{D}"
+    q, k, v = randn(B, H, L, D), randn(B, H, S, D), randn(B, H, S, D)
+    case(FWD, f"[B,H,N,D] {sh}", lambda: rel(attn.scaled_dot_product_attention(q, k, v), ref_sdpa(q, k, v)))
+    # batch-first storage [B, N, H, D], passed as a permuted view (no copy)
+    qb, kb, vb = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v))
+    qv, kv, vv = (x.transpose(0, 2, 1, 3) for x in (qb, kb, vb))
+    case(FWD, f"batch-first permuted view {sh}",
+         lambda: rel(attn.scaled_dot_product_attention(qv, kv, vv), ref_sdpa(q, k, v)))
+    # non-contiguous: every other row of a taller array, a column slice, a stride-2 last dimension
+    qs = randn(B, H, 2 * L, D)[:, :, ::2]
+    ks = randn(B, H, S, D + 5)[..., 3:3 + D]
+    vs = randn(B, H, S, 2 * D)[..., ::2]
+    case(FWD, f"non-contiguous (row step, column slice, inner stride 2) {sh}",
+         lambda: rel(attn.scaled_dot_product_attention(qs, ks, vs), ref_sdpa(qs, ks, vs)))
+    case(FWD, f"causal top-left {sh}",
+         lambda: rel(attn.scaled_dot_product_attention(q, k, v, is_causal=True), ref_sdpa(q, k, v, causal="top-left")))
+    if L <= S:  # with L > S bottom-right leaves rows with no key (NaN in PyTorch, zeros here)
+        case(FWD, f"causal bottom-right {sh}",
+             lambda: rel(attn.scaled_dot_product_attention(q, k, v, is_causal=True, causal_align="bottom-right"),
+                         ref_sdpa(q, k, v, causal="bottom-right")))
+    bm = rng.random((L, S)) < 0.7
+    bm[:, 0] = True  # no fully masked rows (PyTorch gives NaN there, libattn zeros)
+    bm4 = np.broadcast_to(bm, (B, H, L, S))  # stride-0 broadcast
+    case(FWD, f"bool mask (stride-0 broadcast) {sh}",
+         lambda: rel(attn.scaled_dot_product_attention(q, k, v, attn_mask=bm4), ref_sdpa(q, k, v, mask=bm)))
+    fm = randn(B, 1, L, S)
+    case(FWD, f"float mask [B,1,L,S], scale 0.3 {sh}",
+         lambda: rel(attn.scaled_dot_product_attention(q, k, v, attn_mask=fm, scale=0.3),
+                     ref_sdpa(q, k, v, mask=fm, scale=0.3)))
+    kpm = rng.random((B, S)) < 0.3
+    kpm[:, 0] = False
+    case(FWD, f"key padding {sh}",
+         lambda: rel(attn.scaled_dot_product_attention(q, k, v, key_padding_mask=kpm), ref_sdpa(q, k, v, kpm=kpm)))
+    case(FWD, f"bool mask + key padding + causal {sh}",
+         lambda: rel(attn.scaled_dot_product_attention(q, k, v, attn_mask=bm, key_padding_mask=kpm, is_causal=True),
+                     ref_sdpa(q, k, v, mask=bm & np.tril(np.ones((L, S), bool)), kpm=kpm)))
+    if H % 2 == 0:
+        k2, v2 = randn(B, H // 2, S, D), randn(B, H // 2, S, D)
+        case(FWD, f"GQA {H}q/{H // 2}kv {sh}",
+             lambda: rel(attn.scaled_dot_product_attention(q, k2, v2, enable_gqa=True), ref_sdpa(q, k2, v2, gqa=True)))
+    if H > 1:
+        k1, v1 = randn(B, 1, S, D), randn(B, 1, S, D)
+        case(FWD, f"MQA {H}q/1kv {sh}",
+             lambda: rel(attn.scaled_dot_product_attention(q, k1, v1, enable_gqa=True), ref_sdpa(q, k1, v1, gqa=True)))
+
+
+def weights_lse():
+    q, k, v = randn(2, 2, 9, 8), randn(2, 2, 11, 8), randn(2, 2, 11, 8)
+    out, w, lse = attn.scaled_dot_product_attention(q, k, v, return_weights=True, return_lse=True)
+    ro, rw = np_sdpa(q, k, v)
+    s = q.astype(np.float64) @ np.swapaxes(k, -1, -2).astype(np.float64) / math.sqrt(8)
+    rl = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+    return max(rel(out, ro), rel(w, rw), rel(lse, rl))
+
+
+case(FWD, "return_weights/return_lse vs NumPy float64", weights_lse)
+
+
+def rank3_and_f64():
+    q = rng.standard_normal((3, 6, 8))  # float64: cast to float32 with a copy
+    o = attn.scaled_dot_product_attention(q, q, q)
+    assert o.dtype == np.float32 and o.shape == (3, 6, 8)
+    return rel(o, np_sdpa(q, q, q)[0])
+
+
+case(FWD, "rank-3 float64 input", rank3_and_f64)
+
+
+def seed_mask_mode():
+    q, k, v = randn(2, 2, 6, 8), randn(2, 2, 7, 8), randn(2, 2, 7, 8)
+    m = (rng.random((2, 1, 1, 7)) < 0.3).astype(np.float32)  # 1 = padding, the seed's convention
+    m[..., 0] = 0
+    return rel(attn.scaled_dot_product_attention(q, k, v, attn_mask=m, mask_mode="seed"),
+               np_sdpa(q, k, v, mask=m * -1e9)[0])
+
+
+case(FWD, "mask_mode='seed' (logits += mask * -1e9)", seed_mask_mode)
+
+
+def uint8_mask():
+    q, k, v = randn(1, 2, 5, 8), randn(1, 2, 6, 8), randn(1, 2, 6, 8)
+    bm = rng.random((5, 6)) < 0.6
+    bm[:, 0] = True
+    u = bm.astype(np.uint8) * 7  # nonzero = true
+    return rel(attn.scaled_dot_product_attention(q, k, v, attn_mask=u), np_sdpa(q, k, v, mask=bm)[0])
+
+
+case(FWD, "uint8 mask reads as bool", uint8_mask)
+
+
+def errors():
+    q = randn(1, 2, 4, 8)
+    try:
+        attn.scaled_dot_product_attention(q, randn(1, 2, 5, 8), randn(1, 2, 6, 8))
+        raise AssertionError("mismatched k/v accepted")
+    except attn.AttnError as e:
+        assert isinstance(e, RuntimeError) and e.status == 2 and str(e) != attn._capi.lib.attn_strerror(2).decode(), e
+    for bad, exc in (((q, randn(1, 1, 4, 8), randn(1, 1, 4, 8)), ValueError),  # GQA without enable_gqa
+                     ((q.astype(np.int32), q, q), TypeError),
+                     ((np.lib.stride_tricks.as_strided(q, shape=(1, 2, 4, 8), strides=(256, 128, 32, 2)), q, q),
+                      ValueError)):  # a stride that is not a whole number of elements
+        try:
+            attn.scaled_dot_product_attention(*bad)
+            raise AssertionError(f"{exc.__name__} expected")
+        except exc:
+            pass
+    try:
+        attn.scaled_dot_product_attention(q, q, q, mask_mode="nope", attn_mask=np.ones((4, 4), bool))
+        raise AssertionError("bad mask_mode accepted")
+    except ValueError:
+        pass
+    try:  # the library's own message reaches Python: GQA with heads that do not divide
+        attn.scaled_dot_product_attention(randn(1, 3, 4, 8), randn(1, 2, 4, 8), randn(1, 2, 4, 8), enable_gqa=True)
+        raise AssertionError("3 query heads over 2 kv heads accepted")
+    except attn.AttnError as e:
+        assert str(e) and e.status != 0, e
+    try:
+        attn.MultiheadAttention(10, 3)
+        raise AssertionError("E=10, H=3 accepted")
+    except attn.AttnError as e:
+        assert "10" in str(e) or "divide" in str(e), e
+    return 0.0
+
+
+case("errors", "AttnError(status, library message), ValueError, TypeError", errors)
+
+
+# ---- plots ---------------------------------------------------------------------
+def plots():
+    w = np_sdpa(randn(1, 3, 5, 4), randn(1, 3, 5, 4), randn(1, 3, 5, 4))[1].astype(np.float32)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        try:
+            attn.plot_attention(w)
+            raise AssertionError("plot_attention without matplotlib did not raise")
+        except ImportError as e:
+            assert "matplotlib" in str(e)
+            print("  (matplotlib not importable: checked the ImportError only)")
+            return 0.0
+    fig = attn.plot_attention(w, tokens=list("abcde"))
+    from matplotlib.figure import Figure
+    assert isinstance(fig, Figure) and len([a for a in fig.axes if a.get_images()]) == 3
+    assert [a.get_title() for a in fig.axes[:3]] == ["head 0", "head 1", "head 2"]
+    try:
+        attn.plot_attention(w, tokens=list("abc"))
+        raise AssertionError("wrong token count accepted")
+    except ValueError:
+        pass
+    return 0.0
+
+
+case("plot", "plot_attention returns a Figure with one heatmap per head", plots)
+
+if torch is None:
+    print(f"SKIP: PyTorch is not importable ({no_torch_reason}); only the NumPy float64 reference cases ran")
+else:
+    # ---- torch tensors in, torch tensors out ----------------------------------------
+    def torch_io():
+        q = torch.randn(2, 3, 10, 16)
+        kb = torch.randn(2, 12, 3, 16).transpose(1, 2)  # a strided (batch-first) view
+        v = torch.randn(2, 3, 12, 16)
+        o = attn.scaled_dot_product_attention(q, kb, v, is_causal=False)
+        assert isinstance(o, torch.Tensor) and o.dtype == torch.float32
+        r = F.scaled_dot_product_attention(q.double(), kb.double(), v.double())
+        # zero copy: the view handed to the library points at the tensor's own memory
+        # (a sliced, transposed float32 tensor: storage offset and strides kept)
+        big = torch.randn(3, 20, 4, 16)
+        sl = big[1:, 2:14].transpose(1, 2)
+        t = attn._tensor(attn._to_numpy(sl, "q"))
+        assert t.data == sl.data_ptr(), (t.data, sl.data_ptr())
+        assert list(t.strides[:4]) == list(sl.stride()) and list(t.shape[:4]) == list(sl.shape)
+        a = rng.standard_normal((4, 6, 8), dtype=np.float32)[:, ::2]
+        assert attn._tensor(attn._to_numpy(a, "q")).data == a.ctypes.data
+        if torch.cuda.is_available():
+            try:
+                attn.scaled_dot_product_attention(q.cuda(), q.cuda(), q.cuda())
+                raise AssertionError("a CUDA tensor was accepted")
+            except TypeError as e:
+                assert "CPU" in str(e)
+        try:
+            attn.scaled_dot_product_attention(q.to(torch.int64), q, q)
+            raise AssertionError("an int64 tensor was accepted")
+        except TypeError as e:
+            assert "dtype" in str(e)
+        try:
+            attn.scaled_dot_product_attention(torch.complex(q, q), q, q)
+            raise AssertionError("a complex tensor was accepted")
+        except TypeError:
+            pass
+        ob = attn.scaled_dot_product_attention(q.bfloat16(), kb.bfloat16(), v.bfloat16())  # widened (a copy)
+        rb = F.scaled_dot_product_attention(q.bfloat16().double(), kb.bfloat16().double(), v.bfloat16().double())
+        return max(rel(o, r), rel(ob, rb))
+
+    case("torch io", "torch tensors (strided view, zero copy, bf16, bad dtype/device)", torch_io)
+
+    # ---- backward: against torch autograd in float64 ---------------------------------
+    BWD = "sdpa backward"
+
+    def bwd_case(B, H, Hk, L, S, D, mask=None, causal=None, kpm=False, batch_first=False, api="autograd", scale=None):
+        def run():
+            q, k, v = randn(B, H, L, D), randn(B, Hk, S, D), randn(B, Hk, S, D)
+            G = randn(B, H, L, D)
+            m = None
+            if mask == "bool":
+                m = rng.random((L, S)) < 0.7
+                m[:, 0] = True
+            elif mask == "float":
+                m = randn(B, 1, L, S)
+            kp = None
+            if kpm:
+                kp = rng.random((B, S)) < 0.3
+                kp[:, 0] = False
+            # reference: float64 autograd through F.scaled_dot_product_attention
+            qd, kd, vd = (torch.from_numpy(x).double().requires_grad_() for x in (q, k, v))
+            tm, leaf = torch_mask(m, kp, causal, L, S, requires_grad=mask == "float")
+            ro = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=tm, is_causal=causal == "top-left", scale=scale,
+                                                enable_gqa=H != Hk)
+            ro.backward(torch.from_numpy(G).double())
+            refs = [ro, qd.grad, kd.grad, vd.grad] + ([leaf.grad] if mask == "float" else [])
+            kw = dict(attn_mask=m, is_causal=causal is not None, causal_align=causal or "top-left", scale=scale,
+                      enable_gqa=H != Hk, key_padding_mask=kp)
+            if api == "autograd":
+                if batch_first:  # leaves stored [B, N, H, D], attention on their permuted views
+                    leaves = [torch.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 1, 3))).requires_grad_()
+                              for x in (q, k, v)]
+                    ins = [x.transpose(1, 2) for x in leaves]
+                else:
+                    leaves = ins = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
+                tmask = None
+                if mask == "float":
+                    tmask = torch.from_numpy(m).requires_grad_()
+                    kw["attn_mask"] = tmask
+                o = attn.scaled_dot_product_attention(*ins, **kw)
+                assert o.grad_fn is not None
+                o.backward(torch.from_numpy(G))
+                grads = [x.grad.transpose(1, 2) if batch_first else x.grad for x in leaves]
+                got = [o] + grads + ([tmask.grad] if mask == "float" else [])
+            else:  # the plain function on NumPy arrays
+                o, lse = attn.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+                got = [o] + list(attn.sdpa_backward(G, q, k, v, o, lse, return_mask_grad=mask == "float", **kw))
+            return max(rel(a, b) for a, b in zip(got, refs))
+        return run
+
+    bgrid = [
+        dict(B=1, H=1, Hk=1, L=1, S=1, D=8),
+        dict(B=2, H=3, Hk=3, L=7, S=5, D=16),
+        dict(B=2, H=4, Hk=4, L=33, S=47, D=64),
+        dict(B=1, H=2, Hk=2, L=130, S=129, D=64),
+        dict(B=2, H=3, Hk=3, L=9, S=9, D=16, batch_first=True),
+        dict(B=2, H=3, Hk=3, L=9, S=11, D=16, causal="top-left"),
+        dict(B=2, H=3, Hk=3, L=9, S=11, D=16, causal="bottom-right"),
+        dict(B=2, H=2, Hk=2, L=8, S=10, D=16, mask="bool"),
+        dict(B=2, H=2, Hk=2, L=8, S=10, D=16, mask="float"),
+        dict(B=2, H=2, Hk=2, L=8, S=10, D=16, kpm=True, scale=0.2),
+        dict(B=2, H=4, Hk=2, L=12, S=12, D=32, causal="top-left"),
+        dict(B=2, H=4, Hk=1, L=6, S=20, D=32, causal="bottom-right", kpm=True),
+    ]
+    for g in bgrid:
+        desc = ",".join(f"{k}={v}" for k, v in g.items())
+        case(BWD, f"autograd {desc}", bwd_case(**g))
+        if not g.get("batch_first"):
+            case(BWD, f"attn.sdpa_backward {desc}", bwd_case(api="numpy", **g))
+
+    def dropout_consistency():
+        # dropout is not comparable to torch's RNG; check the backward against a
+        # finite difference of the forward with the same seed instead
+        q, k, v = (torch.randn(1, 2, 5, 8, dtype=torch.float32, requires_grad=True) for _ in range(3))
+        o = attn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, dropout_seed=11)
+        o.sum().backward()
+        e = torch.zeros_like(q)
+        e[0, 1, 2, 3] = 1e-2
+        with torch.no_grad():
+            fp = attn.scaled_dot_product_attention(q + e, k, v, dropout_p=0.3, dropout_seed=11).double().sum()
+            fm = attn.scaled_dot_product_attention(q - e, k, v, dropout_p=0.3, dropout_seed=11).double().sum()
+        fd = (fp - fm) / 2e-2
+        return abs(fd.item() - q.grad[0, 1, 2, 3].item()) / max(1.0, abs(fd.item())) * 1e-2  # fd is ~1e-4 accurate
+
+    case(BWD, "dropout: gradient matches a central difference of the same seed's forward (x1e-2)", dropout_consistency)
+
+    # ---- nn.MultiheadAttention ---------------------------------------------------
+    MHA = "nn.MultiheadAttention"
+
+    def mha_case(E, H, L, S, batch_first, kdim=None, vdim=None, bias=True, need_weights=True, avg=True,
+                 mask=None, kpm=False, causal=False, self_attn=False, unbatched=False):
+        def run():
+            tm = torch.nn.MultiheadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first)
+            with torch.no_grad():
+                for p in tm.parameters():
+                    p.normal_(0, 0.3)
+            tm = tm.double().eval()
+            m = attn.MultiheadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first)
+            m.load_state_dict(tm.state_dict())
+            B = 2
+            shp = lambda n, f: (n, f) if unbatched else ((B, n, f) if batch_first else (n, B, f))  # noqa: E731
+            q = torch.randn(*shp(L, E))
+            k = q if self_attn else torch.randn(*shp(S, kdim or E))
+            v = q if self_attn else torch.randn(*shp(S, vdim or E))
+            Sk = L if self_attn else S
+            am = None
+            if mask == "bool":
+                am = torch.rand(L, Sk) < 0.3  # True = masked out
+                am[:, 0] = False
+            elif mask == "float":
+                am = torch.randn(L, Sk)
+            elif mask == "float3d":
+                am = torch.randn((1 if unbatched else B) * H, L, Sk)
+            if causal:
+                am = torch.ones(L, Sk, dtype=torch.bool).triu(1)
+            kp = None
+            if kpm:
+                kp = torch.rand(Sk) < 0.3 if unbatched else torch.rand(B, Sk) < 0.3
+                kp[..., 0] = False
+            o, w = m(q, k, v, key_padding_mask=kp, need_weights=need_weights, attn_mask=None if causal else am,
+                     average_attn_weights=avg, is_causal=causal)
+            ro, rw = tm(q.double(), k.double(), v.double(), key_padding_mask=kp, need_weights=need_weights,
+                        attn_mask=None if am is None else (am if am.dtype == torch.bool else am.double()),
+                        average_attn_weights=avg)
+            errs = [rel(o, ro)]
+            if need_weights:
+                errs.append(rel(w, rw))
+            else:
+                assert w is None
+            return max(errs)
+        return run
+
+    grid = [
+        dict(E=16, H=4, L=5, S=7, batch_first=True),
+        dict(E=16, H=4, L=5, S=7, batch_first=False),
+        dict(E=16, H=4, L=5, S=7, batch_first=False, avg=False),
+        dict(E=16, H=4, L=5, S=7, batch_first=True, need_weights=False),
+        dict(E=32, H=4, L=9, S=9, batch_first=False, self_attn=True, causal=True),
+        dict(E=32, H=8, L=6, S=11, batch_first=True, mask="bool", kpm=True),
+        dict(E=32, H=8, L=6, S=11, batch_first=False, mask="float", kpm=True, avg=False),
+        dict(E=32, H=8, L=6, S=11, batch_first=True, mask="float3d"),
+        dict(E=24, H=3, L=8, S=10, batch_first=False, kdim=10, vdim=12),
+        dict(E=24, H=3, L=8, S=10, batch_first=True, bias=False),
+        dict(E=16, H=2, L=5, S=6, batch_first=False, unbatched=True, kpm=True),
+        dict(E=128, H=8, L=200, S=300, batch_first=False, kpm=True),
+        dict(E=64, H=4, L=257, S=257, batch_first=True, self_attn=True, need_weights=True, avg=False),
+    ]
+    for g in grid:
+        desc = ",".join(f"{k}={v}" for k, v in g.items())
+        case(MHA, desc, mha_case(**g))
+
+    # ---- MultiheadAttention.grad against torch autograd ----------------------------
+    MHB = "mha backward"
+
+    def mha_grad_case(E, H, L, S, batch_first, kdim=None, vdim=None, bias=True, self_attn=False, mask=None,
+                      kpm=False, causal=False, unbatched=False):
+        def run():
+            tm = torch.nn.MultiheadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first)
+            with torch.no_grad():
+                for p in tm.parameters():
+                    p.normal_(0, 0.3)
+            tm = tm.double()
+            m = attn.MultiheadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, batch_first=batch_first)
+            m.load_state_dict(tm.state_dict())
+            B = 2
+            shp = lambda n, f: (n, f) if unbatched else ((B, n, f) if batch_first else (n, B, f))  # noqa: E731
+            q = torch.randn(*shp(L, E))
+            k = q if self_attn else torch.randn(*shp(S, kdim or E))
+            v = q if self_attn else torch.randn(*shp(S, vdim or E))
+            Sk = L if self_attn else S
+            am = None
+            if mask == "bool":
+                am = torch.rand(L, Sk) < 0.3
+                am[:, 0] = False
+            elif mask == "float":
+                am = torch.randn(L, Sk)
+            if causal:
+                am = torch.ones(L, Sk, dtype=torch.bool).triu(1)
+            kp = None
+            if kpm:
+                kp = torch.rand(Sk) < 0.3 if unbatched else torch.rand(B, Sk) < 0.3
+                kp[..., 0] = False
+            G = torch.randn(*shp(L, E))
+            qd = q.double().requires_grad_()
+            kd = qd if self_attn else k.double().requires_grad_()
+            vd = qd if self_attn else v.double().requires_grad_()
+            ro, _ = tm(qd, kd, vd, key_padding_mask=kp, need_weights=False,
+                       attn_mask=None if am is None else (am if am.dtype == torch.bool else am.double()))
+            ro.backward(G.double())
+            g = m.grad(q, k, v, G, key_padding_mask=kp, attn_mask=None if causal else am, is_causal=causal)
+            errs = [rel(g["query"], qd.grad)]
+            if not self_attn:
+                errs += [rel(g["key"], kd.grad), rel(g["value"], vd.grad)]
+            else:
+                assert "key" not in g
+            for name, p in tm.named_parameters():
+                errs.append(rel(g[name], p.grad))
+            assert set(g) - {"query", "key", "value"} == {n for n, _ in tm.named_parameters()}, sorted(g)
+            return max(errs)
+        return run
+
+    for g in [dict(E=16, H=4, L=5, S=7, batch_first=True),
+              dict(E=16, H=4, L=6, S=6, batch_first=False, self_attn=True),
+              dict(E=32, H=4, L=9, S=9, batch_first=True, self_attn=True, causal=True),
+              dict(E=32, H=8, L=6, S=11, batch_first=False, mask="bool", kpm=True),
+              dict(E=32, H=8, L=6, S=11, batch_first=True, mask="float"),
+              dict(E=24, H=3, L=8, S=10, batch_first=False, kdim=10, vdim=12),
+              dict(E=24, H=3, L=8, S=10, batch_first=True, bias=False),
+              dict(E=16, H=2, L=5, S=6, batch_first=False, unbatched=True, kpm=True),
+              dict(E=64, H=4, L=100, S=130, batch_first=True)]:
+        desc = ",".join(f"{k}={v}" for k, v in g.items())
+        case(MHB, desc, mha_grad_case(**g))
+
+    # ---- the seed module ------------------------------------------------------------
+    class SeedMHA(torch.nn.Module):
+        """The seed's layer: Q/K/V Linear projections wq/wk/wv, split heads, scaled
+        dot product with the mask added as mask * -1e9, concat, dense output.
+        Inputs [B, N, E]; returns (out [B, Nq, E], weights [B, H, Nq, Nk])."""
+
+        def __init__(self, E, H):
+            super().__init__()
+            self.H, self.D = H, E // H
+            self.wq, self.wk, self.wv = (torch.nn.Linear(E, E) for _ in range(3))
+            self.dense = torch.nn.Linear(E, E)
+
+        def split(self, x):
+            B, N, _ = x.shape
+            return x.reshape(B, N, self.H, self.D).transpose(1, 2)  # [B, H, N, D]
+
+        def forward(self, q, k, v, mask=None):
+            q, k, v = self.split(self.wq(q)), self.split(self.wk(k)), self.split(self.wv(v))
+            logits = q @ k.transpose(-1, -2) / math.sqrt(self.D)
+            if mask is not None:
+                logits = logits + mask * -1e9
+            w = torch.softmax(logits, dim=-1)
+            o = (w @ v).transpose(1, 2).reshape(q.shape[0], -1, self.H * self.D)  # concat heads
+            return self.dense(o), w
+
+    SEED = "seed module"
+
+    def seed_case(E, H, L, S, mask=None, cross=True):
+        def run():
+            sm = SeedMHA(E, H).double().eval()
+            m = attn.MultiheadAttention(E, H, batch_first=True)
+            m.load_state_dict(sm.state_dict())  # wq.weight, ..., dense.bias
+            B = 2
+            x = torch.randn(B, L, E)
+            kx = torch.randn(B, S, E) if cross else x
+            vx = torch.randn(B, S, E) if cross else x
+            Sk = S if cross else L
+            mk = None
+            if mask == "padding":  # [B, 1, 1, S], 1 = a padding key
+                mk = (torch.rand(B, 1, 1, Sk) < 0.3).float()
+                mk[..., 0] = 0
+            elif mask == "look-ahead":  # [L, S], 1 = a future key
+                mk = torch.ones(L, Sk).triu(1)
+            ro, rw = sm(x.double(), kx.double(), vx.double(), None if mk is None else mk.double())
+            o, w = m(x, kx, vx, attn_mask=mk, mask_mode=None if mk is None else "seed", average_attn_weights=False)
+            return max(rel(o, ro), rel(w, rw))
+        return run
+
+    for g in [dict(E=16, H=4, L=5, S=7), dict(E=16, H=4, L=6, S=6, cross=False),
+              dict(E=32, H=8, L=9, S=11, mask="padding"), dict(E=32, H=4, L=10, S=10, mask="look-ahead", cross=False),
+              dict(E=64, H=2, L=70, S=90, mask="padding")]:
+        desc = ",".join(f"{k}={v}" for k, v in g.items())
+        case(SEED, desc, seed_case(**g))
+
+    def seed_backward():
+        E, H, L = 32, 4, 9
+        sm = SeedMHA(E, H).double()
+        m = attn.MultiheadAttention(E, H, batch_first=True)
+        m.load_state_dict(sm.state_dict())
+        x = torch.randn(2, L, E)
+        mk = torch.ones(L, L).triu(1)  # the seed's look-ahead mask
+        G = torch.randn(2, L, E)
+        xd = x.double().requires_grad_()
+        ro, _ = sm(xd, xd, xd, mk.double())
+        ro.backward(G.double())
+        g = m.grad(x, x, x, G, attn_mask=mk, mask_mode="seed")
+        ipw, ipb = g["in_proj_weight"], g["in_proj_bias"]
+        pairs = [(g["query"], xd.grad), (g["out_proj.weight"], sm.dense.weight.grad),
+                 (g["out_proj.bias"], sm.dense.bias.grad)]
+        for i, lin in enumerate((sm.wq, sm.wk, sm.wv)):
+            pairs.append((ipw[i * E:(i + 1) * E], lin.weight.grad))
+        # the key bias's gradient is zero in exact arithmetic (softmax ignores a shift
+        # of every logit of a row): compare the three biases together, as PyTorch stores them
+        pairs.append((ipb, torch.cat([sm.wq.bias.grad, sm.wk.bias.grad, sm.wv.bias.grad])))
+        return max(rel(a, b) for a, b in pairs)
+
+    case(SEED, "backward: input and every parameter's gradient, look-ahead mask", seed_backward)
+
+    def seed_from_safetensors():
+        E, H = 16, 4
+        sm = SeedMHA(E, H).eval()
+        x = torch.randn(2, 6, E)
+        with torch.no_grad():
+            ro, _ = sm.double()(x.double(), x.double(), x.double())
+        try:
+            from safetensors.numpy import save_file
+        except ImportError:
+            print("  (safetensors not importable: from_safetensors not tested)")
+            return 0.0
+        errs = []
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "l.safetensors")
+            save_file({"blk." + k: v.float().numpy() for k, v in sm.state_dict().items()}, path)
+            m2 = attn.MultiheadAttention.from_safetensors(path, H, prefix="blk.", batch_first=True)
+            errs.append(rel(m2(x, x, x)[0], ro))
+            try:
+                attn.MultiheadAttention.from_safetensors(path, H, prefix="nope.")
+                raise AssertionError("a missing prefix was accepted")
+            except attn.AttnError as e:
+                assert str(e)
+        return max(errs)
+
+    case(SEED, "from_safetensors with a prefix (seed naming)", seed_from_safetensors)
+
+    def torch_names_numpy_dict():
+        E, H = 16, 4
+        tm = torch.nn.MultiheadAttention(E, H, batch_first=True).double().eval()
+        m = attn.MultiheadAttention(E, H, batch_first=True)
+        m.load_state_dict({k: v.numpy() for k, v in tm.state_dict().items()})  # a dict of arrays
+        x = torch.randn(2, 6, E)
+        ro, _ = tm(x.double(), x.double(), x.double())
+        return rel(m(x.numpy(), x.numpy(), x.numpy())[0], ro)
+
+    case(MHA, "load_state_dict from a dict of NumPy arrays, NumPy in and out", torch_names_numpy_dict)
+
+print("worst relative error per family:")
+for fam, err in worst.items():
+    print(f"  {fam:24s} {err:.3g}")
+print(f"{passed} passed, {failed} failed")
+if failed:
+    sys.exit(1)
+sys.exit(SKIP if torch is None else 0)
