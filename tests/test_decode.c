@@ -178,7 +178,62 @@ static void refusals(void) {
   attn_ctx_destroy(ctx);
 }
 
+/* The decode kernel's edge cases: a row with every key masked gives zeros and
+ * lse -inf; NaN in one query row stays in that row although the rows of a
+ * group share every K and V load; Nk = 0 is a row with nothing to see. */
+static void edges(void) {
+  enum { Hq = 4, Hk = 2, Nk = 40, D = 16 };
+  float q[2 * Hq * D], k[2 * Hk * Nk * D], v[2 * Hk * Nk * D], out[2 * Hq * D], lse[2 * Hq];
+  tu_rng r = {5};
+  tu_fill_f32(&r, q, 2 * Hq * D, 1);
+  tu_fill_f32(&r, k, 2 * Hk * Nk * D, 1);
+  tu_fill_f32(&r, v, 2 * Hk * Nk * D, 1);
+  uint8_t kpm[2 * Nk];
+  for (int j = 0; j < 2 * Nk; j++) kpm[j] = j < Nk; /* batch 0: every key padded */
+  const int64_t qs[4] = {2, Hq, 1, D}, ks[4] = {2, Hk, Nk, D}, ps[2] = {2, Nk}, ls[3] = {2, Hq, 1};
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, qs), tk = attn_tensor_view(k, ATTN_F32, 4, ks);
+  attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, ks), to = attn_tensor_view(out, ATTN_F32, 4, qs);
+  attn_tensor tp = attn_tensor_view(kpm, ATTN_BOOL, 2, ps), tl = attn_tensor_view(lse, ATTN_F32, 3, ls);
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  const attn_kernel kernels[3] = {ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
+  for (int ki = 0; ki < 3; ki++) {
+    if (!attn_kernel_supported(kernels[ki])) continue;
+    attn_ctx_set_kernel(ctx, kernels[ki]);
+    attn_sdpa_opts o;
+    attn_sdpa_opts_init(&o);
+    o.key_padding = &tp;
+    o.lse = &tl;
+    tu_poison_f32(out, 2 * Hq * D);
+    tu_poison_f32(lse, 2 * Hq);
+    q[Hq * D + D + 3] = NAN; /* batch 1, head 1 */
+    CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+    int zeros = 1, nan_row = 1, finite = 1;
+    for (int e = 0; e < Hq * D; e++) zeros &= out[e] == 0;
+    for (int h = 0; h < Hq; h++) zeros &= isinf(lse[h]) && lse[h] < 0;
+    for (int h = 0; h < Hq; h++)
+      for (int d = 0; d < D; d++) {
+        const float x = out[(Hq + h) * D + d];
+        if (h == 1) nan_row &= isnan(x) != 0;
+        else finite &= isfinite(x) != 0;
+      }
+    CHECK(zeros, "kernel %s: a fully masked decode row must give zeros and lse -inf", attn_kernel_name(kernels[ki]));
+    CHECK(nan_row && finite, "kernel %s: NaN must stay in its row", attn_kernel_name(kernels[ki]));
+    q[Hq * D + D + 3] = 0.5f;
+    attn_tensor empty_k = tk, empty_v = tv;
+    empty_k.shape[2] = empty_v.shape[2] = 0;
+    o.key_padding = NULL;
+    tu_poison_f32(out, 2 * Hq * D);
+    CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &empty_k, &empty_v, &o));
+    zeros = 1;
+    for (int e = 0; e < 2 * Hq * D; e++) zeros &= out[e] == 0;
+    CHECK(zeros && isinf(lse[0]), "kernel %s: Nk = 0 must give zeros", attn_kernel_name(kernels[ki]));
+  }
+  attn_ctx_destroy(ctx);
+}
+
 int main(void) {
+  edges();
   decode_cases();
   blocked_halves();
   refusals();
