@@ -216,8 +216,8 @@ const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, so
 
 /* ---- decode (kernels.h's attn__decode_kernels) ----------------------------------
  * K and V are read where they lie, in f32, f16 (vcvtph2ps) or bf16 (a shift),
- * widened in registers. qk: for each row, sixteen keys at a time, one
- * accumulator per key, then the sixteen dot products in one shuffle tree.
+ * widened in registers. qk: the query rows of a group times as many keys as
+ * make sixteen dot products, one accumulator each, one shuffle tree for all.
  * pv: each V row is loaded (and widened) once per 64 columns for up to six
  * query rows, whose outputs stay in registers across the block. */
 #define DEC_NAME(x) x##_avx512
@@ -231,29 +231,57 @@ static inline __attribute__((always_inline)) __m512 load_wide(const void *p, int
   return _mm512_maskz_loadu_ps(m, (const float *)p + off);
 }
 
-static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float *Q, int rows, const void *K,
-                                                           int64_t ldk, int nkeys, int64_t D, attn_dtype dt) {
-  for (int j0 = 0; j0 < nkeys; j0 += 16) {
-    int64_t row[16]; /* keys past nkeys repeat the last one: their lanes are not stored */
-    for (int j = 0; j < 16; j++) row[j] = (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
+/* RR rows (1..8) against KG = 16 / RR keys at a time: the RR x KG dot products
+ * fill the sixteen accumulators, so each K element is loaded (and widened)
+ * once for every row of the group, and one shuffle tree reduces them all. */
+static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const float *Q, const int RR, const void *K,
+                                                              int64_t ldk, int nkeys, int64_t D, attn_dtype dt) {
+  const int KG = 16 / RR;
+  for (int j0 = 0; j0 < nkeys; j0 += KG) {
+    int64_t row[16]; /* keys past nkeys repeat the last one: their dot products are not stored */
+    for (int j = 0; j < KG; j++) row[j] = (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
     {
       const size_t es = dt == ATTN_F32 ? 4 : 2, bytes = (size_t)D * es;
-      for (int j = 0; j < 16; j++) {
+      for (int j = 0; j < KG; j++) {
         const char *pr = (const char *)K + (size_t)((j0 + j + DEC_PF_ROWS) * ldk) * es;
         for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, _MM_HINT_T0);
       }
     }
-    for (int r = 0; r < rows; r++) {
-      __m512 acc[16];
-      for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < D; c += 16) {
-        const __mmask16 m = lanes16(D - c);
+    __m512 acc[16];
+    for (int e = 0; e < 16; e++) acc[e] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D; c += 16) {
+      const __mmask16 m = lanes16(D - c);
+      __m512 kv[16];
+      for (int j = 0; j < KG; j++) kv[j] = load_wide(K, row[j] + c, m, dt);
+      for (int r = 0; r < RR; r++) {
         const __m512 qv = _mm512_maskz_loadu_ps(m, Q + r * D + c);
-        for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, load_wide(K, row[j] + c, m, dt), acc[j]);
+        for (int j = 0; j < KG; j++) acc[j * RR + r] = _mm512_fmadd_ps(qv, kv[j], acc[j * RR + r]);
       }
-      __m512 v[16];
-      for (int j = 0; j < 16; j++) v[SLOT(j)] = acc[j];
-      _mm512_mask_storeu_ps(S + r * ATTN__DEC_NB + j0, lanes16(nkeys - j0), reduce16_add(v));
+    }
+    __m512 v[16];
+    for (int e = 0; e < 16; e++) v[SLOT(e)] = acc[e];
+    float dots[16];
+    _mm512_storeu_ps(dots, reduce16_add(v));
+    for (int j = 0; j < KG && j0 + j < nkeys; j++)
+      for (int r = 0; r < RR; r++) S[r * ATTN__DEC_NB + j0 + j] = dots[j * RR + r];
+  }
+}
+
+static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float *Q, int rows, const void *K,
+                                                           int64_t ldk, int nkeys, int64_t D, attn_dtype dt) {
+  for (int r0 = 0; r0 < rows; r0 += 8) {
+    const int rr = rows - r0 < 8 ? rows - r0 : 8;
+    float *s = S + r0 * ATTN__DEC_NB;
+    const float *q = Q + r0 * D;
+    switch (rr) { /* a constant row count keeps the accumulators in registers */
+      case 1: dec_qk_rows(s, q, 1, K, ldk, nkeys, D, dt); break;
+      case 2: dec_qk_rows(s, q, 2, K, ldk, nkeys, D, dt); break;
+      case 3: dec_qk_rows(s, q, 3, K, ldk, nkeys, D, dt); break;
+      case 4: dec_qk_rows(s, q, 4, K, ldk, nkeys, D, dt); break;
+      case 5: dec_qk_rows(s, q, 5, K, ldk, nkeys, D, dt); break;
+      case 6: dec_qk_rows(s, q, 6, K, ldk, nkeys, D, dt); break;
+      case 7: dec_qk_rows(s, q, 7, K, ldk, nkeys, D, dt); break;
+      default: dec_qk_rows(s, q, 8, K, ldk, nkeys, D, dt); break;
     }
   }
 }
