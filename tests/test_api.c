@@ -3,15 +3,6 @@
  * and outputs left untouched). */
 #include "testutil.h"
 
-/* Expects status want with a non-empty message mentioning needle. */
-#define CHECK_ERR(ctx, call, want, needle)                                                              \
-  do {                                                                                                  \
-    attn_status st_ = (call);                                                                           \
-    const char *m_ = attn_ctx_error(ctx);                                                               \
-    CHECK(st_ == (want) && m_[0] && strstr(m_, needle), "%s -> %s (%s), want %s mentioning '%s'", #call, \
-          attn_strerror(st_), m_, attn_strerror(want), needle);                                         \
-  } while (0)
-
 static void versions_and_statuses(void) {
   CHECK(attn_version() == ATTN_VERSION_HEX, "runtime version %x vs header %x", attn_version(), ATTN_VERSION_HEX);
   char want[32];

@@ -3,14 +3,6 @@
 #include "attn_dlpack.h"
 #include "testutil.h"
 
-#define CHECK_ERR(ctx, call, want, needle)                                                              \
-  do {                                                                                                  \
-    attn_status st_ = (call);                                                                           \
-    const char *m_ = attn_ctx_error(ctx);                                                               \
-    CHECK(st_ == (want) && m_[0] && strstr(m_, needle), "%s -> %s (%s), want %s mentioning '%s'", #call, \
-          attn_strerror(st_), m_, attn_strerror(want), needle);                                         \
-  } while (0)
-
 static int same_view(const attn_tensor *a, const attn_tensor *b) {
   if (a->data != b->data || a->dtype != b->dtype || a->rank != b->rank) return 0;
   for (int i = 0; i < a->rank; i++)

@@ -30,6 +30,15 @@ static int tu_failures = 0, tu_checks = 0;
     CHECK(tu_st_ == ATTN_OK, "%s -> %s: %s", #call, attn_strerror(tu_st_), attn_ctx_error(ctx)); \
   } while (0)
 
+/* Expects status want with a non-empty message mentioning needle. */
+#define CHECK_ERR(ctx, call, want, needle)                                                              \
+  do {                                                                                                  \
+    attn_status st_ = (call);                                                                           \
+    const char *m_ = attn_ctx_error(ctx);                                                               \
+    CHECK(st_ == (want) && m_[0] && strstr(m_, needle), "%s -> %s (%s), want %s mentioning '%s'", #call, \
+          attn_strerror(st_), m_, attn_strerror(want), needle);                                         \
+  } while (0)
+
 /* Ends a test program: the exit status says whether every check passed. */
 static inline int tu_finish(const char *name) {
   printf("%s: %d checks, %d failed\n", name, tu_checks, tu_failures);
