@@ -242,8 +242,9 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
     for (int j = 0; j < KG; j++) row[j] = (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
     {
       const size_t es = dt == ATTN_F32 ? 4 : 2, bytes = (size_t)D * es;
+      const int64_t pf = pf_rows_avx512((int64_t)bytes);
       for (int j = 0; j < KG; j++) {
-        const char *pr = (const char *)K + (size_t)((j0 + j + DEC_PF_ROWS) * ldk) * es;
+        const char *pr = (const char *)K + (size_t)((j0 + j + pf) * ldk) * es;
         for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, _MM_HINT_T0);
       }
     }
@@ -301,7 +302,7 @@ static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const fl
     for (int j = 0; j < nkeys; j++) {
       if (c0 == 0) {
         const size_t es = dt == ATTN_F32 ? 4 : 2, bytes = (size_t)Dv * es;
-        const char *pr = (const char *)V + (size_t)((j + DEC_PF_ROWS) * ldv) * es;
+        const char *pr = (const char *)V + (size_t)((j + pf_rows_avx512((int64_t)bytes)) * ldv) * es;
         for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, _MM_HINT_T0);
       }
       __m512 vv[4];
