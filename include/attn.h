@@ -286,6 +286,13 @@ typedef struct attn_mha_opts {
   int average_weights;            /* weights averaged over heads (PyTorch average_attn_weights) */
   double dropout_p;               /* training: dropout on the attention probabilities, as in attn_sdpa_opts */
   uint64_t dropout_seed;
+  /* As in attn_sdpa_opts (0 / NULL = off): sliding window, logit softcap, ALiBi
+   * slopes f32 [H] and attention sinks f32 [H]. The layer's backward does not
+   * give dL/dsinks (call attn_sdpa_backward for that). */
+  int64_t window;
+  double softcap;
+  const attn_tensor *alibi_slopes;
+  const attn_tensor *sinks;
 } attn_mha_opts;
 
 ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
