@@ -704,7 +704,7 @@ static void usage(FILE *f) {
         "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
         "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
         "            [--grad-out G.npy --grads-out GRADS.safetensors]\n"
-        "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]\n"
+        "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]\n"
         "            [--backward] [--threads T] [--repeat R] [--kernel K] [--json]\n"
         "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--json]\n"
         "  attn version\n"
