@@ -10,9 +10,11 @@
  *       inputs and poisoned outputs, each option alone and combined with
  *       causal, GQA, masks, key padding, dropout, weights and lse; the same
  *       bits whatever the thread count;
- *   (d) the ALiBi paper's slopes for 8 and 12 heads, and the argument checks.
+ *   (d) the ALiBi paper's slopes for 8 and 12 heads, the kernels' vectorisable
+ *       tanh against libm's in double, and the argument checks.
  * Seeds are fixed. The worst errors per option are printed at the end. */
 #include "testutil.h"
+#include "cpu/softcap.h"
 
 #define MAX_BUFS 128
 #define TOL_FWD 1e-5
@@ -780,6 +782,37 @@ static void alibi_slopes(void) {
   CHECK(attn_alibi_slopes(s, 0) == ATTN_E_INVALID, "0 heads");
 }
 
+/* The fp32 kernels' tanh: a dense sweep against tanh in double, the special values,
+ * and the tile helper's cap and slope. */
+static void fast_tanh(void) {
+  double tworst = 0, at = 0;
+  for (double x = -30; x <= 30; x += 3e-5) {
+    const float xf = (float)x;
+    const double want = tanh((double)xf), got = attn__tanhf(xf);
+    const double e = want == 0 ? fabs(got) : fabs(got - want) / fabs(want);
+    if (!(e <= tworst)) tworst = e, at = xf;
+  }
+  for (float x = 1e-30f; x < 1; x *= 1.003f) {
+    const double e = fabs(attn__tanhf(x) - tanh((double)x)) / tanh((double)x);
+    if (!(e <= tworst)) tworst = e, at = x;
+  }
+  CHECK(tworst <= 5e-7, "fast tanh: relative error %.3g at %.9g", tworst, at);
+  CHECK(attn__tanhf(INFINITY) == 1 && attn__tanhf(-INFINITY) == -1 && attn__tanhf(1e30f) == 1 &&
+            attn__tanhf(-1e30f) == -1 && isnan(attn__tanhf(NAN)) && attn__tanhf(0.0f) == 0 &&
+            signbit(attn__tanhf(-0.0f)),
+        "fast tanh: special values");
+  float S[150], slope[150];
+  for (int i = 0; i < 150; i++) S[i] = (float)(i - 75) * 0.37f;
+  attn__softcap_tile(S, slope, 150, 7.5f);
+  double es = 0, ed = 0;
+  for (int i = 0; i < 150; i++) {
+    const double t = tanh((double)((float)(i - 75) * 0.37f) / 7.5);
+    es = fmax(es, fabs(S[i] - 7.5 * t) / 7.5);
+    ed = fmax(ed, fabs(slope[i] - (1 - t * t)));
+  }
+  CHECK(es <= 5e-7 && ed <= 1e-6, "softcap tile: cap error %.3g, slope error %.3g", es, ed);
+}
+
 static void argument_checks(attn_ctx *ctx) {
   arena a = {{0}, 0};
   tu_rng r = {11};
@@ -841,6 +874,7 @@ int main(int argc, char **argv) {
   if (attn_ctx_create(&ctx) != ATTN_OK) return 2;
   const int randoms = argc > 1 ? atoi(argv[1]) : 60;
   alibi_slopes();
+  fast_tanh();
   argument_checks(ctx);
   oracle_vs_plain(ctx);
   options_as_masks(ctx);

@@ -7,6 +7,7 @@
  * are independent, so results do not depend on the thread count. */
 #include "../internal.h"
 #include "kernels.h"
+#include "softcap.h"
 
 #include <stdlib.h>
 
@@ -91,11 +92,6 @@ attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t 
   return visible ? ATTN__TILE_PARTIAL : ATTN__TILE_CLOSED;
 }
 
-/* s = cap * tanh(s / cap) on n logits: before the bias and the masks are added. */
-static void softcap_tile(float *S, int64_t n, float cap) {
-  const float inv = 1.0f / cap;
-  for (int64_t e = 0; e < n; e++) S[e] = cap * tanhf(S[e] * inv);
-}
 
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too. */
 static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const tile_state *ts,
@@ -105,7 +101,8 @@ static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa
   if (tm == ATTN__TILE_CLOSED) return tm;
   /* keys past the tile's last visible one (Nk, or the causal bound of its last row) need no dot products */
   kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D, ts->kend - j0 < nr ? ts->kend - j0 : nr);
-  if (p->softcap > 0) softcap_tile(s->S, (int64_t)ts->rows * nr, (float)p->softcap);
+  /* the cap before the bias and the masks are added */
+  if (p->softcap > 0) attn__softcap_tile(s->S, NULL, (int64_t)ts->rows * nr, (float)p->softcap);
   if (tm == ATTN__TILE_PARTIAL)
     for (int64_t e = 0; e < (int64_t)ts->rows * nr; e++) s->S[e] += s->Mb[e];
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;

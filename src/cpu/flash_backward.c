@@ -12,6 +12,7 @@
  * pass recomputing the scores. C does not depend on the threads. */
 #include "../internal.h"
 #include "kernels.h"
+#include "softcap.h"
 
 #include <stdlib.h>
 
@@ -70,14 +71,7 @@ static int bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, i
   const float *Q = R->Q + i0 * p->D, *dO = R->dO + i0 * p->Dv;
   const int64_t blk = j0 / nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
   kn->qk(s->S, Q, a->Kt + blk * nr * p->D, p->D, nk);
-  if (p->softcap > 0) { /* S = cap tanh(S / cap); keep the slope for dS */
-    const float cap = (float)p->softcap, inv = 1.0f / cap;
-    for (int e = 0; e < mr * nr; e++) {
-      const float th = tanhf(s->S[e] * inv);
-      s->S[e] = cap * th;
-      s->Cf[e] = 1.0f - th * th;
-    }
-  }
+  if (p->softcap > 0) attn__softcap_tile(s->S, s->Cf, (int64_t)mr * nr, (float)p->softcap); /* keep the slope for dS */
   if (tm == ATTN__TILE_PARTIAL)
     for (int e = 0; e < rows * nr; e++) s->S[e] += s->Mb[e];
   kn->exp_shift(s->S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
