@@ -201,7 +201,7 @@ ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
  * Grouped-query attention: Hq = G * Hk, query head h reads kv head g = h / G
  * (Hk = 1 is multi-query attention). Any strides: pass permuted views for
  * batch-first data. A row whose every key is masked gives zeros in out and
- * weights and -inf in lse, never NaN. NaN or Inf in the inputs propagate.
+ * weights and -inf in lse (the sink with sinks), never NaN. NaN or Inf in the inputs propagate.
  * With ATTN_KERNEL_REF the oracle runs instead (see attn_sdpa_ref). */
 ATTN_API attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
                                const attn_tensor *v, const attn_sdpa_opts *opts);
@@ -335,6 +335,13 @@ typedef struct attn_mha_opts {
   int average_weights;            /* weights averaged over heads (PyTorch average_attn_weights) */
   double dropout_p;               /* training: dropout on the attention probabilities, as in attn_sdpa_opts */
   uint64_t dropout_seed;
+  /* As in attn_sdpa_opts (0 / NULL = off): sliding window, logit softcap, ALiBi
+   * slopes f32 [H] and attention sinks f32 [H]. The layer's backward does not
+   * give dL/dsinks (call attn_sdpa_backward for that). */
+  int64_t window;
+  double softcap;
+  const attn_tensor *alibi_slopes;
+  const attn_tensor *sinks;
 } attn_mha_opts;
 
 ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);

@@ -326,6 +326,75 @@ else
   expect 1 "" -- map --weights "$T/w.npy" --png "$T/keep.png" --tokens "$T/tok3.txt"
   if cmp -s "$T/map_w.png" "$T/keep.png"; then ok; else bad "a failed map changed an existing PNG"; fi
 fi
+# --- options of recent models: --window, --softcap, --alibi, --sinks ---
+# npy_f32x2 FILE BYTES: a float32 [2] .npy file (a 128-byte header; BYTES as printf escapes)
+npy_f32x2() {
+  printf '\x93NUMPY\x01\x00\x76\x00%-117s\n' "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }" >"$1"
+  printf "$2" >>"$1"
+}
+npy_f32x2 "$T/sinks.npy" '\x00\x00\x00\x3f\x00\x00\xa0\xbf'    # [0.5, -1.25]
+npy_f32x2 "$T/nosinks.npy" '\xca\xf2\x49\xf1\xca\xf2\x49\xf1'  # [-1e30, -1e30]: no weight at all
+printf '\x93NUMPY\x01\x00\x76\x00%-117s\n' "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }" >"$T/sinks3.npy"
+printf '\x00\x00\x00\x3f\x00\x00\x00\x3f\x00\x00\x00\x3f' >>"$T/sinks3.npy"
+D=$G/sdpa_plain; PQKV="--q $D/q.npy --k $D/k.npy --v $D/v.npy"   # [2, 2, 7, 8] each
+# window 1: each query sees its own key alone, so out = v
+expect 0 "" -- sdpa $PQKV --out "$T/o.npy" --window 1
+close "$T/o.npy" $D/v.npy 1e-6
+# a window wider than the keys is the causal bound alone (top-left when --causal is not given)
+expect 0 "" -- sdpa --q $G/sdpa_causal_tl/q.npy --k $G/sdpa_causal_tl/k.npy --v $G/sdpa_causal_tl/v.npy --out "$T/o.npy" --window 100000
+close "$T/o.npy" $G/sdpa_causal_tl/out.npy 1e-5
+D=$G/sdpa_causal_br; RQKV="--q $D/q.npy --k $D/k.npy --v $D/v.npy"
+expect 0 "" -- sdpa $RQKV --out "$T/o.npy" --causal=bottom-right --window 11
+close "$T/o.npy" $D/out.npy 1e-5
+# the fast kernel against the oracle (ATTN_KERNEL=ref) with every option, forward and backward
+OPTS="--causal=bottom-right --window 3 --softcap 2 --alibi --sinks $T/sinks.npy"
+expect 0 "" -- sdpa $RQKV --out "$T/o.npy" --weights-out "$T/w.npy" $OPTS
+ATTN_KERNEL=ref "$ATTN" sdpa $RQKV --out "$T/o_ref.npy" --weights-out "$T/w_ref.npy" $OPTS && ok || bad "ref sdpa with options"
+close "$T/o.npy" "$T/o_ref.npy" 1e-5
+close "$T/w.npy" "$T/w_ref.npy" 1e-5
+differ "$T/o.npy" $D/out.npy
+D=$G/sdpa_bwd_plain
+expect 0 "" -- sdpa $SQKV --out "$T/o.npy" --grad-out $D/G.npy --dq-out "$T/dq.npy" --dk-out "$T/dk.npy" --dv-out "$T/dv.npy" --sinks-grad-out "$T/ds.npy" $OPTS
+ATTN_KERNEL=ref "$ATTN" sdpa $SQKV --out "$T/o_ref.npy" --grad-out $D/G.npy --dq-out "$T/dq_ref.npy" --dk-out "$T/dk_ref.npy" --dv-out "$T/dv_ref.npy" --sinks-grad-out "$T/ds_ref.npy" $OPTS && ok || bad "ref sdpa backward with options"
+for x in o dq dk dv ds; do close "$T/$x.npy" "$T/${x}_ref.npy" 1e-5; done
+differ "$T/dq.npy" $D/dq.npy
+# each option does something, and its neutral value nothing
+D=$G/sdpa_plain
+for opt in "--window 2" "--softcap 0.5" "--alibi" "--sinks $T/sinks.npy"; do
+  expect 0 "" -- sdpa $PQKV --out "$T/o.npy" $opt
+  differ "$T/o.npy" $D/out.npy
+done
+expect 0 "" -- sdpa $PQKV --out "$T/o.npy" --softcap 1e6 --window 0 --sinks "$T/nosinks.npy"
+close "$T/o.npy" $D/out.npy 1e-5
+# bad values: a usage error (2) or a failed run (1), one line, no output
+O="$T/never_o.npy"
+expect 2 "$O" -- sdpa $PQKV --out "$O" --window -1
+expect 2 "$O" -- sdpa $PQKV --out "$O" --window 2.5
+expect 2 "$O" -- sdpa $PQKV --out "$O" --softcap -1
+expect 2 "$O" -- sdpa $PQKV --out "$O" --softcap nan
+expect 2 "$O" -- sdpa $PQKV --out "$O" --softcap inf
+expect 2 "$O" -- sdpa $PQKV --out "$O" --softcap x
+expect 2 "$O" -- sdpa $PQKV --out "$O" --alibi=1
+expect 2 "$O" -- sdpa $PQKV --out "$O" --grad-out $G/sdpa_plain/out.npy --sinks-grad-out "$T/never_ds.npy"
+expect 2 "$O" -- sdpa $PQKV --out "$O" --sinks-grad-out "$T/never_ds.npy" --sinks "$T/sinks.npy"
+expect 1 "$O" -- sdpa $PQKV --out "$O" --sinks "$T/sinks3.npy"
+expect 1 "$O" -- sdpa $PQKV --out "$O" --sinks "$T/missing.npy"
+expect 1 "$O" -- sdpa $PQKV --out "$O" --sinks "$T/garbage.npy"
+expect 1 "$O" -- sdpa $PQKV --out "$O" --sinks $G/sdpa_plain/q.npy
+# the layer takes the same flags
+MS="--params $G/mha_seed/params.safetensors --heads 2 --query $G/mha_seed/x.npy"
+MOPTS="--window 3 --softcap 2 --alibi --sinks $T/sinks.npy"
+expect 0 "" -- mha $MS --out "$T/o.npy" $MOPTS
+ATTN_KERNEL=ref "$ATTN" mha $MS --out "$T/o_ref.npy" $MOPTS && ok || bad "ref mha with options"
+close "$T/o.npy" "$T/o_ref.npy" 1e-5
+differ "$T/o.npy" $G/mha_seed/out.npy
+expect 0 "" -- mha $MS --out "$T/o.npy" --softcap 1e6 --sinks "$T/nosinks.npy"
+close "$T/o.npy" $G/mha_seed/out.npy 1e-5
+expect 0 "" -- mha $MS --out "$T/o.npy" $MOPTS --grad-out $G/mha_seed/out.npy --grads-out "$T/g.safetensors"
+has_tensors "$T/g.safetensors" query
+expect 2 "$O" -- mha $MS --out "$O" --window -3
+expect 2 "$O" -- mha $MS --out "$O" --softcap -2
+expect 1 "$O" -- mha $MS --out "$O" --sinks "$T/sinks3.npy"
 
 echo "test_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -264,7 +264,8 @@ int main(void) {
   sdpa_incremental(ATTN_F32, mixed, 8, 8, 2, 64, 0, 2);
   sdpa_incremental(ATTN_F16, mixed, 8, 8, 2, 128, 0, 3);
   sdpa_incremental(ATTN_BF16, mixed, 8, 4, 1, 40, 0, 4);
-  sdpa_incremental(ATTN_F32, tokens, 10, 8, 4, 64, 4, 5); /* TODO(options): mixed steps, window 50 */
+  sdpa_incremental(ATTN_F32, mixed, 8, 8, 4, 64, 50, 5);
+  sdpa_incremental(ATTN_F32, tokens, 10, 8, 4, 64, 4, 7);
   sdpa_incremental(ATTN_F16, tokens, 10, 4, 2, 64, 3, 6);
   rows_and_rollback();
   mha_incremental(ATTN_F32, 64, 4, 4, 1);

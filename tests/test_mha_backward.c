@@ -33,6 +33,7 @@ typedef struct spec {
   int kpm;     /* 0 none; 1 random key padding; 2 the last batch entirely padded as well */
   double dropout;
   int strided; /* inputs, dout and the input gradients in seq-first [N, B, F] buffers */
+  int options; /* bits: 1 window 3, 2 softcap 2, 4 ALiBi (the paper's slopes x 4), 8 sinks */
 } spec;
 
 typedef struct prob {
@@ -46,6 +47,8 @@ typedef struct prob {
   float *ma;
   uint8_t *kp;
   attn_tensor tmask, tkp;
+  float slopes[16], sinks[16]; /* H <= 16 */
+  attn_tensor tslopes, tsinks;
   attn_mha_opts o;
 } prob;
 
@@ -126,6 +129,20 @@ static void prob_init(attn_ctx *ctx, prob *P, const spec *s, attn_dtype dt, uint
       for (int64_t j = 0; j < Nk; j++) P->kp[(B - 1) * Nk + j] = 1;
     P->tkp = attn_tensor_view(P->kp, ATTN_BOOL, 2, ks);
     P->o.key_padding = &P->tkp;
+  }
+  const int64_t hs[1] = {s->H};
+  if (s->options & 1) P->o.window = 3;
+  if (s->options & 2) P->o.softcap = 2.0;
+  if (s->options & 4) {
+    attn_alibi_slopes(P->slopes, s->H);
+    for (int64_t h = 0; h < s->H; h++) P->slopes[h] *= 4; /* short rows: a bias that matters */
+    P->tslopes = attn_tensor_view(P->slopes, ATTN_F32, 1, hs);
+    P->o.alibi_slopes = &P->tslopes;
+  }
+  if (s->options & 8) {
+    for (int64_t h = 0; h < s->H; h++) P->sinks[h] = (float)(round(tu_uniform(&r) * 2048) / 2048);
+    P->tsinks = attn_tensor_view(P->sinks, ATTN_F32, 1, hs);
+    P->o.sinks = &P->tsinks;
   }
 }
 
@@ -266,13 +283,15 @@ static void finite_difference_case(attn_ctx *ctx, const spec *s, uint64_t seed) 
 
 static const spec fd_specs[] = {
     /* name                E  H Hk kd vd bias cross B Nq Nk causal                    mask kpm drop strided */
-    {"self",               8, 2, 0, 0, 0, 1, 0, 2, 5, 0, ATTN_CAUSAL_NONE,         0, 0, 0.0, 0},
-    {"self causal nobias", 8, 2, 0, 0, 0, 0, 0, 2, 6, 0, ATTN_CAUSAL_TOP_LEFT,     0, 0, 0.0, 1},
-    {"cross kdim vdim",    6, 3, 0, 5, 7, 1, 1, 2, 4, 6, ATTN_CAUSAL_NONE,         1, 1, 0.0, 0},
-    {"cross gqa additive", 8, 4, 2, 0, 0, 1, 1, 2, 5, 7, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 0, 0.0, 1},
-    {"self mqa padded",    8, 4, 1, 0, 0, 1, 0, 2, 5, 0, ATTN_CAUSAL_NONE,         0, 2, 0.0, 0},
-    {"self dropout",       8, 2, 0, 0, 0, 1, 0, 2, 6, 0, ATTN_CAUSAL_NONE,         1, 0, 0.3, 0},
-    {"cross gqa dropout",  8, 4, 2, 3, 9, 0, 1, 1, 4, 6, ATTN_CAUSAL_TOP_LEFT,     2, 1, 0.5, 1},
+    {"self",               8, 2, 0, 0, 0, 1, 0, 2, 5, 0, ATTN_CAUSAL_NONE,         0, 0, 0.0, 0, 0},
+    {"self causal nobias", 8, 2, 0, 0, 0, 0, 0, 2, 6, 0, ATTN_CAUSAL_TOP_LEFT,     0, 0, 0.0, 1, 0},
+    {"cross kdim vdim",    6, 3, 0, 5, 7, 1, 1, 2, 4, 6, ATTN_CAUSAL_NONE,         1, 1, 0.0, 0, 0},
+    {"cross gqa additive", 8, 4, 2, 0, 0, 1, 1, 2, 5, 7, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 0, 0.0, 1, 0},
+    {"self mqa padded",    8, 4, 1, 0, 0, 1, 0, 2, 5, 0, ATTN_CAUSAL_NONE,         0, 2, 0.0, 0, 0},
+    {"self dropout",       8, 2, 0, 0, 0, 1, 0, 2, 6, 0, ATTN_CAUSAL_NONE,         1, 0, 0.3, 0, 0},
+    {"cross gqa dropout",  8, 4, 2, 3, 9, 0, 1, 1, 4, 6, ATTN_CAUSAL_TOP_LEFT,     2, 1, 0.5, 1, 0},
+    {"self options",       8, 2, 0, 0, 0, 1, 0, 2, 6, 0, ATTN_CAUSAL_NONE,         0, 0, 0.0, 0, 15},
+    {"cross gqa options",  8, 4, 2, 0, 0, 1, 1, 2, 5, 7, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 1, 0.0, 1, 15},
 };
 
 /* ---- (b) the fp32 path against the float64 path ---------------------------------- */
@@ -423,11 +442,13 @@ static void fp32_case(attn_ctx *ctx, const spec *s, uint64_t seed) {
 
 static const spec fp32_specs[] = {
     /* name                E  H Hk kd  vd bias cross B Nq  Nk causal                    mask kpm drop strided */
-    {"f32 self",           64, 4, 0, 0,  0, 1, 0, 2, 37, 0,  ATTN_CAUSAL_TOP_LEFT,     0, 0, 0.1, 1},
-    {"f32 cross gqa",      48, 6, 2, 40, 24, 1, 1, 3, 19, 45, ATTN_CAUSAL_NONE,         1, 1, 0.0, 1},
-    {"f32 self mqa",       32, 4, 1, 0,  0, 0, 0, 2, 29, 0,  ATTN_CAUSAL_BOTTOM_RIGHT, 2, 0, 0.0, 0},
-    {"f32 cross dropout",  24, 3, 0, 0,  0, 1, 1, 2, 13, 70, ATTN_CAUSAL_NONE,         0, 2, 0.4, 0},
-    {"f32 small",          6,  3, 3, 5,  7, 1, 1, 1, 3,  2,  ATTN_CAUSAL_NONE,         1, 1, 0.0, 1},
+    {"f32 self",           64, 4, 0, 0,  0, 1, 0, 2, 37, 0,  ATTN_CAUSAL_TOP_LEFT,     0, 0, 0.1, 1, 0},
+    {"f32 cross gqa",      48, 6, 2, 40, 24, 1, 1, 3, 19, 45, ATTN_CAUSAL_NONE,         1, 1, 0.0, 1, 0},
+    {"f32 self mqa",       32, 4, 1, 0,  0, 0, 0, 2, 29, 0,  ATTN_CAUSAL_BOTTOM_RIGHT, 2, 0, 0.0, 0, 0},
+    {"f32 cross dropout",  24, 3, 0, 0,  0, 1, 1, 2, 13, 70, ATTN_CAUSAL_NONE,         0, 2, 0.4, 0, 0},
+    {"f32 small",          6,  3, 3, 5,  7, 1, 1, 1, 3,  2,  ATTN_CAUSAL_NONE,         1, 1, 0.0, 1, 0},
+    {"f32 self options",   64, 4, 2, 0,  0, 1, 0, 2, 37, 0,  ATTN_CAUSAL_BOTTOM_RIGHT, 2, 1, 0.1, 1, 15},
+    {"f32 cross options",  48, 6, 0, 40, 24, 1, 1, 2, 19, 45, ATTN_CAUSAL_NONE,         1, 0, 0.0, 0, 15},
 };
 
 /* A random small problem (any head count, D from 1, sequences from 1), for both (a) and (b). */
@@ -455,12 +476,13 @@ static spec random_spec(uint64_t seed) {
   s.kpm = (int)tu_int(&r, 0, 2);
   s.dropout = tu_int(&r, 0, 1) ? 0.25 : 0.0;
   s.strided = (int)tu_int(&r, 0, 1);
+  s.options = (int)tu_int(&r, 0, 15);
   return s;
 }
 
 /* ---- what must agree -------------------------------------------------------------- */
 static void agreements(attn_ctx *ctx) {
-  const spec s = {"agree", 16, 4, 2, 0, 0, 1, 1, 2, 9, 11, ATTN_CAUSAL_NONE, 1, 1, 0.2, 0};
+  const spec s = {"agree", 16, 4, 2, 0, 0, 1, 1, 2, 9, 11, ATTN_CAUSAL_NONE, 1, 1, 0.2, 0, 0};
   prob P;
   prob_init(ctx, &P, &s, ATTN_F32, 99);
   const int64_t B = s.B, Nq = s.Nq, Nk = P.Nk, E = P.E, nq = B * Nq * E, nk = B * Nk * E;
@@ -575,7 +597,7 @@ static void agreements(attn_ctx *ctx) {
   } while (0)
 
 static void error_paths(attn_ctx *ctx) {
-  const spec s = {"errors", 8, 2, 0, 0, 0, 1, 0, 2, 4, 0, ATTN_CAUSAL_NONE, 0, 0, 0.0, 0};
+  const spec s = {"errors", 8, 2, 0, 0, 0, 1, 0, 2, 4, 0, ATTN_CAUSAL_NONE, 0, 0, 0.0, 0, 0};
   prob P;
   prob_init(ctx, &P, &s, ATTN_F32, 5);
   CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_C)); /* an fp32 kernel, whatever ATTN_KERNEL says */
@@ -601,6 +623,22 @@ static void error_paths(attn_ctx *ctx) {
   attn_tensor empty = rows_view(out, ATTN_F32, 0, N, E, 0);
   CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &empty, &empty, NULL, NULL, &o), ATTN_E_INVALID, "dropout_p");
   o.dropout_p = 0;
+  o.window = -1;
+  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, &P.tq, NULL, NULL, &o), ATTN_E_INVALID, "window");
+  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &empty, &empty, NULL, NULL, &o), ATTN_E_INVALID, "window");
+  o.window = 0;
+  o.softcap = NAN;
+  CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, &P.tq, NULL, NULL, &o, &sv), ATTN_E_INVALID, "softcap");
+  o.softcap = 0;
+  float three[3] = {1, 2, 3};
+  const int64_t n3[1] = {3};
+  attn_tensor t3 = attn_tensor_view(three, ATTN_F32, 1, n3);
+  o.sinks = &t3;
+  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, &P.tq, NULL, NULL, &o), ATTN_E_SHAPE, "sinks");
+  o.sinks = NULL;
+  o.alibi_slopes = &t3;
+  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, &P.tq, NULL, NULL, &o), ATTN_E_SHAPE, "alibi_slopes");
+  o.alibi_slopes = NULL;
 
   CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to, &P.tq, NULL, NULL, &o, &sv));
   attn_mha *g = grads_layer(ctx, &P), *other = NULL, *nobias = NULL;
@@ -648,6 +686,37 @@ static void error_paths(attn_ctx *ctx) {
   prob_free(&P);
 }
 
+/* Each option reaches attention in the forward and, through the saved state, the backward:
+ * it changes out and the gradients, and a second layer call with it gives the same answer. */
+static void options_reach_attention(attn_ctx *ctx) {
+  const spec s0 = {"options", 16, 4, 2, 0, 0, 1, 0, 2, 9, 0, ATTN_CAUSAL_NONE, 0, 0, 0.0, 0, 0};
+  result base;
+  prob P0;
+  prob_init(ctx, &P0, &s0, ATTN_F32, 77);
+  float *raw = NULL;
+  int64_t nraw = 0;
+  run_backward(ctx, &P0, ATTN_F32, &base, &raw, &nraw);
+  free(raw);
+  for (int bit = 1; bit <= 8; bit *= 2) {
+    spec s = s0;
+    s.options = bit;
+    prob P;
+    prob_init(ctx, &P, &s, ATTN_F32, 77);
+    result res;
+    run_backward(ctx, &P, ATTN_F32, &res, &raw, &nraw);
+    free(raw);
+    double dout = 0, dgrad = 0;
+    for (int64_t i = 0; i < res.nout; i++) dout = fmax(dout, fabs(res.out[i] - base.out[i]));
+    for (int64_t i = 0; i < res.nq; i++) dgrad = fmax(dgrad, fabs(res.dq[i] - base.dq[i]));
+    CHECK(dout > 1e-4 && dgrad > 1e-4, "option bit %d changes nothing in the layer: out by %.3g, dquery by %.3g", bit,
+          dout, dgrad);
+    result_free(&res);
+    prob_free(&P);
+  }
+  result_free(&base);
+  prob_free(&P0);
+}
+
 int main(void) {
   attn_ctx *ctx = NULL;
   CHECK_OK(ctx, attn_ctx_create(&ctx));
@@ -673,6 +742,7 @@ int main(void) {
     fp32_case(ctx, &s, 400 + i);
   }
   agreements(ctx);
+  options_reach_attention(ctx);
   /* (c) */
   error_paths(ctx);
   attn_ctx_destroy(ctx);

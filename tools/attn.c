@@ -247,6 +247,31 @@ static int alloc_f32(attn_ctx *ctx, attn_tensor *t, int rank, const int64_t *sha
   return 0;
 }
 
+/* --window W (>= 0, 0 = off) and --softcap C (finite, >= 0, 0 = off): checked before any file is read. */
+static int parse_window_softcap(cli_args *a, int64_t *window, double *softcap) {
+  long long w = 0;
+  int r;
+  *softcap = 0;
+  if ((r = cli_int(a, "--window", 0, (long long)1 << 62, &w)) || (r = cli_double(a, "--softcap", softcap))) return r;
+  if (!(*softcap >= 0) || !isfinite(*softcap))
+    return cli_fail(CLI_EXIT_USAGE, "--softcap wants a finite number >= 0 (0 = off), got '%s'", cli_get(a, "--softcap"));
+  *window = (int64_t)w;
+  return 0;
+}
+
+/* --alibi: the paper's slopes for heads query heads; --sinks S.npy: f32 [heads] (the call checks the length). */
+static int load_head_options(attn_ctx *ctx, cli_args *a, int64_t heads, attn_tensor *slopes, attn_tensor *sinks) {
+  int r;
+  if (cli_has(a, "--alibi")) {
+    if ((r = alloc_f32(ctx, slopes, 1, &heads))) return r;
+    if (attn_alibi_slopes(slopes->data, heads)) return cli_fail(CLI_EXIT_FAIL, "--alibi: no slopes for %lld heads", (long long)heads);
+  }
+  if (cli_has(a, "--sinks") &&
+      ((r = load_array(ctx, sinks, cli_get(a, "--sinks"), "--sinks", 1)) || (r = want_rank(sinks, 1, "--sinks", "[H]"))))
+    return r;
+  return 0;
+}
+
 /* ---- attn sdpa ---------------------------------------------------------------- */
 /* The gradient of a mask that broadcast to [B, Hq, Nq, Nk]: mg (contiguous
  * [B, Hq, Nq, Nk]) summed over the dimensions the mask broadcast along, into
@@ -306,11 +331,11 @@ static int kv_dtype(attn_ctx *ctx, cli_args *a, attn_tensor *k, attn_tensor *v, 
 static int cmd_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--q", "--k", "--v", "--out", "--mask", "--mask-mode", "--scale",
                                       "--weights-out", "--threads", "--key-padding", "--grad-out", "--dq-out",
-                                      "--dk-out", "--dv-out", "--mask-grad-out", "--dropout", "--seed", "--kv-dtype",
-                                      NULL};
-  static const char *const switches[] = {"--causal", NULL};
+                                      "--dk-out", "--dv-out", "--mask-grad-out", "--dropout", "--seed",
+                                      "--window", "--softcap", "--sinks", "--sinks-grad-out", "--kv-dtype", NULL};
+  static const char *const switches[] = {"--causal", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--dq-out", "--dk-out", "--dv-out",
-                                          "--mask-grad-out", NULL};
+                                          "--mask-grad-out", "--sinks-grad-out", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
@@ -321,8 +346,10 @@ static int cmd_sdpa(int argc, char **argv) {
   attn_causal causal;
   double scale = NAN, dropout = 0;
   uint64_t seed = 0;
+  int64_t window = 0;
+  double softcap = 0;
   if ((r = parse_causal(&a, &causal)) || (r = cli_double(&a, "--scale", &scale)) ||
-      (r = parse_dropout(&a, &dropout, &seed)))
+      (r = parse_dropout(&a, &dropout, &seed)) || (r = parse_window_softcap(&a, &window, &softcap)))
     return r;
   attn_mask_mode mode_flag = ATTN_MASK_KEEP;
   if (cli_has(&a, "--mask-mode")) {
@@ -331,13 +358,16 @@ static int cmd_sdpa(int argc, char **argv) {
   }
   /* the backward: --grad-out G with at least one gradient output, and none without it */
   const int want_dq = cli_has(&a, "--dq-out"), want_dk = cli_has(&a, "--dk-out"), want_dv = cli_has(&a, "--dv-out");
-  const int want_dm = cli_has(&a, "--mask-grad-out");
+  const int want_dm = cli_has(&a, "--mask-grad-out"), want_ds = cli_has(&a, "--sinks-grad-out");
   const int backward = cli_has(&a, "--grad-out");
-  if (backward && !want_dq && !want_dk && !want_dv && !want_dm)
-    return cli_fail(CLI_EXIT_USAGE, "--grad-out needs at least one of --dq-out, --dk-out, --dv-out, --mask-grad-out");
-  if (!backward && (want_dq || want_dk || want_dv || want_dm))
+  if (backward && !want_dq && !want_dk && !want_dv && !want_dm && !want_ds)
+    return cli_fail(CLI_EXIT_USAGE,
+                    "--grad-out needs at least one of --dq-out, --dk-out, --dv-out, --mask-grad-out, --sinks-grad-out");
+  if (!backward && (want_dq || want_dk || want_dv || want_dm || want_ds))
     return cli_fail(CLI_EXIT_USAGE, "%s needs --grad-out",
-                    want_dq ? "--dq-out" : want_dk ? "--dk-out" : want_dv ? "--dv-out" : "--mask-grad-out");
+                    want_dq ? "--dq-out" : want_dk ? "--dk-out" : want_dv ? "--dv-out" : want_dm ? "--mask-grad-out"
+                                                                                                 : "--sinks-grad-out");
+  if (want_ds && !cli_has(&a, "--sinks")) return cli_fail(CLI_EXIT_USAGE, "--sinks-grad-out needs --sinks");
   if (backward && !*cli_get(&a, "--grad-out")) return cli_fail(CLI_EXIT_USAGE, "--grad-out needs a file name");
   if (want_dm && !cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-grad-out needs --mask");
   if (want_dm && cli_has(&a, "--mask-mode") && mode_flag != ATTN_MASK_ADDITIVE)
@@ -347,6 +377,7 @@ static int cmd_sdpa(int argc, char **argv) {
   if ((r = setup_ctx(&ctx, &a))) return r;
   attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
   attn_tensor g = {0}, lse = {0}, dq = {0}, dk = {0}, dv = {0}, mg = {0}, dm = {0};
+  attn_tensor slopes = {0}, sinks = {0}, ds = {0};
   outputs outs = {0};
   if ((r = load_array(ctx, &q, cli_get(&a, "--q"), "--q", 1)) || (r = want_rank(&q, 4, "--q", "[B, H, Nq, D]")) ||
       (r = load_array(ctx, &k, cli_get(&a, "--k"), "--k", 1)) || (r = want_rank(&k, 4, "--k", "[B, Hk, Nk, D]")) ||
@@ -359,6 +390,11 @@ static int cmd_sdpa(int argc, char **argv) {
   o.causal = causal;
   o.dropout_p = dropout;
   o.dropout_seed = seed;
+  o.window = window;
+  o.softcap = softcap;
+  if ((r = load_head_options(ctx, &a, q.shape[1], &slopes, &sinks))) goto done;
+  o.alibi_slopes = cli_has(&a, "--alibi") ? &slopes : NULL;
+  o.sinks = cli_has(&a, "--sinks") ? &sinks : NULL;
   if (cli_has(&a, "--mask")) {
     if ((r = load_array(ctx, &mask, cli_get(&a, "--mask"), "--mask", 0)) ||
         (r = mask_mode_for(&a, &mask, ATTN_MASK_KEEP, &o.mask_mode)))
@@ -396,12 +432,14 @@ static int cmd_sdpa(int argc, char **argv) {
     /* the forward has checked the shapes: every gradient is computed, the asked-for ones written */
     int64_t mshape[4] = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
     if ((r = alloc_f32(ctx, &dq, 4, q.shape)) || (r = alloc_f32(ctx, &dk, 4, k.shape)) ||
-        (r = alloc_f32(ctx, &dv, 4, v.shape)) || (want_dm && (r = alloc_f32(ctx, &mg, 4, mshape))))
+        (r = alloc_f32(ctx, &dv, 4, v.shape)) || (want_dm && (r = alloc_f32(ctx, &mg, 4, mshape))) ||
+        (want_ds && (r = alloc_f32(ctx, &ds, 1, sinks.shape))))
       goto done;
     attn_sdpa_opts ob = o;
     ob.weights = NULL;
     ob.lse = NULL;
     ob.mask_grad = want_dm ? &mg : NULL;
+    ob.sinks_grad = want_ds ? &ds : NULL;
     if (attn_sdpa_backward(ctx, &dq, &dk, &dv, &g, &q, &k, &v, &out, &lse, &ob)) {
       r = cli_fail(CLI_EXIT_FAIL, "sdpa backward: %s", attn_ctx_error(ctx));
       goto done;
@@ -413,13 +451,15 @@ static int cmd_sdpa(int argc, char **argv) {
       (want_dq && (r = write_output(ctx, &outs, cli_get(&a, "--dq-out"), &dq, "--dq-out"))) ||
       (want_dk && (r = write_output(ctx, &outs, cli_get(&a, "--dk-out"), &dk, "--dk-out"))) ||
       (want_dv && (r = write_output(ctx, &outs, cli_get(&a, "--dv-out"), &dv, "--dv-out"))) ||
-      (want_dm && (r = write_output(ctx, &outs, cli_get(&a, "--mask-grad-out"), &dm, "--mask-grad-out"))))
+      (want_dm && (r = write_output(ctx, &outs, cli_get(&a, "--mask-grad-out"), &dm, "--mask-grad-out"))) ||
+      (want_ds && (r = write_output(ctx, &outs, cli_get(&a, "--sinks-grad-out"), &ds, "--sinks-grad-out"))))
     goto done;
 done:
   attn_tensor_free(&q); attn_tensor_free(&k); attn_tensor_free(&v); attn_tensor_free(&mask);
   attn_tensor_free(&kpm); attn_tensor_free(&out); attn_tensor_free(&w); attn_tensor_free(&g);
   attn_tensor_free(&lse); attn_tensor_free(&dq); attn_tensor_free(&dk); attn_tensor_free(&dv);
   attn_tensor_free(&mg); attn_tensor_free(&dm);
+  attn_tensor_free(&slopes); attn_tensor_free(&sinks); attn_tensor_free(&ds);
   attn_ctx_destroy(ctx);
   return r;
 }
@@ -543,8 +583,8 @@ static int cmd_mha(int argc, char **argv) {
   static const char *const known[] = {"--params", "--prefix", "--heads", "--kv-heads", "--query", "--key",
                                       "--value", "--out", "--mask", "--mask-mode", "--key-padding",
                                       "--weights-out", "--threads", "--grad-out", "--grads-out", "--dropout",
-                                      "--seed", NULL};
-  static const char *const switches[] = {"--causal", "--average-weights", NULL};
+                                      "--seed", "--window", "--softcap", "--sinks", NULL};
+  static const char *const switches[] = {"--causal", "--average-weights", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--grads-out", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
@@ -563,17 +603,19 @@ static int cmd_mha(int argc, char **argv) {
   if (train && !*cli_get(&a, "--grad-out")) return cli_fail(CLI_EXIT_USAGE, "--grad-out needs a file name");
   long long heads = 0, kv_heads = 0;
   attn_causal causal;
-  double dropout = 0;
+  int64_t window = 0;
+  double dropout = 0, softcap = 0;
   uint64_t seed = 0;
   if ((r = cli_int(&a, "--heads", 1, 1 << 20, &heads)) || (r = cli_int(&a, "--kv-heads", 1, 1 << 20, &kv_heads)) ||
-      (r = parse_causal(&a, &causal)) || (r = parse_dropout(&a, &dropout, &seed)))
+      (r = parse_causal(&a, &causal)) || (r = parse_dropout(&a, &dropout, &seed)) ||
+      (r = parse_window_softcap(&a, &window, &softcap)))
     return r;
   attn_ctx *ctx = NULL;
   if ((r = setup_ctx(&ctx, &a))) return r;
   attn_mha *mha = NULL, *grads = NULL;
   attn_mha_saved *saved = NULL;
   attn_tensor x = {0}, key = {0}, value = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
-  attn_tensor g = {0}, dx = {0}, dkey = {0}, dvalue = {0};
+  attn_tensor g = {0}, dx = {0}, dkey = {0}, dvalue = {0}, slopes = {0}, sinks = {0};
   grad_file gf = {0};
   outputs outs = {0};
   const char *prefix = cli_get(&a, "--prefix");
@@ -596,6 +638,11 @@ static int cmd_mha(int argc, char **argv) {
   o.causal = causal;
   o.dropout_p = dropout;
   o.dropout_seed = seed;
+  o.window = window;
+  o.softcap = softcap;
+  if ((r = load_head_options(ctx, &a, heads, &slopes, &sinks))) goto done;
+  o.alibi_slopes = cli_has(&a, "--alibi") ? &slopes : NULL;
+  o.sinks = cli_has(&a, "--sinks") ? &sinks : NULL;
   if (cli_has(&a, "--mask")) {
     if ((r = load_array(ctx, &mask, cli_get(&a, "--mask"), "--mask", 0)) ||
         (r = mask_mode_for(&a, &mask, ATTN_MASK_MASKED, &o.mask_mode)))
@@ -669,6 +716,7 @@ done:
   attn_tensor_free(&x); attn_tensor_free(&key); attn_tensor_free(&value); attn_tensor_free(&mask);
   attn_tensor_free(&kpm); attn_tensor_free(&out); attn_tensor_free(&w); attn_tensor_free(&g);
   attn_tensor_free(&dx); attn_tensor_free(&dkey); attn_tensor_free(&dvalue);
+  attn_tensor_free(&slopes); attn_tensor_free(&sinks);
   attn_mha_saved_free(saved);
   attn_mha_destroy(grads);
   attn_mha_destroy(mha);
@@ -682,17 +730,20 @@ static void usage(FILE *f) {
         "  attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy\n"
         "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--key-padding KP.npy]\n"
         "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
-        "            [--dropout P [--seed S]] [--kv-dtype f32|f16|bf16]\n"
-        "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]]\n"
+        "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
+        "            [--kv-dtype f32|f16|bf16]\n"
+        "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
+        "             [--sinks-grad-out DS.npy]]\n"
         "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
         "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
         "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
-        "            [--dropout P [--seed S]] [--grad-out G.npy --grads-out GRADS.safetensors]\n"
+        "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
+        "            [--grad-out G.npy --grads-out GRADS.safetensors]\n"
         "  attn map  --params P.safetensors --heads H --query X.npy [--key K.npy [--value V.npy]] --png OUT.png\n"
         "            [--tokens T.txt] [--key-tokens T.txt] [--batch I] [--causal] [--prefix PFX] [--kv-heads G]\n"
         "  attn map  --weights W.npy --png OUT.png [--tokens T.txt] [--key-tokens T.txt] [--batch I]\n"
         "            every head's attention weights as heatmaps in a PNG (one token per line in T.txt)\n"
-        "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]\n"
+        "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]\n"
         "            [--backward] [--threads T] [--repeat R] [--kernel K] [--json]\n"
         "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--json]\n"
         "  attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq]\n"
@@ -704,6 +755,8 @@ static void usage(FILE *f) {
         "additive mask's, in the mask's shape); mha writes every parameter's under the file's own names (with\n"
         "the prefix) and the inputs' as query (key, value) into one safetensors file.\n"
         "--dropout P: training-mode dropout on the attention probabilities (seed S, default 0).\n"
+        "--window W: query i' sees keys i'-W < j <= i' (causal implied); --softcap C: logits C*tanh(logits/C);\n"
+        "--alibi: the ALiBi paper's slopes per query head; --sinks S.npy: one sink logit per query head [H].\n"
         "--kv-dtype: k and v rounded to f16 or bf16 (and read stored so) before attention.\n",
         f);
 }

@@ -1,6 +1,6 @@
 /* attn bench: how fast, against what limit, with how much memory, and how exact.
  *
- *   attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal]
+ *   attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]
  *                   [--backward] [--threads T] [--repeat R] [--kernel auto|c|avx2|avx512|ref] [--json]
  *   attn bench mha  --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel ...] [--json]
  *   attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq] [--dtype f32|f16|bf16]
@@ -22,7 +22,7 @@
  *
  * Flops count what attention has to do, not what a kernel chooses to do:
  *   sdpa: 4 * D * (visible (query, key) pairs), summed over batch and query heads;
- *         under --causal only the pairs with j <= i (top-left, PyTorch is_causal)
+ *         under --causal only the pairs with j <= i (top-left, PyTorch is_causal); under --window W only those in the window
  *         are visible, counted exactly row by row.
  *   mha:  the attention's flops as above plus the four projections, 2*B*N*E*E each.
  * The peak is this machine's fp32 FMA rate for the same thread count, measured
@@ -622,17 +622,17 @@ done:
 
 static int bench_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--heads", "--kv-heads", "--seq", "--kv-seq", "--dim",
-                                      "--threads", "--repeat", "--kernel", NULL};
+                                      "--threads", "--repeat", "--kernel", "--window", NULL};
   static const char *const switches[] = {"--causal", "--json", "--backward", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
   const int backward = cli_has(&a, "--backward");
-  long long B, H, G = 0, N, M = 0, D, repeat = 0;
+  long long B, H, G = 0, N, M = 0, D, repeat = 0, window = 0;
   if ((r = need_int(&a, "sdpa", "--batch", 1 << 20, &B)) || (r = need_int(&a, "sdpa", "--heads", 1 << 16, &H)) ||
       (r = need_int(&a, "sdpa", "--seq", 1 << 24, &N)) || (r = need_int(&a, "sdpa", "--dim", 1 << 16, &D)) ||
       (r = cli_int(&a, "--kv-heads", 1, 1 << 16, &G)) || (r = cli_int(&a, "--kv-seq", 1, 1 << 24, &M)) ||
-      (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)))
+      (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)) || (r = cli_int(&a, "--window", 0, 1 << 24, &window)))
     return r;
   if (!G) G = H;
   if (!M) M = N;
@@ -644,6 +644,7 @@ static int bench_sdpa(int argc, char **argv) {
     else if (!strcmp(cs, "bottom-right")) causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cs);
   }
+  if (window > 0 && causal == ATTN_CAUSAL_NONE) causal = ATTN_CAUSAL_TOP_LEFT; /* as the library reads a window */
   const double qn = (double)B * H * N * D, kn = (double)B * G * M * D;
   /* q, k, v, out; with --backward also dout, dq, dk, dv and lse */
   const double io_bytes = 4.0 * (2 * qn + 2 * kn) * (backward ? 2 : 1) + (backward ? 4.0 * B * H * N : 0);
@@ -668,6 +669,7 @@ static int bench_sdpa(int argc, char **argv) {
   fill(c.out.data, attn_tensor_numel(&c.out), 4, 1.0f); /* a kernel that skips rows cannot look right */
   attn_sdpa_opts_init(&c.o);
   c.o.causal = causal;
+  c.o.window = window;
   if (backward) {
     int64_t ls[3] = {B, H, N};
     if (attn_tensor_alloc(ctx, &c.lse, ATTN_F32, 3, ls) || attn_tensor_alloc(ctx, &c.dout, ATTN_F32, 4, qs) ||
@@ -683,7 +685,11 @@ static int bench_sdpa(int argc, char **argv) {
   }
 
   double pairs = 0; /* visible (query, key) pairs of one head */
-  for (int64_t i = 0; i < N; i++) pairs += (double)causal_end(causal, i, N, M);
+  for (int64_t i = 0; i < N; i++) {
+    const int64_t qpos = causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + M - N : i, end = causal_end(causal, i, N, M);
+    const int64_t begin = window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0; /* the window's first key */
+    pairs += end > begin ? (double)(end - begin) : 0;
+  }
 
   if ((r = time_runs(run_sdpa, &c, repeat, &rep.t))) {
     r = cli_fail(CLI_EXIT_FAIL, "sdpa: %s", r == ATTN_E_NOMEM && !*attn_ctx_error(ctx) ? "out of memory"

@@ -7,6 +7,7 @@
  * are independent, so results do not depend on the thread count. */
 #include "../internal.h"
 #include "kernels.h"
+#include "softcap.h"
 
 #include <stdlib.h>
 
@@ -17,7 +18,7 @@
 
 typedef struct tile_state {
   float *Q, *O, *m, *l, *alpha;
-  int64_t i0, kend;
+  int64_t i0, kend, kbeg; /* keys [kbeg, kend) hold every key a row of the tile may see */
   int rows;
 } tile_state;
 
@@ -52,34 +53,45 @@ static int scratch_alloc(scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t 
 
 static void scratch_free(scratch *s) { attn__aligned_free(s->base); }
 
-/* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, keys
- * past Nk, key padding and the mask, decided before any arithmetic so that a
- * fully masked tile costs no FMAs. */
+/* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, the
+ * window, keys past Nk, key padding and the mask, decided before any
+ * arithmetic so that a fully masked tile costs no FMAs. Row i sees keys
+ * [window_begin(i), causal_end(i)), both bounds rising with i: the first row
+ * has the earliest end, the last row the latest begin. ALiBi's bias is added
+ * here too, so a tile with ALiBi is never OPEN. */
 attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0, int rows,
                                 int64_t j0) {
   const int64_t kend_first = attn__causal_end(p->causal, i0, p->Nq, p->Nk);
-  if (!p->has_mask && !p->has_kpm && j0 + nr <= kend_first) return ATTN__TILE_OPEN;
+  const int64_t kbeg_last = attn__window_begin(p, i0 + rows - 1);
+  const int plain = !p->has_mask && !p->has_kpm && !p->alibi;
+  if (plain && j0 + nr <= kend_first && j0 >= kbeg_last) return ATTN__TILE_OPEN;
+  const float slope = p->alibi ? attn__head_value(p->alibi, h) : 0.0f;
   int64_t visible = 0;
   for (int r = 0; r < rows; r++) {
-    const int64_t i = i0 + r, kend = attn__causal_end(p->causal, i, p->Nq, p->Nk);
+    const int64_t i = i0 + r, kend = attn__causal_end(p->causal, i, p->Nq, p->Nk), kbeg = attn__window_begin(p, i);
     float *mb = Mb + (int64_t)r * nr;
-    if (!p->has_mask && !p->has_kpm) { /* only the causal bound (or Nk): a prefix is visible */
-      const int lim = kend - j0 <= 0 ? 0 : kend - j0 >= nr ? nr : (int)(kend - j0);
-      for (int jj = 0; jj < nr; jj++) mb[jj] = jj < lim ? 0.0f : -INFINITY;
-      visible += lim;
-      continue;
+    /* keys [lo, hi) of the tile pass the causal bound and the window */
+    const int hi = kend - j0 <= 0 ? 0 : kend - j0 >= nr ? nr : (int)(kend - j0);
+    const int lo = kbeg - j0 <= 0 ? 0 : kbeg - j0 >= hi ? hi : (int)(kbeg - j0);
+    if (!p->has_mask && !p->has_kpm) {
+      for (int jj = 0; jj < nr; jj++) mb[jj] = jj >= lo && jj < hi ? 0.0f : -INFINITY;
+      visible += hi - lo;
+    } else {
+      for (int jj = 0; jj < nr; jj++) {
+        float x = -INFINITY;
+        if (jj >= lo && jj < hi) x = (float)attn__mask_logit(p, b, h, i, j0 + jj, 0.0);
+        mb[jj] = x;
+        visible += x != -INFINITY;
+      }
     }
-    for (int jj = 0; jj < nr; jj++) {
-      const int64_t j = j0 + jj;
-      float x = 0.0f;
-      if (j >= kend) x = -INFINITY;
-      else if (p->has_kpm || p->has_mask) x = (float)attn__mask_logit(p, b, h, i, j, 0.0);
-      mb[jj] = x;
-      visible += x != -INFINITY;
+    if (p->alibi) { /* slope * (j - i'), exact in float for positions below 2^24 */
+      const int64_t qp = attn__qpos(p, i);
+      for (int jj = lo; jj < hi; jj++) mb[jj] += slope * (float)(j0 + jj - qp);
     }
   }
   return visible ? ATTN__TILE_PARTIAL : ATTN__TILE_CLOSED;
 }
+
 
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too. */
 static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const tile_state *ts,
@@ -89,6 +101,8 @@ static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa
   if (tm == ATTN__TILE_CLOSED) return tm;
   /* keys past the tile's last visible one (Nk, or the causal bound of its last row) need no dot products */
   kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D, ts->kend - j0 < nr ? ts->kend - j0 : nr);
+  /* the cap before the bias and the masks are added */
+  if (p->softcap > 0) attn__softcap_tile(s->S, NULL, (int64_t)ts->rows * nr, (float)p->softcap);
   if (tm == ATTN__TILE_PARTIAL)
     for (int64_t e = 0; e < (int64_t)ts->rows * nr; e++) s->S[e] += s->Mb[e];
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
@@ -105,6 +119,7 @@ static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_st
   ts->i0 = i0;
   ts->rows = rows;
   ts->kend = attn__causal_end(p->causal, i0 + rows - 1, p->Nq, p->Nk); /* the last row sees the most */
+  ts->kbeg = attn__window_begin(p, i0);                                  /* the first row the earliest */
   for (int r = 0; r < mr; r++) {
     float *dst = ts->Q + (int64_t)r * D;
     if (r < rows) {
@@ -114,9 +129,13 @@ static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_st
       memset(dst, 0, (size_t)D * sizeof(float));
     }
   }
+  /* A sink starts each row's softmax as a logit already seen: m = sink and
+   * l = exp(sink - m) = 1. The kernels' online step takes a finite start, and
+   * tile_end's lse = m + log(l) and the weights' exp(s - m) / l then count it. */
+  const float sink = p->sinks ? attn__head_value(p->sinks, h) : -INFINITY;
   for (int r = 0; r < ATTN__STAT_LANES; r++) {
-    ts->m[r] = -INFINITY;
-    ts->l[r] = 0;
+    ts->m[r] = p->sinks && r < rows ? sink : -INFINITY;
+    ts->l[r] = p->sinks && r < rows ? 1.0f : 0.0f;
   }
   memset(ts->O, 0, (size_t)(mr * p->Dv) * sizeof(float));
 }
@@ -147,7 +166,7 @@ static void tile_weights(const attn__cpu_kernels *kn, const attn__sdpa *p, scrat
   float *wd = w->data;
   for (int64_t j0 = 0; j0 < p->Nk; j0 += nr) {
     const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-    const int open = j0 < ts->kend && logits_tile(kn, p, s, ts, Kt, b, h, j0) != ATTN__TILE_CLOSED;
+    const int open = j0 < ts->kend && j0 + nr > ts->kbeg && logits_tile(kn, p, s, ts, Kt, b, h, j0) != ATTN__TILE_CLOSED;
     for (int r = 0; r < ts->rows; r++) {
       float *dst = wd + b * w->strides[0] + h * w->strides[1] + (ts->i0 + r) * w->strides[2];
       const float l = ts->l[r], mx = ts->m[r];
@@ -180,16 +199,19 @@ static void dropout_tile(const attn__sdpa *p, float *P, int nr, int64_t b, int64
 static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const float *Kt, const float *V,
                       int64_t ldv, int64_t b, int64_t h, int64_t i0, int count) {
   const int mr = kn->mr, nr = kn->nr;
-  int64_t kmax = 0;
+  int64_t kmax = 0, kmin = p->Nk;
   for (int t = 0; t < count; t++) {
     const int64_t r0 = i0 + (int64_t)t * mr;
     tile_begin(kn, p, &s->t[t], b, h, r0, (int)(p->Nq - r0 < mr ? p->Nq - r0 : mr));
     if (s->t[t].kend > kmax) kmax = s->t[t].kend;
+    if (s->t[t].kbeg < kmin) kmin = s->t[t].kbeg;
   }
-  for (int64_t j0 = 0; j0 < kmax; j0 += nr) {
+  /* a window: key blocks wholly before every row's window are never visited, so the cost is O(N W) */
+  for (int64_t j0 = kmin / nr * nr; j0 < kmax; j0 += nr) {
     for (int t = 0; t < count; t++) {
       tile_state *ts = &s->t[t];
-      if (j0 >= ts->kend || logits_tile(kn, p, s, ts, Kt, b, h, j0) == ATTN__TILE_CLOSED) continue;
+      if (j0 >= ts->kend || j0 + nr <= ts->kbeg || logits_tile(kn, p, s, ts, Kt, b, h, j0) == ATTN__TILE_CLOSED)
+        continue;
       const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr; /* P is 0 past the tile's last visible key */
       kn->softmax(s->S, ts->m, ts->l, ts->alpha);
       if (p->dropout_p > 0) dropout_tile(p, s->S, nr, b, h, ts->i0, ts->rows, j0);
@@ -230,8 +252,6 @@ attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel i
   const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
   if (!ctx->no_decode && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p, isa);
-  if (p->window || p->softcap > 0 || p->alibi || p->sinks) /* TODO(options): implement, then drop this */
-    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_sdpa: window, softcap, alibi and sinks run on the ref kernel only for now");
   const int64_t nblocks = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr;
   const int v_unit = p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1); /* else packed as f32 */
   const int64_t kt_size = nblocks * nr * p->D, vp_size = v_unit ? 0 : p->Nk * p->Dv;

@@ -12,19 +12,21 @@
  * pass recomputing the scores. C does not depend on the threads. */
 #include "../internal.h"
 #include "kernels.h"
+#include "softcap.h"
 
 #include <stdlib.h>
 
 typedef struct bwd_scratch {
   float *S, *dP, *Mb, *dK, *dV, *dQ, *ones;
+  float *Cf; /* (MR, NR) softcap: 1 - tanh^2 of each raw logit, the cap's slope */
   float *base;
 } bwd_scratch;
 
 static int bwd_alloc(bwd_scratch *s, int mr, int nr, int64_t D, int64_t Dv) {
   memset(s, 0, sizeof *s);
   const int64_t up = 16, Dp = D > 0 ? D : 1, Dvp = Dv > 0 ? Dv : 1;
-  float **bufs[] = {&s->S, &s->dP, &s->Mb, &s->dK, &s->dV, &s->dQ, &s->ones};
-  const int64_t sizes[] = {mr * nr, mr * nr, mr * nr, nr * Dp, nr * Dvp, mr * Dp, ATTN__STAT_LANES};
+  float **bufs[] = {&s->S, &s->dP, &s->Mb, &s->dK, &s->dV, &s->dQ, &s->ones, &s->Cf};
+  const int64_t sizes[] = {mr * nr, mr * nr, mr * nr, nr * Dp, nr * Dvp, mr * Dp, ATTN__STAT_LANES, mr * nr};
   int64_t total = 0;
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + up - 1) / up * up;
   float *b = s->base = attn__aligned_alloc((size_t)total * sizeof(float));
@@ -69,6 +71,7 @@ static int bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, i
   const float *Q = R->Q + i0 * p->D, *dO = R->dO + i0 * p->Dv;
   const int64_t blk = j0 / nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
   kn->qk(s->S, Q, a->Kt + blk * nr * p->D, p->D, nk);
+  if (p->softcap > 0) attn__softcap_tile(s->S, s->Cf, (int64_t)mr * nr, (float)p->softcap); /* keep the slope for dS */
   if (tm == ATTN__TILE_PARTIAL)
     for (int e = 0; e < rows * nr; e++) s->S[e] += s->Mb[e];
   kn->exp_shift(s->S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
@@ -93,6 +96,9 @@ static int bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, i
       for (int64_t jj = 0; jj < nk; jj++) m[(j0 + jj) * mg->strides[3]] = s->dP[r * nr + jj];
     }
   }
+  /* dq and dk need the gradient of the raw logit: through the cap (the mask's is above) */
+  if (p->softcap > 0)
+    for (int e = 0; e < mr * nr; e++) s->dP[e] *= s->Cf[e];
   return 1;
 }
 
@@ -102,6 +108,15 @@ static int64_t first_row_seeing(const attn__sdpa *p, int64_t j0) {
   const int64_t shift = p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? p->Nk - p->Nq : 0;
   const int64_t i = j0 - shift; /* row i sees j0 when j0 <= i + shift */
   return i < 0 ? 0 : i;
+}
+
+/* Last query row (exclusive) that can see a key below j1 under the window (Nq without one):
+ * row i sees key j only when j > i' - window, i.e. i' < j + window. */
+static int64_t rows_seeing_end(const attn__sdpa *p, int64_t j1) {
+  if (p->window <= 0) return p->Nq;
+  const int64_t shift = p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? p->Nk - p->Nq : 0;
+  const int64_t e = j1 - 1 + p->window - shift; /* rows i <= j1 - 1 + window - 1 - shift see key j1 - 1 */
+  return e < 0 ? 0 : e > p->Nq ? p->Nq : e;
 }
 
 /* Work items per kv head: enough for a few threads, few enough to keep the
@@ -120,11 +135,11 @@ static void pass_chunk(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_
     const int64_t j0 = blk * nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
     memset(s->dK, 0, (size_t)(nr * p->D) * sizeof(float));
     memset(s->dV, 0, (size_t)(nr * p->Dv) * sizeof(float));
-    const int64_t t0 = first_row_seeing(p, j0) / mr;
+    const int64_t t0 = first_row_seeing(p, j0) / mr, iend = rows_seeing_end(p, j0 + nk);
     for (int64_t hs = 0; hs < p->group; hs++) {
       const int64_t h = g * p->group + hs;
       const bwd_rows *R = &a->rows[hs];
-      for (int64_t t = t0; t * mr < p->Nq; t++) {
+      for (int64_t t = t0; t * mr < iend; t++) {
         if (!bwd_scores(a, s, b, h, hs, t, j0, p->mask_grad != NULL)) continue;
         a->kn->pt_acc(s->dV, p->Dv, s->S, R->dO + t * mr * p->Dv, p->Dv, p->Dv);
         a->kn->pt_acc(s->dK, p->D, s->dP, R->Q + t * mr * p->D, p->D, p->D);
@@ -166,11 +181,31 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
   R->Dd[i] = (float)dd; /* subtracted from every dP of the row: summed in double */
 }
 
+/* dsink_h = -sum_{b, i} exp(sink_h - lse_i) Dd_i with Dd_i = dO_i . out_i: one
+ * serial pass in double, in (b, i) order, so no thread count changes the sum.
+ * O(B Hq Nq Dv), small beside the pass above. */
+static void sinks_grad(const attn__sdpa *p, const attn_tensor *dout, const attn_tensor *out, const attn_tensor *lse) {
+  const attn_tensor *sg = p->sinks_grad;
+  for (int64_t h = 0; h < p->Hq; h++) {
+    const double sink = attn__head_value(p->sinks, h);
+    double acc = 0;
+    for (int64_t b = 0; b < p->B; b++)
+      for (int64_t i = 0; i < p->Nq; i++) {
+        const float l = ((const float *)lse->data)[b * lse->strides[0] + h * lse->strides[1] + i * lse->strides[2]];
+        if (l == -INFINITY) continue; /* nothing to renormalise */
+        const float *gs = (const float *)dout->data + b * dout->strides[0] + h * dout->strides[1] + i * dout->strides[2];
+        const float *os = (const float *)out->data + b * out->strides[0] + h * out->strides[1] + i * out->strides[2];
+        double dd = 0;
+        for (int64_t c = 0; c < p->Dv; c++) dd += (double)gs[c * dout->strides[3]] * os[c * out->strides[3]];
+        if (dd != 0) acc -= exp(sink - (double)l) * dd;
+      }
+    ((float *)sg->data)[h * sg->strides[0]] = (float)acc;
+  }
+}
+
 attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa, attn_tensor *dq,
                                         attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
                                         const attn_tensor *out, const attn_tensor *lse) {
-  if (p->window || p->softcap > 0 || p->alibi || p->sinks) /* TODO(options): implement, then drop this */
-    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_sdpa_backward: window, softcap, alibi and sinks run on the ref kernel only for now");
   const attn__cpu_kernels *kn = attn__kernels_for(isa);
   const int mr = kn->mr, nr = kn->nr, threads = attn__threads(ctx);
   const int64_t nblk = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr, nqp = ntiles * mr;
@@ -260,5 +295,6 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
   }
   free(rows);
   if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate per-thread tiles");
+  if (p->sinks_grad) sinks_grad(p, dout, out, lse);
   return ATTN_OK;
 }

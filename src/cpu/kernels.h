@@ -84,9 +84,10 @@ float attn__f16_to_f32(uint16_t h); /* core.c: exact, for CPUs without F16C */
 typedef enum attn__tile_mask { ATTN__TILE_OPEN, ATTN__TILE_CLOSED, ATTN__TILE_PARTIAL } attn__tile_mask;
 
 struct attn__sdpa;
-/* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, keys
- * past Nk, key padding and the mask, decided before any arithmetic (flash.c).
- * Mb is (rows, nr); it is written unless the tile is OPEN. */
+/* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, the
+ * window, keys past Nk, key padding and the mask, decided before any
+ * arithmetic, with ALiBi's bias added (flash.c). Mb is (rows, nr); it is
+ * written unless the tile is OPEN. */
 attn__tile_mask attn__mask_tile(const struct attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0,
                                 int rows, int64_t j0);
 

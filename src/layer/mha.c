@@ -450,6 +450,9 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   /* SDPA checks it too, but an empty batch never reaches SDPA */
   if (!isfinite(opts->dropout_p) || opts->dropout_p < 0 || opts->dropout_p >= 1)
     return attn__fail(ctx, ATTN_E_INVALID, "dropout_p must be in [0, 1), got %g", opts->dropout_p);
+  if (opts->window < 0) return attn__fail(ctx, ATTN_E_INVALID, "window must be >= 0 (0 = off), got %lld", (long long)opts->window);
+  if (!(opts->softcap >= 0) || !isfinite(opts->softcap))
+    return attn__fail(ctx, ATTN_E_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", opts->softcap);
 
   attn_mha_saved *sv = NULL;
   if (saved) {
@@ -468,6 +471,14 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     if (opts->key_padding) {
       sv->key_padding = *opts->key_padding;
       sv->opts.key_padding = &sv->key_padding;
+    }
+    if (opts->alibi_slopes) {
+      sv->alibi_slopes = *opts->alibi_slopes;
+      sv->opts.alibi_slopes = &sv->alibi_slopes;
+    }
+    if (opts->sinks) {
+      sv->sinks = *opts->sinks;
+      sv->opts.sinks = &sv->sinks;
     }
   }
   if (B == 0 || Nq == 0) { /* nothing to compute; the backward gives zero gradients */
@@ -555,6 +566,10 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   so.key_padding = opts->key_padding;
   so.dropout_p = opts->dropout_p;
   so.dropout_seed = opts->dropout_seed;
+  so.window = opts->window;
+  so.softcap = opts->softcap;
+  so.alibi_slopes = opts->alibi_slopes;
+  so.sinks = opts->sinks;
   so.lse = keep ? &lse : NULL;
   if (opts->weights && opts->average_weights) {
     int64_t ws[4] = {B, H, Nq, Nk};

@@ -325,6 +325,10 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_saved
     so.key_padding = saved->opts.key_padding;
     so.dropout_p = saved->opts.dropout_p;
     so.dropout_seed = saved->opts.dropout_seed;
+    so.window = saved->opts.window;
+    so.softcap = saved->opts.softcap;
+    so.alibi_slopes = saved->opts.alibi_slopes;
+    so.sinks = saved->opts.sinks;
     st = ref ? attn_sdpa_backward_ref(ctx, &dqh, &dkh, &dvh, &dah, &qh, &kh, &vh, &oh, &lse, &so)
              : attn_sdpa_backward(ctx, &dqh, &dkh, &dvh, &dah, &qh, &kh, &vh, &oh, &lse, &so);
     if (st) {

@@ -28,11 +28,12 @@ struct attn_mha_saved {
   int64_t ldq, ldkv;
   const void *a;            /* [M, E]: the attention output before the out projection (SDPA's out) */
   const void *lse;          /* [B, H, Nq]: SDPA's log-sum-exp */
-  /* The forward's options, weights cleared. mask and key_padding point at the
-   * copies of the caller's views below: the views themselves may go, but the
-   * data they point at must stay valid and unchanged until the backward. */
+  /* The forward's options, weights cleared. mask, key_padding, alibi_slopes
+   * and sinks point at the copies of the caller's views below: the views
+   * themselves may go, but the data they point at must stay valid and
+   * unchanged until the backward. */
   attn_mha_opts opts;
-  attn_tensor mask, key_padding;
+  attn_tensor mask, key_padding, alibi_slopes, sinks;
   void *owned[ATTN__MHA_SAVED_BUFS];
   int n_owned;
 };

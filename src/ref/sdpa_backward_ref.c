@@ -11,6 +11,11 @@
  *   dq_i  = scale * sum_j dS_ij k_j          dmask_ij = dS_ij (additive masks)
  *   dk_j  = scale * sum_{h in g, i} dS_ij q_i
  *   dv_j  = sum_{h in g, i} A_ij dO_i
+ * Options: a window and ALiBi change only which logits are visible and their
+ * values. With softcap, s_ij = cap * tanh(x_ij / cap) + ... of the raw scaled
+ * logit x_ij, so dq and dk take dS_ij * C_ij with C_ij = 1 - tanh^2(x_ij / cap)
+ * (dmask stays dS_ij: the mask is added after the cap). A sink is in lse, so P
+ * already excludes its share; dsink_h = -sum_{b, i} exp(sink_h - lse_i) Dd_i.
  * Rows whose lse is -inf (every key masked) have zero gradients. An entry with
  * P_ij = 0 contributes nothing, so a masked key's Inf never reaches a gradient.
  *
@@ -30,9 +35,10 @@ typedef struct bwd_args {
   double *Dd; /* [B, Hq, Nq] contiguous: Dd_i of each row, written by pass 1 */
 } bwd_args;
 
-/* One entry (i, j) of a row: P, M and dA (dA only where A = P M is nonzero, else 0). */
+/* One entry (i, j) of a row: P, M and dA (dA only where A = P M is nonzero, else 0),
+ * C the softcap's derivative (1 without softcap, or where P is 0). */
 typedef struct bwd_entry {
-  double P, M, dA;
+  double P, M, dA, C;
 } bwd_entry;
 
 static double load_lse(const attn_tensor *l, int64_t b, int64_t h, int64_t i) {
@@ -42,9 +48,21 @@ static double load_lse(const attn_tensor *l, int64_t b, int64_t h, int64_t i) {
 static bwd_entry entry_at(const bwd_args *a, int64_t b, int64_t h, int64_t i, int64_t j, double lse_i) {
   const attn__sdpa *p = a->p;
   const int64_t g = h / p->group;
-  bwd_entry e = {0, 1, 0};
+  bwd_entry e = {0, 1, 0, 1};
   const double s = attn__ref_logit(p, b, h, i, j);
   e.P = s == -INFINITY ? 0 : exp(s - lse_i);
+  if (p->softcap > 0 && e.P != 0) {
+    /* the raw scaled logit once more: its tanh gives the cap's slope */
+    const attn_tensor *q = &p->q, *k = &p->k;
+    const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
+    const int64_t koff = b * k->strides[0] + g * k->strides[1] + j * k->strides[2];
+    double dot = 0;
+    for (int64_t d = 0; d < p->D; d++)
+      dot += attn__load(q->data, q->dtype, qoff + d * q->strides[3]) *
+             attn__load(k->data, k->dtype, koff + d * k->strides[3]);
+    const double t = tanh(dot * p->scale / p->softcap);
+    e.C = 1 - t * t;
+  }
   if (p->dropout_p > 0) e.M = attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i, j) / (1 - p->dropout_p);
   if (e.P * e.M != 0) {
     const attn_tensor *o = a->dout, *v = &p->v;
@@ -78,11 +96,12 @@ static void row_pass(const bwd_args *a, int64_t b, int64_t h, int64_t i, bwd_ent
   for (int64_t d = 0; d < p->D; d++) acc[d] = 0;
   const attn_tensor *k = &p->k, *mg = p->mask_grad;
   for (int64_t j = 0; j < p->Nk; j++) {
-    const double dS = live ? entry_dS(&row[j], Dd) : 0;
+    double dS = live ? entry_dS(&row[j], Dd) : 0;
     if (mg)
       attn__store(mg->data, mg->dtype,
                   b * mg->strides[0] + h * mg->strides[1] + i * mg->strides[2] + j * mg->strides[3], dS);
     if (dS == 0) continue;
+    dS *= row[j].C; /* through the cap to the raw logit */
     const int64_t koff = b * k->strides[0] + g * k->strides[1] + j * k->strides[2];
     for (int64_t d = 0; d < p->D; d++) acc[d] += dS * attn__load(k->data, k->dtype, koff + d * k->strides[3]);
   }
@@ -102,7 +121,7 @@ static void key_pass(const bwd_args *a, int64_t b, int64_t g, int64_t j, double 
       const double lse_i = load_lse(a->lse, b, h, i);
       if (lse_i == -INFINITY) continue;
       const bwd_entry e = entry_at(a, b, h, i, j, lse_i);
-      const double A = e.P * e.M, dS = entry_dS(&e, a->Dd[(b * p->Hq + h) * p->Nq + i]);
+      const double A = e.P * e.M, dS = entry_dS(&e, a->Dd[(b * p->Hq + h) * p->Nq + i]) * e.C;
       if (A != 0) {
         const int64_t ooff = b * o->strides[0] + h * o->strides[1] + i * o->strides[2];
         for (int64_t c = 0; c < p->Dv; c++) acc_v[c] += A * attn__load(o->data, o->dtype, ooff + c * o->strides[3]);
@@ -123,8 +142,6 @@ static void key_pass(const bwd_args *a, int64_t b, int64_t g, int64_t j, double 
 attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
                                         attn_tensor *dv, const attn_tensor *dout, const attn_tensor *out,
                                         const attn_tensor *lse) {
-  if (p->softcap > 0 || p->sinks) /* TODO(options) */
-    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_sdpa_backward: softcap and sinks are not implemented yet");
   const int64_t rows = p->B * p->Hq * p->Nq, keys = p->B * p->Hk * p->Nk;
   bwd_args a = {p, dout, lse, dq, dk, dv, NULL};
   a.Dd = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(double));
@@ -154,6 +171,19 @@ attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn
     }
     free(row);
     free(acc);
+  }
+  if (!failed && p->sinks_grad) {
+    /* serially, in (b, i) order: the same sum whatever the thread count */
+    for (int64_t h = 0; h < p->Hq; h++) {
+      const double sink = attn__head_value(p->sinks, h);
+      double acc = 0;
+      for (int64_t b = 0; b < p->B; b++)
+        for (int64_t i = 0; i < p->Nq; i++) {
+          const double lse_i = load_lse(lse, b, h, i), Dd = a.Dd[(b * p->Hq + h) * p->Nq + i];
+          if (lse_i != -INFINITY && Dd != 0) acc -= exp(sink - lse_i) * Dd;
+        }
+      attn__store(p->sinks_grad->data, p->sinks_grad->dtype, h * p->sinks_grad->strides[0], acc);
+    }
   }
   free(a.Dd);
   if (failed)

@@ -16,7 +16,9 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
   const int64_t g = h / p->group;
   const attn_tensor *v = &p->v, *o = &p->out;
 
-  double m = -INFINITY;
+  /* A sink joins the softmax as one more logit that no value goes with. */
+  const double sink = p->sinks ? (double)attn__head_value(p->sinks, h) : -INFINITY;
+  double m = sink;
   int64_t visible = 0;
   for (int64_t j = 0; j < p->Nk; j++) {
     const double x = attn__ref_logit(p, b, h, i, j);
@@ -27,6 +29,7 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
 
   double sum = 0;
   if (visible) {
+    if (p->sinks) sum = exp(sink - m);
     for (int64_t j = 0; j < p->Nk; j++) {
       logits[j] = exp(logits[j] - m);
       sum += logits[j];
@@ -63,12 +66,11 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
   if (p->lse) {
     const attn_tensor *l = p->lse;
     attn__store(l->data, l->dtype, b * l->strides[0] + h * l->strides[1] + i * l->strides[2],
-                visible ? m + log(sum) : -INFINITY);
+                visible ? m + log(sum) : sink); /* every key masked: only the sink (or nothing) */
   }
 }
 
 attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p) {
-  if (p->sinks) return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_sdpa: sinks are not implemented yet"); /* TODO(options) */
   const int64_t rows = p->B * p->Hq * p->Nq;
   if (rows == 0) return ATTN_OK;
   int failed = 0;
