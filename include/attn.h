@@ -358,9 +358,9 @@ ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor 
  * batch B, kv_heads Hk and head_dim E / H of this layer), then their queries
  * attend over the whole cache (bottom-right causal) and out [B, n, E] gets
  * the output projection. Token by token this gives what one causal
- * attn_mha_forward over the whole sequence gives. opts: only causal
- * (ignored: always causal here) and the options of recent models are read;
- * masks, key padding, weights and dropout are refused. kdim = vdim = E. */
+ * attn_mha_forward over the whole sequence gives. opts: window, softcap,
+ * alibi_slopes and sinks are read (causal is implied); masks, key padding,
+ * weights and dropout are refused. kdim = vdim = E. */
 ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache *cache, attn_tensor *out,
                                              const attn_tensor *x, const attn_mha_opts *opts);
 

@@ -199,7 +199,7 @@ static void rows_and_rollback(void) {
 }
 
 /* The MHA layer: token by token (and in uneven chunks) through the cache equals one causal forward. */
-static void mha_incremental(attn_dtype dt, int64_t E, int64_t H, int64_t Hk, int bias) {
+static void mha_incremental(attn_dtype dt, int64_t E, int64_t H, int64_t Hk, int bias, int options) {
   tu_rng r = {900 + (uint64_t)E + (uint64_t)dt};
   const int64_t B = 2, T = 19;
   attn_ctx *ctx;
@@ -223,6 +223,17 @@ static void mha_incremental(attn_dtype dt, int64_t E, int64_t H, int64_t Hk, int
   attn_mha_opts mo;
   attn_mha_opts_init(&mo);
   mo.causal = ATTN_CAUSAL_TOP_LEFT;
+  float slopes[16], sinks[16];
+  const int64_t hs[1] = {H};
+  attn_tensor ts = attn_tensor_view(slopes, ATTN_F32, 1, hs), tk = attn_tensor_view(sinks, ATTN_F32, 1, hs);
+  if (options) { /* every option of recent models at once: the step must still equal the full pass */
+    attn_alibi_slopes(slopes, H);
+    tu_fill_f32(&r, sinks, H, 1.0);
+    mo.window = 6;
+    mo.softcap = 3.0;
+    mo.alibi_slopes = &ts;
+    mo.sinks = &tk;
+  }
   CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tf, &tx, NULL, NULL, &mo));
   attn_kv_cache_config cfg;
   attn_kv_cache_config_init(&cfg, B, T, Hk, E / H);
@@ -235,15 +246,15 @@ static void mha_incremental(attn_dtype dt, int64_t E, int64_t H, int64_t Hk, int
     attn_tensor sx = tx, so = attn_tensor_view(inc, ATTN_F32, 3, xs);
     sx.data = x + at * E, so.data = inc + at * E;
     sx.shape[1] = so.shape[1] = chunks[c];
-    CHECK_OK(ctx, attn_mha_forward_cached(ctx, mha, cache, &so, &sx, NULL));
+    CHECK_OK(ctx, attn_mha_forward_cached(ctx, mha, cache, &so, &sx, &mo));
     at += chunks[c];
   }
   double num = 0, den = 0;
   for (int64_t e = 0; e < B * T * E; e++) num += (inc[e] - full[e]) * (inc[e] - full[e]), den += full[e] * full[e];
   /* halves: the cache rounds k and v, the full pass does not */
   const double tol = dt == ATTN_F32 ? 2e-6 : dt == ATTN_F16 ? 2e-3 : 1.5e-2;
-  CHECK(sqrt(num / den) <= tol, "MHA E%lld H%lld Hk%lld %s cache: incremental vs full rel L2 %.3g", (long long)E,
-        (long long)H, (long long)Hk, attn_dtype_name(dt), sqrt(num / den));
+  CHECK(sqrt(num / den) <= tol, "MHA E%lld H%lld Hk%lld %s cache%s: incremental vs full rel L2 %.3g", (long long)E,
+        (long long)H, (long long)Hk, attn_dtype_name(dt), options ? " with options" : "", sqrt(num / den));
   /* a step past capacity fails and leaves the cache alone */
   attn_tensor one = tx;
   one.shape[1] = 1;
@@ -268,9 +279,11 @@ int main(void) {
   sdpa_incremental(ATTN_F32, tokens, 10, 8, 4, 64, 4, 7);
   sdpa_incremental(ATTN_F16, tokens, 10, 4, 2, 64, 3, 6);
   rows_and_rollback();
-  mha_incremental(ATTN_F32, 64, 4, 4, 1);
-  mha_incremental(ATTN_F32, 96, 6, 2, 0);
-  mha_incremental(ATTN_F16, 64, 4, 2, 1);
-  mha_incremental(ATTN_BF16, 64, 4, 4, 1);
+  mha_incremental(ATTN_F32, 64, 4, 4, 1, 0);
+  mha_incremental(ATTN_F32, 96, 6, 2, 0, 0);
+  mha_incremental(ATTN_F16, 64, 4, 2, 1, 0);
+  mha_incremental(ATTN_BF16, 64, 4, 4, 1, 0);
+  mha_incremental(ATTN_F32, 64, 4, 2, 1, 1);
+  mha_incremental(ATTN_F16, 96, 6, 3, 1, 1);
   return tu_finish("test_kv_cache");
 }

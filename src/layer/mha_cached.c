@@ -64,6 +64,12 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
   }
   attn_sdpa_opts so;
   attn_sdpa_opts_init(&so);
+  if (opts) {
+    so.window = opts->window;
+    so.softcap = opts->softcap;
+    so.alibi_slopes = opts->alibi_slopes;
+    so.sinks = opts->sinks;
+  }
   if ((st = attn_kv_cache_attend(ctx, cache, &ah, &qh, &so))) {
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
     /* the step failed: take its tokens back out so the cache is as it was */
