@@ -69,6 +69,10 @@ class MhaOpts(ctypes.Structure):
         ("average_weights", ctypes.c_int),
         ("dropout_p", ctypes.c_double),
         ("dropout_seed", ctypes.c_uint64),
+        ("window", ctypes.c_int64),
+        ("softcap", ctypes.c_double),
+        ("alibi_slopes", ctypes.POINTER(Tensor)),
+        ("sinks", ctypes.POINTER(Tensor)),
     ]
 
 
