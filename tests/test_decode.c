@@ -125,12 +125,15 @@ static void run_case(const dcase *c, uint64_t seed, int decode) {
   free(q.data), free(k.data), free(v.data), free(kpm), free(mask), free(ref), free(ref_lse);
 }
 
-/* Shapes around the decode kernel's block (32 keys) and chunk (512 keys). */
+/* Shapes around the decode kernel's block (128 keys) and chunk (2048 keys). */
 static void decode_cases(void) {
   const dcase cases[] = {
       /* B  Hq  Hk  Nq  Nk   D   Dv  causal                      dtype      bf kpm mask lse W  cap alibi */
       {1, 8, 8, 1, 1, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0},
       {1, 8, 8, 1, 1500, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0},
+      {1, 4, 2, 2, 4500, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 1, 1, 0, 1, 0, 0, 0},
+      {1, 8, 8, 1, 2049, 32, 32, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 0, 0, 0, 1, 0, 0, 0},
+      {1, 8, 2, 1, 4200, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 0, 0, 0, 1, 3000, 4.0, 1},
       {2, 8, 2, 1, 1037, 64, 64, ATTN_CAUSAL_NONE, ATTN_F32, 1, 1, 0, 1, 0, 0, 0},
       {1, 8, 2, 2, 531, 80, 48, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 1, 1, 0, 0, 0},
       {2, 4, 1, 2, 97, 16, 16, ATTN_CAUSAL_TOP_LEFT, ATTN_F32, 1, 1, 0, 1, 0, 0, 0},

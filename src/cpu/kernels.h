@@ -54,7 +54,9 @@ extern const attn__cpu_kernels attn__kernels_avx512;
  *   Q is (rows, D)             pre-scaled queries
  *   K is (nkeys, D), V (nkeys, Dv): rows ldk / ldv elements apart, unit stride
  *   O is (rows, Dv)            the running output; m, l: (rows) row statistics */
-#define ATTN__DEC_NB 32
+#ifndef ATTN__DEC_NB /* see decode.c's ATTN__DEC_CHUNK */
+#define ATTN__DEC_NB 128
+#endif
 #define ATTN__DEC_MAX_ROWS_K 8 /* rows per call at most (internal.h's ATTN__DEC_MAX_ROWS) */
 typedef struct attn__decode_kernels {
   /* Element types qk and pv read K and V in (bit k: attn_dtype k), widening
