@@ -26,17 +26,18 @@ from bench_grid import ROOT, cpu_model, loadavg, write_markdown  # noqa: E402
 
 BEGIN, END = "<!-- decode:begin -->", "<!-- decode:end -->"
 
-# label, batch, kv_seq, heads, kv_heads, dim, dtype, threads, extra flags
+# label, batch, kv_seq, heads, kv_heads, dim, dtype, threads, extra flags (--compare: the half
+# type's speed-up over f32; on the 4096-token case, the blocked kernel and a full recompute)
 CASES = [
     ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f32", 2, []),
-    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f16", 2, []),
-    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "bf16", 2, []),
+    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f16", 2, ["--compare"]),
+    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "bf16", 2, ["--compare"]),
     ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f32", 1, []),
     ("MHA 8/8, L=8192 (split-KV)", 1, 8192, 8, 8, 128, "f32", 2, []),
     ("MHA 8/8, L=8192 (split-KV)", 1, 8192, 8, 8, 128, "f32", 1, []),
     ("MHA 8/8, L=32768 (split-KV)", 1, 32768, 8, 8, 128, "f32", 2, []),
     ("MHA 8/8, L=32768 (split-KV)", 1, 32768, 8, 8, 128, "f32", 1, []),
-    ("MHA 8/8, L=32768 (split-KV)", 1, 32768, 8, 8, 128, "f16", 2, []),
+    ("MHA 8/8, L=32768 (split-KV)", 1, 32768, 8, 8, 128, "f16", 2, ["--compare"]),
     ("1 token over 4096", 1, 4096, 32, 8, 128, "f32", 2, ["--compare"]),
     ("batch 8, GQA 32/8, L=4096", 8, 4096, 32, 8, 128, "f16", 2, []),
 ]
@@ -94,23 +95,24 @@ def main():
         print("%-28s %-4s %dT %7.3f ms %6.2f GB/s %5.1f%%" % (label, dt, T, r["median_s"] * 1e3, r["read_gbs"],
                                                               100 * r["fraction_of_read_bw"]), file=sys.stderr)
         rows.append((label, dt, T, r))
-    f32 = {(l, T): r["median_s"] for l, dt, T, r in rows if dt == "f32"}
     out = [BEGIN, "", "## Decoding (attn bench decode)", "",
            "Run %s on %s; load average before: %s. Command: `%s`." % (info["date"], info["cpu"], info["load"], info["cmd"]),
            "One new token per row (Nq = 1), bottom-right causal, D = 128; the cache is B·Hk·L·D keys and as many values "
            "in the stated type. *Fraction* is GB/s of cache read over the read bandwidth `attn bench decode` measures "
            "in the same run for the same thread count (a cache under 256 MiB is cycled through copies, so every step "
-           "reads memory); peak.c's read bandwidth for that thread count is in the last column" +
+           "reads memory); each step is followed by a 512 MiB read pass and the median of 20 such pairs' ratios is "
+           "given, as the host's bandwidth drifts. *Speed-up over f32*: the same cache in f32 and in the half type, "
+           "timed step by step in turn in one process (median of 20 pairs). peak.c's read bandwidth for that thread "
+           "count is in the last column" +
            (" (%s)." % note if note else "."), "",
            "| case | cache | threads | median ms | GB/s | fraction of read BW | speed-up over f32 | oracle rel L2 | peak.c read GB/s |",
            "|---|---|---|---|---|---|---|---|---|"]
     for label, dt, T, r in rows:
-        base = f32.get((label, T))
-        sp = "%.2f×" % (base / r["median_s"]) if base and dt != "f32" else "—"
+        sp = "%.2f×" % r["speedup_over_f32"] if r.get("speedup_over_f32") else "—"
         out.append("| %s | %s | %d | %.3f | %.2f | **%.3f** | %s | %.1e | %s |" % (
             label, dt, T, r["median_s"] * 1e3, r["read_gbs"], r["fraction_of_read_bw"], sp, r["oracle_rel_l2"],
             "%.1f" % peak[T] if T in peak else "—"))
-    cmp = [(label, r) for label, dt, T, r in rows if r.get("blocked_kernel_s")]
+    cmp = [(label, r) for label, dt, T, r in rows if r.get("full_recompute_s")]
     if cmp:
         out += ["", "The same decoding step three ways (`--compare`): the decode kernel, the blocked (prefill) kernel on "
                 "the same single row (`ATTN_DECODE=0`), and a full recomputation of all L rows without a cache:", "",

@@ -37,7 +37,9 @@
  * machine's read bandwidth for the same thread count: 20 steps each followed
  * by a pass that reads 512 MiB (sum_pass), the median of their ratios. A cache under 256 MiB is cycled through copies so every
  * step reads memory. --compare also times the same step through the blocked
- * kernel (ATTN_DECODE=0) and a full recompute of all L rows (no cache).
+ * kernel (ATTN_DECODE=0) and a full recompute of all L rows (no cache), and
+ * for an f16/bf16 cache its speed-up over the same cache in f32, the two timed
+ * step by step in turn (the median ratio of 20 pairs).
  *
  * Exit: 0 done, 1 out of memory or a library error, 2 a bad command line. */
 #include "cli.h"
@@ -973,6 +975,41 @@ static double decode_oracle(decode_case *c, int64_t group) {
   return err;
 }
 
+/* The same steps over an f32 copy of c's cache, in turn with c's own: the
+ * median of the pairs' time ratios (f32 over dt), so the machine's drift
+ * cancels. 0 or an exit code. */
+static int half_speedup(decode_case *c, attn_dtype dt, double *speedup) {
+  decode_case f = *c;
+  f.next = 0;
+  int bad = 0, r = 0;
+  for (int i = 0; i < c->copies; i++) memset(&f.k[i], 0, sizeof f.k[i]), memset(&f.v[i], 0, sizeof f.v[i]);
+  for (int i = 0; i < c->copies && !bad; i++) {
+    bad = attn_tensor_alloc(c->ctx, &f.k[i], ATTN_F32, 4, c->k[i].shape) ||
+          attn_tensor_alloc(c->ctx, &f.v[i], ATTN_F32, 4, c->v[i].shape);
+    for (int64_t e = 0; !bad && e < attn_tensor_numel(&c->k[i]); e++) {
+      ((float *)f.k[i].data)[e] = (float)attn__load(c->k[i].data, dt, e);
+      ((float *)f.v[i].data)[e] = (float)attn__load(c->v[i].data, dt, e);
+    }
+  }
+  double ratios[DECODE_PAIRS];
+  if (bad) r = cli_fail(CLI_EXIT_FAIL, "out of memory for the f32 copy of the cache");
+  for (int i = -1; !r && i < DECODE_PAIRS; i++) { /* i = -1 warms both */
+    double t0 = cli_now();
+    if (run_decode(c)) r = 1;
+    const double th = cli_now() - t0;
+    t0 = cli_now();
+    if (run_decode(&f)) r = 1;
+    if (i >= 0) ratios[i] = (cli_now() - t0) / th;
+  }
+  if (r == 1) r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(c->ctx));
+  if (!r) {
+    qsort(ratios, DECODE_PAIRS, sizeof ratios[0], cmp_double);
+    *speedup = 0.5 * (ratios[DECODE_PAIRS / 2 - 1] + ratios[DECODE_PAIRS / 2]);
+  }
+  for (int i = 0; i < c->copies; i++) attn_tensor_free(&f.k[i]), attn_tensor_free(&f.v[i]);
+  return r;
+}
+
 static int bench_decode(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--kv-seq", "--heads", "--kv-heads", "--dim", "--seq", "--dtype",
                                       "--threads", "--repeat", "--kernel", NULL};
@@ -1010,7 +1047,7 @@ static int bench_decode(int argc, char **argv) {
   int bad = attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs);
   for (int i = 0; i < copies && !bad; i++)
     bad = attn_tensor_alloc(ctx, &c.k[i], dt, 4, ks) || attn_tensor_alloc(ctx, &c.v[i], dt, 4, ks);
-  double step_s = NAN, blocked_s = NAN, full_s = NAN, err = NAN, read_gbs = NAN, fraction = NAN;
+  double step_s = NAN, blocked_s = NAN, full_s = NAN, err = NAN, read_gbs = NAN, fraction = NAN, speedup = NAN;
   timing t, tb, tf;
   memset(&tb, 0, sizeof tb), memset(&tf, 0, sizeof tf);
   if (bad) {
@@ -1033,6 +1070,7 @@ static int bench_decode(int argc, char **argv) {
     goto done;
   }
   err = decode_oracle(&c, H / G);
+  if (cli_has(&a, "--compare") && dt != ATTN_F32 && (r = half_speedup(&c, dt, &speedup))) goto done;
   if (cli_has(&a, "--compare")) {
     /* the same step through the blocked (prefill) kernel, and without a cache: all L rows again */
     attn_ctx *bctx;
@@ -1112,6 +1150,7 @@ static int bench_decode(int argc, char **argv) {
       json_num("fraction_of_read_bw", fraction, 0);
       json_num("blocked_kernel_s", blocked_s, 0);
       json_num("full_recompute_s", full_s, 0);
+      json_num("speedup_over_f32", speedup, 0);
       json_num("oracle_rel_l2", err, 1);
       printf("}\n");
     } else {
@@ -1124,6 +1163,8 @@ static int bench_decode(int argc, char **argv) {
       printf(" | oracle rel L2 %.2e on batch 0, kv head 0", err);
       if (isfinite(blocked_s))
         printf("\n  same step through the blocked kernel: %.4g ms (decode %.2fx faster)", blocked_s * 1e3, blocked_s / step_s);
+      if (isfinite(speedup)) printf("\n  %s cache against the same cache in f32, step by step in turn: %.2fx faster",
+                                    attn_dtype_name(dt), speedup);
       if (isfinite(full_s))
         printf("; full recompute of all %lld rows: %.4g ms (%.1fx)", L, full_s * 1e3, full_s / step_s);
       printf("\n");
