@@ -1,7 +1,8 @@
 """libattn for Python: exact attention on NumPy arrays and PyTorch CPU tensors.
 
 The shared library is called through ctypes; inputs are passed as strided
-views (no copy) whenever they are float32 with non-negative strides.
+views (no copy) whenever they are float32 with non-negative strides, and so
+are the float16/bfloat16 q, k, v of the forward pass and of the KV cache.
 """
 import ctypes
 import threading
@@ -11,8 +12,8 @@ import numpy as np
 from . import _capi
 from ._capi import library_path
 
-__all__ = ["AttnError", "scaled_dot_product_attention", "sdpa_backward", "MultiheadAttention", "plot_attention",
-           "version", "library_path"]
+__all__ = ["AttnError", "scaled_dot_product_attention", "sdpa_backward", "MultiheadAttention", "KVCache",
+           "plot_attention", "version", "library_path"]
 
 
 class AttnError(RuntimeError):
@@ -71,16 +72,23 @@ def _to_numpy(x, what, kind="float"):
     """A NumPy view of x (a copy only where the dtype or layout needs one).
 
     kind "float": q/k/v and float masks, result float32 (float64/float16 copied).
+    kind "half": float16 kept (NumPy), torch bfloat16 kept as the detached
+    tensor itself (NumPy has no bfloat16), float64 copied to float32: inputs
+    the library widens itself (the forward pass, the KV cache).
+    kind "any": as "half", and float64 kept too (the KV cache's append).
     kind "mask": bool kept as bool, floats as float32.
     """
+    halves = kind in ("half", "any")
     if _is_torch(x):
         if x.device.type != "cpu":
             raise TypeError(f"{what}: only CPU tensors are supported (got device {x.device})")
         if x.is_complex():
             raise TypeError(f"{what}: unsupported dtype {x.dtype}")
         x = x.detach()
-        if x.dtype.is_floating_point and str(x.dtype) not in ("torch.float32", "torch.float64"):
-            x = x.float()  # float16/bfloat16: NumPy has no bfloat16, so widen (a copy)
+        if halves and str(x.dtype) == "torch.bfloat16":
+            return x  # no NumPy view possible: _tensor reads data_ptr() and stride() (never negative in torch)
+        if x.dtype.is_floating_point and str(x.dtype) not in ("torch.float32", "torch.float64", "torch.float16"):
+            x = x.float()  # bfloat16 where the call needs float32: NumPy has no bfloat16, so widen (a copy)
         x = x.numpy()
     elif not isinstance(x, np.ndarray):
         x = np.asarray(x)
@@ -89,7 +97,8 @@ def _to_numpy(x, what, kind="float"):
     elif x.dtype == np.uint8 and kind == "mask":
         x = x != 0  # a uint8 mask reads as bool (nonzero = true): a copy
     elif x.dtype in (np.float32, np.float64, np.float16):
-        if x.dtype != np.float32:
+        keep = (np.float32,) + ((np.float16,) if halves else ()) + ((np.float64,) if kind == "any" else ())
+        if x.dtype not in keep:
             x = x.astype(np.float32)  # the kernels compute in float32: a copy
     else:
         raise TypeError(f"{what}: unsupported dtype {x.dtype} (float32, float64, float16"
@@ -102,12 +111,21 @@ def _to_numpy(x, what, kind="float"):
 
 
 def _tensor(a):
-    """An attn_tensor viewing NumPy array a (strides converted from bytes to elements)."""
+    """An attn_tensor viewing NumPy array a (strides converted from bytes to elements),
+    or a torch bfloat16 tensor (the one dtype kept as torch by _to_numpy)."""
     if a.ndim > _capi.MAX_RANK:
         raise ValueError(f"rank {a.ndim} exceeds {_capi.MAX_RANK}")
     t = _capi.Tensor()
+    if _is_torch(a):
+        t.data = a.data_ptr()
+        t.dtype = _capi.BF16
+        t.rank = a.ndim
+        for i, (n, s) in enumerate(zip(a.shape, a.stride())):  # torch strides already count elements
+            t.shape[i] = n
+            t.strides[i] = s
+        return t
     t.data = a.ctypes.data
-    t.dtype = {np.dtype(np.float32): _capi.F32, np.dtype(np.float64): _capi.F64,
+    t.dtype = {np.dtype(np.float32): _capi.F32, np.dtype(np.float64): _capi.F64, np.dtype(np.float16): _capi.F16,
                np.dtype(np.bool_): _capi.BOOL, np.dtype(np.uint8): _capi.U8}[a.dtype]
     t.rank = a.ndim
     item = a.itemsize
@@ -123,7 +141,7 @@ def _to4(a):
     """Prepend unit dimensions up to rank 4 (a view)."""
     if a.ndim < 2 or a.ndim > 4:
         raise ValueError(f"expected 2 to 4 dimensions, got shape {a.shape}")
-    return a.reshape((1,) * (4 - a.ndim) + a.shape)
+    return a.reshape((1,) * (4 - a.ndim) + tuple(a.shape))
 
 
 def _wrap(out, like_torch):
@@ -152,13 +170,16 @@ class _SdpaCall:
     """Inputs of one attn_sdpa / attn_sdpa_backward call as 4-D views plus the options.
 
     q [..., L, D], k [..., S, D], v [..., S, Dv] with up to two leading dims; the
-    views and ctypes structs in .keep must outlive the call."""
+    views and ctypes structs in .keep must outlive the call. halves: pass
+    float16/bfloat16 q, k, v through (the forward widens them; the backward
+    takes float32 only)."""
 
     def __init__(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask,
-                 causal_align, dropout_seed, mask_mode):
-        qa, ka, va = (_to_numpy(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
-        self.batch = qa.shape[:-2]
-        self.shapes = (qa.shape, ka.shape, va.shape)  # gradients come back in these
+                 causal_align, dropout_seed, mask_mode, halves=False):
+        kind = "half" if halves else "float"
+        qa, ka, va = (_to_numpy(x, n, kind) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+        self.batch = tuple(qa.shape[:-2])
+        self.shapes = (tuple(qa.shape), tuple(ka.shape), tuple(va.shape))  # gradients come back in these
         self.L, self.S = qa.shape[-2], ka.shape[-2]
         self.q4, self.k4, self.v4 = _to4(qa), _to4(ka), _to4(va)
         if self.q4.shape[1] != self.k4.shape[1] and not enable_gqa:
@@ -275,7 +296,7 @@ def _autograd_fn():
     class SdpaFunction(torch.autograd.Function):
         @staticmethod
         def forward(fctx, q, k, v, attn_mask, kw):
-            c = _SdpaCall(q, k, v, attn_mask, **kw["call"])
+            c = _SdpaCall(q, k, v, attn_mask, halves=True, **kw["call"])
             kw["call"]["dropout_seed"] = int(c.opts.dropout_seed)  # the backward regenerates the same dropout
             out, weights, lse = _sdpa_forward(c, kw["return_weights"], True, kw["threads"])
             o = torch.from_numpy(c.unbatch(out))
@@ -316,8 +337,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     """Like torch.nn.functional.scaled_dot_product_attention, on CPU.
 
     q [..., L, D], k [..., S, D], v [..., S, Dv] with up to two leading dims
-    ([B, H] or [H]). float32 inputs are read in place through their strides;
-    float64/float16 are cast to float32 (a copy). The result is float32, a
+    ([B, H] or [H]). float32, float16 (NumPy or torch) and torch bfloat16
+    inputs are read in place through their strides (halves are widened inside
+    the library); float64 is cast to float32 (a copy). The backward pass takes
+    float32, so halves that require grad are widened for it. The result is float32, a
     NumPy array or a torch tensor like q. Differences from PyTorch: a query
     row whose keys are all masked gives zeros, not NaN.
     attn_mask: bool (True = attend) or float (added to the logits),
@@ -338,7 +361,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                                                             return_lse=return_lse, threads=threads))
         return res[0] if len(res) == 1 else res
     like_torch = _is_torch(q)
-    c = _SdpaCall(q, k, v, attn_mask, **call)
+    c = _SdpaCall(q, k, v, attn_mask, halves=True, **call)
     out, weights, lse = _sdpa_forward(c, return_weights, return_lse, threads)
     res = [_wrap(c.unbatch(out), like_torch)]
     if return_weights:

@@ -59,6 +59,17 @@ class MhaConfig(ctypes.Structure):
     ]
 
 
+class KvCacheConfig(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int64),
+        ("capacity", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("v_head_dim", ctypes.c_int64),
+        ("dtype", _c_enum),
+    ]
+
+
 class MhaOpts(ctypes.Structure):
     _fields_ = [
         ("causal", _c_enum),
@@ -138,6 +149,21 @@ _protos = {
     "attn_mha_saved_free": (None, [_P]),
     # ctx, mha, saved, dout, dquery, dkey, dvalue, grads
     "attn_mha_backward": (_st, [_P, _P, _P, _PT, _PT, _PT, _PT, _P]),
+    "attn_kv_cache_config_init": (None, [ctypes.POINTER(KvCacheConfig), ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_int64, ctypes.c_int64]),
+    "attn_kv_cache_create": (_st, [_P, ctypes.POINTER(_P), ctypes.POINTER(KvCacheConfig)]),
+    "attn_kv_cache_destroy": (None, [_P]),
+    "attn_kv_cache_get_config": (ctypes.POINTER(KvCacheConfig), [_P]),
+    "attn_kv_cache_length": (ctypes.c_int64, [_P, ctypes.c_int64]),
+    # ctx, cache, k, v, n_new (int64[B] or NULL)
+    "attn_kv_cache_append": (_st, [_P, _P, _PT, _PT, ctypes.POINTER(ctypes.c_int64)]),
+    # ctx, cache, out, q, opts
+    "attn_kv_cache_attend": (_st, [_P, _P, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    "attn_kv_cache_truncate": (_st, [_P, _P, ctypes.c_int64, ctypes.c_int64]),
+    "attn_kv_cache_copy_row": (_st, [_P, _P, ctypes.c_int64, ctypes.c_int64]),
+    "attn_kv_cache_view": (_st, [_P, _P, ctypes.c_int64, _PT, _PT]),
+    # ctx, mha, cache, out, x, opts
+    "attn_mha_forward_cached": (_st, [_P, _P, _P, _PT, _PT, ctypes.POINTER(MhaOpts)]),
 }
 for _name, (_res, _args) in _protos.items():
     _f = getattr(lib, _name)
@@ -159,7 +185,8 @@ def c_struct_size(init, *args):
 # A library whose structs differ from these mirrors would read and write past
 # them: refuse it (a stale build, or a binding older than the header).
 for _struct, _init, _args in ((SdpaOpts, lib.attn_sdpa_opts_init, ()), (MhaOpts, lib.attn_mha_opts_init, ()),
-                              (MhaConfig, lib.attn_mha_config_init, (8, 2))):
+                              (MhaConfig, lib.attn_mha_config_init, (8, 2)),
+                              (KvCacheConfig, lib.attn_kv_cache_config_init, (1, 2, 3, 4))):
     _got = c_struct_size(_init, *_args)
     if _got != ctypes.sizeof(_struct):
         raise ImportError(f"{library_path}: {_struct.__name__} is {_got} bytes in the library, "
