@@ -394,6 +394,172 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
     return tuple(res)
 
 
+# ---- the KV cache --------------------------------------------------------------
+
+_CACHE_DTYPES = {"float32": _capi.F32, "float16": _capi.F16, "bfloat16": _capi.BF16}
+
+
+def _cache_dtype(dtype):
+    """'float32'/'float16'/'bfloat16' (or numpy/torch dtypes that print so) to an attn_dtype."""
+    name = str(dtype).replace("torch.", "")
+    if name not in _CACHE_DTYPES:
+        raise ValueError(f"KV cache dtype must be one of {sorted(_CACHE_DTYPES)}, got {dtype!r}")
+    return _CACHE_DTYPES[name]
+
+
+def _stored_to_f32(t):
+    """A float32 NumPy copy of attn_tensor t (f32, f16 or bf16, any strides), shape [shape[1:]]."""
+    shape = tuple(t.shape[i] for i in range(t.rank))
+    if any(n == 0 for n in shape):
+        return np.zeros(shape[1:], np.float32)  # an empty row: its pointer need not be read
+    ctype, npd = {_capi.F32: (ctypes.c_float, np.float32), _capi.F16: (ctypes.c_uint16, np.float16),
+                  _capi.BF16: (ctypes.c_uint16, np.uint16)}[t.dtype]
+    item = np.dtype(npd).itemsize
+    span = 1 + sum((n - 1) * t.strides[i] for i, n in enumerate(shape))  # elements from the first to the last
+    flat = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctype)), (span,)).view(npd)
+    a = np.lib.stride_tricks.as_strided(flat, shape, tuple(t.strides[i] * item for i in range(t.rank)))
+    if t.dtype == _capi.BF16:  # bfloat16 is the top half of a float32
+        return (a.astype(np.uint32) << 16).view(np.float32)[0]
+    return a.astype(np.float32)[0]  # astype copies: the result outlives the cache's storage
+
+
+class KVCache:
+    """Keys and values of past tokens for incremental decoding (attn_kv_cache).
+
+    batch rows, each holding up to capacity tokens of kv_heads heads; keys have
+    head_dim features, values v_head_dim (default head_dim). dtype is the
+    storage: 'float32', 'float16' or 'bfloat16' (rounded to nearest even on
+    append, widened to float32 on attend). Use append() then attend() each
+    step; close() (or a with block) frees the storage now rather than at
+    garbage collection. Errors raise AttnError with the library's message;
+    a failed append changes nothing.
+    """
+
+    def __init__(self, batch, capacity, kv_heads, head_dim, v_head_dim=None, dtype="float32", *, threads=None):
+        self._ctx = _Ctx()  # one context per cache, guarded by a lock (calls on a context must not overlap)
+        self._lock = threading.Lock()
+        self._h = None
+        self._ctx.set_threads(threads)
+        cfg = _capi.KvCacheConfig()
+        _capi.lib.attn_kv_cache_config_init(ctypes.byref(cfg), int(batch), int(capacity), int(kv_heads),
+                                            int(head_dim))
+        cfg.v_head_dim = int(v_head_dim or 0)
+        cfg.dtype = _cache_dtype(dtype)
+        h = ctypes.c_void_p()
+        self._ctx.check(_capi.lib.attn_kv_cache_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))
+        self._h = h
+        c = _capi.lib.attn_kv_cache_get_config(h).contents  # Dv resolved by the library
+        self.batch, self.capacity, self.kv_heads = c.batch, c.capacity, c.kv_heads
+        self.head_dim, self.v_head_dim = c.head_dim, c.v_head_dim
+        self.dtype = {v: k for k, v in _CACHE_DTYPES.items()}[c.dtype]
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError("the KV cache is closed")
+        return self._h
+
+    @property
+    def lengths(self):
+        """The tokens each row holds now, a tuple of batch ints."""
+        h = self._handle()
+        return tuple(int(_capi.lib.attn_kv_cache_length(h, b)) for b in range(self.batch))
+
+    def append(self, k, v, n_new=None):
+        """Appends the next tokens: k [B, Hk, n, D], v [B, Hk, n, Dv] (NumPy or torch
+        CPU, any float dtype and strides, read in place). Row b takes its first
+        n_new[b] tokens (default all n). If a row would pass its capacity nothing
+        is appended."""
+        ka, va = _to_numpy(k, "k", "any"), _to_numpy(v, "v", "any")
+        kt, vt = _tensor(ka), _tensor(va)
+        nn = None
+        if n_new is not None:
+            n = [int(x) for x in np.asarray(n_new).reshape(-1)]
+            if len(n) != self.batch:
+                raise ValueError(f"n_new has {len(n)} entries for {self.batch} rows")
+            nn = (ctypes.c_int64 * self.batch)(*n)
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_append(self._ctx.h, self._handle(), ctypes.byref(kt),
+                                                           ctypes.byref(vt), nn))
+
+    def attend(self, q, scale=None, return_lse=False):
+        """Attention of new queries over every cached token of their row.
+
+        q [B, Hq, Nq, D] (float32, float16 or torch bfloat16 read in place;
+        Hq a multiple of Hk): query i of row b is the token at position
+        len_b - Nq + i (append first). Returns out [B, Hq, Nq, Dv] float32,
+        NumPy or torch like q, and with return_lse also lse [B, Hq, Nq]."""
+        like_torch = _is_torch(q)
+        qa = _to_numpy(q, "q", "half")
+        if qa.ndim != 4:
+            raise ValueError(f"q must be [B, Hq, Nq, D], got shape {tuple(qa.shape)}")
+        B, Hq, Nq = (int(n) for n in qa.shape[:3])
+        out = np.empty((B, Hq, Nq, self.v_head_dim), np.float32)
+        o = _capi.SdpaOpts()
+        _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
+        if scale is not None:
+            o.scale = float(scale)
+        lse = None
+        if return_lse:
+            lse = np.empty((B, Hq, Nq), np.float32)
+            lt = _tensor(lse)
+            o.lse = ctypes.pointer(lt)
+        ot, qt = _tensor(out), _tensor(qa)
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_attend(self._ctx.h, self._handle(), ctypes.byref(ot),
+                                                           ctypes.byref(qt), ctypes.byref(o)))
+        if return_lse:
+            return _wrap(out, like_torch), _wrap(lse, like_torch)
+        return _wrap(out, like_torch)
+
+    def truncate(self, length, row=None):
+        """Rollback: row (None: every row) keeps its first length tokens."""
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_truncate(self._ctx.h, self._handle(),
+                                                             -1 if row is None else int(row), int(length)))
+
+    def copy_row(self, dst, src):
+        """Beam search: row dst becomes a copy of row src (tokens and length)."""
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_copy_row(self._ctx.h, self._handle(), int(dst), int(src)))
+
+    def reset(self):
+        """Empties every row (the storage is kept)."""
+        self.truncate(0)
+
+    def _row(self, row):
+        kt, vt = _capi.Tensor(), _capi.Tensor()
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_view(self._ctx.h, self._handle(), int(row), ctypes.byref(kt),
+                                                         ctypes.byref(vt)))
+            return _stored_to_f32(kt), _stored_to_f32(vt)  # copied under the lock: the views die on append
+
+    def keys(self, row):
+        """A float32 NumPy copy of row's stored keys, [Hk, len_row, D] (as rounded to the storage dtype)."""
+        return self._row(row)[0]
+
+    def values(self, row):
+        """A float32 NumPy copy of row's stored values, [Hk, len_row, Dv]."""
+        return self._row(row)[1]
+
+    def close(self):
+        with self._lock:
+            if self._h is not None:
+                _capi.lib.attn_kv_cache_destroy(self._h)
+                self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None and _capi is not None:
+            _capi.lib.attn_kv_cache_destroy(h)
+            self._h = None
+
+
 # ---- the layer ---------------------------------------------------------------
 
 class MultiheadAttention:
@@ -538,6 +704,37 @@ class MultiheadAttention:
             return a, a
         a = np.empty((N, B, Fd), np.float32)
         return a, a.transpose(1, 0, 2)
+
+    def new_cache(self, batch, capacity, dtype="float32", *, threads=None):
+        """A KVCache for forward_cached: this layer's kv heads and head dim, batch rows of capacity tokens."""
+        return KVCache(batch, capacity, self.num_kv_heads, self.embed_dim // self.num_heads, dtype=dtype,
+                       threads=threads)
+
+    def forward_cached(self, x, cache):
+        """Incremental causal self-attention (decoding) through a KVCache.
+
+        x holds the next n tokens of every row, in the layer's layout: [B, n, E]
+        with batch_first, else [n, B, E] (and [n, E] for one row). Their keys and
+        values are appended to cache (from new_cache(B, ...)), then their queries
+        attend over the whole row. Returns out like x (same layout, float32,
+        NumPy or torch). Token by token this equals forward() with a causal mask
+        over the whole sequence. If the step fails the cache is left as it was."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be an attn.KVCache, got {type(cache).__name__}")
+        like_torch = _is_torch(x)
+        xb, unbatched = self._batch_major(x, "x")
+        B, n = xb.shape[0], xb.shape[1]
+        out, ob = self._user_layout((B, n, self.embed_dim), unbatched)
+        opts = _capi.MhaOpts()
+        _capi.lib.attn_mha_opts_init(ctypes.byref(opts))
+        ot, xt = _tensor(ob), _tensor(xb)
+        # layer lock, then cache lock: KVCache methods take only the latter, so no cycle
+        with self._lock, cache._lock:
+            self._ctx.check(_capi.lib.attn_mha_forward_cached(self._ctx.h, self._h, cache._handle(), ctypes.byref(ot),
+                                                              ctypes.byref(xt), ctypes.byref(opts)))
+        return _wrap(out[0] if unbatched else out, like_torch)
+
+    decode_step = forward_cached
 
     def _packed_in_proj(self):
         """Whether PyTorch would pack this configuration's Q/K/V weights into in_proj_weight."""
