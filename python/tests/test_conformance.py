@@ -681,6 +681,84 @@ else:
 
     case(MHA, "load_state_dict from a dict of NumPy arrays, NumPy in and out", torch_names_numpy_dict)
 
+# ---- the KV cache: step by step through attn.KVCache equals one causal pass (NumPy reference) ----
+KV = "kv cache"
+
+
+def round_to(x, dtype):
+    """x as the cache stores it: rounded to float16 or bfloat16 (nearest even), back in float32."""
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return u.astype(np.uint32).view(np.float32)
+    return x
+
+
+def kv_steps(dtype, steps, Hq, Hk, D):
+    B, T = 2, sum(steps)
+    q, k, v = randn(B, Hq, T, D), randn(B, Hk, T, D), randn(B, Hk, T, D)
+    kr, vr = round_to(k, dtype), round_to(v, dtype)
+    worst_err, at = 0.0, 0
+    with attn.KVCache(B, T + 2, Hk, D, dtype=dtype) as c:
+        for n in steps:
+            c.append(k[:, :, at:at + n], v[:, :, at:at + n])  # strided views, no copies
+            out = c.attend(q[:, :, at:at + n])
+            ref, _ = np_sdpa(q[:, :, at:at + n], kr[:, :, :at + n], vr[:, :, :at + n], causal="bottom-right")
+            worst_err = max(worst_err, rel(out, ref))
+            at += n
+        assert c.lengths == (T, T), c.lengths
+    return worst_err
+
+
+def kv_rows_and_rollback():
+    B, Hq, Hk, D, N = 3, 4, 2, 16, 20
+    k, v, q = randn(B, Hk, N, D), randn(B, Hk, N, D), randn(B, Hq, 2, D)
+    with attn.KVCache(B, 25, Hk, D) as c:
+        c.append(k, v, n_new=[20, 6, 0])
+        c.truncate(11, row=0)
+        c.copy_row(2, 1)
+        try:
+            c.append(k, v)  # 11 + 20 > 25 for row 0: refused, nothing appended
+            raise AssertionError("append past capacity accepted")
+        except attn.AttnError:
+            pass
+        assert c.lengths == (11, 6, 6), c.lengths
+        out = c.attend(q)
+        err = 0.0
+        for b, (src, n) in enumerate([(0, 11), (1, 6), (1, 6)]):
+            ref, _ = np_sdpa(q[b:b + 1], k[src:src + 1, :, :n], v[src:src + 1, :, :n], causal="bottom-right")
+            err = max(err, rel(out[b:b + 1], ref))
+    return err
+
+
+case(KV, "f32 cache, token by token, GQA 4/2", lambda: kv_steps("float32", [1] * 9, 4, 2, 32))
+case(KV, "f32 cache, uneven chunks, MQA 8/1", lambda: kv_steps("float32", [7, 1, 1, 40, 1], 8, 1, 64))
+case(KV, "f16 cache against the rounded keys and values", lambda: kv_steps("float16", [5, 1, 1, 30, 1], 8, 2, 64))
+case(KV, "bf16 cache against the rounded keys and values", lambda: kv_steps("bfloat16", [5, 1, 1, 30, 1], 4, 4, 32))
+case(KV, "rows of different lengths, truncate, copy_row, a refused append", kv_rows_and_rollback)
+
+if torch is not None:
+    def mha_decode(batch_first):
+        E, H, T = 32, 4, 9
+        tm = torch.nn.MultiheadAttention(E, H, batch_first=batch_first).double().eval()
+        m = attn.MultiheadAttention(E, H, batch_first=batch_first)
+        m.load_state_dict(tm.state_dict())
+        x = torch.randn(2, T, E) if batch_first else torch.randn(T, 2, E)
+        causal = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+        with torch.no_grad():
+            ref = tm(x.double(), x.double(), x.double(), attn_mask=causal, need_weights=False)[0]
+        cache = m.new_cache(2, T)
+        steps = [x[:, t:t + 1] if batch_first else x[t:t + 1] for t in range(T)]
+        out = torch.cat([torch.as_tensor(m.forward_cached(s, cache)) for s in steps], 1 if batch_first else 0)
+        return rel(out, ref)
+
+    case("mha decode", "forward_cached token by token vs nn.MultiheadAttention causal, batch_first",
+         lambda: mha_decode(True))
+    case("mha decode", "forward_cached token by token vs nn.MultiheadAttention causal, seq first",
+         lambda: mha_decode(False))
+
 print("worst relative error per family:")
 for fam, err in worst.items():
     print(f"  {fam:24s} {err:.3g}")
