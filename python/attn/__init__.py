@@ -175,7 +175,8 @@ class _SdpaCall:
     takes float32 only)."""
 
     def __init__(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask,
-                 causal_align, dropout_seed, mask_mode, halves=False):
+                 causal_align, dropout_seed, mask_mode, halves=False, window=None, softcap=None, alibi=None,
+                 sinks=None):
         kind = "half" if halves else "float"
         qa, ka, va = (_to_numpy(x, n, kind) for x, n in ((q, "q"), (k, "k"), (v, "v")))
         self.batch = tuple(qa.shape[:-2])
@@ -212,6 +213,22 @@ class _SdpaCall:
             kpt = _tensor(kp)
             self.keep += [kp, kpt]
             o.key_padding = ctypes.pointer(kpt)
+        # the options of recent models (attn_sdpa_opts): window, softcap, ALiBi slopes, sinks
+        if window:
+            o.window = int(window)
+        if softcap:
+            o.softcap = float(softcap)
+        for attr, val in (("alibi_slopes", alibi), ("sinks", sinks)):
+            if val is None or val is False:
+                continue
+            if val is True:  # the ALiBi paper's slopes for this head count
+                arr = np.empty(self.H, np.float32)
+                _capi.lib.attn_alibi_slopes(arr.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), self.H)
+            else:
+                arr = np.ascontiguousarray(_to_numpy(val, attr, "float"), np.float32).reshape(-1)
+            t = _tensor(arr)
+            self.keep += [arr, t]
+            setattr(o, attr, ctypes.pointer(t))
         if dropout_p:
             o.dropout_p = float(dropout_p)
             o.dropout_seed = (int(np.random.randint(0, 2**63, dtype=np.int64)) if dropout_seed is None
@@ -333,7 +350,7 @@ def _autograd_fn():
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, key_padding_mask=None, causal_align="top-left",
                                  mask_mode=None, return_weights=False, return_lse=False, threads=None,
-                                 dropout_seed=None):
+                                 dropout_seed=None, window=None, softcap=None, alibi=None, sinks=None):
     """Like torch.nn.functional.scaled_dot_product_attention, on CPU.
 
     q [..., L, D], k [..., S, D], v [..., S, Dv] with up to two leading dims
@@ -348,14 +365,16 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     True = ignore; causal_align 'top-left' (PyTorch's is_causal) or
     'bottom-right' (a KV cache); mask_mode 'keep', 'masked', 'additive' or
     'seed' (logits += mask * -1e9) to read attn_mask another way; dropout_seed
-    makes dropout reproducible.
+    makes dropout reproducible; window W (query i' sees keys i'-W < j <= i',
+    causal implied), softcap C (logits C*tanh(logits/C)), alibi (True for the
+    paper's slopes, or slopes [H]) and sinks (one logit per query head [H]).
     torch tensors that require grad get a grad_fn: the backward pass is
     libattn's attn_sdpa_backward (q, k, v and a float attn_mask).
     Returns out, or a tuple (out, weights?, lse?) when return_weights/return_lse.
     """
     call = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                 key_padding_mask=key_padding_mask, causal_align=causal_align, dropout_seed=dropout_seed,
-                mask_mode=mask_mode)
+                mask_mode=mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks)
     if _wants_autograd(q, k, v, attn_mask):
         res = _autograd_fn().apply(q, k, v, attn_mask, dict(call=call, return_weights=return_weights,
                                                             return_lse=return_lse, threads=threads))

@@ -131,6 +131,7 @@ _protos = {
     "attn_kernel_name": (ctypes.c_char_p, [ctypes.c_int]),
     "attn_tensor_view": (Tensor, [_P, _c_enum, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]),
     "attn_sdpa_opts_init": (None, [ctypes.POINTER(SdpaOpts)]),
+    "attn_alibi_slopes": (ctypes.c_int, [ctypes.POINTER(ctypes.c_float), ctypes.c_int64]),
     "attn_sdpa": (_st, [_P, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
     # dq, dk, dv, dout, q, k, v, out, lse, opts
     "attn_sdpa_backward": (_st, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),

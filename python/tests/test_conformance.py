@@ -759,6 +759,40 @@ if torch is not None:
     case("mha decode", "forward_cached token by token vs nn.MultiheadAttention causal, seq first",
          lambda: mha_decode(False))
 
+# ---- the options of recent models, against a NumPy float64 reference ----
+def options_case(window=None, softcap=None, alibi=False, sinks=False):
+    B, H, Hk, L, S, D = 2, 4, 2, 9, 23, 16
+    q, k, v = randn(B, H, L, D), randn(B, Hk, S, D), randn(B, Hk, S, D)
+    sk = rng.standard_normal(H).astype(np.float32) if sinks else None
+    slopes = np.array([2.0 ** (-8 * (h + 1) / H) for h in range(H)])  # the paper's rule for a power of two
+    out = attn.scaled_dot_product_attention(q, k, v, is_causal=window is not None, causal_align="bottom-right",
+                                            enable_gqa=True, window=window, softcap=softcap, alibi=alibi,
+                                            sinks=sk)
+    kk, vv = (np.repeat(x.astype(np.float64), H // Hk, axis=1) for x in (k, v))
+    s = q.astype(np.float64) @ np.swapaxes(kk, -1, -2) / math.sqrt(D)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    qpos = np.arange(L)[:, None] + (S - L if window is not None else 0)
+    j = np.arange(S)[None, :]
+    if alibi:
+        s = s + slopes[None, :, None, None] * (j - qpos)[None, None]
+    if window is not None:
+        s = np.where((j <= qpos) & (j > qpos - window), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    if sinks:
+        m = np.maximum(m, sk.astype(np.float64)[None, :, None, None])
+    p = np.exp(s - m)
+    den = p.sum(-1, keepdims=True) + (np.exp(sk.astype(np.float64)[None, :, None, None] - m) if sinks else 0)
+    return rel(out, (p / den) @ vv)
+
+
+OPT = "options"
+case(OPT, "window 5 (bottom-right)", lambda: options_case(window=5))
+case(OPT, "softcap 2", lambda: options_case(softcap=2.0))
+case(OPT, "ALiBi, the paper's slopes", lambda: options_case(alibi=True))
+case(OPT, "sinks", lambda: options_case(sinks=True))
+case(OPT, "all four", lambda: options_case(window=7, softcap=3.0, alibi=True, sinks=True))
+
 print("worst relative error per family:")
 for fam, err in worst.items():
     print(f"  {fam:24s} {err:.3g}")
