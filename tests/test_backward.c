@@ -12,36 +12,11 @@
 #include "testutil.h"
 #include "dropout.h"
 
-#define MAX_BUFS 96
 #define TOL_FD 1e-6
 #define TOL_FP32 1e-5
 #define TOL_GOLD_REF 1e-12
 
 /* ---- buffers and views ------------------------------------------------------------ */
-typedef struct arena {
-  void *p[MAX_BUFS];
-  int n;
-} arena;
-
-static void *arena_alloc(arena *a, size_t bytes) {
-  if (a->n == MAX_BUFS) {
-    fprintf(stderr, "test_backward: arena full\n");
-    exit(2);
-  }
-  void *p = calloc(1, bytes ? bytes : 1);
-  if (!p) exit(2);
-  a->p[a->n++] = p;
-  return p;
-}
-
-static void arena_free(arena *a) {
-  for (int i = 0; i < a->n; i++) free(a->p[i]);
-  a->n = 0;
-}
-
-static int64_t off4(const attn_tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
-  return a * t->strides[0] + b * t->strides[1] + c * t->strides[2] + d * t->strides[3];
-}
 
 static double tget(const attn_tensor *t, int64_t off) {
   switch (t->dtype) {

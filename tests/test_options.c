@@ -16,35 +16,10 @@
 #include "testutil.h"
 #include "cpu/softcap.h"
 
-#define MAX_BUFS 128
 #define TOL_FWD 1e-5
 #define TOL_BWD 2e-5
 #define TOL_FD 1e-6
 
-typedef struct arena {
-  void *p[MAX_BUFS];
-  int n;
-} arena;
-
-static void *arena_alloc(arena *a, size_t bytes) {
-  if (a->n == MAX_BUFS) {
-    fprintf(stderr, "test_options: arena full\n");
-    exit(2);
-  }
-  void *p = calloc(1, bytes ? bytes : 1);
-  if (!p) exit(2);
-  a->p[a->n++] = p;
-  return p;
-}
-
-static void arena_free(arena *a) {
-  for (int i = 0; i < a->n; i++) free(a->p[i]);
-  a->n = 0;
-}
-
-static int64_t off4(const attn_tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
-  return a * t->strides[0] + b * t->strides[1] + c * t->strides[2] + d * t->strides[3];
-}
 
 /* A rank-4 tensor of shape s, filled with amp * uniform (0 = zeros); batch_first:
  * a contiguous [s0, s2, s1, s3] buffer seen as [s0, s1, s2, s3]. */

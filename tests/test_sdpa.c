@@ -4,25 +4,6 @@
  * hand-computed answers. Seeds are fixed and printed on failure. */
 #include "testutil.h"
 
-#define MAX_BUFS 64
-
-/* Owns the buffers behind the views of one case. */
-typedef struct arena {
-  void *p[MAX_BUFS];
-  int n;
-} arena;
-
-static void *arena_alloc(arena *a, size_t bytes) {
-  void *p = malloc(bytes ? bytes : 1);
-  a->p[a->n++] = p;
-  return p;
-}
-
-static void arena_free(arena *a) {
-  for (int i = 0; i < a->n; i++) free(a->p[i]);
-  a->n = 0;
-}
-
 /* A rank-4 f32 view of shape s in one of three layouts:
  * 0 contiguous, 1 dims 1 and 2 swapped in memory (batch-first [B, N, H, D]), 2 padded and reversed strides. */
 static attn_tensor make4(arena *a, tu_rng *r, const int64_t s[4], int layout, attn_dtype dt) {
@@ -51,11 +32,6 @@ static attn_tensor make4(arena *a, tu_rng *r, const int64_t s[4], int layout, at
     else ((uint8_t *)t.data)[i] = 0;
   }
   return t;
-}
-
-/* Element offset of (a, b, c, d) in a rank-4 view. */
-static int64_t off4(const attn_tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
-  return a * t->strides[0] + b * t->strides[1] + c * t->strides[2] + d * t->strides[3];
 }
 
 typedef struct sdpa_case {

@@ -39,6 +39,34 @@ static int tu_failures = 0, tu_checks = 0;
           attn_strerror(st_), m_, attn_strerror(want), needle);                                         \
   } while (0)
 
+/* Owns the zeroed buffers behind one case's views; exits 2 when full or out of memory. */
+#define TU_ARENA_MAX 128
+typedef struct arena {
+  void *p[TU_ARENA_MAX];
+  int n;
+} arena;
+
+static inline void *arena_alloc(arena *a, size_t bytes) {
+  if (a->n == TU_ARENA_MAX) {
+    fprintf(stderr, "arena full\n");
+    exit(2);
+  }
+  void *p = calloc(1, bytes ? bytes : 1);
+  if (!p) exit(2);
+  a->p[a->n++] = p;
+  return p;
+}
+
+static inline void arena_free(arena *a) {
+  for (int i = 0; i < a->n; i++) free(a->p[i]);
+  a->n = 0;
+}
+
+/* Element offset of (a, b, c, d) in a rank-4 view. */
+static inline int64_t off4(const attn_tensor *t, int64_t a, int64_t b, int64_t c, int64_t d) {
+  return a * t->strides[0] + b * t->strides[1] + c * t->strides[2] + d * t->strides[3];
+}
+
 /* Ends a test program: the exit status says whether every check passed. */
 static inline int tu_finish(const char *name) {
   printf("%s: %d checks, %d failed\n", name, tu_checks, tu_failures);
