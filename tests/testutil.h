@@ -67,6 +67,26 @@ static inline int64_t off4(const attn_tensor *t, int64_t a, int64_t b, int64_t c
   return a * t->strides[0] + b * t->strides[1] + c * t->strides[2] + d * t->strides[3];
 }
 
+/* ctest reports a test that exits with this code as skipped (SKIP_RETURN_CODE). */
+#define TU_SKIP 77
+
+/* The kernel named by name ("c", "avx2", ...; NULL or "" = AUTO). A kernel this
+ * CPU or build lacks ends the program as skipped, never as passed; an unknown
+ * name is an error (exit 2). */
+static inline attn_kernel tu_kernel_or_skip(const char *name) {
+  if (!name || !*name) return ATTN_KERNEL_AUTO;
+  for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AVX512; k++) {
+    if (strcmp(name, attn_kernel_name((attn_kernel)k)) != 0) continue;
+    if (!attn_kernel_supported((attn_kernel)k)) {
+      printf("skipped: this CPU or build lacks the %s kernel\n", name);
+      exit(TU_SKIP);
+    }
+    return (attn_kernel)k;
+  }
+  fprintf(stderr, "unknown kernel '%s'\n", name);
+  exit(2);
+}
+
 /* Ends a test program: the exit status says whether every check passed. */
 static inline int tu_finish(const char *name) {
   printf("%s: %d checks, %d failed\n", name, tu_checks, tu_failures);
