@@ -181,32 +181,48 @@ static inline float attn__head_value(const attn_tensor *t, int64_t h) {
   return ((const float *)t->data)[h * t->strides[0]];
 }
 
-/* Softcap then ALiBi on a scaled logit x of (h, i, j): every kernel's and the
- * oracle's logit passes through this before the masks (in x's precision). */
-static inline double attn__logit_mods(const attn__sdpa *p, int64_t h, int64_t i, int64_t j, double x) {
-  if (p->softcap > 0) x = p->softcap * tanh(x / p->softcap);
-  if (p->alibi) x += (double)attn__head_value(p->alibi, h) * (double)(j - attn__qpos(p, i));
-  return x;
+/* ---- the logit and the hidden set: one definition for every kernel ---------------
+ * The logit of query row i of head h (batch b) for key j is
+ *   scale * q.k  ->  softcap  ->  + ALiBi  ->  + the mask's term
+ * unless the key is hidden from that row. A key is hidden when
+ *   - j lies outside [attn__window_begin(i), attn__causal_end(i)) (causal bound, window),
+ *   - key_padding[b, j] is true,
+ *   - a KEEP mask is false there, a MASKED mask true, or an ADDITIVE (or SEED) mask adds -inf.
+ * A hidden key's logit is -inf by substitution, never by adding -inf to a
+ * computed one, and its value row is never multiplied by its zero probability:
+ * whatever its K and V hold (NaN, Inf: uninitialised padding, the unused tail
+ * of a buffer), it reaches no output, weight, lse or gradient. */
+
+/* Nonzero when key j lies within row i's causal bound and window. */
+static inline int attn__in_band(const attn__sdpa *p, int64_t i, int64_t j) {
+  return j >= attn__window_begin(p, i) && j < attn__causal_end(p->causal, i, p->Nq, p->Nk);
 }
 
-/* The mask's and key padding's verdict on logit x at (b, h, i, j), in the
- * logit's precision: -inf when masked out. Masks are read as double. */
-static inline double attn__mask_logit(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, int64_t j, double x) {
+/* What the key padding and the mask say of (b, h, i, j): -inf when they hide
+ * the key, else the term they add to its logit (0 for bool masks). In double. */
+static inline double attn__mask_term(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (p->has_kpm) {
     const attn_tensor *m = &p->kpm;
     if (attn__load(m->data, m->dtype, b * m->strides[0] + j * m->strides[3]) != 0) return -INFINITY;
   }
-  if (p->has_mask) {
-    const attn_tensor *m = &p->mask;
-    double mv = attn__load(m->data, m->dtype,
-                           b * m->strides[0] + h * m->strides[1] + i * m->strides[2] + j * m->strides[3]);
-    switch (p->mask_mode) {
-      case ATTN_MASK_KEEP: if (mv == 0) return -INFINITY; break;
-      case ATTN_MASK_MASKED: if (mv != 0) return -INFINITY; break;
-      case ATTN_MASK_ADDITIVE: x += mv; break;
-      case ATTN_MASK_SEED: x += mv * -1e9; break;
-    }
+  if (!p->has_mask) return 0;
+  const attn_tensor *m = &p->mask;
+  const double mv = attn__load(m->data, m->dtype,
+                               b * m->strides[0] + h * m->strides[1] + i * m->strides[2] + j * m->strides[3]);
+  switch (p->mask_mode) {
+    case ATTN_MASK_KEEP: return mv == 0 ? -INFINITY : 0;
+    case ATTN_MASK_MASKED: return mv != 0 ? -INFINITY : 0;
+    case ATTN_MASK_ADDITIVE: return mv;
+    case ATTN_MASK_SEED: return mv * -1e9;
   }
+  return 0;
+}
+
+/* Softcap then ALiBi on a scaled logit x of (h, i, j): every kernel's and the
+ * oracle's logit passes through this before the mask's term (in x's precision). */
+static inline double attn__logit_mods(const attn__sdpa *p, int64_t h, int64_t i, int64_t j, double x) {
+  if (p->softcap > 0) x = p->softcap * tanh(x / p->softcap);
+  if (p->alibi) x += (double)attn__head_value(p->alibi, h) * (double)(j - attn__qpos(p, i));
   return x;
 }
 
@@ -215,19 +231,20 @@ static inline double attn__mask_logit(const attn__sdpa *p, int64_t b, int64_t h,
 void attn__sgemm_nt(int threads, attn_kernel isa, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc, const float *bias);
 
-/* The oracle's logit for (b, h, i, j) in double: scale * q.k, softcap, ALiBi,
- * then the mask; -inf when masked or outside the causal bound or the window.
- * Shared by the forward and the backward oracles so that both see exactly the
- * same scores. */
+/* The oracle's logit for (b, h, i, j) in double, by the definition above:
+ * -inf for a hidden key, whose q.k is never computed. Shared by the forward
+ * and the backward oracles so that both see exactly the same scores. */
 static inline double attn__ref_logit(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, int64_t j) {
-  if (j >= attn__causal_end(p->causal, i, p->Nq, p->Nk) || j < attn__window_begin(p, i)) return -INFINITY;
+  if (!attn__in_band(p, i, j)) return -INFINITY;
+  const double term = attn__mask_term(p, b, h, i, j);
+  if (term == -INFINITY) return -INFINITY;
   const attn_tensor *q = &p->q, *k = &p->k;
   const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
   const int64_t koff = b * k->strides[0] + (h / p->group) * k->strides[1] + j * k->strides[2];
   double dot = 0;
   for (int64_t d = 0; d < p->D; d++)
     dot += attn__load(q->data, q->dtype, qoff + d * q->strides[3]) * attn__load(k->data, k->dtype, koff + d * k->strides[3]);
-  return attn__mask_logit(p, b, h, i, j, attn__logit_mods(p, h, i, j, dot * p->scale));
+  return attn__logit_mods(p, h, i, j, dot * p->scale) + term;
 }
 
 /* Size helpers that refuse overflow: 0 on success. */

@@ -49,9 +49,12 @@ static int dec_alloc(dec_scratch *s, int64_t R, int64_t D, int64_t Dv) {
 /* Row r of a kv head's rows: query head g * group + r / Nq, query row r % Nq. */
 static int64_t row_head(const attn__sdpa *p, int64_t g, int64_t r) { return g * p->group + r / p->Nq; }
 
-/* Rows i of one (b, g) and keys [j0, j0 + n): masks, bounds, softcap and ALiBi on S. */
-static void fix_block(const attn__sdpa *p, float *S, int64_t R, int64_t b, int64_t g, int64_t j0, int n) {
+/* Rows i of one (b, g) and keys [j0, j0 + n): masks, bounds, softcap and ALiBi
+ * on S, by internal.h's definition. Returns nonzero when some key is hidden
+ * from some row (its logit is then -inf, whatever q.k gave). */
+static int fix_block(const attn__sdpa *p, float *S, int64_t R, int64_t b, int64_t g, int64_t j0, int n) {
   const int mods = p->has_mask || p->has_kpm || p->softcap > 0 || p->alibi;
+  int hidden = 0;
   for (int64_t r = 0; r < R; r++) {
     const int64_t h = row_head(p, g, r), i = r % p->Nq;
     const int64_t lo = attn__window_begin(p, i), hi = attn__causal_end(p->causal, i, p->Nq, p->Nk);
@@ -59,10 +62,16 @@ static void fix_block(const attn__sdpa *p, float *S, int64_t R, int64_t b, int64
     float *s = S + r * ATTN__DEC_NB;
     for (int jj = 0; jj < n; jj++) {
       const int64_t j = j0 + jj;
-      s[jj] = (j < lo || j >= hi) ? -INFINITY
-                                  : (float)attn__mask_logit(p, b, h, i, j, attn__logit_mods(p, h, i, j, s[jj]));
+      const double term = j < lo || j >= hi ? -INFINITY : attn__mask_term(p, b, h, i, j);
+      if (term == -INFINITY) {
+        s[jj] = -INFINITY;
+        hidden = 1;
+      } else {
+        s[jj] = (float)(attn__logit_mods(p, h, i, j, s[jj]) + term);
+      }
     }
   }
+  return hidden;
 }
 
 /* Block of n keys from key j0 of kv head (b, g) of t, as rows the kernels
@@ -136,8 +145,8 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
       prefetch_rows(&p->v, b, g, next, nn, Dv);
     }
     dk->qk(s->S, s->Q, (int)R, K, ldk, n, D, kt);
-    fix_block(p, s->S, R, b, g, j0, n);
-    dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, n, Dv, vt);
+    const int sparse = fix_block(p, s->S, R, b, g, j0, n);
+    dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, n, Dv, vt, sparse);
   }
   memcpy(part, s->O, (size_t)(R * Dv) * sizeof(float));
   memcpy(part + R * Dv, s->m, (size_t)R * sizeof(float));

@@ -58,7 +58,8 @@ static void scratch_free(scratch *s) { attn__aligned_free(s->base); }
  * arithmetic so that a fully masked tile costs no FMAs. Row i sees keys
  * [window_begin(i), causal_end(i)), both bounds rising with i: the first row
  * has the earliest end, the last row the latest begin. ALiBi's bias is added
- * here too, so a tile with ALiBi is never OPEN. */
+ * here too, so a tile with ALiBi is never OPEN. Keys past Nk are -inf in Mb
+ * but do not make a tile MIXED: no kernel reads their values. */
 attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0, int rows,
                                 int64_t j0) {
   const int64_t kend_first = attn__causal_end(p->causal, i0, p->Nq, p->Nk);
@@ -66,22 +67,26 @@ attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t 
   const int plain = !p->has_mask && !p->has_kpm && !p->alibi;
   if (plain && j0 + nr <= kend_first && j0 >= kbeg_last) return ATTN__TILE_OPEN;
   const float slope = p->alibi ? attn__head_value(p->alibi, h) : 0.0f;
+  const int keys = p->Nk - j0 < nr ? (int)(p->Nk - j0) : nr; /* keys of the block that exist */
   int64_t visible = 0;
+  int hidden = 0;
   for (int r = 0; r < rows; r++) {
     const int64_t i = i0 + r, kend = attn__causal_end(p->causal, i, p->Nq, p->Nk), kbeg = attn__window_begin(p, i);
     float *mb = Mb + (int64_t)r * nr;
     /* keys [lo, hi) of the tile pass the causal bound and the window */
     const int hi = kend - j0 <= 0 ? 0 : kend - j0 >= nr ? nr : (int)(kend - j0);
     const int lo = kbeg - j0 <= 0 ? 0 : kbeg - j0 >= hi ? hi : (int)(kbeg - j0);
+    hidden |= lo > 0 || hi < keys;
     if (!p->has_mask && !p->has_kpm) {
       for (int jj = 0; jj < nr; jj++) mb[jj] = jj >= lo && jj < hi ? 0.0f : -INFINITY;
       visible += hi - lo;
     } else {
       for (int jj = 0; jj < nr; jj++) {
         float x = -INFINITY;
-        if (jj >= lo && jj < hi) x = (float)attn__mask_logit(p, b, h, i, j0 + jj, 0.0);
+        if (jj >= lo && jj < hi) x = (float)attn__mask_term(p, b, h, i, j0 + jj);
         mb[jj] = x;
-        visible += x != -INFINITY;
+        if (x != -INFINITY) visible++;
+        else hidden |= jj < keys;
       }
     }
     if (p->alibi) { /* slope * (j - i'), exact in float for positions below 2^24 */
@@ -89,7 +94,7 @@ attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t 
       for (int jj = lo; jj < hi; jj++) mb[jj] += slope * (float)(j0 + jj - qp);
     }
   }
-  return visible ? ATTN__TILE_PARTIAL : ATTN__TILE_CLOSED;
+  return !visible ? ATTN__TILE_CLOSED : hidden ? ATTN__TILE_MIXED : ATTN__TILE_ADD;
 }
 
 
@@ -103,8 +108,7 @@ static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa
   kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D, ts->kend - j0 < nr ? ts->kend - j0 : nr);
   /* the cap before the bias and the masks are added */
   if (p->softcap > 0) attn__softcap_tile(s->S, NULL, (int64_t)ts->rows * nr, (float)p->softcap);
-  if (tm == ATTN__TILE_PARTIAL)
-    for (int64_t e = 0; e < (int64_t)ts->rows * nr; e++) s->S[e] += s->Mb[e];
+  if (tm != ATTN__TILE_OPEN) attn__apply_tile_mask(s->S, s->Mb, (int64_t)ts->rows * nr);
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
   return tm;
 }
@@ -210,12 +214,13 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch 
   for (int64_t j0 = kmin / nr * nr; j0 < kmax; j0 += nr) {
     for (int t = 0; t < count; t++) {
       tile_state *ts = &s->t[t];
-      if (j0 >= ts->kend || j0 + nr <= ts->kbeg || logits_tile(kn, p, s, ts, Kt, b, h, j0) == ATTN__TILE_CLOSED)
-        continue;
+      if (j0 >= ts->kend || j0 + nr <= ts->kbeg) continue;
+      const attn__tile_mask tm = logits_tile(kn, p, s, ts, Kt, b, h, j0);
+      if (tm == ATTN__TILE_CLOSED) continue;
       const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr; /* P is 0 past the tile's last visible key */
       kn->softmax(s->S, ts->m, ts->l, ts->alpha);
       if (p->dropout_p > 0) dropout_tile(p, s->S, nr, b, h, ts->i0, ts->rows, j0);
-      kn->pv(ts->O, ts->alpha, s->S, V + j0 * ldv, ldv, p->Dv, nk);
+      kn->pv(ts->O, ts->alpha, s->S, V + j0 * ldv, ldv, p->Dv, nk, tm == ATTN__TILE_MIXED);
     }
   }
   for (int t = 0; t < count; t++) {

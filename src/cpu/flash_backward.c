@@ -56,9 +56,10 @@ typedef struct bwd_args {
 } bwd_args;
 
 /* For query tile t of query head h (slot hs in the group) against key block j0:
- * s->S becomes A = P * M and s->dP becomes dS. Returns 0 when the block is
- * entirely masked for this tile (nothing to add). */
-static int bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t hs, int64_t t, int64_t j0,
+ * s->S becomes A = P * M and s->dP becomes dS. Returns the tile's class: CLOSED
+ * when the block is entirely masked for this tile (nothing to add), MIXED when
+ * some of its keys are hidden from some rows (dS and A are exactly 0 there). */
+static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t hs, int64_t t, int64_t j0,
                       int write_mask_grad) {
   const attn__sdpa *p = a->p;
   const attn__cpu_kernels *kn = a->kn;
@@ -66,14 +67,13 @@ static int bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, i
   const int64_t i0 = t * mr;
   const int rows = (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr);
   const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, b, h, i0, rows, j0);
-  if (tm == ATTN__TILE_CLOSED) return 0;
+  if (tm == ATTN__TILE_CLOSED) return tm;
   const bwd_rows *R = &a->rows[hs];
   const float *Q = R->Q + i0 * p->D, *dO = R->dO + i0 * p->Dv;
   const int64_t blk = j0 / nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
   kn->qk(s->S, Q, a->Kt + blk * nr * p->D, p->D, nk);
   if (p->softcap > 0) attn__softcap_tile(s->S, s->Cf, (int64_t)mr * nr, (float)p->softcap); /* keep the slope for dS */
-  if (tm == ATTN__TILE_PARTIAL)
-    for (int e = 0; e < rows * nr; e++) s->S[e] += s->Mb[e];
+  if (tm != ATTN__TILE_OPEN) attn__apply_tile_mask(s->S, s->Mb, (int64_t)rows * nr);
   kn->exp_shift(s->S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
   kn->qk(s->dP, dO, a->Vt + blk * nr * p->Dv, p->Dv, nk);
   if (p->dropout_p > 0) { /* dP * M before dS; A = P * M after */
@@ -96,10 +96,12 @@ static int bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, i
       for (int64_t jj = 0; jj < nk; jj++) m[(j0 + jj) * mg->strides[3]] = s->dP[r * nr + jj];
     }
   }
-  /* dq and dk need the gradient of the raw logit: through the cap (the mask's is above) */
+  /* dq and dk need the gradient of the raw logit: through the cap (the mask's is above).
+   * A hidden key's slope may be NaN (its q.k was); its dS stays exactly 0. */
   if (p->softcap > 0)
-    for (int e = 0; e < mr * nr; e++) s->dP[e] *= s->Cf[e];
-  return 1;
+    for (int e = 0; e < mr * nr; e++)
+      if (s->dP[e] != 0) s->dP[e] *= s->Cf[e];
+  return tm;
 }
 
 /* First query row that can see key j0 under the causal bound (all rows without one). */
@@ -140,10 +142,14 @@ static void pass_chunk(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_
       const int64_t h = g * p->group + hs;
       const bwd_rows *R = &a->rows[hs];
       for (int64_t t = t0; t * mr < iend; t++) {
-        if (!bwd_scores(a, s, b, h, hs, t, j0, p->mask_grad != NULL)) continue;
+        const attn__tile_mask tm = bwd_scores(a, s, b, h, hs, t, j0, p->mask_grad != NULL);
+        if (tm == ATTN__TILE_CLOSED) continue;
+        /* hidden entries are exact zeros in A and dS, times finite dO and Q rows; the
+         * K rows of hidden keys are another matter: pv runs sparse there */
         a->kn->pt_acc(s->dV, p->Dv, s->S, R->dO + t * mr * p->Dv, p->Dv, p->Dv);
         a->kn->pt_acc(s->dK, p->D, s->dP, R->Q + t * mr * p->D, p->D, p->D);
-        a->kn->pv(dQc + (hs * nqp + t * mr) * p->D, s->ones, s->dP, a->Kr + j0 * a->ldk, a->ldk, p->D, nk);
+        a->kn->pv(dQc + (hs * nqp + t * mr) * p->D, s->ones, s->dP, a->Kr + j0 * a->ldk, a->ldk, p->D, nk,
+                  tm == ATTN__TILE_MIXED);
       }
     }
     for (int64_t jj = 0; jj < nk; jj++) {

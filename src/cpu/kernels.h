@@ -15,6 +15,7 @@
 #ifndef ATTN_CPU_KERNELS_H
 #define ATTN_CPU_KERNELS_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "attn.h"
@@ -32,8 +33,12 @@ typedef struct attn__cpu_kernels {
    *   S[r][j] = exp(S[r][j] - m_new);  l[r] = l[r] * alpha[r] + sum_j S[r][j];  m = m_new.
    * A row still without a visible key (m_new = -inf) gets P = 0, alpha = 1. */
   void (*softmax)(float *S, float *m, float *l, float *alpha);
-  /* O[r][:] = O[r][:] * alpha[r] + sum_{j < nkeys} P[r][j] * V[j][:] */
-  void (*pv)(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv, int64_t nkeys);
+  /* O[r][:] = O[r][:] * alpha[r] + sum_{j < nkeys} P[r][j] * V[j][:]. With sparse
+   * set, some P[r][j] are exactly 0 for keys hidden from row r, whose V rows
+   * may hold Inf or NaN: such a term adds nothing (never 0 * Inf = NaN). Without
+   * it every key is visible to every row and a kernel may multiply freely. */
+  void (*pv)(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv, int64_t nkeys,
+             int sparse);
   /* Backward pass: S[r][j] = exp(S[r][j] - shift[r]); a row whose shift is -inf becomes 0. */
   void (*exp_shift)(float *S, const float *shift);
   /* Backward pass: dP[r][j] = P[r][j] * (dP[r][j] - Dd[r]) (dS over dP), exactly 0 where P is 0. */
@@ -66,9 +71,11 @@ typedef struct attn__decode_kernels {
   void (*qk)(float *S, const float *Q, int rows, const void *K, int64_t ldk, int nkeys, int64_t D, attn_dtype kt);
   /* The online-softmax step of kernels.h's softmax on columns j < nkeys of each
    * row (masked logits are -inf; a row with nothing visible yet gets P = 0),
-   * then O[r][:] = O[r][:] * alpha[r] + sum_j P[r][j] V[j][:]. S becomes P. */
+   * then O[r][:] = O[r][:] * alpha[r] + sum_j P[r][j] V[j][:]. S becomes P.
+   * sparse: as in attn__cpu_kernels.pv, some keys are hidden from some rows
+   * and their V rows must not reach O. */
   void (*pv)(float *O, float *m, float *l, float *S, int rows, const void *V, int64_t ldv, int nkeys, int64_t Dv,
-             attn_dtype vt);
+             attn_dtype vt, int sparse);
   /* dst[0..n) = src[0..n) widened to f32 from f32, f16 or bf16 (contiguous). */
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n);
 } attn__decode_kernels;
@@ -81,9 +88,19 @@ extern const attn__decode_kernels attn__decode_kernels_avx512;
 const attn__decode_kernels *attn__decode_kernels_for(attn_kernel isa);
 float attn__f16_to_f32(uint16_t h); /* core.c: exact, for CPUs without F16C */
 
-/* What a tile's mask does: nothing (every logit visible), everything (skip the
- * tile), or something (Mb holds -inf or the value to add, per logit). */
-typedef enum attn__tile_mask { ATTN__TILE_OPEN, ATTN__TILE_CLOSED, ATTN__TILE_PARTIAL } attn__tile_mask;
+/* What a tile's mask does (internal.h defines the hidden set):
+ *   OPEN    every logit visible, nothing to add: Mb unused
+ *   CLOSED  every logit hidden: skip the tile
+ *   ADD     every logit of an existing key visible; Mb holds the terms to add (ALiBi, an additive mask)
+ *   MIXED   some logits of existing keys hidden: Mb holds -inf there (substituted, not added)
+ *           and the terms elsewhere; pv must then run sparse. */
+typedef enum attn__tile_mask { ATTN__TILE_OPEN, ATTN__TILE_CLOSED, ATTN__TILE_ADD, ATTN__TILE_MIXED } attn__tile_mask;
+
+/* Applies a tile's Mb to its logits S (n of them): a hidden one becomes -inf
+ * whatever q.k gave (NaN from a poisoned key included), the others get their term. */
+static inline void attn__apply_tile_mask(float *S, const float *Mb, int64_t n) {
+  for (int64_t e = 0; e < n; e++) S[e] = Mb[e] == -INFINITY ? -INFINITY : S[e] + Mb[e];
+}
 
 struct attn__sdpa;
 /* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, the

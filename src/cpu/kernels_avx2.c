@@ -110,8 +110,11 @@ static inline __m256i lanes(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n > 8 ? 8 : n < 0 ? 0 : n)), idx);
 }
 
-static void pv_avx2(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,
-                    int64_t nkeys) {
+/* SPARSE: a zero P adds nothing (its V row may be a hidden key's Inf). The
+ * mask costs a compare per row and key, so only tiles with hidden keys pay it. */
+static inline __attribute__((always_inline)) void pv_avx2_t(float *O, const float *alpha, const float *P,
+                                                            const float *V, int64_t ldv, int64_t Dv, int64_t nkeys,
+                                                            const int SPARSE) {
   for (int64_t c0 = 0; c0 < Dv; c0 += 16) {
     const int64_t left = Dv - c0;
     const __m256i m0 = lanes(left), m1 = lanes(left - 8);
@@ -126,8 +129,14 @@ static void pv_avx2(float *O, const float *alpha, const float *P, const float *V
       const __m256 v0 = _mm256_maskload_ps(vr, m0), v1 = _mm256_maskload_ps(vr + 8, m1);
       for (int r = 0; r < MR; r++) {
         const __m256 p = _mm256_broadcast_ss(P + r * NR + j);
-        o[r][0] = _mm256_fmadd_ps(p, v0, o[r][0]);
-        o[r][1] = _mm256_fmadd_ps(p, v1, o[r][1]);
+        if (SPARSE) { /* o + p * v where p != 0 (NaN counts: it propagates), else o */
+          const __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+          o[r][0] = _mm256_blendv_ps(o[r][0], _mm256_fmadd_ps(p, v0, o[r][0]), nz);
+          o[r][1] = _mm256_blendv_ps(o[r][1], _mm256_fmadd_ps(p, v1, o[r][1]), nz);
+        } else {
+          o[r][0] = _mm256_fmadd_ps(p, v0, o[r][0]);
+          o[r][1] = _mm256_fmadd_ps(p, v1, o[r][1]);
+        }
       }
     }
     for (int r = 0; r < MR; r++) {
@@ -135,6 +144,12 @@ static void pv_avx2(float *O, const float *alpha, const float *P, const float *V
       _mm256_maskstore_ps(O + r * Dv + c0 + 8, m1, o[r][1]);
     }
   }
+}
+
+static void pv_avx2(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,
+                    int64_t nkeys, int sparse) {
+  if (sparse) pv_avx2_t(O, alpha, P, V, ldv, Dv, nkeys, 1);
+  else pv_avx2_t(O, alpha, P, V, ldv, Dv, nkeys, 0);
 }
 
 static void exp_shift_avx2(float *S, const float *shift) {

@@ -143,8 +143,11 @@ static inline __mmask16 lanes16(int64_t n) {
   return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-static void pv_avx512(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,
-                      int64_t nkeys) {
+/* SPARSE: a zero P adds nothing (its V row may be a hidden key's Inf); the
+ * masked FMA costs one compare per row and key, paid only by tiles with hidden keys. */
+static inline __attribute__((always_inline)) void pv_avx512_t(float *O, const float *alpha, const float *P,
+                                                              const float *V, int64_t ldv, int64_t Dv, int64_t nkeys,
+                                                              const int SPARSE) {
   for (int64_t c0 = 0; c0 < Dv; c0 += 16 * CW) {
     __mmask16 mk[CW];
     for (int w = 0; w < CW; w++) mk[w] = lanes16(Dv - c0 - 16 * w);
@@ -159,12 +162,23 @@ static void pv_avx512(float *O, const float *alpha, const float *P, const float 
       for (int w = 0; w < CW; w++) vv[w] = _mm512_maskz_loadu_ps(mk[w], vr + 16 * w);
       for (int r = 0; r < MR; r++) {
         const __m512 p = _mm512_set1_ps(P[r * NR + j]);
-        for (int w = 0; w < CW; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);
+        if (SPARSE) { /* NaN counts as nonzero: it propagates */
+          const __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+          for (int w = 0; w < CW; w++) o[r][w] = _mm512_mask3_fmadd_ps(p, vv[w], o[r][w], nz);
+        } else {
+          for (int w = 0; w < CW; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);
+        }
       }
     }
     for (int r = 0; r < MR; r++)
       for (int w = 0; w < CW; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);
   }
+}
+
+static void pv_avx512(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,
+                      int64_t nkeys, int sparse) {
+  if (sparse) pv_avx512_t(O, alpha, P, V, ldv, Dv, nkeys, 1);
+  else pv_avx512_t(O, alpha, P, V, ldv, Dv, nkeys, 0);
 }
 
 static void exp_shift_avx512(float *S, const float *shift) {
@@ -288,9 +302,10 @@ static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float
 }
 
 // rows RR (1..6) of O against P for n keys of V: O = O * alpha + P V.
+// SPARSE: a zero P adds nothing (a hidden key's V row may hold Inf), at a compare per row and key.
 static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const float *alpha, const float *P, int RR,
                                                               const void *V, int64_t ldv, int nkeys, int64_t Dv,
-                                                              attn_dtype dt) {
+                                                              attn_dtype dt, const int SPARSE) {
   for (int64_t c0 = 0; c0 < Dv; c0 += 64) {
     __mmask16 mk[4];
     for (int w = 0; w < 4; w++) mk[w] = lanes16(Dv - c0 - 16 * w);
@@ -309,7 +324,12 @@ static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const fl
       for (int w = 0; w < 4; w++) vv[w] = load_wide(V, j * ldv + c0 + 16 * w, mk[w], dt);
       for (int r = 0; r < RR; r++) {
         const __m512 p = _mm512_set1_ps(P[r * ATTN__DEC_NB + j]);
-        for (int w = 0; w < 4; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);
+        if (SPARSE) {
+          const __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+          for (int w = 0; w < 4; w++) o[r][w] = _mm512_mask3_fmadd_ps(p, vv[w], o[r][w], nz);
+        } else {
+          for (int w = 0; w < 4; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);
+        }
       }
     }
     for (int r = 0; r < RR; r++)
@@ -319,7 +339,7 @@ static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const fl
 
 static inline __attribute__((always_inline)) void dec_pv_t(float *O, float *m, float *l, float *S, int rows,
                                                            const void *V, int64_t ldv, int nkeys, int64_t Dv,
-                                                           attn_dtype dt) {
+                                                           attn_dtype dt, int sparse) {
   float alpha[ATTN__DEC_MAX_ROWS_K];
   for (int r = 0; r < rows; r++) { /* the softmax step, one row at a time */
     float *s = S + r * ATTN__DEC_NB;
@@ -354,13 +374,24 @@ static inline __attribute__((always_inline)) void dec_pv_t(float *O, float *m, f
     const int rr = rows - r0 < 6 ? rows - r0 : 6;
     float *o = O + r0 * Dv;
     const float *a = alpha + r0, *P = S + r0 * ATTN__DEC_NB;
+    if (sparse) {
+      switch (rr) {
+        case 1: dec_pv_rows(o, a, P, 1, V, ldv, nkeys, Dv, dt, 1); break;
+        case 2: dec_pv_rows(o, a, P, 2, V, ldv, nkeys, Dv, dt, 1); break;
+        case 3: dec_pv_rows(o, a, P, 3, V, ldv, nkeys, Dv, dt, 1); break;
+        case 4: dec_pv_rows(o, a, P, 4, V, ldv, nkeys, Dv, dt, 1); break;
+        case 5: dec_pv_rows(o, a, P, 5, V, ldv, nkeys, Dv, dt, 1); break;
+        default: dec_pv_rows(o, a, P, 6, V, ldv, nkeys, Dv, dt, 1); break;
+      }
+      continue;
+    }
     switch (rr) { /* a constant row count keeps the outputs in registers */
-      case 1: dec_pv_rows(o, a, P, 1, V, ldv, nkeys, Dv, dt); break;
-      case 2: dec_pv_rows(o, a, P, 2, V, ldv, nkeys, Dv, dt); break;
-      case 3: dec_pv_rows(o, a, P, 3, V, ldv, nkeys, Dv, dt); break;
-      case 4: dec_pv_rows(o, a, P, 4, V, ldv, nkeys, Dv, dt); break;
-      case 5: dec_pv_rows(o, a, P, 5, V, ldv, nkeys, Dv, dt); break;
-      default: dec_pv_rows(o, a, P, 6, V, ldv, nkeys, Dv, dt); break;
+      case 1: dec_pv_rows(o, a, P, 1, V, ldv, nkeys, Dv, dt, 0); break;
+      case 2: dec_pv_rows(o, a, P, 2, V, ldv, nkeys, Dv, dt, 0); break;
+      case 3: dec_pv_rows(o, a, P, 3, V, ldv, nkeys, Dv, dt, 0); break;
+      case 4: dec_pv_rows(o, a, P, 4, V, ldv, nkeys, Dv, dt, 0); break;
+      case 5: dec_pv_rows(o, a, P, 5, V, ldv, nkeys, Dv, dt, 0); break;
+      default: dec_pv_rows(o, a, P, 6, V, ldv, nkeys, Dv, dt, 0); break;
     }
   }
 }
@@ -373,10 +404,10 @@ static void dec_qk_wide(float *S, const float *Q, int rows, const void *K, int64
 }
 
 static void dec_pv_wide(float *O, float *m, float *l, float *S, int rows, const void *V, int64_t ldv, int nkeys,
-                        int64_t Dv, attn_dtype dt) {
-  if (dt == ATTN_F16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F16);
-  else if (dt == ATTN_BF16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_BF16);
-  else dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F32);
+                        int64_t Dv, attn_dtype dt, int sparse) {
+  if (dt == ATTN_F16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F16, sparse);
+  else if (dt == ATTN_BF16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_BF16, sparse);
+  else dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F32, sparse);
 }
 
 const attn__decode_kernels attn__decode_kernels_avx512 = {(1u << ATTN_F32) | (1u << ATTN_F16) | (1u << ATTN_BF16),
