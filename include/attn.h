@@ -132,6 +132,9 @@ ATTN_API void attn_tensor_free(attn_tensor *t);
 ATTN_API int64_t attn_tensor_numel(const attn_tensor *t);
 
 /* ---- scaled dot-product attention ------------------------------------------ */
+/* The largest head dim (D, Dv) any call takes; larger ones get ATTN_E_SHAPE. */
+#define ATTN_MAX_HEAD_DIM ((int64_t)1 << 24)
+
 typedef enum attn_causal {
   ATTN_CAUSAL_NONE = 0,
   ATTN_CAUSAL_TOP_LEFT = 1,     /* query i sees keys j <= i (PyTorch is_causal) */

@@ -83,6 +83,7 @@ void attn_ctx_trim(attn_ctx *ctx) {
 size_t attn_ctx_workspace_bytes(const attn_ctx *ctx) { return ctx ? ctx->work_bytes : 0; }
 
 void *attn__workspace(attn_ctx *ctx, size_t bytes) {
+  if (bytes > ATTN__SIZE_LIMIT) return NULL;
   if (bytes == 0) bytes = 64;
   if (ctx->work && ctx->work_bytes >= bytes) return ctx->work;
   attn_ctx_trim(ctx); /* before the new one: never both at once */
@@ -252,6 +253,7 @@ int64_t attn_tensor_numel(const attn_tensor *t) {
 
 void *attn__aligned_alloc(size_t bytes) {
   void *p = NULL;
+  if (bytes > ATTN__SIZE_LIMIT) return NULL;
   if (bytes == 0) bytes = 64;
   if (posix_memalign(&p, 64, (bytes + 63) / 64 * 64)) return NULL;
   return p;

@@ -45,6 +45,15 @@ static inline void attn__clear(attn_ctx *ctx) {
   if (ctx) ctx->msg[0] = '\0';
 }
 
+/* The first statement of every public call that takes a context: a NULL
+ * context is refused (there is nowhere to put a message), else the last
+ * message is cleared. */
+#define ATTN__ENTER(ctx)                  \
+  do {                                    \
+    if (!(ctx)) return ATTN_E_INVALID;    \
+    (ctx)->msg[0] = '\0';                 \
+  } while (0)
+
 /* The thread count to hand OpenMP: at least 1. */
 int attn__threads(const attn_ctx *ctx);
 
@@ -249,6 +258,26 @@ static inline double attn__ref_logit(const attn__sdpa *p, int64_t b, int64_t h, 
 
 /* Size helpers that refuse overflow: 0 on success. */
 int attn__mul_overflows(int64_t a, int64_t b, int64_t *out);
+
+/* No allocation is asked for more bytes than this; attn__aligned_alloc and
+ * attn__workspace refuse it, so a size that saturates here is out of memory. */
+#define ATTN__SIZE_LIMIT ((size_t)1 << 60)
+
+/* a * b * c elements of es bytes (all >= 0), saturating just past
+ * ATTN__SIZE_LIMIT: a few such sizes may be added without wrapping, and the
+ * allocation they ask for then fails cleanly. Sizes from shapes go through
+ * this, since shapes of broadcast (stride 0) views need no memory behind them. */
+static inline size_t attn__bytes(int64_t a, int64_t b, int64_t c, size_t es) {
+  const size_t over = ATTN__SIZE_LIMIT + 1, f[4] = {(size_t)a, (size_t)b, (size_t)c, es};
+  if (a < 0 || b < 0 || c < 0) return over;
+  size_t n = 1;
+  for (int i = 0; i < 4; i++) {
+    if (f[i] == 0) return 0;
+    if (n > ATTN__SIZE_LIMIT / f[i]) return over;
+    n *= f[i];
+  }
+  return n;
+}
 
 void *attn__aligned_alloc(size_t bytes);
 void attn__aligned_free(void *p);

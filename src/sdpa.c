@@ -1,6 +1,7 @@
 /* Scaled dot-product attention: argument checks and dispatch to a kernel. */
 #include "internal.h"
 
+#include <float.h>
 #include <stdio.h>
 
 void attn_sdpa_opts_init(attn_sdpa_opts *opts) {
@@ -121,6 +122,9 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
                       (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Dv);
   }
   if (p->D < 1) return attn__fail(ctx, ATTN_E_SHAPE, "head dim D of q and k must be at least 1, got %lld", (long long)p->D);
+  if (p->D > ATTN_MAX_HEAD_DIM || p->Dv > ATTN_MAX_HEAD_DIM)
+    return attn__fail(ctx, ATTN_E_SHAPE, "head dims D = %lld and Dv = %lld must be at most %lld (ATTN_MAX_HEAD_DIM)",
+                      (long long)p->D, (long long)p->Dv, (long long)ATTN_MAX_HEAD_DIM);
   if (p->Hk < 1 || p->Hq % p->Hk != 0)
     return attn__fail(ctx, ATTN_E_SHAPE, "query heads (%lld) must be a multiple of key/value heads (%lld)",
                       (long long)p->Hq, (long long)p->Hk);
@@ -136,12 +140,17 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
   if (isnan(opts->scale)) p->scale = 1.0 / sqrt((double)p->D);
   else if (isfinite(opts->scale)) p->scale = opts->scale;
   else return attn__fail(ctx, ATTN_E_INVALID, "scale must be finite (or NaN for 1/sqrt(D)), got %g", opts->scale);
+  /* the fp32 kernels scale q in float: a scale float cannot hold would make every logit Inf or NaN */
+  if (f32_only && fabs(p->scale) > FLT_MAX)
+    return attn__fail(ctx, ATTN_E_INVALID, "scale %g overflows float32 (the fp32 kernels compute in float)", p->scale);
   if (opts->causal != ATTN_CAUSAL_NONE && opts->causal != ATTN_CAUSAL_TOP_LEFT &&
       opts->causal != ATTN_CAUSAL_BOTTOM_RIGHT)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown causal mode %d", (int)opts->causal);
   p->causal = opts->causal;
   if (opts->window < 0) return attn__fail(ctx, ATTN_E_INVALID, "window must be >= 0 (0 = off), got %lld", (long long)opts->window);
-  p->window = opts->window;
+  /* a window past every position hides nothing more: capping it keeps i' - window from overflowing */
+  const int64_t no_op_window = (p->Nk > p->Nq ? p->Nk : p->Nq) + 1;
+  p->window = opts->window < no_op_window ? opts->window : no_op_window;
   if (p->window > 0 && p->causal == ATTN_CAUSAL_NONE) p->causal = ATTN_CAUSAL_TOP_LEFT;
   if (!(opts->softcap >= 0) || !isfinite(opts->softcap))
     return attn__fail(ctx, ATTN_E_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", opts->softcap);
@@ -284,23 +293,30 @@ attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tenso
   return ATTN_OK;
 }
 
+/* Nothing to write: broadcast (stride 0) inputs may describe a huge problem
+ * whose outputs are all empty, which must cost nothing. */
+static int nothing_to_write(const attn__sdpa *p) {
+  return attn_tensor_numel(&p->out) == 0 && (!p->weights || attn_tensor_numel(p->weights) == 0) &&
+         (!p->lse || attn_tensor_numel(p->lse) == 0);
+}
+
 attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
                       const attn_tensor *v, const attn_sdpa_opts *opts) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   attn_kernel kern = attn_ctx_kernel(ctx);
   attn__sdpa p;
   attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, kern != ATTN_KERNEL_REF);
-  if (st) return st;
+  if (st || nothing_to_write(&p)) return st;
   if (kern == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, &p);
   return attn__sdpa_run_cpu(ctx, &p, kern);
 }
 
 attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
                           const attn_tensor *v, const attn_sdpa_opts *opts) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   attn__sdpa p;
   attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, 0);
-  if (st) return st;
+  if (st || nothing_to_write(&p)) return st;
   return attn__sdpa_run_ref(ctx, &p);
 }
 

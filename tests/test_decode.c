@@ -184,7 +184,7 @@ static void refusals(void) {
 /* The decode kernel's edge cases: a row with every key masked gives zeros and
  * lse -inf; NaN in one query row stays in that row although the rows of a
  * group share every K and V load; Nk = 0 is a row with nothing to see. */
-static void edges(void) {
+static void edges(int blocked) {
   enum { Hq = 4, Hk = 2, Nk = 40, D = 16 };
   float q[2 * Hq * D], k[2 * Hk * Nk * D], v[2 * Hk * Nk * D], out[2 * Hq * D], lse[2 * Hq];
   tu_rng r = {5};
@@ -198,7 +198,9 @@ static void edges(void) {
   attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, ks), to = attn_tensor_view(out, ATTN_F32, 4, qs);
   attn_tensor tp = attn_tensor_view(kpm, ATTN_BOOL, 2, ps), tl = attn_tensor_view(lse, ATTN_F32, 3, ls);
   attn_ctx *ctx;
+  if (blocked) setenv("ATTN_DECODE", "0", 1); /* read when a context is created */
   attn_ctx_create(&ctx);
+  unsetenv("ATTN_DECODE");
   const attn_kernel kernels[3] = {ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
   for (int ki = 0; ki < 3; ki++) {
     if (!attn_kernel_supported(kernels[ki])) continue;
@@ -220,8 +222,10 @@ static void edges(void) {
         if (h == 1) nan_row &= isnan(x) != 0;
         else finite &= isfinite(x) != 0;
       }
-    CHECK(zeros, "kernel %s: a fully masked decode row must give zeros and lse -inf", attn_kernel_name(kernels[ki]));
-    CHECK(nan_row && finite, "kernel %s: NaN must stay in its row", attn_kernel_name(kernels[ki]));
+    CHECK(zeros, "kernel %s%s: a fully masked decode row must give zeros and lse -inf", attn_kernel_name(kernels[ki]),
+          blocked ? " (blocked)" : "");
+    CHECK(nan_row && finite, "kernel %s%s: NaN must stay in its row", attn_kernel_name(kernels[ki]),
+          blocked ? " (blocked)" : "");
     q[Hq * D + D + 3] = 0.5f;
     attn_tensor empty_k = tk, empty_v = tv;
     empty_k.shape[2] = empty_v.shape[2] = 0;
@@ -236,7 +240,8 @@ static void edges(void) {
 }
 
 int main(void) {
-  edges();
+  edges(0); /* the decode kernel */
+  edges(1); /* the same rows through the blocked kernel */
   decode_cases();
   blocked_halves();
   refusals();

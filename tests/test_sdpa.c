@@ -241,7 +241,9 @@ static void oracle_by_hand(attn_ctx *ctx) {
   CHECK(fabs(w[0] - exp(s) / z) < 1e-15, "bottom-right causal %g", w[0]);
 }
 
-/* Fully masked rows, NaN and Inf, and the four mask modes saying the same thing. */
+/* Fully masked rows, NaN and Inf, and the four mask modes saying the same thing.
+ * ctx is either a default context (these few rows go to the decode kernel) or
+ * one made with ATTN_DECODE=0 (the blocked kernel): main runs both. */
 static void edge_cases(attn_ctx *ctx) {
   enum { N = 5, D = 4 };
   float q[N * D], k[N * D], v[N * D], out[N * D], w[N * N], lse[N];
@@ -311,12 +313,30 @@ static void edge_cases(attn_ctx *ctx) {
         else others_finite &= isfinite(out[i * D + c]) != 0;
       }
     CHECK(row1_nan && others_finite, "kernel %s: NaN must propagate to its row only", attn_kernel_name(kernels[ki]));
+    /* Inf in a visible key: q.k is +Inf or -Inf by the sign of q's element. A
+     * row with +Inf gets NaN (Inf - Inf in the softmax), as in the oracle and
+     * PyTorch; a row with -Inf gives that key weight 0 and stays finite. */
     float kinf[N * D];
     memcpy(kinf, k, sizeof k);
-    kinf[3] = INFINITY;
+    kinf[1 * D + 3] = INFINITY;
     attn_tensor tki = attn_tensor_view(kinf, ATTN_F32, 4, s4);
+    double want[N * D];
+    attn_tensor twant = attn_tensor_view(want, ATTN_F64, 4, s4);
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &twant, &tq, &tki, &tv, &o));
+    tu_poison_f32(out, N * D);
     CHECK_OK(ctx, kernels[ki] == ATTN_KERNEL_REF ? attn_sdpa_ref(ctx, &to, &tq, &tki, &tv, &o)
                                                  : attn_sdpa(ctx, &to, &tq, &tki, &tv, &o));
+    int nan_rows = 0, finite_rows = 0, agree = 1;
+    for (int i = 0; i < N; i++) {
+      const int row_nan = isnan(want[i * D]);
+      nan_rows += row_nan;
+      finite_rows += !row_nan;
+      for (int c = 0; c < D; c++)
+        agree &= row_nan ? isnan(out[i * D + c]) != 0 : fabs(out[i * D + c] - want[i * D + c]) <= 1e-5;
+    }
+    CHECK(agree && nan_rows > 0 && finite_rows > 0,
+          "kernel %s: Inf in a key: rows must be NaN exactly where the oracle's are (%d NaN, %d finite rows)",
+          attn_kernel_name(kernels[ki]), nan_rows, finite_rows);
   }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
 }
@@ -436,6 +456,12 @@ int main(int argc, char **argv) {
            attn_kernel_supported((attn_kernel)k) ? "tested" : "not supported here: skipped");
   oracle_by_hand(ctx);
   edge_cases(ctx);
+  attn_ctx *blocked;
+  setenv("ATTN_DECODE", "0", 1); /* read when a context is created */
+  if (attn_ctx_create(&blocked)) return 1;
+  unsetenv("ATTN_DECODE");
+  edge_cases(blocked);
+  attn_ctx_destroy(blocked);
   long_case(ctx);
   accuracy_vs_plain(ctx);
   for (int i = 0; i < cases; i++) random_case(ctx, 1000 + (uint64_t)i);

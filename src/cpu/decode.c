@@ -190,7 +190,7 @@ attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p, attn_kerne
   const int64_t R = p->Nq * p->group, pairs = p->B * p->Hk;
   const int64_t nchunks = p->Nk > 0 ? (p->Nk + ATTN__DEC_CHUNK - 1) / ATTN__DEC_CHUNK : 1;
   const int64_t stride = R * (p->Dv + 2); /* floats of one chunk's partial */
-  const size_t part_bytes = (size_t)(pairs * nchunks * stride) * sizeof(float);
+  const size_t part_bytes = attn__bytes(pairs, nchunks, stride, sizeof(float)); /* saturates: see attn__bytes */
   float *parts = attn__workspace(ctx, attn__carve_size(part_bytes));
   if (!parts) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate %zu bytes of decode partials", part_bytes);
   const double work = (double)pairs * (double)R * (double)p->Nk * (double)(p->D + p->Dv);

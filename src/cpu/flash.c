@@ -259,6 +259,10 @@ attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel i
   if (!ctx->no_decode && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p, isa);
   const int64_t nblocks = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr;
   const int v_unit = p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1); /* else packed as f32 */
+  /* one kv head's packed keys and values: a broadcast k or v may claim more than memory holds */
+  if (attn__bytes(nblocks, nr, p->D, sizeof(float)) + attn__bytes(p->Nk, p->Dv, 1, sizeof(float)) > ATTN__SIZE_LIMIT)
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: Nk = %lld keys of %lld + %lld floats are too many to pack",
+                      (long long)p->Nk, (long long)p->D, (long long)p->Dv);
   const int64_t kt_size = nblocks * nr * p->D, vp_size = v_unit ? 0 : p->Nk * p->Dv;
   const int64_t pairs = p->B * p->Hk;
   int64_t per_round = PACK_BUDGET / (int64_t)sizeof(float) / (kt_size + vp_size + 1);
@@ -270,8 +274,8 @@ attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel i
   int qb = QB_MAX;
   while (qb > 1 && per_round * p->group * ((ntiles + qb - 1) / qb) < 4 * threads) qb /= 2;
   const int64_t nqblk = (ntiles + qb - 1) / qb, per_pair = p->group * nqblk;
-  const size_t kt_bytes = (size_t)(per_round * kt_size) * sizeof(float);
-  const size_t vp_bytes = (size_t)(per_round * vp_size) * sizeof(float);
+  const size_t kt_bytes = attn__bytes(per_round, kt_size, 1, sizeof(float));
+  const size_t vp_bytes = attn__bytes(per_round, vp_size, 1, sizeof(float));
   char *ws = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vp_bytes));
   if (!ws) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate packed keys for Nk = %lld", (long long)p->Nk);
   float *Kt = attn__carve(&ws, kt_bytes);

@@ -209,19 +209,47 @@ static void sinks_grad(const attn__sdpa *p, const attn_tensor *dout, const attn_
   }
 }
 
+/* Zeros every element of an f32 output (a no-op for an empty one, whatever its shape). */
+static void zero_f32(attn_tensor *t) {
+  const int64_t n = attn_tensor_numel(t);
+  if (n <= 0) return;
+  int64_t idx[ATTN_MAX_RANK] = {0}, off = 0;
+  float *d = t->data;
+  for (int64_t e = 0; e < n; e++) {
+    d[off] = 0.0f;
+    for (int i = t->rank - 1; i >= 0; i--) {
+      if (++idx[i] < t->shape[i]) {
+        off += t->strides[i];
+        break;
+      }
+      off -= t->strides[i] * (t->shape[i] - 1);
+      idx[i] = 0;
+    }
+  }
+}
+
 attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa, attn_tensor *dq,
                                         attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
                                         const attn_tensor *out, const attn_tensor *lse) {
+  /* Without a query row or a key nothing flows back: every gradient is zero, at
+   * the cost of the gradients' own elements, not of B x Hk empty passes. */
+  if (p->B == 0 || p->Hq == 0 || p->Nq == 0 || p->Nk == 0) {
+    zero_f32(dq), zero_f32(dk), zero_f32(dv);
+    if (p->mask_grad) zero_f32(p->mask_grad);
+    if (p->sinks_grad) zero_f32(p->sinks_grad);
+    return ATTN_OK;
+  }
   const attn__cpu_kernels *kn = attn__kernels_for(isa);
   const int mr = kn->mr, nr = kn->nr, threads = attn__threads(ctx);
   const int64_t nblk = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr, nqp = ntiles * mr;
   const int k_unit = p->k.strides[3] == 1;
   const int64_t per_head = nqp * (p->D + p->Dv + 2);
-  const size_t kt_bytes = (size_t)(nblk * nr * p->D) * sizeof(float);
-  const size_t vt_bytes = (size_t)(nblk * nr * (p->Dv > 0 ? p->Dv : 1)) * sizeof(float);
-  const size_t kr_bytes = k_unit ? 0 : (size_t)(p->Nk * p->D) * sizeof(float);
-  const size_t rows_bytes = (size_t)(p->group * per_head) * sizeof(float);
-  const size_t dqp_bytes = (size_t)(CHUNKS * p->group * nqp * (p->D > 0 ? p->D : 1)) * sizeof(float);
+  /* saturating sizes: broadcast views may claim more than memory holds (attn__workspace refuses those) */
+  const size_t kt_bytes = attn__bytes(nblk, nr, p->D, sizeof(float));
+  const size_t vt_bytes = attn__bytes(nblk, nr, p->Dv > 0 ? p->Dv : 1, sizeof(float));
+  const size_t kr_bytes = k_unit ? 0 : attn__bytes(p->Nk, p->D, 1, sizeof(float));
+  const size_t rows_bytes = attn__bytes(p->group, nqp, p->D + p->Dv + 2, sizeof(float));
+  const size_t dqp_bytes = attn__bytes(CHUNKS * p->group, nqp, p->D > 0 ? p->D : 1, sizeof(float));
   char *work = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vt_bytes) + attn__carve_size(kr_bytes) +
                                         attn__carve_size(rows_bytes) + attn__carve_size(dqp_bytes));
   bwd_rows *rows = calloc((size_t)p->group, sizeof *rows);
@@ -248,7 +276,9 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
 #pragma omp atomic write
       failed = 1;
     }
-    if (p->mask_grad) { /* pass A writes the visible tiles only */
+    /* every thread reads the same verdict: all of them, or none, enter the loops below */
+#pragma omp barrier
+    if (p->mask_grad && !failed) { /* pass A writes the visible tiles only */
       const attn_tensor *mg = p->mask_grad;
 #pragma omp for schedule(static)
       for (int64_t row = 0; row < p->B * p->Hq * p->Nq; row++) {

@@ -144,14 +144,14 @@ attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn
                                         const attn_tensor *lse) {
   const int64_t rows = p->B * p->Hq * p->Nq, keys = p->B * p->Hk * p->Nk;
   bwd_args a = {p, dout, lse, dq, dk, dv, NULL};
-  a.Dd = malloc((size_t)(rows > 0 ? rows : 1) * sizeof(double));
+  a.Dd = attn__aligned_alloc(attn__bytes(rows, 1, 1, sizeof(double)));
   if (!a.Dd) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward_ref: cannot allocate %lld row sums", (long long)rows);
   const int threads = attn__threads(ctx);
   int failed = 0;
 #pragma omp parallel num_threads(threads)
   {
-    bwd_entry *row = malloc((size_t)(p->Nk > 0 ? p->Nk : 1) * sizeof *row);
-    double *acc = malloc((size_t)(p->D + p->Dv + 1) * sizeof(double));
+    bwd_entry *row = attn__aligned_alloc(attn__bytes(p->Nk, 1, 1, sizeof *row));
+    double *acc = attn__aligned_alloc(attn__bytes(p->D + p->Dv + 1, 1, 1, sizeof(double)));
     if (!row || !acc) {
 #pragma omp atomic write
       failed = 1;
@@ -169,8 +169,8 @@ attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn
       const int64_t j = c % p->Nk, g = (c / p->Nk) % p->Hk, b = c / (p->Nk * p->Hk);
       key_pass(&a, b, g, j, acc, acc + p->D);
     }
-    free(row);
-    free(acc);
+    attn__aligned_free(row);
+    attn__aligned_free(acc);
   }
   if (!failed && p->sinks_grad) {
     /* serially, in (b, i) order: the same sum whatever the thread count */
@@ -185,7 +185,7 @@ attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn
       attn__store(p->sinks_grad->data, p->sinks_grad->dtype, h * p->sinks_grad->strides[0], acc);
     }
   }
-  free(a.Dd);
+  attn__aligned_free(a.Dd);
   if (failed)
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward_ref: cannot allocate a row of %lld entries", (long long)p->Nk);
   return ATTN_OK;
@@ -195,7 +195,7 @@ attn_status attn_sdpa_backward_ref(attn_ctx *ctx, attn_tensor *dq, attn_tensor *
                                    const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
                                    const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
                                    const attn_sdpa_opts *opts) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   attn__sdpa p;
   attn_status st = attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, dout, q, k, v, out, lse, opts, 0);
   if (st) return st;
@@ -206,7 +206,7 @@ attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, 
                                const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
                                const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
                                const attn_sdpa_opts *opts) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   const attn_kernel kern = attn_ctx_kernel(ctx);
   attn__sdpa p;
   attn_status st = attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, dout, q, k, v, out, lse, opts,

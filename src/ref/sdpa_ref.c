@@ -76,7 +76,7 @@ attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p) {
   int failed = 0;
 #pragma omp parallel num_threads(attn__threads(ctx))
   {
-    double *logits = malloc((size_t)(p->Nk > 0 ? p->Nk : 1) * sizeof(double));
+    double *logits = attn__aligned_alloc(attn__bytes(p->Nk, 1, 1, sizeof(double)));
     if (!logits) {
 #pragma omp atomic write
       failed = 1;
@@ -87,7 +87,7 @@ attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p) {
       const int64_t i = r % p->Nq, h = (r / p->Nq) % p->Hq, b = r / (p->Nq * p->Hq);
       ref_row(p, b, h, i, logits);
     }
-    free(logits);
+    attn__aligned_free(logits);
   }
   if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_ref: cannot allocate a row of %lld logits", (long long)p->Nk);
   return ATTN_OK;
