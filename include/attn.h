@@ -9,6 +9,7 @@
  *     strides count elements, not bytes; a stride of 0 broadcasts.
  *   - Shapes are written as in PyTorch, outermost first: q is [B, Hq, Nq, D].
  *   - Outputs come first in argument lists, then inputs, then options.
+ *   - Every call that takes a context refuses a NULL one with ATTN_E_INVALID.
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -205,6 +206,11 @@ ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
  * (Hk = 1 is multi-query attention). Any strides: pass permuted views for
  * batch-first data. A row whose every key is masked gives zeros in out and
  * weights and -inf in lse (the sink with sinks), never NaN. NaN or Inf in the inputs propagate.
+ * Hidden keys are never read: a key outside row i's causal bound or window,
+ * padded by key_padding, false in a KEEP mask, true in a MASKED mask or -inf
+ * in an additive one reaches none of that row's out, weights, lse or
+ * gradients, whatever its k and v hold (NaN and Inf included: the unused tail
+ * of a buffer may stay uninitialised). Every kernel keeps this.
  * With ATTN_KERNEL_REF the oracle runs instead (see attn_sdpa_ref). */
 ATTN_API attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
                                const attn_tensor *v, const attn_sdpa_opts *opts);

@@ -37,10 +37,11 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
   if (kern == ATTN_KERNEL_REF) kern = ATTN_KERNEL_C; /* the projections run in fp32; attention follows the context */
   const int th = attn__threads(ctx);
   const int64_t M = B * n, ld = E + 2 * kv;
-  float *X = attn__aligned_alloc((size_t)(M * E + 1) * sizeof(float));
-  float *QKV = attn__aligned_alloc((size_t)(M * ld + 1) * sizeof(float));
-  float *A = attn__aligned_alloc((size_t)(M * E + 1) * sizeof(float));
-  float *Y = attn__aligned_alloc((size_t)(M * E + 1) * sizeof(float));
+  /* saturating sizes: a broadcast x may claim more rows than memory holds */
+  float *X = attn__aligned_alloc(attn__bytes(M, E, 1, sizeof(float)));
+  float *QKV = attn__aligned_alloc(attn__bytes(M, ld, 1, sizeof(float)));
+  float *A = attn__aligned_alloc(attn__bytes(M, E, 1, sizeof(float)));
+  float *Y = attn__aligned_alloc(attn__bytes(M, E, 1, sizeof(float)));
   if (!X || !QKV || !A || !Y) {
     st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_cached: cannot allocate activations");
     goto done;
