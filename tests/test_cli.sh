@@ -529,6 +529,20 @@ for s in 1e308 -1e39 4e38 inf nan 1e999; do
   expect 2 "" -- sdpa --q "$T/missing.npy" --k $D/k.npy --v $D/v.npy --out "$T/never_o.npy" --scale $s
 done
 
+# --- the benchmark's compute bound (a timeout catches its absence) ---
+WRAP=(timeout 20)
+expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 16777216 --dim 1
+if grep -q 'GFLOP' "$T/stderr" && grep -q -- '--max-gflop' "$T/stderr"; then ok; else bad "bench's refusal: $(cat "$T/stderr")"; fi
+expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 2097152 --dim 1 --backward --repeat 2
+expect 2 "" -- bench mha --batch 1 --seq 1000000 --embed 16 --heads 1
+expect 2 "" -- bench decode --batch 1 --kv-seq 262144 --heads 1024 --kv-heads 1 --dim 16 --seq 1024
+WRAP=()
+expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --repeat 1 --backward --max-gflop 1e-3
+expect 0 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --repeat 1 --max-gflop 1e-3
+expect 2 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-5
+expect 0 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-3
+expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --max-gflop 0
+
 # --- --help and -h: every command's usage on stdout, exit 0, whatever else is given ---
 for c in sdpa mha map demo version bench "bench sdpa" "bench mha" "bench decode"; do
   for h in --help -h; do
