@@ -401,8 +401,8 @@ expect 2 "$O" -- mha $MS --out "$O" --softcap -2
 expect 1 "$O" -- mha $MS --out "$O" --sinks "$T/sinks3.npy"
 
 # --- outputs: never an input, staged until every one is written, links followed ---
-same() { # same A B: byte for byte
-  if cmp -s "$1" "$2"; then ok; else bad "$1 changed (differs from $2)"; fi
+same() { # same A B: byte for byte (else B is copied over A, so that one failure stays one)
+  if cmp -s "$1" "$2"; then ok; else bad "$1 changed (differs from $2)"; cp "$2" "$1"; fi
 }
 npy_zeros() { # npy_zeros FILE 'SHAPE' COUNT: float32 zeros of that shape (a 128-byte header)
   printf '\x93NUMPY\x01\x00\x76\x00%-117s\n' "{'descr': '<f4', 'fortran_order': False, 'shape': ($2), }" >"$1"
@@ -481,6 +481,13 @@ expect 1 "" -- sdpa $ZQKV --out "$T/precious.npy" --grad-out "$T/in/q1.npy" --dq
 same "$T/precious.npy" $D/k.npy
 same "$T/precious_dq.npy" $D/v.npy
 WRAP=()
+# a name the final rename would refuse (longer than NAME_MAX) fails before any output is in place
+# (found by fuzz/fuzz_cli.c)
+cp $D/k.npy "$T/precious2.npy"
+expect 1 "" -- sdpa $IQKV --out "$T/precious2.npy" --weights-out "$T/never_$(printf 'n%.0s' $(seq 300))"
+same "$T/precious2.npy" $D/k.npy
+expect 1 "" -- sdpa $IQKV --out "$T/precious2.npy" --weights-out "$T/precious2.npy/w.npy"
+same "$T/precious2.npy" $D/k.npy
 # and the whole command succeeding replaces them
 npy_zeros "$T/zeros.npy" '1, 1, 1, 4' 4
 expect 0 "" -- sdpa $ZQKV --out "$T/precious.npy" --weights-out "$T/w2k.npy"

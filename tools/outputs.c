@@ -38,10 +38,10 @@ static char *follow_links(const char *path) {
     struct stat sb;
     if (lstat(p, &sb) != 0 || !S_ISLNK(sb.st_mode)) return p;
     char link[PATH_MAX];
-    const ssize_t n = hops < CLI_MAX_LINKS ? readlink(p, link, sizeof link) : -1;
-    if (hops >= CLI_MAX_LINKS) errno = ELOOP;
-    if (n >= (ssize_t)sizeof link) errno = ENAMETOOLONG;
-    if (n < 0 || n >= (ssize_t)sizeof link) {
+    ssize_t n = -1;
+    if (hops == CLI_MAX_LINKS) errno = ELOOP;
+    else if ((n = readlink(p, link, sizeof link)) >= (ssize_t)sizeof link) n = -1, errno = ENAMETOOLONG;
+    if (n < 0) {
       const int err = errno;
       free(p);
       errno = err;
@@ -93,9 +93,12 @@ static int same_file(const file_id *a, const file_id *b) {
 static int check_target(cli_outputs *o, int i) {
   const char *flag = o->o[i].flag, *path = o->o[i].path, *target = o->o[i].target;
   struct stat sb;
-  if (lstat(target, &sb) == 0 && !S_ISREG(sb.st_mode))
+  const int found = lstat(target, &sb) == 0, lerr = found ? 0 : errno;
+  if (found && !S_ISREG(sb.st_mode))
     return cli_fail(CLI_EXIT_USAGE, "%s '%s' is %s", flag, cli_show(path),
                     S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file");
+  /* a name the final rename would refuse (too long, below a file) fails now, before any output is in place */
+  if (!found && lerr != ENOENT) return cli_fail(CLI_EXIT_FAIL, "%s '%s': %s", flag, cli_show(path), strerror(lerr));
   const size_t d = dir_len(target);
   char *dir = d ? concat(target, d, "") : strdup(".");
   if (!dir) return cli_fail(CLI_EXIT_FAIL, "out of memory");
