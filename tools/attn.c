@@ -518,7 +518,7 @@ static int detect_naming(attn_ctx *ctx, const char *path, const char *prefix, na
     free(full);
   }
   attn_safetensors_close(st);
-  if (!r && *nm == NAMING_NONE) r = cli_fail(CLI_EXIT_FAIL, "--params '%s': no attention parameters under prefix '%s'", cli_show(path), cli_show(prefix));
+  if (!r && *nm == NAMING_NONE) r = cli_fail(CLI_EXIT_FAIL, "--params %s: no attention parameters under prefix '%s'", path, prefix);
   return r;
 }
 
