@@ -772,6 +772,7 @@ static const struct {
      "  attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq]\n"
      "            [--dtype f32|f16|bf16] [--compare] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"},
     {"version", NULL, "  attn version\n"},
+    {"help", NULL, "  attn help [COMMAND]               this text, or one command's (as attn COMMAND --help)\n"},
 };
 
 static const char notes_data[] =
