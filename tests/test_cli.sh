@@ -10,11 +10,13 @@ ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # expect CODE OUTFILE -- ARGS: exit status CODE; on failure one stderr line, no OUTFILE and no $T/never*
-# (the failure cases name every output they ask for $T/never*)
+# (the failure cases name every output they ask for $T/never*), and never a temporary file in $T
+# (the temporaries are hidden: .attn.tmp.*). WRAP=(cmd...) runs attn under cmd.
+WRAP=()
 expect() {
   local code=$1 out=$2; shift 3
   [ "$code" = 0 ] || rm -f "$T"/never*  # one failure must not make the next case fail too
-  "$ATTN" "$@" >"$T/stdout" 2>"$T/stderr"
+  ${WRAP[@]+"${WRAP[@]}"} "$ATTN" "$@" >"$T/stdout" 2>"$T/stderr"
   local rc=$?
   if [ "$rc" != "$code" ]; then bad "attn $* exited $rc, want $code: $(cat "$T/stderr")"; return; fi
   if [ "$code" != 0 ]; then
@@ -22,8 +24,8 @@ expect() {
     if [ "$lines" != 1 ] || ! grep -q '^attn: ' "$T/stderr"; then bad "attn $*: want one 'attn: ' line on stderr, got: $(cat "$T/stderr")"; return; fi
     if [ -n "$out" ] && [ -e "$out" ]; then bad "attn $*: left $out behind"; return; fi
     if ls "$T" | grep -q '^never'; then bad "attn $*: left $(ls "$T" | grep '^never' | tr '\n' ' ')behind"; rm -f "$T"/never*; return; fi
-    if ls "$T" | grep -q '\.tmp'; then bad "attn $*: left a temporary file"; return; fi
   fi
+  if [ -n "$(find "$T" -name '*.tmp*')" ]; then bad "attn $*: left a temporary file: $(find "$T" -name '*.tmp*')"; return; fi
   ok
 }
 close() { # close A B TOL
@@ -268,7 +270,9 @@ png_size() { # png_size FILE: "WIDTH HEIGHT" from the IHDR chunk
   od -An -tu1 -j16 -N8 "$1" | awk '{print $1*16777216+$2*65536+$3*256+$4, $5*16777216+$6*65536+$7*256+$8}'
 }
 "$ATTN" map >/dev/null 2>"$T/stderr"
+HAVE_PNG=1
 if grep -q 'built without libpng' "$T/stderr"; then
+  HAVE_PNG=0
   echo "test_cli: attn map built without libpng: only its one-line refusal is tested"
   expect 1 "$T/never.png" -- map --weights $G/mha_seed/weights.npy --png "$T/never.png"
 else
@@ -395,6 +399,173 @@ has_tensors "$T/g.safetensors" query
 expect 2 "$O" -- mha $MS --out "$O" --window -3
 expect 2 "$O" -- mha $MS --out "$O" --softcap -2
 expect 1 "$O" -- mha $MS --out "$O" --sinks "$T/sinks3.npy"
+
+# --- outputs: never an input, staged until every one is written, links followed ---
+same() { # same A B: byte for byte (else B is copied over A, so that one failure stays one)
+  if cmp -s "$1" "$2"; then ok; else bad "$1 changed (differs from $2)"; cp "$2" "$1"; fi
+}
+npy_zeros() { # npy_zeros FILE 'SHAPE' COUNT: float32 zeros of that shape (a 128-byte header)
+  printf '\x93NUMPY\x01\x00\x76\x00%-117s\n' "{'descr': '<f4', 'fortran_order': False, 'shape': ($2), }" >"$1"
+  head -c $((4 * $3)) /dev/zero >>"$1"
+}
+D=$G/sdpa_plain D2=$G/sdpa_bwd_additive
+# the cases' inputs are copies in $T/in of the originals in $T/orig
+mkdir -p "$T/in" "$T/orig"
+cp $D/q.npy $D/k.npy $D/v.npy $G/mha_seed/params.safetensors $G/mha_seed/x.npy $G/mha_seed/out.npy \
+  $D2/mask.npy $D2/G.npy $G/mha_seed/weights.npy "$T/sinks.npy" "$T/orig/"
+printf 'the\ncat\nsat\non\nthe\nmat\nnow\n' >"$T/orig/tok7.txt"
+cp "$T"/orig/* "$T/in/"
+intact() { # every input is as it was (and is put back, so that one failure stays one)
+  local f; for f in "$T"/orig/*; do
+    if cmp -s "$f" "$T/in/${f##*/}"; then ok; else bad "the input ${f##*/} changed"; cp "$f" "$T/in/"; fi
+  done
+}
+IQKV="--q $T/in/q.npy --k $T/in/k.npy --v $T/in/v.npy"
+# an output that names an input is refused before anything runs, however it is spelt
+expect 2 "" -- sdpa $IQKV --out "$T/in/q.npy" --weights-out "$T/no/such/dir/w.npy"
+intact
+expect 2 "" -- sdpa $IQKV --out "$T/in/q.npy"
+intact
+expect 2 "" -- sdpa $IQKV --out "$T/in/../in/k.npy"
+intact
+ln -sf q.npy "$T/in/qlink.npy"
+expect 2 "" -- sdpa $IQKV --out "$T/in/qlink.npy"
+intact
+ln -f "$T/in/k.npy" "$T/in/khard.npy"
+expect 2 "" -- sdpa $IQKV --out "$T/in/khard.npy"
+intact
+expect 2 "" -- sdpa $IQKV --out "$T/never_o.npy" --weights-out "$T/in/v.npy"
+intact
+AQKV="--q $D2/q.npy --k $D2/k.npy --v $D2/v.npy"
+expect 2 "" -- sdpa $AQKV --out "$T/never_o.npy" --grad-out "$T/in/G.npy" --dq-out "$T/in/G.npy"
+intact
+expect 2 "" -- sdpa $AQKV --out "$T/never_o.npy" --grad-out "$T/in/G.npy" --mask "$T/in/mask.npy" --mask-grad-out "$T/in/mask.npy"
+intact
+expect 2 "" -- sdpa $IQKV --out "$T/never_o.npy" --sinks "$T/in/sinks.npy" --grad-out "$T/in/q.npy" --sinks-grad-out "$T/in/sinks.npy"
+intact
+MI="--params $T/in/params.safetensors --heads 2 --query $T/in/x.npy"
+expect 2 "" -- mha $MI --out "$T/never_o.npy" --grad-out "$T/in/out.npy" --grads-out "$T/in/params.safetensors"
+intact
+expect 2 "" -- mha $MI --out "$T/in/x.npy"
+intact
+expect 2 "" -- mha $MI --out "$T/never_o.npy" --weights-out "$T/in/out.npy" --grad-out "$T/in/out.npy" --grads-out "$T/never_g.safetensors"
+intact
+if [ "$HAVE_PNG" = 1 ]; then
+  expect 2 "" -- map --weights "$T/in/weights.npy" --png "$T/in/tok7.txt" --tokens "$T/in/tok7.txt"
+  intact
+  expect 2 "" -- map --weights "$T/in/weights.npy" --png "$T/in/weights.npy"
+  intact
+  expect 2 "" -- map $MI --png "$T/in/params.safetensors"
+  intact
+  expect 2 "" -- map $MI --png "$T/in/x.npy"
+  intact
+fi
+# two outputs naming one file, a directory, something not a regular file: refused
+expect 2 "" -- sdpa $IQKV --out "$T/never_o.npy" --weights-out "$T/./never_o.npy"
+expect 2 "" -- sdpa $IQKV --out "$T/in"
+mkfifo "$T/fifo"   # (not /dev/null: a tool that replaced it, run as root, would break the machine)
+expect 2 "" -- sdpa $IQKV --out "$T/fifo"
+if [ -p "$T/fifo" ]; then ok; else bad "an output replaced a FIFO"; fi
+# a later output that fails leaves the earlier ones' files as they were, and no temporary
+# (a file size limit makes the large --weights-out, written after --out, fail)
+npy_zeros "$T/in/q1.npy" '1, 1, 1, 4' 4
+npy_zeros "$T/in/k2k.npy" '1, 1, 2000, 4' 8000
+fsize_limited() { (trap '' XFSZ; ulimit -f 4; exec "$@"); }
+cp $D/k.npy "$T/precious.npy"
+cp $D/v.npy "$T/precious_dq.npy"
+ZQKV="--q $T/in/q1.npy --k $T/in/k2k.npy --v $T/in/k2k.npy"
+WRAP=(fsize_limited)
+expect 1 "" -- sdpa $ZQKV --out "$T/precious.npy" --weights-out "$T/never_w.npy"
+same "$T/precious.npy" $D/k.npy
+expect 1 "" -- sdpa $ZQKV --out "$T/precious.npy" --grad-out "$T/in/q1.npy" --dq-out "$T/precious_dq.npy" --dk-out "$T/never_dk.npy"
+same "$T/precious.npy" $D/k.npy
+same "$T/precious_dq.npy" $D/v.npy
+WRAP=()
+# a name the final rename would refuse (longer than NAME_MAX) fails before any output is in place
+# (found by fuzz/fuzz_cli.c)
+cp $D/k.npy "$T/precious2.npy"
+expect 1 "" -- sdpa $IQKV --out "$T/precious2.npy" --weights-out "$T/never_$(printf 'n%.0s' $(seq 300))"
+same "$T/precious2.npy" $D/k.npy
+expect 1 "" -- sdpa $IQKV --out "$T/precious2.npy" --weights-out "$T/precious2.npy/w.npy"
+same "$T/precious2.npy" $D/k.npy
+# and the whole command succeeding replaces them
+npy_zeros "$T/zeros.npy" '1, 1, 1, 4' 4
+expect 0 "" -- sdpa $ZQKV --out "$T/precious.npy" --weights-out "$T/w2k.npy"
+close "$T/precious.npy" "$T/zeros.npy" 0
+# a symbolic link is followed: the file it points to is replaced, the link stays (a chain, a relative
+# link in another directory, a dangling link)
+mkdir -p "$T/sub"
+cp $D/k.npy "$T/sub/target.npy"
+ln -sf sub/target.npy "$T/l1.npy"
+ln -sf ../l1.npy "$T/sub/l2.npy"
+expect 0 "" -- sdpa $IQKV --out "$T/sub/l2.npy"
+if [ -L "$T/sub/l2.npy" ] && [ -L "$T/l1.npy" ]; then ok; else bad "an output replaced a symbolic link"; fi
+close "$T/sub/target.npy" $D/out.npy 1e-5
+rm -f "$T/dangling_target.npy"
+ln -sf dangling_target.npy "$T/dangling.npy"
+expect 0 "" -- sdpa $IQKV --out "$T/dangling.npy"
+if [ -L "$T/dangling.npy" ]; then ok; else bad "an output replaced a dangling link"; fi
+close "$T/dangling_target.npy" $D/out.npy 1e-5
+ln -sf no/such/dir/x.npy "$T/dangling_nodir.npy"
+expect 1 "" -- sdpa $IQKV --out "$T/dangling_nodir.npy"
+# a 250-byte file name (the temporaries must fit in NAME_MAX beside it)
+L250=$(printf 'n%.0s' $(seq 246)).npy
+expect 0 "" -- sdpa $IQKV --out "$T/$L250" --weights-out "$T/w_$L250"
+close "$T/$L250" $D/out.npy 1e-5
+close "$T/w_$L250" $D/weights.npy 1e-5
+rm -f "$T/$L250" "$T/w_$L250"
+
+# --- what an error echoes stays on one line: control characters escaped, long values cut ---
+NL="$T/$(printf 'bad\nname\r\t\033[2J')"
+expect 1 "" -- sdpa --q "$NL" --k $D/k.npy --v $D/v.npy --out "$T/never_o.npy"
+if grep -qF 'bad\nname\r\t\x1b[2J' "$T/stderr"; then ok; else bad "control characters not escaped: $(cat -v "$T/stderr")"; fi
+expect 1 "" -- mha --params "$NL" --heads 2 --query $G/mha_seed/x.npy --out "$T/never_o.npy"
+expect 2 "" -- sdpa $IQKV --out "$T/never_o.npy" --mask "$T/in/q.npy" --mask-mode "$(printf 'a\nb')"
+expect 2 "" -- sdpa $IQKV --out "$T/never_o.npy" "$(printf -- '--bo\ngus')"
+expect 2 "" -- "$(printf 'sd\npa')"
+LONG=$(printf 'x%.0s' $(seq 5000))
+expect 2 "" -- sdpa $IQKV --out "$T/never_o.npy" --causal="$LONG"
+if [ "$(wc -c <"$T/stderr")" -lt 400 ] && grep -q 'xxx\.\.\.' "$T/stderr"; then ok; else bad "a long value not cut: $(wc -c <"$T/stderr") bytes"; fi
+
+# --- --scale: a subnormal is a number; one that float32 cannot hold is refused before anything is read ---
+expect 0 "" -- sdpa $IQKV --out "$T/o_sub.npy" --scale 1e-320
+close "$T/o_sub.npy" "$T/o_sub.npy" 0   # finite (a NaN or an Inf compares unequal to itself)
+ATTN_KERNEL=ref "$ATTN" sdpa $IQKV --out "$T/o_sub_ref.npy" --scale 1e-320 && ok || bad "ref sdpa --scale 1e-320"
+close "$T/o_sub.npy" "$T/o_sub_ref.npy" 1e-6
+for s in 1e308 -1e39 4e38 inf nan 1e999; do
+  expect 2 "" -- sdpa --q "$T/missing.npy" --k $D/k.npy --v $D/v.npy --out "$T/never_o.npy" --scale $s
+done
+
+# --- the benchmark's compute bound (a timeout catches its absence) ---
+WRAP=(timeout 20)
+expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 16777216 --dim 1
+if grep -q 'GFLOP' "$T/stderr" && grep -q -- '--max-gflop' "$T/stderr"; then ok; else bad "bench's refusal: $(cat "$T/stderr")"; fi
+expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 2097152 --dim 1 --backward --repeat 2
+expect 2 "" -- bench mha --batch 1 --seq 1000000 --embed 16 --heads 1
+expect 2 "" -- bench decode --batch 1 --kv-seq 262144 --heads 1024 --kv-heads 1 --dim 16 --seq 1024
+WRAP=()
+expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --repeat 1 --backward --max-gflop 1e-3
+expect 0 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --repeat 1 --max-gflop 1e-3
+expect 2 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-5
+expect 0 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-3
+expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --max-gflop 0
+
+# --- --help and -h: every command's usage on stdout, exit 0, whatever else is given ---
+for c in sdpa mha map demo version bench "bench sdpa" "bench mha" "bench decode"; do
+  for h in --help -h; do
+    expect 0 "" -- $c $h
+    if grep -q "attn $c" "$T/stdout" && [ ! -s "$T/stderr" ]; then ok; else bad "attn $c $h: no usage on stdout"; fi
+  done
+done
+expect 0 "" -- sdpa --q "$T/missing.npy" --out "$T/never_o.npy" --help
+missing "$T/never_o.npy"
+expect 0 "" -- mha --bogus 1 -h
+expect 0 "" -- bench sdpa --batch 1 --heads 1 --seq 16777216 --dim 1 --help
+if grep -q "attn bench sdpa" "$T/stdout"; then ok; else bad "bench sdpa --help"; fi
+expect 0 "" -- help mha
+if grep -q "attn mha" "$T/stdout" && ! grep -q "attn sdpa" "$T/stdout"; then ok; else bad "attn help mha"; fi
+expect 2 "" -- help frobnicate
+expect 2 "" --
 
 echo "test_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -854,6 +854,32 @@ static void test_fuzz(attn_ctx *ctx) {
   for (int i = 0; i < NBASE; i++) free(base[i]);
 }
 
+/* ---- a file name near NAME_MAX ------------------------------------------------------ */
+/* 250 bytes is a valid name; the writers' temporaries must fit beside it. */
+static void test_long_name(attn_ctx *ctx) {
+  float v[2] = {1, 2};
+  int64_t sh[1] = {2};
+  attn_tensor t = attn_tensor_view(v, ATTN_F32, 1, sh), r;
+  const char *nm = "x";
+  char name[251], p[1400];
+  for (const char *ext = ".npy"; ext; ext = strcmp(ext, ".npy") ? NULL : ".safetensors") {
+    memset(name, 'n', 250 - strlen(ext));
+    strcpy(name + 250 - strlen(ext), ext);
+    tpath(p, sizeof p, name);
+    if (!strcmp(ext, ".npy")) {
+      CHECK_OK(ctx, attn_npy_write(ctx, p, &t));
+      CHECK_OK(ctx, attn_npy_read(ctx, &r, p));
+      CHECK(r.data && ((float *)r.data)[1] == 2, "250-byte npy round trip");
+      attn_tensor_free(&r);
+    } else {
+      CHECK_OK(ctx, attn_safetensors_write(ctx, p, 1, &nm, &t));
+      CHECK(exists(p), "250-byte safetensors file");
+    }
+    unlink(p);
+  }
+  CHECK(leftovers() == 0, "temporaries left");
+}
+
 int main(void) {
   const char *env = getenv("ATTN_TEST_TMP");
   snprintf(tdir, sizeof tdir, "%s/test_io_%ld", env && env[0] ? env : "/tmp", (long)getpid());
@@ -868,6 +894,7 @@ int main(void) {
   test_st_handmade(ctx);
   test_atomic(ctx);
   test_fuzz(ctx);
+  test_long_name(ctx);
   attn_ctx_destroy(ctx);
   cleanup_dir();
   return tu_finish("test_io");

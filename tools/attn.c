@@ -6,16 +6,20 @@
  *             [--grad-out G.npy --grads-out GRADS.safetensors]
  *   attn map  --params P.safetensors --heads H --query X.npy --png OUT.png [--tokens T.txt]  (tools/map.c)
  *   attn map  --weights W.npy --png OUT.png [--tokens T.txt]
+ *   attn bench sdpa|mha|decode ...  (tools/bench.c)
  *   attn demo
  *   attn version
+ *   attn help [COMMAND], attn COMMAND --help
  *
- * Errors: one line on stderr, exit 1 (bad data) or 2 (bad command line), and
- * no output file left behind. */
+ * Errors: one line on stderr, exit 1 (bad data) or 2 (bad command line). The
+ * outputs are staged (tools/outputs.c): a failed command changes no file it
+ * did not create. */
 #include "cli.h"
 #include "internal.h" /* half-precision rounding for --kv-dtype */
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,14 +28,46 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Escapes one byte of an error message: the line must stay one line whatever a
+ * path or a library message holds (a newline, a terminal escape, stray UTF-8). */
+static size_t escape_byte(char *dst, unsigned char c) {
+  if (c >= 0x20 && c < 0x7f) {
+    dst[0] = (char)c;
+    return 1;
+  }
+  if (c == '\n') return (size_t)sprintf(dst, "\\n");
+  if (c == '\r') return (size_t)sprintf(dst, "\\r");
+  if (c == '\t') return (size_t)sprintf(dst, "\\t");
+  return (size_t)sprintf(dst, "\\x%02x", c);
+}
+
+#define CLI_MSG_MAX 1024
+
 int cli_fail(int code, const char *fmt, ...) {
+  char msg[CLI_MSG_MAX], line[4 * CLI_MSG_MAX + 8];
   va_list ap;
   va_start(ap, fmt);
-  fputs("attn: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  const int n = vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  size_t j = 0;
+  for (const char *p = n > 0 ? msg : ""; *p; p++) j += escape_byte(line + j, (unsigned char)*p);
+  if (n >= (int)sizeof msg) j += (size_t)sprintf(line + j, "...");
+  line[j] = '\0';
+  fprintf(stderr, "attn: %s\n", line);
   return code;
+}
+
+/* Four buffers in turn: one message may show up to four values. */
+const char *cli_show(const char *s) {
+  static char buf[4][CLI_SHOW_MAX + 4];
+  static int next;
+  char *b = buf[next];
+  next = (next + 1) % 4;
+  const size_t n = strlen(s);
+  if (n <= CLI_SHOW_MAX) return s;
+  memcpy(b, s, CLI_SHOW_MAX);
+  memcpy(b + CLI_SHOW_MAX, "...", 4);
+  return b;
 }
 
 static int in_list(const char *s, const char *const *list) {
@@ -44,15 +80,15 @@ int cli_parse(cli_args *a, int argc, char **argv, const char *const *known, cons
   memset(a, 0, sizeof *a);
   for (int i = 0; i < argc; i++) {
     const char *arg = argv[i];
-    if (strncmp(arg, "--", 2) != 0) return cli_fail(CLI_EXIT_USAGE, "unexpected argument '%s'", arg);
+    if (strncmp(arg, "--", 2) != 0) return cli_fail(CLI_EXIT_USAGE, "unexpected argument '%s'", cli_show(arg));
     const char *eq = strchr(arg, '=');
     size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-    if (len >= sizeof a->name[0]) return cli_fail(CLI_EXIT_USAGE, "unknown flag '%s'", arg);
+    if (len >= sizeof a->name[0]) return cli_fail(CLI_EXIT_USAGE, "unknown flag '%s'", cli_show(arg));
     char name[sizeof a->name[0]];
     memcpy(name, arg, len);
     name[len] = '\0';
     const int is_switch = in_list(name, switches), is_known = in_list(name, known);
-    if (!is_switch && !is_known) return cli_fail(CLI_EXIT_USAGE, "unknown flag '%s' (see 'attn help')", name);
+    if (!is_switch && !is_known) return cli_fail(CLI_EXIT_USAGE, "unknown flag '%s' (see 'attn help')", cli_show(name));
     const char *value = NULL;
     if (eq) value = eq + 1;
     else if (is_known) {
@@ -85,7 +121,7 @@ int cli_int(cli_args *a, const char *name, long long lo, long long hi, long long
   errno = 0;
   long long v = strtoll(s, &end, 10);
   if (errno || end == s || *end || v < lo || v > hi)
-    return cli_fail(CLI_EXIT_USAGE, "%s wants an integer in %lld..%lld, got '%s'", name, lo, hi, s);
+    return cli_fail(CLI_EXIT_USAGE, "%s wants an integer in %lld..%lld, got '%s'", name, lo, hi, cli_show(s));
   *out = v;
   return 0;
 }
@@ -96,7 +132,9 @@ int cli_double(cli_args *a, const char *name, double *out) {
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno || end == s || *end) return cli_fail(CLI_EXIT_USAGE, "%s wants a number, got '%s'", name, s);
+  /* ERANGE also flags an underflow (1e-320 is a subnormal): only an overflow is refused */
+  if ((errno && fabs(v) > 1.0) || end == s || *end)
+    return cli_fail(CLI_EXIT_USAGE, "%s wants a number, got '%s'", name, cli_show(s));
   *out = v;
   return 0;
 }
@@ -108,7 +146,7 @@ int cli_u64(cli_args *a, const char *name, uint64_t *out) {
   errno = 0;
   const unsigned long long v = isdigit((unsigned char)*s) ? strtoull(s, &end, 10) : 0;
   if (!isdigit((unsigned char)*s) || errno || *end || v > UINT64_MAX)
-    return cli_fail(CLI_EXIT_USAGE, "%s wants an unsigned 64-bit integer, got '%s'", name, s);
+    return cli_fail(CLI_EXIT_USAGE, "%s wants an unsigned 64-bit integer, got '%s'", name, cli_show(s));
   *out = (uint64_t)v;
   return 0;
 }
@@ -128,7 +166,7 @@ static int load_array(attn_ctx *ctx, attn_tensor *t, const char *path, const cha
   int r = 0;
   attn_tensor f;
   if (t->dtype != ATTN_F64) {
-    r = cli_fail(CLI_EXIT_FAIL, "%s %s: dtype %s; want float32 or float64", flag, path, attn_dtype_name(t->dtype));
+    r = cli_fail(CLI_EXIT_FAIL, "%s '%s': dtype %s; want float32 or float64", flag, cli_show(path), attn_dtype_name(t->dtype));
   } else if (attn_tensor_alloc(ctx, &f, ATTN_F32, t->rank, t->shape)) {
     r = cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, attn_ctx_error(ctx));
   } else {
@@ -145,52 +183,19 @@ static int want_rank(const attn_tensor *t, int rank, const char *flag, const cha
   return 0;
 }
 
-/* Output files written so far: if a later one fails, every one is removed again,
- * so a failed command leaves none of its outputs behind. Each file itself is
- * written atomically (a temporary file, then rename). Every computation runs
- * before the first file is written. */
-#define CLI_MAX_OUTPUTS 8
-typedef struct outputs {
-  int n;
-  const char *path[CLI_MAX_OUTPUTS];
-} outputs;
-
-static void remove_outputs(outputs *o) {
-  for (int i = 0; i < o->n; i++) unlink(o->path[i]);
-  o->n = 0;
-}
-
-static int output_done(attn_ctx *ctx, outputs *o, attn_status st, const char *path, const char *flag) {
-  if (st || o->n == CLI_MAX_OUTPUTS) {
-    remove_outputs(o);
-    if (!st) unlink(path);
-    return cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, st ? attn_ctx_error(ctx) : "too many outputs");
-  }
-  o->path[o->n++] = path;
+/* Writes t as .npy into a staged temporary for flag's output (renamed into place by cli_outputs_commit). */
+static int write_output(attn_ctx *ctx, cli_outputs *o, const char *flag, const attn_tensor *t) {
+  const char *tmp = cli_outputs_stage(o, flag);
+  if (!tmp) return CLI_EXIT_FAIL;
+  if (attn_npy_write(ctx, tmp, t)) return cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, attn_ctx_error(ctx));
   return 0;
 }
 
-static int write_output(attn_ctx *ctx, outputs *o, const char *path, const attn_tensor *t, const char *flag) {
-  return output_done(ctx, o, attn_npy_write(ctx, path, t), path, flag);
-}
-
-static int write_safetensors_output(attn_ctx *ctx, outputs *o, const char *path, int64_t count,
-                                    const char *const *names, const attn_tensor *t, const char *flag) {
-  return output_done(ctx, o, attn_safetensors_write(ctx, path, count, names, t), path, flag);
-}
-
-/* Output flags must name distinct, non-empty paths (the second write would
- * replace the first). 0 or CLI_EXIT_USAGE. */
-static int check_output_flags(cli_args *a, const char *const *flags) {
-  for (int i = 0; flags[i]; i++) {
-    const char *p = cli_get(a, flags[i]);
-    if (!p) continue;
-    if (!*p) return cli_fail(CLI_EXIT_USAGE, "%s needs a file name", flags[i]);
-    for (int j = 0; j < i; j++) {
-      const char *q = cli_get(a, flags[j]);
-      if (q && !strcmp(p, q)) return cli_fail(CLI_EXIT_USAGE, "%s and %s name the same file '%s'", flags[j], flags[i], p);
-    }
-  }
+static int write_safetensors_output(attn_ctx *ctx, cli_outputs *o, const char *flag, int64_t count,
+                                    const char *const *names, const attn_tensor *t) {
+  const char *tmp = cli_outputs_stage(o, flag);
+  if (!tmp) return CLI_EXIT_FAIL;
+  if (attn_safetensors_write(ctx, tmp, count, names, t)) return cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, attn_ctx_error(ctx));
   return 0;
 }
 
@@ -199,7 +204,7 @@ static int parse_mask_mode(const char *s, attn_mask_mode *mode) {
   else if (!strcmp(s, "masked")) *mode = ATTN_MASK_MASKED;
   else if (!strcmp(s, "additive")) *mode = ATTN_MASK_ADDITIVE;
   else if (!strcmp(s, "seed")) *mode = ATTN_MASK_SEED;
-  else return cli_fail(CLI_EXIT_USAGE, "--mask-mode wants keep, masked, additive or seed, got '%s'", s);
+  else return cli_fail(CLI_EXIT_USAGE, "--mask-mode wants keep, masked, additive or seed, got '%s'", cli_show(s));
   return 0;
 }
 
@@ -209,7 +214,7 @@ static int parse_causal(cli_args *a, attn_causal *c) {
   if (!s) return 0;
   if (!*s || !strcmp(s, "top-left")) *c = ATTN_CAUSAL_TOP_LEFT;
   else if (!strcmp(s, "bottom-right")) *c = ATTN_CAUSAL_BOTTOM_RIGHT;
-  else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", s);
+  else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cli_show(s));
   return 0;
 }
 
@@ -221,7 +226,7 @@ static int parse_dropout(cli_args *a, double *p, uint64_t *seed) {
   if (cli_has(a, "--seed") && !cli_has(a, "--dropout")) return cli_fail(CLI_EXIT_USAGE, "--seed needs --dropout");
   if ((r = cli_double(a, "--dropout", p))) return r;
   if (!(*p >= 0 && *p < 1))
-    return cli_fail(CLI_EXIT_USAGE, "--dropout wants a probability in [0, 1), got '%s'", cli_get(a, "--dropout"));
+    return cli_fail(CLI_EXIT_USAGE, "--dropout wants a probability in [0, 1), got '%s'", cli_show(cli_get(a, "--dropout")));
   return cli_u64(a, "--seed", seed);
 }
 
@@ -254,7 +259,7 @@ static int parse_window_softcap(cli_args *a, int64_t *window, double *softcap) {
   *softcap = 0;
   if ((r = cli_int(a, "--window", 0, (long long)1 << 62, &w)) || (r = cli_double(a, "--softcap", softcap))) return r;
   if (!(*softcap >= 0) || !isfinite(*softcap))
-    return cli_fail(CLI_EXIT_USAGE, "--softcap wants a finite number >= 0 (0 = off), got '%s'", cli_get(a, "--softcap"));
+    return cli_fail(CLI_EXIT_USAGE, "--softcap wants a finite number >= 0 (0 = off), got '%s'", cli_show(cli_get(a, "--softcap")));
   *window = (int64_t)w;
   return 0;
 }
@@ -307,7 +312,7 @@ static int kv_dtype(attn_ctx *ctx, cli_args *a, attn_tensor *k, attn_tensor *v, 
   attn_dtype dt;
   if (!strcmp(s, "f16")) dt = ATTN_F16;
   else if (!strcmp(s, "bf16")) dt = ATTN_BF16;
-  else return cli_fail(CLI_EXIT_USAGE, "--kv-dtype wants f32, f16 or bf16, got '%s'", s);
+  else return cli_fail(CLI_EXIT_USAGE, "--kv-dtype wants f32, f16 or bf16, got '%s'", cli_show(s));
   attn_tensor *t[2] = {k, v};
   for (int i = 0; i < 2; i++) {
     attn_tensor h;
@@ -336,13 +341,13 @@ static int cmd_sdpa(int argc, char **argv) {
   static const char *const switches[] = {"--causal", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--dq-out", "--dk-out", "--dv-out",
                                           "--mask-grad-out", "--sinks-grad-out", NULL};
+  static const char *const in_flags[] = {"--q", "--k", "--v", "--mask", "--key-padding", "--grad-out", "--sinks", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
   const char *need[] = {"--q", "--k", "--v", "--out"};
   for (int i = 0; i < 4; i++)
     if (!cli_get(&a, need[i]) || !*cli_get(&a, need[i])) return cli_fail(CLI_EXIT_USAGE, "sdpa needs %s", need[i]);
-  if ((r = check_output_flags(&a, out_flags))) return r;
   attn_causal causal;
   double scale = NAN, dropout = 0;
   uint64_t seed = 0;
@@ -351,6 +356,10 @@ static int cmd_sdpa(int argc, char **argv) {
   if ((r = parse_causal(&a, &causal)) || (r = cli_double(&a, "--scale", &scale)) ||
       (r = parse_dropout(&a, &dropout, &seed)) || (r = parse_window_softcap(&a, &window, &softcap)))
     return r;
+  /* the fp32 kernels scale in float: a larger scale (or inf, or NaN, the default's marker) is no scale */
+  if (cli_has(&a, "--scale") && !(fabs(scale) <= FLT_MAX))
+    return cli_fail(CLI_EXIT_USAGE, "--scale wants a number finite in float32 (|S| <= %.4g), got '%s'", (double)FLT_MAX,
+                    cli_show(cli_get(&a, "--scale")));
   attn_mask_mode mode_flag = ATTN_MASK_KEEP;
   if (cli_has(&a, "--mask-mode")) {
     if (!cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-mode needs --mask");
@@ -372,13 +381,14 @@ static int cmd_sdpa(int argc, char **argv) {
   if (want_dm && !cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-grad-out needs --mask");
   if (want_dm && cli_has(&a, "--mask-mode") && mode_flag != ATTN_MASK_ADDITIVE)
     return cli_fail(CLI_EXIT_USAGE, "--mask-grad-out needs an additive mask, not --mask-mode %s",
-                    cli_get(&a, "--mask-mode"));
+                    cli_show(cli_get(&a, "--mask-mode")));
   attn_ctx *ctx = NULL;
   if ((r = setup_ctx(&ctx, &a))) return r;
   attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
   attn_tensor g = {0}, lse = {0}, dq = {0}, dk = {0}, dv = {0}, mg = {0}, dm = {0};
   attn_tensor slopes = {0}, sinks = {0}, ds = {0};
-  outputs outs = {0};
+  cli_outputs outs;
+  if ((r = cli_outputs_plan(&outs, &a, out_flags, in_flags))) goto done;
   if ((r = load_array(ctx, &q, cli_get(&a, "--q"), "--q", 1)) || (r = want_rank(&q, 4, "--q", "[B, H, Nq, D]")) ||
       (r = load_array(ctx, &k, cli_get(&a, "--k"), "--k", 1)) || (r = want_rank(&k, 4, "--k", "[B, Hk, Nk, D]")) ||
       (r = load_array(ctx, &v, cli_get(&a, "--v"), "--v", 1)) || (r = want_rank(&v, 4, "--v", "[B, Hk, Nk, Dv]")) ||
@@ -400,7 +410,7 @@ static int cmd_sdpa(int argc, char **argv) {
         (r = mask_mode_for(&a, &mask, ATTN_MASK_KEEP, &o.mask_mode)))
       goto done;
     if (want_dm && o.mask_mode != ATTN_MASK_ADDITIVE) {
-      r = cli_fail(CLI_EXIT_FAIL, "--mask-grad-out needs an additive (float) mask; %s is %s", cli_get(&a, "--mask"),
+      r = cli_fail(CLI_EXIT_FAIL, "--mask-grad-out needs an additive (float) mask; '%s' is %s", cli_show(cli_get(&a, "--mask")),
                    attn_dtype_name(mask.dtype));
       goto done;
     }
@@ -446,15 +456,15 @@ static int cmd_sdpa(int argc, char **argv) {
     }
     if (want_dm && (r = reduce_mask_grad(ctx, &dm, &mg, &mask))) goto done;
   }
-  if ((r = write_output(ctx, &outs, cli_get(&a, "--out"), &out, "--out")) ||
-      (o.weights && (r = write_output(ctx, &outs, cli_get(&a, "--weights-out"), &w, "--weights-out"))) ||
-      (want_dq && (r = write_output(ctx, &outs, cli_get(&a, "--dq-out"), &dq, "--dq-out"))) ||
-      (want_dk && (r = write_output(ctx, &outs, cli_get(&a, "--dk-out"), &dk, "--dk-out"))) ||
-      (want_dv && (r = write_output(ctx, &outs, cli_get(&a, "--dv-out"), &dv, "--dv-out"))) ||
-      (want_dm && (r = write_output(ctx, &outs, cli_get(&a, "--mask-grad-out"), &dm, "--mask-grad-out"))) ||
-      (want_ds && (r = write_output(ctx, &outs, cli_get(&a, "--sinks-grad-out"), &ds, "--sinks-grad-out"))))
+  if ((r = write_output(ctx, &outs, "--out", &out)) || (o.weights && (r = write_output(ctx, &outs, "--weights-out", &w))) ||
+      (want_dq && (r = write_output(ctx, &outs, "--dq-out", &dq))) ||
+      (want_dk && (r = write_output(ctx, &outs, "--dk-out", &dk))) ||
+      (want_dv && (r = write_output(ctx, &outs, "--dv-out", &dv))) ||
+      (want_dm && (r = write_output(ctx, &outs, "--mask-grad-out", &dm))) ||
+      (want_ds && (r = write_output(ctx, &outs, "--sinks-grad-out", &ds))) || (r = cli_outputs_commit(&outs)))
     goto done;
 done:
+  cli_outputs_free(&outs);
   attn_tensor_free(&q); attn_tensor_free(&k); attn_tensor_free(&v); attn_tensor_free(&mask);
   attn_tensor_free(&kpm); attn_tensor_free(&out); attn_tensor_free(&w); attn_tensor_free(&g);
   attn_tensor_free(&lse); attn_tensor_free(&dq); attn_tensor_free(&dk); attn_tensor_free(&dv);
@@ -586,13 +596,14 @@ static int cmd_mha(int argc, char **argv) {
                                       "--seed", "--window", "--softcap", "--sinks", NULL};
   static const char *const switches[] = {"--causal", "--average-weights", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--grads-out", NULL};
+  static const char *const in_flags[] = {"--params", "--query", "--key", "--value", "--mask", "--key-padding",
+                                         "--grad-out", "--sinks", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
   const char *need[] = {"--params", "--heads", "--query", "--out"};
   for (int i = 0; i < 4; i++)
     if (!cli_get(&a, need[i]) || !*cli_get(&a, need[i])) return cli_fail(CLI_EXIT_USAGE, "mha needs %s", need[i]);
-  if ((r = check_output_flags(&a, out_flags))) return r;
   if (cli_has(&a, "--key") != cli_has(&a, "--value")) return cli_fail(CLI_EXIT_USAGE, "give both --key and --value, or neither");
   if (cli_has(&a, "--mask-mode") && !cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-mode needs --mask");
   if (cli_has(&a, "--average-weights") && !cli_has(&a, "--weights-out"))
@@ -617,9 +628,10 @@ static int cmd_mha(int argc, char **argv) {
   attn_tensor x = {0}, key = {0}, value = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
   attn_tensor g = {0}, dx = {0}, dkey = {0}, dvalue = {0}, slopes = {0}, sinks = {0};
   grad_file gf = {0};
-  outputs outs = {0};
+  cli_outputs outs;
   const char *prefix = cli_get(&a, "--prefix");
   if (!prefix) prefix = "";
+  if ((r = cli_outputs_plan(&outs, &a, out_flags, in_flags))) goto done;
   if (attn_mha_create_from_safetensors(ctx, &mha, cli_get(&a, "--params"), prefix, heads, kv_heads)) {
     r = cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
     goto done;
@@ -706,12 +718,12 @@ static int cmd_mha(int argc, char **argv) {
         (cross && ((r = grad_add(&gf, "", "key", &dkey, 0)) || (r = grad_add(&gf, "", "value", &dvalue, 0)))))
       goto done;
   }
-  if ((r = write_output(ctx, &outs, cli_get(&a, "--out"), &out, "--out")) ||
-      (o.weights && (r = write_output(ctx, &outs, cli_get(&a, "--weights-out"), &w, "--weights-out"))) ||
-      (train && (r = write_safetensors_output(ctx, &outs, cli_get(&a, "--grads-out"), gf.n,
-                                              (const char *const *)gf.name, gf.t, "--grads-out"))))
+  if ((r = write_output(ctx, &outs, "--out", &out)) || (o.weights && (r = write_output(ctx, &outs, "--weights-out", &w))) ||
+      (train && (r = write_safetensors_output(ctx, &outs, "--grads-out", gf.n, (const char *const *)gf.name, gf.t))) ||
+      (r = cli_outputs_commit(&outs)))
     goto done;
 done:
+  cli_outputs_free(&outs);
   grad_file_free(&gf);
   attn_tensor_free(&x); attn_tensor_free(&key); attn_tensor_free(&value); attn_tensor_free(&mask);
   attn_tensor_free(&kpm); attn_tensor_free(&out); attn_tensor_free(&w); attn_tensor_free(&g);
@@ -724,61 +736,117 @@ done:
   return r;
 }
 
-static void usage(FILE *f) {
-  fputs("usage: attn <command> [flags]\n"
-        "  attn demo                         the seed's layer on a built-in example\n"
-        "  attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy\n"
-        "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--key-padding KP.npy]\n"
-        "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
-        "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
-        "            [--kv-dtype f32|f16|bf16]\n"
-        "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
-        "             [--sinks-grad-out DS.npy]]\n"
-        "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
-        "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
-        "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
-        "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
-        "            [--grad-out G.npy --grads-out GRADS.safetensors]\n"
-        "  attn map  --params P.safetensors --heads H --query X.npy [--key K.npy [--value V.npy]] --png OUT.png\n"
-        "            [--tokens T.txt] [--key-tokens T.txt] [--batch I] [--causal] [--prefix PFX] [--kv-heads G]\n"
-        "  attn map  --weights W.npy --png OUT.png [--tokens T.txt] [--key-tokens T.txt] [--batch I]\n"
-        "            every head's attention weights as heatmaps in a PNG (one token per line in T.txt)\n"
-        "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]\n"
-        "            [--backward] [--threads T] [--repeat R] [--kernel K] [--json]\n"
-        "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--json]\n"
-        "  attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq]\n"
-        "            [--dtype f32|f16|bf16] [--compare] [--threads T] [--repeat R] [--json]\n"
-        "  attn version\n"
-        "Arrays are .npy (float32; float64 is converted). q/k/v are [B, H, N, D]; mha inputs are [B, N, E].\n"
-        "A bool mask means keep (sdpa) or masked (mha) unless --mask-mode says otherwise; a float mask is additive.\n"
-        "--grad-out G gives the gradients of sum(out * G): sdpa writes the ones asked for (--mask-grad-out: an\n"
-        "additive mask's, in the mask's shape); mha writes every parameter's under the file's own names (with\n"
-        "the prefix) and the inputs' as query (key, value) into one safetensors file.\n"
-        "--dropout P: training-mode dropout on the attention probabilities (seed S, default 0).\n"
-        "--window W: query i' sees keys i'-W < j <= i' (causal implied); --softcap C: logits C*tanh(logits/C);\n"
-        "--alibi: the ALiBi paper's slopes per query head; --sinks S.npy: one sink logit per query head [H].\n"
-        "--kv-dtype: k and v rounded to f16 or bf16 (and read stored so) before attention.\n",
-        f);
+/* ---- usage ------------------------------------------------------------------- */
+/* One entry per command (bench: per operation); `attn help` prints them all,
+ * `attn CMD --help` its own with the notes on outputs and exit codes. */
+static const struct {
+  const char *cmd, *op, *text;
+} usages[] = {
+    {"demo", NULL, "  attn demo                         the seed's layer on a built-in example\n"},
+    {"sdpa", NULL,
+     "  attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy\n"
+     "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--key-padding KP.npy]\n"
+     "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
+     "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
+     "            [--kv-dtype f32|f16|bf16]\n"
+     "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
+     "             [--sinks-grad-out DS.npy]]\n"},
+    {"mha", NULL,
+     "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
+     "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
+     "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
+     "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
+     "            [--grad-out G.npy --grads-out GRADS.safetensors]\n"},
+    {"map", NULL,
+     "  attn map  --params P.safetensors --heads H --query X.npy [--key K.npy [--value V.npy]] --png OUT.png\n"
+     "            [--tokens T.txt] [--key-tokens T.txt] [--batch I] [--causal] [--prefix PFX] [--kv-heads G]\n"
+     "  attn map  --weights W.npy --png OUT.png [--tokens T.txt] [--key-tokens T.txt] [--batch I]\n"
+     "            every head's attention weights as heatmaps in a PNG (one token per line in T.txt)\n"},
+    {"bench", "sdpa",
+     "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]\n"
+     "            [--backward] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"},
+    {"bench", "mha",
+     "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel K]\n"
+     "            [--max-gflop F] [--json]\n"},
+    {"bench", "decode",
+     "  attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq]\n"
+     "            [--dtype f32|f16|bf16] [--compare] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"},
+    {"version", NULL, "  attn version\n"},
+    {"help", NULL, "  attn help [COMMAND]               this text, or one command's (as attn COMMAND --help)\n"},
+};
+
+static const char notes_data[] =
+    "Arrays are .npy (float32; float64 is converted). q/k/v are [B, H, N, D]; mha inputs are [B, N, E].\n"
+    "A bool mask means keep (sdpa) or masked (mha) unless --mask-mode says otherwise; a float mask is additive.\n"
+    "--grad-out G gives the gradients of sum(out * G): sdpa writes the ones asked for (--mask-grad-out: an\n"
+    "additive mask's, in the mask's shape); mha writes every parameter's under the file's own names (with\n"
+    "the prefix) and the inputs' as query (key, value) into one safetensors file.\n"
+    "--dropout P: training-mode dropout on the attention probabilities (seed S, default 0).\n"
+    "--window W: query i' sees keys i'-W < j <= i' (causal implied); --softcap C: logits C*tanh(logits/C);\n"
+    "--alibi: the ALiBi paper's slopes per query head; --sinks S.npy: one sink logit per query head [H].\n"
+    "--kv-dtype: k and v rounded to f16 or bf16 (and read stored so) before attention.\n";
+static const char notes_outputs[] =
+    "Outputs are written to temporary files beside them and renamed into place only when every one was\n"
+    "written: a failed command changes no existing file. An output may not name an input; a symbolic link\n"
+    "as an output is followed (the file it points to is replaced, the link stays).\n"
+    "Exit status: 0 done, 1 bad data or a failed run, 2 a bad command line; errors are one line on stderr.\n";
+static const char notes_bench[] =
+    "bench refuses a case whose timed runs would take more than --max-gflop F GFLOP (default 1e5, a few\n"
+    "minutes on two cores); --max-gflop inf lifts the bound.\n";
+
+/* Every entry of cmd (op NULL: all of its operations); 0 if there is none. */
+static int print_usage(FILE *f, const char *cmd, const char *op) {
+  int found = 0;
+  for (size_t i = 0; i < sizeof usages / sizeof usages[0]; i++)
+    if (!strcmp(usages[i].cmd, cmd) && (!op || !usages[i].op || !strcmp(usages[i].op, op))) {
+      if (!found) fputs("usage:\n", f);
+      fputs(usages[i].text, f);
+      found = 1;
+    }
+  if (found && (!strcmp(cmd, "sdpa") || !strcmp(cmd, "mha"))) fputs(notes_data, f);
+  if (found && (!strcmp(cmd, "sdpa") || !strcmp(cmd, "mha") || !strcmp(cmd, "map"))) fputs(notes_outputs, f);
+  if (found && !strcmp(cmd, "bench")) fputs(notes_bench, f);
+  return found;
 }
 
-int main(int argc, char **argv) {
-  if (argc < 2) {
-    usage(stderr);
-    return CLI_EXIT_USAGE;
-  }
+static void usage(FILE *f) {
+  fputs("usage: attn <command> [flags]     (attn <command> --help: that command alone)\n", f);
+  for (size_t i = 0; i < sizeof usages / sizeof usages[0]; i++) fputs(usages[i].text, f);
+  fputs(notes_data, f);
+  fputs(notes_outputs, f);
+  fputs(notes_bench, f);
+}
+
+static int is_help(const char *s) { return !strcmp(s, "--help") || !strcmp(s, "-h"); }
+
+int attn_cli_main(int argc, char **argv) {
+  if (argc < 2) return cli_fail(CLI_EXIT_USAGE, "no command given (see 'attn help')");
   const char *cmd = argv[1];
+  if (!strcmp(cmd, "help") || is_help(cmd)) {
+    if (argc < 3) {
+      usage(stdout);
+      return 0;
+    }
+    if (!print_usage(stdout, argv[2], argc > 3 ? argv[3] : NULL))
+      return cli_fail(CLI_EXIT_USAGE, "help: no command '%s' (see 'attn help')", cli_show(argv[2]));
+    return 0;
+  }
+  /* --help or -h anywhere after the command wins over every other flag */
+  for (int i = 2; i < argc; i++)
+    if (is_help(argv[i])) {
+      const char *op = !strcmp(cmd, "bench") && i > 2 ? argv[2] : NULL;
+      if (print_usage(stdout, cmd, op) || print_usage(stdout, cmd, NULL)) return 0;
+      break; /* an unknown command is refused below */
+    }
   if (!strcmp(cmd, "sdpa")) return cmd_sdpa(argc - 2, argv + 2);
   if (!strcmp(cmd, "mha")) return cmd_mha(argc - 2, argv + 2);
   if (!strcmp(cmd, "demo")) return cmd_demo(argc - 2, argv + 2);
   if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
   if (!strcmp(cmd, "map")) return cmd_map(argc - 2, argv + 2);
   if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+    if (argc > 2) return cli_fail(CLI_EXIT_USAGE, "version takes no arguments, got '%s'", cli_show(argv[2]));
     printf("attn %s (kernel: %s)\n", attn_version_string(), attn_kernel_name(attn_ctx_kernel(NULL)));
     return 0;
   }
-  if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
-    usage(stdout);
-    return 0;
-  }
-  return cli_fail(CLI_EXIT_USAGE, "unknown command '%s' (see 'attn help')", cmd);
+  return cli_fail(CLI_EXIT_USAGE, "unknown command '%s' (see 'attn help')", cli_show(cmd));
 }

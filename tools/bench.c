@@ -320,7 +320,7 @@ static int parse_kernel(const char *s, attn_kernel *k) {
       *k = names[i].k;
       return 0;
     }
-  return cli_fail(CLI_EXIT_USAGE, "--kernel wants auto, c, avx2, avx512 or ref, got '%s'", s);
+  return cli_fail(CLI_EXIT_USAGE, "--kernel wants auto, c, avx2, avx512 or ref, got '%s'", cli_show(s));
 }
 
 /* The context every case runs on: --threads and --kernel applied. */
@@ -340,6 +340,30 @@ static int bench_ctx(cli_args *a, attn_ctx **ctx) {
   }
   return 0;
 }
+
+/* The compute bound: memory is checked (check_fits), and so is the work, so
+ * that a typo cannot start hours of arithmetic. The default, 1e5 GFLOP, is
+ * about four minutes at 400 GFLOP/s (two AVX-512 cores at their peak) and
+ * above every case of scripts/bench_grid.py. */
+#define BENCH_MAX_GFLOP 1e5
+
+/* Refuses (exit 2) a case whose runs would do more than --max-gflop GFLOP in
+ * all (gflop: the fewest runs the timing makes; the oracle, on a bounded
+ * subset, is not counted). */
+static int check_work(cli_args *a, const char *op, double gflop) {
+  double max = BENCH_MAX_GFLOP;
+  int r = cli_double(a, "--max-gflop", &max);
+  if (r) return r;
+  if (!(max > 0))
+    return cli_fail(CLI_EXIT_USAGE, "--max-gflop wants a number > 0, got '%s'", cli_show(cli_get(a, "--max-gflop")));
+  if (gflop > max)
+    return cli_fail(CLI_EXIT_USAGE, "bench %s: about %.3g GFLOP of timed runs, over the limit of %.3g GFLOP; "
+                    "--max-gflop %.3g (or inf) runs it anyway", op, gflop, max, gflop * 1.01);
+  return 0;
+}
+
+/* The fewest runs time_runs makes: the warm-up, then R or (unasked) at least 3. */
+static double min_runs(long long repeat) { return (double)(repeat > 0 ? repeat : 3) + 1; }
 
 /* A required positive integer flag. */
 static int need_int(cli_args *a, const char *op, const char *name, long long hi, long long *out) {
@@ -624,7 +648,7 @@ done:
 
 static int bench_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--heads", "--kv-heads", "--seq", "--kv-seq", "--dim",
-                                      "--threads", "--repeat", "--kernel", "--window", NULL};
+                                      "--threads", "--repeat", "--kernel", "--window", "--max-gflop", NULL};
   static const char *const switches[] = {"--causal", "--json", "--backward", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
@@ -644,9 +668,20 @@ static int bench_sdpa(int argc, char **argv) {
   if (cs) {
     if (!*cs || !strcmp(cs, "top-left")) causal = ATTN_CAUSAL_TOP_LEFT;
     else if (!strcmp(cs, "bottom-right")) causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-    else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cs);
+    else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cli_show(cs));
   }
   if (window > 0 && causal == ATTN_CAUSAL_NONE) causal = ATTN_CAUSAL_TOP_LEFT; /* as the library reads a window */
+  double pairs = 0; /* visible (query, key) pairs of one head */
+  for (int64_t i = 0; i < N; i++) {
+    const int64_t qpos = causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + M - N : i, end = causal_end(causal, i, N, M);
+    const int64_t begin = window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0; /* the window's first key */
+    pairs += end > begin ? (double)(end - begin) : 0;
+  }
+  const double fwd_gflop = 4.0 * (double)D * pairs * (double)(B * H) * 1e-9;
+  /* --backward also times forward + backward and the backward alone */
+  if ((r = check_work(&a, "sdpa",
+                      fwd_gflop * (backward ? 1 + FWD_BWD_FLOP_FACTOR + BWD_FLOP_FACTOR : 1) * min_runs(repeat))))
+    return r;
   const double qn = (double)B * H * N * D, kn = (double)B * G * M * D;
   /* q, k, v, out; with --backward also dout, dq, dk, dv and lse */
   const double io_bytes = 4.0 * (2 * qn + 2 * kn) * (backward ? 2 : 1) + (backward ? 4.0 * B * H * N : 0);
@@ -686,13 +721,6 @@ static int bench_sdpa(int argc, char **argv) {
     c.o_lse.lse = &c.lse;
   }
 
-  double pairs = 0; /* visible (query, key) pairs of one head */
-  for (int64_t i = 0; i < N; i++) {
-    const int64_t qpos = causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + M - N : i, end = causal_end(causal, i, N, M);
-    const int64_t begin = window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0; /* the window's first key */
-    pairs += end > begin ? (double)(end - begin) : 0;
-  }
-
   if ((r = time_runs(run_sdpa, &c, repeat, &rep.t))) {
     r = cli_fail(CLI_EXIT_FAIL, "sdpa: %s", r == ATTN_E_NOMEM && !*attn_ctx_error(ctx) ? "out of memory"
                                                                                         : attn_ctx_error(ctx));
@@ -713,7 +741,7 @@ static int bench_sdpa(int argc, char **argv) {
   rep.causal = causal == ATTN_CAUSAL_NONE ? "none" : causal == ATTN_CAUSAL_TOP_LEFT ? "top-left" : "bottom-right";
   rep.threads = attn_ctx_threads(ctx);
   rep.kernel = attn_kernel_name(attn_ctx_kernel(ctx));
-  rep.attn_gflop = rep.gflop = 4.0 * (double)D * pairs * (double)(B * H) * 1e-9;
+  rep.attn_gflop = rep.gflop = fwd_gflop;
   rep.peak_gflops = measure_peak(rep.threads, &rep.isa);
   if ((r = sdpa_oracle(&c, &rep, pairs))) goto done;
   if (backward && (r = sdpa_backward_oracle(&c, &rep, pairs))) goto done;
@@ -803,7 +831,8 @@ static int mha_oracle(mha_case *c, report *rep) {
 }
 
 static int bench_mha(int argc, char **argv) {
-  static const char *const known[] = {"--batch", "--seq", "--embed", "--heads", "--threads", "--repeat", "--kernel", NULL};
+  static const char *const known[] = {"--batch", "--seq", "--embed", "--heads", "--threads", "--repeat", "--kernel",
+                                      "--max-gflop", NULL};
   static const char *const switches[] = {"--json", "--backward", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
@@ -815,6 +844,9 @@ static int bench_mha(int argc, char **argv) {
       (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)))
     return r;
   if (E % H) return cli_fail(CLI_EXIT_USAGE, "--embed (%lld) must be a multiple of --heads (%lld)", E, H);
+  const double attn_gflop = 4.0 * (double)B * H * N * N * (double)(E / H) * 1e-9;
+  const double proj_gflop = 4 * 2.0 * (double)B * N * E * E * 1e-9;
+  if ((r = check_work(&a, "mha", (attn_gflop + proj_gflop) * min_runs(repeat)))) return r;
   if ((r = check_fits(4.0 * (6.0 * B * N * E + 4.0 * E * E)))) return r;
   attn_ctx *ctx;
   if ((r = bench_ctx(&a, &ctx))) return r;
@@ -857,8 +889,8 @@ static int bench_mha(int argc, char **argv) {
   rep.causal = "none";
   rep.threads = attn_ctx_threads(ctx);
   rep.kernel = attn_kernel_name(attn_ctx_kernel(ctx));
-  rep.attn_gflop = 4.0 * (double)B * H * N * N * (double)(E / H) * 1e-9;
-  rep.proj_gflop = 4 * 2.0 * (double)B * N * E * E * 1e-9;
+  rep.attn_gflop = attn_gflop;
+  rep.proj_gflop = proj_gflop;
   rep.gflop = rep.attn_gflop + rep.proj_gflop;
   rep.peak_gflops = measure_peak(rep.threads, &rep.isa);
   if ((r = mha_oracle(&c, &rep))) goto done;
@@ -1012,7 +1044,7 @@ static int half_speedup(decode_case *c, attn_dtype dt, double *speedup) {
 
 static int bench_decode(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--kv-seq", "--heads", "--kv-heads", "--dim", "--seq", "--dtype",
-                                      "--threads", "--repeat", "--kernel", NULL};
+                                      "--threads", "--repeat", "--kernel", "--max-gflop", NULL};
   static const char *const switches[] = {"--json", "--compare", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
@@ -1031,7 +1063,17 @@ static int bench_decode(int argc, char **argv) {
     if (!strcmp(ds, "f32")) dt = ATTN_F32;
     else if (!strcmp(ds, "f16")) dt = ATTN_F16;
     else if (!strcmp(ds, "bf16")) dt = ATTN_BF16;
-    else return cli_fail(CLI_EXIT_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", ds);
+    else return cli_fail(CLI_EXIT_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", cli_show(ds));
+  }
+  {
+    /* the timed steps, one more for the oracle, the paired passes; --compare: the blocked kernel's
+     * timed steps, the f32 cache's 2 x 21 steps in turn, and a full recompute of L rows (L <= 8192) */
+    const int compare = cli_has(&a, "--compare");
+    const double step = 4.0 * (double)B * H * N * L * D * 1e-9, full = 2.0 * (double)B * H * L * L * D * 1e-9;
+    double steps = min_runs(repeat) + 1 + DECODE_PAIRS, extra = 0;
+    if (compare) steps += min_runs(repeat) + (dt != ATTN_F32 ? 2 * (DECODE_PAIRS + 1) : 0);
+    if (compare && L <= 8192) extra = full * min_runs(repeat < 3 ? repeat : 3);
+    if ((r = check_work(&a, "decode", step * steps + extra))) return r;
   }
   const double cache_bytes = 2.0 * (double)B * G * L * D * (double)attn_dtype_size(dt);
   int copies = cache_bytes >= DECODE_COLD_BYTES ? 1 : (int)ceil(DECODE_COLD_BYTES / cache_bytes);
@@ -1183,5 +1225,5 @@ int cmd_bench(int argc, char **argv) {
   if (!strcmp(argv[0], "sdpa")) return bench_sdpa(argc - 1, argv + 1);
   if (!strcmp(argv[0], "mha")) return bench_mha(argc - 1, argv + 1);
   if (!strcmp(argv[0], "decode")) return bench_decode(argc - 1, argv + 1);
-  return cli_fail(CLI_EXIT_USAGE, "bench: unknown operation '%s'; want sdpa, mha or decode", argv[0]);
+  return cli_fail(CLI_EXIT_USAGE, "bench: unknown operation '%s'; want sdpa, mha or decode", cli_show(argv[0]));
 }

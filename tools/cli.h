@@ -10,6 +10,10 @@
 #define CLI_EXIT_FAIL 1  /* bad input data, unreadable file, failed computation */
 #define CLI_EXIT_USAGE 2 /* unknown flag, missing or malformed value */
 
+/* The whole tool: what main() runs (tools/main.c), callable again and again
+ * (the fuzz harness does). Returns the exit code. */
+int attn_cli_main(int argc, char **argv);
+
 /* Parsed flags: each --name value or --name=value, plus bare switches. */
 #define CLI_MAX_FLAGS 32
 typedef struct cli_args {
@@ -18,12 +22,18 @@ typedef struct cli_args {
   const char *value[CLI_MAX_FLAGS]; /* NULL for a switch */
 } cli_args;
 
-/* Prints "attn: message" on stderr and returns code. */
+/* Prints "attn: message" on stderr as one line (control characters and
+ * non-ASCII bytes escaped, whatever the arguments hold) and returns code. */
 int cli_fail(int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+
+/* A user-supplied string as an error message shows it: cut to CLI_SHOW_MAX
+ * bytes with "..." (cli_fail escapes the rest). Valid until four more calls. */
+#define CLI_SHOW_MAX 160
+const char *cli_show(const char *s);
 
 /* switches: the flags that take no value. Returns 0, or an exit code after printing. */
 int cli_parse(cli_args *a, int argc, char **argv, const char *const *known, const char *const *switches);
@@ -31,11 +41,42 @@ const char *cli_get(cli_args *a, const char *name);
 int cli_has(cli_args *a, const char *name);
 /* Parses an integer flag in [lo, hi]; 0 or an exit code. */
 int cli_int(cli_args *a, const char *name, long long lo, long long hi, long long *out);
+/* Parses a number; one that underflows (a subnormal, or to 0) is taken, one
+ * that overflows is refused. 0 or an exit code. */
 int cli_double(cli_args *a, const char *name, double *out);
 /* Parses an unsigned 64-bit decimal integer flag (no sign); 0 or an exit code. */
 int cli_u64(cli_args *a, const char *name, uint64_t *out);
 
 double cli_now(void);
+
+/* ---- output files (tools/outputs.c) ----------------------------------------------
+ * Every output of a command is written to a temporary file next to its target,
+ * and the temporaries are renamed over their targets only after all of them
+ * were written, so a failed command leaves each pre-existing file as it was and
+ * no temporary behind. A target that is a symbolic link is followed: the file
+ * it points to is replaced and the link stays. */
+#define CLI_MAX_OUTPUTS 8
+typedef struct cli_outputs {
+  int n;
+  struct {
+    const char *flag, *path; /* as given */
+    char *target;            /* path with its symbolic links followed: what the rename replaces */
+    char *tmp;               /* the staged temporary, once there is one */
+  } o[CLI_MAX_OUTPUTS];
+} cli_outputs;
+
+/* Before anything runs: every flag of outputs that is given must name a new
+ * or regular file in an existing directory, no two the same file, and none a
+ * file named by a flag of inputs. 0 or an exit code (after printing); either
+ * way cli_outputs_free(o) afterwards. */
+int cli_outputs_plan(cli_outputs *o, cli_args *a, const char *const *outputs, const char *const *inputs);
+/* A fresh temporary for the output of flag (planned), to be written by the
+ * caller; NULL after printing an error. */
+const char *cli_outputs_stage(cli_outputs *o, const char *flag);
+/* Renames every staged temporary over its target, in plan order. 0 or an exit code. */
+int cli_outputs_commit(cli_outputs *o);
+/* Removes the temporaries not committed, and frees what plan allocated. */
+void cli_outputs_free(cli_outputs *o);
 
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

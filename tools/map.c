@@ -7,7 +7,7 @@
  * The first runs the layer (weights per head, not averaged); the second draws
  * weights saved by `attn mha --weights-out`. Token labels go on the axes when
  * given and at most MAP_MAX_LABELS long. The PNG is encoded in memory, then
- * written atomically: a failed run leaves no file. */
+ * written through a staged temporary (tools/outputs.c): a failed run changes no file. */
 #include "cli.h"
 #include "io/file.h"
 #include "raster.h"
@@ -52,7 +52,7 @@ static void tokens_free(tokens *t) {
 static int tokens_read(tokens *t, const char *path, const char *flag) {
   memset(t, 0, sizeof *t);
   FILE *f = fopen(path, "rb");
-  if (!f) return cli_fail(CLI_EXIT_FAIL, "%s '%s': %s", flag, path, strerror(errno));
+  if (!f) return cli_fail(CLI_EXIT_FAIL, "%s '%s': %s", flag, cli_show(path), strerror(errno));
   char line[4096];
   int64_t cap = 0;
   int r = 0;
@@ -60,13 +60,13 @@ static int tokens_read(tokens *t, const char *path, const char *flag) {
     size_t len = strlen(line);
     const int whole = len > 0 && line[len - 1] == '\n';
     if (!whole && !feof(f)) {
-      r = cli_fail(CLI_EXIT_FAIL, "%s '%s': line %lld is longer than %d bytes", flag, path, (long long)t->n + 1,
+      r = cli_fail(CLI_EXIT_FAIL, "%s '%s': line %lld is longer than %d bytes", flag, cli_show(path), (long long)t->n + 1,
                    (int)sizeof line - 2);
       break;
     }
     while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
     if (t->n == MAP_MAX_TOKENS) {
-      r = cli_fail(CLI_EXIT_FAIL, "%s '%s': more than %d tokens", flag, path, MAP_MAX_TOKENS);
+      r = cli_fail(CLI_EXIT_FAIL, "%s '%s': more than %d tokens", flag, cli_show(path), MAP_MAX_TOKENS);
       break;
     }
     if (t->n == cap) {
@@ -85,7 +85,7 @@ static int tokens_read(tokens *t, const char *path, const char *flag) {
     }
     t->n++;
   }
-  if (!r && ferror(f)) r = cli_fail(CLI_EXIT_FAIL, "%s '%s': read error", flag, path);
+  if (!r && ferror(f)) r = cli_fail(CLI_EXIT_FAIL, "%s '%s': read error", flag, cli_show(path));
   fclose(f);
   if (r) tokens_free(t);
   return r;
@@ -234,7 +234,7 @@ static int load_f32(attn_ctx *ctx, attn_tensor *t, const char *path, const char 
   if (attn_npy_read(ctx, t, path)) return cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, attn_ctx_error(ctx));
   if (t->dtype == ATTN_F32) return 0;
   if (t->dtype != ATTN_F64) {
-    const int r = cli_fail(CLI_EXIT_FAIL, "%s '%s': dtype %s; want float32 or float64", flag, path, attn_dtype_name(t->dtype));
+    const int r = cli_fail(CLI_EXIT_FAIL, "%s '%s': dtype %s; want float32 or float64", flag, cli_show(path), attn_dtype_name(t->dtype));
     attn_tensor_free(t);
     return r;
   }
@@ -278,6 +278,9 @@ int cmd_map(int argc, char **argv) {
   static const char *const switches[] = {"--causal", NULL};
   static const char *const layer_flags[] = {"--prefix", "--heads", "--kv-heads", "--query", "--key", "--value",
                                             "--causal", NULL};
+  static const char *const out_flags[] = {"--png", NULL};
+  static const char *const in_flags[] = {"--params", "--query", "--key", "--value", "--weights", "--tokens",
+                                         "--key-tokens", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
@@ -298,8 +301,16 @@ int cmd_map(int argc, char **argv) {
     return r;
   long long threads = 0;
   if ((r = cli_int(&a, "--threads", 0, 4096, &threads))) return r;
+  cli_outputs outs;
   attn_ctx *ctx = NULL;
-  if (attn_ctx_create(&ctx)) return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  if ((r = cli_outputs_plan(&outs, &a, out_flags, in_flags))) {
+    cli_outputs_free(&outs);
+    return r;
+  }
+  if (attn_ctx_create(&ctx)) {
+    cli_outputs_free(&outs);
+    return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  }
   attn_ctx_set_threads(ctx, (int)threads);
   /* own: as loaded (freed at the end); in, x, key, value: views of one batch element */
   attn_tensor own[4] = {{0}}, in, x, key, value, w = {0};
@@ -398,12 +409,18 @@ int cmd_map(int argc, char **argv) {
     goto done;
   }
   attn__out f;
-  const char *path = cli_get(&a, "--png");
-  if (attn__out_open(ctx, &f, "png", path) || attn__out_write(ctx, &f, png.p, png.n) || attn__out_commit(ctx, &f)) {
+  const char *tmp = cli_outputs_stage(&outs, "--png");
+  if (!tmp) {
+    r = CLI_EXIT_FAIL;
+    goto done;
+  }
+  if (attn__out_open(ctx, &f, "png", tmp) || attn__out_write(ctx, &f, png.p, png.n) || attn__out_commit(ctx, &f)) {
     r = cli_fail(CLI_EXIT_FAIL, "--png: %s", attn_ctx_error(ctx));
     goto done;
   }
+  r = cli_outputs_commit(&outs);
 done:
+  cli_outputs_free(&outs);
   free(png.p);
   rs_free(&im);
   tokens_free(&qt);

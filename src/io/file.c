@@ -96,8 +96,12 @@ static uint64_t mix64(uint64_t z) {
 }
 
 /* O_EXCL with a fresh name rather than mkstemp so the file gets the usual
- * 0666 & ~umask mode instead of 0600. */
+ * 0666 & ~umask mode instead of 0600. The name is short and in the target's
+ * directory (the rename stays on one file system): path + a suffix would pass
+ * NAME_MAX for a long file name. */
 attn_status attn__out_open(attn_ctx *ctx, attn__out *w, const char *kind, const char *path) {
+  const char *slash = strrchr(path, '/');
+  const int dir = slash ? (int)(slash - path) + 1 : 0;
   size_t n = strlen(path), cap = n + 32;
   w->fd = -1;
   w->path = path;
@@ -111,7 +115,7 @@ attn_status attn__out_open(attn_ctx *ctx, attn__out *w, const char *kind, const 
   int err = 0;
   for (int attempt = 0; attempt < 100; attempt++) {
     seed = mix64(seed + 0x9e3779b97f4a7c15ull);
-    snprintf(w->tmp, cap, "%s.tmp.%06llx", path, (unsigned long long)(seed & 0xffffffu));
+    snprintf(w->tmp, cap, "%.*s.attn.tmp.%06llx", dir, path, (unsigned long long)(seed & 0xffffffu));
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (w->fd >= 0) return ATTN_OK;
     err = errno;
