@@ -477,7 +477,7 @@ static void dropout_statistics(attn_ctx *ctx) {
     CHECK_OK(ctx, attn_sdpa_ref(ctx, &out2, &q, &k, &v, &o));
     CHECK(memcmp(w2.data, w.data, sizeof(double) * n) != 0, "p = %g: another seed gave the same weights", p);
 
-    /* the fp32 path: not implemented yet (UNSUPPORTED), or the oracle's answer */
+    /* the fp32 path gives the oracle's answer */
     attn_ctx_set_threads(ctx, 0);
     o.dropout_seed = seed;
     attn_tensor of = make_nan(&a, ATTN_F32, 4, s), wf = make_nan(&a, ATTN_F32, 4, ws);
@@ -485,8 +485,7 @@ static void dropout_statistics(attn_ctx *ctx) {
     ofo.weights = &wf;
     ofo.lse = NULL;
     attn_status st = attn_sdpa(ctx, &of, &q, &k, &v, &ofo);
-    CHECK(st == ATTN_OK || (st == ATTN_E_UNSUPPORTED && strstr(attn_ctx_error(ctx), "dropout")),
-          "p = %g: attn_sdpa with dropout -> %s: %s", p, attn_strerror(st), attn_ctx_error(ctx));
+    CHECK(st == ATTN_OK, "p = %g: attn_sdpa with dropout -> %s: %s", p, attn_strerror(st), attn_ctx_error(ctx));
     if (st == ATTN_OK) {
       double *go = tu_to_f64(&of), *gw = tu_to_f64(&wf);
       const double eo = tu_rel_l2(go, O, H * N * D), ew = tu_rel_l2(gw, W, n);
@@ -557,13 +556,11 @@ static void random_case(attn_ctx *ctx, uint64_t seed) {
   o.mask_grad = additive ? &rm : NULL;
   CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &rq, &rk, &rv, &pb.G, &pb.q, &pb.k, &pb.v, &out64, &lse64, &o));
 
-  /* the fp32 forward whose out and lse the fp32 backward takes (the oracle's, in f32, while
-   * the fp32 forward has no dropout) */
+  /* the fp32 forward whose out and lse the fp32 backward takes */
   attn_tensor out = make4(&a, &r, os, ATTN_F32, sp.layout, 0), lse = make_nan(&a, ATTN_F32, 3, ls);
   o = popts(&pb);
   o.lse = &lse;
   attn_status st = attn_sdpa(ctx, &out, &pb.q, &pb.k, &pb.v, &o);
-  if (st == ATTN_E_UNSUPPORTED && sp.dropout > 0) st = attn_sdpa_ref(ctx, &out, &pb.q, &pb.k, &pb.v, &o);
   CHECK(st == ATTN_OK, "%s: forward: %s", desc, attn_ctx_error(ctx));
 
   float *first[4] = {NULL, NULL, NULL, NULL};
