@@ -96,7 +96,8 @@ if [ "${1:-}" != quick ]; then
       -DATTN_FUZZ=ON -DATTN_SANITIZE=ON -DATTN_BUILD_TESTS=OFF -DATTN_FUZZ_SECONDS="${ATTN_FUZZ_SECONDS:-60}" >/dev/null
     cmake --build build-fuzz -j "$jobs"
     # no harness (yet) is not a failure, but it is said
-    if ctest --test-dir build-fuzz -N -L fuzz | grep -q 'Total Tests: 0'; then
+    listed=$(ctest --test-dir build-fuzz -N -L fuzz)
+    if grep -q 'Total Tests: 0' <<<"$listed"; then
       echo "fuzz: no harness is registered in fuzz/CMakeLists.txt: nothing to run"
     fi
     ctest --test-dir build-fuzz -L fuzz --no-tests=ignore --output-on-failure
