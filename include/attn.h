@@ -200,8 +200,10 @@ ATTN_API attn_status attn_alibi_slopes(float *slopes, int64_t heads);
 ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
 
 /* out[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,g,j,:] + mask) v[b,g,j,:]
- *   out is [B, Hq, Nq, Dv] f32     q is [B, Hq, Nq, D] f32
- *   k   is [B, Hk, Nk, D]  f32     v is [B, Hk, Nk, Dv] f32
+ *   out is [B, Hq, Nq, Dv] f32     q is [B, Hq, Nq, D]
+ *   k   is [B, Hk, Nk, D]          v is [B, Hk, Nk, Dv]
+ * q, k and v are each f32, f16 or bf16 (halves are widened to f32 as they are
+ * read; every sum is in f32); weights and lse are f32.
  * Grouped-query attention: Hq = G * Hk, query head h reads kv head g = h / G
  * (Hk = 1 is multi-query attention). Any strides: pass permuted views for
  * batch-first data. A row whose every key is masked gives zeros in out and
@@ -221,7 +223,8 @@ ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_t
                                    const attn_tensor *v, const attn_sdpa_opts *opts);
 
 /* Backward of attn_sdpa: gradients of a loss L given dout = dL/dout.
- *   dq is [B, Hq, Nq, D], dk [B, Hk, Nk, D], dv [B, Hk, Nk, Dv] (f32, overwritten)
+ *   dq is [B, Hq, Nq, D], dk [B, Hk, Nk, D], dv [B, Hk, Nk, Dv] (f32, overwritten);
+ *   q, k, v, dout, out and lse are f32 here (f16/bf16 inputs are forward-only)
  *   dout, out [B, Hq, Nq, Dv] and lse [B, Hq, Nq] come from the forward call,
  *   made with the same q, k, v and opts (mask, causal, scale, dropout); the
  *   weights are not needed: scores are recomputed tile by tile.

@@ -54,9 +54,14 @@ typedef struct attn_dl_tensor {
  * read as U8). Errors: ATTN_E_INVALID (NULL arguments, NULL shape with
  * ndim > 0, NULL data with elements), ATTN_E_UNSUPPORTED (a device other
  * than the CPU), ATTN_E_DTYPE (lanes != 1, a code/bits pair with no attn_dtype),
- * ATTN_E_SHAPE (ndim < 0 or > ATTN_MAX_RANK, a negative extent). out is
- * written only on success. Strides are copied as given, negative ones too:
- * the calls that take the view check what they can use. */
+ * ATTN_E_SHAPE (ndim < 0 or > ATTN_MAX_RANK, a negative extent, strides or
+ * a byte_offset that reach further than INT64_MAX bytes: the sum over the
+ * dimensions of |stride| * (extent - 1), times the element size). out is
+ * written only on success. Strides are copied as given, negative and zero
+ * ones too; every call takes negative strides. What cannot be checked is the
+ * producer's promise: that the memory behind the view exists, and that an
+ * output does not overlap itself (attn_sdpa and the backward passes refuse an
+ * output with a zero stride; other overlaps are not detected). */
 ATTN_API attn_status attn_tensor_from_dlpack(attn_ctx *ctx, attn_tensor *out, const attn_dl_tensor *t);
 
 /* A DLTensor describing t (CPU, device 0, byte_offset 0, explicit strides).

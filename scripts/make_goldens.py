@@ -7,7 +7,14 @@ reference outputs are computed in float64 from those same float32 values
 same bytes.
 
 Layout: tests/golden/<case>/{*.npy, params.safetensors, case.txt} and
-tests/golden/INDEX (one case name per line). See tests/test_golden.c.
+tests/golden/INDEX (one case name per line). See tests/test_golden.c (forward)
+and tests/test_backward.c (gradients of the cases with backward=1).
+
+The options of recent models (sliding window, softcap, ALiBi, attention sinks,
+dropout) are computed from their definitions in include/attn.h by explicit
+float64 math in torch; dropout's keep mask comes from a Python Philox-4x32-10
+written here from the algorithm (checked against Random123's known answers),
+keyed as src/dropout.h documents, so those goldens also check the C generator.
 
 Usage: python scripts/make_goldens.py [output_dir]
 """
@@ -293,6 +300,199 @@ def sdpa_cases():
 
 
 # ---------------------------------------------------------------------------
+# Dropout's keep mask: Philox-4x32-10 in plain Python (Salmon et al., SC 2011),
+# keyed as src/dropout.h documents, written from the algorithm so that the
+# goldens check the C generator rather than copy it.
+# ---------------------------------------------------------------------------
+U32 = 0xFFFFFFFF
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)  # round multipliers
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # Weyl key increments: golden ratio, sqrt(3) - 1
+
+
+def philox4x32_10(ctr, key):
+    """Ten rounds of Philox-4x32 on the 4-word counter under the 2-word key."""
+    x = list(ctr)
+    k = list(key)
+    for rnd in range(10):
+        if rnd:  # the key is bumped between rounds
+            k = [(k[0] + PHILOX_W[0]) & U32, (k[1] + PHILOX_W[1]) & U32]
+        a = PHILOX_M[0] * x[0]  # 64-bit products: high and low words
+        b = PHILOX_M[1] * x[2]
+        x = [((b >> 32) ^ x[1] ^ k[0]) & U32, b & U32, ((a >> 32) ^ x[3] ^ k[1]) & U32, a & U32]
+    return x
+
+
+# Random123's published known answers for philox4x32_10: counter, key -> output.
+for _ctr, _key, _want in [
+        ((0, 0, 0, 0), (0, 0), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+        ((U32,) * 4, (U32, U32), (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+        ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+         (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]:
+    assert tuple(philox4x32_10(_ctr, _key)) == _want, "philox4x32_10 known answer"
+
+
+def dropout_keep(seed, p, B, H, Nq, Nk):
+    """bool [B, H, Nq, Nk]: entry (b, h, i, j) is kept unless word (j & 3) of
+    philox(counter (j >> 2, i, h, b), key (low, high word of seed)) < floor(p * 2^32)."""
+    threshold = int(p * 4294967296.0)
+    key = (seed & U32, (seed >> 32) & U32)
+    keep = torch.ones(B, H, Nq, Nk, dtype=torch.bool)
+    for b in range(B):
+        for h in range(H):
+            for i in range(Nq):
+                for j0 in range(0, Nk, 4):
+                    u = philox4x32_10((j0 >> 2, i, h, b), key)
+                    for j in range(j0, min(j0 + 4, Nk)):
+                        keep[b, h, i, j] = u[j & 3] >= threshold
+    return keep
+
+
+def alibi_paper_slopes(H):
+    """The ALiBi paper's slopes: 2^(-8(h+1)/n) for the largest power of two n <= H,
+    then every other slope of 2n for the remaining heads."""
+    n = 1 << (H.bit_length() - 1)
+    slopes = [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+    slopes += [2.0 ** (-8.0 * (2 * r + 1) / (2 * n)) for r in range(H - n)]
+    return torch.tensor(slopes, dtype=F32)
+
+
+# ---------------------------------------------------------------------------
+# Cases of the options of recent models: sliding window, softcap, ALiBi,
+# attention sinks, dropout. Explicit float64 math, each option as defined in
+# include/attn.h; checked against F.scaled_dot_product_attention where an
+# option is a mask, and the gradients against finite differences.
+# ---------------------------------------------------------------------------
+def options_case(name, seed, B, Hq, Hk, Nq, Nk, D, Dv=None, causal="none", window=0, softcap=0.0,
+                 alibi=False, sinks=False, dropout_p=0.0, dropout_seed=0, keep_shape=None, dead_row=False,
+                 q_amp=1.0):
+    Dv = D if Dv is None else Dv
+    gen = torch.Generator().manual_seed(seed)
+    q32 = (q_amp * randn(gen, B, Hq, Nq, D)).to(F32)
+    k32, v32 = randn(gen, B, Hk, Nk, D), randn(gen, B, Hk, Nk, Dv)
+    q, k, v = q32.to(F64), k32.to(F64), v32.to(F64)
+    scale = 1.0 / math.sqrt(D)
+    # a window implies the causal bound (top-left when none is asked for)
+    eff_causal = "top_left" if window > 0 and causal == "none" else causal
+    case = Case(name, dict(kind="sdpa", causal=causal, mask_mode="keep" if keep_shape else "none",
+                           scale="default", gqa=int(Hq != Hk)))
+
+    # query row i sits at i' = i + Nk - Nq under bottom-right alignment, else at i
+    ipos = torch.arange(Nq).unsqueeze(1) + (Nk - Nq if eff_causal == "bottom_right" else 0)
+    j = torch.arange(Nk).unsqueeze(0)
+    allowed = causal_allowed(Nq, Nk, eff_causal)
+    if window > 0:
+        allowed = allowed & (j > ipos - window)
+        case.manifest["window"] = window
+    allowed = allowed.expand(B, Hq, Nq, Nk).clone()
+    keep_mask = None
+    if keep_shape:
+        keep_mask = torch.rand(*keep_shape, generator=gen) > 0.3
+        if dead_row:  # batch 1, row 0: no key at all (only the sink is left)
+            keep_mask[1, ..., 0, :] = False
+        allowed &= keep_mask
+        case.add("mask", keep_mask)
+    if not sinks:
+        assert_no_empty_row(allowed)
+
+    slopes = alibi_paper_slopes(Hq) if alibi else None
+    sink32 = (1.5 * randn(gen, Hq)).to(F32) if sinks else None
+    if alibi:
+        case.add("alibi", slopes)
+    if sinks:
+        case.add("sinks", sink32)
+    if softcap:
+        case.manifest["softcap"] = repr(float(softcap))
+    keep = None
+    if dropout_p:
+        case.manifest["dropout_p"] = repr(float(dropout_p))
+        case.manifest["dropout_seed"] = dropout_seed
+        keep = dropout_keep(dropout_seed, dropout_p, B, Hq, Nq, Nk)
+        frac = keep.double().mean().item()
+        assert abs(frac - (1 - dropout_p)) < 0.1, f"{name}: kept fraction {frac}"
+
+    def forward(q, k, v, sink):
+        """out, weights, lse from first principles."""
+        kk = k.repeat_interleave(Hq // Hk, dim=1)
+        vv = v.repeat_interleave(Hq // Hk, dim=1)
+        s = (q @ kk.transpose(-2, -1)) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        if alibi:
+            s = s + slopes.to(F64).view(1, Hq, 1, 1) * (j - ipos).to(F64)
+        s = s.masked_fill(~allowed, -math.inf)
+        if sinks:  # one more logit per head, dropped after the softmax
+            s = torch.cat([s, sink.view(1, Hq, 1, 1).expand(B, Hq, Nq, 1)], dim=-1)
+        lse = torch.logsumexp(s, dim=-1)
+        w = torch.softmax(s, dim=-1)
+        if sinks:
+            w = w[..., :Nk]
+        if keep is not None:
+            w = w * keep.to(F64) / (1 - dropout_p)
+        return w @ vv, w, lse
+
+    sink64 = sink32.to(F64) if sinks else None
+    with torch.no_grad():
+        out, weights, lse = forward(q, k, v, sink64)
+    assert torch.isfinite(out).all() and torch.isfinite(weights).all()
+    if not softcap and not sinks and not dropout_p:
+        # window, causal and ALiBi are masks: PyTorch's sdpa must agree
+        bias = torch.zeros(B, Hq, Nq, Nk, dtype=F64)
+        if alibi:
+            bias = bias + slopes.to(F64).view(1, Hq, 1, 1) * (j - ipos).to(F64)
+        bias = bias.masked_fill(~allowed, -math.inf)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=Hq != Hk)
+        assert torch.allclose(ref, out, rtol=0, atol=1e-12), name
+
+    # gradients of sum(out * G) by float64 autograd, checked by finite differences
+    G32 = randn(gen, B, Hq, Nq, Dv)
+    G = G32.to(F64)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    if sinks:
+        leaves.append(sink64.clone().requires_grad_(True))
+
+    def loss(*xs):
+        return (forward(xs[0], xs[1], xs[2], xs[3] if sinks else None)[0] * G).sum()
+
+    loss(*leaves).backward()
+    assert torch.autograd.gradcheck(loss, leaves, eps=1e-6, atol=1e-7, rtol=1e-6), name
+    grads = [t.grad for t in leaves]
+    for g in grads:
+        assert torch.isfinite(g).all(), name
+    case.manifest["backward"] = 1
+    case.add("G", G32)
+    case.add("dq", grads[0])
+    case.add("dk", grads[1])
+    case.add("dv", grads[2])
+    if sinks:
+        case.add("dsinks", grads[3])
+    case.add("q", q32)
+    case.add("k", k32)
+    case.add("v", v32)
+    case.add("out", out)
+    case.add("weights", weights)
+    case.add("lse", lse)
+    return case
+
+
+def options_cases():
+    return [
+        options_case("sdpa_window", 401, B=2, Hq=2, Hk=2, Nq=11, Nk=11, D=8, window=4),
+        # bottom-right, GQA, three query rows: the decode kernel's size
+        options_case("sdpa_window_br", 402, B=2, Hq=4, Hk=2, Nq=3, Nk=13, D=8, causal="bottom_right", window=5),
+        options_case("sdpa_softcap", 403, B=2, Hq=2, Hk=2, Nq=7, Nk=9, D=8, softcap=2.0, causal="top_left",
+                     q_amp=3.0),
+        options_case("sdpa_alibi", 404, B=2, Hq=4, Hk=2, Nq=5, Nk=10, D=8, alibi=True, causal="bottom_right"),
+        options_case("sdpa_alibi_nc", 405, B=2, Hq=3, Hk=3, Nq=6, Nk=9, D=8, alibi=True),
+        options_case("sdpa_sinks", 406, B=2, Hq=4, Hk=2, Nq=6, Nk=9, D=8, sinks=True, keep_shape=(2, 1, 6, 9),
+                     dead_row=True),
+        options_case("sdpa_dropout", 407, B=2, Hq=4, Hk=2, Nq=6, Nk=11, D=8, dropout_p=0.3,
+                     dropout_seed=0x9E3779B97F4A7C15, causal="top_left"),
+        options_case("sdpa_all_options", 408, B=2, Hq=4, Hk=2, Nq=5, Nk=12, D=8, causal="bottom_right", window=6,
+                     softcap=2.5, alibi=True, sinks=True, dropout_p=0.2, dropout_seed=12345, q_amp=2.0),
+    ]
+
+
+# ---------------------------------------------------------------------------
 # MHA cases
 # ---------------------------------------------------------------------------
 def mha_manifest(naming, E, H, kdim=None, vdim=None, bias=1, prefix="", causal="none", mask_mode="none",
@@ -431,7 +631,7 @@ def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                               "..", "tests", "golden")
     root = os.path.normpath(root)
-    cases = sdpa_cases() + mha_cases()
+    cases = sdpa_cases() + options_cases() + mha_cases()
     if os.path.isdir(root):  # start clean so removed cases do not linger
         for entry in os.listdir(root):
             path = os.path.join(root, entry)

@@ -54,6 +54,30 @@ static int dtype_to_dl(attn_dtype t, attn_dl_dtype *out) {
   return 1;
 }
 
+/* How far (in bytes) the farthest element of a view lies from its first, in
+ * either direction: sum over dimensions of |stride| * (extent - 1) * size.
+ * 0 when that does not fit in int64_t (nor, then, any offset a call computes). */
+static int reach_fits(const attn_tensor *v, int64_t *reach) {
+  int64_t r = 0;
+  for (int i = 0; i < v->rank; i++) {
+    if (v->shape[i] == 0) { /* no element: nothing is reached */
+      *reach = 0;
+      return 1;
+    }
+  }
+  for (int i = 0; i < v->rank; i++) {
+    const int64_t s = v->strides[i], e = v->shape[i] - 1;
+    if (e == 0) continue;
+    if (s == INT64_MIN) return 0;
+    int64_t d;
+    if (attn__mul_overflows(s < 0 ? -s : s, e, &d) || d > INT64_MAX - r) return 0;
+    r += d;
+  }
+  if (attn__mul_overflows(r, (int64_t)attn_dtype_size(v->dtype), &r)) return 0;
+  *reach = r;
+  return 1;
+}
+
 attn_status attn_tensor_from_dlpack(attn_ctx *ctx, attn_tensor *out, const attn_dl_tensor *t) {
   attn__clear(ctx);
   if (!out || !t) return attn__fail(ctx, ATTN_E_INVALID, "dlpack: NULL %s", out ? "DLTensor" : "output tensor");
@@ -86,6 +110,14 @@ attn_status attn_tensor_from_dlpack(attn_ctx *ctx, attn_tensor *out, const attn_
     s *= t->shape[i] > 0 ? t->shape[i] : 1;
   }
   if (n > 0 && !t->data) return attn__fail(ctx, ATTN_E_INVALID, "dlpack: NULL data with %lld elements", (long long)n);
+  /* every element's offset must be computable: the calls index with int64_t */
+  int64_t reach;
+  if (!reach_fits(&v, &reach))
+    return attn__fail(ctx, ATTN_E_SHAPE, "dlpack: the strides reach past %lld bytes from the first element",
+                      (long long)INT64_MAX);
+  if (t->byte_offset > (uint64_t)INT64_MAX)
+    return attn__fail(ctx, ATTN_E_SHAPE, "dlpack: byte_offset %llu is past any address",
+                      (unsigned long long)t->byte_offset);
   v.data = t->data ? (char *)t->data + t->byte_offset : NULL;
   *out = v;
   return ATTN_OK;

@@ -7,7 +7,9 @@
  *   (c) attn_sdpa_backward (the default kernel) against the oracle on random
  *       cases, bitwise the same for 1, 2 and 3 threads;
  *   (d) its argument checks;
- *   (e) PyTorch autograd goldens (tests/golden, cases with backward=1).
+ *   (e) PyTorch autograd goldens (tests/golden, cases with backward=1; with
+ *       the options window, softcap, ALiBi, sinks (and dL/dsinks) and dropout
+ *       where the case sets them).
  * Run with the working directory tests/. Seeds are fixed. */
 #include "testutil.h"
 #include "dropout.h"
@@ -477,7 +479,7 @@ static void dropout_statistics(attn_ctx *ctx) {
     CHECK_OK(ctx, attn_sdpa_ref(ctx, &out2, &q, &k, &v, &o));
     CHECK(memcmp(w2.data, w.data, sizeof(double) * n) != 0, "p = %g: another seed gave the same weights", p);
 
-    /* the fp32 path: not implemented yet (UNSUPPORTED), or the oracle's answer */
+    /* the fp32 path gives the oracle's answer */
     attn_ctx_set_threads(ctx, 0);
     o.dropout_seed = seed;
     attn_tensor of = make_nan(&a, ATTN_F32, 4, s), wf = make_nan(&a, ATTN_F32, 4, ws);
@@ -485,8 +487,7 @@ static void dropout_statistics(attn_ctx *ctx) {
     ofo.weights = &wf;
     ofo.lse = NULL;
     attn_status st = attn_sdpa(ctx, &of, &q, &k, &v, &ofo);
-    CHECK(st == ATTN_OK || (st == ATTN_E_UNSUPPORTED && strstr(attn_ctx_error(ctx), "dropout")),
-          "p = %g: attn_sdpa with dropout -> %s: %s", p, attn_strerror(st), attn_ctx_error(ctx));
+    CHECK(st == ATTN_OK, "p = %g: attn_sdpa with dropout -> %s: %s", p, attn_strerror(st), attn_ctx_error(ctx));
     if (st == ATTN_OK) {
       double *go = tu_to_f64(&of), *gw = tu_to_f64(&wf);
       const double eo = tu_rel_l2(go, O, H * N * D), ew = tu_rel_l2(gw, W, n);
@@ -557,13 +558,11 @@ static void random_case(attn_ctx *ctx, uint64_t seed) {
   o.mask_grad = additive ? &rm : NULL;
   CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &rq, &rk, &rv, &pb.G, &pb.q, &pb.k, &pb.v, &out64, &lse64, &o));
 
-  /* the fp32 forward whose out and lse the fp32 backward takes (the oracle's, in f32, while
-   * the fp32 forward has no dropout) */
+  /* the fp32 forward whose out and lse the fp32 backward takes */
   attn_tensor out = make4(&a, &r, os, ATTN_F32, sp.layout, 0), lse = make_nan(&a, ATTN_F32, 3, ls);
   o = popts(&pb);
   o.lse = &lse;
   attn_status st = attn_sdpa(ctx, &out, &pb.q, &pb.k, &pb.v, &o);
-  if (st == ATTN_E_UNSUPPORTED && sp.dropout > 0) st = attn_sdpa_ref(ctx, &out, &pb.q, &pb.k, &pb.v, &o);
   CHECK(st == ATTN_OK, "%s: forward: %s", desc, attn_ctx_error(ctx));
 
   float *first[4] = {NULL, NULL, NULL, NULL};
@@ -803,16 +802,30 @@ static void gold_compare(const char *cas, const char *pass, const char *what, co
 
 static void golden_case(attn_ctx *ctx, const char *cas) {
   char val[256];
-  attn_tensor q, k, v, G, gdq, gdk, gdv, mask, pad, gdm;
+  attn_tensor q, k, v, G, gdq, gdk, gdv, mask, pad, gdm, alibi, sinks, gds;
   int ok = load(ctx, cas, "q", &q, 1) & load(ctx, cas, "k", &k, 1) & load(ctx, cas, "v", &v, 1) &
            load(ctx, cas, "G", &G, 1) & load(ctx, cas, "dq", &gdq, 1) & load(ctx, cas, "dk", &gdk, 1) &
            load(ctx, cas, "dv", &gdv, 1);
   const int has_mask = load(ctx, cas, "mask", &mask, 0), has_pad = load(ctx, cas, "key_padding", &pad, 0);
   const int has_dm = load(ctx, cas, "dmask", &gdm, 0);
+  const int has_alibi = load(ctx, cas, "alibi", &alibi, 0), has_sinks = load(ctx, cas, "sinks", &sinks, 0);
+  const int has_ds = load(ctx, cas, "dsinks", &gds, has_sinks);
   ok = ok && q.dtype == ATTN_F32 && k.dtype == ATTN_F32 && v.dtype == ATTN_F32 && G.dtype == ATTN_F32 && q.rank == 4;
+  ok = ok && (!has_alibi || alibi.dtype == ATTN_F32) && (!has_sinks || (sinks.dtype == ATTN_F32 && has_ds));
   CHECK(ok, "%s: cannot use the golden's arrays", cas);
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
+  /* the options of recent models (absent: off) */
+  manifest_value(cas, "window", val, sizeof val);
+  o.window = val[0] ? strtoll(val, NULL, 10) : 0;
+  manifest_value(cas, "softcap", val, sizeof val);
+  o.softcap = val[0] ? strtod(val, NULL) : 0;
+  manifest_value(cas, "dropout_p", val, sizeof val);
+  o.dropout_p = val[0] ? strtod(val, NULL) : 0;
+  manifest_value(cas, "dropout_seed", val, sizeof val);
+  o.dropout_seed = val[0] ? strtoull(val, NULL, 10) : 0;
+  if (has_alibi) o.alibi_slopes = &alibi;
+  if (has_sinks) o.sinks = &sinks;
   manifest_value(cas, "scale", val, sizeof val);
   o.scale = (!val[0] || strcmp(val, "default") == 0) ? NAN : strtod(val, NULL);
   manifest_value(cas, "causal", val, sizeof val);
@@ -837,8 +850,10 @@ static void golden_case(attn_ctx *ctx, const char *cas) {
     const double tol = pass == 0 ? TOL_GOLD_REF : TOL_FP32;
     const int64_t B = q.shape[0], Hq = q.shape[1], Nq = q.shape[2], Nk = k.shape[2];
     const int64_t os[4] = {B, Hq, Nq, v.shape[3]}, ls[3] = {B, Hq, Nq}, fs[4] = {B, Hq, Nq, Nk};
-    attn_tensor out, lse, dq, dk, dv, mg;
+    attn_tensor out, lse, dq, dk, dv, mg, ds;
+    const int64_t hs[1] = {Hq};
     int good = attn_tensor_alloc(ctx, &out, dt, 4, os) == ATTN_OK;
+    good &= attn_tensor_alloc(ctx, &ds, ATTN_F32, 1, hs) == ATTN_OK; /* sinks_grad is f32 on every path */
     good &= attn_tensor_alloc(ctx, &lse, dt, 3, ls) == ATTN_OK;
     good &= attn_tensor_alloc(ctx, &dq, dt, 4, gdq.shape) == ATTN_OK;
     good &= attn_tensor_alloc(ctx, &dk, dt, 4, gdk.shape) == ATTN_OK;
@@ -852,6 +867,7 @@ static void golden_case(attn_ctx *ctx, const char *cas) {
     CHECK(st == ATTN_OK, "%s [%s] forward: %s", cas, pname, attn_ctx_error(ctx));
     attn_sdpa_opts ob = o;
     if (has_dm) ob.mask_grad = &mg;
+    if (has_sinks) ob.sinks_grad = &ds;
     if (st == ATTN_OK) {
       st = pass == 0 ? attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, &G, &q, &k, &v, &out, &lse, &ob)
                      : attn_sdpa_backward(ctx, &dq, &dk, &dv, &G, &q, &k, &v, &out, &lse, &ob);
@@ -861,6 +877,7 @@ static void golden_case(attn_ctx *ctx, const char *cas) {
       gold_compare(cas, pname, "dq", &dq, &gdq, tol);
       gold_compare(cas, pname, "dk", &dk, &gdk, tol);
       gold_compare(cas, pname, "dv", &dv, &gdv, tol);
+      if (has_sinks) gold_compare(cas, pname, "dsinks", &ds, &gds, pass == 0 ? 1e-6 : TOL_FP32); /* f32 */
       if (has_dm) {
         double *full = tu_to_f64(&mg), *red = reduce_to(full, fs, &mask), *want = tu_to_f64(&gdm);
         const double e = tu_rel_l2(red, want, attn_tensor_numel(&gdm));
@@ -871,10 +888,10 @@ static void golden_case(attn_ctx *ctx, const char *cas) {
         free(want);
       }
     }
-    tfree(&out); tfree(&lse); tfree(&dq); tfree(&dk); tfree(&dv); tfree(&mg);
+    tfree(&out); tfree(&lse); tfree(&dq); tfree(&dk); tfree(&dv); tfree(&mg); tfree(&ds);
   }
   tfree(&q); tfree(&k); tfree(&v); tfree(&G); tfree(&gdq); tfree(&gdk); tfree(&gdv);
-  tfree(&mask); tfree(&pad); tfree(&gdm);
+  tfree(&mask); tfree(&pad); tfree(&gdm); tfree(&alibi); tfree(&sinks); tfree(&gds);
 }
 
 static void goldens(attn_ctx *ctx) {
@@ -898,6 +915,8 @@ static void goldens(attn_ctx *ctx) {
 }
 
 int main(int argc, char **argv) {
+  /* ctest runs this again with ATTN_KERNEL set: a kernel this CPU lacks is a skip */
+  tu_kernel_or_skip(getenv("ATTN_KERNEL"));
   attn_ctx *ctx = NULL;
   CHECK_OK(ctx, attn_ctx_create(&ctx));
   if (!ctx) return tu_finish("test_backward");

@@ -240,6 +240,9 @@ static void edges(int blocked) {
 }
 
 int main(void) {
+  for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AVX512; k++)
+    printf("kernel %-6s %s\n", attn_kernel_name((attn_kernel)k),
+           attn_kernel_supported((attn_kernel)k) ? "tested" : "not supported here: skipped");
   edges(0); /* the decode kernel */
   edges(1); /* the same rows through the blocked kernel */
   decode_cases();

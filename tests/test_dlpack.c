@@ -1,5 +1,6 @@
 /* DLPack interop: attn_tensor <-> attn_dl_tensor round trips, byte_offset,
- * NULL (compact) strides, a computation through the views, and every error. */
+ * NULL (compact) strides, computations through the views (negative strides
+ * included), strides whose reach overflows, and every error. */
 #include "attn_dlpack.h"
 #include "testutil.h"
 
@@ -105,6 +106,100 @@ static void compute_through_views(attn_ctx *ctx) {
   CHECK(worst < 1e-6, "sdpa through DLPack views differs by %g", worst);
 }
 
+/* Negative strides are taken as given: keys and values stored in reverse order, seen
+ * through a view with a negative stride (and the data pointer moved to the last row
+ * by byte_offset), and an output written backwards, give what the plain views give. */
+static void negative_strides(attn_ctx *ctx) {
+  enum { B = 2, H = 2, N = 19, D = 8 };
+  static float q[B * H * N * D], k[B * H * N * D], v[B * H * N * D], kr[B * H * N * D], vr[B * H * N * D],
+      o1[B * H * N * D], o2[B * H * N * D], o3[B * H * N * D];
+  tu_rng r = {11};
+  tu_fill_f32(&r, q, B * H * N * D, 1);
+  tu_fill_f32(&r, k, B * H * N * D, 1);
+  tu_fill_f32(&r, v, B * H * N * D, 1);
+  for (int bh = 0; bh < B * H; bh++)
+    for (int n = 0; n < N; n++)
+      for (int d = 0; d < D; d++) {
+        kr[(bh * N + N - 1 - n) * D + d] = k[(bh * N + n) * D + d];
+        vr[(bh * N + N - 1 - n) * D + d] = v[(bh * N + n) * D + d];
+      }
+  int64_t shape[4] = {B, H, N, D}, back[4] = {H * N * D, N * D, -D, 1};
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, shape), tk = attn_tensor_view(k, ATTN_F32, 4, shape);
+  attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, shape), to = attn_tensor_view(o1, ATTN_F32, 4, shape);
+  attn_sdpa_opts o;
+  attn_sdpa_opts_init(&o);
+  o.causal = ATTN_CAUSAL_TOP_LEFT;
+  CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+  const uint64_t last_row = (uint64_t)((N - 1) * D) * sizeof(float);
+  attn_dl_tensor dk = {kr, {ATTN_DL_CPU, 0}, 4, {ATTN_DL_FLOAT, 32, 1}, shape, back, last_row}, dv = dk, dout = dk;
+  dv.data = vr;
+  dout.data = o3;
+  attn_tensor nk, nv, no, t2 = attn_tensor_view(o2, ATTN_F32, 4, shape);
+  CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &nk, &dk));
+  CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &nv, &dv));
+  CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &no, &dout));
+  CHECK(nk.strides[2] == -D && nk.data == kr + (N - 1) * D, "a negative stride is copied as given");
+  CHECK_OK(ctx, attn_sdpa(ctx, &t2, &tq, &nk, &nv, &o));
+  CHECK_OK(ctx, attn_sdpa(ctx, &no, &tq, &tk, &tv, &o));
+  double worst_in = 0, worst_out = 0;
+  for (int bh = 0; bh < B * H; bh++)
+    for (int n = 0; n < N; n++)
+      for (int d = 0; d < D; d++) {
+        const int i = (bh * N + n) * D + d;
+        worst_in = fmax(worst_in, fabs((double)o1[i] - (double)o2[i]));
+        worst_out = fmax(worst_out, fabs((double)o1[i] - (double)o3[(bh * N + N - 1 - n) * D + d]));
+      }
+  CHECK(worst_in < 1e-6 && worst_out < 1e-6, "negative strides: inputs differ by %g, output by %g", worst_in,
+        worst_out);
+}
+
+/* The farthest element a view reaches (|stride| * (extent - 1) over the dimensions,
+ * in bytes, plus byte_offset) must be addressable: else no call could compute an
+ * element's address without overflow, and the view is refused. */
+static void stride_reach(attn_ctx *ctx) {
+  float buf[8];
+  int64_t shape[2] = {3, 2}, strides[2] = {INT64_MAX / 2, 1};
+  attn_dl_tensor dl = {buf, {ATTN_DL_CPU, 0}, 2, {ATTN_DL_FLOAT, 32, 1}, shape, strides, 0};
+  attn_tensor t, untouched;
+  memset(&untouched, 0xcd, sizeof untouched);
+  t = untouched;
+  CHECK_ERR(ctx, attn_tensor_from_dlpack(ctx, &t, &dl), ATTN_E_SHAPE, "stride");
+  strides[0] = -(INT64_MAX / 2);
+  CHECK_ERR(ctx, attn_tensor_from_dlpack(ctx, &t, &dl), ATTN_E_SHAPE, "stride");
+  strides[0] = INT64_MIN;
+  CHECK_ERR(ctx, attn_tensor_from_dlpack(ctx, &t, &dl), ATTN_E_SHAPE, "stride");
+  /* the reach is in bytes: 2^61 float32 elements fit in int64_t, their bytes do not */
+  strides[0] = INT64_MAX / 4 + 1;
+  shape[0] = 2;
+  CHECK_ERR(ctx, attn_tensor_from_dlpack(ctx, &t, &dl), ATTN_E_SHAPE, "stride");
+  /* two dimensions that each fit, but not together (one-byte elements) */
+  int64_t s2[2] = {INT64_MAX / 2 + 1, INT64_MAX / 2 + 1};
+  dl.strides = s2;
+  dl.dtype.code = ATTN_DL_UINT;
+  dl.dtype.bits = 8;
+  CHECK_ERR(ctx, attn_tensor_from_dlpack(ctx, &t, &dl), ATTN_E_SHAPE, "stride");
+  s2[0] = INT64_MAX / 2; /* together exactly INT64_MAX: accepted */
+  s2[1] = INT64_MAX / 2 + 1;
+  attn_tensor ok_view;
+  CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &ok_view, &dl));
+  dl.dtype.code = ATTN_DL_FLOAT;
+  dl.dtype.bits = 32;
+  dl.strides = strides;
+  /* a byte_offset beyond any address */
+  strides[0] = 2;
+  dl.byte_offset = (uint64_t)INT64_MAX + 1;
+  CHECK_ERR(ctx, attn_tensor_from_dlpack(ctx, &t, &dl), ATTN_E_SHAPE, "byte_offset");
+  CHECK(!memcmp(&t, &untouched, sizeof t), "a refused view leaves the output untouched");
+  dl.byte_offset = 0;
+  /* a huge stride on a dimension of extent 1 or 0 reaches nothing: accepted */
+  shape[0] = 1;
+  strides[0] = INT64_MAX;
+  CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &t, &dl));
+  shape[0] = 0;
+  strides[0] = INT64_MIN;
+  CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &t, &dl));
+}
+
 static void errors(attn_ctx *ctx) {
   float buf[6];
   int64_t shape[2] = {2, 3};
@@ -173,6 +268,8 @@ int main(void) {
   round_trips(ctx);
   offsets_and_compact(ctx);
   compute_through_views(ctx);
+  negative_strides(ctx);
+  stride_reach(ctx);
   errors(ctx);
   attn_ctx_destroy(ctx);
   return tu_finish("test_dlpack");

@@ -106,6 +106,8 @@ int main(void) {
   if (attn_kernel_supported(ATTN_KERNEL_AVX512)) isas[nisa++] = ATTN_KERNEL_AVX512;
   printf("test_gemm: isas");
   for (int i = 0; i < nisa; i++) printf(" %s", isa_name(isas[i]));
+  for (int k = ATTN_KERNEL_AVX2; k <= ATTN_KERNEL_AVX512; k++)
+    if (!attn_kernel_supported((attn_kernel)k)) printf(" (%s: not supported here: skipped)", isa_name((attn_kernel)k));
   printf("\n");
 
   tu_rng rng = {20240611};

@@ -1,6 +1,11 @@
 /* Golden cases made by PyTorch (scripts/make_goldens.py): every case under
  * golden/ (listed in golden/INDEX) runs through the fp32 path and the float64
- * oracle and is compared with PyTorch's float64 result.
+ * oracle and is compared with PyTorch's float64 result: out, weights and lse
+ * (the gradients of cases with backward=1 are checked by test_backward). SDPA
+ * cases may set the options of recent models: window, softcap, dropout_p and
+ * dropout_seed in case.txt, ALiBi slopes and sinks as alibi.npy and sinks.npy.
+ * A case.txt key this file does not know fails the case, so that no option of
+ * a golden is silently ignored.
  *
  * Run with the working directory tests/. Tolerances, relative L2:
  *   fp32 kernels (default kernel)            1e-5
@@ -61,6 +66,30 @@ static int64_t mget_int(const manifest *m, const char *key, int64_t dflt) {
   const char *v = mget(m, key, NULL);
   return v && *v ? strtoll(v, NULL, 10) : dflt;
 }
+
+static double mget_double(const manifest *m, const char *key, double dflt) {
+  const char *v = mget(m, key, NULL);
+  return v && *v ? strtod(v, NULL) : dflt;
+}
+
+static uint64_t mget_u64(const manifest *m, const char *key, uint64_t dflt) {
+  const char *v = mget(m, key, NULL);
+  return v && *v ? strtoull(v, NULL, 10) : dflt;
+}
+
+/* Fails the case for a key the runner of its kind does not read. */
+static void check_keys(const char *cas, const manifest *m, const char *const *known) {
+  for (int i = 0; i < m->n; i++) {
+    int found = 0;
+    for (int k = 0; known[k] && !found; k++) found = strcmp(m->key[i], known[k]) == 0;
+    CHECK(found, "%s: case.txt key '%s' is not read by test_golden", cas, m->key[i]);
+  }
+}
+
+static const char *const SDPA_KEYS[] = {"kind", "causal", "mask_mode", "scale", "gqa", "backward", "window",
+                                        "softcap", "dropout_p", "dropout_seed", NULL};
+static const char *const MHA_KEYS[] = {"kind", "naming", "embed_dim", "heads", "kdim", "vdim", "bias", "prefix",
+                                       "causal", "mask_mode", "average_weights", "self", NULL};
 
 static attn_causal parse_causal(const char *s) {
   if (strcmp(s, "top_left") == 0) return ATTN_CAUSAL_TOP_LEFT;
@@ -180,14 +209,18 @@ static const pass_spec PASSES[] = {
 #define NUM_PASSES ((int)(sizeof PASSES / sizeof PASSES[0]))
 
 static void run_sdpa_case(attn_ctx *ctx, const char *cas, const manifest *m) {
-  attn_tensor q, k, v, mask, pad, gout, gw, glse;
+  check_keys(cas, m, SDPA_KEYS);
+  attn_tensor q, k, v, mask, pad, gout, gw, glse, alibi, sinks;
   int ok = load_npy(ctx, cas, "q", &q, 1) & load_npy(ctx, cas, "k", &k, 1) & load_npy(ctx, cas, "v", &v, 1) &
            load_npy(ctx, cas, "out", &gout, 1) & load_npy(ctx, cas, "weights", &gw, 1);
   load_npy(ctx, cas, "lse", &glse, 0);
   int mode = parse_mask_mode(mget(m, "mask_mode", "none"));
   int has_mask = load_npy(ctx, cas, "mask", &mask, mode >= 0);
   int has_pad = load_npy(ctx, cas, "key_padding", &pad, 0);
+  int has_alibi = load_npy(ctx, cas, "alibi", &alibi, 0), has_sinks = load_npy(ctx, cas, "sinks", &sinks, 0);
   ok = ok && ensure_f32(ctx, cas, &q) && ensure_f32(ctx, cas, &k) && ensure_f32(ctx, cas, &v);
+  if (ok && has_alibi) ok = ensure_f32(ctx, cas, &alibi);
+  if (ok && has_sinks) ok = ensure_f32(ctx, cas, &sinks);
   if (ok && mode >= 0) ok = has_mask;
 
   const char *scale_s = mget(m, "scale", "default");
@@ -201,12 +234,19 @@ static void run_sdpa_case(attn_ctx *ctx, const char *cas, const manifest *m) {
     if (!status_ok(ctx, attn_ctx_set_kernel(ctx, ps->kernel), cas, ps->name, "attn_ctx_set_kernel")) break;
     if (!alloc_like(ctx, cas, &out, ps->out_dtype, &gout)) break;
     int want_w = ps->with_weights && alloc_like(ctx, cas, &w, ps->out_dtype, &gw);
-    int want_lse = ps->with_weights && glse.data && alloc_like(ctx, cas, &lse, ps->out_dtype, &glse);
+    /* lse on every pass: without weights, a few query rows take the decode kernel */
+    int want_lse = glse.data && alloc_like(ctx, cas, &lse, ps->out_dtype, &glse);
 
     attn_sdpa_opts o;
     attn_sdpa_opts_init(&o);
     o.scale = scale;
     o.causal = parse_causal(mget(m, "causal", "none"));
+    o.window = mget_int(m, "window", 0);
+    o.softcap = mget_double(m, "softcap", 0);
+    o.dropout_p = mget_double(m, "dropout_p", 0);
+    o.dropout_seed = mget_u64(m, "dropout_seed", 0);
+    if (has_alibi) o.alibi_slopes = &alibi;
+    if (has_sinks) o.sinks = &sinks;
     if (mode >= 0) {
       o.mask = &mask;
       o.mask_mode = (attn_mask_mode)mode;
@@ -227,10 +267,12 @@ static void run_sdpa_case(attn_ctx *ctx, const char *cas, const manifest *m) {
   }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
   tfree(&q), tfree(&k), tfree(&v), tfree(&mask), tfree(&pad), tfree(&gout), tfree(&gw), tfree(&glse);
+  tfree(&alibi), tfree(&sinks);
 }
 
 /* ---- kind=mha ------------------------------------------------------------------- */
 static void run_mha_case(attn_ctx *ctx, const char *cas, const manifest *m) {
+  check_keys(cas, m, MHA_KEYS);
   attn_mha_config cfg;
   attn_mha_config_init(&cfg, mget_int(m, "embed_dim", 0), mget_int(m, "heads", 0));
   cfg.kdim = mget_int(m, "kdim", 0);
@@ -291,6 +333,8 @@ static void run_mha_case(attn_ctx *ctx, const char *cas, const manifest *m) {
 }
 
 int main(void) {
+  /* ctest runs this again with ATTN_KERNEL set: a kernel this CPU lacks is a skip */
+  tu_kernel_or_skip(getenv("ATTN_KERNEL"));
   attn_ctx *ctx = NULL;
   CHECK_OK(ctx, attn_ctx_create(&ctx));
   if (!ctx) return tu_finish("test_golden");

@@ -848,6 +848,9 @@ int main(int argc, char **argv) {
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx) != ATTN_OK) return 2;
   const int randoms = argc > 1 ? atoi(argv[1]) : 60;
+  for (size_t ki = 0; ki < sizeof kernels / sizeof kernels[0]; ki++)
+    printf("kernel %-6s %s\n", attn_kernel_name(kernels[ki]),
+           attn_kernel_supported(kernels[ki]) ? "tested" : "not supported here: skipped");
   alibi_slopes();
   fast_tanh();
   argument_checks(ctx);

@@ -1,5 +1,8 @@
-/* Which SIMD instruction sets this CPU and OS support, asked once per call
- * (CPUID and XGETBV are cheap; caching would be global mutable state). */
+/* Which SIMD instruction sets this CPU and OS support, asked anew on every
+ * call. CPUID is not cheap: it serializes the pipeline and, in many virtual
+ * machines, traps to the hypervisor (microseconds each). So a context asks
+ * once, in attn_ctx_create, and keeps the answer; nothing is cached here, as
+ * that would be global mutable state. */
 #include "../internal.h"
 #include "kernels.h"
 
