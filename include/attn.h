@@ -121,14 +121,21 @@ typedef struct attn_tensor {
 
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
-/* A contiguous (C order) view of data. rank <= ATTN_MAX_RANK. */
+/* A contiguous (C order) view of data. rank <= ATTN_MAX_RANK. A dimension of
+ * size 0 counts as 1 in the strides (as in numpy); a stride that would pass
+ * INT64_MAX, which only a tensor with no element can need (e.g. [0, 2^62, 4]),
+ * is 0. Every call that takes a tensor refuses (ATTN_E_SHAPE) a view whose
+ * extent, the sum of (shape[i] - 1) * |strides[i]| elements, empty or not,
+ * passes 2^63 bytes. */
 ATTN_API attn_tensor attn_tensor_view(void *data, attn_dtype dtype, int rank, const int64_t *shape);
 /* The same data with dimensions reordered: result dim i is t's dim perm[i].
  * Turns batch-first [B, N, H, D] into [B, H, N, D] without a copy. */
 ATTN_API attn_status attn_tensor_permute(attn_tensor *out, const attn_tensor *t, const int *perm);
-/* Allocates a contiguous tensor (64-byte aligned, zero-filled); free with attn_tensor_free. */
+/* Allocates a contiguous tensor (64-byte aligned, zero-filled); free with attn_tensor_free.
+ * Refuses (ATTN_E_SHAPE) a shape whose strides attn_tensor_view could not represent. */
 ATTN_API attn_status attn_tensor_alloc(attn_ctx *ctx, attn_tensor *out, attn_dtype dtype, int rank, const int64_t *shape);
 ATTN_API void attn_tensor_free(attn_tensor *t);
+/* The element count (0 with any dimension 0), or -1 for a bad rank or on overflow. */
 ATTN_API int64_t attn_tensor_numel(const attn_tensor *t);
 
 /* ---- scaled dot-product attention ------------------------------------------ */
@@ -383,8 +390,10 @@ ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_
 
 /* ---- files ------------------------------------------------------------------- */
 /* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16), little-endian, C order.
- * Reading allocates: free with attn_tensor_free. Writing gathers any strides
- * and replaces path atomically (a temporary file, then rename). */
+ * Reading allocates: free with attn_tensor_free. Both readers refuse
+ * (ATTN_E_FORMAT) a shape whose strides could not be represented, even one
+ * with no element. Writing gathers any strides and replaces path atomically
+ * (a temporary file, then rename). */
 ATTN_API attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path);
 ATTN_API attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t);
 

@@ -232,6 +232,10 @@ static inline double attn__ref_logit(const attn__sdpa *p, int64_t b, int64_t h, 
 
 /* Size helpers that refuse overflow: 0 on success. */
 int attn__mul_overflows(int64_t a, int64_t b, int64_t *out);
+/* es times the product of shape's dimensions, each 0 counted as 1: the bytes
+ * a C-contiguous tensor's strides must span, so that even an empty tensor has
+ * representable strides. 1 when a dimension is negative or it passes INT64_MAX. */
+int attn__span_bytes(int rank, const int64_t *shape, int64_t es, int64_t *out);
 
 void *attn__aligned_alloc(size_t bytes);
 void attn__aligned_free(void *p);

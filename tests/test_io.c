@@ -374,6 +374,12 @@ static void test_npy_handmade(attn_ctx *ctx) {
   CHECK_OK(ctx, npy_from_bytes(ctx, buf, n, &t));
   CHECK(t.rank == 2 && t.shape[0] == 0 && t.shape[1] == 5, "empty");
   attn_tensor_free(&t);
+  /* Empty, its strides just inside int64: 2 x (2^62 - 1) bytes. */
+  n = make_npy(buf, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (0, 4611686018427387903, 2), }", 1, NULL, 0);
+  CHECK_OK(ctx, npy_from_bytes(ctx, buf, n, &t));
+  CHECK(t.rank == 3 && attn_tensor_numel(&t) == 0 && t.strides[0] == INT64_MAX - 1 && t.strides[1] == 2,
+        "empty beside a huge dimension: strides %lld %lld", (long long)t.strides[0], (long long)t.strides[1]);
+  attn_tensor_free(&t);
 
   /* Hostile files. */
   npy_bad(ctx, "", 0, ATTN_E_FORMAT, "hand.npy", __LINE__);
@@ -426,6 +432,10 @@ static void test_npy_handmade(attn_ctx *ctx) {
   BAD("{'descr': '<f8', 'fortran_order': False, 'shape': (1152921504606846976,)}", ATTN_E_FORMAT, NULL);
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,)}", ATTN_E_FORMAT, "large");
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,6)}", ATTN_E_UNSUPPORTED, "rank");
+  /* No element, but strides past int64: 2^62 x 4 elements of 4 bytes beside the 0. */
+  BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387904, 4)}", ATTN_E_FORMAT, "large");
+  BAD("{'descr': '|u1', 'fortran_order': False, 'shape': (4611686018427387904, 2, 0)}", ATTN_E_FORMAT, "large");
+  BAD("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 0, 1152921504606846976)}", ATTN_E_FORMAT, "large");
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': [2, 3]}", ATTN_E_FORMAT, "tuple");
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (2.0, 3)}", ATTN_E_FORMAT, NULL);
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (,)}", ATTN_E_FORMAT, NULL);
@@ -551,6 +561,15 @@ static void test_st_handmade(attn_ctx *ctx) {
     attn_safetensors_close(s);
     s = NULL;
   }
+  /* Empty beside a huge dimension, its strides just inside int64. */
+  n = make_st(buf, "{\"e\":{\"dtype\":\"U8\",\"shape\":[0,4611686018427387903,2],\"data_offsets\":[0,0]}}", NULL, 0);
+  CHECK_OK(ctx, st_from_bytes(ctx, buf, n, &s));
+  if (s) {
+    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "e", &t));
+    CHECK(attn_tensor_numel(&t) == 0 && t.strides[0] == INT64_MAX - 1 && t.strides[1] == 2, "empty huge strides");
+    attn_safetensors_close(s);
+    s = NULL;
+  }
   n = make_st(buf, "{}      ", NULL, 0);
   CHECK_OK(ctx, st_from_bytes(ctx, buf, n, &s));
   CHECK(s && attn_safetensors_count(s) == 0, "empty header");
@@ -594,6 +613,11 @@ static void test_st_handmade(attn_ctx *ctx) {
   BAD(T("\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]"), 8, ATTN_E_FORMAT,
       "large");
   BAD(T("\"dtype\":\"F64\",\"shape\":[1152921504606846976],\"data_offsets\":[0,8]"), 8, ATTN_E_FORMAT, "large");
+  /* No element, but strides past int64 (the unknown I32 and F4 too: 4 and 1 byte). */
+  BAD(T("\"dtype\":\"F32\",\"shape\":[0,4611686018427387904,4],\"data_offsets\":[0,0]"), 0, ATTN_E_FORMAT, "large");
+  BAD(T("\"dtype\":\"I32\",\"shape\":[4611686018427387904,0,2],\"data_offsets\":[0,0]"), 0, ATTN_E_FORMAT, "large");
+  BAD(T("\"dtype\":\"F4\",\"shape\":[0,4611686018427387904,2],\"data_offsets\":[0,0]"), 0, ATTN_E_FORMAT, "large");
+  BAD(T("\"dtype\":\"U8\",\"shape\":[0,4611686018427387903,2],\"data_offsets\":[0,0]"), 0, ATTN_OK, NULL);
   BAD(T("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]"), 8, ATTN_E_FORMAT, NULL);
   BAD(T("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4,8]"), 8, ATTN_E_FORMAT, "two");
   BAD(T("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":\"0,8\""), 8, ATTN_E_FORMAT, NULL);

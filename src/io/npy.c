@@ -265,6 +265,11 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "shape is too large (byte count overflows)");
     goto done;
   }
+  int64_t span;
+  if (attn__span_bytes(h.rank, h.shape, (int64_t)attn_dtype_size(dt), &span)) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "shape is too large (its strides would pass 2^63 bytes)");
+    goto done;
+  }
   /* Before allocating: a tiny file cannot make us reserve terabytes. */
   if (bytes > size - data_off) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated: the shape needs %lld data bytes, the file has %lld",

@@ -31,6 +31,7 @@ typedef struct {
   int rank;            /* may exceed ATTN_MAX_RANK: get refuses those */
   int64_t shape[ATTN_MAX_RANK];
   int64_t numel, begin, end;
+  int64_t span;        /* product of the dimensions, each 0 counted as 1 (what strides span) */
   void *data;
   void *own;           /* an aligned copy when the file's offset is misaligned */
 } st_entry;
@@ -354,6 +355,7 @@ static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
         j->p++;
         e->rank = 0;
         e->numel = 1;
+        e->span = 1;
         if (j_peek(j) == ']') j->p++;
         else
           for (;;) {
@@ -362,7 +364,7 @@ static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
             if (e->rank < ATTN_MAX_RANK) e->shape[e->rank] = d;
             if (e->rank == INT32_MAX) return jfail(j, "tensor '%s': absurd rank", shown);
             e->rank++;
-            if (attn__mul_overflows(e->numel, d, &e->numel))
+            if (attn__mul_overflows(e->numel, d, &e->numel) || attn__mul_overflows(e->span, d ? d : 1, &e->span))
               return jfail(j, "tensor '%s': shape is too large (element count overflows)", shown);
             int c = j_peek(j);
             if (c == ',') {
@@ -484,6 +486,9 @@ static attn_status validate(attn_ctx *ctx, attn_safetensors *s, int64_t bufsize)
                      "tensor '%s': data_offsets end %lld lies beyond the %lld-byte data buffer (truncated?)", a,
                      (long long)e->end, (long long)bufsize);
     int64_t bytes;
+    if (attn__mul_overflows(e->span, e->esize ? e->esize : 1, &bytes))
+      return st_fail(ctx, ATTN_E_FORMAT, s->path, "tensor '%s': shape is too large (its strides would pass 2^63 bytes)",
+                     a);
     if (e->esize) {
       if (attn__mul_overflows(e->numel, e->esize, &bytes))
         return st_fail(ctx, ATTN_E_FORMAT, s->path, "tensor '%s': shape is too large", a);
