@@ -397,13 +397,21 @@ ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_
 ATTN_API attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path);
 ATTN_API attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t);
 
-/* safetensors: a file of named tensors (F32, F64, F16, BF16, BOOL, U8). */
+/* safetensors: a file of named tensors (F32, F64, F16, BF16, BOOL, U8).
+ * Opening reads and checks the header only and keeps the file open until
+ * close; a tensor's bytes are read when it is first asked for, so a handle on
+ * a large checkpoint costs the tensors used, not the file. The file must not
+ * change while open: a tensor cut off by a later truncation is ATTN_E_FORMAT.
+ * Calls on one handle must not overlap (get fills the handle's cache). */
 typedef struct attn_safetensors attn_safetensors;
 ATTN_API attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const char *path);
 ATTN_API void attn_safetensors_close(attn_safetensors *st);
 ATTN_API int64_t attn_safetensors_count(const attn_safetensors *st);
+/* The name of tensor index (file order), owned by st; NULL out of range. */
 ATTN_API const char *attn_safetensors_name(const attn_safetensors *st, int64_t index);
-/* A read-only view into the file's data, valid until close (NOT_FOUND if absent). */
+/* A read-only view of the tensor's data (64-byte aligned, host byte order),
+ * read from the file on the first call for that name and owned by st: valid
+ * until close (NOT_FOUND if absent, DTYPE for a dtype libattn lacks). */
 ATTN_API attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
                                           attn_tensor *out);
 /* Writes count tensors (any strides, gathered) under their names, atomically. */
