@@ -289,6 +289,7 @@ ATTN_API attn_status attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cach
 
 /* ---- the multi-head attention layer ----------------------------------------- */
 typedef struct attn_mha attn_mha;
+typedef struct attn_safetensors attn_safetensors; /* an open safetensors file: see the files section */
 
 typedef struct attn_mha_config {
   int64_t embed_dim;    /* E */
@@ -323,15 +324,49 @@ ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_mha *mha, attn_mha_
  * in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight, out_proj.weight, out_proj.bias;
  * of Llama-style models: q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight (and .bias). */
 ATTN_API attn_status attn_mha_set_param(attn_ctx *ctx, attn_mha *mha, const char *name, const attn_tensor *value);
-/* Loads every parameter from a safetensors file, either naming (detected), each
- * name preceded by prefix (e.g. "layers.0.attn."; NULL or "" for none). All
- * required parameters must be present; unrelated tensors are ignored. */
+/* Loads every parameter from a safetensors file, whatever its naming (detected),
+ * each name preceded by prefix (e.g. "layers.0.attn."; NULL or "" for none).
+ * All required parameters must be present with exactly the layer's shapes,
+ * which are checked before any is written; unrelated tensors are ignored. */
 ATTN_API attn_status attn_mha_load_safetensors(attn_ctx *ctx, attn_mha *mha, const char *path, const char *prefix);
 
 /* Creates a layer whose sizes (E, kdim, vdim, bias) are read from the
- * parameters in a safetensors file, then loads them. num_kv_heads 0 = num_heads. */
+ * parameters in a safetensors file, then loads them. num_kv_heads 0 = num_heads.
+ * Every parameter's shape is checked against the others and the head counts
+ * before anything is allocated (ATTN_E_SHAPE otherwise; a kdim or vdim of 0
+ * is refused), so the layer holds no more elements than the file's tensors. */
 ATTN_API attn_status attn_mha_create_from_safetensors(attn_ctx *ctx, attn_mha **out, const char *path,
                                                       const char *prefix, int64_t num_heads, int64_t num_kv_heads);
+
+/* The same two on a file already open: st is only read (tensors are read into
+ * temporaries, converted into the layer and freed; st's cache of
+ * attn_safetensors_get is not filled) and stays the caller's to close. */
+ATTN_API attn_status attn_mha_load_safetensors_handle(attn_ctx *ctx, attn_mha *mha, const attn_safetensors *st,
+                                                      const char *prefix);
+ATTN_API attn_status attn_mha_create_from_safetensors_handle(attn_ctx *ctx, attn_mha **out,
+                                                             const attn_safetensors *st, const char *prefix,
+                                                             int64_t num_heads, int64_t num_kv_heads);
+
+/* The parameter namings the loaders recognise, tried in this order of their
+ * tell-tale tensor (in brackets). */
+typedef enum attn_mha_naming {
+  ATTN_MHA_NAMING_NONE = 0,
+  ATTN_MHA_NAMING_SEED = 1,           /* [wq.weight] wq/wk/wv/dense.{weight,bias} */
+  ATTN_MHA_NAMING_TORCH_PACKED = 2,   /* [in_proj_weight] nn.MultiheadAttention, kdim = vdim = E */
+  ATTN_MHA_NAMING_TORCH_SEPARATE = 3, /* [q_proj_weight] nn.MultiheadAttention with kdim/vdim != E */
+  ATTN_MHA_NAMING_LLAMA = 4           /* [q_proj.weight] q/k/v/o_proj.{weight,bias} */
+} attn_mha_naming;
+/* The naming of the layer under prefix in st (the one the loaders above would
+ * use); ATTN_E_NOT_FOUND, with *naming NONE, when st holds none. Checking
+ * tells apart the namings in the order: TORCH_PACKED, TORCH_SEPARATE, SEED, LLAMA. */
+ATTN_API attn_status attn_mha_detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix,
+                                            attn_mha_naming *naming);
+/* The tensor name (without prefix; a static string) under which naming keeps
+ * parameter which; NULL for ATTN_MHA_NAMING_NONE or a value out of range.
+ * in_proj_weight and in_proj_bias are PyTorch's packed tensors: they hold the
+ * q, k and v rows in turn ([E + 2*Hk*D, E] and [E + 2*Hk*D]), so the q, k and
+ * v parameters share that name (TORCH_SEPARATE packs only the biases). */
+ATTN_API const char *attn_mha_param_name(attn_mha_naming naming, attn_mha_param which);
 
 typedef struct attn_mha_opts {
   attn_causal causal;
@@ -403,7 +438,6 @@ ATTN_API attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_
  * a large checkpoint costs the tensors used, not the file. The file must not
  * change while open: a tensor cut off by a later truncation is ATTN_E_FORMAT.
  * Calls on one handle must not overlap (get fills the handle's cache). */
-typedef struct attn_safetensors attn_safetensors;
 ATTN_API attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const char *path);
 ATTN_API void attn_safetensors_close(attn_safetensors *st);
 ATTN_API int64_t attn_safetensors_count(const attn_safetensors *st);
