@@ -374,12 +374,55 @@ static void handle_api(attn_ctx *ctx) {
   remove(path);
 }
 
+/* Broadcast (stride 0) inputs claim as many positions as int64 allows; the
+ * layer's buffers for them would pass 2^63 bytes and must be refused, not
+ * wrapped around into a small allocation. */
+static void huge_broadcast(attn_ctx *ctx) {
+  enum { E = 64 };
+  attn_mha_config c;
+  attn_mha_config_init(&c, E, 1);
+  c.kdim = c.vdim = 1;
+  attn_mha *m;
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &c));
+  static float q[2 * E], o[2 * E], one[1] = {1};
+  int64_t sq[3] = {1, 2, E}, sk[3] = {1, (int64_t)1 << 58, 1};
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 3, sq), to = attn_tensor_view(o, ATTN_F32, 3, sq);
+  attn_tensor tk = attn_tensor_view(one, ATTN_F32, 3, sk);
+  tk.strides[0] = tk.strides[1] = tk.strides[2] = 0;
+  /* 2^58 keys x 64 projected features x 4 bytes = 2^66 */
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, &tq, &tk, &tk, NULL), ATTN_E_NOMEM, "too large");
+  attn_mha_saved *sv = NULL;
+  CHECK_ERR(ctx, attn_mha_forward_save(ctx, m, &to, &tq, &tk, &tk, NULL, &sv), ATTN_E_NOMEM, "too large");
+  CHECK(sv == NULL, "no saved state on failure");
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF);
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, &tq, &tk, &tk, NULL), ATTN_E_NOMEM, "too large");
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
+  attn_mha_destroy(m);
+
+  /* one decoding step of 2^60 broadcast tokens: [B * n, E + 2 Hk D] passes int64 */
+  attn_mha_config_init(&c, 4, 1);
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &c));
+  attn_kv_cache_config kc;
+  attn_kv_cache_config_init(&kc, 1, 16, 1, 4);
+  attn_kv_cache *cache;
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &kc));
+  int64_t sx[3] = {1, (int64_t)1 << 60, 4};
+  attn_tensor tx = attn_tensor_view(one, ATTN_F32, 3, sx);
+  tx.strides[0] = tx.strides[1] = tx.strides[2] = 0;
+  attn_tensor ty = tx; /* never written: refused first */
+  CHECK_ERR(ctx, attn_mha_forward_cached(ctx, m, cache, &ty, &tx, NULL), ATTN_E_NOMEM, "too large");
+  CHECK(attn_kv_cache_length(cache, 0) == 0, "nothing appended");
+  attn_kv_cache_destroy(cache);
+  attn_mha_destroy(m);
+}
+
 int main(int argc, char **argv) {
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx)) return 1;
   const int cases = argc > 1 ? atoi(argv[1]) : 150;
   hostile_files(ctx);
   handle_api(ctx);
+  huge_broadcast(ctx);
   namings(ctx);
   for (int i = 0; i < cases; i++) random_layer_case(ctx, 5000 + (uint64_t)i);
   attn_ctx_destroy(ctx);

@@ -631,10 +631,24 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   const int64_t kv = mha->kv_dim;
   /* Self-attention in fp32: q, k, v in one GEMM against the packed weights. */
   const int fused = !ref && key == query && value == query && c->kdim == E && c->vdim == E;
-  void *Q = attn__aligned_alloc((size_t)(B * Nq * (fused ? E + 2 * kv : E)) * es), *A = attn__aligned_alloc((size_t)(B * Nq * E) * es);
-  void *K = fused ? Q : attn__aligned_alloc((size_t)(B * Nk * kv) * es);
-  void *V = fused ? Q : attn__aligned_alloc((size_t)(B * Nk * kv) * es);
-  void *L = keep ? attn__aligned_alloc((size_t)(B * H * Nq) * es) : NULL; /* lse, for the backward */
+  /* Every buffer's size before any is allocated: broadcast (stride 0) inputs
+   * may claim more positions than a buffer of their projections could hold.
+   * nX bounds the copies of the inputs (rows_of, rows_f64). */
+  size_t nQ, nA, nKV = 0, nL = 0, nX;
+  if (attn__alloc_size(B, Nq, fused ? E + 2 * kv : E, es, &nQ) || attn__alloc_size(B, Nq, E, es, &nA) ||
+      (!fused && attn__alloc_size(B, Nk, kv, es, &nKV)) || (keep && attn__alloc_size(B, H, Nq, es, &nL)) ||
+      attn__alloc_size(B, Nq, E, es, &nX) || attn__alloc_size(B, Nk, c->kdim, es, &nX) ||
+      attn__alloc_size(B, Nk, c->vdim, es, &nX)) {
+    free(sv);
+    return attn__fail(ctx, ATTN_E_NOMEM,
+                      "attn_mha_forward: the buffers for B = %lld, Nq = %lld and Nk = %lld positions (embed_dim %lld, "
+                      "%lld k/v features) are too large to allocate",
+                      (long long)B, (long long)Nq, (long long)Nk, (long long)E, (long long)kv);
+  }
+  void *Q = attn__aligned_alloc(nQ), *A = attn__aligned_alloc(nA);
+  void *K = fused ? Q : attn__aligned_alloc(nKV);
+  void *V = fused ? Q : attn__aligned_alloc(nKV);
+  void *L = keep ? attn__aligned_alloc(nL) : NULL; /* lse, for the backward */
   void *Y = NULL; /* the out projection's rows, when they cannot go to out directly */
   attn_tensor wbuf = {0};
   int have_wbuf = 0;
@@ -726,7 +740,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   const int contiguous = out->strides[2] == 1 && out->strides[1] == E && (out->strides[0] == Nq * E || B == 1);
   if (ref || !contiguous) {
     /* Q is free now, unless it is kept */
-    if (keep && !(Y = attn__aligned_alloc((size_t)(B * Nq * E) * es))) {
+    if (keep && !(Y = attn__aligned_alloc(nA))) {
       st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate the output rows");
       goto done;
     }

@@ -38,6 +38,17 @@ struct attn_mha_saved {
   int n_owned;
 };
 
+/* a * b * c elements of es bytes, as an allocation size: 1 when that passes
+ * INT64_MAX (or half of SIZE_MAX), which broadcast inputs can make it do. */
+static inline int attn__alloc_size(int64_t a, int64_t b, int64_t c, size_t es, size_t *bytes) {
+  int64_t n;
+  if (attn__mul_overflows(a, b, &n) || attn__mul_overflows(n, c, &n) || attn__mul_overflows(n, (int64_t)es, &n) ||
+      (uint64_t)n > SIZE_MAX / 2)
+    return 1;
+  *bytes = (size_t)n;
+  return 0;
+}
+
 /* attn_mha_forward's body. saved NULL: a plain forward. Otherwise *saved gets
  * a new attn_mha_saved on success (NULL on failure). Does not clear ctx. */
 attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
