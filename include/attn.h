@@ -408,8 +408,14 @@ ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_
 
 /* Training. attn_mha_forward_save runs attn_mha_forward and keeps what the
  * backward pass needs (the projections, the attention output and its
- * log-sum-exp; O(N) memory, never the Nq x Nk weights). attn_mha_backward
- * then gives the gradients of a loss L from dout = dL/dout [B, Nq, E]:
+ * log-sum-exp; O(N) memory, never the Nq x Nk weights), and copies of the
+ * options' mask, key padding, ALiBi slopes and sinks: the caller may free
+ * those once it returns. A copy keeps the view's own shape (a broadcast mask
+ * stays as small as the caller's; a full [B, H, Nq, Nk] one is copied whole).
+ * The saved state owns everything it holds until attn_mha_saved_free, but the
+ * backward reads the layer's parameters as they are then: they must be those
+ * the forward used. attn_mha_backward then gives the gradients of a loss L
+ * from dout = dL/dout [B, Nq, E]:
  *   dquery [B, Nq, E], dkey [B, Nk, kdim], dvalue [B, Nk, vdim] (any may be NULL;
  *   after self-attention dquery gets the whole input gradient and dkey/dvalue
  *   must be NULL), and every parameter's gradient written into the parameters

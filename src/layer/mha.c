@@ -488,6 +488,48 @@ static double *rows_f64(const attn_tensor *t) {
   return c;
 }
 
+/* A copy of t in *own, viewed in *copy with t's shape, for the saved state: a
+ * dimension t broadcasts (stride 0) is not expanded, so a broadcast mask stays
+ * as small as the caller's. what names t in messages. */
+static attn_status save_view(attn_ctx *ctx, const attn_tensor *t, attn_tensor *copy, void **own, const char *what) {
+  const int r = t->rank;
+  int64_t cs[ATTN_MAX_RANK];
+  for (int i = 0; i < r; i++) cs[i] = t->strides[i] == 0 && t->shape[i] > 1 ? 1 : t->shape[i];
+  attn_tensor c = attn_tensor_view(NULL, t->dtype, r, cs);
+  const int64_t n = attn_tensor_numel(&c);
+  const size_t es = attn_dtype_size(t->dtype);
+  size_t bytes;
+  if (n < 0 || attn__alloc_size(n, 1, 1, es, &bytes))
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_save: a copy of %s is too large to allocate", what);
+  unsigned char *dst = attn__aligned_alloc(bytes);
+  if (!dst) return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_save: cannot allocate a copy of %s", what);
+  const unsigned char *src = t->data;
+  /* runs along the last dimension, each one memcpy when it is contiguous */
+  const int64_t inner = r ? cs[r - 1] : 1, step = r ? t->strides[r - 1] : 0;
+  int64_t idx[ATTN_MAX_RANK] = {0};
+  for (int64_t done = 0; done < n; done += inner) {
+    int64_t off = 0;
+    for (int i = 0; i < r - 1; i++) off += idx[i] * t->strides[i];
+    if (step == 1) memcpy(dst + (size_t)done * es, src + off * (int64_t)es, (size_t)inner * es);
+    else
+      for (int64_t j = 0; j < inner; j++)
+        memcpy(dst + (size_t)(done + j) * es, src + (off + j * step) * (int64_t)es, es);
+    for (int i = r - 2; i >= 0; i--) {
+      if (++idx[i] < cs[i]) break;
+      idx[i] = 0;
+    }
+  }
+  c.data = dst;
+  for (int i = 0; i < r; i++)
+    if (cs[i] != t->shape[i]) {
+      c.shape[i] = t->shape[i];
+      c.strides[i] = 0;
+    }
+  *copy = c;
+  *own = dst;
+  return ATTN_OK;
+}
+
 /* A contiguous [B, N, F] view. */
 static attn_tensor rows_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t F) {
   int64_t s[3] = {B, N, F};
@@ -603,22 +645,8 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     sv->opts = *opts;
     sv->opts.weights = NULL;
     sv->opts.average_weights = 0;
-    if (opts->mask) {
-      sv->mask = *opts->mask;
-      sv->opts.mask = &sv->mask;
-    }
-    if (opts->key_padding) {
-      sv->key_padding = *opts->key_padding;
-      sv->opts.key_padding = &sv->key_padding;
-    }
-    if (opts->alibi_slopes) {
-      sv->alibi_slopes = *opts->alibi_slopes;
-      sv->opts.alibi_slopes = &sv->alibi_slopes;
-    }
-    if (opts->sinks) {
-      sv->sinks = *opts->sinks;
-      sv->opts.sinks = &sv->sinks;
-    }
+    /* set to the saved state's own copies once attention has checked them */
+    sv->opts.mask = sv->opts.key_padding = sv->opts.alibi_slopes = sv->opts.sinks = NULL;
   }
   if (B == 0 || Nq == 0) { /* nothing to compute; the backward gives zero gradients */
     if (saved) *saved = sv;
@@ -650,6 +678,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   void *V = fused ? Q : attn__aligned_alloc(nKV);
   void *L = keep ? attn__aligned_alloc(nL) : NULL; /* lse, for the backward */
   void *Y = NULL; /* the out projection's rows, when they cannot go to out directly */
+  void *own_opt[4] = {NULL, NULL, NULL, NULL}; /* the saved copies of mask, key padding, slopes, sinks */
   attn_tensor wbuf = {0};
   int have_wbuf = 0;
   float *own_q = NULL, *own_k = NULL, *own_v = NULL; /* fp32 copies of the inputs */
@@ -735,6 +764,17 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   st = ref ? attn_sdpa_ref(ctx, &ah, &qh, &kh, &vh, &so) : attn_sdpa(ctx, &ah, &qh, &kh, &vh, &so);
   if (st) goto done;
   if (have_wbuf) average_heads(opts->weights, &wbuf);
+  if (keep) { /* the backward must not depend on the caller's buffers */
+    const attn_tensor *from[4] = {opts->mask, opts->key_padding, opts->alibi_slopes, opts->sinks};
+    attn_tensor *to[4] = {&sv->mask, &sv->key_padding, &sv->alibi_slopes, &sv->sinks};
+    const attn_tensor **in_opts[4] = {&sv->opts.mask, &sv->opts.key_padding, &sv->opts.alibi_slopes, &sv->opts.sinks};
+    static const char *const what[4] = {"the mask", "the key padding", "the ALiBi slopes", "the sinks"};
+    for (int i = 0; i < 4; i++) {
+      if (!from[i]) continue;
+      if ((st = save_view(ctx, from[i], to[i], &own_opt[i], what[i]))) goto done;
+      *in_opts[i] = to[i];
+    }
+  }
 
   const float *Wo = P[ATTN_MHA_O_WEIGHT], *bo = P[ATTN_MHA_O_BIAS];
   const int contiguous = out->strides[2] == 1 && out->strides[1] == E && (out->strides[0] == Nq * E || B == 1);
@@ -775,7 +815,8 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     sv->a = A;
     sv->lse = L;
     void *bufs[] = {own_q, own_k, own_v, cq, ck != cq ? ck : NULL, (cv != cq && cv != ck) ? cv : NULL,
-                    Q, K != Q ? K : NULL, V != Q ? V : NULL, A, L};
+                    Q, K != Q ? K : NULL, V != Q ? V : NULL, A, L, own_opt[0], own_opt[1], own_opt[2], own_opt[3]};
+    _Static_assert(sizeof bufs / sizeof bufs[0] == ATTN__MHA_SAVED_BUFS, "owned[] must hold every buffer of this list");
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       if (bufs[i]) sv->owned[sv->n_owned++] = bufs[i];
     *saved = sv;
@@ -783,8 +824,10 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     Q = K = V = A = L = NULL;
     own_q = own_k = own_v = NULL;
     cq = ck = cv = NULL;
+    memset(own_opt, 0, sizeof own_opt);
   }
 done:
+  for (int i = 0; i < 4; i++) attn__aligned_free(own_opt[i]);
   if (have_wbuf) attn_tensor_free(&wbuf);
   if (Y != Q) attn__aligned_free(Y);
   attn__aligned_free(own_q);

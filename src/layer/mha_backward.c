@@ -21,11 +21,10 @@
  * Every gradient element is summed by one thread in one fixed order, so the
  * results are bitwise the same for any thread count.
  *
- * Lifetimes: the saved state owns copies of everything it needs except the
- * data of the forward's mask and key padding, which it only points at (it
- * copies their views): that data must stay valid and unchanged until the last
- * attn_mha_backward on it. The backward also reads the layer's current
- * parameters, which must be those the forward used. */
+ * Lifetimes: the saved state owns copies of everything it needs, the
+ * forward's mask, key padding, ALiBi slopes and sinks included (compact: what
+ * the caller broadcast stays broadcast). The backward also reads the layer's
+ * current parameters, which must be those the forward used. */
 #include "mha_internal.h"
 
 #include <stdio.h>
