@@ -347,8 +347,9 @@ ATTN_API attn_status attn_mha_create_from_safetensors_handle(attn_ctx *ctx, attn
                                                              const attn_safetensors *st, const char *prefix,
                                                              int64_t num_heads, int64_t num_kv_heads);
 
-/* The parameter namings the loaders recognise, tried in this order of their
- * tell-tale tensor (in brackets). */
+/* The parameter namings the loaders recognise, each known by a tell-tale
+ * tensor (in brackets), looked for in the order TORCH_PACKED, TORCH_SEPARATE,
+ * SEED, LLAMA. */
 typedef enum attn_mha_naming {
   ATTN_MHA_NAMING_NONE = 0,
   ATTN_MHA_NAMING_SEED = 1,           /* [wq.weight] wq/wk/wv/dense.{weight,bias} */
@@ -356,9 +357,9 @@ typedef enum attn_mha_naming {
   ATTN_MHA_NAMING_TORCH_SEPARATE = 3, /* [q_proj_weight] nn.MultiheadAttention with kdim/vdim != E */
   ATTN_MHA_NAMING_LLAMA = 4           /* [q_proj.weight] q/k/v/o_proj.{weight,bias} */
 } attn_mha_naming;
-/* The naming of the layer under prefix in st (the one the loaders above would
- * use); ATTN_E_NOT_FOUND, with *naming NONE, when st holds none. Checking
- * tells apart the namings in the order: TORCH_PACKED, TORCH_SEPARATE, SEED, LLAMA. */
+/* The naming of the layer under prefix in st, the one the loaders above use
+ * (reads no tensor data); ATTN_E_NOT_FOUND, with *naming NONE, when st holds
+ * none. */
 ATTN_API attn_status attn_mha_detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix,
                                             attn_mha_naming *naming);
 /* The tensor name (without prefix; a static string) under which naming keeps
