@@ -122,14 +122,21 @@ typedef struct attn_tensor {
 
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
-/* A contiguous (C order) view of data. rank <= ATTN_MAX_RANK. */
+/* A contiguous (C order) view of data. rank <= ATTN_MAX_RANK. A dimension of
+ * size 0 counts as 1 in the strides (as in numpy); a stride that would pass
+ * INT64_MAX, which only a tensor with no element can need (e.g. [0, 2^62, 4]),
+ * is 0. Every call that takes a tensor refuses (ATTN_E_SHAPE) a view whose
+ * extent, the sum of (shape[i] - 1) * |strides[i]| elements, empty or not,
+ * passes 2^63 bytes. */
 ATTN_API attn_tensor attn_tensor_view(void *data, attn_dtype dtype, int rank, const int64_t *shape);
 /* The same data with dimensions reordered: result dim i is t's dim perm[i].
  * Turns batch-first [B, N, H, D] into [B, H, N, D] without a copy. */
 ATTN_API attn_status attn_tensor_permute(attn_tensor *out, const attn_tensor *t, const int *perm);
-/* Allocates a contiguous tensor (64-byte aligned, zero-filled); free with attn_tensor_free. */
+/* Allocates a contiguous tensor (64-byte aligned, zero-filled); free with attn_tensor_free.
+ * Refuses (ATTN_E_SHAPE) a shape whose strides attn_tensor_view could not represent. */
 ATTN_API attn_status attn_tensor_alloc(attn_ctx *ctx, attn_tensor *out, attn_dtype dtype, int rank, const int64_t *shape);
 ATTN_API void attn_tensor_free(attn_tensor *t);
+/* The element count (0 with any dimension 0), or -1 for a bad rank or on overflow. */
 ATTN_API int64_t attn_tensor_numel(const attn_tensor *t);
 
 /* ---- scaled dot-product attention ------------------------------------------ */
@@ -294,6 +301,7 @@ ATTN_API attn_status attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cach
 
 /* ---- the multi-head attention layer ----------------------------------------- */
 typedef struct attn_mha attn_mha;
+typedef struct attn_safetensors attn_safetensors; /* an open safetensors file: see the files section */
 
 typedef struct attn_mha_config {
   int64_t embed_dim;    /* E */
@@ -328,15 +336,50 @@ ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_mha *mha, attn_mha_
  * in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight, out_proj.weight, out_proj.bias;
  * of Llama-style models: q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight (and .bias). */
 ATTN_API attn_status attn_mha_set_param(attn_ctx *ctx, attn_mha *mha, const char *name, const attn_tensor *value);
-/* Loads every parameter from a safetensors file, either naming (detected), each
- * name preceded by prefix (e.g. "layers.0.attn."; NULL or "" for none). All
- * required parameters must be present; unrelated tensors are ignored. */
+/* Loads every parameter from a safetensors file, whatever its naming (detected),
+ * each name preceded by prefix (e.g. "layers.0.attn."; NULL or "" for none).
+ * All required parameters must be present with exactly the layer's shapes,
+ * which are checked before any is written; unrelated tensors are ignored. */
 ATTN_API attn_status attn_mha_load_safetensors(attn_ctx *ctx, attn_mha *mha, const char *path, const char *prefix);
 
 /* Creates a layer whose sizes (E, kdim, vdim, bias) are read from the
- * parameters in a safetensors file, then loads them. num_kv_heads 0 = num_heads. */
+ * parameters in a safetensors file, then loads them. num_kv_heads 0 = num_heads.
+ * Every parameter's shape is checked against the others and the head counts
+ * before anything is allocated (ATTN_E_SHAPE otherwise; a kdim or vdim of 0
+ * is refused), so the layer holds no more elements than the file's tensors. */
 ATTN_API attn_status attn_mha_create_from_safetensors(attn_ctx *ctx, attn_mha **out, const char *path,
                                                       const char *prefix, int64_t num_heads, int64_t num_kv_heads);
+
+/* The same two on a file already open: st is only read (tensors are read into
+ * temporaries, converted into the layer and freed; st's cache of
+ * attn_safetensors_get is not filled) and stays the caller's to close. */
+ATTN_API attn_status attn_mha_load_safetensors_handle(attn_ctx *ctx, attn_mha *mha, const attn_safetensors *st,
+                                                      const char *prefix);
+ATTN_API attn_status attn_mha_create_from_safetensors_handle(attn_ctx *ctx, attn_mha **out,
+                                                             const attn_safetensors *st, const char *prefix,
+                                                             int64_t num_heads, int64_t num_kv_heads);
+
+/* The parameter namings the loaders recognise, each known by a tell-tale
+ * tensor (in brackets), looked for in the order TORCH_PACKED, TORCH_SEPARATE,
+ * SEED, LLAMA. */
+typedef enum attn_mha_naming {
+  ATTN_MHA_NAMING_NONE = 0,
+  ATTN_MHA_NAMING_SEED = 1,           /* [wq.weight] wq/wk/wv/dense.{weight,bias} */
+  ATTN_MHA_NAMING_TORCH_PACKED = 2,   /* [in_proj_weight] nn.MultiheadAttention, kdim = vdim = E */
+  ATTN_MHA_NAMING_TORCH_SEPARATE = 3, /* [q_proj_weight] nn.MultiheadAttention with kdim/vdim != E */
+  ATTN_MHA_NAMING_LLAMA = 4           /* [q_proj.weight] q/k/v/o_proj.{weight,bias} */
+} attn_mha_naming;
+/* The naming of the layer under prefix in st, the one the loaders above use
+ * (reads no tensor data); ATTN_E_NOT_FOUND, with *naming NONE, when st holds
+ * none. */
+ATTN_API attn_status attn_mha_detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix,
+                                            attn_mha_naming *naming);
+/* The tensor name (without prefix; a static string) under which naming keeps
+ * parameter which; NULL for ATTN_MHA_NAMING_NONE or a value out of range.
+ * in_proj_weight and in_proj_bias are PyTorch's packed tensors: they hold the
+ * q, k and v rows in turn ([E + 2*Hk*D, E] and [E + 2*Hk*D]), so the q, k and
+ * v parameters share that name (TORCH_SEPARATE packs only the biases). */
+ATTN_API const char *attn_mha_param_name(attn_mha_naming naming, attn_mha_param which);
 
 typedef struct attn_mha_opts {
   attn_causal causal;
@@ -378,8 +421,14 @@ ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_
 
 /* Training. attn_mha_forward_save runs attn_mha_forward and keeps what the
  * backward pass needs (the projections, the attention output and its
- * log-sum-exp; O(N) memory, never the Nq x Nk weights). attn_mha_backward
- * then gives the gradients of a loss L from dout = dL/dout [B, Nq, E]:
+ * log-sum-exp; O(N) memory, never the Nq x Nk weights), and copies of the
+ * options' mask, key padding, ALiBi slopes and sinks: the caller may free
+ * those once it returns. A copy keeps the view's own shape (a broadcast mask
+ * stays as small as the caller's; a full [B, H, Nq, Nk] one is copied whole).
+ * The saved state owns everything it holds until attn_mha_saved_free, but the
+ * backward reads the layer's parameters as they are then: they must be those
+ * the forward used. attn_mha_backward then gives the gradients of a loss L
+ * from dout = dL/dout [B, Nq, E]:
  *   dquery [B, Nq, E], dkey [B, Nk, kdim], dvalue [B, Nk, vdim] (any may be NULL;
  *   after self-attention dquery gets the whole input gradient and dkey/dvalue
  *   must be NULL), and every parameter's gradient written into the parameters
@@ -395,18 +444,27 @@ ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_
 
 /* ---- files ------------------------------------------------------------------- */
 /* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16), little-endian, C order.
- * Reading allocates: free with attn_tensor_free. Writing gathers any strides
- * and replaces path atomically (a temporary file, then rename). */
+ * Reading allocates: free with attn_tensor_free. Both readers refuse
+ * (ATTN_E_FORMAT) a shape whose strides could not be represented, even one
+ * with no element. Writing gathers any strides and replaces path atomically
+ * (a temporary file, then rename). */
 ATTN_API attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path);
 ATTN_API attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t);
 
-/* safetensors: a file of named tensors (F32, F64, F16, BF16, BOOL, U8). */
-typedef struct attn_safetensors attn_safetensors;
+/* safetensors: a file of named tensors (F32, F64, F16, BF16, BOOL, U8).
+ * Opening reads and checks the header only and keeps the file open until
+ * close; a tensor's bytes are read when it is first asked for, so a handle on
+ * a large checkpoint costs the tensors used, not the file. The file must not
+ * change while open: a tensor cut off by a later truncation is ATTN_E_FORMAT.
+ * Calls on one handle must not overlap (get fills the handle's cache). */
 ATTN_API attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const char *path);
 ATTN_API void attn_safetensors_close(attn_safetensors *st);
 ATTN_API int64_t attn_safetensors_count(const attn_safetensors *st);
+/* The name of tensor index (file order), owned by st; NULL out of range. */
 ATTN_API const char *attn_safetensors_name(const attn_safetensors *st, int64_t index);
-/* A read-only view into the file's data, valid until close (NOT_FOUND if absent). */
+/* A read-only view of the tensor's data (64-byte aligned, host byte order),
+ * read from the file on the first call for that name and owned by st: valid
+ * until close (NOT_FOUND if absent, DTYPE for a dtype libattn lacks). */
 ATTN_API attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
                                           attn_tensor *out);
 /* Writes count tensors (any strides, gathered) under their names, atomically. */

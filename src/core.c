@@ -213,11 +213,15 @@ attn_tensor attn_tensor_view(void *data, attn_dtype dtype, int rank, const int64
   t.dtype = dtype;
   if (rank < 0 || rank > ATTN_MAX_RANK) rank = -1; /* caught by every checked call */
   t.rank = rank;
+  /* A 0 counts as 1, as in numpy. Past INT64_MAX, which only a tensor with no
+   * element (or one too large to exist) can reach, the stride is 0: never
+   * used to address anything, and checked calls refuse such views anyway. */
   int64_t s = 1;
+  int over = 0;
   for (int i = rank - 1; i >= 0; i--) {
     t.shape[i] = shape[i];
-    t.strides[i] = s;
-    s *= shape[i] > 0 ? shape[i] : 1;
+    t.strides[i] = over ? 0 : s;
+    if (!over && attn__mul_overflows(s, shape[i] > 0 ? shape[i] : 1, &s)) over = 1;
   }
   return t;
 }
@@ -240,6 +244,14 @@ int attn__mul_overflows(int64_t a, int64_t b, int64_t *out) {
   if (a < 0 || b < 0) return 1;
   if (a != 0 && b > INT64_MAX / a) return 1;
   *out = a * b;
+  return 0;
+}
+
+int attn__span_bytes(int rank, const int64_t *shape, int64_t es, int64_t *out) {
+  int64_t n = es;
+  for (int i = 0; i < rank; i++)
+    if (shape[i] < 0 || attn__mul_overflows(n, shape[i] > 0 ? shape[i] : 1, &n)) return 1;
+  *out = n;
   return 0;
 }
 
@@ -268,10 +280,12 @@ attn_status attn_tensor_alloc(attn_ctx *ctx, attn_tensor *out, attn_dtype dtype,
     return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_alloc: rank %d is out of range 0..%d", rank, ATTN_MAX_RANK);
   size_t es = attn_dtype_size(dtype);
   if (!es) return attn__fail(ctx, ATTN_E_DTYPE, "attn_tensor_alloc: unknown dtype %d", (int)dtype);
-  int64_t n = 1;
+  int64_t n = 1, span;
   for (int i = 0; i < rank; i++)
     if (shape[i] < 0 || attn__mul_overflows(n, shape[i], &n))
       return attn__fail(ctx, ATTN_E_SHAPE, "attn_tensor_alloc: bad or too large shape");
+  if (attn__span_bytes(rank, shape, (int64_t)es, &span))
+    return attn__fail(ctx, ATTN_E_SHAPE, "attn_tensor_alloc: shape too large for its strides to fit in int64");
   if (attn__mul_overflows(n, (int64_t)es, &n) || (uint64_t)n > SIZE_MAX / 2)
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_tensor_alloc: tensor too large");
   void *d = attn__aligned_alloc((size_t)n);
@@ -299,6 +313,23 @@ attn_status attn__check_tensor(attn_ctx *ctx, const attn_tensor *t, const char *
     if (t->shape[i] < 0 || attn__mul_overflows(n, t->shape[i], &n))
       return attn__fail(ctx, ATTN_E_SHAPE, "%s has a negative or too large shape", what);
   }
+  /* Kernels form offsets as index * stride in int64 and then in bytes: the
+   * farthest element must be reachable without overflow. Counted for empty
+   * views too, since code may multiply a dimension by its stride regardless. */
+  int64_t reach = 0, step;
+  for (int i = 0; i < t->rank; i++) {
+    if (t->shape[i] <= 1) continue;
+    if (t->strides[i] == INT64_MIN ||
+        attn__mul_overflows(t->shape[i] - 1, t->strides[i] < 0 ? -t->strides[i] : t->strides[i], &step) ||
+        step > INT64_MAX - reach) {
+      reach = -1;
+      break;
+    }
+    reach += step;
+  }
+  if (reach < 0 || reach == INT64_MAX || attn__mul_overflows(reach + 1, (int64_t)attn_dtype_size(t->dtype), &step))
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s: its shape and strides reach past 2^63 bytes (the extent overflows int64)",
+                      what);
   if (n > 0 && !t->data) return attn__fail(ctx, ATTN_E_INVALID, "%s has NULL data", what);
   return ATTN_OK;
 }

@@ -258,6 +258,10 @@ static inline double attn__ref_logit(const attn__sdpa *p, int64_t b, int64_t h, 
 
 /* Size helpers that refuse overflow: 0 on success. */
 int attn__mul_overflows(int64_t a, int64_t b, int64_t *out);
+/* es times the product of shape's dimensions, each 0 counted as 1: the bytes
+ * a C-contiguous tensor's strides must span, so that even an empty tensor has
+ * representable strides. 1 when a dimension is negative or it passes INT64_MAX. */
+int attn__span_bytes(int rank, const int64_t *shape, int64_t es, int64_t *out);
 
 /* No allocation is asked for more bytes than this; attn__aligned_alloc and
  * attn__workspace refuse it, so a size that saturates here is out of memory. */
@@ -277,6 +281,12 @@ static inline size_t attn__bytes(int64_t a, int64_t b, int64_t c, size_t es) {
     n *= f[i];
   }
   return n;
+}
+
+/* attn__bytes as a checked size: 1 (and *bytes past the limit) when no allocation can hold it. */
+static inline int attn__alloc_size(int64_t a, int64_t b, int64_t c, size_t es, size_t *bytes) {
+  *bytes = attn__bytes(a, b, c, es);
+  return *bytes > ATTN__SIZE_LIMIT;
 }
 
 void *attn__aligned_alloc(size_t bytes);

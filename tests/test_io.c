@@ -1,6 +1,7 @@
 /* .npy and safetensors: round trips through every dtype and layout, hand-made
  * files, hostile files, atomic writes, and a seeded mutation fuzz. */
 #include "testutil.h"
+#include "io/io.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -374,6 +375,12 @@ static void test_npy_handmade(attn_ctx *ctx) {
   CHECK_OK(ctx, npy_from_bytes(ctx, buf, n, &t));
   CHECK(t.rank == 2 && t.shape[0] == 0 && t.shape[1] == 5, "empty");
   attn_tensor_free(&t);
+  /* Empty, its strides just inside int64: 2 x (2^62 - 1) bytes. */
+  n = make_npy(buf, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (0, 4611686018427387903, 2), }", 1, NULL, 0);
+  CHECK_OK(ctx, npy_from_bytes(ctx, buf, n, &t));
+  CHECK(t.rank == 3 && attn_tensor_numel(&t) == 0 && t.strides[0] == INT64_MAX - 1 && t.strides[1] == 2,
+        "empty beside a huge dimension: strides %lld %lld", (long long)t.strides[0], (long long)t.strides[1]);
+  attn_tensor_free(&t);
 
   /* Hostile files. */
   npy_bad(ctx, "", 0, ATTN_E_FORMAT, "hand.npy", __LINE__);
@@ -426,6 +433,10 @@ static void test_npy_handmade(attn_ctx *ctx) {
   BAD("{'descr': '<f8', 'fortran_order': False, 'shape': (1152921504606846976,)}", ATTN_E_FORMAT, NULL);
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,)}", ATTN_E_FORMAT, "large");
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,6)}", ATTN_E_UNSUPPORTED, "rank");
+  /* No element, but strides past int64: 2^62 x 4 elements of 4 bytes beside the 0. */
+  BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387904, 4)}", ATTN_E_FORMAT, "large");
+  BAD("{'descr': '|u1', 'fortran_order': False, 'shape': (4611686018427387904, 2, 0)}", ATTN_E_FORMAT, "large");
+  BAD("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 0, 1152921504606846976)}", ATTN_E_FORMAT, "large");
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': [2, 3]}", ATTN_E_FORMAT, "tuple");
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (2.0, 3)}", ATTN_E_FORMAT, NULL);
   BAD("{'descr': '<f4', 'fortran_order': False, 'shape': (,)}", ATTN_E_FORMAT, NULL);
@@ -551,6 +562,15 @@ static void test_st_handmade(attn_ctx *ctx) {
     attn_safetensors_close(s);
     s = NULL;
   }
+  /* Empty beside a huge dimension, its strides just inside int64. */
+  n = make_st(buf, "{\"e\":{\"dtype\":\"U8\",\"shape\":[0,4611686018427387903,2],\"data_offsets\":[0,0]}}", NULL, 0);
+  CHECK_OK(ctx, st_from_bytes(ctx, buf, n, &s));
+  if (s) {
+    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "e", &t));
+    CHECK(attn_tensor_numel(&t) == 0 && t.strides[0] == INT64_MAX - 1 && t.strides[1] == 2, "empty huge strides");
+    attn_safetensors_close(s);
+    s = NULL;
+  }
   n = make_st(buf, "{}      ", NULL, 0);
   CHECK_OK(ctx, st_from_bytes(ctx, buf, n, &s));
   CHECK(s && attn_safetensors_count(s) == 0, "empty header");
@@ -594,6 +614,11 @@ static void test_st_handmade(attn_ctx *ctx) {
   BAD(T("\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]"), 8, ATTN_E_FORMAT,
       "large");
   BAD(T("\"dtype\":\"F64\",\"shape\":[1152921504606846976],\"data_offsets\":[0,8]"), 8, ATTN_E_FORMAT, "large");
+  /* No element, but strides past int64 (the unknown I32 and F4 too: 4 and 1 byte). */
+  BAD(T("\"dtype\":\"F32\",\"shape\":[0,4611686018427387904,4],\"data_offsets\":[0,0]"), 0, ATTN_E_FORMAT, "large");
+  BAD(T("\"dtype\":\"I32\",\"shape\":[4611686018427387904,0,2],\"data_offsets\":[0,0]"), 0, ATTN_E_FORMAT, "large");
+  BAD(T("\"dtype\":\"F4\",\"shape\":[0,4611686018427387904,2],\"data_offsets\":[0,0]"), 0, ATTN_E_FORMAT, "large");
+  BAD(T("\"dtype\":\"U8\",\"shape\":[0,4611686018427387903,2],\"data_offsets\":[0,0]"), 0, ATTN_OK, NULL);
   BAD(T("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]"), 8, ATTN_E_FORMAT, NULL);
   BAD(T("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4,8]"), 8, ATTN_E_FORMAT, "two");
   BAD(T("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":\"0,8\""), 8, ATTN_E_FORMAT, NULL);
@@ -663,6 +688,62 @@ static void test_st_handmade(attn_ctx *ctx) {
   CHECK_FAIL(ctx, attn_safetensors_open(ctx, NULL, p), ATTN_E_INVALID);
   CHECK(attn_safetensors_count(NULL) == 0 && attn_safetensors_name(NULL, 0) == NULL, "null handle");
   attn_safetensors_close(NULL);
+}
+
+/* ---- lazy reading, in-memory entry points ------------------------------------------ */
+static void test_lazy(attn_ctx *ctx) {
+  float a[4] = {1, 2, 3, 4}, b[3] = {5, 6, 7};
+  int64_t sa[1] = {4}, sb[1] = {3};
+  attn_tensor ts[2] = {attn_tensor_view(a, ATTN_F32, 1, sa), attn_tensor_view(b, ATTN_F32, 1, sb)};
+  const char *names[2] = {"a", "b"};
+  char p[1100];
+  tpath(p, sizeof p, "lazy.safetensors");
+  CHECK_OK(ctx, attn_safetensors_write(ctx, p, 2, names, ts));
+  size_t n;
+  unsigned char *bytes = read_bytes(p, &n);
+  attn_safetensors *s = NULL;
+  CHECK_OK(ctx, attn_safetensors_open(ctx, &s, p));
+  /* Tensors are read when asked for: one cut off after opening is an error, not a crash. */
+  CHECK(truncate(p, (off_t)(n - 4)) == 0, "truncate: %s", strerror(errno));
+  attn_tensor t, t2;
+  if (s) {
+    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "a", &t));
+    CHECK(t.data && ((float *)t.data)[3] == 4, "a after truncation");
+    CHECK_FAIL(ctx, attn_safetensors_get(ctx, s, "b", &t2), ATTN_E_FORMAT);
+    CHECK(strstr(attn_ctx_error(ctx), "shrank") && strstr(attn_ctx_error(ctx), p), "message: %s", attn_ctx_error(ctx));
+    /* a view stays valid, and the same, until close */
+    CHECK(truncate(p, 0) == 0, "truncate: %s", strerror(errno));
+    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "a", &t2));
+    CHECK(t2.data == t.data && ((float *)t.data)[0] == 1, "a read once");
+    attn_safetensors_close(s);
+  }
+
+  /* The in-memory entry points read what the files hold. */
+  CHECK_OK(ctx, attn__safetensors_open_mem(ctx, &s, bytes, n, "mem.safetensors"));
+  if (s) {
+    CHECK(attn_safetensors_count(s) == 2, "count");
+    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "b", &t));
+    CHECK(t.shape[0] == 3 && ((float *)t.data)[2] == 7, "b from memory");
+    void *own;
+    CHECK_OK(ctx, attn__safetensors_read(ctx, s, "a", &t, &own));
+    CHECK(own && t.data == own && ((float *)t.data)[1] == 2, "a read into a buffer of the caller's");
+    attn__aligned_free(own);
+    CHECK_FAIL(ctx, attn__safetensors_read(ctx, s, "c", &t, &own), ATTN_E_NOT_FOUND);
+    CHECK(strstr(attn_ctx_error(ctx), "mem.safetensors"), "the name stands for the path: %s", attn_ctx_error(ctx));
+    attn_safetensors_close(s);
+  }
+  CHECK_FAIL(ctx, attn__safetensors_open_mem(ctx, &s, bytes, n - 5, "cut"), ATTN_E_FORMAT);
+  free(bytes);
+  tpath(p, sizeof p, "mem.npy");
+  CHECK_OK(ctx, attn_npy_write(ctx, p, &ts[0]));
+  bytes = read_bytes(p, &n);
+  CHECK_OK(ctx, attn__npy_read_mem(ctx, &t, bytes, n, "mem.npy"));
+  CHECK(t.data && t.shape[0] == 4 && !memcmp(t.data, a, sizeof a), "npy from memory");
+  attn_tensor_free(&t);
+  CHECK_FAIL(ctx, attn__npy_read_mem(ctx, &t, bytes, n - 1, "cut.npy"), ATTN_E_FORMAT);
+  CHECK(strstr(attn_ctx_error(ctx), "cut.npy"), "npy name: %s", attn_ctx_error(ctx));
+  CHECK_FAIL(ctx, attn__npy_read_mem(ctx, &t, NULL, 0, "empty.npy"), ATTN_E_FORMAT);
+  free(bytes);
 }
 
 /* ---- atomic writes ------------------------------------------------------------------- */
@@ -892,6 +973,7 @@ int main(void) {
   test_roundtrip(ctx);
   test_npy_handmade(ctx);
   test_st_handmade(ctx);
+  test_lazy(ctx);
   test_atomic(ctx);
   test_fuzz(ctx);
   test_long_name(ctx);

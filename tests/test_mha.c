@@ -4,6 +4,11 @@
  * safetensors. */
 #include "testutil.h"
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 static const char *tmpdir(void) {
   const char *d = getenv("ATTN_TEST_TMP");
   return d ? d : "/tmp";
@@ -203,12 +208,223 @@ static void namings(attn_ctx *ctx) {
   }
 }
 
+/* The address space this process holds now, in bytes (0 if unknown). */
+static uint64_t address_space(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  unsigned long long pages = 0;
+  if (f) {
+    if (fscanf(f, "%llu", &pages) != 1) pages = 0;
+    fclose(f);
+  }
+  return (uint64_t)pages * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Runs fn in a child whose address space may grow by at most `room` bytes,
+ * so that a large allocation fails there (or aborts, under ASan) instead of
+ * happening; returns the child's exit status, or -1 if it did not exit. */
+static int run_limited(int (*fn)(void), uint64_t room) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    const uint64_t now = address_space();
+    if (now) {
+      struct rlimit rl = {(rlim_t)(now + room), (rlim_t)(now + room)};
+      setrlimit(RLIMIT_AS, &rl);
+    }
+    _exit(fn());
+  }
+  int ws = 0;
+  if (pid < 0 || waitpid(pid, &ws, 0) != pid) return -1;
+  return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+}
+
+static char hostile_path[512];
+
+/* The hardening issue's 33 KB file: 64 x 64 q and o weights, and k and v weights
+ * of shape [0, 2^24] that once made the layer allocate and zero 8 GiB. */
+static void write_hostile(attn_ctx *ctx, int64_t krows, int64_t kcols) {
+  static float w[64 * 64];
+  int64_t sw[2] = {64, 64}, sk[2] = {krows, kcols};
+  attn_tensor ts[4] = {attn_tensor_view(w, ATTN_F32, 2, sw), attn_tensor_view(w, ATTN_F32, 2, sk),
+                       attn_tensor_view(w, ATTN_F32, 2, sk), attn_tensor_view(w, ATTN_F32, 2, sw)};
+  const char *names[4] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"};
+  snprintf(hostile_path, sizeof hostile_path, "%s/test_mha_hostile.safetensors", tmpdir());
+  CHECK_OK(ctx, attn_safetensors_write(ctx, hostile_path, 4, names, ts));
+}
+
+/* 0: refused at once with a shape error naming the k weight. */
+static int create_hostile(void) {
+  attn_ctx *ctx;
+  if (attn_ctx_create(&ctx)) return 3;
+  attn_mha *m = NULL;
+  const attn_status st = attn_mha_create_from_safetensors(ctx, &m, hostile_path, "", 4, 0);
+  const int ok = st == ATTN_E_SHAPE && m == NULL && strstr(attn_ctx_error(ctx), "k_proj.weight");
+  if (!ok) fprintf(stderr, "hostile file: %s: %s\n", attn_strerror(st), attn_ctx_error(ctx));
+  attn_mha_destroy(m);
+  attn_ctx_destroy(ctx);
+  return ok ? 0 : 1;
+}
+
+static void hostile_files(attn_ctx *ctx) {
+  write_hostile(ctx, 0, (int64_t)1 << 24);
+  struct stat sb;
+  CHECK(stat(hostile_path, &sb) == 0 && sb.st_size < 34 * 1024, "the hostile file is small");
+  /* 256 MiB of room: the 8 GiB of parameters cannot be allocated, let alone zeroed */
+  CHECK(run_limited(create_hostile, (uint64_t)256 << 20) == 0, "a 33 KB file made the layer allocate");
+  /* kdim (or vdim) 0 from a file would mean "= E" in a config: refused */
+  write_hostile(ctx, 64, 0);
+  attn_mha *m = NULL;
+  CHECK_ERR(ctx, attn_mha_create_from_safetensors(ctx, &m, hostile_path, "", 4, 0), ATTN_E_SHAPE, "kdim");
+  CHECK(m == NULL, "no layer on failure");
+  remove(hostile_path);
+}
+
+static int same_params(attn_ctx *ctx, attn_mha *a, attn_mha *b) {
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    attn_tensor ta, tb;
+    const int ha = attn_mha_param_view(ctx, a, (attn_mha_param)p, &ta) == ATTN_OK;
+    const int hb = attn_mha_param_view(ctx, b, (attn_mha_param)p, &tb) == ATTN_OK;
+    if (ha != hb) return 0;
+    if (ha && (attn_tensor_numel(&ta) != attn_tensor_numel(&tb) ||
+               memcmp(ta.data, tb.data, sizeof(float) * (size_t)attn_tensor_numel(&ta))))
+      return 0;
+  }
+  return 1;
+}
+
+/* Loading from an open handle, the namings the library reports, and a load
+ * that checks every shape before writing any parameter. */
+static void handle_api(attn_ctx *ctx) {
+  enum { E = 8, H = 4, HK = 2, KV = HK * (E / H), KD = 5, VD = 3 };
+  tu_rng r = {7};
+  static float buf[4096];
+  tu_fill_f32(&r, buf, 4096, 0.5);
+  char path[512];
+  snprintf(path, sizeof path, "%s/test_mha_handle.safetensors", tmpdir());
+  /* nn.MultiheadAttention with kdim/vdim: separate weights, packed biases; GQA rows */
+  int64_t sq[2] = {E, E}, sk[2] = {KV, KD}, sv[2] = {KV, VD}, sb[1] = {E + 2 * KV}, so[1] = {E};
+  attn_tensor ts[7] = {attn_tensor_view(buf, ATTN_F32, 2, sq), attn_tensor_view(buf + 100, ATTN_F32, 2, sk),
+                       attn_tensor_view(buf + 200, ATTN_F32, 2, sv), attn_tensor_view(buf + 300, ATTN_F32, 1, sb),
+                       attn_tensor_view(buf + 400, ATTN_F32, 2, sq), attn_tensor_view(buf + 500, ATTN_F32, 1, so),
+                       attn_tensor_view(buf + 600, ATTN_F32, 2, sq)};
+  const char *names[7] = {"l.q_proj_weight", "l.k_proj_weight", "l.v_proj_weight", "l.in_proj_bias",
+                          "l.out_proj.weight", "l.out_proj.bias", "other.weight"};
+  CHECK_OK(ctx, attn_safetensors_write(ctx, path, 7, names, ts));
+  attn_safetensors *st = NULL;
+  CHECK_OK(ctx, attn_safetensors_open(ctx, &st, path));
+  if (!st) return;
+  attn_mha_naming nm = ATTN_MHA_NAMING_LLAMA;
+  CHECK_OK(ctx, attn_mha_detect_naming(ctx, st, "l.", &nm));
+  CHECK(nm == ATTN_MHA_NAMING_TORCH_SEPARATE, "naming %d", (int)nm);
+  CHECK_ERR(ctx, attn_mha_detect_naming(ctx, st, "m.", &nm), ATTN_E_NOT_FOUND, "m.");
+  CHECK(nm == ATTN_MHA_NAMING_NONE, "no naming under a wrong prefix");
+  CHECK_ERR(ctx, attn_mha_detect_naming(ctx, NULL, "l.", &nm), ATTN_E_INVALID, "NULL");
+  attn_mha *a = NULL, *b = NULL, *c = NULL;
+  CHECK_OK(ctx, attn_mha_create_from_safetensors_handle(ctx, &a, st, "l.", H, HK));
+  CHECK_OK(ctx, attn_mha_create_from_safetensors(ctx, &b, path, "l.", H, HK));
+  if (a && b) {
+    const attn_mha_config *cf = attn_mha_get_config(a);
+    CHECK(cf->embed_dim == E && cf->kdim == KD && cf->vdim == VD && cf->num_kv_heads == HK && cf->bias,
+          "config from the file");
+    CHECK(same_params(ctx, a, b), "handle and path give the same layer");
+    attn_tensor t;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, a, ATTN_MHA_V_BIAS, &t));
+    CHECK(!memcmp(t.data, buf + 300 + E + KV, sizeof(float) * KV), "v bias from the packed in_proj_bias");
+    CHECK_OK(ctx, attn_mha_create(ctx, &c, cf));
+    CHECK_OK(ctx, attn_mha_load_safetensors_handle(ctx, c, st, "l."));
+    CHECK(c && same_params(ctx, a, c), "load from a handle");
+  }
+  attn_mha_destroy(b);
+  b = NULL;
+  /* the handle is still the caller's */
+  attn_tensor t;
+  CHECK_OK(ctx, attn_safetensors_get(ctx, st, "other.weight", &t));
+  attn_safetensors_close(st);
+  CHECK_ERR(ctx, attn_mha_create_from_safetensors_handle(ctx, &b, NULL, "", 1, 0), ATTN_E_INVALID, "NULL");
+  CHECK(b == NULL, "out is NULL on failure");
+
+  /* a bad shape late in the file leaves the layer as it was */
+  names[4] = "l.out_proj.weight";
+  int64_t sbad[2] = {E, E + 1};
+  ts[4] = attn_tensor_view(buf + 400, ATTN_F32, 2, sbad);
+  CHECK_OK(ctx, attn_safetensors_write(ctx, path, 6, names, ts));
+  if (c) {
+    attn_tensor q;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, c, ATTN_MHA_Q_WEIGHT, &q));
+    float *w = q.data;
+    for (int i = 0; i < E * E; i++) w[i] = 42;
+    CHECK_ERR(ctx, attn_mha_load_safetensors(ctx, c, path, "l."), ATTN_E_SHAPE, "out_proj.weight");
+    int untouched = 1;
+    for (int i = 0; i < E * E; i++) untouched &= w[i] == 42;
+    CHECK(untouched, "a failed load wrote the q weight");
+  }
+  CHECK_ERR(ctx, attn_mha_create_from_safetensors(ctx, &b, path, "l.", H, HK), ATTN_E_SHAPE, "out_proj.weight");
+
+  /* every naming's names */
+  CHECK(!strcmp(attn_mha_param_name(ATTN_MHA_NAMING_LLAMA, ATTN_MHA_K_BIAS), "k_proj.bias"), "llama k bias");
+  CHECK(!strcmp(attn_mha_param_name(ATTN_MHA_NAMING_SEED, ATTN_MHA_O_WEIGHT), "dense.weight"), "seed out weight");
+  CHECK(!strcmp(attn_mha_param_name(ATTN_MHA_NAMING_TORCH_PACKED, ATTN_MHA_V_WEIGHT), "in_proj_weight"), "packed");
+  CHECK(!strcmp(attn_mha_param_name(ATTN_MHA_NAMING_TORCH_SEPARATE, ATTN_MHA_K_BIAS), "in_proj_bias"), "separate");
+  CHECK(attn_mha_param_name(ATTN_MHA_NAMING_NONE, ATTN_MHA_Q_WEIGHT) == NULL, "NONE has no names");
+  CHECK(attn_mha_param_name((attn_mha_naming)9, ATTN_MHA_Q_WEIGHT) == NULL, "naming out of range");
+  CHECK(attn_mha_param_name(ATTN_MHA_NAMING_LLAMA, ATTN_MHA_NUM_PARAMS) == NULL, "parameter out of range");
+  attn_mha_destroy(a);
+  attn_mha_destroy(b);
+  attn_mha_destroy(c);
+  remove(path);
+}
+
+/* Broadcast (stride 0) inputs claim as many positions as int64 allows; the
+ * layer's buffers for them would pass 2^63 bytes and must be refused, not
+ * wrapped around into a small allocation. */
+static void huge_broadcast(attn_ctx *ctx) {
+  enum { E = 64 };
+  attn_mha_config c;
+  attn_mha_config_init(&c, E, 1);
+  c.kdim = c.vdim = 1;
+  attn_mha *m;
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &c));
+  static float q[2 * E], o[2 * E], one[1] = {1};
+  int64_t sq[3] = {1, 2, E}, sk[3] = {1, (int64_t)1 << 58, 1};
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 3, sq), to = attn_tensor_view(o, ATTN_F32, 3, sq);
+  attn_tensor tk = attn_tensor_view(one, ATTN_F32, 3, sk);
+  tk.strides[0] = tk.strides[1] = tk.strides[2] = 0;
+  /* 2^58 keys x 64 projected features x 4 bytes = 2^66 */
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, &tq, &tk, &tk, NULL), ATTN_E_NOMEM, "too large");
+  attn_mha_saved *sv = NULL;
+  CHECK_ERR(ctx, attn_mha_forward_save(ctx, m, &to, &tq, &tk, &tk, NULL, &sv), ATTN_E_NOMEM, "too large");
+  CHECK(sv == NULL, "no saved state on failure");
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF);
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, &tq, &tk, &tk, NULL), ATTN_E_NOMEM, "too large");
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
+  attn_mha_destroy(m);
+
+  /* one decoding step of 2^60 broadcast tokens: [B * n, E + 2 Hk D] passes int64 */
+  attn_mha_config_init(&c, 4, 1);
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &c));
+  attn_kv_cache_config kc;
+  attn_kv_cache_config_init(&kc, 1, 16, 1, 4);
+  attn_kv_cache *cache;
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &kc));
+  int64_t sx[3] = {1, (int64_t)1 << 60, 4};
+  attn_tensor tx = attn_tensor_view(one, ATTN_F32, 3, sx);
+  tx.strides[0] = tx.strides[1] = tx.strides[2] = 0;
+  attn_tensor ty = tx; /* never written: refused first */
+  CHECK_ERR(ctx, attn_mha_forward_cached(ctx, m, cache, &ty, &tx, NULL), ATTN_E_NOMEM, "too large");
+  CHECK(attn_kv_cache_length(cache, 0) == 0, "nothing appended");
+  attn_kv_cache_destroy(cache);
+  attn_mha_destroy(m);
+}
+
 int main(int argc, char **argv) {
   /* ctest runs this again with ATTN_KERNEL set: a kernel this CPU lacks is a skip */
   tu_kernel_or_skip(getenv("ATTN_KERNEL"));
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx)) return 1;
   const int cases = argc > 1 ? atoi(argv[1]) : 150;
+  hostile_files(ctx);
+  handle_api(ctx);
+  huge_broadcast(ctx);
   namings(ctx);
   for (int i = 0; i < cases; i++) random_layer_case(ctx, 5000 + (uint64_t)i);
   attn_ctx_destroy(ctx);

@@ -717,6 +717,85 @@ static void options_reach_attention(attn_ctx *ctx) {
   prob_free(&P0);
 }
 
+/* The saved state keeps its own copies of the forward's mask, key padding,
+ * ALiBi slopes and sinks: the caller's buffers may be poisoned and freed
+ * between attn_mha_forward_save and attn_mha_backward (under ASan a read of
+ * them is a use-after-free) and the gradients are bitwise those of a run that
+ * kept them. Both precisions, a full [B, H, Nq, Nk] mask and a broadcast one. */
+static void saved_owns_options(attn_ctx *ctx) {
+  for (int variant = 0; variant < 4; variant++) {
+    const int ref = variant & 1, full = variant < 2;
+    const spec s = {"saved owns", 8, 4, 2, 5, 7, 1, 1, 2, 5, 6, ATTN_CAUSAL_NONE, full ? 2 : 1, 1, 0.0, 1, 12};
+    prob P;
+    prob_init(ctx, &P, &s, ATTN_F32, 31 + (uint64_t)variant);
+    CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ref ? ATTN_KERNEL_REF : ATTN_KERNEL_AUTO));
+    const attn_dtype dt = ref ? ATTN_F64 : ATTN_F32;
+    result kept, dropped;
+    run_backward(ctx, &P, dt, &kept, NULL, NULL);
+
+    /* the same options in buffers of their own, gone before the backward */
+    const int64_t B = s.B, Nq = s.Nq, Nk = P.Nk, E = P.E;
+    const size_t nm = full ? sizeof(float) * (size_t)(s.H * Nq * Nk) : (size_t)(Nq * Nk), nk = (size_t)(B * Nk);
+    void *mask = malloc(nm), *kpm = malloc(nk), *slopes = malloc(sizeof(float) * (size_t)s.H);
+    void *sinks = malloc(sizeof(float) * (size_t)s.H);
+    memcpy(mask, full ? (void *)P.ma : (void *)P.mb, nm);
+    memcpy(kpm, P.kp, nk);
+    memcpy(slopes, P.slopes, sizeof(float) * (size_t)s.H);
+    memcpy(sinks, P.sinks, sizeof(float) * (size_t)s.H);
+    attn_tensor tm = P.tmask, tkp = P.tkp, tsl = P.tslopes, tsk = P.tsinks;
+    tm.data = mask;
+    tkp.data = kpm;
+    tsl.data = slopes;
+    tsk.data = sinks;
+    attn_mha_opts o = P.o;
+    o.mask = &tm;
+    o.key_padding = &tkp;
+    o.alibi_slopes = &tsl;
+    o.sinks = &tsk;
+    memset(&dropped, 0, sizeof dropped);
+    const size_t es = attn_dtype_size(dt);
+    void *out = calloc((size_t)(B * Nq * E), es), *dq = calloc((size_t)(B * Nq * E), es);
+    void *dk = calloc((size_t)(B * Nk * P.kd), es), *dv = calloc((size_t)(B * Nk * P.vd), es);
+    attn_tensor to = rows_view(out, dt, B, Nq, E, s.strided), tdq = rows_view(dq, dt, B, Nq, E, s.strided);
+    attn_tensor tdk = rows_view(dk, dt, B, Nk, P.kd, s.strided), tdv = rows_view(dv, dt, B, Nk, P.vd, s.strided);
+    attn_mha *g = grads_layer(ctx, &P);
+    attn_mha_saved *sv = NULL;
+    CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to, &P.tq, &P.tk, &P.tv, &o, &sv));
+    memset(mask, 0xff, nm); /* NaN, or true: every key masked */
+    memset(kpm, 1, nk);
+    memset(slopes, 0xff, sizeof(float) * (size_t)s.H);
+    memset(sinks, 0xff, sizeof(float) * (size_t)s.H);
+    free(mask);
+    free(kpm);
+    free(slopes);
+    free(sinks);
+    o.mask = o.key_padding = o.alibi_slopes = o.sinks = NULL;
+    CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tdq, &tdk, &tdv, g));
+    attn_mha_saved_free(sv);
+    dropped.dq = tu_to_f64(&tdq);
+    dropped.dk = tu_to_f64(&tdk);
+    dropped.dv = tu_to_f64(&tdv);
+    int same = !memcmp(dropped.dq, kept.dq, sizeof(double) * (size_t)kept.nq) &&
+               !memcmp(dropped.dk, kept.dk, sizeof(double) * (size_t)kept.nk) &&
+               !memcmp(dropped.dv, kept.dv, sizeof(double) * (size_t)kept.nv);
+    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+      attn_tensor t;
+      if (attn_mha_param_view(ctx, g, (attn_mha_param)p, &t)) continue;
+      double *gp = tu_to_f64(&t);
+      same = same && !memcmp(gp, kept.param[p], sizeof(double) * (size_t)kept.nparam[p]);
+      free(gp);
+    }
+    CHECK(same, "%s, %s mask: the backward depends on the caller's option buffers", ref ? "float64" : "fp32",
+          full ? "full" : "broadcast");
+    result_free(&kept);
+    result_free(&dropped);
+    free(out); free(dq); free(dk); free(dv);
+    attn_mha_destroy(g);
+    prob_free(&P);
+  }
+  CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO));
+}
+
 int main(void) {
   attn_ctx *ctx = NULL;
   CHECK_OK(ctx, attn_ctx_create(&ctx));
@@ -743,6 +822,7 @@ int main(void) {
   }
   agreements(ctx);
   options_reach_attention(ctx);
+  saved_owns_options(ctx);
   /* (c) */
   error_paths(ctx);
   attn_ctx_destroy(ctx);

@@ -475,19 +475,15 @@ done:
 }
 
 /* ---- attn mha ----------------------------------------------------------------- */
-/* The parameter naming of a safetensors file, by attn_mha_load_safetensors' rules. */
-typedef enum naming { NAMING_NONE, NAMING_SEED, NAMING_TORCH_PACKED, NAMING_TORCH_SEPARATE, NAMING_LLAMA } naming;
+/* The parameter naming of a safetensors file, as the library detects it. */
+typedef attn_mha_naming naming;
 
-/* Each naming's name per attn_mha_param; NULL where the file holds that parameter
- * inside a packed tensor (in_proj_weight: q, k, v weights; in_proj_bias: the biases). */
-static const char *const naming_names[][ATTN_MHA_NUM_PARAMS] = {
-    [NAMING_SEED] = {"wq.weight", "wq.bias", "wk.weight", "wk.bias", "wv.weight", "wv.bias", "dense.weight", "dense.bias"},
-    [NAMING_TORCH_PACKED] = {NULL, NULL, NULL, NULL, NULL, NULL, "out_proj.weight", "out_proj.bias"},
-    [NAMING_TORCH_SEPARATE] = {"q_proj_weight", NULL, "k_proj_weight", NULL, "v_proj_weight", NULL,
-                               "out_proj.weight", "out_proj.bias"},
-    [NAMING_LLAMA] = {"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias",
-                      "o_proj.weight", "o_proj.bias"},
-};
+/* The file's name of parameter p under naming nm; NULL where PyTorch packs it
+ * into in_proj_weight / in_proj_bias (collect_param_grads adds those whole). */
+static const char *single_name(naming nm, int p) {
+  const char *name = attn_mha_param_name(nm, (attn_mha_param)p);
+  return name && strncmp(name, "in_proj_", 8) ? name : NULL;
+}
 
 static char *join(const char *a, const char *b) {
   const size_t la = strlen(a), lb = strlen(b);
@@ -499,27 +495,9 @@ static char *join(const char *a, const char *b) {
   return s;
 }
 
-static int detect_naming(attn_ctx *ctx, const char *path, const char *prefix, naming *nm) {
-  static const struct { const char *name; naming nm; } probe[] = {
-      {"in_proj_weight", NAMING_TORCH_PACKED}, {"q_proj_weight", NAMING_TORCH_SEPARATE},
-      {"wq.weight", NAMING_SEED}, {"q_proj.weight", NAMING_LLAMA}};
-  attn_safetensors *st;
-  if (attn_safetensors_open(ctx, &st, path)) return cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
-  *nm = NAMING_NONE;
-  int r = 0;
-  for (size_t i = 0; i < sizeof probe / sizeof probe[0] && *nm == NAMING_NONE; i++) {
-    char *full = join(prefix, probe[i].name);
-    if (!full) {
-      r = cli_fail(CLI_EXIT_FAIL, "out of memory");
-      break;
-    }
-    attn_tensor t;
-    if (attn_safetensors_get(ctx, st, full, &t) == ATTN_OK) *nm = probe[i].nm;
-    free(full);
-  }
-  attn_safetensors_close(st);
-  if (!r && *nm == NAMING_NONE) r = cli_fail(CLI_EXIT_FAIL, "--params %s: no attention parameters under prefix '%s'", path, prefix);
-  return r;
+static int detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, naming *nm) {
+  if (attn_mha_detect_naming(ctx, st, prefix, nm)) return cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
+  return 0;
 }
 
 /* The tensors of the gradients file: names and f32 tensors, some owned (packed copies). */
@@ -574,12 +552,12 @@ static int grad_add_packed(attn_ctx *ctx, grad_file *f, attn_mha *grads, const c
 static int collect_param_grads(attn_ctx *ctx, grad_file *f, attn_mha *grads, naming nm, const char *prefix) {
   const int bias = attn_mha_get_config(grads)->bias;
   int r;
-  if (nm == NAMING_TORCH_PACKED && (r = grad_add_packed(ctx, f, grads, prefix, "in_proj_weight", 0))) return r;
-  if ((nm == NAMING_TORCH_PACKED || nm == NAMING_TORCH_SEPARATE) && bias &&
+  if (nm == ATTN_MHA_NAMING_TORCH_PACKED && (r = grad_add_packed(ctx, f, grads, prefix, "in_proj_weight", 0))) return r;
+  if ((nm == ATTN_MHA_NAMING_TORCH_PACKED || nm == ATTN_MHA_NAMING_TORCH_SEPARATE) && bias &&
       (r = grad_add_packed(ctx, f, grads, prefix, "in_proj_bias", 1)))
     return r;
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
-    const char *name = naming_names[nm][p];
+    const char *name = single_name(nm, p);
     if (!name || (p % 2 == 1 && !bias)) continue;
     attn_tensor t;
     if (attn_mha_param_view(ctx, grads, (attn_mha_param)p, &t))
@@ -632,10 +610,18 @@ static int cmd_mha(int argc, char **argv) {
   const char *prefix = cli_get(&a, "--prefix");
   if (!prefix) prefix = "";
   if ((r = cli_outputs_plan(&outs, &a, out_flags, in_flags))) goto done;
-  if (attn_mha_create_from_safetensors(ctx, &mha, cli_get(&a, "--params"), prefix, heads, kv_heads)) {
+  /* one open file for the layer and the names of its gradients */
+  attn_safetensors *params = NULL;
+  naming nm = ATTN_MHA_NAMING_NONE;
+  if (attn_safetensors_open(ctx, &params, cli_get(&a, "--params")) ||
+      attn_mha_create_from_safetensors_handle(ctx, &mha, params, prefix, heads, kv_heads)) {
     r = cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
+    attn_safetensors_close(params);
     goto done;
   }
+  r = detect_naming(ctx, params, prefix, &nm);
+  attn_safetensors_close(params);
+  if (r) goto done;
   if ((r = load_array(ctx, &x, cli_get(&a, "--query"), "--query", 1)) || (r = want_rank(&x, 3, "--query", "[B, N, E]")))
     goto done;
   const int cross = cli_has(&a, "--key");
@@ -673,10 +659,8 @@ static int cmd_mha(int argc, char **argv) {
     if ((r = load_array(ctx, &kpm, cli_get(&a, "--key-padding"), "--key-padding", 0))) goto done;
     o.key_padding = &kpm;
   }
-  naming nm = NAMING_NONE;
   if (train && ((r = load_array(ctx, &g, cli_get(&a, "--grad-out"), "--grad-out", 1)) ||
-                (r = want_rank(&g, 3, "--grad-out", "[B, Nq, E]")) ||
-                (r = detect_naming(ctx, cli_get(&a, "--params"), prefix, &nm))))
+                (r = want_rank(&g, 3, "--grad-out", "[B, Nq, E]"))))
     goto done;
   const attn_mha_config *cfg = attn_mha_get_config(mha);
   int64_t oshape[3] = {B, Nq, cfg->embed_dim};

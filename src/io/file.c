@@ -48,43 +48,65 @@ void attn__sanitize(char *dst, size_t cap, const char *src, size_t n) {
   dst[j] = '\0';
 }
 
-/* Returns errno or 0. */
-static int read_full(int fd, void *buf, size_t n, size_t *got) {
+attn_status attn__src_open(attn_ctx *ctx, attn__src *src, const char *kind, const char *path) {
+  memset(src, 0, sizeof *src);
+  src->kind = kind;
+  src->path = path;
+  /* O_NONBLOCK: a FIFO must not hang open(); non-regular files are refused below. */
+  src->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (src->fd < 0) return attn__io_fail(ctx, ATTN_E_IO, kind, path, "cannot open: %s", strerror(errno));
+  struct stat sb;
+  attn_status st = ATTN_OK;
+  if (fstat(src->fd, &sb) != 0) st = attn__io_fail(ctx, ATTN_E_IO, kind, path, "cannot stat: %s", strerror(errno));
+  else if (!S_ISREG(sb.st_mode)) st = attn__io_fail(ctx, ATTN_E_IO, kind, path, "not a regular file");
+  if (st) {
+    attn__src_close(src);
+    return st;
+  }
+  src->size = (int64_t)sb.st_size;
+  return ATTN_OK;
+}
+
+void attn__src_mem(attn__src *src, const char *kind, const char *name, const void *mem, size_t size) {
+  memset(src, 0, sizeof *src);
+  src->kind = kind;
+  src->path = name;
+  src->fd = -1;
+  src->mem = mem;
+  src->size = (int64_t)size;
+}
+
+void attn__src_close(attn__src *src) {
+  if (src->fd >= 0) close(src->fd);
+  src->fd = -1;
+}
+
+attn_status attn__src_read(attn_ctx *ctx, const attn__src *src, int64_t off, void *buf, size_t n, size_t *got) {
+  *got = 0;
+  if (off < 0) return attn__io_fail(ctx, ATTN_E_IO, src->kind, src->path, "negative offset");
+  if (src->fd < 0) {
+    if (off < src->size) {
+      const uint64_t left = (uint64_t)(src->size - off);
+      *got = left < n ? (size_t)left : n;
+      memcpy(buf, src->mem + off, *got);
+    }
+    return ATTN_OK;
+  }
   size_t done = 0;
   while (done < n) {
-    ssize_t r = read(fd, (unsigned char *)buf + done, n - done);
+    /* some systems cap one read; the loop takes the rest */
+    const size_t want = n - done < ((size_t)1 << 30) ? n - done : ((size_t)1 << 30);
+    ssize_t r = pread(src->fd, (unsigned char *)buf + done, want, (off_t)(off + (int64_t)done));
     if (r < 0) {
       if (errno == EINTR) continue;
+      int err = errno;
       *got = done;
-      return errno ? errno : EIO;
+      return attn__io_fail(ctx, ATTN_E_IO, src->kind, src->path, "cannot read: %s", strerror(err));
     }
     if (r == 0) break;
     done += (size_t)r;
   }
   *got = done;
-  return 0;
-}
-
-attn_status attn__io_read(attn_ctx *ctx, const char *kind, const char *path, int fd, void *buf, size_t n,
-                          size_t *got) {
-  int err = read_full(fd, buf, n, got);
-  return err ? attn__io_fail(ctx, ATTN_E_IO, kind, path, "cannot read: %s", strerror(err)) : ATTN_OK;
-}
-
-attn_status attn__io_open_read(attn_ctx *ctx, const char *kind, const char *path, int *fd, int64_t *size) {
-  /* O_NONBLOCK: a FIFO must not hang open(); non-regular files are refused below. */
-  *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (*fd < 0) return attn__io_fail(ctx, ATTN_E_IO, kind, path, "cannot open: %s", strerror(errno));
-  struct stat sb;
-  attn_status st = ATTN_OK;
-  if (fstat(*fd, &sb) != 0) st = attn__io_fail(ctx, ATTN_E_IO, kind, path, "cannot stat: %s", strerror(errno));
-  else if (!S_ISREG(sb.st_mode)) st = attn__io_fail(ctx, ATTN_E_IO, kind, path, "not a regular file");
-  if (st) {
-    close(*fd);
-    *fd = -1;
-    return st;
-  }
-  *size = (int64_t)sb.st_size;
   return ATTN_OK;
 }
 

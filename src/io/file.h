@@ -26,13 +26,26 @@ void attn__swap_elems(unsigned char *p, size_t es, size_t n);
  * bounded by cap; a string cut short ends in "...". */
 void attn__sanitize(char *dst, size_t cap, const char *src, size_t n);
 
-/* Opens path for reading and refuses anything but a regular file; on success
- * *fd is open (the caller closes it) and *size is the file's size. */
-attn_status attn__io_open_read(attn_ctx *ctx, const char *kind, const char *path, int *fd, int64_t *size);
+/* Where a reader's bytes come from: an open regular file, read by offset
+ * (pread), or bytes in memory (the in-memory entry points of io.h, which the
+ * fuzzers drive). The readers see no difference. */
+typedef struct {
+  const char *kind, *path;   /* for messages: the format, the file's path or the buffer's name */
+  int fd;                    /* >= 0: a file, else mem */
+  const unsigned char *mem;
+  int64_t size;              /* bytes when opened */
+} attn__src;
 
-/* Reads up to n bytes; *got < n only at end of file. A read error fails. */
-attn_status attn__io_read(attn_ctx *ctx, const char *kind, const char *path, int fd, void *buf, size_t n,
-                          size_t *got);
+/* A file source: refuses anything but a regular file. On success src->fd is
+ * open until attn__src_close. */
+attn_status attn__src_open(attn_ctx *ctx, attn__src *src, const char *kind, const char *path);
+/* A source over size bytes at mem (not copied: they must outlive the source). */
+void attn__src_mem(attn__src *src, const char *kind, const char *name, const void *mem, size_t size);
+void attn__src_close(attn__src *src);
+
+/* Reads up to n bytes at offset off; *got < n only past the end (a file may
+ * have shrunk since it was opened). A read error fails with ATTN_E_IO. */
+attn_status attn__src_read(attn_ctx *ctx, const attn__src *src, int64_t off, void *buf, size_t n, size_t *got);
 
 /* ---- atomic writer: a temporary next to path, renamed over it at the end ---- */
 typedef struct {

@@ -2,6 +2,7 @@
  * then the raw C-order data. Files are treated as hostile: every length is
  * checked against the file's real size before anything is allocated. */
 #include "file.h"
+#include "io.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,21 +185,18 @@ static attn_status parse_descr(attn_ctx *ctx, const char *path, const npy_header
   return ATTN_OK;
 }
 
-attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
-  attn__clear(ctx);
-  if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_read: null argument");
-  memset(out, 0, sizeof *out);
-  int fd;
-  int64_t size;
-  attn_status st = attn__io_open_read(ctx, "npy", path, &fd, &size);
-  if (st) return st;
+/* The reader proper, on a file or on bytes in memory alike. */
+static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *src) {
+  const char *path = src->path;
+  const int64_t size = src->size;
+  attn_status st;
   char *text = NULL;
   attn_tensor t;
   memset(&t, 0, sizeof t);
   unsigned char pre[12];
   size_t got;
 
-  if ((st = attn__io_read(ctx, "npy", path, fd, pre, 8, &got))) goto done;
+  if ((st = attn__src_read(ctx, src, 0, pre, 8, &got))) goto done;
   if (got < sizeof npy_magic || memcmp(pre, npy_magic, sizeof npy_magic)) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path,
                   got == 0                                                   ? "empty file"
@@ -217,7 +215,7 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
     goto done;
   }
   const size_t lenbytes = major == 1 ? 2 : 4;
-  if ((st = attn__io_read(ctx, "npy", path, fd, pre + 8, lenbytes, &got))) goto done;
+  if ((st = attn__src_read(ctx, src, 8, pre + 8, lenbytes, &got))) goto done;
   if (got < lenbytes) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated: no header length");
     goto done;
@@ -240,7 +238,7 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
     st = npy_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
     goto done;
   }
-  if ((st = attn__io_read(ctx, "npy", path, fd, text, hlen, &got))) goto done;
+  if ((st = attn__src_read(ctx, src, (int64_t)(8 + lenbytes), text, hlen, &got))) goto done;
   if (got < hlen) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated header");
     goto done;
@@ -265,6 +263,11 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "shape is too large (byte count overflows)");
     goto done;
   }
+  int64_t span;
+  if (attn__span_bytes(h.rank, h.shape, (int64_t)attn_dtype_size(dt), &span)) {
+    st = npy_fail(ctx, ATTN_E_FORMAT, path, "shape is too large (its strides would pass 2^63 bytes)");
+    goto done;
+  }
   /* Before allocating: a tiny file cannot make us reserve terabytes. */
   if (bytes > size - data_off) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated: the shape needs %lld data bytes, the file has %lld",
@@ -277,7 +280,7 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
     st = npy_fail(ctx, st, path, "%s", m);
     goto done;
   }
-  if ((st = attn__io_read(ctx, "npy", path, fd, t.data, (size_t)bytes, &got))) goto done;
+  if ((st = attn__src_read(ctx, src, data_off, t.data, (size_t)bytes, &got))) goto done;
   if (got < (size_t)bytes) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
     goto done;
@@ -289,8 +292,28 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
 done:
   attn_tensor_free(&t);
   free(text);
-  close(fd);
   return st;
+}
+
+attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
+  attn__clear(ctx);
+  if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_read: null argument");
+  memset(out, 0, sizeof *out);
+  attn__src src;
+  attn_status st = attn__src_open(ctx, &src, "npy", path);
+  if (st) return st;
+  st = npy_read(ctx, out, &src);
+  attn__src_close(&src);
+  return st;
+}
+
+attn_status attn__npy_read_mem(attn_ctx *ctx, attn_tensor *out, const void *data, size_t size, const char *name) {
+  attn__clear(ctx);
+  if (!out || (!data && size) || !name) return attn__fail(ctx, ATTN_E_INVALID, "attn__npy_read_mem: null argument");
+  memset(out, 0, sizeof *out);
+  attn__src src;
+  attn__src_mem(&src, "npy", name, data, size);
+  return npy_read(ctx, out, &src);
 }
 
 attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t) {

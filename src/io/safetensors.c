@@ -1,8 +1,12 @@
 /* safetensors: an 8-byte little-endian header length N, N bytes of JSON
  *   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
  *    "__metadata__": {...}}
- * then the data buffer, which the offsets index. The file is read whole into
- * one 64-byte aligned buffer and tensors are views into it.
+ * then the data buffer, which the offsets index. Opening reads and checks the
+ * header only; a tensor's bytes are read (pread) into a 64-byte aligned buffer
+ * of its own when it is first asked for, so loading one layer from a large
+ * checkpoint costs that layer's bytes, not the file's. Reading rather than
+ * mapping the file: a mapped file that another process truncates faults
+ * (SIGBUS) on access, where a short read is an error we can report.
  *
  * Hostile files: the header is parsed by a strict JSON parser of our own with
  * a length cap and a nesting cap; every offset is checked against the buffer,
@@ -13,6 +17,7 @@
  * unreadable: such tensors are listed and, where their element size is known,
  * size-checked; attn_safetensors_get refuses them with ATTN_E_DTYPE. */
 #include "file.h"
+#include "io.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -31,17 +36,25 @@ typedef struct {
   int rank;            /* may exceed ATTN_MAX_RANK: get refuses those */
   int64_t shape[ATTN_MAX_RANK];
   int64_t numel, begin, end;
-  void *data;
-  void *own;           /* an aligned copy when the file's offset is misaligned */
+  int64_t span;        /* product of the dimensions, each 0 counted as 1 (what strides span) */
+  void *own;           /* its bytes once attn_safetensors_get has read them, until close */
 } st_entry;
 
 struct attn_safetensors {
-  unsigned char *buf;
+  attn__src src;       /* the open file, or mem below */
+  unsigned char *mem;  /* an in-memory file's own copy of its bytes */
+  int64_t data_start;  /* 8 + the header's length: where offset 0 of the data lies */
   char *path;
   st_entry *e;
   st_entry **byname;
   int64_t count, cap;
 };
+
+/* What an empty tensor's view points at: never read, but not NULL and aligned. */
+static const union {
+  unsigned char b[64];
+  double align;
+} st_empty;
 
 static const struct {
   const char *name;
@@ -354,6 +367,7 @@ static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
         j->p++;
         e->rank = 0;
         e->numel = 1;
+        e->span = 1;
         if (j_peek(j) == ']') j->p++;
         else
           for (;;) {
@@ -362,7 +376,7 @@ static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
             if (e->rank < ATTN_MAX_RANK) e->shape[e->rank] = d;
             if (e->rank == INT32_MAX) return jfail(j, "tensor '%s': absurd rank", shown);
             e->rank++;
-            if (attn__mul_overflows(e->numel, d, &e->numel))
+            if (attn__mul_overflows(e->numel, d, &e->numel) || attn__mul_overflows(e->span, d ? d : 1, &e->span))
               return jfail(j, "tensor '%s': shape is too large (element count overflows)", shown);
             int c = j_peek(j);
             if (c == ',') {
@@ -484,6 +498,9 @@ static attn_status validate(attn_ctx *ctx, attn_safetensors *s, int64_t bufsize)
                      "tensor '%s': data_offsets end %lld lies beyond the %lld-byte data buffer (truncated?)", a,
                      (long long)e->end, (long long)bufsize);
     int64_t bytes;
+    if (attn__mul_overflows(e->span, e->esize ? e->esize : 1, &bytes))
+      return st_fail(ctx, ATTN_E_FORMAT, s->path, "tensor '%s': shape is too large (its strides would pass 2^63 bytes)",
+                     a);
     if (e->esize) {
       if (attn__mul_overflows(e->numel, e->esize, &bytes))
         return st_fail(ctx, ATTN_E_FORMAT, s->path, "tensor '%s': shape is too large", a);
@@ -525,29 +542,6 @@ static attn_status validate(attn_ctx *ctx, attn_safetensors *s, int64_t bufsize)
   return ATTN_OK;
 }
 
-/* Points each tensor at its bytes; typed loads need alignment, so a tensor at
- * a misaligned offset gets its own aligned copy. */
-static attn_status place(attn_ctx *ctx, attn_safetensors *s, int64_t data_start) {
-  for (int64_t i = 0; i < s->count; i++) {
-    st_entry *e = &s->e[i];
-    if (!e->known || e->numel == 0) {
-      e->data = s->buf; /* never dereferenced; kept aligned */
-      continue;
-    }
-    unsigned char *p = s->buf + data_start + e->begin;
-    const size_t bytes = (size_t)(e->end - e->begin);
-    if ((size_t)(data_start + e->begin) % (size_t)e->esize) {
-      e->own = attn__aligned_alloc(bytes);
-      if (!e->own) return st_fail(ctx, ATTN_E_NOMEM, s->path, "out of memory");
-      memcpy(e->own, p, bytes);
-      p = e->own;
-    }
-    if (e->esize > 1 && !attn__host_is_le()) attn__swap_elems(p, (size_t)e->esize, (size_t)e->numel);
-    e->data = p;
-  }
-  return ATTN_OK;
-}
-
 void attn_safetensors_close(attn_safetensors *st) {
   if (!st) return;
   for (int64_t i = 0; i < st->count; i++) {
@@ -556,79 +550,169 @@ void attn_safetensors_close(attn_safetensors *st) {
   }
   free(st->e);
   free(st->byname);
+  attn__src_close(&st->src);
+  free(st->mem);
   free(st->path);
-  attn__aligned_free(st->buf);
   free(st);
+}
+
+/* Reads and checks the header; s->src and s->path are set. */
+static attn_status st_open(attn_ctx *ctx, attn_safetensors *s) {
+  const char *path = s->path;
+  const int64_t size = s->src.size;
+  unsigned char pre[8];
+  size_t got;
+  attn_status st = attn__src_read(ctx, &s->src, 0, pre, 8, &got);
+  if (st) return st;
+  if (got < 8) return st_fail(ctx, ATTN_E_FORMAT, path, "truncated: %zu bytes, too short for the header length", got);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = n << 8 | pre[i];
+  if (n == 0) return st_fail(ctx, ATTN_E_FORMAT, path, "header length is 0");
+  if (n > ST_HEADER_CAP)
+    return st_fail(ctx, ATTN_E_FORMAT, path, "header length %llu exceeds the %llu-byte limit", (unsigned long long)n,
+                   (unsigned long long)ST_HEADER_CAP);
+  if ((int64_t)n > size - 8)
+    return st_fail(ctx, ATTN_E_FORMAT, path, "truncated: header length %llu, but only %lld bytes follow",
+                   (unsigned long long)n, (long long)(size - 8));
+  unsigned char *hdr = malloc((size_t)n);
+  if (!hdr) return st_fail(ctx, ATTN_E_NOMEM, path, "cannot allocate the %llu-byte header", (unsigned long long)n);
+  if (!(st = attn__src_read(ctx, &s->src, 8, hdr, (size_t)n, &got)) && got < n)
+    st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated header (the file shrank while being read)");
+  st_json j = {hdr, hdr, hdr + n, ctx, path};
+  s->data_start = 8 + (int64_t)n;
+  if (!st && !(st = parse_header(&j, s))) st = validate(ctx, s, size - s->data_start);
+  free(hdr);
+  return st;
 }
 
 attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const char *path) {
   attn__clear(ctx);
   if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_open: null argument");
   *out = NULL;
-  int fd;
-  int64_t size;
-  attn_status st = attn__io_open_read(ctx, "safetensors", path, &fd, &size);
-  if (st) return st;
-  attn_safetensors *s = NULL;
-  unsigned char pre[8];
-  size_t got;
-  if ((st = attn__io_read(ctx, "safetensors", path, fd, pre, 8, &got))) goto done;
-  if (got < 8) {
-    st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated: %zu bytes, too short for the header length", got);
-    goto done;
-  }
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; i--) n = n << 8 | pre[i];
-  if (n == 0) {
-    st = st_fail(ctx, ATTN_E_FORMAT, path, "header length is 0");
-    goto done;
-  }
-  if (n > ST_HEADER_CAP) {
-    st = st_fail(ctx, ATTN_E_FORMAT, path, "header length %llu exceeds the %llu-byte limit", (unsigned long long)n,
-                 (unsigned long long)ST_HEADER_CAP);
-    goto done;
-  }
-  if ((int64_t)n > size - 8) {
-    st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated: header length %llu, but only %lld bytes follow",
-                 (unsigned long long)n, (long long)(size - 8));
-    goto done;
-  }
-  if ((uint64_t)size > SIZE_MAX / 2) {
-    st = st_fail(ctx, ATTN_E_NOMEM, path, "file too large to load (%lld bytes)", (long long)size);
-    goto done;
-  }
-  s = calloc(1, sizeof *s);
+  attn_safetensors *s = calloc(1, sizeof *s);
   if (s) s->path = malloc(strlen(path) + 1);
-  if (s && s->path) {
-    memcpy(s->path, path, strlen(path) + 1);
-    s->buf = attn__aligned_alloc((size_t)size);
+  if (!s || !s->path) {
+    free(s);
+    return st_fail(ctx, ATTN_E_NOMEM, path, "out of memory");
   }
-  if (!s || !s->path || !s->buf) {
-    st = st_fail(ctx, ATTN_E_NOMEM, path, "cannot allocate %lld bytes", (long long)size);
-    goto done;
+  memcpy(s->path, path, strlen(path) + 1);
+  s->src.fd = -1;
+  attn_status st = attn__src_open(ctx, &s->src, "safetensors", s->path);
+  if (!st) st = st_open(ctx, s);
+  if (st) {
+    attn_safetensors_close(s);
+    return st;
   }
-  memcpy(s->buf, pre, 8);
-  /* The header first: a bad one is refused before the data is read. */
-  if ((st = attn__io_read(ctx, "safetensors", path, fd, s->buf + 8, (size_t)n, &got))) goto done;
-  if (got < n) {
-    st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated header (the file shrank while being read)");
-    goto done;
-  }
-  st_json j = {s->buf + 8, s->buf + 8, s->buf + 8 + n, ctx, path};
-  const int64_t data_start = 8 + (int64_t)n, bufsize = size - data_start;
-  if ((st = parse_header(&j, s)) || (st = validate(ctx, s, bufsize))) goto done;
-  if ((st = attn__io_read(ctx, "safetensors", path, fd, s->buf + data_start, (size_t)bufsize, &got))) goto done;
-  if (got < (size_t)bufsize) {
-    st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
-    goto done;
-  }
-  if ((st = place(ctx, s, data_start))) goto done;
   *out = s;
-  s = NULL;
-done:
-  attn_safetensors_close(s);
-  close(fd);
-  return st;
+  return ATTN_OK;
+}
+
+attn_status attn__safetensors_open_mem(attn_ctx *ctx, attn_safetensors **out, const void *data, size_t size,
+                                       const char *name) {
+  attn__clear(ctx);
+  if (!out || (!data && size) || !name)
+    return attn__fail(ctx, ATTN_E_INVALID, "attn__safetensors_open_mem: null argument");
+  *out = NULL;
+  attn_safetensors *s = calloc(1, sizeof *s);
+  if (s) {
+    s->path = malloc(strlen(name) + 1);
+    s->mem = malloc(size ? size : 1);
+  }
+  if (!s || !s->path || !s->mem) {
+    if (s) {
+      free(s->path);
+      free(s->mem);
+      free(s);
+    }
+    return st_fail(ctx, ATTN_E_NOMEM, name, "out of memory");
+  }
+  memcpy(s->path, name, strlen(name) + 1);
+  if (size) memcpy(s->mem, data, size);
+  attn__src_mem(&s->src, "safetensors", s->path, s->mem, size);
+  attn_status st = st_open(ctx, s);
+  if (st) {
+    attn_safetensors_close(s);
+    return st;
+  }
+  *out = s;
+  return ATTN_OK;
+}
+
+const char *attn__safetensors_path(const attn_safetensors *st) { return st ? st->path : ""; }
+
+static const st_entry *st_lookup(const attn_safetensors *st, const char *name) {
+  int64_t lo = 0, hi = st->count;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(st->byname[mid]->name, name);
+    if (c == 0) return st->byname[mid];
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return NULL;
+}
+
+int attn__safetensors_info(const attn_safetensors *st, const char *name, attn__st_info *info) {
+  const st_entry *e = st && name ? st_lookup(st, name) : NULL;
+  if (!e) return 0;
+  info->known = e->known;
+  info->dtype = e->dtype;
+  info->dtype_name = e->dtype_name;
+  info->rank = e->rank;
+  info->shape = e->shape;
+  info->numel = e->numel;
+  return 1;
+}
+
+/* The entry of name, refusing what get cannot view; *e NULL on failure. */
+static attn_status st_entry_for(attn_ctx *ctx, const attn_safetensors *st, const char *name, const st_entry **e) {
+  char shown[72];
+  attn__sanitize(shown, sizeof shown, name, strlen(name));
+  *e = st_lookup(st, name);
+  if (!*e) return st_fail(ctx, ATTN_E_NOT_FOUND, st->path, "no tensor named '%s'", shown);
+  const st_entry *f = *e;
+  *e = NULL;
+  if (!f->known)
+    return st_fail(ctx, ATTN_E_DTYPE, st->path, "tensor '%s' has dtype %s, which libattn does not support", shown,
+                   f->dtype_name);
+  if (f->rank > ATTN_MAX_RANK)
+    return st_fail(ctx, ATTN_E_UNSUPPORTED, st->path, "tensor '%s' has rank %d, more than ATTN_MAX_RANK (%d)", shown,
+                   f->rank, ATTN_MAX_RANK);
+  *e = f;
+  return ATTN_OK;
+}
+
+/* e's bytes into a fresh aligned buffer, in the host's byte order. */
+static attn_status st_load(attn_ctx *ctx, const attn_safetensors *st, const st_entry *e, void **out) {
+  const int64_t bytes = e->end - e->begin;
+  *out = NULL;
+  if ((uint64_t)bytes > SIZE_MAX / 2) return st_fail(ctx, ATTN_E_NOMEM, st->path, "tensor too large for this machine");
+  void *p = attn__aligned_alloc((size_t)bytes);
+  if (!p) return st_fail(ctx, ATTN_E_NOMEM, st->path, "cannot allocate %lld bytes", (long long)bytes);
+  size_t got;
+  attn_status s = attn__src_read(ctx, &st->src, st->data_start + e->begin, p, (size_t)bytes, &got);
+  if (!s && got < (size_t)bytes)
+    s = st_fail(ctx, ATTN_E_FORMAT, st->path, "truncated data (the file shrank after it was opened)");
+  if (s) {
+    attn__aligned_free(p);
+    return s;
+  }
+  if (e->esize > 1 && !attn__host_is_le()) attn__swap_elems(p, (size_t)e->esize, (size_t)e->numel);
+  *out = p;
+  return ATTN_OK;
+}
+
+attn_status attn__safetensors_read(attn_ctx *ctx, const attn_safetensors *st, const char *name, attn_tensor *out,
+                                   void **owned) {
+  *owned = NULL;
+  const st_entry *e;
+  attn_status s = st_entry_for(ctx, st, name, &e);
+  if (s) return s;
+  void *p = (void *)st_empty.b;
+  if (e->numel > 0 && (s = st_load(ctx, st, e, owned))) return s;
+  if (*owned) p = *owned;
+  *out = attn_tensor_view(p, e->dtype, e->rank, e->shape);
+  return ATTN_OK;
 }
 
 int64_t attn_safetensors_count(const attn_safetensors *st) { return st ? st->count : 0; }
@@ -641,28 +725,19 @@ const char *attn_safetensors_name(const attn_safetensors *st, int64_t index) {
 attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name, attn_tensor *out) {
   attn__clear(ctx);
   if (!st || !name || !out) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_get: null argument");
-  char shown[72];
-  attn__sanitize(shown, sizeof shown, name, strlen(name));
-  int64_t lo = 0, hi = st->count;
-  const st_entry *e = NULL;
-  while (lo < hi) {
-    int64_t mid = lo + (hi - lo) / 2;
-    int c = strcmp(st->byname[mid]->name, name);
-    if (c == 0) {
-      e = st->byname[mid];
-      break;
+  const st_entry *e;
+  attn_status s = st_entry_for(ctx, st, name, &e);
+  if (s) return s;
+  void *p = (void *)st_empty.b;
+  if (e->numel > 0) {
+    if (!e->own) {
+      /* the handle is const to the caller, but its cache of read tensors is not */
+      st_entry *m = (st_entry *)e;
+      if ((s = st_load(ctx, st, e, &m->own))) return s;
     }
-    if (c < 0) lo = mid + 1;
-    else hi = mid;
+    p = e->own;
   }
-  if (!e) return st_fail(ctx, ATTN_E_NOT_FOUND, st->path, "no tensor named '%s'", shown);
-  if (!e->known)
-    return st_fail(ctx, ATTN_E_DTYPE, st->path, "tensor '%s' has dtype %s, which libattn does not support", shown,
-                   e->dtype_name);
-  if (e->rank > ATTN_MAX_RANK)
-    return st_fail(ctx, ATTN_E_UNSUPPORTED, st->path, "tensor '%s' has rank %d, more than ATTN_MAX_RANK (%d)", shown,
-                   e->rank, ATTN_MAX_RANK);
-  *out = attn_tensor_view(e->data, e->dtype, e->rank, e->shape);
+  *out = attn_tensor_view(p, e->dtype, e->rank, e->shape);
   return ATTN_OK;
 }
 

@@ -4,6 +4,7 @@
  * [B, N, H*D] is viewed as [B, H, N, D], and SDPA writes straight into a
  * [B, N, H*D] buffer viewed the same way. */
 #include "mha_internal.h"
+#include "../io/io.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,81 +180,257 @@ attn_status attn_mha_set_param(attn_ctx *ctx, attn_mha *mha, const char *name, c
   return attn__fail(ctx, ATTN_E_NOT_FOUND, "unknown parameter name '%s'", name);
 }
 
-/* ---- safetensors: naming detection ------------------------------------------- */
-typedef enum naming { NAMING_NONE, NAMING_SEED, NAMING_TORCH_PACKED, NAMING_TORCH_SEPARATE, NAMING_LLAMA } naming;
-
-static const char *naming_names[][8] = {
-    [NAMING_SEED] = {"wq.weight", "wq.bias", "wk.weight", "wk.bias", "wv.weight", "wv.bias", "dense.weight", "dense.bias"},
-    [NAMING_TORCH_PACKED] = {"in_proj_weight", "in_proj_bias", NULL, NULL, NULL, NULL, "out_proj.weight", "out_proj.bias"},
-    [NAMING_TORCH_SEPARATE] = {"q_proj_weight", "in_proj_bias", "k_proj_weight", NULL, "v_proj_weight", NULL,
-                               "out_proj.weight", "out_proj.bias"},
-    [NAMING_LLAMA] = {"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias",
-                      "o_proj.weight", "o_proj.bias"},
+/* ---- safetensors -------------------------------------------------------------- */
+/* The tensor each naming keeps each parameter in. PyTorch packs the q, k and v
+ * rows into in_proj_weight and in_proj_bias, so those names repeat. */
+static const char *const naming_names[][ATTN_MHA_NUM_PARAMS] = {
+    [ATTN_MHA_NAMING_SEED] = {"wq.weight", "wq.bias", "wk.weight", "wk.bias", "wv.weight", "wv.bias", "dense.weight",
+                              "dense.bias"},
+    [ATTN_MHA_NAMING_TORCH_PACKED] = {"in_proj_weight", "in_proj_bias", "in_proj_weight", "in_proj_bias",
+                                      "in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"},
+    [ATTN_MHA_NAMING_TORCH_SEPARATE] = {"q_proj_weight", "in_proj_bias", "k_proj_weight", "in_proj_bias",
+                                        "v_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"},
+    [ATTN_MHA_NAMING_LLAMA] = {"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
+                               "v_proj.bias", "o_proj.weight", "o_proj.bias"},
 };
 
-static attn_status st_find(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, const char *name,
-                           attn_tensor *t) {
+const char *attn_mha_param_name(attn_mha_naming naming, attn_mha_param which) {
+  if ((int)naming <= ATTN_MHA_NAMING_NONE || naming > ATTN_MHA_NAMING_LLAMA || (int)which < 0 ||
+      which >= ATTN_MHA_NUM_PARAMS)
+    return NULL;
+  return naming_names[naming][which];
+}
+
+/* prefix + name into full (cap bytes); 0 when it does not fit. */
+static int full_name(char *full, size_t cap, const char *prefix, const char *name) {
+  return snprintf(full, cap, "%s%s", prefix, name) < (int)cap;
+}
+
+/* What the file says of prefix + name, reading no data; 0 if absent. */
+static int st_info(const attn_safetensors *st, const char *prefix, const char *name, attn__st_info *info) {
   char full[512];
-  if (snprintf(full, sizeof full, "%s%s", prefix, name) >= (int)sizeof full)
-    return attn__fail(ctx, ATTN_E_INVALID, "parameter prefix is too long");
-  return attn_safetensors_get(ctx, st, full, t);
+  return full_name(full, sizeof full, prefix, name) && attn__safetensors_info(st, full, info);
 }
 
-static int st_has(const attn_safetensors *st, const char *prefix, const char *name) {
-  attn_tensor t;
-  return st_find(NULL, st, prefix, name, &t) == ATTN_OK;
+/* The first naming whose tell-tale tensor the file holds, or NONE. */
+static attn_mha_naming detect(const attn_safetensors *st, const char *prefix) {
+  static const struct {
+    const char *name;
+    attn_mha_naming naming;
+  } probe[] = {{"in_proj_weight", ATTN_MHA_NAMING_TORCH_PACKED},
+               {"q_proj_weight", ATTN_MHA_NAMING_TORCH_SEPARATE},
+               {"wq.weight", ATTN_MHA_NAMING_SEED},
+               {"q_proj.weight", ATTN_MHA_NAMING_LLAMA}};
+  attn__st_info info;
+  for (size_t i = 0; i < sizeof probe / sizeof probe[0]; i++)
+    if (st_info(st, prefix, probe[i].name, &info)) return probe[i].naming;
+  return ATTN_MHA_NAMING_NONE;
 }
 
-static naming detect_naming(const attn_safetensors *st, const char *prefix) {
-  if (st_has(st, prefix, "in_proj_weight")) return NAMING_TORCH_PACKED;
-  if (st_has(st, prefix, "q_proj_weight")) return NAMING_TORCH_SEPARATE;
-  if (st_has(st, prefix, "wq.weight")) return NAMING_SEED;
-  if (st_has(st, prefix, "q_proj.weight")) return NAMING_LLAMA;
-  return NAMING_NONE;
+/* Checks the arguments every safetensors call shares and finds the naming. */
+static attn_status st_naming(attn_ctx *ctx, const attn_safetensors *st, const char **prefix, attn_mha_naming *nm,
+                             const char *fn) {
+  if (!st) return attn__fail(ctx, ATTN_E_INVALID, "%s: the safetensors handle is NULL", fn);
+  if (!*prefix) *prefix = "";
+  char full[512];
+  if (!full_name(full, sizeof full, *prefix, "out_proj.weight"))
+    return attn__fail(ctx, ATTN_E_INVALID, "%s: parameter prefix is too long (%zu bytes)", fn, strlen(*prefix));
+  *nm = detect(st, *prefix);
+  if (*nm == ATTN_MHA_NAMING_NONE)
+    return attn__fail(ctx, ATTN_E_NOT_FOUND,
+                      "%s: no attention parameters under prefix '%s' (looked for in_proj_weight, q_proj_weight, "
+                      "wq.weight, q_proj.weight)",
+                      attn__safetensors_path(st), *prefix);
+  return ATTN_OK;
 }
 
-static attn_status load_params(attn_ctx *ctx, attn_mha *mha, const attn_safetensors *st, const char *prefix,
-                               naming nm, const char *path) {
-  for (int i = 0; i < ATTN_MHA_NUM_PARAMS; i++) {
-    const char *name = naming_names[nm][i];
-    if (!name) continue;
-    const int is_bias = i % 2 == 1;
-    attn_tensor t;
-    attn_status s = st_find(ctx, st, prefix, name, &t);
-    if (s == ATTN_E_NOT_FOUND) {
-      if (is_bias && !mha->cfg.bias) continue;
-      return attn__fail(ctx, ATTN_E_NOT_FOUND, "%s: missing tensor '%s%s'", path, prefix, name);
+attn_status attn_mha_detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix,
+                                   attn_mha_naming *naming) {
+  attn__clear(ctx);
+  if (!naming) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_detect_naming: naming is NULL");
+  *naming = ATTN_MHA_NAMING_NONE;
+  return st_naming(ctx, st, &prefix, naming, "attn_mha_detect_naming");
+}
+
+/* The sizes of the layer a file's parameters must fit. */
+typedef struct st_dims {
+  int64_t E, kv, kdim, vdim; /* kv = Hk * D rows in the k and v projections */
+  int bias;
+} st_dims;
+
+static void fmt_dims(char *buf, size_t n, const st_dims *d) {
+  snprintf(buf, n, "embed_dim %lld, %lld k/v rows (kv heads x head dim), kdim %lld, vdim %lld", (long long)d->E,
+           (long long)d->kv, (long long)d->kdim, (long long)d->vdim);
+}
+
+/* One of the file's tensors against the shape the layer needs: present (unless
+ * optional; *present says), a float dtype, exactly [rows, cols] ([rows] if cols is 0). */
+static attn_status want_shape(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, const char *name,
+                              const st_dims *d, int64_t rows, int64_t cols, int optional, int *present) {
+  attn__st_info in;
+  const char *path = attn__safetensors_path(st);
+  *present = st_info(st, prefix, name, &in);
+  if (!*present)
+    return optional ? ATTN_OK : attn__fail(ctx, ATTN_E_NOT_FOUND, "%s: missing tensor '%s%s'", path, prefix, name);
+  if (!in.known || !attn__is_float(in.dtype))
+    return attn__fail(ctx, ATTN_E_DTYPE, "%s: %s%s has dtype %s; parameters must be F32, F64, F16 or BF16", path,
+                      prefix, name, in.dtype_name);
+  if (in.rank == (cols ? 2 : 1) && in.shape[0] == rows && (!cols || in.shape[1] == cols)) return ATTN_OK;
+  char want[48], got[96] = "", dims[160];
+  if (cols) snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows, (long long)cols);
+  else snprintf(want, sizeof want, "[%lld]", (long long)rows);
+  size_t n = 0;
+  for (int i = 0; i < in.rank && i < ATTN_MAX_RANK && n < sizeof got; i++)
+    n += (size_t)snprintf(got + n, sizeof got - n, i ? ", %lld" : "%lld", (long long)in.shape[i]);
+  fmt_dims(dims, sizeof dims, d);
+  return attn__fail(ctx, ATTN_E_SHAPE, "%s: %s%s is [%s]%s; a layer of %s needs %s", path, prefix, name, got,
+                    in.rank > ATTN_MAX_RANK ? "..." : "", dims, want);
+}
+
+/* Every tensor a load reads, checked before anything is allocated or written:
+ * each parameter's element count then equals its tensor's in the file, so
+ * what a layer holds is bounded by the bytes the file really has. */
+static attn_status check_params(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, attn_mha_naming nm,
+                                const st_dims *d) {
+  const int64_t rows[ATTN_MHA_NUM_PARAMS] = {d->E, d->E, d->kv, d->kv, d->kv, d->kv, d->E, d->E};
+  const int64_t cols[ATTN_MHA_NUM_PARAMS] = {d->E, 0, d->kdim, 0, d->vdim, 0, d->E, 0};
+  attn_status s;
+  int present;
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    const char *name = naming_names[nm][p];
+    const int is_bias = p % 2 == 1;
+    int64_t r = rows[p], c = cols[p];
+    if (!strcmp(name, "in_proj_weight") || !strcmp(name, "in_proj_bias")) {
+      if (p != ATTN_MHA_Q_WEIGHT && p != ATTN_MHA_Q_BIAS) continue; /* the q, k and v rows in one tensor */
+      r = d->E + 2 * d->kv;
     }
-    if (s) return s;
-    if (is_bias && !mha->cfg.bias)
-      return attn__fail(ctx, ATTN_E_INVALID, "%s: has '%s%s' but the layer was created with bias off", path, prefix,
-                        name);
-    if ((s = attn_mha_set_param(ctx, mha, name, &t))) {
-      char msg[ATTN__MSG_LEN];
-      snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
-      return attn__fail(ctx, s, "%s: %s", path, msg);
-    }
+    if ((s = want_shape(ctx, st, prefix, name, d, r, c, is_bias && !d->bias, &present))) return s;
+    if (is_bias && !d->bias && present)
+      return attn__fail(ctx, ATTN_E_INVALID, "%s: has '%s%s' but the layer was created with bias off",
+                        attn__safetensors_path(st), prefix, name);
   }
   return ATTN_OK;
+}
+
+/* Copies the checked tensors in, one at a time (each read, converted, freed). */
+static attn_status load_params(attn_ctx *ctx, attn_mha *mha, const attn_safetensors *st, const char *prefix,
+                               attn_mha_naming nm) {
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    const char *name = naming_names[nm][p];
+    if (p % 2 == 1 && !mha->cfg.bias) continue;
+    int seen = 0; /* a packed tensor, already loaded whole */
+    for (int q = 0; q < p; q++) seen |= !strcmp(naming_names[nm][q], name);
+    if (seen) continue;
+    char full[512];
+    if (!full_name(full, sizeof full, prefix, name))
+      return attn__fail(ctx, ATTN_E_INVALID, "parameter prefix is too long");
+    attn_tensor t;
+    void *own = NULL;
+    attn_status s = attn__safetensors_read(ctx, st, full, &t, &own);
+    if (!s && (s = attn_mha_set_param(ctx, mha, name, &t))) {
+      char msg[ATTN__MSG_LEN];
+      snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
+      s = attn__fail(ctx, s, "%s: %s", attn__safetensors_path(st), msg);
+    }
+    attn__aligned_free(own);
+    if (s) return s;
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_mha_load_safetensors_handle(attn_ctx *ctx, attn_mha *mha, const attn_safetensors *st,
+                                             const char *prefix) {
+  attn__clear(ctx);
+  if (!mha) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_load_safetensors_handle: layer is NULL");
+  attn_mha_naming nm;
+  attn_status s = st_naming(ctx, st, &prefix, &nm, "attn_mha_load_safetensors_handle");
+  if (s) return s;
+  const attn_mha_config *c = &mha->cfg;
+  const st_dims d = {c->embed_dim, mha->kv_dim, c->kdim, c->vdim, c->bias};
+  if ((nm == ATTN_MHA_NAMING_TORCH_PACKED) && (c->kdim != c->embed_dim || c->vdim != c->embed_dim))
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s: %sin_proj_weight needs kdim = vdim = embed_dim; this layer has %lld, %lld, %lld",
+                      attn__safetensors_path(st), prefix, (long long)c->kdim, (long long)c->vdim, (long long)c->embed_dim);
+  if ((s = check_params(ctx, st, prefix, nm, &d))) return s;
+  return load_params(ctx, mha, st, prefix, nm);
 }
 
 attn_status attn_mha_load_safetensors(attn_ctx *ctx, attn_mha *mha, const char *path, const char *prefix) {
   attn__clear(ctx);
   if (!mha || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_load_safetensors: null argument");
-  if (!prefix) prefix = "";
   attn_safetensors *st;
   attn_status s = attn_safetensors_open(ctx, &st, path);
   if (s) return s;
-  naming nm = detect_naming(st, prefix);
-  if (nm == NAMING_NONE)
-    s = attn__fail(ctx, ATTN_E_NOT_FOUND,
-                   "%s: no attention parameters under prefix '%s' (looked for in_proj_weight, q_proj_weight, "
-                   "wq.weight, q_proj.weight)",
-                   path, prefix);
-  else
-    s = load_params(ctx, mha, st, prefix, nm, path);
+  s = attn_mha_load_safetensors_handle(ctx, mha, st, prefix);
   attn_safetensors_close(st);
   return s;
+}
+
+/* The columns of a k or v projection weight: the layer's kdim or vdim. */
+static attn_status weight_cols(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, const char *name,
+                               const char *what, int64_t *cols) {
+  attn__st_info in;
+  if (!st_info(st, prefix, name, &in))
+    return attn__fail(ctx, ATTN_E_NOT_FOUND, "%s: missing tensor '%s%s'", attn__safetensors_path(st), prefix, name);
+  if (in.rank != 2)
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s: %s%s has rank %d; a projection weight is a matrix",
+                      attn__safetensors_path(st), prefix, name, in.rank);
+  /* 0 would mean "= embed_dim" in a config */
+  if (in.shape[1] < 1)
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s: %s%s has no columns (%s 0)", attn__safetensors_path(st), prefix, name,
+                      what);
+  *cols = in.shape[1];
+  return ATTN_OK;
+}
+
+attn_status attn_mha_create_from_safetensors_handle(attn_ctx *ctx, attn_mha **out, const attn_safetensors *st,
+                                                    const char *prefix, int64_t num_heads, int64_t num_kv_heads) {
+  attn__clear(ctx);
+  const char *fn = "attn_mha_create_from_safetensors_handle";
+  if (!out) return attn__fail(ctx, ATTN_E_INVALID, "%s: out is NULL", fn);
+  *out = NULL;
+  attn_mha_naming nm;
+  attn_status s = st_naming(ctx, st, &prefix, &nm, fn);
+  if (s) return s;
+  const char *path = attn__safetensors_path(st);
+  attn__st_info ow;
+  const char *oname = naming_names[nm][ATTN_MHA_O_WEIGHT];
+  if (!st_info(st, prefix, oname, &ow))
+    return attn__fail(ctx, ATTN_E_NOT_FOUND, "%s: missing tensor '%s%s'", path, prefix, oname);
+  if (ow.rank != 2 || ow.shape[0] != ow.shape[1] || ow.shape[0] <= 0)
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s: %s%s must be a square [E, E] matrix with E >= 1", path, prefix, oname);
+  const int64_t E = ow.shape[0], H = num_heads, Hk = num_kv_heads ? num_kv_heads : num_heads;
+  /* the head arithmetic first: the k and v shapes below depend on it */
+  if (H <= 0 || Hk <= 0)
+    return attn__fail(ctx, ATTN_E_INVALID, "num_heads (%lld) and num_kv_heads (%lld) must be positive", (long long)H,
+                      (long long)num_kv_heads);
+  if (E % H)
+    return attn__fail(ctx, ATTN_E_INVALID, "%s: embed_dim %lld (from %s%s) is not divisible by num_heads %lld", path,
+                      (long long)E, prefix, oname, (long long)H);
+  if (H % Hk)
+    return attn__fail(ctx, ATTN_E_INVALID, "num_heads %lld is not a multiple of num_kv_heads %lld", (long long)H,
+                      (long long)Hk);
+  st_dims d = {E, Hk * (E / H), E, E, 0};
+  if (nm != ATTN_MHA_NAMING_TORCH_PACKED &&
+      ((s = weight_cols(ctx, st, prefix, naming_names[nm][ATTN_MHA_K_WEIGHT], "kdim", &d.kdim)) ||
+       (s = weight_cols(ctx, st, prefix, naming_names[nm][ATTN_MHA_V_WEIGHT], "vdim", &d.vdim))))
+    return s;
+  attn__st_info bo;
+  d.bias = st_info(st, prefix, naming_names[nm][ATTN_MHA_O_BIAS], &bo);
+  if ((s = check_params(ctx, st, prefix, nm, &d))) return s;
+  attn_mha_config cfg;
+  attn_mha_config_init(&cfg, E, H);
+  cfg.num_kv_heads = num_kv_heads;
+  cfg.kdim = d.kdim;
+  cfg.vdim = d.vdim;
+  cfg.bias = d.bias;
+  attn_mha *m;
+  if ((s = attn_mha_create(ctx, &m, &cfg))) return s;
+  if ((s = load_params(ctx, m, st, prefix, nm))) {
+    attn_mha_destroy(m);
+    return s;
+  }
+  *out = m;
+  return ATTN_OK;
 }
 
 attn_status attn_mha_create_from_safetensors(attn_ctx *ctx, attn_mha **out, const char *path, const char *prefix,
@@ -261,49 +438,11 @@ attn_status attn_mha_create_from_safetensors(attn_ctx *ctx, attn_mha **out, cons
   attn__clear(ctx);
   if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_create_from_safetensors: null argument");
   *out = NULL;
-  if (!prefix) prefix = "";
   attn_safetensors *st;
   attn_status s = attn_safetensors_open(ctx, &st, path);
   if (s) return s;
-  naming nm = detect_naming(st, prefix);
-  attn_tensor ow, kw, vw;
-  attn_mha_config cfg;
-  attn_mha *m = NULL;
-  if (nm == NAMING_NONE) {
-    s = attn__fail(ctx, ATTN_E_NOT_FOUND,
-                   "%s: no attention parameters under prefix '%s' (looked for in_proj_weight, q_proj_weight, "
-                   "wq.weight, q_proj.weight)",
-                   path, prefix);
-    goto done;
-  }
-  if ((s = st_find(ctx, st, prefix, naming_names[nm][ATTN_MHA_O_WEIGHT], &ow))) goto done;
-  if (ow.rank != 2 || ow.shape[0] != ow.shape[1] || ow.shape[0] <= 0) {
-    s = attn__fail(ctx, ATTN_E_SHAPE, "%s: %s%s must be a square [E, E] matrix", path, prefix,
-                   naming_names[nm][ATTN_MHA_O_WEIGHT]);
-    goto done;
-  }
-  attn_mha_config_init(&cfg, ow.shape[0], num_heads);
-  cfg.num_kv_heads = num_kv_heads;
-  if (nm != NAMING_TORCH_PACKED) {
-    if ((s = st_find(ctx, st, prefix, naming_names[nm][ATTN_MHA_K_WEIGHT], &kw)) ||
-        (s = st_find(ctx, st, prefix, naming_names[nm][ATTN_MHA_V_WEIGHT], &vw)))
-      goto done;
-    if (kw.rank != 2 || vw.rank != 2) {
-      s = attn__fail(ctx, ATTN_E_SHAPE, "%s: key and value projection weights must be matrices", path);
-      goto done;
-    }
-    cfg.kdim = kw.shape[1];
-    cfg.vdim = vw.shape[1];
-  }
-  cfg.bias = st_has(st, prefix, naming_names[nm][ATTN_MHA_O_BIAS]);
-  if ((s = attn_mha_create(ctx, &m, &cfg))) goto done;
-  if ((s = load_params(ctx, m, st, prefix, nm, path))) {
-    attn_mha_destroy(m);
-    m = NULL;
-  }
-done:
+  s = attn_mha_create_from_safetensors_handle(ctx, out, st, prefix, num_heads, num_kv_heads);
   attn_safetensors_close(st);
-  *out = m;
   return s;
 }
 
@@ -347,6 +486,48 @@ static double *rows_f64(const attn_tensor *t) {
       for (int64_t f = 0; f < F; f++)
         c[(b * N + n) * F + f] = attn__load(t->data, t->dtype, b * t->strides[0] + n * t->strides[1] + f * t->strides[2]);
   return c;
+}
+
+/* A copy of t in *own, viewed in *copy with t's shape, for the saved state: a
+ * dimension t broadcasts (stride 0) is not expanded, so a broadcast mask stays
+ * as small as the caller's. what names t in messages. */
+static attn_status save_view(attn_ctx *ctx, const attn_tensor *t, attn_tensor *copy, void **own, const char *what) {
+  const int r = t->rank;
+  int64_t cs[ATTN_MAX_RANK];
+  for (int i = 0; i < r; i++) cs[i] = t->strides[i] == 0 && t->shape[i] > 1 ? 1 : t->shape[i];
+  attn_tensor c = attn_tensor_view(NULL, t->dtype, r, cs);
+  const int64_t n = attn_tensor_numel(&c);
+  const size_t es = attn_dtype_size(t->dtype);
+  size_t bytes;
+  if (n < 0 || attn__alloc_size(n, 1, 1, es, &bytes))
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_save: a copy of %s is too large to allocate", what);
+  unsigned char *dst = attn__aligned_alloc(bytes);
+  if (!dst) return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_save: cannot allocate a copy of %s", what);
+  const unsigned char *src = t->data;
+  /* runs along the last dimension, each one memcpy when it is contiguous */
+  const int64_t inner = r ? cs[r - 1] : 1, step = r ? t->strides[r - 1] : 0;
+  int64_t idx[ATTN_MAX_RANK] = {0};
+  for (int64_t done = 0; done < n; done += inner) {
+    int64_t off = 0;
+    for (int i = 0; i < r - 1; i++) off += idx[i] * t->strides[i];
+    if (step == 1) memcpy(dst + (size_t)done * es, src + off * (int64_t)es, (size_t)inner * es);
+    else
+      for (int64_t j = 0; j < inner; j++)
+        memcpy(dst + (size_t)(done + j) * es, src + (off + j * step) * (int64_t)es, es);
+    for (int i = r - 2; i >= 0; i--) {
+      if (++idx[i] < cs[i]) break;
+      idx[i] = 0;
+    }
+  }
+  c.data = dst;
+  for (int i = 0; i < r; i++)
+    if (cs[i] != t->shape[i]) {
+      c.shape[i] = t->shape[i];
+      c.strides[i] = 0;
+    }
+  *copy = c;
+  *own = dst;
+  return ATTN_OK;
 }
 
 /* A contiguous [B, N, F] view. */
@@ -464,22 +645,8 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     sv->opts = *opts;
     sv->opts.weights = NULL;
     sv->opts.average_weights = 0;
-    if (opts->mask) {
-      sv->mask = *opts->mask;
-      sv->opts.mask = &sv->mask;
-    }
-    if (opts->key_padding) {
-      sv->key_padding = *opts->key_padding;
-      sv->opts.key_padding = &sv->key_padding;
-    }
-    if (opts->alibi_slopes) {
-      sv->alibi_slopes = *opts->alibi_slopes;
-      sv->opts.alibi_slopes = &sv->alibi_slopes;
-    }
-    if (opts->sinks) {
-      sv->sinks = *opts->sinks;
-      sv->opts.sinks = &sv->sinks;
-    }
+    /* set to the saved state's own copies once attention has checked them */
+    sv->opts.mask = sv->opts.key_padding = sv->opts.alibi_slopes = sv->opts.sinks = NULL;
   }
   if (B == 0 || Nq == 0) { /* nothing to compute; the backward gives zero gradients */
     if (saved) *saved = sv;
@@ -492,11 +659,26 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   const int64_t kv = mha->kv_dim;
   /* Self-attention in fp32: q, k, v in one GEMM against the packed weights. */
   const int fused = !ref && key == query && value == query && c->kdim == E && c->vdim == E;
-  void *Q = attn__aligned_alloc((size_t)(B * Nq * (fused ? E + 2 * kv : E)) * es), *A = attn__aligned_alloc((size_t)(B * Nq * E) * es);
-  void *K = fused ? Q : attn__aligned_alloc((size_t)(B * Nk * kv) * es);
-  void *V = fused ? Q : attn__aligned_alloc((size_t)(B * Nk * kv) * es);
-  void *L = keep ? attn__aligned_alloc((size_t)(B * H * Nq) * es) : NULL; /* lse, for the backward */
+  /* Every buffer's size before any is allocated: broadcast (stride 0) inputs
+   * may claim more positions than a buffer of their projections could hold.
+   * nX bounds the copies of the inputs (rows_of, rows_f64). */
+  size_t nQ, nA, nKV = 0, nL = 0, nX;
+  if (attn__alloc_size(B, Nq, fused ? E + 2 * kv : E, es, &nQ) || attn__alloc_size(B, Nq, E, es, &nA) ||
+      (!fused && attn__alloc_size(B, Nk, kv, es, &nKV)) || (keep && attn__alloc_size(B, H, Nq, es, &nL)) ||
+      attn__alloc_size(B, Nq, E, es, &nX) || attn__alloc_size(B, Nk, c->kdim, es, &nX) ||
+      attn__alloc_size(B, Nk, c->vdim, es, &nX)) {
+    free(sv);
+    return attn__fail(ctx, ATTN_E_NOMEM,
+                      "attn_mha_forward: the buffers for B = %lld, Nq = %lld and Nk = %lld positions (embed_dim %lld, "
+                      "%lld k/v features) are too large to allocate",
+                      (long long)B, (long long)Nq, (long long)Nk, (long long)E, (long long)kv);
+  }
+  void *Q = attn__aligned_alloc(nQ), *A = attn__aligned_alloc(nA);
+  void *K = fused ? Q : attn__aligned_alloc(nKV);
+  void *V = fused ? Q : attn__aligned_alloc(nKV);
+  void *L = keep ? attn__aligned_alloc(nL) : NULL; /* lse, for the backward */
   void *Y = NULL; /* the out projection's rows, when they cannot go to out directly */
+  void *own_opt[4] = {NULL, NULL, NULL, NULL}; /* the saved copies of mask, key padding, slopes, sinks */
   attn_tensor wbuf = {0};
   int have_wbuf = 0;
   float *own_q = NULL, *own_k = NULL, *own_v = NULL; /* fp32 copies of the inputs */
@@ -582,12 +764,23 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   st = ref ? attn_sdpa_ref(ctx, &ah, &qh, &kh, &vh, &so) : attn_sdpa(ctx, &ah, &qh, &kh, &vh, &so);
   if (st) goto done;
   if (have_wbuf) average_heads(opts->weights, &wbuf);
+  if (keep) { /* the backward must not depend on the caller's buffers */
+    const attn_tensor *from[4] = {opts->mask, opts->key_padding, opts->alibi_slopes, opts->sinks};
+    attn_tensor *to[4] = {&sv->mask, &sv->key_padding, &sv->alibi_slopes, &sv->sinks};
+    const attn_tensor **in_opts[4] = {&sv->opts.mask, &sv->opts.key_padding, &sv->opts.alibi_slopes, &sv->opts.sinks};
+    static const char *const what[4] = {"the mask", "the key padding", "the ALiBi slopes", "the sinks"};
+    for (int i = 0; i < 4; i++) {
+      if (!from[i]) continue;
+      if ((st = save_view(ctx, from[i], to[i], &own_opt[i], what[i]))) goto done;
+      *in_opts[i] = to[i];
+    }
+  }
 
   const float *Wo = P[ATTN_MHA_O_WEIGHT], *bo = P[ATTN_MHA_O_BIAS];
   const int contiguous = out->strides[2] == 1 && out->strides[1] == E && (out->strides[0] == Nq * E || B == 1);
   if (ref || !contiguous) {
     /* Q is free now, unless it is kept */
-    if (keep && !(Y = attn__aligned_alloc((size_t)(B * Nq * E) * es))) {
+    if (keep && !(Y = attn__aligned_alloc(nA))) {
       st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate the output rows");
       goto done;
     }
@@ -622,7 +815,8 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     sv->a = A;
     sv->lse = L;
     void *bufs[] = {own_q, own_k, own_v, cq, ck != cq ? ck : NULL, (cv != cq && cv != ck) ? cv : NULL,
-                    Q, K != Q ? K : NULL, V != Q ? V : NULL, A, L};
+                    Q, K != Q ? K : NULL, V != Q ? V : NULL, A, L, own_opt[0], own_opt[1], own_opt[2], own_opt[3]};
+    _Static_assert(sizeof bufs / sizeof bufs[0] == ATTN__MHA_SAVED_BUFS, "owned[] must hold every buffer of this list");
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       if (bufs[i]) sv->owned[sv->n_owned++] = bufs[i];
     *saved = sv;
@@ -630,8 +824,10 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     Q = K = V = A = L = NULL;
     own_q = own_k = own_v = NULL;
     cq = ck = cv = NULL;
+    memset(own_opt, 0, sizeof own_opt);
   }
 done:
+  for (int i = 0; i < 4; i++) attn__aligned_free(own_opt[i]);
   if (have_wbuf) attn_tensor_free(&wbuf);
   if (Y != Q) attn__aligned_free(Y);
   attn__aligned_free(own_q);

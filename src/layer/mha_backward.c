@@ -21,11 +21,10 @@
  * Every gradient element is summed by one thread in one fixed order, so the
  * results are bitwise the same for any thread count.
  *
- * Lifetimes: the saved state owns copies of everything it needs except the
- * data of the forward's mask and key padding, which it only points at (it
- * copies their views): that data must stay valid and unchanged until the last
- * attn_mha_backward on it. The backward also reads the layer's current
- * parameters, which must be those the forward used. */
+ * Lifetimes: the saved state owns copies of everything it needs, the
+ * forward's mask, key padding, ALiBi slopes and sinks included (compact: what
+ * the caller broadcast stays broadcast). The backward also reads the layer's
+ * current parameters, which must be those the forward used. */
 #include "mha_internal.h"
 
 #include <stdio.h>
@@ -53,7 +52,12 @@ typedef struct path {
   size_t es;
 } path;
 
-static void *scratch(const path *p, int64_t n) { return attn__aligned_alloc((size_t)n * p->es); }
+/* rows x cols of the path's type; NULL (then reported as out of memory) also
+ * when the size overflows, which the forward's checks make unreachable. */
+static void *scratch(const path *p, int64_t rows, int64_t cols) {
+  size_t bytes;
+  return attn__alloc_size(rows, cols, 1, p->es, &bytes) ? NULL : attn__aligned_alloc(bytes);
+}
 
 static double get(const path *p, const void *buf, int64_t i) {
   return p->ref ? ((const double *)buf)[i] : ((const float *)buf)[i];
@@ -140,8 +144,8 @@ static attn_status input_backward(attn_ctx *ctx, const path *p, const attn_mha *
   if (grads) {
     int64_t most = 0; /* the largest single weight, for the double path's staging */
     for (int m = 0; m < n; m++) most = mha->rows[which[m]] > most ? mha->rows[which[m]] : most;
-    void *xT = scratch(p, fin * rows), *dyT = scratch(p, fout * rows);
-    double *stage = p->ref ? attn__aligned_alloc((size_t)(most * fin) * sizeof(double)) : NULL;
+    void *xT = scratch(p, fin, rows), *dyT = scratch(p, fout, rows);
+    double *stage = p->ref ? scratch(p, most, fin) : NULL; /* the double path: es is sizeof(double) */
     if (!xT || !dyT || (p->ref && !stage)) {
       attn__aligned_free(xT);
       attn__aligned_free(dyT);
@@ -176,7 +180,7 @@ static attn_status input_backward(attn_ctx *ctx, const path *p, const attn_mha *
     attn__aligned_free(stage);
   }
   if (dx) {
-    void *WT = scratch(p, fin * fout); /* WT[f, j] = [W_0; W_1; ...][j, f] */
+    void *WT = scratch(p, fin, fout); /* WT[f, j] = [W_0; W_1; ...][j, f] */
     if (!WT) return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_backward: cannot allocate scratch for the input gradient");
     int64_t off = 0;
     for (int m = 0; m < n; m++) {
@@ -285,14 +289,14 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_saved
   int64_t nx = M * E; /* the largest input gradient */
   if (Mk * kd > nx) nx = Mk * kd;
   if (Mk * vd > nx) nx = Mk * vd;
-  void *dO = scratch(&p, M * E), *dA = scratch(&p, M * E), *dX = scratch(&p, nx);
-  void *dQ = scratch(&p, M * ldq), *dK = NULL, *dV = NULL;
+  void *dO = scratch(&p, M, E), *dA = scratch(&p, M, E), *dX = scratch(&p, nx, 1);
+  void *dQ = scratch(&p, M, ldq), *dK = NULL, *dV = NULL;
   if (self) {
     dK = dQ ? (char *)dQ + (size_t)E * p.es : NULL;
     dV = dQ ? (char *)dQ + (size_t)(E + kv) * p.es : NULL;
   } else {
-    dK = scratch(&p, Mk * kv);
-    dV = scratch(&p, Mk * kv);
+    dK = scratch(&p, Mk, kv);
+    dV = scratch(&p, Mk, kv);
   }
   if (!dO || !dA || !dX || !dQ || !dK || !dV) {
     st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_backward: cannot allocate the gradients' buffers");

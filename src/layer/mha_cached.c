@@ -36,12 +36,17 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
   attn_kernel kern = attn_ctx_kernel(ctx);
   if (kern == ATTN_KERNEL_REF) kern = ATTN_KERNEL_C; /* the projections run in fp32; attention follows the context */
   const int th = attn__threads(ctx);
-  const int64_t M = B * n, ld = E + 2 * kv;
-  /* saturating sizes: a broadcast x may claim more rows than memory holds */
-  float *X = attn__aligned_alloc(attn__bytes(M, E, 1, sizeof(float)));
-  float *QKV = attn__aligned_alloc(attn__bytes(M, ld, 1, sizeof(float)));
-  float *A = attn__aligned_alloc(attn__bytes(M, E, 1, sizeof(float)));
-  float *Y = attn__aligned_alloc(attn__bytes(M, E, 1, sizeof(float)));
+  const int64_t ld = E + 2 * kv;
+  size_t nX, nQKV; /* a broadcast x may claim more tokens than a buffer can hold */
+  if (attn__alloc_size(B, n, E, sizeof(float), &nX) || attn__alloc_size(B, n, ld, sizeof(float), &nQKV))
+    return attn__fail(ctx, ATTN_E_NOMEM,
+                      "attn_mha_forward_cached: the buffers for %lld x %lld new tokens are too large to allocate",
+                      (long long)B, (long long)n);
+  const int64_t M = B * n;
+  float *X = attn__aligned_alloc(nX);
+  float *QKV = attn__aligned_alloc(nQKV);
+  float *A = attn__aligned_alloc(nX);
+  float *Y = attn__aligned_alloc(nX);
   if (!X || !QKV || !A || !Y) {
     st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_cached: cannot allocate activations");
     goto done;

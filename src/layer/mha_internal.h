@@ -13,7 +13,9 @@ struct attn_mha {
   int64_t rows[ATTN_MHA_NUM_PARAMS], cols[ATTN_MHA_NUM_PARAMS]; /* cols 0: a vector */
 };
 
-#define ATTN__MHA_SAVED_BUFS 8
+/* The length of the list of buffers attn__mha_forward hands to the saved
+ * state, which a static assertion there ties to this. */
+#define ATTN__MHA_SAVED_BUFS 15
 
 /* What attn_mha_forward_save keeps for attn_mha_backward. Every buffer is
  * contiguous and owned; its element type is double when `ref` (the forward ran
@@ -29,9 +31,9 @@ struct attn_mha_saved {
   const void *a;            /* [M, E]: the attention output before the out projection (SDPA's out) */
   const void *lse;          /* [B, H, Nq]: SDPA's log-sum-exp */
   /* The forward's options, weights cleared. mask, key_padding, alibi_slopes
-   * and sinks point at the copies of the caller's views below: the views
-   * themselves may go, but the data they point at must stay valid and
-   * unchanged until the backward. */
+   * and sinks point at the views below, of the saved state's own compact
+   * copies (a dimension the caller broadcast stays broadcast, not expanded):
+   * the caller's buffers may go once the forward returns. */
   attn_mha_opts opts;
   attn_tensor mask, key_padding, alibi_slopes, sinks;
   void *owned[ATTN__MHA_SAVED_BUFS];
