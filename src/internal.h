@@ -227,6 +227,36 @@ static inline double attn__mask_term(const attn__sdpa *p, int64_t b, int64_t h, 
   return 0;
 }
 
+/* attn__mask_term for keys j0..j0+n of row (b, h, i), as floats into dst: the
+ * same definition read a row at a time, with the common dtypes read directly
+ * (the blocked kernels' form; test_hidden holds it to the oracle's). */
+static inline void attn__mask_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, int64_t j0, int n, float *dst) {
+  for (int jj = 0; jj < n; jj++) dst[jj] = 0.0f;
+  if (p->has_kpm) { /* bool or u8, checked by attn__sdpa_prepare */
+    const attn_tensor *m = &p->kpm;
+    const uint8_t *d = (const uint8_t *)m->data + b * m->strides[0] + j0 * m->strides[3];
+    const int64_t s = m->strides[3];
+    for (int jj = 0; jj < n; jj++)
+      if (d[jj * s]) dst[jj] = -INFINITY;
+  }
+  if (!p->has_mask) return;
+  const attn_tensor *m = &p->mask;
+  const int64_t off = b * m->strides[0] + h * m->strides[1] + i * m->strides[2] + j0 * m->strides[3], s = m->strides[3];
+  if (p->mask_mode == ATTN_MASK_KEEP || p->mask_mode == ATTN_MASK_MASKED) { /* bool or u8 */
+    const uint8_t *d = (const uint8_t *)m->data + off;
+    const int keep = p->mask_mode == ATTN_MASK_KEEP;
+    for (int jj = 0; jj < n; jj++)
+      if ((d[jj * s] != 0) != keep) dst[jj] = -INFINITY;
+  } else if (p->mask_mode == ATTN_MASK_ADDITIVE && m->dtype == ATTN_F32) {
+    const float *d = (const float *)m->data + off;
+    for (int jj = 0; jj < n; jj++)
+      if (dst[jj] != -INFINITY) dst[jj] = d[jj * s];
+  } else {
+    for (int jj = 0; jj < n; jj++)
+      if (dst[jj] != -INFINITY) dst[jj] = (float)attn__mask_term(p, b, h, i, j0 + jj);
+  }
+}
+
 /* Softcap then ALiBi on a scaled logit x of (h, i, j): every kernel's and the
  * oracle's logit passes through this before the mask's term (in x's precision). */
 static inline double attn__logit_mods(const attn__sdpa *p, int64_t h, int64_t i, int64_t j, double x) {

@@ -81,13 +81,13 @@ attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t 
       for (int jj = 0; jj < nr; jj++) mb[jj] = jj >= lo && jj < hi ? 0.0f : -INFINITY;
       visible += hi - lo;
     } else {
-      for (int jj = 0; jj < nr; jj++) {
-        float x = -INFINITY;
-        if (jj >= lo && jj < hi) x = (float)attn__mask_term(p, b, h, i, j0 + jj);
-        mb[jj] = x;
-        if (x != -INFINITY) visible++;
-        else hidden |= jj < keys;
-      }
+      for (int jj = 0; jj < lo; jj++) mb[jj] = -INFINITY;
+      attn__mask_row(p, b, h, i, j0 + lo, hi - lo, mb + lo);
+      for (int jj = hi; jj < nr; jj++) mb[jj] = -INFINITY;
+      int shown = 0;
+      for (int jj = lo; jj < hi; jj++) shown += mb[jj] != -INFINITY;
+      visible += shown;
+      hidden |= shown < hi - lo;
     }
     if (p->alibi) { /* slope * (j - i'), exact in float for positions below 2^24 */
       const int64_t qp = attn__qpos(p, i);

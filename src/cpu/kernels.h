@@ -17,6 +17,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "attn.h"
 
@@ -98,8 +99,17 @@ typedef enum attn__tile_mask { ATTN__TILE_OPEN, ATTN__TILE_CLOSED, ATTN__TILE_AD
 
 /* Applies a tile's Mb to its logits S (n of them): a hidden one becomes -inf
  * whatever q.k gave (NaN from a poisoned key included), the others get their term. */
-static inline void attn__apply_tile_mask(float *S, const float *Mb, int64_t n) {
-  for (int64_t e = 0; e < n; e++) S[e] = Mb[e] == -INFINITY ? -INFINITY : S[e] + Mb[e];
+static inline void attn__apply_tile_mask(float *restrict S, const float *restrict Mb, int64_t n) {
+  /* a select on the bits (-inf has one pattern): gcc leaves the float form as branches */
+  for (int64_t e = 0; e < n; e++) {
+    const float sum = S[e] + Mb[e];
+    uint32_t m, x;
+    memcpy(&m, &Mb[e], 4);
+    memcpy(&x, &sum, 4);
+    const uint32_t hidden = 0u - (uint32_t)(m == 0xff800000u);
+    x = (x & ~hidden) | (m & hidden);
+    memcpy(&S[e], &x, 4);
+  }
 }
 
 struct attn__sdpa;
