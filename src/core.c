@@ -108,8 +108,7 @@ void attn_ctx_destroy(attn_ctx *ctx) {
 }
 
 attn_status attn_ctx_set_threads(attn_ctx *ctx, int threads) {
-  if (!ctx) return ATTN_E_INVALID;
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (threads < 0 || threads > 4096)
     return attn__fail(ctx, ATTN_E_INVALID, "thread count %d is out of range 0..4096", threads);
   ctx->threads = threads;
@@ -128,8 +127,7 @@ int attn__threads(const attn_ctx *ctx) {
 }
 
 attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel) {
-  if (!ctx) return ATTN_E_INVALID;
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if ((int)kernel < ATTN_KERNEL_AUTO || kernel > ATTN_KERNEL_AVX512)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown kernel %d", (int)kernel);
   if (!((ctx->supported >> kernel) & 1))
@@ -274,7 +272,7 @@ void *attn__aligned_alloc(size_t bytes) {
 void attn__aligned_free(void *p) { free(p); }
 
 attn_status attn_tensor_alloc(attn_ctx *ctx, attn_tensor *out, attn_dtype dtype, int rank, const int64_t *shape) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || (rank > 0 && !shape)) return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_alloc: null argument");
   if (rank < 0 || rank > ATTN_MAX_RANK)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_alloc: rank %d is out of range 0..%d", rank, ATTN_MAX_RANK);

@@ -79,7 +79,7 @@ static int reach_fits(const attn_tensor *v, int64_t *reach) {
 }
 
 attn_status attn_tensor_from_dlpack(attn_ctx *ctx, attn_tensor *out, const attn_dl_tensor *t) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || !t) return attn__fail(ctx, ATTN_E_INVALID, "dlpack: NULL %s", out ? "DLTensor" : "output tensor");
   if (t->device.device_type != ATTN_DL_CPU)
     return attn__fail(ctx, ATTN_E_UNSUPPORTED, "dlpack: device type %d is not the CPU (%d)",
@@ -125,7 +125,7 @@ attn_status attn_tensor_from_dlpack(attn_ctx *ctx, attn_tensor *out, const attn_
 
 attn_status attn_tensor_to_dlpack(attn_ctx *ctx, attn_dl_tensor *out, int64_t shape_buf[], int64_t strides_buf[],
                                   const attn_tensor *t) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || !t || !shape_buf || !strides_buf) return attn__fail(ctx, ATTN_E_INVALID, "dlpack: NULL argument");
   attn_dl_dtype d;
   if (!dtype_to_dl(t->dtype, &d)) return attn__fail(ctx, ATTN_E_DTYPE, "dlpack: unknown dtype %d", (int)t->dtype);

@@ -40,11 +40,6 @@ __attribute__((format(printf, 3, 4)))
 #endif
 attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...);
 
-/* Clears the message at the start of a public call. */
-static inline void attn__clear(attn_ctx *ctx) {
-  if (ctx) ctx->msg[0] = '\0';
-}
-
 /* The first statement of every public call that takes a context: a NULL
  * context is refused (there is nowhere to put a message), else the last
  * message is cleared. */

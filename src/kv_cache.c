@@ -25,7 +25,7 @@ void attn_kv_cache_config_init(attn_kv_cache_config *cfg, int64_t batch, int64_t
 }
 
 attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_kv_cache_config *cfg) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || !cfg) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_create: null argument");
   *out = NULL;
   attn_kv_cache_config c = *cfg;
@@ -121,7 +121,7 @@ static void copy_tokens(attn_tensor *dst, const attn_tensor *src, int64_t b, int
 
 attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn_tensor *k, const attn_tensor *v,
                                  const int64_t *n_new) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!cache || !k || !v) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_append: null argument");
   const attn_kv_cache_config *c = &cache->cfg;
   const int64_t n = k->rank == 4 ? k->shape[2] : -1;
@@ -151,7 +151,7 @@ attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn
 
 attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, const attn_tensor *q,
                                  const attn_sdpa_opts *opts) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_attend: cache is NULL");
   attn_status st;
   if ((st = attn__check_tensor(ctx, q, "q", 4)) || (st = attn__check_tensor(ctx, out, "out", 4))) return st;
@@ -200,7 +200,7 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
 }
 
 attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t b, int64_t length) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_truncate: cache is NULL");
   if (b < -1 || b >= cache->cfg.batch)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_truncate: row %lld is outside -1..%lld", (long long)b,
@@ -215,7 +215,7 @@ attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t 
 }
 
 attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache, int64_t dst, int64_t src) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_copy_row: cache is NULL");
   const attn_kv_cache_config *c = &cache->cfg;
   if (dst < 0 || dst >= c->batch || src < 0 || src >= c->batch)
@@ -236,7 +236,7 @@ attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache, int64_t 
 }
 
 attn_status attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t b, attn_tensor *k, attn_tensor *v) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!cache || !k || !v) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_view: null argument");
   if (b < 0 || b >= cache->cfg.batch)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_view: row %lld is outside 0..%lld", (long long)b,

@@ -5,6 +5,8 @@
  * failure. */
 #include "testutil.h"
 
+#include "attn_dlpack.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -145,18 +147,84 @@ static void huge_head_dim(attn_ctx *ctx) {
   CHECK_ERR(ctx, attn_sdpa(ctx, &out, &q, &q, &v, NULL), ATTN_E_SHAPE, "ATTN_MAX_HEAD_DIM");
 }
 
-/* A NULL context is refused, not dereferenced. */
-static void null_context(void) {
-  float x[4] = {1, 2, 3, 4}, o[4], l[1];
-  const int64_t s[4] = {1, 1, 1, 4}, s3[3] = {1, 1, 1};
+/* A NULL context is refused, not dereferenced, by every call that takes one;
+ * every other argument is valid, so the context is the only fault. */
+static void null_context(attn_ctx *ctx) {
+  float x[4] = {1, 2, 3, 4}, o[4], l[1], big[64];
+  const int64_t s[4] = {1, 1, 1, 4}, s3[3] = {1, 1, 1}, sx[3] = {1, 1, 4};
   attn_tensor t = attn_tensor_view(x, ATTN_F32, 4, s), to = attn_tensor_view(o, ATTN_F32, 4, s);
-  attn_tensor tl = attn_tensor_view(l, ATTN_F32, 3, s3);
-  CHECK(attn_sdpa(NULL, &to, &t, &t, &t, NULL) == ATTN_E_INVALID, "attn_sdpa(NULL ctx)");
-  CHECK(attn_sdpa_ref(NULL, &to, &t, &t, &t, NULL) == ATTN_E_INVALID, "attn_sdpa_ref(NULL ctx)");
-  CHECK(attn_sdpa_backward(NULL, &to, &to, &to, &t, &t, &t, &t, &t, &tl, NULL) == ATTN_E_INVALID,
-        "attn_sdpa_backward(NULL ctx)");
-  CHECK(attn_sdpa_backward_ref(NULL, &to, &to, &to, &t, &t, &t, &t, &t, &tl, NULL) == ATTN_E_INVALID,
-        "attn_sdpa_backward_ref(NULL ctx)");
+  attn_tensor tl = attn_tensor_view(l, ATTN_F32, 3, s3), tx = attn_tensor_view(x, ATTN_F32, 3, sx);
+  attn_tensor ty = attn_tensor_view(big, ATTN_F32, 3, sx), tmp;
+#define NULL_CTX(call) CHECK((call) == ATTN_E_INVALID, "%s with a NULL context", #call)
+  NULL_CTX(attn_ctx_set_threads(NULL, 1));
+  NULL_CTX(attn_ctx_set_kernel(NULL, ATTN_KERNEL_AUTO));
+  NULL_CTX(attn_tensor_alloc(NULL, &tmp, ATTN_F32, 4, s));
+  NULL_CTX(attn_sdpa(NULL, &to, &t, &t, &t, NULL));
+  NULL_CTX(attn_sdpa_ref(NULL, &to, &t, &t, &t, NULL));
+  NULL_CTX(attn_sdpa_backward(NULL, &to, &to, &to, &t, &t, &t, &t, &t, &tl, NULL));
+  NULL_CTX(attn_sdpa_backward_ref(NULL, &to, &to, &to, &t, &t, &t, &t, &t, &tl, NULL));
+  attn_kv_cache_config kc;
+  attn_kv_cache_config_init(&kc, 1, 8, 1, 4);
+  attn_kv_cache *cache = NULL;
+  NULL_CTX(attn_kv_cache_create(NULL, &cache, &kc));
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &kc));
+  attn_tensor kv, vv;
+  NULL_CTX(attn_kv_cache_append(NULL, cache, &t, &t, NULL));
+  NULL_CTX(attn_kv_cache_attend(NULL, cache, &to, &t, NULL));
+  NULL_CTX(attn_kv_cache_truncate(NULL, cache, 0, 0));
+  NULL_CTX(attn_kv_cache_copy_row(NULL, cache, 0, 0));
+  NULL_CTX(attn_kv_cache_view(NULL, cache, 0, &kv, &vv));
+  attn_mha_config mc;
+  attn_mha_config_init(&mc, 4, 1);
+  attn_mha *mha = NULL;
+  NULL_CTX(attn_mha_create(NULL, &mha, &mc));
+  CHECK_OK(ctx, attn_mha_create(ctx, &mha, &mc));
+  attn_tensor w;
+  NULL_CTX(attn_mha_param_view(NULL, mha, ATTN_MHA_Q_WEIGHT, &w));
+  CHECK_OK(ctx, attn_mha_param_view(ctx, mha, ATTN_MHA_Q_WEIGHT, &w));
+  NULL_CTX(attn_mha_set_param(NULL, mha, "q_proj.weight", &w));
+  NULL_CTX(attn_mha_forward(NULL, mha, &ty, &tx, NULL, NULL, NULL));
+  NULL_CTX(attn_mha_forward_cached(NULL, mha, cache, &ty, &tx, NULL));
+  attn_mha_saved *saved = NULL;
+  NULL_CTX(attn_mha_forward_save(NULL, mha, &ty, &tx, NULL, NULL, NULL, &saved));
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, mha, &ty, &tx, NULL, NULL, NULL, &saved));
+  NULL_CTX(attn_mha_backward(NULL, mha, saved, &ty, NULL, NULL, NULL, mha));
+  /* files: a real one, so only the context is wrong */
+  char path[512];
+  const char *dir = getenv("ATTN_TEST_TMP");
+  snprintf(path, sizeof path, "%s/limits_null_ctx.safetensors", dir ? dir : "/tmp");
+  char npy[520];
+  snprintf(npy, sizeof npy, "%s.npy", path);
+  const char *names[4] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"};
+  attn_tensor ws[4] = {w, w, w, w};
+  CHECK_OK(ctx, attn_safetensors_write(ctx, path, 4, names, ws));
+  NULL_CTX(attn_safetensors_write(NULL, path, 4, names, ws));
+  NULL_CTX(attn_npy_write(NULL, npy, &t));
+  CHECK_OK(ctx, attn_npy_write(ctx, npy, &t));
+  NULL_CTX(attn_npy_read(NULL, &tmp, npy));
+  attn_safetensors *st = NULL;
+  NULL_CTX(attn_safetensors_open(NULL, &st, path));
+  CHECK_OK(ctx, attn_safetensors_open(ctx, &st, path));
+  NULL_CTX(attn_safetensors_get(NULL, st, "q_proj.weight", &tmp));
+  attn_mha_naming nm;
+  NULL_CTX(attn_mha_detect_naming(NULL, st, "", &nm));
+  NULL_CTX(attn_mha_load_safetensors_handle(NULL, mha, st, ""));
+  attn_mha *made = NULL;
+  NULL_CTX(attn_mha_create_from_safetensors_handle(NULL, &made, st, "", 1, 0));
+  NULL_CTX(attn_mha_load_safetensors(NULL, mha, path, ""));
+  NULL_CTX(attn_mha_create_from_safetensors(NULL, &made, path, "", 1, 0));
+  attn_dl_tensor dl;
+  int64_t shp[ATTN_MAX_RANK], str[ATTN_MAX_RANK];
+  NULL_CTX(attn_tensor_to_dlpack(NULL, &dl, shp, str, &t));
+  CHECK_OK(ctx, attn_tensor_to_dlpack(ctx, &dl, shp, str, &t));
+  NULL_CTX(attn_tensor_from_dlpack(NULL, &tmp, &dl));
+#undef NULL_CTX
+  attn_safetensors_close(st);
+  attn_mha_saved_free(saved);
+  attn_mha_destroy(mha);
+  attn_kv_cache_destroy(cache);
+  remove(path);
+  remove(npy);
 }
 
 int main(void) {
@@ -172,7 +240,7 @@ int main(void) {
   huge_window(ctx);
   huge_scale(ctx);
   huge_head_dim(ctx);
-  null_context();
+  null_context(ctx);
   attn_ctx_destroy(blocked);
   attn_ctx_destroy(ctx);
   return tu_finish("test_limits");

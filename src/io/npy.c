@@ -296,7 +296,7 @@ done:
 }
 
 attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_read: null argument");
   memset(out, 0, sizeof *out);
   attn__src src;
@@ -308,7 +308,7 @@ attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
 }
 
 attn_status attn__npy_read_mem(attn_ctx *ctx, attn_tensor *out, const void *data, size_t size, const char *name) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || (!data && size) || !name) return attn__fail(ctx, ATTN_E_INVALID, "attn__npy_read_mem: null argument");
   memset(out, 0, sizeof *out);
   attn__src src;
@@ -317,7 +317,7 @@ attn_status attn__npy_read_mem(attn_ctx *ctx, attn_tensor *out, const void *data
 }
 
 attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!path || !t) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_write: null argument");
   attn_status st = attn__check_tensor(ctx, t, "attn_npy_write: tensor", -1);
   if (st) return st;

@@ -586,7 +586,7 @@ static attn_status st_open(attn_ctx *ctx, attn_safetensors *s) {
 }
 
 attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const char *path) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_open: null argument");
   *out = NULL;
   attn_safetensors *s = calloc(1, sizeof *s);
@@ -609,7 +609,7 @@ attn_status attn_safetensors_open(attn_ctx *ctx, attn_safetensors **out, const c
 
 attn_status attn__safetensors_open_mem(attn_ctx *ctx, attn_safetensors **out, const void *data, size_t size,
                                        const char *name) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || (!data && size) || !name)
     return attn__fail(ctx, ATTN_E_INVALID, "attn__safetensors_open_mem: null argument");
   *out = NULL;
@@ -723,7 +723,7 @@ const char *attn_safetensors_name(const attn_safetensors *st, int64_t index) {
 }
 
 attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name, attn_tensor *out) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!st || !name || !out) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_get: null argument");
   const st_entry *e;
   attn_status s = st_entry_for(ctx, st, name, &e);
@@ -823,7 +823,7 @@ static int utf8_valid(const char *s) {
 
 attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, int64_t count, const char *const *names,
                                    const attn_tensor *tensors) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!path) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_write: path is NULL");
   if (count < 0) return st_fail(ctx, ATTN_E_INVALID, path, "negative tensor count %lld", (long long)count);
   if (count > 0 && (!names || !tensors))

@@ -27,7 +27,7 @@ void attn_mha_opts_init(attn_mha_opts *opts) {
 }
 
 attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || !cfg) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_create: null argument");
   *out = NULL;
   attn_mha_config c = *cfg;
@@ -96,7 +96,7 @@ static attn_tensor param_tensor(attn_mha *m, int which) {
 }
 
 attn_status attn_mha_param_view(attn_ctx *ctx, attn_mha *mha, attn_mha_param which, attn_tensor *out) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!mha || !out) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_param_view: null argument");
   if ((int)which < 0 || which >= ATTN_MHA_NUM_PARAMS)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown parameter %d", (int)which);
@@ -140,7 +140,7 @@ static const name_map names[] = {
 };
 
 attn_status attn_mha_set_param(attn_ctx *ctx, attn_mha *mha, const char *name, const attn_tensor *value) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!mha || !name || !value) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_set_param: null argument");
   attn_status st = attn__check_tensor(ctx, value, name, -1);
   if (st) return st;
@@ -246,7 +246,7 @@ static attn_status st_naming(attn_ctx *ctx, const attn_safetensors *st, const ch
 
 attn_status attn_mha_detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix,
                                    attn_mha_naming *naming) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!naming) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_detect_naming: naming is NULL");
   *naming = ATTN_MHA_NAMING_NONE;
   return st_naming(ctx, st, &prefix, naming, "attn_mha_detect_naming");
@@ -340,7 +340,7 @@ static attn_status load_params(attn_ctx *ctx, attn_mha *mha, const attn_safetens
 
 attn_status attn_mha_load_safetensors_handle(attn_ctx *ctx, attn_mha *mha, const attn_safetensors *st,
                                              const char *prefix) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!mha) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_load_safetensors_handle: layer is NULL");
   attn_mha_naming nm;
   attn_status s = st_naming(ctx, st, &prefix, &nm, "attn_mha_load_safetensors_handle");
@@ -355,7 +355,7 @@ attn_status attn_mha_load_safetensors_handle(attn_ctx *ctx, attn_mha *mha, const
 }
 
 attn_status attn_mha_load_safetensors(attn_ctx *ctx, attn_mha *mha, const char *path, const char *prefix) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!mha || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_load_safetensors: null argument");
   attn_safetensors *st;
   attn_status s = attn_safetensors_open(ctx, &st, path);
@@ -384,7 +384,7 @@ static attn_status weight_cols(attn_ctx *ctx, const attn_safetensors *st, const 
 
 attn_status attn_mha_create_from_safetensors_handle(attn_ctx *ctx, attn_mha **out, const attn_safetensors *st,
                                                     const char *prefix, int64_t num_heads, int64_t num_kv_heads) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   const char *fn = "attn_mha_create_from_safetensors_handle";
   if (!out) return attn__fail(ctx, ATTN_E_INVALID, "%s: out is NULL", fn);
   *out = NULL;
@@ -435,7 +435,7 @@ attn_status attn_mha_create_from_safetensors_handle(attn_ctx *ctx, attn_mha **ou
 
 attn_status attn_mha_create_from_safetensors(attn_ctx *ctx, attn_mha **out, const char *path, const char *prefix,
                                              int64_t num_heads, int64_t num_kv_heads) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_create_from_safetensors: null argument");
   *out = NULL;
   attn_safetensors *st;
@@ -572,7 +572,7 @@ static void average_heads(attn_tensor *out, const attn_tensor *w) {
 
 attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
                              const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   return attn__mha_forward(ctx, mha, out, query, key, value, opts, NULL);
 }
 

@@ -33,7 +33,7 @@
 attn_status attn_mha_forward_save(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
                                   const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts,
                                   attn_mha_saved **saved) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!saved) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward_save: saved is NULL");
   return attn__mha_forward(ctx, mha, out, query, key, value, opts, saved);
 }
@@ -227,7 +227,7 @@ static attn_status check_rows(attn_ctx *ctx, const attn_tensor *t, const char *w
 /* ---- the backward ----------------------------------------------------------------- */
 attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_saved *saved, const attn_tensor *dout,
                               attn_tensor *dquery, attn_tensor *dkey, attn_tensor *dvalue, attn_mha *grads) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!mha) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_backward: layer is NULL");
   if (!saved)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_backward: saved is NULL (make it with attn_mha_forward_save)");

@@ -8,7 +8,7 @@
 
 attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache *cache, attn_tensor *out,
                                     const attn_tensor *x, const attn_mha_opts *opts) {
-  attn__clear(ctx);
+  ATTN__ENTER(ctx);
   if (!mha || !cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward_cached: layer or cache is NULL");
   attn_status st;
   if ((st = attn__check_tensor(ctx, x, "x", 3)) || (st = attn__check_tensor(ctx, out, "out", 3))) return st;
