@@ -518,7 +518,8 @@ rm -f "$T/$L250" "$T/w_$L250"
 # --- what an error echoes stays on one line: control characters escaped, long values cut ---
 NL="$T/$(printf 'bad\nname\r\t\033[2J')"
 expect 1 "" -- sdpa --q "$NL" --k $D/k.npy --v $D/v.npy --out "$T/never_o.npy"
-if grep -qF 'bad\nname\r\t\x1b[2J' "$T/stderr"; then ok; else bad "control characters not escaped: $(cat -v "$T/stderr")"; fi
+# (the library's message already shows each control character of a path as '?'; the CLI escapes the rest)
+if grep -qF 'bad?name???[2J' "$T/stderr"; then ok; else bad "control characters not replaced: $(cat -v "$T/stderr")"; fi
 expect 1 "" -- mha --params "$NL" --heads 2 --query $G/mha_seed/x.npy --out "$T/never_o.npy"
 expect 2 "" -- sdpa $IQKV --out "$T/never_o.npy" --mask "$T/in/q.npy" --mask-mode "$(printf 'a\nb')"
 expect 2 "" -- sdpa $IQKV --out "$T/never_o.npy" "$(printf -- '--bo\ngus')"

@@ -937,6 +937,41 @@ static void test_fuzz(attn_ctx *ctx) {
 
 /* ---- a file name near NAME_MAX ------------------------------------------------------ */
 /* 250 bytes is a valid name; the writers' temporaries must fit beside it. */
+/* A write to a symbolic link replaces the file it points to and leaves the link
+ * a link (a chain, a relative link, a dangling one); a path with a newline in
+ * it gives a one-line message. */
+static void test_links_and_messages(attn_ctx *ctx) {
+  float v[2] = {1, 2};
+  int64_t sh[1] = {2};
+  attn_tensor t = attn_tensor_view(v, ATTN_F32, 1, sh), r;
+  const char *nm = "x";
+  char target[1200], link1[1200], link2[1200], dangling[1200], dtarget[1200];
+  tpath(target, sizeof target, "link_target.npy");
+  tpath(link1, sizeof link1, "link1.npy");
+  tpath(link2, sizeof link2, "link2.npy");
+  tpath(dangling, sizeof dangling, "dangling.npy");
+  tpath(dtarget, sizeof dtarget, "dangling_target.npy");
+  CHECK_OK(ctx, attn_npy_write(ctx, target, &t));
+  CHECK(symlink("link_target.npy", link2) == 0 && symlink(link2, link1) == 0, "symlink: %s", strerror(errno));
+  v[1] = 7;
+  CHECK_OK(ctx, attn_npy_write(ctx, link1, &t));
+  struct stat sb;
+  CHECK(lstat(link1, &sb) == 0 && S_ISLNK(sb.st_mode) && lstat(link2, &sb) == 0 && S_ISLNK(sb.st_mode),
+        "the links stay links");
+  CHECK_OK(ctx, attn_npy_read(ctx, &r, target));
+  CHECK(r.data && ((float *)r.data)[1] == 7, "the file the links point to is written");
+  attn_tensor_free(&r);
+  CHECK(symlink("dangling_target.npy", dangling) == 0, "symlink");
+  CHECK_OK(ctx, attn_safetensors_write(ctx, dangling, 1, &nm, &t));
+  CHECK(lstat(dangling, &sb) == 0 && S_ISLNK(sb.st_mode) && exists(dtarget), "a dangling link gets its target");
+  unlink(link1), unlink(link2), unlink(target), unlink(dangling), unlink(dtarget);
+  char bad[1200];
+  tpath(bad, sizeof bad, "no\nsuch\r\033[2J.npy");
+  CHECK(attn_npy_read(ctx, &r, bad) == ATTN_E_IO && !strpbrk(attn_ctx_error(ctx), "\n\r\033"),
+        "a path's control characters in a message: %s", attn_ctx_error(ctx));
+  CHECK(leftovers() == 0, "temporaries left");
+}
+
 static void test_long_name(attn_ctx *ctx) {
   float v[2] = {1, 2};
   int64_t sh[1] = {2};
@@ -977,6 +1012,7 @@ int main(void) {
   test_atomic(ctx);
   test_fuzz(ctx);
   test_long_name(ctx);
+  test_links_and_messages(ctx);
   attn_ctx_destroy(ctx);
   cleanup_dir();
   return tu_finish("test_io");

@@ -2,6 +2,7 @@
  * files while it runs, renamed into place when everything was written (cli.h). */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include "cli.h"
+#include "io/file.h" /* attn__follow_links: the library's writers follow links the same way */
 
 #include <errno.h>
 #include <limits.h>
@@ -10,8 +11,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#define CLI_MAX_LINKS 40 /* as the kernel's own limit on a chain of symbolic links */
 
 /* The length of the directory part of path, its last '/' included (0: none). */
 static size_t dir_len(const char *path) {
@@ -27,32 +26,6 @@ static char *concat(const char *a, size_t la, const char *b) {
     memcpy(s + la, b, lb + 1);
   }
   return s;
-}
-
-/* path with each symbolic link at its end replaced by what it points to (a
- * relative link is relative to the link's own directory), until a path that
- * is not a link, existing or not. NULL with errno set on failure. */
-static char *follow_links(const char *path) {
-  char *p = strdup(path);
-  for (int hops = 0; p; hops++) {
-    struct stat sb;
-    if (lstat(p, &sb) != 0 || !S_ISLNK(sb.st_mode)) return p;
-    char link[PATH_MAX];
-    ssize_t n = -1;
-    if (hops == CLI_MAX_LINKS) errno = ELOOP;
-    else if ((n = readlink(p, link, sizeof link)) >= (ssize_t)sizeof link) n = -1, errno = ENAMETOOLONG;
-    if (n < 0) {
-      const int err = errno;
-      free(p);
-      errno = err;
-      return NULL;
-    }
-    link[n] = '\0';
-    char *next = link[0] == '/' ? strdup(link) : concat(p, dir_len(p), link);
-    free(p);
-    p = next;
-  }
-  return NULL;
 }
 
 /* One name per file however it is spelt: the real path of path's directory
@@ -130,7 +103,7 @@ int cli_outputs_plan(cli_outputs *o, cli_args *a, const char *const *outputs, co
     o->o[i].flag = outputs[f];
     o->o[i].path = path;
     errno = 0;
-    if (!(o->o[i].target = follow_links(path))) {
+    if (!(o->o[i].target = attn__follow_links(path))) {
       r = errno == ENOMEM ? cli_fail(CLI_EXIT_FAIL, "out of memory")
                           : cli_fail(CLI_EXIT_FAIL, "%s '%s': cannot follow the link: %s", outputs[f],
                                      cli_show(path), strerror(errno));

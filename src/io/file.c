@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,12 +15,18 @@
 
 attn_status attn__io_fail(attn_ctx *ctx, attn_status status, const char *kind, const char *path, const char *fmt,
                           ...) {
-  char msg[ATTN__MSG_LEN];
+  char msg[ATTN__MSG_LEN], shown[200];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  return attn__fail(ctx, status, "%s '%s': %s", kind, path, msg);
+  /* a path may hold a newline or a terminal escape: the message stays one line (other bytes, UTF-8 too, stay) */
+  size_t j = 0;
+  for (const char *c = path; *c && j + 4 < sizeof shown; c++)
+    shown[j++] = (unsigned char)*c < 0x20 || *c == 0x7f ? '?' : *c;
+  if (path[j]) memcpy(shown + j, "...", 3), j += 3;
+  shown[j] = '\0';
+  return attn__fail(ctx, status, "%s '%s': %s", kind, shown, msg);
 }
 
 int attn__host_is_le(void) {
@@ -117,19 +124,54 @@ static uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+char *attn__follow_links(const char *path) {
+  char *p = strdup(path);
+  for (int hops = 0; p; hops++) {
+    struct stat sb;
+    if (lstat(p, &sb) != 0 || !S_ISLNK(sb.st_mode)) return p;
+    char link[PATH_MAX];
+    ssize_t n = -1;
+    if (hops == 40) errno = ELOOP;
+    else if ((n = readlink(p, link, sizeof link)) >= (ssize_t)sizeof link) n = -1, errno = ENAMETOOLONG;
+    char *next = NULL;
+    if (n >= 0) {
+      link[n] = '\0';
+      const char *slash = strrchr(p, '/');
+      const int dir = link[0] == '/' || !slash ? 0 : (int)(slash - p) + 1;
+      const size_t cap = (size_t)dir + (size_t)n + 1;
+      if ((next = malloc(cap))) snprintf(next, cap, "%.*s%s", dir, p, link);
+    }
+    const int err = errno;
+    free(p);
+    errno = err;
+    p = next;
+  }
+  return NULL;
+}
+
 /* O_EXCL with a fresh name rather than mkstemp so the file gets the usual
  * 0666 & ~umask mode instead of 0600. The name is short and in the target's
  * directory (the rename stays on one file system): path + a suffix would pass
  * NAME_MAX for a long file name. */
 attn_status attn__out_open(attn_ctx *ctx, attn__out *w, const char *kind, const char *path) {
-  const char *slash = strrchr(path, '/');
-  const int dir = slash ? (int)(slash - path) + 1 : 0;
-  size_t n = strlen(path), cap = n + 32;
   w->fd = -1;
   w->path = path;
   w->kind = kind;
+  w->tmp = NULL;
+  errno = 0;
+  if (!(w->target = attn__follow_links(path)))
+    return errno == ENOMEM || !errno ? attn__io_fail(ctx, ATTN_E_NOMEM, kind, path, "out of memory")
+                                     : attn__io_fail(ctx, ATTN_E_IO, kind, path, "cannot follow the link: %s",
+                                                     strerror(errno));
+  const char *slash = strrchr(w->target, '/');
+  const int dir = slash ? (int)(slash - w->target) + 1 : 0;
+  const size_t cap = strlen(w->target) + 32;
   w->tmp = malloc(cap);
-  if (!w->tmp) return attn__io_fail(ctx, ATTN_E_NOMEM, kind, path, "out of memory");
+  if (!w->tmp) {
+    free(w->target);
+    w->target = NULL;
+    return attn__io_fail(ctx, ATTN_E_NOMEM, kind, path, "out of memory");
+  }
   struct timespec ts = {0, 0};
   clock_gettime(CLOCK_REALTIME, &ts);
   uint64_t seed = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
@@ -137,14 +179,15 @@ attn_status attn__out_open(attn_ctx *ctx, attn__out *w, const char *kind, const 
   int err = 0;
   for (int attempt = 0; attempt < 100; attempt++) {
     seed = mix64(seed + 0x9e3779b97f4a7c15ull);
-    snprintf(w->tmp, cap, "%.*s.attn.tmp.%06llx", dir, path, (unsigned long long)(seed & 0xffffffu));
+    snprintf(w->tmp, cap, "%.*s.attn.tmp.%06llx", dir, w->target, (unsigned long long)(seed & 0xffffffu));
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (w->fd >= 0) return ATTN_OK;
     err = errno;
     if (err != EEXIST) break;
   }
   free(w->tmp);
-  w->tmp = NULL;
+  free(w->target);
+  w->tmp = w->target = NULL;
   return attn__io_fail(ctx, ATTN_E_IO, kind, path, "cannot create a temporary file next to it: %s", strerror(err));
 }
 
@@ -152,8 +195,9 @@ static void out_abort(attn__out *w) {
   if (w->fd >= 0) close(w->fd);
   if (w->tmp) unlink(w->tmp);
   free(w->tmp);
+  free(w->target);
   w->fd = -1;
-  w->tmp = NULL;
+  w->tmp = w->target = NULL;
 }
 
 attn_status attn__out_write(attn_ctx *ctx, attn__out *w, const void *buf, size_t n) {
@@ -180,14 +224,15 @@ attn_status attn__out_commit(attn_ctx *ctx, attn__out *w) {
     out_abort(w);
     return attn__io_fail(ctx, ATTN_E_IO, w->kind, w->path, "write failed: %s", strerror(err));
   }
-  if (rename(w->tmp, w->path) != 0) {
+  if (rename(w->tmp, w->target) != 0) {
     int err = errno;
     out_abort(w);
     return attn__io_fail(ctx, ATTN_E_IO, w->kind, w->path, "cannot rename the temporary file over it: %s",
                          strerror(err));
   }
   free(w->tmp);
-  w->tmp = NULL;
+  free(w->target);
+  w->tmp = w->target = NULL;
   return ATTN_OK;
 }
 

@@ -48,10 +48,18 @@ void attn__src_close(attn__src *src);
 attn_status attn__src_read(attn_ctx *ctx, const attn__src *src, int64_t off, void *buf, size_t n, size_t *got);
 
 /* ---- atomic writer: a temporary next to path, renamed over it at the end ---- */
+/* path with each symbolic link at its end replaced by what it points to (a
+ * relative link is relative to the link's own directory), until a name that is
+ * not a link, existing or not: the file a write to path means. malloc'd; NULL
+ * with errno set (ELOOP past 40 links, as the kernel's own limit). */
+char *attn__follow_links(const char *path);
+
+/* Writing to a symbolic link replaces the file it points to, and the link stays. */
 typedef struct {
   int fd;
   char *tmp;
-  const char *path;
+  char *target;     /* path with its links followed: what the rename replaces */
+  const char *path; /* as given, for messages */
   const char *kind;
 } attn__out;
 
