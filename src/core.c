@@ -299,6 +299,14 @@ void attn_tensor_free(attn_tensor *t) {
   t->data = NULL;
 }
 
+attn_status attn__check_writable(attn_ctx *ctx, const attn_tensor *t, const char *what) {
+  if (attn_tensor_numel(t) == 0) return ATTN_OK;
+  for (int i = 0; i < t->rank; i++)
+    if (t->shape[i] > 1 && t->strides[i] == 0)
+      return attn__fail(ctx, ATTN_E_INVALID, "%s has stride 0 in dimension %d: outputs cannot broadcast", what, i);
+  return ATTN_OK;
+}
+
 attn_status attn__check_tensor(attn_ctx *ctx, const attn_tensor *t, const char *what, int rank) {
   if (!t) return attn__fail(ctx, ATTN_E_INVALID, "%s is NULL", what);
   if (rank >= 0 && t->rank != rank)

@@ -100,6 +100,8 @@ static inline int attn__is_float(attn_dtype dt) {
 
 /* Checks a tensor argument: non-null data (unless empty), rank, sane shape. */
 attn_status attn__check_tensor(attn_ctx *ctx, const attn_tensor *t, const char *what, int rank);
+/* An output must not alias itself through a zero stride (threads would write one element at once). */
+attn_status attn__check_writable(attn_ctx *ctx, const attn_tensor *t, const char *what);
 
 /* ---- SDPA problem, validated once and shared by every kernel ----------------- */
 /* Each view is rank 4 with explicit strides (masks broadcast with stride 0). */

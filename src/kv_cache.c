@@ -154,7 +154,9 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
   ATTN__ENTER(ctx);
   if (!cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_attend: cache is NULL");
   attn_status st;
-  if ((st = attn__check_tensor(ctx, q, "q", 4)) || (st = attn__check_tensor(ctx, out, "out", 4))) return st;
+  if ((st = attn__check_tensor(ctx, q, "q", 4)) || (st = attn__check_tensor(ctx, out, "out", 4)) ||
+      (st = attn__check_writable(ctx, out, "out")))
+    return st;
   const attn_kv_cache_config *c = &cache->cfg;
   if (q->shape[0] != c->batch || q->shape[3] != c->head_dim)
     return attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: q is [%lld, %lld, %lld, %lld]; want [B, Hq, Nq, D] with B = %lld, D = %lld",
@@ -164,7 +166,8 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
     return attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: out has batch %lld; the cache has %lld rows",
                       (long long)out->shape[0], (long long)c->batch);
   const attn_tensor *lse = opts ? opts->lse : NULL;
-  if (lse && ((st = attn__check_tensor(ctx, lse, "lse", 3)) || lse->shape[0] != c->batch))
+  if (lse && ((st = attn__check_tensor(ctx, lse, "lse", 3)) || (st = attn__check_writable(ctx, lse, "lse")) ||
+              lse->shape[0] != c->batch))
     return st ? st : attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: lse has batch %lld; the cache has %lld rows",
                                 (long long)lse->shape[0], (long long)c->batch);
   attn_sdpa_opts o;

@@ -15,15 +15,6 @@ static int dims_equal(const attn_tensor *t, int64_t a, int64_t b, int64_t c, int
   return t->shape[0] == a && t->shape[1] == b && t->shape[2] == c && t->shape[3] == d;
 }
 
-/* An output written by several threads must not alias itself through a zero stride. */
-static attn_status check_writable(attn_ctx *ctx, const attn_tensor *t, const char *what) {
-  if (attn_tensor_numel(t) == 0) return ATTN_OK;
-  for (int i = 0; i < t->rank; i++)
-    if (t->shape[i] > 1 && t->strides[i] == 0)
-      return attn__fail(ctx, ATTN_E_INVALID, "%s has stride 0 in dimension %d: outputs cannot broadcast", what, i);
-  return ATTN_OK;
-}
-
 /* f32_only (the fp32 kernels): outputs f32, inputs f32, f16 or bf16 (widened as they
  * are packed). Otherwise (the oracle): outputs f32 or f64, inputs any float. */
 static attn_status check_float_dtype(attn_ctx *ctx, const attn_tensor *t, const char *what, int f32_only, int out) {
@@ -51,7 +42,7 @@ static attn_status check_head_vector(attn_ctx *ctx, const attn_tensor *t, const 
   if (t->shape[0] != Hq)
     return attn__fail(ctx, ATTN_E_SHAPE, "%s has %lld entries; want one per query head (%lld)", what,
                       (long long)t->shape[0], (long long)Hq);
-  return out ? check_writable(ctx, t, what) : ATTN_OK;
+  return out ? attn__check_writable(ctx, t, what) : ATTN_OK;
 }
 
 static void fmt_shape(char *buf, size_t n, const attn_tensor *t) {
@@ -129,7 +120,7 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
     return attn__fail(ctx, ATTN_E_SHAPE, "query heads (%lld) must be a multiple of key/value heads (%lld)",
                       (long long)p->Hq, (long long)p->Hk);
   p->group = p->Hq / p->Hk;
-  if ((st = check_writable(ctx, out, "out"))) return st;
+  if ((st = attn__check_writable(ctx, out, "out"))) return st;
   p->q = *q; p->k = *k; p->v = *v; p->out = *out;
 
   attn_sdpa_opts defaults;
@@ -201,7 +192,7 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
   if (opts->weights) {
     attn_tensor *w = opts->weights;
     if ((st = attn__check_tensor(ctx, w, "weights", 4)) || (st = check_float_dtype(ctx, w, "weights", f32_only, 1)) ||
-        (st = check_writable(ctx, w, "weights")))
+        (st = attn__check_writable(ctx, w, "weights")))
       return st;
     if (!dims_equal(w, p->B, p->Hq, p->Nq, p->Nk))
       return attn__fail(ctx, ATTN_E_SHAPE, "weights must be [B, Hq, Nq, Nk] = [%lld, %lld, %lld, %lld]",
@@ -211,7 +202,7 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
   if (opts->lse) {
     attn_tensor *l = opts->lse;
     if ((st = attn__check_tensor(ctx, l, "lse", 3)) || (st = check_float_dtype(ctx, l, "lse", f32_only, 1)) ||
-        (st = check_writable(ctx, l, "lse")))
+        (st = attn__check_writable(ctx, l, "lse")))
       return st;
     if (l->shape[0] != p->B || l->shape[1] != p->Hq || l->shape[2] != p->Nq)
       return attn__fail(ctx, ATTN_E_SHAPE, "lse must be [B, Hq, Nq] = [%lld, %lld, %lld]", (long long)p->B,
@@ -228,7 +219,7 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
       return attn__fail(ctx, ATTN_E_INVALID, "mask_grad needs an additive mask (mask_mode ATTN_MASK_ADDITIVE)%s",
                         opts->mask ? "" : "; no mask was given");
     if ((st = attn__check_tensor(ctx, g, "mask_grad", 4)) ||
-        (st = check_float_dtype(ctx, g, "mask_grad", f32_only, 1)) || (st = check_writable(ctx, g, "mask_grad")))
+        (st = check_float_dtype(ctx, g, "mask_grad", f32_only, 1)) || (st = attn__check_writable(ctx, g, "mask_grad")))
       return st;
     if (!dims_equal(g, p->B, p->Hq, p->Nq, p->Nk)) {
       char sg[96];
@@ -258,7 +249,7 @@ static attn_status check_bwd4(attn_ctx *ctx, const attn_tensor *t, const char *w
     return attn__fail(ctx, ATTN_E_SHAPE, "%s %s must be %s = [%lld, %lld, %lld, %lld]", what, s, want, (long long)a,
                       (long long)b, (long long)c, (long long)d);
   }
-  return grad ? check_writable(ctx, t, what) : ATTN_OK;
+  return grad ? attn__check_writable(ctx, t, what) : ATTN_OK;
 }
 
 attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,

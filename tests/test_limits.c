@@ -147,6 +147,39 @@ static void huge_head_dim(attn_ctx *ctx) {
   CHECK_ERR(ctx, attn_sdpa(ctx, &out, &q, &q, &v, NULL), ATTN_E_SHAPE, "ATTN_MAX_HEAD_DIM");
 }
 
+/* Outputs that alias themselves through a zero stride are refused by the layer and the cache too. */
+static void broadcast_outputs(attn_ctx *ctx) {
+  attn_mha_config mc;
+  attn_mha_config_init(&mc, 4, 1);
+  attn_mha *mha = NULL;
+  CHECK_OK(ctx, attn_mha_create(ctx, &mha, &mc));
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8], w[4];
+  const int64_t sx[3] = {1, 2, 4}, sw[3] = {1, 2, 2};
+  attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, sx), ty = attn_tensor_view(y, ATTN_F32, 3, sx);
+  attn_tensor tw = attn_tensor_view(w, ATTN_F32, 3, sw);
+  attn_tensor by = ty, bw = tw;
+  by.strides[1] = 0;
+  bw.strides[2] = 0;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, mha, &by, &tx, NULL, NULL, NULL), ATTN_E_INVALID, "cannot broadcast");
+  attn_mha_opts o;
+  attn_mha_opts_init(&o);
+  o.weights = &bw;
+  o.average_weights = 1;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, mha, &ty, &tx, NULL, NULL, &o), ATTN_E_INVALID, "cannot broadcast");
+  attn_kv_cache_config kc;
+  attn_kv_cache_config_init(&kc, 1, 8, 1, 4);
+  attn_kv_cache *cache = NULL;
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &kc));
+  CHECK_ERR(ctx, attn_mha_forward_cached(ctx, mha, cache, &by, &tx, NULL), ATTN_E_INVALID, "cannot broadcast");
+  const int64_t s4[4] = {1, 1, 2, 4};
+  attn_tensor q = attn_tensor_view(x, ATTN_F32, 4, s4), out = attn_tensor_view(y, ATTN_F32, 4, s4);
+  CHECK_OK(ctx, attn_kv_cache_append(ctx, cache, &q, &q, NULL));
+  out.strides[2] = 0;
+  CHECK_ERR(ctx, attn_kv_cache_attend(ctx, cache, &out, &q, NULL), ATTN_E_INVALID, "cannot broadcast");
+  attn_kv_cache_destroy(cache);
+  attn_mha_destroy(mha);
+}
+
 /* A NULL context is refused, not dereferenced, by every call that takes one;
  * every other argument is valid, so the context is the only fault. */
 static void null_context(attn_ctx *ctx) {
@@ -240,6 +273,7 @@ int main(void) {
   huge_window(ctx);
   huge_scale(ctx);
   huge_head_dim(ctx);
+  broadcast_outputs(ctx);
   null_context(ctx);
   attn_ctx_destroy(blocked);
   attn_ctx_destroy(ctx);

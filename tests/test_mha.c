@@ -409,8 +409,9 @@ static void huge_broadcast(attn_ctx *ctx) {
   int64_t sx[3] = {1, (int64_t)1 << 60, 4};
   attn_tensor tx = attn_tensor_view(one, ATTN_F32, 3, sx);
   tx.strides[0] = tx.strides[1] = tx.strides[2] = 0;
-  attn_tensor ty = tx; /* never written: refused first */
-  CHECK_ERR(ctx, attn_mha_forward_cached(ctx, m, cache, &ty, &tx, NULL), ATTN_E_NOMEM, "too large");
+  /* an output of 2^60 rows can only be a broadcast view, refused as an output before any size is computed */
+  attn_tensor ty = tx;
+  CHECK_ERR(ctx, attn_mha_forward_cached(ctx, m, cache, &ty, &tx, NULL), ATTN_E_INVALID, "cannot broadcast");
   CHECK(attn_kv_cache_length(cache, 0) == 0, "nothing appended");
   attn_kv_cache_destroy(cache);
   attn_mha_destroy(m);

@@ -603,7 +603,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   if (value->shape[1] != Nk)
     return attn__fail(ctx, ATTN_E_SHAPE, "key has %lld positions but value has %lld", (long long)Nk,
                       (long long)value->shape[1]);
-  if ((st = attn__check_tensor(ctx, out, "out", 3))) return st;
+  if ((st = attn__check_tensor(ctx, out, "out", 3)) || (st = attn__check_writable(ctx, out, "out"))) return st;
   if (out->dtype != ATTN_F32 && !(ref && out->dtype == ATTN_F64))
     return attn__fail(ctx, ATTN_E_DTYPE, "out must be f32, got %s", attn_dtype_name(out->dtype));
   if (out->shape[0] != B || out->shape[1] != Nq || out->shape[2] != E)
@@ -617,7 +617,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   if (opts->weights) {
     const attn_tensor *w = opts->weights;
     const int want = opts->average_weights ? 3 : 4;
-    if ((st = attn__check_tensor(ctx, w, "weights", want))) return st;
+    if ((st = attn__check_tensor(ctx, w, "weights", want)) || (st = attn__check_writable(ctx, w, "weights"))) return st;
     const int ok = opts->average_weights
                        ? (w->shape[0] == B && w->shape[1] == Nq && w->shape[2] == Nk)
                        : (w->shape[0] == B && w->shape[1] == H && w->shape[2] == Nq && w->shape[3] == Nk);

@@ -217,11 +217,7 @@ static attn_status check_rows(attn_ctx *ctx, const attn_tensor *t, const char *w
     return attn__fail(ctx, ATTN_E_SHAPE, "%s is [%lld, %lld, %lld]; want [%lld, %lld, %lld]", what,
                       (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2], (long long)B,
                       (long long)N, (long long)F);
-  if (written && attn_tensor_numel(t) > 0)
-    for (int i = 0; i < 3; i++)
-      if (t->shape[i] > 1 && t->strides[i] == 0)
-        return attn__fail(ctx, ATTN_E_INVALID, "%s has stride 0 in dimension %d: outputs cannot broadcast", what, i);
-  return ATTN_OK;
+  return written ? attn__check_writable(ctx, t, what) : ATTN_OK;
 }
 
 /* ---- the backward ----------------------------------------------------------------- */

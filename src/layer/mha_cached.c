@@ -11,7 +11,9 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
   ATTN__ENTER(ctx);
   if (!mha || !cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward_cached: layer or cache is NULL");
   attn_status st;
-  if ((st = attn__check_tensor(ctx, x, "x", 3)) || (st = attn__check_tensor(ctx, out, "out", 3))) return st;
+  if ((st = attn__check_tensor(ctx, x, "x", 3)) || (st = attn__check_tensor(ctx, out, "out", 3)) ||
+      (st = attn__check_writable(ctx, out, "out")))
+    return st;
   const attn_mha_config *c = &mha->cfg;
   const attn_kv_cache_config *kc = attn_kv_cache_get_config(cache);
   const int64_t E = c->embed_dim, H = c->num_heads, Hk = c->num_kv_heads, D = mha->head_dim, kv = mha->kv_dim;
