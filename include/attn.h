@@ -446,7 +446,8 @@ ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_
 /* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16), little-endian, C order.
  * Reading allocates: free with attn_tensor_free. Both readers refuse
  * (ATTN_E_FORMAT) a shape whose strides could not be represented, even one
- * with no element. Writing gathers any strides and replaces path atomically
+ * with no element. Writing follows a symbolic link at path (the file it points
+ * to is replaced, the link stays), gathers any strides and replaces path atomically
  * (a temporary file, then rename). */
 ATTN_API attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path);
 ATTN_API attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t);
