@@ -148,6 +148,21 @@ def bias_from_allowed(allowed):
 # ---------------------------------------------------------------------------
 # SDPA cases
 # ---------------------------------------------------------------------------
+def add_forward(case, q, k, v, out, weights, lse):
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("weights", weights), ("lse", lse)):
+        case.add(name, t)
+
+
+def add_backward(case, G, grads, fourth):
+    """dout G and dq, dk, dv; fourth names grads[3] (dmask, dsinks) when there is one."""
+    case.manifest["backward"] = 1
+    case.add("G", G)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        case.add(name, g)
+    if fourth:
+        case.add(fourth, grads[3])
+
+
 def sdpa_case(name, seed, B, Hq, Hk, Nq, Nk, D, Dv=None, scale=None, causal="none", mask_mode="none",
               mask_shape=None, key_padding=False, backward=False):
     """Builds an sdpa case. mask_mode: none | keep | additive | seed.
@@ -248,20 +263,9 @@ def sdpa_case(name, seed, B, Hq, Hk, Nq, Nk, D, Dv=None, scale=None, causal="non
             check = autograd(lambda q, k, v: math_sdpa(q, k, v, eff_scale, bias)[0])
         for g, c in zip(grads, check):
             assert torch.isfinite(g).all() and torch.allclose(g, c, rtol=0, atol=1e-12), name
-        case.manifest["backward"] = 1
-        case.add("G", G32)
-        case.add("dq", grads[0])
-        case.add("dk", grads[1])
-        case.add("dv", grads[2])
-        if grad_mask:
-            case.add("dmask", grads[3])
+        add_backward(case, G32, grads, "dmask" if grad_mask else None)
 
-    case.add("q", q32)
-    case.add("k", k32)
-    case.add("v", v32)
-    case.add("out", out)
-    case.add("weights", weights)
-    case.add("lse", lse)
+    add_forward(case, q32, k32, v32, out, weights, lse)
     return case
 
 
@@ -458,19 +462,8 @@ def options_case(name, seed, B, Hq, Hk, Nq, Nk, D, Dv=None, causal="none", windo
     grads = [t.grad for t in leaves]
     for g in grads:
         assert torch.isfinite(g).all(), name
-    case.manifest["backward"] = 1
-    case.add("G", G32)
-    case.add("dq", grads[0])
-    case.add("dk", grads[1])
-    case.add("dv", grads[2])
-    if sinks:
-        case.add("dsinks", grads[3])
-    case.add("q", q32)
-    case.add("k", k32)
-    case.add("v", v32)
-    case.add("out", out)
-    case.add("weights", weights)
-    case.add("lse", lse)
+    add_backward(case, G32, grads, "dsinks" if sinks else None)
+    add_forward(case, q32, k32, v32, out, weights, lse)
     return case
 
 

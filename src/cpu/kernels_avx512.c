@@ -337,6 +337,20 @@ static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const fl
   }
 }
 
+// rr (1..6) rows: a constant row count keeps the outputs in registers.
+static inline __attribute__((always_inline)) void dec_pv_group(float *o, const float *a, const float *P, int rr,
+                                                               const void *V, int64_t ldv, int nkeys, int64_t Dv,
+                                                               attn_dtype dt, const int SPARSE) {
+  switch (rr) {
+    case 1: dec_pv_rows(o, a, P, 1, V, ldv, nkeys, Dv, dt, SPARSE); break;
+    case 2: dec_pv_rows(o, a, P, 2, V, ldv, nkeys, Dv, dt, SPARSE); break;
+    case 3: dec_pv_rows(o, a, P, 3, V, ldv, nkeys, Dv, dt, SPARSE); break;
+    case 4: dec_pv_rows(o, a, P, 4, V, ldv, nkeys, Dv, dt, SPARSE); break;
+    case 5: dec_pv_rows(o, a, P, 5, V, ldv, nkeys, Dv, dt, SPARSE); break;
+    default: dec_pv_rows(o, a, P, 6, V, ldv, nkeys, Dv, dt, SPARSE); break;
+  }
+}
+
 static inline __attribute__((always_inline)) void dec_pv_t(float *O, float *m, float *l, float *S, int rows,
                                                            const void *V, int64_t ldv, int nkeys, int64_t Dv,
                                                            attn_dtype dt, int sparse) {
@@ -374,25 +388,8 @@ static inline __attribute__((always_inline)) void dec_pv_t(float *O, float *m, f
     const int rr = rows - r0 < 6 ? rows - r0 : 6;
     float *o = O + r0 * Dv;
     const float *a = alpha + r0, *P = S + r0 * ATTN__DEC_NB;
-    if (sparse) {
-      switch (rr) {
-        case 1: dec_pv_rows(o, a, P, 1, V, ldv, nkeys, Dv, dt, 1); break;
-        case 2: dec_pv_rows(o, a, P, 2, V, ldv, nkeys, Dv, dt, 1); break;
-        case 3: dec_pv_rows(o, a, P, 3, V, ldv, nkeys, Dv, dt, 1); break;
-        case 4: dec_pv_rows(o, a, P, 4, V, ldv, nkeys, Dv, dt, 1); break;
-        case 5: dec_pv_rows(o, a, P, 5, V, ldv, nkeys, Dv, dt, 1); break;
-        default: dec_pv_rows(o, a, P, 6, V, ldv, nkeys, Dv, dt, 1); break;
-      }
-      continue;
-    }
-    switch (rr) { /* a constant row count keeps the outputs in registers */
-      case 1: dec_pv_rows(o, a, P, 1, V, ldv, nkeys, Dv, dt, 0); break;
-      case 2: dec_pv_rows(o, a, P, 2, V, ldv, nkeys, Dv, dt, 0); break;
-      case 3: dec_pv_rows(o, a, P, 3, V, ldv, nkeys, Dv, dt, 0); break;
-      case 4: dec_pv_rows(o, a, P, 4, V, ldv, nkeys, Dv, dt, 0); break;
-      case 5: dec_pv_rows(o, a, P, 5, V, ldv, nkeys, Dv, dt, 0); break;
-      default: dec_pv_rows(o, a, P, 6, V, ldv, nkeys, Dv, dt, 0); break;
-    }
+    if (sparse) dec_pv_group(o, a, P, rr, V, ldv, nkeys, Dv, dt, 1);
+    else dec_pv_group(o, a, P, rr, V, ldv, nkeys, Dv, dt, 0);
   }
 }
 
