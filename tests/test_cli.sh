@@ -467,13 +467,14 @@ mkfifo "$T/fifo"   # (not /dev/null: a tool that replaced it, run as root, would
 expect 2 "" -- sdpa $IQKV --out "$T/fifo"
 if [ -p "$T/fifo" ]; then ok; else bad "an output replaced a FIFO"; fi
 # a later output that fails leaves the earlier ones' files as they were, and no temporary
-# (a file size limit makes the large --weights-out, written after --out, fail)
+# (a file size limit makes the large --weights-out, written after --out, fail; the limit is 2 MiB
+# and the large outputs 4 MiB or more, as ThreadSanitizer's runtime dies under a limit of 64 KiB)
 npy_zeros "$T/in/q1.npy" '1, 1, 1, 4' 4
-npy_zeros "$T/in/k2k.npy" '1, 1, 2000, 4' 8000
-fsize_limited() { (trap '' XFSZ; ulimit -f 4; exec "$@"); }
+npy_zeros "$T/in/kbig.npy" '1, 1, 1000000, 4' 4000000
+fsize_limited() { (trap '' XFSZ; ulimit -f 2048; exec "$@"); }
 cp $D/k.npy "$T/precious.npy"
 cp $D/v.npy "$T/precious_dq.npy"
-ZQKV="--q $T/in/q1.npy --k $T/in/k2k.npy --v $T/in/k2k.npy"
+ZQKV="--q $T/in/q1.npy --k $T/in/kbig.npy --v $T/in/kbig.npy"
 WRAP=(fsize_limited)
 expect 1 "" -- sdpa $ZQKV --out "$T/precious.npy" --weights-out "$T/never_w.npy"
 same "$T/precious.npy" $D/k.npy
@@ -490,7 +491,7 @@ expect 1 "" -- sdpa $IQKV --out "$T/precious2.npy" --weights-out "$T/precious2.n
 same "$T/precious2.npy" $D/k.npy
 # and the whole command succeeding replaces them
 npy_zeros "$T/zeros.npy" '1, 1, 1, 4' 4
-expect 0 "" -- sdpa $ZQKV --out "$T/precious.npy" --weights-out "$T/w2k.npy"
+expect 0 "" -- sdpa $ZQKV --out "$T/precious.npy" --weights-out "$T/wbig.npy"
 close "$T/precious.npy" "$T/zeros.npy" 0
 # a symbolic link is followed: the file it points to is replaced, the link stays (a chain, a relative
 # link in another directory, a dangling link)
