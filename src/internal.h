@@ -233,8 +233,7 @@ static inline void attn__mask_row(const attn__sdpa *p, int64_t b, int64_t h, int
     const attn_tensor *m = &p->kpm;
     const uint8_t *d = (const uint8_t *)m->data + b * m->strides[0] + j0 * m->strides[3];
     const int64_t s = m->strides[3];
-    for (int jj = 0; jj < n; jj++)
-      if (d[jj * s]) dst[jj] = -INFINITY;
+    for (int jj = 0; jj < n; jj++) dst[jj] = d[jj * s] ? -INFINITY : 0.0f;
   }
   if (!p->has_mask) return;
   const attn_tensor *m = &p->mask;

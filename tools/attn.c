@@ -748,7 +748,8 @@ static const struct {
      "            every head's attention weights as heatmaps in a PNG (one token per line in T.txt)\n"},
     {"bench", "sdpa",
      "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]\n"
-     "            [--backward] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"},
+     "            [--padding F] [--backward] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"
+     "            (--padding F: the last fraction F of every row's keys is key padding, and holds NaN)\n"},
     {"bench", "mha",
      "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel K]\n"
      "            [--max-gflop F] [--json]\n"},

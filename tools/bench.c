@@ -486,6 +486,7 @@ typedef struct sdpa_case {
   /* --backward: o_lse is o with lse set */
   attn_tensor lse, dout, dq, dk, dv;
   attn_sdpa_opts o_lse;
+  attn_tensor kpm; /* --padding: [B, Nk] */
 } sdpa_case;
 
 static int run_sdpa(void *arg) {
@@ -528,7 +529,7 @@ static int sdpa_oracle(sdpa_case *c, report *rep, double pairs_per_head) {
   const int64_t Nk = c->k.shape[2], Dv = c->v.shape[3];
   const double full_flop = 2.0 * (double)(D + Dv) * pairs_per_head * (double)(B * Hq);
   attn_sdpa_opts o = c->o;
-  attn_tensor q = c->q, k = c->k, v = c->v;
+  attn_tensor q = c->q, k = c->k, v = c->v, kp;
   int64_t r0 = 0, n = Nq, heads = B * Hq;
   if (full_flop <= ORACLE_MAX_FLOP) {
     snprintf(rep->subset, sizeof rep->subset, "all");
@@ -551,6 +552,11 @@ static int sdpa_oracle(sdpa_case *c, report *rep, double pairs_per_head) {
     q = head0_rows(&c->q, r0, n);
     k = head0_rows(&c->k, 0, Nk);
     v = head0_rows(&c->v, 0, Nk);
+    if (o.key_padding) { /* batch 0's row of it */
+      kp = *o.key_padding;
+      kp.shape[0] = 1;
+      o.key_padding = &kp;
+    }
     snprintf(rep->subset, sizeof rep->subset, "batch 0 head 0 query rows %lld..%lld of %lld, all %lld keys%s",
              (long long)r0, (long long)(r0 + n - 1), (long long)Nq, (long long)Nk, how);
   }
@@ -627,11 +633,18 @@ static int sdpa_backward_oracle(sdpa_case *c, report *rep, double pairs_per_head
     r = cli_fail(CLI_EXIT_FAIL, "backward oracle: out of memory");
     goto done;
   }
-  attn_sdpa_opts o = c->o;
+  attn_sdpa_opts ob = c->o, o;
+  attn_tensor kp;
+  if (ob.key_padding && b < B) { /* batch 0's row of it */
+    kp = *ob.key_padding;
+    kp.shape[0] = b;
+    ob.key_padding = &kp;
+  }
+  o = ob;
   o.lse = &lse;
   const double t0 = cli_now();
   if (attn_sdpa_ref(c->ctx, &out, &q, &k, &v, &o) ||
-      attn_sdpa_backward_ref(c->ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &c->o)) {
+      attn_sdpa_backward_ref(c->ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &ob)) {
     r = cli_fail(CLI_EXIT_FAIL, "backward oracle: %s", attn_ctx_error(c->ctx));
     goto done;
   }
@@ -648,12 +661,17 @@ done:
 
 static int bench_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--heads", "--kv-heads", "--seq", "--kv-seq", "--dim",
-                                      "--threads", "--repeat", "--kernel", "--window", "--max-gflop", NULL};
+                                      "--threads", "--repeat", "--kernel", "--window", "--max-gflop",
+                                      "--padding", NULL};
   static const char *const switches[] = {"--causal", "--json", "--backward", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
   const int backward = cli_has(&a, "--backward");
+  double padding = 0; /* the fraction of each row's keys, at its end, hidden by key_padding */
+  if ((r = cli_double(&a, "--padding", &padding))) return r;
+  if (!(padding >= 0 && padding < 1))
+    return cli_fail(CLI_EXIT_USAGE, "--padding wants a fraction in [0, 1), got '%s'", cli_show(cli_get(&a, "--padding")));
   long long B, H, G = 0, N, M = 0, D, repeat = 0, window = 0;
   if ((r = need_int(&a, "sdpa", "--batch", 1 << 20, &B)) || (r = need_int(&a, "sdpa", "--heads", 1 << 16, &H)) ||
       (r = need_int(&a, "sdpa", "--seq", 1 << 24, &N)) || (r = need_int(&a, "sdpa", "--dim", 1 << 16, &D)) ||
@@ -671,9 +689,11 @@ static int bench_sdpa(int argc, char **argv) {
     else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cli_show(cs));
   }
   if (window > 0 && causal == ATTN_CAUSAL_NONE) causal = ATTN_CAUSAL_TOP_LEFT; /* as the library reads a window */
+  const int64_t kept = M - (int64_t)(padding * (double)M); /* keys [0, kept) of each row are not padding */
   double pairs = 0; /* visible (query, key) pairs of one head */
   for (int64_t i = 0; i < N; i++) {
-    const int64_t qpos = causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + M - N : i, end = causal_end(causal, i, N, M);
+    const int64_t qpos = causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + M - N : i;
+    const int64_t end = causal_end(causal, i, N, M) < kept ? causal_end(causal, i, N, M) : kept;
     const int64_t begin = window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0; /* the window's first key */
     pairs += end > begin ? (double)(end - begin) : 0;
   }
@@ -707,6 +727,20 @@ static int bench_sdpa(int argc, char **argv) {
   attn_sdpa_opts_init(&c.o);
   c.o.causal = causal;
   c.o.window = window;
+  if (kept < M) {
+    /* padded keys hold NaN, as the unused tail of a buffer may: hidden keys are never read, and the oracle check says so */
+    int64_t ps[2] = {B, M};
+    if (attn_tensor_alloc(ctx, &c.kpm, ATTN_BOOL, 2, ps)) {
+      r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    for (int64_t e = 0; e < B * M; e++) ((uint8_t *)c.kpm.data)[e] = e % M >= kept;
+    for (int64_t row = 0; row < B * G; row++)
+      for (int64_t j = kept; j < M; j++)
+        for (int64_t d = 0; d < D; d++)
+          ((float *)c.k.data)[(row * M + j) * D + d] = ((float *)c.v.data)[(row * M + j) * D + d] = NAN;
+    c.o.key_padding = &c.kpm;
+  }
   if (backward) {
     int64_t ls[3] = {B, H, N};
     if (attn_tensor_alloc(ctx, &c.lse, ATTN_F32, 3, ls) || attn_tensor_alloc(ctx, &c.dout, ATTN_F32, 4, qs) ||
@@ -749,7 +783,7 @@ static int bench_sdpa(int argc, char **argv) {
 done:
   attn_tensor_free(&c.q); attn_tensor_free(&c.k); attn_tensor_free(&c.v); attn_tensor_free(&c.out);
   attn_tensor_free(&c.lse); attn_tensor_free(&c.dout); attn_tensor_free(&c.dq); attn_tensor_free(&c.dk);
-  attn_tensor_free(&c.dv);
+  attn_tensor_free(&c.dv); attn_tensor_free(&c.kpm);
   attn_ctx_destroy(ctx);
   return r;
 }

@@ -64,10 +64,20 @@ attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t 
                                 int64_t j0) {
   const int64_t kend_first = attn__causal_end(p->causal, i0, p->Nq, p->Nk);
   const int64_t kbeg_last = attn__window_begin(p, i0 + rows - 1);
-  const int plain = !p->has_mask && !p->has_kpm && !p->alibi;
+  const int keys = p->Nk - j0 < nr ? (int)(p->Nk - j0) : nr; /* keys of the block that exist */
+  /* key padding alone is the same for every row: read once per tile, and a
+   * block it leaves whole is as if there were none */
+  float kp_row[ATTN__MAX_NR];
+  const int kp_only = p->has_kpm && !p->has_mask;
+  int kp_none = 0;
+  if (kp_only) {
+    attn__mask_row(p, b, h, i0, j0, keys, kp_row);
+    kp_none = keys == nr;
+    for (int jj = 0; jj < keys; jj++) kp_none &= kp_row[jj] == 0.0f;
+  }
+  const int plain = !p->has_mask && (!p->has_kpm || kp_none) && !p->alibi;
   if (plain && j0 + nr <= kend_first && j0 >= kbeg_last) return ATTN__TILE_OPEN;
   const float slope = p->alibi ? attn__head_value(p->alibi, h) : 0.0f;
-  const int keys = p->Nk - j0 < nr ? (int)(p->Nk - j0) : nr; /* keys of the block that exist */
   int64_t visible = 0;
   int hidden = 0;
   for (int r = 0; r < rows; r++) {
@@ -82,7 +92,8 @@ attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t 
       visible += hi - lo;
     } else {
       for (int jj = 0; jj < lo; jj++) mb[jj] = -INFINITY;
-      attn__mask_row(p, b, h, i, j0 + lo, hi - lo, mb + lo);
+      if (kp_only) memcpy(mb + lo, kp_row + lo, (size_t)(hi - lo) * sizeof(float));
+      else attn__mask_row(p, b, h, i, j0 + lo, hi - lo, mb + lo);
       for (int jj = hi; jj < nr; jj++) mb[jj] = -INFINITY;
       int shown = 0;
       for (int jj = lo; jj < hi; jj++) shown += mb[jj] != -INFINITY;

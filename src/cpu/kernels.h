@@ -22,6 +22,7 @@
 #include "attn.h"
 
 #define ATTN__STAT_LANES 64
+#define ATTN__MAX_NR 128 /* keys per tile (NR) of any kernel set, at most */
 
 typedef struct attn__cpu_kernels {
   const char *name;

@@ -225,6 +225,7 @@ static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *
   }
 }
 
+_Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
 const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, softmax_avx512, pv_avx512,
                                                 exp_shift_avx512, ds_avx512, pt_acc_avx512};
 
