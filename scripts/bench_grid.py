@@ -104,12 +104,17 @@ for line in sys.stdin:
                 B, H, G, N, M, D = c["batch"], c["heads"], c["kv_heads"], c["seq"], c["kv_seq"], c["dim"]
                 q, k, v = rand(B, H, N, D, gen=gen), rand(B, G, M, D, gen=gen), rand(B, G, M, D, gen=gen)
                 causal = c["causal"]
+                keep = None  # --padding: a key-padding mask, True = attend, as PyTorch's bool attn_mask reads
+                if c.get("padding"):
+                    keep = torch.zeros(B, 1, 1, M, dtype=torch.bool)
+                    keep[..., :M - int(c["padding"] * M)] = True
                 try:
                     F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], enable_gqa=G != H)
-                    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=G != H)
+                    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
+                                                                  enable_gqa=G != H)
                 except TypeError:  # torch without enable_gqa
                     kk, vv = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)
-                    sdpa = lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+                    sdpa = lambda: F.scaled_dot_product_attention(q, kk, vv, attn_mask=keep, is_causal=causal)
                 if c.get("sdpa_skip"):
                     res["sdpa_note"] = c["sdpa_skip"]
                 else:
@@ -125,6 +130,8 @@ for line in sys.stdin:
                         s = (q @ kk.transpose(-2, -1)) * scale
                         if mask is not None:
                             s.masked_fill_(mask, float("-inf"))
+                        if keep is not None:
+                            s.masked_fill_(~keep, float("-inf"))
                         return torch.softmax(s, dim=-1) @ vv
                     res["unfused"] = timed(unfused, c.get("unfused_repeat"))
             else:
@@ -147,9 +154,9 @@ def log(msg):
 
 
 # ---- cases ------------------------------------------------------------------------------
-def sdpa_case(label, B, H, N, D, G=None, M=None, causal=False, threads=None, group="main"):
+def sdpa_case(label, B, H, N, D, G=None, M=None, causal=False, threads=None, group="main", padding=0.0):
     return {"op": "sdpa", "label": label, "batch": B, "heads": H, "kv_heads": G or H, "seq": N, "kv_seq": M or N,
-            "dim": D, "causal": causal, "threads": threads, "group": group}
+            "dim": D, "causal": causal, "threads": threads, "group": group, "padding": padding}
 
 
 def grid(T):
@@ -162,6 +169,8 @@ def grid(T):
     cs.append(sdpa_case("GQA B1 H32 G8 N2048 D128", 1, 32, 2048, 128, G=8))
     for D in (32, 80, 96, 256):
         cs.append(sdpa_case("B1 H8 N2048 D%d" % D, 1, 8, 2048, D))
+    # a padded batch: the last quarter of every row's keys is key padding (NaN in ours: never read)
+    cs.append(sdpa_case("padded B2 H8 N2048 D64, 1/4 of keys", 2, 8, 2048, 64, padding=0.25))
     if T != 1:
         for N in (1024, 2048):
             cs.append(sdpa_case("B1 H8 N%d D64, 1 thread" % N, 1, 8, N, 64, threads=1, group="threads"))
@@ -199,10 +208,11 @@ def case_gflop(c):
         B, N, E = c["batch"], c["seq"], c["embed"]
         return (4.0 * B * N * N * E + 4 * 2.0 * B * N * E * E) * 1e-9
     N, M = c["seq"], c["kv_seq"]
+    kept = M - int(c.get("padding", 0) * M)  # keys past it are padding
     if c["causal"]:  # top-left: row i sees min(i + 1, M) keys
-        pairs = sum(min(i + 1, M) for i in range(N))
+        pairs = sum(min(i + 1, kept) for i in range(N))
     else:
-        pairs = N * M
+        pairs = N * kept
     return 4.0 * c["dim"] * pairs * c["batch"] * c["heads"] * 1e-9
 
 
@@ -243,6 +253,8 @@ def run_attn(attn, c, timeout):
             cmd += ["--kv-seq", str(c["kv_seq"])]
         if c["causal"]:
             cmd += ["--causal"]
+        if c.get("padding"):
+            cmd += ["--padding", repr(c["padding"])]
         if c.get("backward"):
             cmd += ["--backward"]
     else:
