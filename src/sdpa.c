@@ -1,5 +1,6 @@
 /* Scaled dot-product attention: argument checks and dispatch to a kernel. */
 #include "internal.h"
+#include "logit.h"
 
 #include <float.h>
 #include <stdio.h>
@@ -34,7 +35,7 @@ static attn_status check_f32(attn_ctx *ctx, const attn_tensor *t, const char *wh
 }
 
 /* An f32 [Hq] option (ALiBi slopes, sinks, their gradient), or NULL. */
-static attn_status check_head_vector(attn_ctx *ctx, const attn_tensor *t, const char *what, int64_t Hq, int out) {
+attn_status attn__check_head_vector(attn_ctx *ctx, const attn_tensor *t, const char *what, int64_t Hq, int out) {
   if (!t) return ATTN_OK;
   attn_status st = attn__check_tensor(ctx, t, what, 1);
   if (st) return st;
@@ -45,43 +46,12 @@ static attn_status check_head_vector(attn_ctx *ctx, const attn_tensor *t, const 
   return out ? attn__check_writable(ctx, t, what) : ATTN_OK;
 }
 
-static void fmt_shape(char *buf, size_t n, const attn_tensor *t) {
+void attn__format_shape(char *buf, size_t n, const attn_tensor *t) {
   size_t used = 0;
   used += (size_t)snprintf(buf, n, "[");
   for (int i = 0; i < t->rank && used < n; i++)
     used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)t->shape[i]);
   if (used < n) snprintf(buf + used, n - used, "]");
-}
-
-/* Right-aligns a mask of rank <= 4 against [B, H, Nq, Nk] (numpy broadcasting). */
-static attn_status broadcast_mask(attn_ctx *ctx, attn_tensor *out, const attn_tensor *m, const int64_t full[4],
-                                  const char *what) {
-  attn_status st = attn__check_tensor(ctx, m, what, -1);
-  if (st) return st;
-  if (m->rank > 4) return attn__fail(ctx, ATTN_E_SHAPE, "%s has rank %d; at most 4", what, m->rank);
-  attn_tensor r;
-  memset(&r, 0, sizeof r);
-  r.data = m->data;
-  r.dtype = m->dtype;
-  r.rank = 4;
-  int off = 4 - m->rank;
-  for (int i = 0; i < 4; i++) {
-    r.shape[i] = full[i];
-    if (i < off) { r.strides[i] = 0; continue; }
-    int64_t s = m->shape[i - off];
-    if (s == full[i]) r.strides[i] = s == 1 ? 0 : m->strides[i - off];
-    else if (s == 1) r.strides[i] = 0;
-    else {
-      char a[96];
-      fmt_shape(a, sizeof a, m);
-      return attn__fail(ctx, ATTN_E_SHAPE,
-                        "%s of shape %s does not broadcast to [%lld, %lld, %lld, %lld] (dimension %d: %lld vs %lld)",
-                        what, a, (long long)full[0], (long long)full[1], (long long)full[2], (long long)full[3], i,
-                        (long long)s, (long long)full[i]);
-    }
-  }
-  *out = r;
-  return ATTN_OK;
 }
 
 attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, const attn_tensor *q,
@@ -99,16 +69,16 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
   p->Hk = k->shape[1]; p->Nk = k->shape[2]; p->Dv = v->shape[3];
   char sa[96], sb[96]; /* shapes are formatted only for a message */
   if (k->shape[0] != p->B || k->shape[3] != p->D) {
-    fmt_shape(sa, sizeof sa, k), fmt_shape(sb, sizeof sb, q);
+    attn__format_shape(sa, sizeof sa, k), attn__format_shape(sb, sizeof sb, q);
     return attn__fail(ctx, ATTN_E_SHAPE, "k %s does not match q %s: want [B, Hk, Nk, D] = [%lld, Hk, Nk, %lld]", sa, sb,
                       (long long)p->B, (long long)p->D);
   }
   if (!dims_equal(v, p->B, p->Hk, p->Nk, p->Dv)) {
-    fmt_shape(sa, sizeof sa, v), fmt_shape(sb, sizeof sb, k);
+    attn__format_shape(sa, sizeof sa, v), attn__format_shape(sb, sizeof sb, k);
     return attn__fail(ctx, ATTN_E_SHAPE, "v %s does not match k %s: want [B, Hk, Nk, Dv]", sa, sb);
   }
   if (!dims_equal(out, p->B, p->Hq, p->Nq, p->Dv)) {
-    fmt_shape(sa, sizeof sa, out);
+    attn__format_shape(sa, sizeof sa, out);
     return attn__fail(ctx, ATTN_E_SHAPE, "out %s must be [B, Hq, Nq, Dv] = [%lld, %lld, %lld, %lld]", sa,
                       (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Dv);
   }
@@ -128,67 +98,7 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
     attn_sdpa_opts_init(&defaults);
     opts = &defaults;
   }
-  if (isnan(opts->scale)) p->scale = 1.0 / sqrt((double)p->D);
-  else if (isfinite(opts->scale)) p->scale = opts->scale;
-  else return attn__fail(ctx, ATTN_E_INVALID, "scale must be finite (or NaN for 1/sqrt(D)), got %g", opts->scale);
-  /* the fp32 kernels scale q in float: a scale float cannot hold would make every logit Inf or NaN */
-  if (f32_only && fabs(p->scale) > FLT_MAX)
-    return attn__fail(ctx, ATTN_E_INVALID, "scale %g overflows float32 (the fp32 kernels compute in float)", p->scale);
-  if (opts->causal != ATTN_CAUSAL_NONE && opts->causal != ATTN_CAUSAL_TOP_LEFT &&
-      opts->causal != ATTN_CAUSAL_BOTTOM_RIGHT)
-    return attn__fail(ctx, ATTN_E_INVALID, "unknown causal mode %d", (int)opts->causal);
-  p->causal = opts->causal;
-  if (opts->window < 0) return attn__fail(ctx, ATTN_E_INVALID, "window must be >= 0 (0 = off), got %lld", (long long)opts->window);
-  /* a window past every position hides nothing more: capping it keeps i' - window from overflowing */
-  const int64_t no_op_window = (p->Nk > p->Nq ? p->Nk : p->Nq) + 1;
-  p->window = opts->window < no_op_window ? opts->window : no_op_window;
-  if (p->window > 0 && p->causal == ATTN_CAUSAL_NONE) p->causal = ATTN_CAUSAL_TOP_LEFT;
-  if (!(opts->softcap >= 0) || !isfinite(opts->softcap))
-    return attn__fail(ctx, ATTN_E_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", opts->softcap);
-  p->softcap = opts->softcap;
-  if ((st = check_head_vector(ctx, opts->alibi_slopes, "alibi_slopes", p->Hq, 0)) ||
-      (st = check_head_vector(ctx, opts->sinks, "sinks", p->Hq, 0)))
-    return st;
-  p->alibi = opts->alibi_slopes;
-  p->sinks = opts->sinks;
-
-  if (opts->mask) {
-    int64_t full[4] = {p->B, p->Hq, p->Nq, p->Nk};
-    if ((st = broadcast_mask(ctx, &p->mask, opts->mask, full, "mask"))) return st;
-    attn_dtype dt = opts->mask->dtype;
-    switch (opts->mask_mode) {
-      case ATTN_MASK_KEEP: case ATTN_MASK_MASKED:
-        if (dt != ATTN_BOOL && dt != ATTN_U8)
-          return attn__fail(ctx, ATTN_E_DTYPE, "a %s mask must be bool or u8, got %s (use additive for a float mask)",
-                            opts->mask_mode == ATTN_MASK_KEEP ? "keep" : "masked", attn_dtype_name(dt));
-        break;
-      case ATTN_MASK_ADDITIVE:
-        if (!attn__is_float(dt))
-          return attn__fail(ctx, ATTN_E_DTYPE, "an additive mask must be a float dtype, got %s", attn_dtype_name(dt));
-        break;
-      case ATTN_MASK_SEED: break;
-      default: return attn__fail(ctx, ATTN_E_INVALID, "unknown mask mode %d", (int)opts->mask_mode);
-    }
-    p->has_mask = 1;
-    p->mask_mode = opts->mask_mode;
-  }
-  if (opts->key_padding) {
-    const attn_tensor *m = opts->key_padding;
-    if ((st = attn__check_tensor(ctx, m, "key_padding", 2))) return st;
-    if (m->shape[0] != p->B || m->shape[1] != p->Nk)
-      return attn__fail(ctx, ATTN_E_SHAPE, "key_padding [%lld, %lld] must be [B, Nk] = [%lld, %lld]",
-                        (long long)m->shape[0], (long long)m->shape[1], (long long)p->B, (long long)p->Nk);
-    if (m->dtype != ATTN_BOOL && m->dtype != ATTN_U8)
-      return attn__fail(ctx, ATTN_E_DTYPE, "key_padding must be bool or u8, got %s", attn_dtype_name(m->dtype));
-    memset(&p->kpm, 0, sizeof p->kpm);
-    p->kpm.data = m->data;
-    p->kpm.dtype = m->dtype;
-    p->kpm.rank = 4;
-    p->kpm.shape[0] = p->B; p->kpm.shape[1] = 1; p->kpm.shape[2] = 1; p->kpm.shape[3] = p->Nk;
-    p->kpm.strides[0] = m->strides[0];
-    p->kpm.strides[3] = m->strides[1];
-    p->has_kpm = 1;
-  }
+  if ((st = attn__logit_prepare(ctx, p, opts, f32_only))) return st;
   if (opts->weights) {
     attn_tensor *w = opts->weights;
     if ((st = attn__check_tensor(ctx, w, "weights", 4)) || (st = check_float_dtype(ctx, w, "weights", f32_only, 1)) ||
@@ -223,7 +133,7 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
       return st;
     if (!dims_equal(g, p->B, p->Hq, p->Nq, p->Nk)) {
       char sg[96];
-      fmt_shape(sg, sizeof sg, g);
+      attn__format_shape(sg, sizeof sg, g);
       return attn__fail(ctx, ATTN_E_SHAPE, "mask_grad %s must be [B, Hq, Nq, Nk] = [%lld, %lld, %lld, %lld]", sg,
                         (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Nk);
     }
@@ -231,7 +141,7 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
   }
   if (opts->sinks_grad) {
     if (!opts->sinks) return attn__fail(ctx, ATTN_E_INVALID, "sinks_grad needs sinks");
-    if ((st = check_head_vector(ctx, opts->sinks_grad, "sinks_grad", p->Hq, 1))) return st;
+    if ((st = attn__check_head_vector(ctx, opts->sinks_grad, "sinks_grad", p->Hq, 1))) return st;
     p->sinks_grad = opts->sinks_grad;
   }
   return ATTN_OK;
@@ -245,7 +155,7 @@ static attn_status check_bwd4(attn_ctx *ctx, const attn_tensor *t, const char *w
   if ((st = attn__check_tensor(ctx, t, what, 4)) || (st = check_float_dtype(ctx, t, what, f32_only, grad))) return st;
   if (!dims_equal(t, a, b, c, d)) {
     char s[96];
-    fmt_shape(s, sizeof s, t);
+    attn__format_shape(s, sizeof s, t);
     return attn__fail(ctx, ATTN_E_SHAPE, "%s %s must be %s = [%lld, %lld, %lld, %lld]", what, s, want, (long long)a,
                       (long long)b, (long long)c, (long long)d);
   }
@@ -270,7 +180,7 @@ attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tenso
     return st;
   if (lse->shape[0] != p->B || lse->shape[1] != p->Hq || lse->shape[2] != p->Nq) {
     char s[96];
-    fmt_shape(s, sizeof s, lse);
+    attn__format_shape(s, sizeof s, lse);
     return attn__fail(ctx, ATTN_E_SHAPE, "lse %s must be [B, Hq, Nq] = [%lld, %lld, %lld] (the forward's lse)", s,
                       (long long)p->B, (long long)p->Hq, (long long)p->Nq);
   }
@@ -309,6 +219,20 @@ attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q,
   attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, 0);
   if (st || nothing_to_write(&p)) return st;
   return attn__sdpa_run_ref(ctx, &p);
+}
+
+attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
+                               const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
+                               const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
+                               const attn_sdpa_opts *opts) {
+  ATTN__ENTER(ctx);
+  const attn_kernel kern = attn_ctx_kernel(ctx);
+  attn__sdpa p;
+  attn_status st = attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, dout, q, k, v, out, lse, opts,
+                                               kern != ATTN_KERNEL_REF);
+  if (st) return st;
+  if (kern == ATTN_KERNEL_REF) return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
+  return attn__sdpa_backward_run_cpu(ctx, &p, kern, dq, dk, dv, dout, out, lse);
 }
 
 attn_status attn_alibi_slopes(float *slopes, int64_t heads) {

@@ -9,6 +9,7 @@
  * log-sum-exp in chunk order. As the cut does not depend on the thread count,
  * neither do the results. */
 #include "../internal.h"
+#include "../logit.h"
 #include "kernels.h"
 
 #include <stdlib.h>
@@ -26,7 +27,7 @@ int attn__decode_fits(const attn__sdpa *p) {
 }
 
 typedef struct dec_scratch {
-  float *Q, *S, *Kc, *Vc, *O, *m, *l;
+  float *Q, *S, *Mb, *Kc, *Vc, *O, *m, *l;
   void *base;
 } dec_scratch;
 
@@ -38,10 +39,10 @@ static int dec_alloc(dec_scratch *s, int64_t R, int64_t D, int64_t Dv) {
   const size_t vc = attn__carve_size((size_t)(ATTN__DEC_NB * (Dv > 0 ? Dv : 1)) * sizeof(float));
   const size_t o = attn__carve_size((size_t)(R * (Dv > 0 ? Dv : 1)) * sizeof(float));
   const size_t st = attn__carve_size((size_t)R * sizeof(float));
-  char *b = attn__aligned_alloc(q + sz + kc + vc + o + 2 * st);
+  char *b = attn__aligned_alloc(q + 2 * sz + kc + vc + o + 2 * st);
   s->base = b;
   if (!b) return 0;
-  s->Q = attn__carve(&b, q), s->S = attn__carve(&b, sz), s->Kc = attn__carve(&b, kc), s->Vc = attn__carve(&b, vc);
+  s->Q = attn__carve(&b, q), s->S = attn__carve(&b, sz), s->Mb = attn__carve(&b, sz), s->Kc = attn__carve(&b, kc), s->Vc = attn__carve(&b, vc);
   s->O = attn__carve(&b, o), s->m = attn__carve(&b, st), s->l = attn__carve(&b, st);
   return 1;
 }
@@ -49,29 +50,25 @@ static int dec_alloc(dec_scratch *s, int64_t R, int64_t D, int64_t Dv) {
 /* Row r of a kv head's rows: query head g * group + r / Nq, query row r % Nq. */
 static int64_t row_head(const attn__sdpa *p, int64_t g, int64_t r) { return g * p->group + r / p->Nq; }
 
-/* Rows i of one (b, g) and keys [j0, j0 + n): masks, bounds, softcap and ALiBi
- * on S, by internal.h's definition. Returns nonzero when some key is hidden
- * from some row (its logit is then -inf, whatever q.k gave). */
-static int fix_block(const attn__sdpa *p, float *S, int64_t R, int64_t b, int64_t g, int64_t j0, int n) {
-  const int mods = p->has_mask || p->has_kpm || p->softcap > 0 || p->alibi;
-  int hidden = 0;
-  for (int64_t r = 0; r < R; r++) {
-    const int64_t h = row_head(p, g, r), i = r % p->Nq;
-    const int64_t lo = attn__window_begin(p, i), hi = attn__causal_end(p->causal, i, p->Nq, p->Nk);
-    if (!mods && j0 >= lo && j0 + n <= hi) continue;
-    float *s = S + r * ATTN__DEC_NB;
-    for (int jj = 0; jj < n; jj++) {
-      const int64_t j = j0 + jj;
-      const double term = j < lo || j >= hi ? -INFINITY : attn__mask_term(p, b, h, i, j);
-      if (term == -INFINITY) {
-        s[jj] = -INFINITY;
-        hidden = 1;
-      } else {
-        s[jj] = (float)(attn__logit_mods(p, h, i, j, s[jj]) + term);
-      }
+/* The logits of block [j0, j0 + n) for the R rows of kv head (b, g), whose
+ * dot products S holds: each query head's Nq rows are one tile of logit.h's.
+ * Mb is scratch of S's shape. Returns nonzero when some key is hidden from
+ * some row (its logit is then -inf, whatever q.k gave). */
+static int block_logits(const attn__sdpa *p, float *S, float *Mb, int64_t b, int64_t g, int64_t j0, int n) {
+  int sparse = 0;
+  for (int64_t hs = 0; hs < p->group; hs++) {
+    const int64_t off = hs * p->Nq * ATTN__DEC_NB;
+    const attn__tile_mask tm = attn__mask_tile(p, Mb + off, ATTN__DEC_NB, n, b, g * p->group + hs, 0, (int)p->Nq, j0);
+    if (tm == ATTN__TILE_CLOSED) {
+      for (int64_t r = 0; r < p->Nq; r++)
+        for (int jj = 0; jj < n; jj++) S[off + r * ATTN__DEC_NB + jj] = -INFINITY;
+      sparse = 1;
+      continue;
     }
+    attn__logit_tile(p, S + off, NULL, ATTN__DEC_NB, (int)p->Nq, n, tm, Mb + off);
+    sparse |= tm == ATTN__TILE_MIXED;
   }
-  return hidden;
+  return sparse;
 }
 
 /* Block of n keys from key j0 of kv head (b, g) of t, as rows the kernels
@@ -119,7 +116,7 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
   /* the keys some row of this head can see */
   int64_t lo = k1, hi = k0;
   for (int64_t i = 0; i < p->Nq; i++) {
-    const int64_t a = attn__window_begin(p, i), e = attn__causal_end(p->causal, i, p->Nq, p->Nk);
+    const int64_t a = attn__key_begin(p, b, i), e = attn__key_end(p, b, i);
     if (a < lo) lo = a;
     if (e > hi) hi = e;
   }
@@ -145,7 +142,7 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
       prefetch_rows(&p->v, b, g, next, nn, Dv);
     }
     dk->qk(s->S, s->Q, (int)R, K, ldk, n, D, kt);
-    const int sparse = fix_block(p, s->S, R, b, g, j0, n);
+    const int sparse = block_logits(p, s->S, s->Mb, b, g, j0, n);
     dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, n, Dv, vt, sparse);
   }
   memcpy(part, s->O, (size_t)(R * Dv) * sizeof(float));
@@ -157,14 +154,15 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
 static void merge_row(const attn__sdpa *p, const float *parts, int64_t nchunks, int64_t stride, int64_t b, int64_t g,
                       int64_t r) {
   const int64_t R = p->Nq * p->group, Dv = p->Dv, h = row_head(p, g, r), i = r % p->Nq;
-  float M = p->sinks ? attn__head_value(p->sinks, h) : -INFINITY; /* the sink: a key with no value */
+  const float sink = attn__sink(p, h); /* a key with no value */
+  float M = sink;
   for (int64_t c = 0; c < nchunks; c++) {
     const float mc = parts[c * stride + R * Dv + r];
     if (isnan(mc) || mc > M) M = mc;
   }
   const attn_tensor *o = &p->out;
   float *dst = (float *)o->data + b * o->strides[0] + h * o->strides[1] + i * o->strides[2];
-  float L = p->sinks ? expf(attn__head_value(p->sinks, h) - M) : 0.0f;
+  float L = sink == -INFINITY ? 0.0f : expf(sink - M);
   for (int64_t cc = 0; cc < Dv; cc++) dst[cc * o->strides[3]] = 0.0f;
   if (M != -INFINITY) {
     for (int64_t c = 0; c < nchunks; c++) {

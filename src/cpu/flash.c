@@ -6,8 +6,8 @@
  * softmax, so no Nq x Nk matrix exists unless weights are asked for. Tiles
  * are independent, so results do not depend on the thread count. */
 #include "../internal.h"
+#include "../logit.h"
 #include "kernels.h"
-#include "softcap.h"
 
 #include <stdlib.h>
 
@@ -53,73 +53,15 @@ static int scratch_alloc(scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t 
 
 static void scratch_free(scratch *s) { attn__aligned_free(s->base); }
 
-/* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, the
- * window, keys past Nk, key padding and the mask, decided before any
- * arithmetic so that a fully masked tile costs no FMAs. Row i sees keys
- * [window_begin(i), causal_end(i)), both bounds rising with i: the first row
- * has the earliest end, the last row the latest begin. ALiBi's bias is added
- * here too, so a tile with ALiBi is never OPEN. Keys past Nk are -inf in Mb
- * but do not make a tile MIXED: no kernel reads their values. */
-attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0, int rows,
-                                int64_t j0) {
-  const int64_t kend_first = attn__causal_end(p->causal, i0, p->Nq, p->Nk);
-  const int64_t kbeg_last = attn__window_begin(p, i0 + rows - 1);
-  const int keys = p->Nk - j0 < nr ? (int)(p->Nk - j0) : nr; /* keys of the block that exist */
-  /* key padding alone is the same for every row: read once per tile, and a
-   * block it leaves whole is as if there were none */
-  float kp_row[ATTN__MAX_NR];
-  const int kp_only = p->has_kpm && !p->has_mask;
-  int kp_none = 0;
-  if (kp_only) {
-    attn__mask_row(p, b, h, i0, j0, keys, kp_row);
-    kp_none = keys == nr;
-    for (int jj = 0; jj < keys; jj++) kp_none &= kp_row[jj] == 0.0f;
-  }
-  const int plain = !p->has_mask && (!p->has_kpm || kp_none) && !p->alibi;
-  if (plain && j0 + nr <= kend_first && j0 >= kbeg_last) return ATTN__TILE_OPEN;
-  const float slope = p->alibi ? attn__head_value(p->alibi, h) : 0.0f;
-  int64_t visible = 0;
-  int hidden = 0;
-  for (int r = 0; r < rows; r++) {
-    const int64_t i = i0 + r, kend = attn__causal_end(p->causal, i, p->Nq, p->Nk), kbeg = attn__window_begin(p, i);
-    float *mb = Mb + (int64_t)r * nr;
-    /* keys [lo, hi) of the tile pass the causal bound and the window */
-    const int hi = kend - j0 <= 0 ? 0 : kend - j0 >= nr ? nr : (int)(kend - j0);
-    const int lo = kbeg - j0 <= 0 ? 0 : kbeg - j0 >= hi ? hi : (int)(kbeg - j0);
-    hidden |= lo > 0 || hi < keys;
-    if (!p->has_mask && !p->has_kpm) {
-      for (int jj = 0; jj < nr; jj++) mb[jj] = jj >= lo && jj < hi ? 0.0f : -INFINITY;
-      visible += hi - lo;
-    } else {
-      for (int jj = 0; jj < lo; jj++) mb[jj] = -INFINITY;
-      if (kp_only) memcpy(mb + lo, kp_row + lo, (size_t)(hi - lo) * sizeof(float));
-      else attn__mask_row(p, b, h, i, j0 + lo, hi - lo, mb + lo);
-      for (int jj = hi; jj < nr; jj++) mb[jj] = -INFINITY;
-      int shown = 0;
-      for (int jj = lo; jj < hi; jj++) shown += mb[jj] != -INFINITY;
-      visible += shown;
-      hidden |= shown < hi - lo;
-    }
-    if (p->alibi) { /* slope * (j - i'), exact in float for positions below 2^24 */
-      const int64_t qp = attn__qpos(p, i);
-      for (int jj = lo; jj < hi; jj++) mb[jj] += slope * (float)(j0 + jj - qp);
-    }
-  }
-  return !visible ? ATTN__TILE_CLOSED : hidden ? ATTN__TILE_MIXED : ATTN__TILE_ADD;
-}
-
-
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too. */
 static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const tile_state *ts,
                              const float *Kt, int64_t b, int64_t h, int64_t j0) {
   const int mr = kn->mr, nr = kn->nr;
-  const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, b, h, ts->i0, ts->rows, j0);
+  const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, ts->i0, ts->rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
-  /* keys past the tile's last visible one (Nk, or the causal bound of its last row) need no dot products */
+  /* keys past the tile's last visible one (Nk, or the band's end of its last row) need no dot products */
   kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D, ts->kend - j0 < nr ? ts->kend - j0 : nr);
-  /* the cap before the bias and the masks are added */
-  if (p->softcap > 0) attn__softcap_tile(s->S, NULL, (int64_t)ts->rows * nr, (float)p->softcap);
-  if (tm != ATTN__TILE_OPEN) attn__apply_tile_mask(s->S, s->Mb, (int64_t)ts->rows * nr);
+  attn__logit_tile(p, s->S, NULL, nr, ts->rows, nr, tm, s->Mb);
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
   return tm;
 }
@@ -133,8 +75,8 @@ static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_st
   const float scale = (float)p->scale;
   ts->i0 = i0;
   ts->rows = rows;
-  ts->kend = attn__causal_end(p->causal, i0 + rows - 1, p->Nq, p->Nk); /* the last row sees the most */
-  ts->kbeg = attn__window_begin(p, i0);                                  /* the first row the earliest */
+  ts->kend = attn__key_end(p, b, i0 + rows - 1); /* the last row's band ends last */
+  ts->kbeg = attn__key_begin(p, b, i0);        /* the first row's starts first */
   for (int r = 0; r < mr; r++) {
     float *dst = ts->Q + (int64_t)r * D;
     if (r < rows) {
@@ -147,7 +89,7 @@ static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_st
   /* A sink starts each row's softmax as a logit already seen: m = sink and
    * l = exp(sink - m) = 1. The kernels' online step takes a finite start, and
    * tile_end's lse = m + log(l) and the weights' exp(s - m) / l then count it. */
-  const float sink = p->sinks ? attn__head_value(p->sinks, h) : -INFINITY;
+  const float sink = attn__sink(p, h);
   for (int r = 0; r < ATTN__STAT_LANES; r++) {
     ts->m[r] = p->sinks && r < rows ? sink : -INFINITY;
     ts->l[r] = p->sinks && r < rows ? 1.0f : 0.0f;

@@ -11,14 +11,14 @@
  * results), no two threads add into the same memory, and there is no second
  * pass recomputing the scores. C does not depend on the threads. */
 #include "../internal.h"
+#include "../logit.h"
 #include "kernels.h"
-#include "softcap.h"
 
 #include <stdlib.h>
 
 typedef struct bwd_scratch {
   float *S, *dP, *Mb, *dK, *dV, *dQ, *ones;
-  float *Cf; /* (MR, NR) softcap: 1 - tanh^2 of each raw logit, the cap's slope */
+  float *Cf; /* (MR, NR) the logit's slope by its raw q.k (logit.h), where it is not 1 */
   float *base;
 } bwd_scratch;
 
@@ -66,14 +66,13 @@ static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, 
   const int mr = kn->mr, nr = kn->nr;
   const int64_t i0 = t * mr;
   const int rows = (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr);
-  const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, b, h, i0, rows, j0);
+  const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, i0, rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
   const bwd_rows *R = &a->rows[hs];
   const float *Q = R->Q + i0 * p->D, *dO = R->dO + i0 * p->Dv;
   const int64_t blk = j0 / nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
   kn->qk(s->S, Q, a->Kt + blk * nr * p->D, p->D, nk);
-  if (p->softcap > 0) attn__softcap_tile(s->S, s->Cf, (int64_t)mr * nr, (float)p->softcap); /* keep the slope for dS */
-  if (tm != ATTN__TILE_OPEN) attn__apply_tile_mask(s->S, s->Mb, (int64_t)rows * nr);
+  attn__logit_tile(p, s->S, s->Cf, nr, rows, nr, tm, s->Mb); /* keeps the slope for dS */
   kn->exp_shift(s->S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
   kn->qk(s->dP, dO, a->Vt + blk * nr * p->Dv, p->Dv, nk);
   if (p->dropout_p > 0) { /* dP * M before dS; A = P * M after */
@@ -96,29 +95,12 @@ static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, 
       for (int64_t jj = 0; jj < nk; jj++) m[(j0 + jj) * mg->strides[3]] = s->dP[r * nr + jj];
     }
   }
-  /* dq and dk need the gradient of the raw logit: through the cap (the mask's is above).
-   * A hidden key's slope may be NaN (its q.k was); its dS stays exactly 0. */
-  if (p->softcap > 0)
-    for (int e = 0; e < mr * nr; e++)
+  /* dq and dk need the gradient of the raw logit (the mask's is above). A
+   * hidden key's slope may be NaN (its q.k was); its dS stays exactly 0. */
+  if (attn__logit_has_slope(p))
+    for (int e = 0; e < rows * nr; e++)
       if (s->dP[e] != 0) s->dP[e] *= s->Cf[e];
   return tm;
-}
-
-/* First query row that can see key j0 under the causal bound (all rows without one). */
-static int64_t first_row_seeing(const attn__sdpa *p, int64_t j0) {
-  if (p->causal == ATTN_CAUSAL_NONE) return 0;
-  const int64_t shift = p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? p->Nk - p->Nq : 0;
-  const int64_t i = j0 - shift; /* row i sees j0 when j0 <= i + shift */
-  return i < 0 ? 0 : i;
-}
-
-/* Last query row (exclusive) that can see a key below j1 under the window (Nq without one):
- * row i sees key j only when j > i' - window, i.e. i' < j + window. */
-static int64_t rows_seeing_end(const attn__sdpa *p, int64_t j1) {
-  if (p->window <= 0) return p->Nq;
-  const int64_t shift = p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? p->Nk - p->Nq : 0;
-  const int64_t e = j1 - 1 + p->window - shift; /* rows i <= j1 - 1 + window - 1 - shift see key j1 - 1 */
-  return e < 0 ? 0 : e > p->Nq ? p->Nq : e;
 }
 
 /* Work items per kv head: enough for a few threads, few enough to keep the
@@ -137,7 +119,7 @@ static void pass_chunk(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_
     const int64_t j0 = blk * nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
     memset(s->dK, 0, (size_t)(nr * p->D) * sizeof(float));
     memset(s->dV, 0, (size_t)(nr * p->Dv) * sizeof(float));
-    const int64_t t0 = first_row_seeing(p, j0) / mr, iend = rows_seeing_end(p, j0 + nk);
+    const int64_t t0 = attn__first_row_seeing(p, b, j0) / mr, iend = attn__rows_seeing_end(p, b, j0 + nk);
     for (int64_t hs = 0; hs < p->group; hs++) {
       const int64_t h = g * p->group + hs;
       const bwd_rows *R = &a->rows[hs];
@@ -193,7 +175,7 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
 static void sinks_grad(const attn__sdpa *p, const attn_tensor *dout, const attn_tensor *out, const attn_tensor *lse) {
   const attn_tensor *sg = p->sinks_grad;
   for (int64_t h = 0; h < p->Hq; h++) {
-    const double sink = attn__head_value(p->sinks, h);
+    const double sink = attn__sink(p, h);
     double acc = 0;
     for (int64_t b = 0; b < p->B; b++)
       for (int64_t i = 0; i < p->Nq; i++) {

@@ -90,37 +90,6 @@ extern const attn__decode_kernels attn__decode_kernels_avx512;
 const attn__decode_kernels *attn__decode_kernels_for(attn_kernel isa);
 float attn__f16_to_f32(uint16_t h); /* core.c: exact, for CPUs without F16C */
 
-/* What a tile's mask does (internal.h defines the hidden set):
- *   OPEN    every logit visible, nothing to add: Mb unused
- *   CLOSED  every logit hidden: skip the tile
- *   ADD     every logit of an existing key visible; Mb holds the terms to add (ALiBi, an additive mask)
- *   MIXED   some logits of existing keys hidden: Mb holds -inf there (substituted, not added)
- *           and the terms elsewhere; pv must then run sparse. */
-typedef enum attn__tile_mask { ATTN__TILE_OPEN, ATTN__TILE_CLOSED, ATTN__TILE_ADD, ATTN__TILE_MIXED } attn__tile_mask;
-
-/* Applies a tile's Mb to its logits S (n of them): a hidden one becomes -inf
- * whatever q.k gave (NaN from a poisoned key included), the others get their term. */
-static inline void attn__apply_tile_mask(float *restrict S, const float *restrict Mb, int64_t n) {
-  /* a select on the bits (-inf has one pattern): gcc leaves the float form as branches */
-  for (int64_t e = 0; e < n; e++) {
-    const float sum = S[e] + Mb[e];
-    uint32_t m, x;
-    memcpy(&m, &Mb[e], 4);
-    memcpy(&x, &sum, 4);
-    const uint32_t hidden = 0u - (uint32_t)(m == 0xff800000u);
-    x = (x & ~hidden) | (m & hidden);
-    memcpy(&S[e], &x, 4);
-  }
-}
-
-struct attn__sdpa;
-/* Rows i0..i0+rows of head h against keys j0..j0+nr: the causal bound, the
- * window, keys past Nk, key padding and the mask, decided before any
- * arithmetic, with ALiBi's bias added (flash.c). Mb is (rows, nr); it is
- * written unless the tile is OPEN. */
-attn__tile_mask attn__mask_tile(const struct attn__sdpa *p, float *Mb, int nr, int64_t b, int64_t h, int64_t i0,
-                                int rows, int64_t j0);
-
 /* Packs key block blk of kv head (b, g) of a [B, Hk, N, F] view (f32, f16 or
  * bf16, widened to f32), transposed, as
  * Kt is laid out: dst[blk][f][jj] for f < F, jj < nr, zero past row Nk (flash.c). */

@@ -11,10 +11,10 @@
  *   dq_i  = scale * sum_j dS_ij k_j          dmask_ij = dS_ij (additive masks)
  *   dk_j  = scale * sum_{h in g, i} dS_ij q_i
  *   dv_j  = sum_{h in g, i} A_ij dO_i
- * Options: a window and ALiBi change only which logits are visible and their
- * values. With softcap, s_ij = cap * tanh(x_ij / cap) + ... of the raw scaled
- * logit x_ij, so dq and dk take dS_ij * C_ij with C_ij = 1 - tanh^2(x_ij / cap)
- * (dmask stays dS_ij: the mask is added after the cap). A sink is in lse, so P
+ * Options change only which logits are visible and their values (logit.h),
+ * except that dq and dk take dS_ij * C_ij, with C_ij the derivative of s_ij
+ * by the raw scaled q.k (attn__ref_logit_slope; dmask stays dS_ij: the mask
+ * is added last). A sink is in lse, so P
  * already excludes its share; dsink_h = -sum_{b, i} exp(sink_h - lse_i) Dd_i.
  * Rows whose lse is -inf (every key masked) have zero gradients. An entry with
  * P_ij = 0 contributes nothing, so a masked key's Inf never reaches a gradient.
@@ -25,6 +25,7 @@
  * order and the result does not depend on the thread count. `out` is only
  * checked: Dd comes from the oracle's own probabilities. */
 #include "internal.h"
+#include "logit.h"
 
 #include <stdlib.h>
 
@@ -36,7 +37,7 @@ typedef struct bwd_args {
 } bwd_args;
 
 /* One entry (i, j) of a row: P, M and dA (dA only where A = P M is nonzero, else 0),
- * C the softcap's derivative (1 without softcap, or where P is 0). */
+ * C the logit's slope by the raw scaled q.k (1 where P is 0). */
 typedef struct bwd_entry {
   double P, M, dA, C;
 } bwd_entry;
@@ -49,20 +50,10 @@ static bwd_entry entry_at(const bwd_args *a, int64_t b, int64_t h, int64_t i, in
   const attn__sdpa *p = a->p;
   const int64_t g = h / p->group;
   bwd_entry e = {0, 1, 0, 1};
-  const double s = attn__ref_logit(p, b, h, i, j);
+  double slope;
+  const double s = attn__ref_logit_slope(p, b, h, i, j, &slope);
   e.P = s == -INFINITY ? 0 : exp(s - lse_i);
-  if (p->softcap > 0 && e.P != 0) {
-    /* the raw scaled logit once more: its tanh gives the cap's slope */
-    const attn_tensor *q = &p->q, *k = &p->k;
-    const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
-    const int64_t koff = b * k->strides[0] + g * k->strides[1] + j * k->strides[2];
-    double dot = 0;
-    for (int64_t d = 0; d < p->D; d++)
-      dot += attn__load(q->data, q->dtype, qoff + d * q->strides[3]) *
-             attn__load(k->data, k->dtype, koff + d * k->strides[3]);
-    const double t = tanh(dot * p->scale / p->softcap);
-    e.C = 1 - t * t;
-  }
+  if (e.P != 0) e.C = slope;
   if (p->dropout_p > 0) e.M = attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i, j) / (1 - p->dropout_p);
   if (e.P * e.M != 0) {
     const attn_tensor *o = a->dout, *v = &p->v;
@@ -200,18 +191,4 @@ attn_status attn_sdpa_backward_ref(attn_ctx *ctx, attn_tensor *dq, attn_tensor *
   attn_status st = attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, dout, q, k, v, out, lse, opts, 0);
   if (st) return st;
   return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
-}
-
-attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
-                               const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
-                               const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
-                               const attn_sdpa_opts *opts) {
-  ATTN__ENTER(ctx);
-  const attn_kernel kern = attn_ctx_kernel(ctx);
-  attn__sdpa p;
-  attn_status st = attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, dout, q, k, v, out, lse, opts,
-                                               kern != ATTN_KERNEL_REF);
-  if (st) return st;
-  if (kern == ATTN_KERNEL_REF) return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
-  return attn__sdpa_backward_run_cpu(ctx, &p, kern, dq, dk, dv, dout, out, lse);
 }

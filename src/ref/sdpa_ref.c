@@ -5,6 +5,7 @@
  * kernel and backend is tested against this file; keep it obviously right
  * rather than fast. */
 #include "internal.h"
+#include "logit.h"
 
 #include <stdlib.h>
 
@@ -17,7 +18,7 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
   const attn_tensor *v = &p->v, *o = &p->out;
 
   /* A sink joins the softmax as one more logit that no value goes with. */
-  const double sink = p->sinks ? (double)attn__head_value(p->sinks, h) : -INFINITY;
+  const double sink = attn__sink(p, h);
   double m = sink;
   int64_t visible = 0;
   for (int64_t j = 0; j < p->Nk; j++) {
@@ -29,7 +30,7 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
 
   double sum = 0;
   if (visible) {
-    if (p->sinks) sum = exp(sink - m);
+    if (sink != -INFINITY) sum = exp(sink - m);
     for (int64_t j = 0; j < p->Nk; j++) {
       logits[j] = exp(logits[j] - m);
       sum += logits[j];

@@ -1,8 +1,14 @@
-/* Logit soft-capping for the fp32 kernels: s = cap * tanh(s / cap) over a tile.
+#ifndef ATTN_CPU_VMATH_H
+#define ATTN_CPU_VMATH_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* Vectorisable float math for the kernels: tanh, and x -> cap * tanh(x / cap).
  *
  * libm's tanhf is a scalar call per logit (about five times the cost of the
  * attention itself); this one is written as straight-line loops that the
- * compiler vectorises at whatever width the file is built for:
+ * compiler vectorises at whatever width the including file is built for:
  *   |x| < 1/4:  the odd Taylor series to x^13 (next term < 1e-11 relative);
  *   otherwise:  (1 - e) / (1 + e) with e = exp(-2|x|), where 1 - e >= 0.39 keeps
  *               the cancellation small; exp is 2^n * p(f), p of degree 6.
@@ -10,11 +16,6 @@
  * Both branches are computed for every element, each in its own loop, and
  * chosen between on the bits: a float compare, or float arithmetic moved into a
  * branch, may trap, so compilers would not vectorise a loop holding either. */
-#ifndef ATTN_CPU_SOFTCAP_H
-#define ATTN_CPU_SOFTCAP_H
-
-#include <stdint.h>
-#include <string.h>
 
 /* |x| as bits (non-negative floats order as integers; above 0x7f800000: NaN). */
 static inline uint32_t attn__abs_bits(float x) {
@@ -47,17 +48,17 @@ static inline float attn__tanh_large(float x) {
   const float u = -2.0f * 1.44269504088896341f * a; /* in [-125.6, 0] */
   const float n = (u + 12582912.0f) - 12582912.0f;  /* round to nearest */
   const float f = u - n;
-  float p = 1.5403530393381606e-4f;
-  p = p * f + 1.3333558146428443e-3f;
-  p = p * f + 9.6181291076284772e-3f;
-  p = p * f + 5.5504108664821580e-2f;
-  p = p * f + 2.4022650695910071e-1f;
-  p = p * f + 6.9314718055994531e-1f;
-  p = p * f + 1.0f;
+  float q = 1.5403530393381606e-4f;
+  q = q * f + 1.3333558146428443e-3f;
+  q = q * f + 9.6181291076284772e-3f;
+  q = q * f + 5.5504108664821580e-2f;
+  q = q * f + 2.4022650695910071e-1f;
+  q = q * f + 6.9314718055994531e-1f;
+  q = q * f + 1.0f;
   const int32_t bits = ((int32_t)n + 127) * (1 << 23); /* 2^n, n in [-126, 0] */
   float scale;
   memcpy(&scale, &bits, sizeof scale);
-  const float e = p * scale;
+  const float e = q * scale;
   return (1.0f - e) / (1.0f + e);
 }
 
@@ -78,8 +79,8 @@ static inline float attn__tanh_pick(float x, float small, float large) {
 static inline float attn__tanhf(float x) { return attn__tanh_pick(x, attn__tanh_small(x), attn__tanh_large(x)); }
 
 /* S[e] = cap * tanh(S[e] / cap) for e < n; slope, when not NULL, gets 1 - tanh^2
- * (the derivative of the cap, for the backward). In chunks of 64 on the stack. */
-static inline void attn__softcap_tile(float *S, float *slope, int64_t n, float cap) {
+ * (the derivative, for the backward). In chunks of 64 on the stack. */
+static inline void attn__cap_tanh(float *S, float *slope, int64_t n, float cap) {
   const float inv = 1.0f / cap;
   for (int64_t e0 = 0; e0 < n; e0 += 64) {
     const int m = n - e0 < 64 ? (int)(n - e0) : 64;
