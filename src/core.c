@@ -341,21 +341,6 @@ attn_status attn__check_tensor(attn_ctx *ctx, const attn_tensor *t, const char *
 }
 
 /* ---- half precision ------------------------------------------------------------ */
-float attn__f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-  if (exp == 0x1f) u = sign | 0x7f800000u | (man << 13);            /* inf, nan */
-  else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);       /* normal */
-  else if (!man) u = sign;                                          /* zero */
-  else {                                                            /* subnormal: renormalise */
-    int e = -1;
-    do { man <<= 1; e++; } while (!(man & 0x400));
-    u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-  }
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 uint16_t attn__f32_to_f16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);

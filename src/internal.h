@@ -3,6 +3,7 @@
 #define ATTN_INTERNAL_H
 
 #include "attn.h"
+#include "half.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -15,6 +16,7 @@ struct attn_ctx {
   attn_kernel kernel;   /* as set; AUTO resolved at call time */
   unsigned supported;   /* bit k: kernel k runs here; asked once, as CPUID is slow in a VM */
   char msg[ATTN__MSG_LEN];
+  char plan[ATTN__MSG_LEN]; /* the work list of the last scheduled call (attn_ctx_plan) */
   void *work;           /* workspace: see attn__workspace */
   size_t work_bytes;     /* its size; also says how it was made (attn_ctx_trim) */
   int no_decode;        /* ATTN_DECODE=0: never the decode kernel */
@@ -53,14 +55,7 @@ attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...);
 int attn__threads(const attn_ctx *ctx);
 
 /* ---- half-precision conversion (round to nearest even) --------------------- */
-float attn__f16_to_f32(uint16_t h);
 uint16_t attn__f32_to_f16(float f);
-static inline float attn__bf16_to_f32(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 uint16_t attn__f32_to_bf16(float f);
 
 /* Element (at element offset off) of a float or bool tensor, as double. */
@@ -92,6 +87,22 @@ static inline float attn__load_f32(const void *data, attn_dtype dt, int64_t off)
   if (dt == ATTN_F32) return ((const float *)data)[off];
   if (dt == ATTN_BF16) return attn__bf16_to_f32(((const uint16_t *)data)[off]);
   return attn__f16_to_f32(((const uint16_t *)data)[off]);
+}
+
+/* dst[0..n) = elements off, off + stride, ... of an f32, f16 or bf16 buffer, widened:
+ * the packing loops' conversion, one loop per dtype so that each vectorises. */
+static inline void attn__widen_strided(float *restrict dst, const void *src, attn_dtype dt, int64_t off, int64_t stride,
+                                       int64_t n) {
+  if (dt == ATTN_F32) {
+    const float *s = (const float *)src + off;
+    for (int64_t e = 0; e < n; e++) dst[e] = s[e * stride];
+  } else if (dt == ATTN_BF16) {
+    const uint16_t *s = (const uint16_t *)src + off;
+    for (int64_t e = 0; e < n; e++) dst[e] = attn__bf16_to_f32(s[e * stride]);
+  } else {
+    const uint16_t *s = (const uint16_t *)src + off;
+    for (int64_t e = 0; e < n; e++) dst[e] = attn__f16_to_f32(s[e * stride]);
+  }
 }
 
 static inline int attn__is_float(attn_dtype dt) {
@@ -127,16 +138,18 @@ attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tenso
 /* Nonzero when the CPU and OS support the instruction set of kernel isa. */
 int attn__cpu_has(attn_kernel isa);
 
+/* Runs a validated forward on the framework that suits it (sdpa.c). */
+attn_status attn__sdpa_dispatch(attn_ctx *ctx, const attn__sdpa *p);
 /* Kernels: p is validated. */
 attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p);
-attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa);
+attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p);
 /* The float64 backward oracle (src/ref/sdpa_backward_ref.c); p from attn__sdpa_backward_prepare.
  * dq/dk/dv (and p->mask_grad) are overwritten, f32 or f64; the inputs any float dtype. */
 attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
                                         attn_tensor *dv, const attn_tensor *dout, const attn_tensor *out,
                                         const attn_tensor *lse);
 /* The fp32 backward (src/cpu/flash_backward.c); shapes already checked. */
-attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa, attn_tensor *dq,
+attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq,
                                         attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
                                         const attn_tensor *out, const attn_tensor *lse);
 
@@ -144,7 +157,7 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
  * the GQA group at most ATTN__DEC_MAX_ROWS), no weights, no dropout. */
 #define ATTN__DEC_MAX_ROWS 8
 int attn__decode_fits(const attn__sdpa *p);
-attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa);
+attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p);
 
 /* C = A . B^T + bias, fp32; C is (M, N), A is (M, K), B is (N, K), bias is (N) or NULL.
  * isa: ATTN_KERNEL_C, _AVX2 or _AVX512 (already checked as supported). */

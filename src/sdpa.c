@@ -201,6 +201,15 @@ static int nothing_to_write(const attn__sdpa *p) {
          (!p->lse || attn_tensor_numel(p->lse) == 0);
 }
 
+/* Which framework runs a validated forward: the oracle, the decode kernel (a
+ * few query rows per kv head, streaming K and V once), or the blocked one. */
+attn_status attn__sdpa_dispatch(attn_ctx *ctx, const attn__sdpa *p) {
+  if (attn_ctx_kernel(ctx) == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, p);
+  if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
+  if (!ctx->no_decode && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p);
+  return attn__sdpa_run_cpu(ctx, p);
+}
+
 attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
                       const attn_tensor *v, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
@@ -208,8 +217,7 @@ attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, con
   attn__sdpa p;
   attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, kern != ATTN_KERNEL_REF);
   if (st || nothing_to_write(&p)) return st;
-  if (kern == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, &p);
-  return attn__sdpa_run_cpu(ctx, &p, kern);
+  return attn__sdpa_dispatch(ctx, &p);
 }
 
 attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
@@ -232,7 +240,7 @@ attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, 
                                                kern != ATTN_KERNEL_REF);
   if (st) return st;
   if (kern == ATTN_KERNEL_REF) return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
-  return attn__sdpa_backward_run_cpu(ctx, &p, kern, dq, dk, dv, dout, out, lse);
+  return attn__sdpa_backward_run_cpu(ctx, &p, dq, dk, dv, dout, out, lse);
 }
 
 attn_status attn_alibi_slopes(float *slopes, int64_t heads) {

@@ -11,6 +11,7 @@
 #include "../internal.h"
 #include "../logit.h"
 #include "kernels.h"
+#include "../engine/schedule.h"
 
 #include <stdlib.h>
 
@@ -28,23 +29,24 @@ int attn__decode_fits(const attn__sdpa *p) {
 
 typedef struct dec_scratch {
   float *Q, *S, *Mb, *Kc, *Vc, *O, *m, *l;
-  void *base;
 } dec_scratch;
 
-static int dec_alloc(dec_scratch *s, int64_t R, int64_t D, int64_t Dv) {
-  memset(s, 0, sizeof *s);
+/* A thread's buffers, carved from its scratch (the struct sits at its start). */
+static size_t dec_layout(dec_scratch *into, int64_t R, int64_t D, int64_t Dv) {
   const size_t q = attn__carve_size((size_t)(R * D) * sizeof(float));
   const size_t sz = attn__carve_size((size_t)(R * ATTN__DEC_NB) * sizeof(float));
   const size_t kc = attn__carve_size((size_t)(ATTN__DEC_NB * D) * sizeof(float));
   const size_t vc = attn__carve_size((size_t)(ATTN__DEC_NB * (Dv > 0 ? Dv : 1)) * sizeof(float));
   const size_t o = attn__carve_size((size_t)(R * (Dv > 0 ? Dv : 1)) * sizeof(float));
   const size_t st = attn__carve_size((size_t)R * sizeof(float));
-  char *b = attn__aligned_alloc(q + 2 * sz + kc + vc + o + 2 * st);
-  s->base = b;
-  if (!b) return 0;
-  s->Q = attn__carve(&b, q), s->S = attn__carve(&b, sz), s->Mb = attn__carve(&b, sz), s->Kc = attn__carve(&b, kc), s->Vc = attn__carve(&b, vc);
-  s->O = attn__carve(&b, o), s->m = attn__carve(&b, st), s->l = attn__carve(&b, st);
-  return 1;
+  const size_t head = attn__carve_size(sizeof(dec_scratch));
+  if (into) {
+    char *b = (char *)into + head;
+    into->Q = attn__carve(&b, q), into->S = attn__carve(&b, sz), into->Mb = attn__carve(&b, sz);
+    into->Kc = attn__carve(&b, kc), into->Vc = attn__carve(&b, vc);
+    into->O = attn__carve(&b, o), into->m = attn__carve(&b, st), into->l = attn__carve(&b, st);
+  }
+  return head + q + 2 * sz + kc + vc + o + 2 * st;
 }
 
 /* Row r of a kv head's rows: query head g * group + r / Nq, query row r % Nq. */
@@ -88,7 +90,7 @@ static const void *key_rows(const attn__decode_kernels *dk, const attn_tensor *t
     const int64_t ro = off + jj * t->strides[2];
     if (t->strides[3] == 1) dk->widen(buf + jj * F, (const char *)t->data + (size_t)ro * es, t->dtype, F);
     else
-      for (int64_t f = 0; f < F; f++) buf[jj * F + f] = attn__load_f32(t->data, t->dtype, ro + f * t->strides[3]);
+      attn__widen_strided(buf + jj * F, t->data, t->dtype, ro, t->strides[3], F);
   }
   *ld = F;
   return buf;
@@ -124,7 +126,8 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
   hi = hi > k1 ? k1 : hi;
   for (int64_t r = 0; r < R; r++) {
     const int64_t off = b * q->strides[0] + row_head(p, g, r) * q->strides[1] + (r % p->Nq) * q->strides[2];
-    for (int64_t d = 0; d < D; d++) s->Q[r * D + d] = attn__load_f32(q->data, q->dtype, off + d * q->strides[3]) * scale;
+    attn__widen_strided(s->Q + r * D, q->data, q->dtype, off, q->strides[3], D);
+    for (int64_t d = 0; d < D; d++) s->Q[r * D + d] *= scale;
     s->m[r] = -INFINITY;
     s->l[r] = 0;
   }
@@ -183,38 +186,64 @@ static void merge_row(const attn__sdpa *p, const float *parts, int64_t nchunks, 
   }
 }
 
-attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa) {
-  const attn__decode_kernels *dk = attn__decode_kernels_for(isa);
-  const int64_t R = p->Nq * p->group, pairs = p->B * p->Hk;
-  const int64_t nchunks = p->Nk > 0 ? (p->Nk + ATTN__DEC_CHUNK - 1) / ATTN__DEC_CHUNK : 1;
-  const int64_t stride = R * (p->Dv + 2); /* floats of one chunk's partial */
-  const size_t part_bytes = attn__bytes(pairs, nchunks, stride, sizeof(float)); /* saturates: see attn__bytes */
-  float *parts = attn__workspace(ctx, attn__carve_size(part_bytes));
-  if (!parts) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate %zu bytes of decode partials", part_bytes);
-  const double work = (double)pairs * (double)R * (double)p->Nk * (double)(p->D + p->Dv);
-  const int threads = work < 1e6 ? 1 : attn__threads(ctx);
-  int failed = 0;
-#pragma omp parallel num_threads(threads)
-  {
-    dec_scratch s;
-    if (!dec_alloc(&s, R, p->D, p->Dv)) {
-#pragma omp atomic write
-      failed = 1;
-    }
-#pragma omp barrier
-    if (!failed) {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t it = 0; it < pairs * nchunks; it++) {
-        const int64_t bg = it / nchunks, c = it % nchunks;
-        const int64_t k0 = c * ATTN__DEC_CHUNK, k1 = k0 + ATTN__DEC_CHUNK < p->Nk ? k0 + ATTN__DEC_CHUNK : p->Nk;
-        run_chunk(dk, p, &s, bg / p->Hk, bg % p->Hk, k0, k1, parts + it * stride);
-      }
-#pragma omp for schedule(static)
-      for (int64_t w = 0; w < pairs * R; w++)
-        merge_row(p, parts + (w / R) * nchunks * stride, nchunks, stride, (w / R) / p->Hk, (w / R) % p->Hk, w % R);
-    }
-    attn__aligned_free(s.base);
+/* The decode's work list: every (batch, kv head) cut into chunks of
+ * ATTN__DEC_CHUNK keys (as many chunks as the longest row needs; a shorter
+ * row's extra chunks see nothing and cost nothing), the chunks dealt on
+ * demand; then the merges, one item per query row, each in chunk order. */
+typedef struct dec_job {
+  const attn__sdpa *p;
+  const attn__decode_kernels *dk;
+  int64_t pairs, nchunks, stride, R;
+  float *parts;
+} dec_job;
+
+static int64_t chunk_items(const void *arg, int64_t round) {
+  (void)round;
+  const dec_job *j = arg;
+  return j->pairs * j->nchunks;
+}
+
+static void chunk_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
+  (void)round;
+  const dec_job *j = arg;
+  const attn__sdpa *p = j->p;
+  for (int64_t it = first; it < last; it++) {
+    const int64_t bg = it / j->nchunks, c = it % j->nchunks, b = bg / p->Hk;
+    const int64_t nk = attn__keys(p, b);
+    const int64_t k0 = c * ATTN__DEC_CHUNK, k1 = k0 + ATTN__DEC_CHUNK < nk ? k0 + ATTN__DEC_CHUNK : nk;
+    run_chunk(j->dk, p, scratch, b, bg % p->Hk, k0, k1 > k0 ? k1 : k0, j->parts + it * j->stride);
   }
-  if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate decode scratch");
-  return ATTN_OK;
+}
+
+static int64_t merge_items(const void *arg, int64_t round) {
+  (void)round;
+  const dec_job *j = arg;
+  return j->pairs * j->R;
+}
+
+static void merge_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
+  (void)scratch, (void)round;
+  const dec_job *j = arg;
+  const attn__sdpa *p = j->p;
+  for (int64_t w = first; w < last; w++)
+    merge_row(p, j->parts + (w / j->R) * j->nchunks * j->stride, j->nchunks, j->stride, (w / j->R) / p->Hk,
+              (w / j->R) % p->Hk, w % j->R);
+}
+
+static void dec_scratch_init(const void *arg, void *scratch) {
+  const dec_job *j = arg;
+  dec_layout(scratch, j->R, j->p->D, j->p->Dv);
+}
+
+attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p) {
+  dec_job j = {p, attn__decode_kernels_for(attn_ctx_kernel(ctx)), p->B * p->Hk, 0, 0, p->Nq * p->group, NULL};
+  j.nchunks = p->Nk > 0 ? (p->Nk + ATTN__DEC_CHUNK - 1) / ATTN__DEC_CHUNK : 1;
+  j.stride = j.R * (p->Dv + 2); /* floats of one chunk's partial */
+  const size_t part_bytes = attn__bytes(j.pairs, j.nchunks, j.stride, sizeof(float)); /* saturates: see attn__bytes */
+  j.parts = attn__workspace(ctx, attn__carve_size(part_bytes));
+  if (!j.parts) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate %zu bytes of decode partials", part_bytes);
+  const int threads = attn__threads_for(ctx, (double)j.pairs * (double)j.R * (double)p->Nk * (double)(p->D + p->Dv));
+  static const attn__phase phases[] = {{"kv_chunks", chunk_items, chunk_run, 1}, {"merge_rows", merge_items, merge_run, 0}};
+  const attn__job job = {&j, 1, phases, 2, dec_layout(NULL, j.R, p->D, p->Dv), dec_scratch_init};
+  return attn__schedule(ctx, "attn_sdpa decode", threads, &job);
 }

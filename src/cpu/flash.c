@@ -8,6 +8,7 @@
 #include "../internal.h"
 #include "../logit.h"
 #include "kernels.h"
+#include "../engine/schedule.h"
 
 #include <stdlib.h>
 
@@ -26,16 +27,21 @@ typedef struct scratch {
   tile_state t[QB_MAX];
   float *S, *Mb;
   float *base; /* one allocation behind everything above */
-} scratch;
+} fwd_scratch;
 
-/* Carves a thread's tiles out of one allocation, each piece 64-byte aligned. */
-static int scratch_alloc(scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t Dv) {
-  memset(s, 0, sizeof *s);
+/* A thread's tiles, carved from its scratch (the struct sits at its start). */
+static size_t scratch_bytes(int64_t mr, int64_t nr, int64_t D, int64_t Dv) {
   const int64_t up = 16; /* floats per 64 bytes */
   const int64_t q = (mr * D + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
-  float *b = attn__aligned_alloc((size_t)(2 * tile + QB_MAX * (q + o + st)) * sizeof(float));
-  if (!b) return 0;
+  return attn__carve_size(sizeof(fwd_scratch)) + (size_t)(2 * tile + QB_MAX * (q + o + st)) * sizeof(float);
+}
+
+static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t Dv) {
+  const int64_t up = 16;
+  const int64_t q = (mr * D + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
+  const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
+  float *b = (float *)((char *)s + attn__carve_size(sizeof(fwd_scratch)));
   s->base = b;
   s->S = b;
   s->Mb = b + tile;
@@ -48,13 +54,10 @@ static int scratch_alloc(scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t 
     ts->l = ts->m + ATTN__STAT_LANES;
     ts->alpha = ts->m + 2 * ATTN__STAT_LANES;
   }
-  return 1;
 }
 
-static void scratch_free(scratch *s) { attn__aligned_free(s->base); }
-
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too. */
-static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const tile_state *ts,
+static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, fwd_scratch *s, const tile_state *ts,
                              const float *Kt, int64_t b, int64_t h, int64_t j0) {
   const int mr = kn->mr, nr = kn->nr;
   const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, ts->i0, ts->rows, j0);
@@ -81,7 +84,8 @@ static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_st
     float *dst = ts->Q + (int64_t)r * D;
     if (r < rows) {
       const int64_t off = b * q->strides[0] + h * q->strides[1] + (i0 + r) * q->strides[2];
-      for (int64_t d = 0; d < D; d++) dst[d] = attn__load_f32(q->data, q->dtype, off + d * q->strides[3]) * scale;
+      attn__widen_strided(dst, q->data, q->dtype, off, q->strides[3], D);
+      for (int64_t d = 0; d < D; d++) dst[d] *= scale;
     } else {
       memset(dst, 0, (size_t)D * sizeof(float));
     }
@@ -116,7 +120,7 @@ static void tile_end(const attn__sdpa *p, const tile_state *ts, int64_t b, int64
 }
 
 /* Second pass for requested weights: the normalised probabilities need the final max and sum. */
-static void tile_weights(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const tile_state *ts,
+static void tile_weights(const attn__cpu_kernels *kn, const attn__sdpa *p, fwd_scratch *s, const tile_state *ts,
                          const float *Kt, int64_t b, int64_t h) {
   const int nr = kn->nr;
   const attn_tensor *w = p->weights;
@@ -153,7 +157,7 @@ static void dropout_tile(const attn__sdpa *p, float *P, int nr, int64_t b, int64
 }
 
 // Query block: `count` tiles of MR rows from row i0 of head h, against the packed keys of its kv head.
-static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, scratch *s, const float *Kt, const float *V,
+static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, fwd_scratch *s, const float *Kt, const float *V,
                       int64_t ldv, int64_t b, int64_t h, int64_t i0, int count) {
   const int mr = kn->mr, nr = kn->nr;
   int64_t kmax = 0, kmin = p->Nk;
@@ -189,13 +193,7 @@ void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, 
   const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
   /* writes run along the packed rows: the reads' nr rows stay in L1 across f */
   for (int64_t f = 0; f < F; f++) {
-    if (t->dtype == ATTN_F32) {
-      const float *src = (const float *)t->data + base + f * t->strides[3];
-      for (int jj = 0; jj < n; jj++) o[f * nr + jj] = src[jj * t->strides[2]];
-    } else {
-      for (int jj = 0; jj < n; jj++)
-        o[f * nr + jj] = attn__load_f32(t->data, t->dtype, base + jj * t->strides[2] + f * t->strides[3]);
-    }
+    attn__widen_strided(o + f * nr, t->data, t->dtype, base + f * t->strides[3], t->strides[2], n);
     for (int jj = n; jj < nr; jj++) o[f * nr + jj] = 0.0f;
   }
 }
@@ -205,76 +203,117 @@ void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, 
  * far below the inputs' size at large N. */
 #define PACK_BUDGET ((int64_t)8 << 20)
 
-attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa) {
-  const attn__cpu_kernels *kn = attn__kernels_for(isa);
+/* The forward's work list: per round, `per_round` kv heads (b, g) are packed
+ * (K transposed into key blocks, V into rows when it is not unit-stride f32),
+ * then every query block of every query head of those kv heads is an item. */
+typedef struct fwd_job {
+  const attn__sdpa *p;
+  const attn__cpu_kernels *kn;
+  int64_t nblocks, ntiles, pairs, per_round, kt_size, vp_size, nqblk, per_pair;
+  int qb, v_unit;
+  float *Kt, *Vp;
+} fwd_job;
+
+static int64_t round_pairs(const fwd_job *j, int64_t round) {
+  const int64_t first = round * j->per_round;
+  return j->pairs - first < j->per_round ? j->pairs - first : j->per_round;
+}
+
+static int64_t pack_k_items(const void *arg, int64_t round) {
+  const fwd_job *j = arg;
+  return round_pairs(j, round) * j->nblocks;
+}
+
+// Kt[slot] (nblocks, D, NR) for items w = slot * nblocks + key block.
+static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
+  (void)scratch;
+  const fwd_job *j = arg;
+  const attn__sdpa *p = j->p;
+  for (int64_t w = first; w < last; w++) {
+    const int64_t bg = round * j->per_round + w / j->nblocks;
+    attn__pack_block_t(j->Kt + (w / j->nblocks) * j->kt_size, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr,
+                       p->Nk, p->D);
+  }
+}
+
+static int64_t pack_v_items(const void *arg, int64_t round) {
+  const fwd_job *j = arg;
+  return j->v_unit ? 0 : round_pairs(j, round) * j->p->Nk;
+}
+
+// Vp[slot] (Nk, Dv) f32 rows for items w = slot * Nk + key.
+static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
+  (void)scratch;
+  const fwd_job *j = arg;
+  const attn__sdpa *p = j->p;
+  for (int64_t w = first; w < last; w++) {
+    const int64_t bg = round * j->per_round + w / p->Nk, jk = w % p->Nk;
+    const int64_t off = (bg / p->Hk) * p->v.strides[0] + (bg % p->Hk) * p->v.strides[1] + jk * p->v.strides[2];
+    attn__widen_strided(j->Vp + (w / p->Nk) * j->vp_size + jk * p->Dv, p->v.data, p->v.dtype, off, p->v.strides[3], p->Dv);
+  }
+}
+
+static int64_t tiles_items(const void *arg, int64_t round) {
+  const fwd_job *j = arg;
+  return round_pairs(j, round) * j->per_pair;
+}
+
+/* From the last query block down: under a causal mask the last blocks carry the most keys. */
+static void tiles_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
+  const fwd_job *j = arg;
+  const attn__sdpa *p = j->p;
+  fwd_scratch *s = scratch;
+  for (int64_t it = first; it < last; it++) {
+    const int64_t slot = it / j->per_pair, rest = it % j->per_pair, bg = round * j->per_round + slot;
+    const int64_t b = bg / p->Hk, g = bg % p->Hk;
+    const int64_t blk = j->nqblk - 1 - rest % j->nqblk, h = g * p->group + rest / j->nqblk;
+    const float *V = j->v_unit ? (const float *)p->v.data + b * p->v.strides[0] + g * p->v.strides[1]
+                               : j->Vp + slot * j->vp_size;
+    const int64_t ldv = j->v_unit ? p->v.strides[2] : p->Dv, left = j->ntiles - blk * j->qb;
+    run_block(j->kn, p, s, j->Kt + slot * j->kt_size, V, ldv, b, h, blk * j->qb * j->kn->mr,
+              (int)(left < j->qb ? left : j->qb));
+  }
+}
+
+static void fwd_scratch_init(const void *arg, void *scratch) {
+  const fwd_job *j = arg;
+  scratch_carve(scratch, j->kn->mr, j->kn->nr, j->p->D, j->p->Dv);
+}
+
+attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p) {
+  const attn__cpu_kernels *kn = attn__kernels_for(attn_ctx_kernel(ctx));
   const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
-  if (!ctx->no_decode && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p, isa);
-  const int64_t nblocks = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr;
-  const int v_unit = p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1); /* else packed as f32 */
+  fwd_job j = {p, kn, 0, 0, 0, 0, 0, 0, 0, 0, QB_MAX, 0, NULL, NULL};
+  j.nblocks = (p->Nk + nr - 1) / nr;
+  j.ntiles = (p->Nq + mr - 1) / mr;
+  j.v_unit = p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1);
   /* one kv head's packed keys and values: a broadcast k or v may claim more than memory holds */
-  if (attn__bytes(nblocks, nr, p->D, sizeof(float)) + attn__bytes(p->Nk, p->Dv, 1, sizeof(float)) > ATTN__SIZE_LIMIT)
+  if (attn__bytes(j.nblocks, nr, p->D, sizeof(float)) + attn__bytes(p->Nk, p->Dv, 1, sizeof(float)) > ATTN__SIZE_LIMIT)
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: Nk = %lld keys of %lld + %lld floats are too many to pack",
                       (long long)p->Nk, (long long)p->D, (long long)p->Dv);
-  const int64_t kt_size = nblocks * nr * p->D, vp_size = v_unit ? 0 : p->Nk * p->Dv;
-  const int64_t pairs = p->B * p->Hk;
-  int64_t per_round = PACK_BUDGET / (int64_t)sizeof(float) / (kt_size + vp_size + 1);
-  per_round = per_round < 1 ? 1 : per_round > pairs ? pairs : per_round;
-  /* A problem of a few microseconds is not worth waking a second thread. */
-  const double work = (double)p->B * (double)p->Hq * (double)p->Nq * (double)p->Nk * (double)(p->D + p->Dv);
-  const int threads = work < 1e6 ? 1 : attn__threads(ctx);
-  /* As many tiles per query block as still leave every thread a few blocks. */
-  int qb = QB_MAX;
-  while (qb > 1 && per_round * p->group * ((ntiles + qb - 1) / qb) < 4 * threads) qb /= 2;
-  const int64_t nqblk = (ntiles + qb - 1) / qb, per_pair = p->group * nqblk;
-  const size_t kt_bytes = attn__bytes(per_round, kt_size, 1, sizeof(float));
-  const size_t vp_bytes = attn__bytes(per_round, vp_size, 1, sizeof(float));
+  j.kt_size = j.nblocks * nr * p->D;
+  j.vp_size = j.v_unit ? 0 : p->Nk * p->Dv;
+  j.pairs = p->B * p->Hk;
+  j.per_round = PACK_BUDGET / (int64_t)sizeof(float) / (j.kt_size + j.vp_size + 1);
+  j.per_round = j.per_round < 1 ? 1 : j.per_round > j.pairs ? j.pairs : j.per_round;
+  const int threads = attn__threads_for(ctx, (double)p->B * (double)p->Hq * (double)p->Nq * (double)p->Nk *
+                                                 (double)(p->D + p->Dv));
+  /* As many tiles per query block as still leave every thread a few blocks
+   * (a block's arithmetic does not depend on how many tiles share it). */
+  while (j.qb > 1 && j.per_round * p->group * ((j.ntiles + j.qb - 1) / j.qb) < 4 * threads) j.qb /= 2;
+  j.nqblk = (j.ntiles + j.qb - 1) / j.qb;
+  j.per_pair = p->group * j.nqblk;
+  const size_t kt_bytes = attn__bytes(j.per_round, j.kt_size, 1, sizeof(float));
+  const size_t vp_bytes = attn__bytes(j.per_round, j.vp_size, 1, sizeof(float));
   char *ws = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vp_bytes));
   if (!ws) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate packed keys for Nk = %lld", (long long)p->Nk);
-  float *Kt = attn__carve(&ws, kt_bytes);
-  float *Vp = v_unit ? NULL : attn__carve(&ws, vp_bytes);
-  int failed = 0;
-#pragma omp parallel num_threads(threads)
-  {
-    scratch s;
-    const int ok = scratch_alloc(&s, mr, nr, p->D, p->Dv);
-    if (!ok) {
-#pragma omp atomic write
-      failed = 1;
-    }
-#pragma omp barrier
-    for (int64_t first = 0; first < pairs && !failed; first += per_round) {
-      const int64_t n = pairs - first < per_round ? pairs - first : per_round;
-#pragma omp for schedule(static)
-      for (int64_t w = 0; w < n * nblocks; w++) {
-        const int64_t bg = first + w / nblocks;
-        attn__pack_block_t(Kt + (w / nblocks) * kt_size, &p->k, bg / p->Hk, bg % p->Hk, w % nblocks, nr, p->Nk, p->D);
-      }
-      if (!v_unit) {
-#pragma omp for schedule(static)
-        for (int64_t w = 0; w < n * p->Nk; w++) {
-          const int64_t bg = first + w / p->Nk, j = w % p->Nk;
-          const int64_t off = (bg / p->Hk) * p->v.strides[0] + (bg % p->Hk) * p->v.strides[1] + j * p->v.strides[2];
-          float *dst = Vp + (w / p->Nk) * vp_size + j * p->Dv;
-          for (int64_t c = 0; c < p->Dv; c++) dst[c] = attn__load_f32(p->v.data, p->v.dtype, off + c * p->v.strides[3]);
-        }
-      }
-      /* From the last block down: under a causal mask the last blocks carry
-       * the most keys. Handed out on demand, so a thread that the OS (or a
-       * busy neighbour) holds back does not stall the others at the barrier. */
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t it = 0; it < n * per_pair; it++) {
-        const int64_t slot = it / per_pair, rest = it % per_pair, bg = first + slot;
-        const int64_t b = bg / p->Hk, g = bg % p->Hk;
-        const int64_t blk = nqblk - 1 - rest % nqblk, h = g * p->group + rest / nqblk;
-        const float *V = v_unit ? (const float *)p->v.data + b * p->v.strides[0] + g * p->v.strides[1]
-                                : Vp + slot * vp_size;
-        const int64_t ldv = v_unit ? p->v.strides[2] : p->Dv, left = ntiles - blk * qb;
-        run_block(kn, p, &s, Kt + slot * kt_size, V, ldv, b, h, blk * qb * mr, (int)(left < qb ? left : qb));
-      }
-    }
-    scratch_free(&s);
-  }
-  if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate per-thread tiles");
-  return ATTN_OK;
+  j.Kt = attn__carve(&ws, kt_bytes);
+  j.Vp = j.v_unit ? NULL : attn__carve(&ws, vp_bytes);
+  static const attn__phase phases[] = {{"pack_k", pack_k_items, pack_k_run, 0},
+                                       {"pack_v", pack_v_items, pack_v_run, 0},
+                                       {"query_blocks", tiles_items, tiles_run, 1}};
+  const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
+                         scratch_bytes(mr, nr, p->D, p->Dv), fwd_scratch_init};
+  return attn__schedule(ctx, "attn_sdpa forward", threads, &job);
 }

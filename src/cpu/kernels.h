@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "../half.h"
 
 #define ATTN__STAT_LANES 64
 #define ATTN__MAX_NR 128 /* keys per tile (NR) of any kernel set, at most */
@@ -88,7 +89,6 @@ extern const attn__decode_kernels attn__decode_kernels_avx2;
 extern const attn__decode_kernels attn__decode_kernels_avx512;
 #endif
 const attn__decode_kernels *attn__decode_kernels_for(attn_kernel isa);
-float attn__f16_to_f32(uint16_t h); /* core.c: exact, for CPUs without F16C */
 
 /* Packs key block blk of kv head (b, g) of a [B, Hk, N, F] view (f32, f16 or
  * bf16, widened to f32), transposed, as

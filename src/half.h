@@ -1,0 +1,31 @@
+/* Half precision widened to float, inline: the packing loops and the
+ * microkernels convert element by element, and these vectorise. */
+#ifndef ATTN_HALF_H
+#define ATTN_HALF_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* Exact, without branches (so loops of it vectorise): the f16's exponent and
+ * mantissa bits placed in a float's, times 2^112 (the exponent biases' gap),
+ * give every finite value, subnormals included; Inf and NaN are set apart. */
+static inline float attn__f16_to_f32(uint16_t h) {
+  const uint32_t em = (uint32_t)(h & 0x7fff) << 13, sign = (uint32_t)(h & 0x8000) << 16;
+  float f;
+  memcpy(&f, &em, 4);
+  f *= 0x1p112f;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u = em >= (0x7c00u << 13) ? (em | 0x7f800000u) : u;
+  u |= sign;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline float attn__bf16_to_f32(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+#endif
