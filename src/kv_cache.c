@@ -1,8 +1,11 @@
 /* The KV cache: keys and values of past tokens per row, appended as decoding
- * goes and attended by each new token's queries. Attention itself is
- * attn_sdpa on views of the storage, one row at a time (each row has its own
- * length), so the decode kernel and every option come for free. */
+ * goes and attended by each new token's queries. A decoding step (a few
+ * query rows per kv head) is one call of the decode kernel over the whole
+ * batch, each row's length saying which keys exist (attn__sdpa.kv_len), so
+ * rows of mixed lengths share one parallel region; a prefill attends row by
+ * row through attn_sdpa on views of the storage. */
 #include "internal.h"
+#include "logit.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +152,30 @@ attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn
   return ATTN_OK;
 }
 
+/* The whole batch in one decode call when the step is decode-sized and the
+ * fp32 kernels run; ATTN_E_UNSUPPORTED (nothing done) otherwise, and the
+ * rows then go one by one. */
+static attn_status attend_batch(attn_ctx *ctx, const attn_kv_cache *cache, attn_tensor *out, const attn_tensor *q,
+                                const attn_sdpa_opts *o) {
+  const attn_kv_cache_config *c = &cache->cfg;
+  if (attn_ctx_kernel(ctx) == ATTN_KERNEL_REF || ctx->no_decode) return ATTN_E_UNSUPPORTED;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < c->batch; b++) longest = cache->len[b] > longest ? cache->len[b] : longest;
+  attn_tensor k = row_view(cache, cache->k, c->head_dim, 0, longest), v = row_view(cache, cache->v, c->v_head_dim, 0, longest);
+  k.shape[0] = v.shape[0] = c->batch;
+  attn__sdpa p;
+  attn_status st = attn__sdpa_prepare(ctx, &p, out, q, &k, &v, o, 1);
+  if (st) {
+    char msg[ATTN__MSG_LEN];
+    snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
+    return attn__fail(ctx, st, "attn_kv_cache_attend: %s", msg);
+  }
+  p.kv_len = cache->len;
+  if (!attn__decode_fits(&p)) return ATTN_E_UNSUPPORTED;
+  if (p.Hq == 0 || p.Nq == 0) return ATTN_OK;
+  return attn__sdpa_run_decode(ctx, &p);
+}
+
 attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, const attn_tensor *q,
                                  const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
@@ -180,6 +207,8 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
     o = *opts;
   }
   o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+  if ((st = attend_batch(ctx, cache, out, q, &o)) != ATTN_E_UNSUPPORTED) return st;
+  ctx->msg[0] = '\0';
   for (int64_t b = 0; b < c->batch; b++) {
     attn_tensor qb = *q, ob = *out, kb = row_view(cache, cache->k, c->head_dim, b, cache->len[b]);
     attn_tensor vb = row_view(cache, cache->v, c->v_head_dim, b, cache->len[b]), lb;
