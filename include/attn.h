@@ -97,6 +97,11 @@ ATTN_API const char *attn_kernel_name(attn_kernel kernel);
 /* Nonzero when this CPU (and this build) can run kernel. Asks the CPU on every
  * call (CPUID is slow inside VMs); a context asks once, when it is created. */
 ATTN_API int attn_kernel_supported(attn_kernel kernel);
+/* How the last attention call on ctx (forward, backward, decode) dealt its
+ * work: its phases, the items of each, and whether they went to threads in
+ * static ranges or on demand. "" before any; valid until the next call. For
+ * tuning and bug reports: the wording may change between versions. */
+ATTN_API const char *attn_ctx_plan(const attn_ctx *ctx);
 /* The message of the last failed call on ctx ("" if none). Valid until the next call. */
 ATTN_API const char *attn_ctx_error(const attn_ctx *ctx);
 

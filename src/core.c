@@ -181,6 +181,8 @@ attn_kernel attn_ctx_kernel(const attn_ctx *ctx) {
 
 const char *attn_ctx_error(const attn_ctx *ctx) { return ctx ? ctx->msg : ""; }
 
+const char *attn_ctx_plan(const attn_ctx *ctx) { return ctx ? ctx->plan : ""; }
+
 /* ---- tensors ----------------------------------------------------------------- */
 size_t attn_dtype_size(attn_dtype dtype) {
   switch (dtype) {

@@ -16,7 +16,7 @@ struct attn_ctx {
   attn_kernel kernel;   /* as set; AUTO resolved at call time */
   unsigned supported;   /* bit k: kernel k runs here; asked once, as CPUID is slow in a VM */
   char msg[ATTN__MSG_LEN];
-  char plan[ATTN__MSG_LEN]; /* the work list of the last scheduled call (attn_ctx_plan) */
+  char plan[2 * ATTN__MSG_LEN]; /* the work list of the last scheduled call (attn_ctx_plan) */
   void *work;           /* workspace: see attn__workspace */
   size_t work_bytes;     /* its size; also says how it was made (attn_ctx_trim) */
   int no_decode;        /* ATTN_DECODE=0: never the decode kernel */

@@ -10,6 +10,7 @@
 #include "kernels.h"
 #include "../engine/schedule.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 /* Tiles of query rows that share each key block while it is in L1: fewer
@@ -167,7 +168,7 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, fwd_scra
     if (s->t[t].kend > kmax) kmax = s->t[t].kend;
     if (s->t[t].kbeg < kmin) kmin = s->t[t].kbeg;
   }
-  /* a window: key blocks wholly before every row's window are never visited, so the cost is O(N W) */
+  /* key blocks wholly before every row's band are never visited: a sliding window costs O(N W) */
   for (int64_t j0 = kmin / nr * nr; j0 < kmax; j0 += nr) {
     for (int t = 0; t < count; t++) {
       tile_state *ts = &s->t[t];
@@ -315,5 +316,8 @@ attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p) {
                                        {"query_blocks", tiles_items, tiles_run, 1}};
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
                          scratch_bytes(mr, nr, p->D, p->Dv), fwd_scratch_init};
-  return attn__schedule(ctx, "attn_sdpa forward", threads, &job);
+  char what[160];
+  snprintf(what, sizeof what, "attn_sdpa forward (%lld kv heads per round, query blocks of %d x %d rows)",
+           (long long)j.per_round, j.qb, mr);
+  return attn__schedule(ctx, what, threads, &job);
 }

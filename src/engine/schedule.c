@@ -15,6 +15,7 @@ static void describe(attn_ctx *ctx, const char *what, int threads, const attn__j
   const size_t n = sizeof ctx->plan;
   size_t used = (size_t)snprintf(d, n, "%s on %d thread%s, %lld round%s:", what, threads, threads == 1 ? "" : "s",
                                   (long long)job->rounds, job->rounds == 1 ? "" : "s");
+  int shown = 0;
   for (int k = 0; k < job->nphases && used < n; k++) {
     const attn__phase *ph = &job->phases[k];
     int64_t total = 0, most = 0;
@@ -24,7 +25,7 @@ static void describe(attn_ctx *ctx, const char *what, int threads, const attn__j
       most = items > most ? items : most;
     }
     if (!total) continue;
-    used += (size_t)snprintf(d + used, n - used, "%s %s %lld item%s%s (%s)", k ? ";" : "", ph->name,
+    used += (size_t)snprintf(d + used, n - used, "%s %s %lld item%s%s (%s)", shown++ ? ";" : "", ph->name,
                              (long long)most, most == 1 ? "" : "s", job->rounds > 1 ? " per round" : "",
                              ph->on_demand ? "on demand" : "static ranges");
   }
