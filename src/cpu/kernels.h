@@ -1,8 +1,15 @@
-/* The microkernel contract between the blocked attention framework (flash.c)
- * and each instruction set's kernels (kernels_c.c, later AVX2 and AVX-512).
+/* The microkernel contract between the attention frameworks (the blocked
+ * forward and backward, the decode) and each instruction set's kernels.
  *
- * The framework owns loops, packing, masks and threads; a kernel set owns the
- * arithmetic on one tile. A tile is MR query rows against NR keys:
+ * A framework owns which keys exist and where they lie (packing, chunks, a
+ * row's length), the logit (logit.h: the band, masks, cap, ALiBi, and the
+ * classification of each tile as open, closed, with terms, or mixed), the
+ * merges of partial results, and the work list its threads share
+ * (engine/schedule.h). A kernel set owns the arithmetic on one tile: dot
+ * products, exponentials, accumulation. It reads no option; the one thing it
+ * is told of hidden keys is `sparse` (some probabilities are exact zeros
+ * whose value rows must not be read into a result).
+ * A tile is MR query rows against NR keys:
  *   S is (MR, NR)  logits, row-major, NR floats per row
  *   Q is (MR, D)   pre-scaled queries, row-major, D floats per row (rows past Nq are zero)
  *   Kt is (D, NR)  one key block, transposed: Kt[d * NR + j] = k[j][d] (keys past Nk are zero)
