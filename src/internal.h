@@ -142,18 +142,18 @@ int attn__cpu_has(attn_kernel isa);
 attn_status attn__sdpa_dispatch(attn_ctx *ctx, const attn__sdpa *p);
 /* Kernels: p is validated. */
 attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p);
-attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p);
+attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p);
 /* The float64 backward oracle (src/ref/sdpa_backward_ref.c); p from attn__sdpa_backward_prepare.
  * dq/dk/dv (and p->mask_grad) are overwritten, f32 or f64; the inputs any float dtype. */
 attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
                                         attn_tensor *dv, const attn_tensor *dout, const attn_tensor *out,
                                         const attn_tensor *lse);
-/* The fp32 backward (src/cpu/flash_backward.c); shapes already checked. */
-attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq,
+/* The fp32 backward (src/engine/backward.c); shapes already checked. */
+attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq,
                                         attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
                                         const attn_tensor *out, const attn_tensor *lse);
 
-/* The decode kernel (src/cpu/decode.c): few query rows per kv head (Nq times
+/* The decode kernel (src/engine/decode.c): few query rows per kv head (Nq times
  * the GQA group at most ATTN__DEC_MAX_ROWS), no weights, no dropout. */
 #define ATTN__DEC_MAX_ROWS 8
 int attn__decode_fits(const attn__sdpa *p);

@@ -207,7 +207,7 @@ attn_status attn__sdpa_dispatch(attn_ctx *ctx, const attn__sdpa *p) {
   if (attn_ctx_kernel(ctx) == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, p);
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
   if (!ctx->no_decode && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p);
-  return attn__sdpa_run_cpu(ctx, p);
+  return attn__sdpa_run_blocked(ctx, p);
 }
 
 attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
@@ -240,7 +240,7 @@ attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, 
                                                kern != ATTN_KERNEL_REF);
   if (st) return st;
   if (kern == ATTN_KERNEL_REF) return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
-  return attn__sdpa_backward_run_cpu(ctx, &p, dq, dk, dv, dout, out, lse);
+  return attn__sdpa_backward_run_blocked(ctx, &p, dq, dk, dv, dout, out, lse);
 }
 
 attn_status attn_alibi_slopes(float *slopes, int64_t heads) {

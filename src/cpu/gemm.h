@@ -1,6 +1,6 @@
 /* The microkernel contract between the fp32 GEMM framework (gemm.c) and each
  * instruction set's register-blocked kernel (gemm.c's portable one,
- * gemm_avx2.c, gemm_avx512.c).
+ * avx2/gemm.c, avx512/gemm.c).
  *
  * The framework computes C = A . B^T (+ bias) by packing, for one depth block
  * of kc steps (k0 <= k < k0 + kc):
@@ -44,9 +44,9 @@ typedef struct attn__sgemm_kernel {
 } attn__sgemm_kernel;
 
 #ifdef ATTN_HAVE_X86_KERNELS
-/* 6 x 16 tile in ymm accumulators (gemm_avx2.c). */
+/* 6 x 16 tile in ymm accumulators (avx2/gemm.c). */
 extern const attn__sgemm_kernel attn__sgemm_kernel_avx2;
-/* 12 x 32 tile in zmm accumulators (gemm_avx512.c). */
+/* 12 x 32 tile in zmm accumulators (avx512/gemm.c). */
 extern const attn__sgemm_kernel attn__sgemm_kernel_avx512;
 #endif
 

@@ -99,7 +99,7 @@ const attn__decode_kernels *attn__decode_kernels_for(attn_kernel isa);
 
 /* Packs key block blk of kv head (b, g) of a [B, Hk, N, F] view (f32, f16 or
  * bf16, widened to f32), transposed, as
- * Kt is laid out: dst[blk][f][jj] for f < F, jj < nr, zero past row Nk (flash.c). */
+ * Kt is laid out: dst[blk][f][jj] for f < F, jj < nr, zero past row Nk (engine/forward.c). */
 void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
                         int64_t F);
 

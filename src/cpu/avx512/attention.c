@@ -12,7 +12,7 @@
  *       reductions in one shuffle tree), and a vectorised exp (degree-6
  *       polynomial for 2^f, vscalefps for 2^n: about 1 ulp, exact 0 for
  *       -inf, NaN kept). */
-#include "kernels.h"
+#include "../kernels.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -237,7 +237,7 @@ const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, so
  * query rows, whose outputs stay in registers across the block. */
 #define DEC_NAME(x) x##_avx512
 #define DEC_OWN_QK_PV
-#include "decode_kernels.inc"
+#include "../decode_generic.inc"
 
 static inline __attribute__((always_inline)) __m512 load_wide(const void *p, int64_t off, __mmask16 m, attn_dtype dt) {
   if (dt == ATTN_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + off));

@@ -10,8 +10,8 @@
  * neither do the results. */
 #include "../internal.h"
 #include "../logit.h"
-#include "kernels.h"
-#include "../engine/schedule.h"
+#include "../cpu/kernels.h"
+#include "schedule.h"
 
 #include <stdio.h>
 #include <stdlib.h>

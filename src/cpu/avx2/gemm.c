@@ -11,7 +11,7 @@
  * Edges: the kernel only ever sees full 6 x 16 tiles; the framework (gemm.c)
  * zero-pads the packed panels and runs tiles cut by C's edge on a private copy.
  * init (NULL or 16 floats) seeds every row's accumulators instead of C. */
-#include "gemm.h"
+#include "../gemm.h"
 
 #include <immintrin.h>
 

@@ -1,6 +1,6 @@
 /* Portable C microkernels: the contract of kernels.h with plain loops over
  * fixed tile sizes, which compilers vectorise well enough. Builds anywhere. */
-#include "kernels.h"
+#include "../kernels.h"
 
 #include <math.h>
 
@@ -88,4 +88,4 @@ _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the 
 const attn__cpu_kernels attn__kernels_c = {"c", MR, NR, qk_c, softmax_c, pv_c, exp_shift_c, ds_c, pt_acc_c};
 
 #define DEC_NAME(x) x##_c
-#include "decode_kernels.inc"
+#include "../decode_generic.inc"

@@ -13,7 +13,7 @@
  * order whatever the thread count, the blocking or the tile's position. So the
  * result is bitwise the same for any thread count (for a given isa). */
 #include "../internal.h"
-#include "gemm.h"
+#include "../cpu/gemm.h"
 
 #ifdef ATTN_HAVE_CBLAS
 #include <cblas.h>

@@ -12,8 +12,8 @@
  * pass recomputing the scores. C does not depend on the threads. */
 #include "../internal.h"
 #include "../logit.h"
-#include "kernels.h"
-#include "../engine/schedule.h"
+#include "../cpu/kernels.h"
+#include "schedule.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -408,7 +408,7 @@ static void bwd_scratch_init(const void *arg, void *scratch) {
   bwd_scratch_layout(scratch, j->kn->mr, j->kn->nr, j->p->D, j->p->Dv);
 }
 
-attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
+attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
                                         attn_tensor *dv, const attn_tensor *dout, const attn_tensor *out,
                                         const attn_tensor *lse) {
   /* Without a query row or a key nothing flows back: every gradient is zero, at

@@ -4,7 +4,7 @@
  * Tile: MR = 6 query rows x NR = 16 keys (two ymm per row): 12 accumulators
  * in qk and pv, leaving registers for the loaded keys/values. exp builds 2^n
  * in the exponent bits, so inputs below -87.3 (and -inf) are forced to 0. */
-#include "kernels.h"
+#include "../kernels.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -199,4 +199,4 @@ _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the 
 const attn__cpu_kernels attn__kernels_avx2 = {"avx2", MR, NR, qk_avx2, softmax_avx2, pv_avx2, exp_shift_avx2, ds_avx2, pt_acc_avx2};
 
 #define DEC_NAME(x) x##_avx2
-#include "decode_kernels.inc"
+#include "../decode_generic.inc"

@@ -7,8 +7,8 @@
  * are independent, so results do not depend on the thread count. */
 #include "../internal.h"
 #include "../logit.h"
-#include "kernels.h"
-#include "../engine/schedule.h"
+#include "../cpu/kernels.h"
+#include "schedule.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -281,7 +281,7 @@ static void fwd_scratch_init(const void *arg, void *scratch) {
   scratch_carve(scratch, j->kn->mr, j->kn->nr, j->p->D, j->p->Dv);
 }
 
-attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p) {
+attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   const attn__cpu_kernels *kn = attn__kernels_for(attn_ctx_kernel(ctx));
   const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
