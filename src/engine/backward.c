@@ -224,9 +224,10 @@ static void zero_f32(attn_tensor *t) {
  * R query splits: item (c, r) takes key blocks c, c + C, ... against query
  * tiles r, r + R, ... (interleaved, so a causal mask leaves the items nearly
  * even). dQ sums over chunks and dK, dV over splits, each in a later phase in
- * index order. C and R come from the shape alone (enough items for 64 threads
- * over all kv heads, at most 8 x 8 per head), so no thread count changes a
- * sum. Kv heads are packed in rounds that fit PACK_BUDGET (at least one). */
+ * index order. Kv heads are packed in rounds that fit PACK_BUDGET (at least
+ * one); C and R come from the shape alone (enough items for 64 threads over
+ * the kv heads of a round, at most 8 x 8 per head), so no thread count
+ * changes a sum. */
 #define GRID_ITEMS 64
 #define GRID_MAX 8
 #define PACK_BUDGET ((int64_t)32 << 20)
@@ -429,22 +430,26 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   j.nqp = j.ntiles * mr;
   j.pairs = p->B * p->Hk;
   j.k_unit = p->k.strides[3] == 1;
-  const int64_t need = (GRID_ITEMS + j.pairs - 1) / j.pairs; /* items per kv head */
-  j.C = need < GRID_MAX ? need : GRID_MAX;
-  j.C = j.C < j.nblk ? j.C : j.nblk;
-  j.R = (need + j.C - 1) / j.C;
-  j.R = j.R < GRID_MAX ? j.R : GRID_MAX;
-  j.R = j.R < j.ntiles ? j.R : j.ntiles;
   const int64_t Dp = p->D > 0 ? p->D : 1;
   j.kt_size = j.nblk * nr * p->D;
   j.vt_size = j.nblk * nr * (p->Dv > 0 ? p->Dv : 1);
   j.kr_size = j.k_unit ? 0 : p->Nk * p->D;
   j.rows_size = p->group * j.nqp * (p->D + p->Dv + 2);
+  /* kv heads per round before the grid's partials, hence the items each needs;
+   * the partials then count in the round's budget too */
+  const size_t packed = attn__bytes(1, j.kt_size + j.vt_size + j.kr_size + j.rows_size, 1, sizeof(float));
+  const int64_t fit = packed >= (size_t)PACK_BUDGET ? 1 : (int64_t)((size_t)PACK_BUDGET / (packed ? packed : 1));
+  const int64_t in_flight = fit < j.pairs ? fit : j.pairs;
+  const int64_t need = (GRID_ITEMS + in_flight - 1) / in_flight; /* items per kv head */
+  j.C = need < GRID_MAX ? need : GRID_MAX;
+  j.C = j.C < j.nblk ? j.C : j.nblk;
+  j.R = (need + j.C - 1) / j.C;
+  j.R = j.R < GRID_MAX ? j.R : GRID_MAX;
+  j.R = j.R < j.ntiles ? j.R : j.ntiles;
   j.dq_size = j.C * p->group * j.nqp * Dp;
   j.dkv_size = j.R > 1 ? j.R * p->Nk * (p->D + p->Dv) : 0;
   /* saturating sizes: broadcast views may claim more than memory holds (attn__workspace refuses those) */
-  const size_t per_pair = attn__bytes(1, j.kt_size + j.vt_size + j.kr_size, 1, sizeof(float)) +
-                          attn__bytes(1, j.rows_size + j.dq_size + j.dkv_size, 1, sizeof(float));
+  const size_t per_pair = packed + attn__bytes(1, j.dq_size + j.dkv_size, 1, sizeof(float));
   j.per_round = per_pair > (size_t)PACK_BUDGET ? 1 : (int64_t)((size_t)PACK_BUDGET / (per_pair ? per_pair : 1));
   j.per_round = j.per_round < 1 ? 1 : j.per_round > j.pairs ? j.pairs : j.per_round;
   const int64_t n = j.per_round;
