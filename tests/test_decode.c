@@ -96,7 +96,7 @@ static void run_case(const dcase *c, uint64_t seed, int decode) {
   for (int ki = 0; ki < 3; ki++) {
     if (!attn_kernel_supported(kernels[ki])) continue;
     attn_ctx_set_kernel(ctx, kernels[ki]);
-    ctx->no_decode = !decode;
+    CHECK_OK(ctx, attn_ctx_set_decode(ctx, decode));
     float *first = NULL;
     for (int threads = 1; threads <= 3; threads++) {
       attn_ctx_set_threads(ctx, threads);
@@ -198,9 +198,8 @@ static void edges(int blocked) {
   attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, ks), to = attn_tensor_view(out, ATTN_F32, 4, qs);
   attn_tensor tp = attn_tensor_view(kpm, ATTN_BOOL, 2, ps), tl = attn_tensor_view(lse, ATTN_F32, 3, ls);
   attn_ctx *ctx;
-  if (blocked) setenv("ATTN_DECODE", "0", 1); /* read when a context is created */
   attn_ctx_create(&ctx);
-  unsetenv("ATTN_DECODE");
+  CHECK_OK(ctx, attn_ctx_set_decode(ctx, !blocked));
   const attn_kernel kernels[3] = {ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
   for (int ki = 0; ki < 3; ki++) {
     if (!attn_kernel_supported(kernels[ki])) continue;

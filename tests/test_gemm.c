@@ -65,10 +65,14 @@ static void run_case(tu_rng *rng, const gcase *c, const attn_kernel *isas, int n
   }
 
   for (int ki = 0; ki < nisa; ki++) {
+    attn_ctx *ctx;
+    attn_ctx_create(&ctx);
+    attn_ctx_set_kernel(ctx, isas[ki]);
     for (int t = 0; t < 3; t++) {
       const int threads = t + 1;
       tu_poison_f32(C[t].p, nc);
-      attn__sgemm_nt(threads, isas[ki], M, N, K, A.p, lda, B.p, ldb, C[t].p, ldc, bp);
+      attn_ctx_set_threads(ctx, threads);
+      attn__sgemm_nt(ctx, M, N, K, A.p, lda, B.p, ldb, C[t].p, ldc, bp);
       int nan_in = 0, written_out = 0;
       for (int64_t i = 0; i < M; i++) {
         for (int64_t j = 0; j < N; j++) {
@@ -88,6 +92,7 @@ static void run_case(tu_rng *rng, const gcase *c, const attn_kernel *isas, int n
               "%s M=%lld N=%lld K=%lld: threads=%d differs bitwise from threads=1", isa_name(isas[ki]), (long long)M,
               (long long)N, (long long)K, threads);
     }
+    attn_ctx_destroy(ctx);
   }
 done:
   free(A.base);

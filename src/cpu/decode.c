@@ -186,7 +186,7 @@ static void merge_row(const attn__sdpa *p, const float *parts, int64_t nchunks, 
 }
 
 attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa) {
-  const attn__decode_kernels *dk = attn__decode_kernels_for(isa);
+  const attn__decode_kernels *dk = ctx->dispatch.decode;
   const int64_t R = p->Nq * p->group, pairs = p->B * p->Hk;
   const int64_t nchunks = p->Nk > 0 ? (p->Nk + ATTN__DEC_CHUNK - 1) / ATTN__DEC_CHUNK : 1;
   const int64_t stride = R * (p->Dv + 2); /* floats of one chunk's partial */

@@ -264,10 +264,10 @@ void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, 
 #define PACK_BUDGET ((int64_t)8 << 20)
 
 attn_status attn__sdpa_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn_kernel isa) {
-  const attn__cpu_kernels *kn = attn__kernels_for(isa);
+  const attn__cpu_kernels *kn = ctx->dispatch.attention;
   const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
-  if (!ctx->no_decode && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p, isa);
+  if (ctx->dispatch.decode_enabled && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p, isa);
   const int64_t nblocks = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr;
   const int v_unit = p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1); /* else packed as f32 */
   /* one kv head's packed keys and values: a broadcast k or v may claim more than memory holds */

@@ -239,7 +239,7 @@ attn_status attn__sdpa_backward_run_cpu(attn_ctx *ctx, const attn__sdpa *p, attn
     if (p->sinks_grad) zero_f32(p->sinks_grad);
     return ATTN_OK;
   }
-  const attn__cpu_kernels *kn = attn__kernels_for(isa);
+  const attn__cpu_kernels *kn = ctx->dispatch.attention;
   const int mr = kn->mr, nr = kn->nr, threads = attn__threads(ctx);
   const int64_t nblk = (p->Nk + nr - 1) / nr, ntiles = (p->Nq + mr - 1) / mr, nqp = ntiles * mr;
   const int k_unit = p->k.strides[3] == 1;

@@ -87,7 +87,6 @@ extern const attn__decode_kernels attn__decode_kernels_c;
 extern const attn__decode_kernels attn__decode_kernels_avx2;
 extern const attn__decode_kernels attn__decode_kernels_avx512;
 #endif
-const attn__decode_kernels *attn__decode_kernels_for(attn_kernel isa);
 float attn__f16_to_f32(uint16_t h); /* core.c: exact, for CPUs without F16C */
 
 /* What a tile's mask does (internal.h defines the hidden set):
@@ -126,8 +125,5 @@ attn__tile_mask attn__mask_tile(const struct attn__sdpa *p, float *Mb, int nr, i
  * Kt is laid out: dst[blk][f][jj] for f < F, jj < nr, zero past row Nk (flash.c). */
 void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
                         int64_t F);
-
-/* The kernel set for an instruction set (the portable one for anything else). */
-const attn__cpu_kernels *attn__kernels_for(attn_kernel isa);
 
 #endif
