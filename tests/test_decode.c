@@ -3,7 +3,6 @@
  * kernel with f16/bf16 q, k, v, each against the float64 oracle run on the
  * same (rounded) inputs, on every kernel and several thread counts, with
  * poisoned outputs; results must not depend on the thread count. */
-#include "internal.h"
 #include "testutil.h"
 
 typedef struct dcase {
@@ -31,7 +30,7 @@ static attn_tensor make_input(tu_rng *r, int64_t B, int64_t H, int64_t N, int64_
   if (batch_first) t.strides[1] = F, t.strides[2] = H * F;
   else t.strides[2] = F, t.strides[1] = N * F;
   t.strides[0] = H * N * F;
-  for (int64_t i = 0; i < n; i++) attn__store(t.data, dt, i, tu_uniform(r) * 1.5);
+  for (int64_t i = 0; i < n; i++) tu_store_float(t.data, dt, i, tu_uniform(r) * 1.5);
   return t;
 }
 
