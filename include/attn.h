@@ -341,7 +341,8 @@ ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int6
  * . weight [N, K]^T + bias [N] (bias may be NULL), all f32 and rank 2, any
  * strides (a view whose rows are not unit-stride is gathered first; out must
  * not overlap the inputs). Computed by the context's fp32 GEMM kernel (the
- * portable one under ATTN_KERNEL_REF), bitwise the same for any thread count. */
+ * portable one under ATTN_KERNEL_REF), bitwise the same for any thread count;
+ * a build with -DATTN_WITH_CBLAS=ON hands the AVX2/AVX-512 cases to its BLAS. */
 ATTN_API attn_status attn_linear(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
                                  const attn_tensor *bias);
 /* Parameters start zeroed. */
