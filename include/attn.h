@@ -69,7 +69,8 @@ typedef struct attn_ctx attn_ctx;
 
 /* Which implementation computes attention. AUTO picks the fastest this CPU
  * runs; the environment variable ATTN_KERNEL (ref, c, avx2, avx512) overrides
- * AUTO. Asking for an instruction set the CPU lacks is an error. */
+ * AUTO (an unknown or unsupported name is ignored). Asking for an instruction
+ * set the CPU lacks is an error. */
 typedef enum attn_kernel {
   ATTN_KERNEL_AUTO = 0,
   ATTN_KERNEL_REF = 1,    /* float64 oracle: slow, plain, the yardstick */
@@ -78,6 +79,8 @@ typedef enum attn_kernel {
   ATTN_KERNEL_AVX512 = 4  /* x86-64 AVX-512 (F, DQ, BW, VL) */
 } attn_kernel;
 
+/* The environment (ATTN_KERNEL, ATTN_DECODE) is read here, once: a context's
+ * choices never change under a later setenv. */
 ATTN_API attn_status attn_ctx_create(attn_ctx **out);
 ATTN_API void attn_ctx_destroy(attn_ctx *ctx);
 /* A context keeps the scratch memory of its largest call (packed keys and
@@ -91,8 +94,17 @@ ATTN_API attn_status attn_ctx_set_threads(attn_ctx *ctx, int threads);
 /* The thread count calls will use (the OpenMP default when set to 0). */
 ATTN_API int attn_ctx_threads(const attn_ctx *ctx);
 ATTN_API attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel);
-/* The kernel calls will actually use (AUTO and ATTN_KERNEL resolved). */
+/* The kernel calls will actually use (AUTO and the ATTN_KERNEL read at
+ * create resolved); never AUTO. NULL: the automatic choice for this CPU and
+ * build, without the environment. */
 ATTN_API attn_kernel attn_ctx_kernel(const attn_ctx *ctx);
+/* Problems of decode size (few query rows per kv head) run on the decode
+ * kernel unless enabled is 0: then they go through the blocked kernel, for
+ * tests and benchmarks (the results agree to rounding). Default 1, or 0 when
+ * ATTN_DECODE=0 was set when the context was created. */
+ATTN_API attn_status attn_ctx_set_decode(attn_ctx *ctx, int enabled);
+/* 1 when the decode kernel may be used, else 0. NULL: 1 (the default). */
+ATTN_API int attn_ctx_decode(const attn_ctx *ctx);
 ATTN_API const char *attn_kernel_name(attn_kernel kernel);
 /* Nonzero when this CPU (and this build) can run kernel. Asks the CPU on every
  * call (CPUID is slow inside VMs); a context asks once, when it is created. */
@@ -329,6 +341,15 @@ typedef enum attn_mha_param {
 } attn_mha_param;
 
 ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_heads);
+
+/* The layer's projections on their own (PyTorch Linear): out [M, N] = x [M, K]
+ * . weight [N, K]^T + bias [N] (bias may be NULL), all f32 and rank 2, any
+ * strides (a view whose rows are not unit-stride is gathered first; out must
+ * not overlap the inputs). Computed by the context's fp32 GEMM kernel (the
+ * portable one under ATTN_KERNEL_REF), bitwise the same for any thread count;
+ * a build with -DATTN_WITH_CBLAS=ON hands the AVX2/AVX-512 cases to its BLAS. */
+ATTN_API attn_status attn_linear(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
+                                 const attn_tensor *bias);
 /* Parameters start zeroed. */
 ATTN_API attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg);
 ATTN_API void attn_mha_destroy(attn_mha *mha);

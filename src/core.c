@@ -51,16 +51,35 @@ attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...) 
   return status;
 }
 
+/* Bit k: kernel k runs on this CPU and build (CPUID, slow in a VM: once per context). */
+static unsigned supported_kernels(void) {
+  unsigned supported = 0;
+  for (int k = ATTN_KERNEL_AUTO; k <= ATTN_KERNEL_AVX512; k++)
+    if (attn_kernel_supported((attn_kernel)k)) supported |= 1u << k;
+  return supported;
+}
+
+static void refresh_dispatch(attn_ctx *c) {
+  const attn_kernel wanted = c->kernel != ATTN_KERNEL_AUTO ? c->kernel : c->env_kernel;
+  attn__dispatch_fill(&c->dispatch, wanted, c->supported, c->decode);
+}
+
 attn_status attn_ctx_create(attn_ctx **out) {
   if (!out) return ATTN_E_INVALID;
   attn_ctx *c = calloc(1, sizeof *c);
   *out = c;
   if (!c) return ATTN_E_NOMEM;
-  for (int k = ATTN_KERNEL_AUTO; k <= ATTN_KERNEL_AVX512; k++)
-    if (attn_kernel_supported((attn_kernel)k)) c->supported |= 1u << k;
-  /* ATTN_DECODE=0 sends decode-sized problems through the blocked kernel (benchmarks, tests) */
+  c->supported = supported_kernels();
+  /* The environment is read here only: getenv is not safe beside a setenv in
+   * another thread, and a context's choice should not change under it. An
+   * unknown or unsupported ATTN_KERNEL leaves the automatic choice. */
+  const char *env = getenv("ATTN_KERNEL");
+  c->env_kernel = ATTN_KERNEL_AUTO;
+  for (int k = ATTN_KERNEL_REF; env && k <= ATTN_KERNEL_AVX512; k++)
+    if (!strcmp(env, attn_kernel_name((attn_kernel)k)) && ((c->supported >> k) & 1)) c->env_kernel = (attn_kernel)k;
   const char *dec = getenv("ATTN_DECODE");
-  c->no_decode = dec && strcmp(dec, "0") == 0;
+  c->decode = !(dec && strcmp(dec, "0") == 0);
+  refresh_dispatch(c);
   return ATTN_OK;
 }
 
@@ -133,8 +152,18 @@ attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel) {
   if (!((ctx->supported >> kernel) & 1))
     return attn__fail(ctx, ATTN_E_UNSUPPORTED, "kernel %s is not supported by this CPU or build", attn_kernel_name(kernel));
   ctx->kernel = kernel;
+  refresh_dispatch(ctx);
   return ATTN_OK;
 }
+
+attn_status attn_ctx_set_decode(attn_ctx *ctx, int enabled) {
+  ATTN__ENTER(ctx);
+  ctx->decode = enabled != 0;
+  refresh_dispatch(ctx);
+  return ATTN_OK;
+}
+
+int attn_ctx_decode(const attn_ctx *ctx) { return ctx ? ctx->dispatch.decode_enabled : 1; }
 
 const char *attn_kernel_name(attn_kernel kernel) {
   switch (kernel) {
@@ -161,22 +190,10 @@ int attn_kernel_supported(attn_kernel kernel) {
 }
 
 attn_kernel attn_ctx_kernel(const attn_ctx *ctx) {
-  if (ctx && ctx->kernel != ATTN_KERNEL_AUTO) return ctx->kernel;
-  unsigned supported = 0;
-  if (ctx) supported = ctx->supported;
-  else
-    for (int k = ATTN_KERNEL_AUTO; k <= ATTN_KERNEL_AVX512; k++)
-      if (attn_kernel_supported((attn_kernel)k)) supported |= 1u << k;
-  /* getenv only reads; the environment is the caller's to keep stable. */
-  const char *env = getenv("ATTN_KERNEL");
-  if (env) {
-    /* an unknown or unsupported name falls through to the automatic choice */
-    for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AVX512; k++)
-      if (!strcmp(env, attn_kernel_name((attn_kernel)k)) && ((supported >> k) & 1)) return (attn_kernel)k;
-  }
-  if ((supported >> ATTN_KERNEL_AVX512) & 1) return ATTN_KERNEL_AVX512;
-  if ((supported >> ATTN_KERNEL_AVX2) & 1) return ATTN_KERNEL_AVX2;
-  return ATTN_KERNEL_C;
+  if (ctx) return ctx->dispatch.kernel;
+  attn__dispatch d;
+  attn__dispatch_fill(&d, ATTN_KERNEL_AUTO, supported_kernels(), 1);
+  return d.kernel;
 }
 
 const char *attn_ctx_error(const attn_ctx *ctx) { return ctx ? ctx->msg : ""; }

@@ -11,15 +11,32 @@
 
 #define ATTN__MSG_LEN 512
 
+/* What a context's calls run, resolved once (attn__dispatch_fill) when the
+ * context is made and whenever its kernel or decode switch changes, so that no
+ * call asks the environment or looks a kernel up. */
+typedef struct attn__dispatch {
+  attn_kernel kernel;                             /* never AUTO */
+  const struct attn__cpu_kernels *attention;      /* the blocked kernel's tiles (src/cpu/kernels.h) */
+  const struct attn__decode_kernels *decode;      /* the decode kernel's blocks (src/cpu/kernels.h) */
+  const struct attn__sgemm_kernel *gemm;          /* the projections' GEMM (src/cpu/gemm.h) */
+  int decode_enabled;                             /* 0: decode-sized problems go through the blocked kernel */
+} attn__dispatch;
+
+/* The table for kernel (AUTO: the fastest in supported, bit k for kernel k;
+ * the portable sets serve REF, whose projections run in fp32) and the decode switch. */
+void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned supported, int decode_enabled);
+
 struct attn_ctx {
   int threads;          /* 0 = OpenMP default */
-  attn_kernel kernel;   /* as set; AUTO resolved at call time */
+  attn_kernel kernel;   /* as set (AUTO allowed) */
+  attn_kernel env_kernel; /* ATTN_KERNEL when the context was made (a supported name), else AUTO */
   unsigned supported;   /* bit k: kernel k runs here; asked once, as CPUID is slow in a VM */
+  int decode;           /* as set: attn_ctx_set_decode, or ATTN_DECODE=0 at create */
+  attn__dispatch dispatch; /* kernel (or env_kernel for AUTO) and decode, resolved */
   char msg[ATTN__MSG_LEN];
   char plan[2 * ATTN__MSG_LEN]; /* the work list of the last scheduled call (attn_ctx_plan) */
   void *work;           /* workspace: see attn__workspace */
   size_t work_bytes;     /* its size; also says how it was made (attn_ctx_trim) */
-  int no_decode;        /* ATTN_DECODE=0: never the decode kernel */
 };
 
 /* ctx's workspace of at least bytes (64-byte aligned), or NULL when out of
@@ -159,9 +176,10 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
 int attn__decode_fits(const attn__sdpa *p);
 attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p);
 
-/* C = A . B^T + bias, fp32; C is (M, N), A is (M, K), B is (N, K), bias is (N) or NULL.
- * isa: ATTN_KERNEL_C, _AVX2 or _AVX512 (already checked as supported). */
-void attn__sgemm_nt(int threads, attn_kernel isa, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+/* C = A . B^T + bias, fp32; C is (M, N), A is (M, K), B is (N, K), bias is (N) or NULL,
+ * rows lda, ldb, ldc apart. Runs ctx's GEMM kernel on ctx's threads; bitwise
+ * the same for any thread count. */
+void attn__sgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc, const float *bias);
 
 /* Size helpers that refuse overflow: 0 on success. */

@@ -158,7 +158,7 @@ attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn
 static attn_status attend_batch(attn_ctx *ctx, const attn_kv_cache *cache, attn_tensor *out, const attn_tensor *q,
                                 const attn_sdpa_opts *o) {
   const attn_kv_cache_config *c = &cache->cfg;
-  if (attn_ctx_kernel(ctx) == ATTN_KERNEL_REF || ctx->no_decode) return ATTN_E_UNSUPPORTED;
+  if (ctx->dispatch.kernel == ATTN_KERNEL_REF || !ctx->dispatch.decode_enabled) return ATTN_E_UNSUPPORTED;
   int64_t longest = 0;
   for (int64_t b = 0; b < c->batch; b++) longest = cache->len[b] > longest ? cache->len[b] : longest;
   attn_tensor k = row_view(cache, cache->k, c->head_dim, 0, longest), v = row_view(cache, cache->v, c->v_head_dim, 0, longest);

@@ -204,9 +204,9 @@ static int nothing_to_write(const attn__sdpa *p) {
 /* Which framework runs a validated forward: the oracle, the decode kernel (a
  * few query rows per kv head, streaming K and V once), or the blocked one. */
 attn_status attn__sdpa_dispatch(attn_ctx *ctx, const attn__sdpa *p) {
-  if (attn_ctx_kernel(ctx) == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, p);
+  if (ctx->dispatch.kernel == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, p);
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
-  if (!ctx->no_decode && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p);
+  if (ctx->dispatch.decode_enabled && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p);
   return attn__sdpa_run_blocked(ctx, p);
 }
 

@@ -31,23 +31,55 @@ static void contexts(void) {
   CHECK(attn_ctx_kernel(ctx) == ATTN_KERNEL_REF, "kernel set");
   CHECK(!strcmp(attn_kernel_name(ATTN_KERNEL_C), "c") && !strcmp(attn_kernel_name(ATTN_KERNEL_REF), "ref"),
         "kernel names");
-  /* ATTN_KERNEL picks the path of a context left on AUTO; unknown names are ignored */
+  /* ATTN_KERNEL, read when a context is created, picks the path of a context
+   * left on AUTO; unknown or unsupported names are ignored */
   CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO));
   const attn_kernel automatic = attn_ctx_kernel(ctx);
   CHECK(automatic != ATTN_KERNEL_AUTO && automatic != ATTN_KERNEL_REF && attn_kernel_supported(automatic),
         "AUTO resolves to a supported fast kernel, got %s", attn_kernel_name(automatic));
+  CHECK(attn_ctx_kernel(NULL) == automatic, "no context: the automatic choice, got %s",
+        attn_kernel_name(attn_ctx_kernel(NULL)));
   for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AVX512; k++) {
     setenv("ATTN_KERNEL", attn_kernel_name((attn_kernel)k), 1);
-    const attn_kernel got = attn_ctx_kernel(ctx);
+    attn_ctx *env_ctx;
+    CHECK_OK(NULL, attn_ctx_create(&env_ctx));
+    const attn_kernel got = attn_ctx_kernel(env_ctx);
     if (attn_kernel_supported((attn_kernel)k)) CHECK((int)got == k, "ATTN_KERNEL=%s gave %s", attn_kernel_name((attn_kernel)k), attn_kernel_name(got));
     else {
       CHECK(got == automatic, "unsupported ATTN_KERNEL=%s must fall back", attn_kernel_name((attn_kernel)k));
       CHECK_ERR(ctx, attn_ctx_set_kernel(ctx, (attn_kernel)k), ATTN_E_UNSUPPORTED, "not supported");
     }
+    /* a kernel set explicitly wins over the environment; AUTO returns to it */
+    CHECK_OK(env_ctx, attn_ctx_set_kernel(env_ctx, ATTN_KERNEL_C));
+    CHECK(attn_ctx_kernel(env_ctx) == ATTN_KERNEL_C, "set kernel under ATTN_KERNEL=%s", attn_kernel_name((attn_kernel)k));
+    CHECK_OK(env_ctx, attn_ctx_set_kernel(env_ctx, ATTN_KERNEL_AUTO));
+    CHECK(attn_ctx_kernel(env_ctx) == got, "AUTO again under ATTN_KERNEL=%s", attn_kernel_name((attn_kernel)k));
+    CHECK(attn_ctx_kernel(ctx) == automatic, "a context made before setenv keeps its kernel");
+    attn_ctx_destroy(env_ctx);
   }
   setenv("ATTN_KERNEL", "nonsense", 1);
-  CHECK(attn_ctx_kernel(ctx) == automatic, "an unknown ATTN_KERNEL is ignored");
+  attn_ctx *env_ctx;
+  CHECK_OK(NULL, attn_ctx_create(&env_ctx));
+  CHECK(attn_ctx_kernel(env_ctx) == automatic, "an unknown ATTN_KERNEL is ignored");
+  attn_ctx_destroy(env_ctx);
   unsetenv("ATTN_KERNEL");
+
+  /* the decode switch: on by default, off when ATTN_DECODE=0 at create */
+  CHECK(attn_ctx_decode(ctx) == 1 && attn_ctx_decode(NULL) == 1, "decode on by default");
+  CHECK_OK(ctx, attn_ctx_set_decode(ctx, 0));
+  CHECK(attn_ctx_decode(ctx) == 0, "decode switched off");
+  CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_C));
+  CHECK(attn_ctx_decode(ctx) == 0, "a kernel change keeps the decode switch");
+  CHECK_OK(ctx, attn_ctx_set_decode(ctx, 1));
+  CHECK(attn_ctx_decode(ctx) == 1 && attn_ctx_kernel(ctx) == ATTN_KERNEL_C, "decode switched on, kernel kept");
+  CHECK(attn_ctx_set_decode(NULL, 0) == ATTN_E_INVALID, "set_decode(NULL)");
+  setenv("ATTN_DECODE", "0", 1);
+  CHECK_OK(NULL, attn_ctx_create(&env_ctx));
+  unsetenv("ATTN_DECODE");
+  CHECK(attn_ctx_decode(env_ctx) == 0, "ATTN_DECODE=0 at create turns decode off");
+  CHECK_OK(env_ctx, attn_ctx_set_decode(env_ctx, 1));
+  CHECK(attn_ctx_decode(env_ctx) == 1, "set_decode overrides ATTN_DECODE");
+  attn_ctx_destroy(env_ctx);
   attn_ctx_destroy(ctx);
   attn_ctx_destroy(NULL);
 }

@@ -3,7 +3,6 @@
  * kernel with f16/bf16 q, k, v, each against the float64 oracle run on the
  * same (rounded) inputs, on every kernel and several thread counts, with
  * poisoned outputs; results must not depend on the thread count. */
-#include "internal.h"
 #include "testutil.h"
 
 typedef struct dcase {
@@ -31,7 +30,7 @@ static attn_tensor make_input(tu_rng *r, int64_t B, int64_t H, int64_t N, int64_
   if (batch_first) t.strides[1] = F, t.strides[2] = H * F;
   else t.strides[2] = F, t.strides[1] = N * F;
   t.strides[0] = H * N * F;
-  for (int64_t i = 0; i < n; i++) attn__store(t.data, dt, i, tu_uniform(r) * 1.5);
+  for (int64_t i = 0; i < n; i++) tu_store_float(t.data, dt, i, tu_uniform(r) * 1.5);
   return t;
 }
 
@@ -96,7 +95,7 @@ static void run_case(const dcase *c, uint64_t seed, int decode) {
   for (int ki = 0; ki < 3; ki++) {
     if (!attn_kernel_supported(kernels[ki])) continue;
     attn_ctx_set_kernel(ctx, kernels[ki]);
-    ctx->no_decode = !decode;
+    CHECK_OK(ctx, attn_ctx_set_decode(ctx, decode));
     float *first = NULL;
     for (int threads = 1; threads <= 3; threads++) {
       attn_ctx_set_threads(ctx, threads);
@@ -198,9 +197,8 @@ static void edges(int blocked) {
   attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, ks), to = attn_tensor_view(out, ATTN_F32, 4, qs);
   attn_tensor tp = attn_tensor_view(kpm, ATTN_BOOL, 2, ps), tl = attn_tensor_view(lse, ATTN_F32, 3, ls);
   attn_ctx *ctx;
-  if (blocked) setenv("ATTN_DECODE", "0", 1); /* read when a context is created */
   attn_ctx_create(&ctx);
-  unsetenv("ATTN_DECODE");
+  CHECK_OK(ctx, attn_ctx_set_decode(ctx, !blocked));
   const attn_kernel kernels[3] = {ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
   for (int ki = 0; ki < 3; ki++) {
     if (!attn_kernel_supported(kernels[ki])) continue;

@@ -437,9 +437,8 @@ int main(int argc, char **argv) {
   attn_ctx_create(&oracle);
   attn_ctx_set_threads(oracle, 2);
   attn_ctx_create(&ctx[0]);          /* the decode kernel where a problem fits it */
-  setenv("ATTN_DECODE", "0", 1);     /* read once, when a context is created */
   attn_ctx_create(&ctx[1]);          /* always the blocked kernel */
-  unsetenv("ATTN_DECODE");
+  CHECK_OK(ctx[1], attn_ctx_set_decode(ctx[1], 0));
   for (int i = 0; i < 2; i++) CHECK_OK(ctx[i], attn_ctx_set_kernel(ctx[i], kern));
   const char *paths[2] = {"decode-or-blocked", "blocked"};
   tu_rng r = {2026};

@@ -3,7 +3,6 @@
  * rows of different lengths, f16/bf16 storage (against the oracle on the
  * rounded keys and values), truncate, copy_row, windows; and every refusal
  * leaves the cache as it was. */
-#include "internal.h"
 #include "testutil.h"
 
 static float *rand_f32(tu_rng *r, int64_t n) {
@@ -14,10 +13,7 @@ static float *rand_f32(tu_rng *r, int64_t n) {
 
 /* Rounds x through dt (what the cache stores). */
 static void round_through(float *x, int64_t n, attn_dtype dt) {
-  for (int64_t i = 0; i < n; i++) {
-    if (dt == ATTN_F16) x[i] = attn__f16_to_f32(attn__f32_to_f16(x[i]));
-    else if (dt == ATTN_BF16) x[i] = attn__bf16_to_f32(attn__f32_to_bf16(x[i]));
-  }
+  for (int64_t i = 0; i < n; i++) x[i] = tu_round_through(x[i], dt);
 }
 
 /* Appends a sequence in steps of sizes steps[] and attends after each; every
@@ -268,7 +264,32 @@ static void mha_incremental(attn_dtype dt, int64_t E, int64_t H, int64_t Hk, int
   free(x), free(full), free(inc);
 }
 
+/* The rounding helpers the comparisons rest on (testutil.h): every half
+ * survives the round trip, and ties go to even, in the subnormals too. */
+static void half_rounding(void) {
+  int bad = 0;
+  for (uint32_t h = 0; h < 0x10000; h++) {
+    const float f = tu_f16_to_f32((uint16_t)h);
+    if (isnan(f)) bad += !isnan(tu_f16_to_f32(tu_f32_to_f16(f)));
+    else bad += tu_f32_to_f16(f) != h;
+    if (!isnan(tu_bf16_to_f32((uint16_t)h))) bad += tu_f32_to_bf16(tu_bf16_to_f32((uint16_t)h)) != h;
+  }
+  CHECK(bad == 0, "%d halves do not survive the round trip", bad);
+  const struct { float x; uint16_t h; } f16[] = {
+      {1.0f + 0x1p-11f, 0x3c00}, {1.0f + 3 * 0x1p-11f, 0x3c02}, {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01},
+      {0x1p-25f, 0x0000},        {3 * 0x1p-25f, 0x0002},        {0x1p-25f + 0x1p-35f, 0x0001},
+      {65519.0f, 0x7bff},        {65520.0f, 0x7c00},            {-0x1p-14f * 1.5f, 0x8600},
+      {0x1p-14f - 0x1p-26f, 0x0400}, /* a subnormal that rounds up to the smallest normal */
+  };
+  for (size_t i = 0; i < sizeof f16 / sizeof f16[0]; i++)
+    CHECK(tu_f32_to_f16(f16[i].x) == f16[i].h, "f16(%a) = %04x, want %04x", f16[i].x, tu_f32_to_f16(f16[i].x), f16[i].h);
+  CHECK(tu_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80 && tu_f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82 &&
+            tu_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81,
+        "bf16 ties to even");
+}
+
 int main(void) {
+  half_rounding();
   const int tokens[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   const int mixed[] = {37, 1, 1, 5, 1, 600, 1, 1};
   sdpa_incremental(ATTN_F32, tokens, 10, 4, 4, 64, 0, 1);

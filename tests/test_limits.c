@@ -264,9 +264,8 @@ int main(void) {
   signal(SIGALRM, on_alarm);
   attn_ctx *ctx, *blocked;
   attn_ctx_create(&ctx);
-  setenv("ATTN_DECODE", "0", 1); /* read when a context is created */
   attn_ctx_create(&blocked);
-  unsetenv("ATTN_DECODE");
+  CHECK_OK(blocked, attn_ctx_set_decode(blocked, 0));
   attn_ctx_set_threads(ctx, 2);
   empty_problems(ctx);
   huge_broadcast_keys(ctx, blocked);

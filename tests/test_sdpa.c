@@ -243,7 +243,7 @@ static void oracle_by_hand(attn_ctx *ctx) {
 
 /* Fully masked rows, NaN and Inf, and the four mask modes saying the same thing.
  * ctx is either a default context (these few rows go to the decode kernel) or
- * one made with ATTN_DECODE=0 (the blocked kernel): main runs both. */
+ * one with the decode kernel off (the blocked kernel): main runs both. */
 static void edge_cases(attn_ctx *ctx) {
   enum { N = 5, D = 4 };
   float q[N * D], k[N * D], v[N * D], out[N * D], w[N * N], lse[N];
@@ -457,9 +457,8 @@ int main(int argc, char **argv) {
   oracle_by_hand(ctx);
   edge_cases(ctx);
   attn_ctx *blocked;
-  setenv("ATTN_DECODE", "0", 1); /* read when a context is created */
   if (attn_ctx_create(&blocked)) return 1;
-  unsetenv("ATTN_DECODE");
+  CHECK_OK(blocked, attn_ctx_set_decode(blocked, 0));
   edge_cases(blocked);
   attn_ctx_destroy(blocked);
   long_case(ctx);

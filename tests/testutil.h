@@ -149,6 +149,69 @@ static inline double *tu_to_f64(const attn_tensor *t) {
   return o;
 }
 
+/* ---- half precision, the test's own (tests may not use the library's internals) ----
+ * IEEE binary16 and bfloat16 from float by round to nearest, ties to even, as
+ * the library stores halves: NaN stays NaN, too large becomes Inf, and values
+ * below the smallest normal half become subnormals or zero. */
+static inline uint16_t tu_f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u;
+  const int e = (int)(a >> 23) - 127;     /* f = 1.m * 2^e (float subnormals are far below any half) */
+  if (e > 15) return sign | 0x7c00u;      /* Inf, or beyond the largest half */
+  if (e < -25) return sign;               /* below half the smallest subnormal */
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u; /* 24 bits with the leading one */
+  /* keep 11 bits of a normal half; a subnormal's unit is 2^-24, so it keeps fewer */
+  const int drop = e >= -14 ? 13 : 13 + (-14 - e);
+  uint32_t q = m >> drop;
+  const uint32_t rest = m & ((1u << drop) - 1), half = 1u << (drop - 1);
+  if (rest > half || (rest == half && (q & 1))) q++;
+  /* exponent field + mantissa with its leading one: a carry out of the mantissa
+   * moves into the exponent (up to Inf); a subnormal is q itself */
+  return sign | (uint16_t)(e >= -14 ? ((uint32_t)(e + 14) << 10) + q : q);
+}
+
+static inline float tu_f16_to_f32(uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  float v;
+  if (e == 0x1f) v = m ? NAN : INFINITY;
+  else if (e == 0) v = ldexpf((float)m, -24);     /* subnormal: m units of 2^-24 */
+  else v = ldexpf((float)(m | 0x400), e - 25);    /* 1.m * 2^(e - 15) */
+  return (h & 0x8000) ? -v : v;
+}
+
+/* bfloat16 is a float's top half: round the bottom half away, to even on a tie. */
+static inline uint16_t tu_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float tu_bf16_to_f32(uint16_t b) {
+  const uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* x rounded through dt (f32, f16 or bf16): what a tensor of that dtype holds. */
+static inline float tu_round_through(float x, attn_dtype dt) {
+  if (dt == ATTN_F16) return tu_f16_to_f32(tu_f32_to_f16(x));
+  if (dt == ATTN_BF16) return tu_bf16_to_f32(tu_f32_to_bf16(x));
+  return x;
+}
+
+/* Element i of an f32, f16 or bf16 buffer set to x (rounded to float first). */
+static inline void tu_store_float(void *data, attn_dtype dt, int64_t i, double x) {
+  if (dt == ATTN_F16) ((uint16_t *)data)[i] = tu_f32_to_f16((float)x);
+  else if (dt == ATTN_BF16) ((uint16_t *)data)[i] = tu_f32_to_bf16((float)x);
+  else ((float *)data)[i] = (float)x;
+}
+
 static inline int tu_count_nan(const double *x, int64_t n) {
   int c = 0;
   for (int64_t i = 0; i < n; i++) c += isnan(x[i]) != 0;

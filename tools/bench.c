@@ -37,7 +37,7 @@
  * machine's read bandwidth for the same thread count: 20 steps each followed
  * by a pass that reads 512 MiB (sum_pass), the median of their ratios. A cache under 256 MiB is cycled through copies so every
  * step reads memory. --compare also times the same step through the blocked
- * kernel (ATTN_DECODE=0) and a full recompute of all L rows (no cache), and
+ * kernel (attn_ctx_set_decode(ctx, 0)) and a full recompute of all L rows (no cache), and
  * for an f16/bf16 cache its speed-up over the same cache in f32, the two timed
  * step by step in turn (the median ratio of 20 pairs).
  *
@@ -1150,15 +1150,14 @@ static int bench_decode(int argc, char **argv) {
   if (cli_has(&a, "--compare")) {
     /* the same step through the blocked (prefill) kernel, and without a cache: all L rows again */
     attn_ctx *bctx;
-    setenv("ATTN_DECODE", "0", 1);
     const int made = attn_ctx_create(&bctx) == ATTN_OK;
-    unsetenv("ATTN_DECODE");
     if (!made) {
       r = cli_fail(CLI_EXIT_FAIL, "out of memory");
       goto done;
     }
     attn_ctx_set_threads(bctx, attn_ctx_threads(ctx));
     attn_ctx_set_kernel(bctx, attn_ctx_kernel(ctx));
+    attn_ctx_set_decode(bctx, 0);
     c.ctx = bctx;
     r = time_runs(run_decode, &c, repeat, &tb);
     blocked_s = tb.median_s;

@@ -4,7 +4,6 @@
  * once, in attn_ctx_create, and keeps the answer; nothing is cached here, as
  * that would be global mutable state. */
 #include "../internal.h"
-#include "kernels.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
@@ -34,23 +33,3 @@ int attn__cpu_has(attn_kernel isa) {
 #else
 int attn__cpu_has(attn_kernel isa) { return isa == ATTN_KERNEL_C || isa == ATTN_KERNEL_REF; }
 #endif
-
-const attn__cpu_kernels *attn__kernels_for(attn_kernel k) {
-  switch (k) {
-#ifdef ATTN_HAVE_X86_KERNELS
-    case ATTN_KERNEL_AVX512: return &attn__kernels_avx512;
-    case ATTN_KERNEL_AVX2: return &attn__kernels_avx2;
-#endif
-    default: return &attn__kernels_c;
-  }
-}
-
-const attn__decode_kernels *attn__decode_kernels_for(attn_kernel k) {
-  switch (k) {
-#ifdef ATTN_HAVE_X86_KERNELS
-    case ATTN_KERNEL_AVX512: return &attn__decode_kernels_avx512;
-    case ATTN_KERNEL_AVX2: return &attn__decode_kernels_avx2;
-#endif
-    default: return &attn__decode_kernels_c;
-  }
-}

@@ -43,6 +43,8 @@ typedef struct attn__sgemm_kernel {
   attn__sgemm_pack_fn pack_a, pack_b;
 } attn__sgemm_kernel;
 
+/* The portable kernel (gemm.c): plain loops the compiler vectorises. */
+extern const attn__sgemm_kernel attn__sgemm_kernel_c;
 #ifdef ATTN_HAVE_X86_KERNELS
 /* 6 x 16 tile in ymm accumulators (avx2/gemm.c). */
 extern const attn__sgemm_kernel attn__sgemm_kernel_avx2;

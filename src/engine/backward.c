@@ -420,7 +420,7 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
     if (p->sinks_grad) zero_f32(p->sinks_grad);
     return ATTN_OK;
   }
-  const attn__cpu_kernels *kn = attn__kernels_for(attn_ctx_kernel(ctx));
+  const attn__cpu_kernels *kn = ctx->dispatch.attention;
   const int mr = kn->mr, nr = kn->nr;
   bwd_job j;
   memset(&j, 0, sizeof j);

@@ -237,7 +237,7 @@ static void dec_scratch_init(const void *arg, void *scratch) {
 }
 
 attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p) {
-  dec_job j = {p, attn__decode_kernels_for(attn_ctx_kernel(ctx)), p->B * p->Hk, 0, 0, p->Nq * p->group, NULL};
+  dec_job j = {p, ctx->dispatch.decode, p->B * p->Hk, 0, 0, p->Nq * p->group, NULL};
   j.nchunks = p->Nk > 0 ? (p->Nk + ATTN__DEC_CHUNK - 1) / ATTN__DEC_CHUNK : 1;
   j.stride = j.R * (p->Dv + 2); /* floats of one chunk's partial */
   const size_t part_bytes = attn__bytes(j.pairs, j.nchunks, j.stride, sizeof(float)); /* saturates: see attn__bytes */

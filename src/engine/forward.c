@@ -282,7 +282,7 @@ static void fwd_scratch_init(const void *arg, void *scratch) {
 }
 
 attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
-  const attn__cpu_kernels *kn = attn__kernels_for(attn_ctx_kernel(ctx));
+  const attn__cpu_kernels *kn = ctx->dispatch.attention;
   const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
   fwd_job j = {p, kn, 0, 0, 0, 0, 0, 0, 0, 0, QB_MAX, 0, NULL, NULL};

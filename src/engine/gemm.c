@@ -11,7 +11,7 @@
  * each thread packs what its rectangle needs into its own buffers, so there are
  * no barriers, and each element of C is the same chain of K multiply-adds in k
  * order whatever the thread count, the blocking or the tile's position. So the
- * result is bitwise the same for any thread count (for a given isa). */
+ * result is bitwise the same for any thread count (for a given kernel). */
 #include "../internal.h"
 #include "../cpu/gemm.h"
 
@@ -49,17 +49,8 @@ static void ukr_c(int64_t kc, const float *restrict Ap, const float *restrict Bp
     for (int j = 0; j < C_NR; j++) C[i * ldc + j] = acc[i][j];
 }
 
-static const attn__sgemm_kernel kernel_c = {"c", C_MR, C_NR, 256, (128 / C_MR) * C_MR, (512 / C_NR) * C_NR, ukr_c, NULL, NULL};
-
-static const attn__sgemm_kernel *kernel_for(attn_kernel isa) {
-  switch (isa) {
-#ifdef ATTN_HAVE_X86_KERNELS
-    case ATTN_KERNEL_AVX512: return &attn__sgemm_kernel_avx512;
-    case ATTN_KERNEL_AVX2: return &attn__sgemm_kernel_avx2;
-#endif
-    default: return &kernel_c;
-  }
-}
+const attn__sgemm_kernel attn__sgemm_kernel_c = {"c", C_MR, C_NR, 256, (128 / C_MR) * C_MR, (512 / C_NR) * C_NR,
+                                                 ukr_c, NULL, NULL};
 
 #define MAX_MR 32
 #define MAX_NR 64
@@ -190,13 +181,23 @@ static void choose_grid(int t, int64_t M, int64_t N, int64_t K, const attn__sgem
   }
 }
 
-void attn__sgemm_nt(int threads, attn_kernel isa, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+#ifdef ATTN_HAVE_CBLAS
+/* CBLAS takes int sizes and leading dimensions no shorter than the rows. */
+static int cblas_fits(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
+  const int64_t most = 2147483647;
+  return M <= most && N <= most && K <= most && lda >= K && lda <= most && ldb >= K && ldb <= most && ldc >= N &&
+         ldc <= most;
+}
+#endif
+
+void attn__sgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc, const float *bias) {
   if (M <= 0 || N <= 0) return;
+  const attn__sgemm_kernel *kd = ctx->dispatch.gemm;
 #ifdef ATTN_HAVE_CBLAS
   /* -DATTN_WITH_CBLAS=ON: the BLAS does the fast paths (its own threads and
    * rounding order); the portable kernel stays ours, for comparison. */
-  if (isa != ATTN_KERNEL_C && K > 0) {
+  if (kd != &attn__sgemm_kernel_c && K > 0 && cblas_fits(M, N, K, lda, ldb, ldc)) {
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) C[i * ldc + j] = bias ? bias[j] : 0.0f;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,
@@ -209,8 +210,8 @@ void attn__sgemm_nt(int threads, attn_kernel isa, int64_t M, int64_t N, int64_t 
       for (int64_t j = 0; j < N; j++) C[i * ldc + j] = bias ? bias[j] : 0.0f;
     return;
   }
-  gemm_args g = {kernel_for(isa), K, A, B, bias, lda, ldb, ldc, C};
-  const attn__sgemm_kernel *kd = g.kd;
+  gemm_args g = {kd, K, A, B, bias, lda, ldb, ldc, C};
+  int threads = attn__threads(ctx);
   const int64_t mcmax = kd->mc > kd->mr ? kd->mc / kd->mr * kd->mr : kd->mr;
   const int64_t ncmax = kd->nc > kd->nr ? kd->nc / kd->nr * kd->nr : kd->nr;
   if (threads < 1) threads = 1;

@@ -696,7 +696,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
       st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
       goto done;
     }
-    attn__sgemm_nt(attn__threads(ctx), kern, B * Nq, E + 2 * kv, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E + 2 * kv,
+    attn__sgemm_nt(ctx, B * Nq, E + 2 * kv, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E + 2 * kv,
                    P[ATTN_MHA_Q_BIAS]);
   } else if (ref) {
     attn_tensor vq, vk, vv;
@@ -718,7 +718,6 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     linear_ref(attn__threads(ctx), K, tk, B * Nk, P[ATTN_MHA_K_WEIGHT], P[ATTN_MHA_K_BIAS], kv, c->kdim);
     linear_ref(attn__threads(ctx), V, tv, B * Nk, P[ATTN_MHA_V_WEIGHT], P[ATTN_MHA_V_BIAS], kv, c->vdim);
   } else {
-    const int th = attn__threads(ctx);
     xq = rows_of(query, &own_q, keep);
     xk = key == query ? xq : rows_of(key, &own_k, keep);
     xv = value == query ? xq : (value == key ? xk : rows_of(value, &own_v, keep));
@@ -726,9 +725,9 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
       st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
       goto done;
     }
-    attn__sgemm_nt(th, kern, B * Nq, E, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E, P[ATTN_MHA_Q_BIAS]);
-    attn__sgemm_nt(th, kern, B * Nk, kv, c->kdim, xk, c->kdim, P[ATTN_MHA_K_WEIGHT], c->kdim, K, kv, P[ATTN_MHA_K_BIAS]);
-    attn__sgemm_nt(th, kern, B * Nk, kv, c->vdim, xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, V, kv, P[ATTN_MHA_V_BIAS]);
+    attn__sgemm_nt(ctx, B * Nq, E, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E, P[ATTN_MHA_Q_BIAS]);
+    attn__sgemm_nt(ctx, B * Nk, kv, c->kdim, xk, c->kdim, P[ATTN_MHA_K_WEIGHT], c->kdim, K, kv, P[ATTN_MHA_K_BIAS]);
+    attn__sgemm_nt(ctx, B * Nk, kv, c->vdim, xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, V, kv, P[ATTN_MHA_V_BIAS]);
   }
 
   const int64_t ldq = fused ? E + 2 * kv : E, ldkv = fused ? E + 2 * kv : kv;
@@ -797,7 +796,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
                       y[(b * Nq + n) * E + e]);
   } else {
     float *y = contiguous ? out->data : Y;
-    attn__sgemm_nt(attn__threads(ctx), kern, B * Nq, E, E, A, E, Wo, E, y, E, bo);
+    attn__sgemm_nt(ctx, B * Nq, E, E, A, E, Wo, E, y, E, bo);
     if (!contiguous)
       for (int64_t b = 0; b < B; b++)
         for (int64_t n = 0; n < Nq; n++)

@@ -47,7 +47,7 @@ void attn_mha_saved_free(attn_mha_saved *saved) {
 /* ---- the path's arithmetic: float (the fast GEMM) or double (plain loops) ---- */
 typedef struct path {
   int ref; /* 1: double, else float */
-  attn_kernel kern;
+  const attn_ctx *ctx; /* its GEMM kernel and threads */
   int threads;
   size_t es;
 } path;
@@ -97,7 +97,7 @@ static void transpose_weight(const path *p, void *dst, int64_t ld, int64_t off, 
 static void gemm_nt(const path *p, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, const void *B,
                     int64_t ldb, void *C, int64_t ldc) {
   if (!p->ref) {
-    attn__sgemm_nt(p->threads, p->kern, M, N, K, A, lda, B, ldb, C, ldc, NULL);
+    attn__sgemm_nt(p->ctx, M, N, K, A, lda, B, ldb, C, ldc, NULL);
     return;
   }
   const double *a = A, *b = B;
@@ -265,7 +265,7 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_saved
     return st;
   if (!grads && !dquery && !dkey && !dvalue) return ATTN_OK; /* nothing asked */
 
-  const path p = {ref, kern, attn__threads(ctx), ref ? sizeof(double) : sizeof(float)};
+  const path p = {ref, ctx, attn__threads(ctx), ref ? sizeof(double) : sizeof(float)};
   const int64_t M = B * Nq, Mk = B * Nk;
   if (M == 0) { /* no output rows: every gradient is zero */
     if (grads)

@@ -35,9 +35,6 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
   if (opts && (opts->mask || opts->key_padding || opts->weights || opts->dropout_p != 0))
     return attn__fail(ctx, ATTN_E_INVALID,
                       "attn_mha_forward_cached: masks, key padding, weights and dropout are not taken here");
-  attn_kernel kern = attn_ctx_kernel(ctx);
-  if (kern == ATTN_KERNEL_REF) kern = ATTN_KERNEL_C; /* the projections run in fp32; attention follows the context */
-  const int th = attn__threads(ctx);
   const int64_t ld = E + 2 * kv;
   size_t nX, nQKV; /* a broadcast x may claim more tokens than a buffer can hold */
   if (attn__alloc_size(B, n, E, sizeof(float), &nX) || attn__alloc_size(B, n, ld, sizeof(float), &nQKV))
@@ -59,7 +56,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
         X[(b * n + t) * E + e] = ((const float *)x->data)[b * x->strides[0] + t * x->strides[1] + e * x->strides[2]];
   /* the q, k and v weights (and biases) lie one after the other: one GEMM */
   const float *const *P = (const float *const *)mha->param;
-  attn__sgemm_nt(th, kern, M, ld, E, X, E, P[ATTN_MHA_Q_WEIGHT], E, QKV, ld, P[ATTN_MHA_Q_BIAS]);
+  attn__sgemm_nt(ctx, M, ld, E, X, E, P[ATTN_MHA_Q_WEIGHT], E, QKV, ld, P[ATTN_MHA_Q_BIAS]);
   attn_tensor qh = attn__heads_view(QKV, ATTN_F32, B, n, H, D, ld);
   attn_tensor kh = attn__heads_view(QKV + E, ATTN_F32, B, n, Hk, D, ld);
   attn_tensor vh = attn__heads_view(QKV + E + kv, ATTN_F32, B, n, Hk, D, ld);
@@ -85,7 +82,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
     st = attn__fail(ctx, st, "attn_mha_forward_cached: %s", msg);
     goto done;
   }
-  attn__sgemm_nt(th, kern, M, E, E, A, E, P[ATTN_MHA_O_WEIGHT], E, Y, E, P[ATTN_MHA_O_BIAS]);
+  attn__sgemm_nt(ctx, M, E, E, A, E, P[ATTN_MHA_O_WEIGHT], E, Y, E, P[ATTN_MHA_O_BIAS]);
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < n; t++)
       for (int64_t e = 0; e < E; e++)
