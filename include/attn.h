@@ -153,6 +153,14 @@ ATTN_API attn_status attn_tensor_permute(attn_tensor *out, const attn_tensor *t,
  * Refuses (ATTN_E_SHAPE) a shape whose strides attn_tensor_view could not represent. */
 ATTN_API attn_status attn_tensor_alloc(attn_ctx *ctx, attn_tensor *out, attn_dtype dtype, int rank, const int64_t *shape);
 ATTN_API void attn_tensor_free(attn_tensor *t);
+/* Copies src into dst, an existing tensor of the same shape (ATTN_E_SHAPE
+ * otherwise), element by element through any strides, converting between any
+ * two dtypes: floats round to nearest even (f64 to f16 or bf16 in one
+ * rounding), anything non-zero (NaN too) becomes true in a bool, and a u8 takes
+ * the value rounded to nearest even, refused (ATTN_E_INVALID) outside 0..255
+ * or NaN before anything is written. Refuses (ATTN_E_INVALID) a dst that
+ * broadcasts (a stride 0) or whose memory overlaps src's. */
+ATTN_API attn_status attn_tensor_copy(attn_ctx *ctx, attn_tensor *dst, const attn_tensor *src);
 /* The element count (0 with any dimension 0), or -1 for a bad rank or on overflow. */
 ATTN_API int64_t attn_tensor_numel(const attn_tensor *t);
 

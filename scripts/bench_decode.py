@@ -4,17 +4,25 @@
 outside yardstick ../shared/tools/peak.c (its read bandwidth) in the same run;
 written into BENCHMARKS.md between <!-- decode:begin --> and <!-- decode:end -->.
 
-    scripts/bench_decode.py [--attn PATH] [--out BENCHMARKS.md] [--dry-run]
+    scripts/bench_decode.py [--attn PATH] [--out BENCHMARKS.md] [--dry-run] [--only REGEX]
+                            [--baseline PATH [--pairs 2]]
 
 Each case's fraction is its GB/s of cache read over the read bandwidth that
 `attn bench decode` measures in the same process for the same thread count;
 peak.c's figure for that thread count is shown beside it. Only the standard
 library is used; the tool is (re)built in build-bench/ unless --attn is given.
+
+--only REGEX runs the cases whose "label dtype threads" matches. --baseline PATH: a
+second attn binary; each case runs it and ours in turn (baseline first, --pairs
+times) and the table gets "ours / before", the median over the pairs of our GB/s
+over the baseline's (above 1: this tree is faster); the other columns are ours
+from the last pair.
 """
 import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -23,6 +31,20 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_grid import ROOT, cpu_model, loadavg, write_markdown  # noqa: E402
+
+
+def run_case(argv):
+    """One `attn bench decode --json`: its JSON object, or None after printing why."""
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    if p.returncode:
+        print("failed: %s: %s" % (" ".join(argv), p.stderr.strip()), file=sys.stderr)
+        return None
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def median(xs):
+    xs, n = sorted(xs), len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 BEGIN, END = "<!-- decode:begin -->", "<!-- decode:end -->"
 
@@ -67,9 +89,17 @@ def main():
     ap.add_argument("--attn", help="an attn binary to use as is (default: build build-bench/attn from this tree)")
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
     ap.add_argument("--dry-run", action="store_true", help="list the cases and stop")
+    ap.add_argument("--only", help='run only the cases whose "label dtype threads" matches this regex')
+    ap.add_argument("--baseline", help="a second attn binary: each case runs it and ours in turn; adds ours / before")
+    ap.add_argument("--pairs", type=int, default=2, help="with --baseline: (baseline, ours) runs per case (default 2)")
     args = ap.parse_args()
+    if args.pairs < 1:
+        ap.error("--pairs must be at least 1")
+    if args.baseline and not os.access(args.baseline, os.X_OK):
+        ap.error("--baseline %s is not an executable" % args.baseline)
+    cases = [c for c in CASES if not args.only or re.search(args.only, "%s %s %d" % (c[0], c[6], c[7]))]
     if args.dry_run:
-        for c in CASES:
+        for c in cases:
             print(c)
         return 0
     attn = args.attn
@@ -84,16 +114,24 @@ def main():
             "load": loadavg(), "cmd": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}
     peak, note = run_peak_c()
     rows = []
-    for label, B, L, H, G, D, dt, T, extra in CASES:
-        argv = [attn, "bench", "decode", "--batch", str(B), "--kv-seq", str(L), "--heads", str(H), "--kv-heads",
+    if args.baseline:
+        bv = subprocess.run([args.baseline, "version"], stdout=subprocess.PIPE, universal_newlines=True).stdout.strip()
+    for label, B, L, H, G, D, dt, T, extra in cases:
+        argv = ["bench", "decode", "--batch", str(B), "--kv-seq", str(L), "--heads", str(H), "--kv-heads",
                 str(G), "--dim", str(D), "--dtype", dt, "--threads", str(T), "--json"] + extra
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
-        if p.returncode:
-            print("failed: %s: %s" % (" ".join(argv), p.stderr.strip()), file=sys.stderr)
-            return 1
-        r = json.loads(p.stdout.strip().splitlines()[-1])
+        ratios = []
+        for _ in range(args.pairs if args.baseline else 1):
+            b = run_case([args.baseline] + argv) if args.baseline else None
+            r = run_case([attn] + argv)
+            if r is None or (args.baseline and b is None):
+                return 1
+            if b:
+                ratios.append(r["read_gbs"] / b["read_gbs"])
+        if args.baseline:
+            r["before_read_gbs_ratio"] = median(ratios)
         print("%-28s %-4s %dT %7.3f ms %6.2f GB/s %5.1f%%" % (label, dt, T, r["median_s"] * 1e3, r["read_gbs"],
-                                                              100 * r["fraction_of_read_bw"]), file=sys.stderr)
+                                                              100 * r["fraction_of_read_bw"]) +
+              (" | ours / before %.3f×" % r["before_read_gbs_ratio"] if args.baseline else ""), file=sys.stderr)
         rows.append((label, dt, T, r))
     out = [BEGIN, "", "## Decoding (attn bench decode)", "",
            "Run %s on %s; load average before: %s. Command: `%s`." % (info["date"], info["cpu"], info["load"], info["cmd"]),
@@ -104,14 +142,19 @@ def main():
            "given, as the host's bandwidth drifts. *Speed-up over f32*: the same cache in f32 and in the half type, "
            "timed step by step in turn in one process (median of 20 pairs). peak.c's read bandwidth for that thread "
            "count is in the last column" +
-           (" (%s)." % note if note else "."), "",
-           "| case | cache | threads | median ms | GB/s | fraction of read BW | speed-up over f32 | oracle rel L2 | peak.c read GB/s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           (" (%s)." % note if note else ".") +
+           (" *ours / before*: the baseline `%s` (`%s`) and ours run in turn on each case (baseline first, %d pairs); "
+            "the median over the pairs of our GB/s over the baseline's (above 1: faster now)." %
+            (args.baseline, bv, args.pairs) if args.baseline else ""), "",
+           "| case | cache | threads | median ms | GB/s | fraction of read BW | speed-up over f32 | oracle rel L2 | peak.c read GB/s |" +
+           (" ours / before |" if args.baseline else ""),
+           "|---|---|---|---|---|---|---|---|---|" + ("---|" if args.baseline else "")]
     for label, dt, T, r in rows:
         sp = "%.2f×" % r["speedup_over_f32"] if r.get("speedup_over_f32") else "—"
         out.append("| %s | %s | %d | %.3f | %.2f | **%.3f** | %s | %.1e | %s |" % (
             label, dt, T, r["median_s"] * 1e3, r["read_gbs"], r["fraction_of_read_bw"], sp, r["oracle_rel_l2"],
-            "%.1f" % peak[T] if T in peak else "—"))
+            "%.1f" % peak[T] if T in peak else "—") +
+            (" %.3f× |" % r["before_read_gbs_ratio"] if args.baseline else ""))
     cmp = [(label, r) for label, dt, T, r in rows if r.get("full_recompute_s")]
     if cmp:
         out += ["", "The same decoding step three ways (`--compare`): the decode kernel, the blocked (prefill) kernel on "

@@ -10,10 +10,17 @@ written between <!-- backward:begin --> and <!-- backward:end --> (appended when
 
     scripts/bench_grid.py [--attn PATH] [--threads 2] [--torch-python PY | --no-torch]
                           [--case-budget 90] [--only REGEX] [--out BENCHMARKS.md] [--dry-run]
+                          [--baseline PATH [--pairs 2]]
 
 --only REGEX runs the cases whose label matches, in either table; a table none of
 whose cases ran is left as it is. The backward cases' labels start with "backward",
 so `--only backward` runs the backward table alone; the default run does both.
+
+--baseline PATH: a second attn binary (say, a build of the previous commit). Each
+case then runs it and ours in turn, baseline first, --pairs times, with the same
+threads and repeats; both tables get a column "ours / before", the median over the
+pairs of our rate over the baseline's (above 1: this tree is faster), and the raw
+results keep the baseline's runs. The other columns are ours from the last pair.
 
 PyTorch: --torch-python, else $TORCH_PYTHON, else python3 if `import torch` works.
 Only the standard library is used here; torch runs in a worker process.
@@ -280,6 +287,44 @@ def run_attn(attn, c, timeout):
     return r
 
 
+# The rates a baseline is compared on, per table: (JSON key, column title).
+BEFORE_RATES = {False: (("gflops", "ours / before"),),
+                True: (("fwd_bwd_gflops", "fwd+bwd ours / before"), ("backward_gflops", "backward ours / before"))}
+
+
+def run_pairs(attn, baseline, c, timeout, pairs):
+    """Baseline, ours, baseline, ours...: ours from the last pair, with r["before"] holding
+    the baseline's rates and, per rate, the median over the pairs of ours over the baseline's."""
+    rates = [k for k, _ in BEFORE_RATES[bool(c.get("backward"))]]
+    runs, r = [], None
+    for _ in range(pairs):
+        b = run_attn(baseline, c, timeout)
+        r = run_attn(attn, c, timeout)
+        if "error" in r:
+            return r
+        if "error" in b:
+            r["before"] = {"error": b["error"]}
+            return r
+        runs.append((b, r))
+    before = {}
+    for k in rates:
+        before[k] = [b.get(k) for b, _ in runs]
+        ratios = sorted(o[k] / b[k] for b, o in runs if b.get(k) and o.get(k) is not None)
+        n = len(ratios)
+        before[k + "_ratio"] = None if not n else (ratios[n // 2] if n % 2 else 0.5 * (ratios[n // 2 - 1] + ratios[n // 2]))
+    r["before"] = before
+    return r
+
+
+def before_cell(r, key):
+    b = (r or {}).get("before")
+    if b is None:
+        return "—"
+    if "error" in b:
+        return "baseline error: " + b["error"]
+    return fmt(b.get(key + "_ratio"), "%.3f×")
+
+
 class TorchWorker:
     def __init__(self, python):
         self.python = python
@@ -453,6 +498,11 @@ def subset_tag(sub):
     return "subset"
 
 
+BEFORE_NOTE = ("ours / before: the baseline `%s` (`%s`) and ours run in turn on each case (baseline first, %d pairs, "
+               "same threads and repeats); the median over the pairs of our rate over the baseline's (above 1: faster "
+               "now).")
+
+
 def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
     out = [BEGIN, ""]
     out.append("Command: `%s`  " % info["command"])
@@ -474,9 +524,11 @@ def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
     T = info["threads"]
     out.append("All cases fp32, %d threads unless the case says otherwise. GFLOP/s = counted flops / median time." % T)
     out.append("")
+    bl = info.get("baseline")
     out.append("| case | ours GFLOP/s | fraction of our measured peak | fraction of peak.c's peak | PyTorch SDPA GFLOP/s "
-               "| unfused GFLOP/s | ours/PyTorch | ours/unfused | oracle error | peak RSS |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+               "| unfused GFLOP/s | ours/PyTorch | ours/unfused | oracle error | peak RSS |" +
+               "".join(" %s |" % t for _, t in BEFORE_RATES[False]) * bool(bl))
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---|" + "---:|" * len(BEFORE_RATES[False]) * bool(bl))
     notes = []
     bests, n_contended = best_peaks(ours, peaks), 0
     for c in cases:
@@ -511,7 +563,8 @@ def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
         label = c["label"] + (" [%.3g GFLOP]" % gf)
         out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             label, og, frac, frac_pc, torch_cell(t, "sdpa", gf), torch_cell(t, "unfused", gf),
-            fmt(ratio(g, ts), "%.2f×"), fmt(ratio(g, tu), "%.2f×"), err, rss))
+            fmt(ratio(g, ts), "%.2f×"), fmt(ratio(g, tu), "%.2f×"), err, rss) +
+            "".join(" %s |" % before_cell(r, k) for k, _ in BEFORE_RATES[False]) * bool(bl))
     out.append("")
     out.append("Cases whose own measured peak was below %.0f%% of the best measured at the same thread count in this "
                "run shared the CPUs with another load; the grid reran each such case once (%d reruns) and kept the "
@@ -520,6 +573,9 @@ def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
     out.append("")
     out.append("The MHA row's PyTorch column is `nn.MultiheadAttention(E, H, batch_first=True)(x, x, x, "
                "need_weights=False)`; its flops count the attention plus the four projections (2·B·N·E² each).")
+    if bl:
+        out.append("")
+        out.append(BEFORE_NOTE % (bl, info["baseline_version"], info["pairs"]))
     # thread scaling
     pairs = []
     for c in cases:
@@ -596,10 +652,12 @@ def render_backward(cases, ours, theirs, peaks, peak_lines, peak_note, info):
                "forward+backward %.1f×, for all three. ours/X is X's forward+backward time over ours (above 1: we "
                "are faster)." % (T, BWD_FACTOR, FWD_BWD_FACTOR))
     out.append("")
+    bl = info.get("baseline")
+    extra = "".join(" %s |" % t for _, t in BEFORE_RATES[True]) * bool(bl)
     out.append("| case | ours fwd+bwd | ours fwd+bwd GFLOP/s | PyTorch SDPA fwd+bwd | unfused fwd+bwd | ours/PyTorch "
                "| ours/unfused | ours backward | backward GFLOP/s | backward fraction of our peak "
-               "| backward fraction of peak.c's | forward fraction of our peak | backward oracle error |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+               "| backward fraction of peak.c's | forward fraction of our peak | backward oracle error |" + extra)
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|" + "---:|" * len(BEFORE_RATES[True]) * bool(bl))
     bests, n_contended, mem = best_peaks(ours, peaks), 0, []
     for c in cases:
         if c["group"] == "backward_memory":
@@ -610,7 +668,7 @@ def render_backward(cases, ours, theirs, peaks, peak_lines, peak_note, info):
         label = c["label"][len("backward "):] + " [%.3g GFLOP fwd+bwd]" % fb_gflop
         if not bwd_ok(r):
             why = "—" if r is None else ("error: " + r["error"] if "error" in r else r.get("note", "no backward"))
-            out.append("| %s | %s |%s" % (label, why, " — |" * 11))
+            out.append("| %s | %s |%s" % (label, why, " — |" * (11 + len(BEFORE_RATES[True]) * bool(bl))))
             continue
         fb = r["fwd_bwd_median_s"]
         ts = t["sdpa"]["median_s"] if t and "sdpa" in t else None
@@ -635,7 +693,8 @@ def render_backward(cases, ours, theirs, peaks, peak_lines, peak_note, info):
         out.append("| %s | %s ms | %.1f | %s | %s | %s | %s | %s ms | %.1f | %s | %s | %.3f | %s |" % (
             label, ms(fb), r["fwd_bwd_gflops"], tcell(ts, "sdpa"), tcell(tu, "unfused"),
             fmt(ratio(ts, fb), "%.2f×"), fmt(ratio(tu, fb), "%.2f×"), ms(r["backward_median_s"]),
-            r["backward_gflops"], frac, fmt(ratio(r["backward_gflops"], pk), "%.3f"), r["fraction_of_peak"], err))
+            r["backward_gflops"], frac, fmt(ratio(r["backward_gflops"], pk), "%.3f"), r["fraction_of_peak"], err) +
+            "".join(" %s |" % before_cell(r, k) for k, _ in BEFORE_RATES[True]) * bool(bl))
     out.append("")
     out.append("Backward oracle error: the largest relative L2 error of dq, dk and dv against `attn_sdpa_backward_ref` "
                "fed by the float64 forward, on the whole problem (all) or on batch 0, head 0 with all rows and keys "
@@ -643,6 +702,9 @@ def render_backward(cases, ours, theirs, peaks, peak_lines, peak_note, info):
                "shared the CPUs: the table reran each such case once (%d reruns) and kept the less disturbed run%s."
                % (100 * CONTENDED, info.get("bwd_retried", 0),
                   "; still so, its backward fraction marked *: %d" % n_contended if n_contended else ""))
+    if bl:
+        out.append("")
+        out.append(BEFORE_NOTE % (bl, info["baseline_version"], info["pairs"]))
     if mem:
         out.append("")
         out.append("Peak memory of forward+backward without weights (`attn bench sdpa --backward`, the whole "
@@ -708,7 +770,11 @@ def run_cases(cases, attn, worker, args, plan_ours, plan_torch, ours, theirs):
             ours[c["id"]] = {"note": skip}
         else:
             c["repeat"] = rep
-            r = run_attn(attn, c, (3 if not bwd else 7) * args.case_budget + 60)
+            timeout = (3 if not bwd else 7) * args.case_budget + 60
+            if args.baseline:
+                r = run_pairs(attn, args.baseline, c, timeout, args.pairs)
+            else:
+                r = run_attn(attn, c, timeout)
             ours[c["id"]] = r
             if "error" not in r:
                 plan_ours.seen(kind, plan_gf, r.get("fwd_bwd_median_s") if bwd else r["median_s"])
@@ -719,6 +785,8 @@ def run_cases(cases, attn, worker, args, plan_ours, plan_torch, ours, theirs):
         else:
             log("%-36s ours: %s" % (c["label"], ("%.1f GFLOP/s" % r["gflops"]) if "gflops" in r else
                                      r.get("error", r.get("note"))))
+        if args.baseline and "before" in r:
+            log("%-36s %s" % ("", ", ".join("%s %s" % (t, before_cell(r, k)) for k, t in BEFORE_RATES[bwd])))
         if worker and c.get("torch", True):
             tc = dict(c)
             tgf = gf * FWD_BWD_FACTOR if bwd else gf
@@ -758,6 +826,8 @@ def rerun_contended(cases, attn, args, ours, peaks):
         retried += 1
         if "gflops" in r2 and r2["peak_gflops"] > r["peak_gflops"]:
             r2["retried"] = "kept the rerun (measured peak %.0f before, %.0f now)" % (r["peak_gflops"], r2["peak_gflops"])
+            if "before" in r:  # the comparison with the baseline stays the pairs'
+                r2["before"] = r["before"]
             ours[c["id"]] = r2
         else:
             r["retried"] = "kept the first run (the rerun's measured peak was no higher)"
@@ -776,9 +846,16 @@ def main():
     ap.add_argument("--only", default=None, help="run only the cases whose label matches this regex")
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
     ap.add_argument("--dry-run", action="store_true", help="list the cases and exit")
+    ap.add_argument("--baseline", default=None,
+                    help="a second attn binary: each case runs it and ours in turn; the tables get ours / before")
+    ap.add_argument("--pairs", type=int, default=2, help="with --baseline: (baseline, ours) runs per case (default 2)")
     args = ap.parse_args()
     if args.threads < 1:
         ap.error("--threads must be at least 1")
+    if args.pairs < 1:
+        ap.error("--pairs must be at least 1")
+    if args.baseline and not os.access(args.baseline, os.X_OK):
+        ap.error("--baseline %s is not an executable" % args.baseline)
 
     cases = grid(args.threads)
     cases += backward_grid(args.threads, len(cases))
@@ -788,7 +865,8 @@ def main():
         for c in cases:
             g = case_gflop(c) * (FWD_BWD_FACTOR if c.get("backward") else 1.0)
             print("%-40s %8.3g GFLOP%s  %d threads" % (c["label"], g, " fwd+bwd" if c.get("backward") else "",
-                                                      c["threads"]))
+                                                      c["threads"]) +
+                  ("  vs baseline, %d pairs" % args.pairs if args.baseline else ""))
         return 0
     grid_cases = [c for c in cases if not c.get("backward")]
     bwd_cases = [c for c in cases if c.get("backward")]
@@ -809,6 +887,9 @@ def main():
         cmd = "TORCH_PYTHON=%s %s" % (shlex.quote(os.environ["TORCH_PYTHON"]), cmd)
     info = {"command": cmd, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpu": cpu_model(), "version": version, "threads": args.threads, "load_before": loadavg()}
+    if args.baseline:
+        bv = subprocess.run([args.baseline, "version"], stdout=subprocess.PIPE, universal_newlines=True).stdout.strip()
+        info.update(baseline=args.baseline, baseline_version=bv, pairs=args.pairs)
     t_start = time.time()
 
     torch_py = None if args.no_torch else find_torch_python(args.torch_python)

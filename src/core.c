@@ -318,6 +318,120 @@ void attn_tensor_free(attn_tensor *t) {
   t->data = NULL;
 }
 
+/* ---- attn_tensor_copy ------------------------------------------------------------ */
+/* x narrowed to f32 with round-to-odd (an inexact result keeps its last bit
+ * set): then rounding that to f16 or bf16 is the correct rounding of x, where
+ * a plain (float)x would round twice. */
+static float copy__narrow_odd(double x) {
+  float f = (float)x;
+  if ((double)f == x || isnan(x) || isinf(f)) return f;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if (!(u & 1)) u = fabs(x) > fabs((double)f) ? u + 1 : u - 1; /* the odd neighbour, toward x */
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static double copy__load(const char *p, attn_dtype dt) {
+  switch (dt) {
+    case ATTN_F32: { float f; memcpy(&f, p, 4); return f; }
+    case ATTN_F64: { double d; memcpy(&d, p, 8); return d; }
+    case ATTN_F16: case ATTN_BF16: {
+      uint16_t h;
+      memcpy(&h, p, 2);
+      return dt == ATTN_F16 ? attn__f16_to_f32(h) : attn__bf16_to_f32(h);
+    }
+    case ATTN_BOOL: return *(const uint8_t *)p != 0;
+    case ATTN_U8: return *(const uint8_t *)p;
+  }
+  return NAN;
+}
+
+static void copy__store(char *p, attn_dtype dt, double x) {
+  switch (dt) {
+    case ATTN_F32: { const float f = (float)x; memcpy(p, &f, 4); break; }
+    case ATTN_F64: memcpy(p, &x, 8); break;
+    case ATTN_F16: case ATTN_BF16: {
+      const float f = copy__narrow_odd(x);
+      const uint16_t h = dt == ATTN_F16 ? attn__f32_to_f16(f) : attn__f32_to_bf16(f);
+      memcpy(p, &h, 2);
+      break;
+    }
+    case ATTN_BOOL: *(uint8_t *)p = x != 0; break;
+    case ATTN_U8: *(uint8_t *)p = (uint8_t)rint(x); break; /* in range: checked before any store */
+  }
+}
+
+/* The byte range [lo, hi) that t's elements occupy (t checked, not empty). */
+static void copy__extent(const attn_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+  int64_t neg = 0, pos = 0;
+  for (int i = 0; i < t->rank; i++) {
+    const int64_t reach = (t->shape[i] - 1) * t->strides[i];
+    if (reach < 0) neg += reach;
+    else pos += reach;
+  }
+  const int64_t es = (int64_t)attn_dtype_size(t->dtype);
+  *lo = (uintptr_t)t->data + (uintptr_t)(intptr_t)(neg * es);
+  *hi = (uintptr_t)t->data + (uintptr_t)((pos + 1) * es);
+}
+
+/* Calls visit(src element, dst element) for every index, last dimension fastest. */
+static int copy__walk(const attn_tensor *dst, const attn_tensor *src, int (*visit)(char *, const char *, attn_dtype, attn_dtype)) {
+  const int rank = src->rank;
+  const int64_t ds = (int64_t)attn_dtype_size(dst->dtype), ss = (int64_t)attn_dtype_size(src->dtype);
+  int64_t idx[ATTN_MAX_RANK] = {0};
+  char *d = dst->data;
+  const char *s = src->data;
+  for (;;) {
+    if (visit(d, s, dst->dtype, src->dtype)) return 1;
+    int i = rank - 1;
+    for (; i >= 0; i--) {
+      if (++idx[i] < src->shape[i]) {
+        d += dst->strides[i] * ds;
+        s += src->strides[i] * ss;
+        break;
+      }
+      d -= (src->shape[i] - 1) * dst->strides[i] * ds;
+      s -= (src->shape[i] - 1) * src->strides[i] * ss;
+      idx[i] = 0;
+    }
+    if (i < 0) return 0;
+  }
+}
+
+static int copy__out_of_u8(char *d, const char *s, attn_dtype dt, attn_dtype st) {
+  (void)d, (void)dt;
+  const double x = rint(copy__load(s, st));
+  return !(x >= 0 && x <= 255);
+}
+
+static int copy__element(char *d, const char *s, attn_dtype dt, attn_dtype st) {
+  copy__store(d, dt, copy__load(s, st));
+  return 0;
+}
+
+attn_status attn_tensor_copy(attn_ctx *ctx, attn_tensor *dst, const attn_tensor *src) {
+  ATTN__ENTER(ctx);
+  attn_status st;
+  if ((st = attn__check_tensor(ctx, src, "attn_tensor_copy: src", -1)) ||
+      (st = attn__check_tensor(ctx, dst, "attn_tensor_copy: dst", -1)) ||
+      (st = attn__check_writable(ctx, dst, "attn_tensor_copy: dst")))
+    return st;
+  int same = dst->rank == src->rank;
+  for (int i = 0; same && i < src->rank; i++) same = dst->shape[i] == src->shape[i];
+  if (!same) return attn__fail(ctx, ATTN_E_SHAPE, "attn_tensor_copy: dst and src have different shapes");
+  if (attn_tensor_numel(src) == 0) return ATTN_OK;
+  uintptr_t slo, shi, dlo, dhi;
+  copy__extent(src, &slo, &shi);
+  copy__extent(dst, &dlo, &dhi);
+  if (slo < dhi && dlo < shi) return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_copy: dst overlaps src");
+  if (dst->dtype == ATTN_U8 && attn__is_float(src->dtype) && copy__walk(dst, src, copy__out_of_u8))
+    return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_copy: a value of src rounds outside u8's 0..255 (or is NaN)");
+  copy__walk(dst, src, copy__element);
+  return ATTN_OK;
+}
+/* ---- end of attn_tensor_copy ---------------------------------------------------- */
+
 attn_status attn__check_writable(attn_ctx *ctx, const attn_tensor *t, const char *what) {
   if (attn_tensor_numel(t) == 0) return ATTN_OK;
   for (int i = 0; i < t->rank; i++)

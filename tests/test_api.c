@@ -343,10 +343,137 @@ static void workspace(void) {
   attn_ctx_destroy(ctx); /* frees the workspace: the leak checker sees it */
 }
 
+/* attn_tensor_copy: every dtype pair on values all of them hold exactly, then
+ * the roundings (ties to even, f64 to a half in one rounding), and the refusals. */
+static const attn_dtype copy_dtypes[] = {ATTN_F32, ATTN_F64, ATTN_F16, ATTN_BF16, ATTN_BOOL, ATTN_U8};
+
+/* The bytes of v (one of 0, 1, 3, 200) in dt, written out by hand; a bool holds 0 or 1. */
+static void copy_encode(unsigned char *p, attn_dtype dt, int v) {
+  static const uint16_t f16[] = {0x0000, 0x3c00, 0x4200, 0x5a40}, bf16[] = {0x0000, 0x3f80, 0x4040, 0x4348};
+  const int i = v == 0 ? 0 : v == 1 ? 1 : v == 3 ? 2 : 3;
+  switch (dt) {
+    case ATTN_F32: { const float f = (float)v; memcpy(p, &f, 4); break; }
+    case ATTN_F64: { const double d = v; memcpy(p, &d, 8); break; }
+    case ATTN_F16: memcpy(p, &f16[i], 2); break;
+    case ATTN_BF16: memcpy(p, &bf16[i], 2); break;
+    case ATTN_BOOL: *p = v != 0; break;
+    case ATTN_U8: *p = (unsigned char)v; break;
+  }
+}
+
+static uint16_t copy_one_half(attn_ctx *ctx, attn_dtype to, attn_dtype from, double x) {
+  unsigned char in[8];
+  uint16_t out = 0xdead;
+  if (from == ATTN_F32) { const float f = (float)x; memcpy(in, &f, 4); }
+  else memcpy(in, &x, 8);
+  const int64_t one = 1;
+  attn_tensor s = attn_tensor_view(in, from, 1, &one), d = attn_tensor_view(&out, to, 1, &one);
+  CHECK_OK(ctx, attn_tensor_copy(ctx, &d, &s));
+  return out;
+}
+
+static void tensor_copy(void) {
+  attn_ctx *ctx;
+  CHECK_OK(NULL, attn_ctx_create(&ctx));
+  static const int vals[4] = {0, 1, 3, 200};
+  /* src: a [2, 4] view with a stride of 2 along its rows' elements (every other slot of a [2, 8] buffer);
+   * dst: the transpose of a contiguous [4, 2], so both sides walk strided memory */
+  for (size_t a = 0; a < sizeof copy_dtypes / sizeof copy_dtypes[0]; a++)
+    for (size_t b = 0; b < sizeof copy_dtypes / sizeof copy_dtypes[0]; b++) {
+      const attn_dtype from = copy_dtypes[a], to = copy_dtypes[b];
+      const size_t fs = attn_dtype_size(from), ts = attn_dtype_size(to);
+      unsigned char src[16 * 8], dst[8 * 8], want[8 * 8];
+      memset(src, 0x55, sizeof src);
+      memset(dst, 0xee, sizeof dst);
+      for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 4; c++) {
+          const int v = vals[(r + c) % 4], got = from == ATTN_BOOL && v ? 1 : v;
+          copy_encode(src + (size_t)(r * 8 + 2 * c) * fs, from, v);
+          copy_encode(want + (size_t)(c * 2 + r) * ts, to, to == ATTN_BOOL && got ? 1 : got);
+        }
+      const int64_t s8[2] = {2, 8}, d42[2] = {4, 2};
+      attn_tensor s = attn_tensor_view(src, from, 2, s8), d = attn_tensor_view(dst, to, 2, d42);
+      s.shape[1] = 4;
+      s.strides[1] = 2;
+      const int perm[2] = {1, 0};
+      CHECK(attn_tensor_permute(&d, &d, perm) == ATTN_OK, "permute");
+      CHECK_OK(ctx, attn_tensor_copy(ctx, &d, &s));
+      CHECK(!memcmp(dst, want, 8 * ts), "copy %s -> %s", attn_dtype_name(from), attn_dtype_name(to));
+    }
+  /* ties go to the even neighbour; f64 rounds to a half once (through f32 it would tie at 1 + 2^-11 and go down) */
+  CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F32, 1 + ldexp(1, -11)) == 0x3c00, "f16 tie down to even");
+  CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F32, 1 + 3 * ldexp(1, -11)) == 0x3c02, "f16 tie up to even");
+  CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F32, 3 * ldexp(1, -25)) == 0x0002, "f16 subnormal tie up to even");
+  CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F32, ldexp(1, -25)) == 0x0000, "f16 tie to zero");
+  CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F32, 65520) == 0x7c00, "f16 overflows to inf");
+  CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F32, -65504) == 0xfbff, "f16 largest");
+  CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F64, 1 + ldexp(1, -11) + ldexp(1, -40)) == 0x3c01, "f64 to f16 in one rounding");
+  CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F64, 1 + ldexp(1, -11)) == 0x3c00, "f64 to f16 tie");
+  CHECK(copy_one_half(ctx, ATTN_BF16, ATTN_F32, 1 + ldexp(1, -8)) == 0x3f80, "bf16 tie down to even");
+  CHECK(copy_one_half(ctx, ATTN_BF16, ATTN_F32, 1 + 3 * ldexp(1, -8)) == 0x3f82, "bf16 tie up to even");
+  CHECK(copy_one_half(ctx, ATTN_BF16, ATTN_F64, 1 + ldexp(1, -8) + ldexp(1, -30)) == 0x3f81, "f64 to bf16 in one rounding");
+  CHECK(copy_one_half(ctx, ATTN_BF16, ATTN_F64, -(1 + ldexp(1, -8) - ldexp(1, -30))) == 0xbf80, "f64 to bf16 below a tie");
+  {
+    /* f64 -> f32 ties; f16/bf16 -> f32 exact; NaN and -0 to bool; u8 rounds to even, in range */
+    const double d[3] = {1 + ldexp(1, -24), 1 + 3 * ldexp(1, -24), 0.1};
+    float f[3];
+    const int64_t n3 = 3;
+    attn_tensor s = attn_tensor_view((void *)d, ATTN_F64, 1, &n3), t = attn_tensor_view(f, ATTN_F32, 1, &n3);
+    CHECK_OK(ctx, attn_tensor_copy(ctx, &t, &s));
+    CHECK(f[0] == 1.0f && f[1] == 1 + ldexp(1, -22) && f[2] == 0.1f, "f64 -> f32 ties to even");
+    const uint16_t h[2] = {0x3555, 0x3eab};
+    const int64_t n1 = 1;
+    attn_tensor hs = attn_tensor_view((void *)&h[0], ATTN_F16, 1, &n1), bs = attn_tensor_view((void *)&h[1], ATTN_BF16, 1, &n1);
+    t.shape[0] = 1;
+    CHECK_OK(ctx, attn_tensor_copy(ctx, &t, &hs));
+    CHECK(f[0] == 0.333251953125f, "f16 0x3555 -> %.9g", (double)f[0]);
+    CHECK_OK(ctx, attn_tensor_copy(ctx, &t, &bs));
+    CHECK(f[0] == 0.333984375f, "bf16 0x3eab -> %.9g", (double)f[0]);
+    const float fb[4] = {0.0f, -0.0f, 0.5f, NAN};
+    unsigned char bo[4] = {9, 9, 9, 9};
+    const int64_t n4 = 4;
+    attn_tensor fs4 = attn_tensor_view((void *)fb, ATTN_F32, 1, &n4), b4 = attn_tensor_view(bo, ATTN_BOOL, 1, &n4);
+    CHECK_OK(ctx, attn_tensor_copy(ctx, &b4, &fs4));
+    CHECK(bo[0] == 0 && bo[1] == 0 && bo[2] == 1 && bo[3] == 1, "bool: zero false, NaN true");
+    const float fu[4] = {2.5f, 3.5f, 254.6f, -0.4f};
+    attn_tensor fu4 = attn_tensor_view((void *)fu, ATTN_F32, 1, &n4), u4 = attn_tensor_view(bo, ATTN_U8, 1, &n4);
+    CHECK_OK(ctx, attn_tensor_copy(ctx, &u4, &fu4));
+    CHECK(bo[0] == 2 && bo[1] == 4 && bo[2] == 255 && bo[3] == 0, "u8 rounds to even: %d %d %d %d", bo[0], bo[1], bo[2], bo[3]);
+    const float bad[4] = {1, 2, 255.5f, 4};
+    attn_tensor bad4 = attn_tensor_view((void *)bad, ATTN_F32, 1, &n4);
+    memset(bo, 7, 4);
+    CHECK_ERR(ctx, attn_tensor_copy(ctx, &u4, &bad4), ATTN_E_INVALID, "0..255");
+    CHECK(bo[0] == 7 && bo[3] == 7, "a refused u8 copy writes nothing");
+  }
+  {
+    /* refusals: another shape, a broadcasting dst, overlap with src */
+    float x[8] = {0}, y[8] = {0};
+    const int64_t s24[2] = {2, 4}, s42[2] = {4, 2}, s8 = 8;
+    attn_tensor a = attn_tensor_view(x, ATTN_F32, 2, s24), b = attn_tensor_view(y, ATTN_F32, 2, s42);
+    CHECK_ERR(ctx, attn_tensor_copy(ctx, &b, &a), ATTN_E_SHAPE, "shape");
+    attn_tensor c = attn_tensor_view(y, ATTN_F32, 1, &s8);
+    CHECK_ERR(ctx, attn_tensor_copy(ctx, &c, &a), ATTN_E_SHAPE, "shape");
+    b = attn_tensor_view(y, ATTN_F32, 2, s24);
+    b.strides[0] = 0;
+    CHECK_ERR(ctx, attn_tensor_copy(ctx, &b, &a), ATTN_E_INVALID, "stride 0");
+    CHECK_ERR(ctx, attn_tensor_copy(ctx, &a, &a), ATTN_E_INVALID, "overlaps");
+    attn_tensor lo = attn_tensor_view(x, ATTN_F32, 1, &s8), hi = lo;
+    lo.shape[0] = hi.shape[0] = 4;
+    hi.data = x + 3;
+    CHECK_ERR(ctx, attn_tensor_copy(ctx, &hi, &lo), ATTN_E_INVALID, "overlaps");
+    hi.data = x + 4;
+    CHECK_OK(ctx, attn_tensor_copy(ctx, &hi, &lo));
+    CHECK(attn_tensor_copy(NULL, &hi, &lo) == ATTN_E_INVALID, "a NULL context");
+    CHECK_ERR(ctx, attn_tensor_copy(ctx, NULL, &lo), ATTN_E_INVALID, "NULL");
+  }
+  attn_ctx_destroy(ctx);
+}
+
 int main(void) {
   versions_and_statuses();
   contexts();
   tensors();
+  tensor_copy();
   sdpa_errors();
   mha_errors();
   workspace();

@@ -1,4 +1,5 @@
-/* Shared pieces of the attn command line tool. */
+/* The attn command line tool's shared helpers (tools/cli.c, tools/outputs.c):
+ * what every command uses, and nothing that calls a command. */
 #ifndef ATTN_CLI_H
 #define ATTN_CLI_H
 
@@ -49,6 +50,27 @@ int cli_u64(cli_args *a, const char *name, uint64_t *out);
 
 double cli_now(void);
 
+/* ---- arrays and the options several commands share (tools/cli.c) ---------------
+ * Each returns 0, or an exit code after printing the error. */
+/* Loads an .npy file; float64 becomes float32 when to_f32 (other dtypes are then refused). */
+int cli_load_array(attn_ctx *ctx, attn_tensor *t, const char *path, const char *flag, int to_f32);
+/* layout names the dimensions in the message, e.g. "[B, H, N, D]". */
+int cli_want_rank(const attn_tensor *t, int rank, const char *flag, const char *layout);
+int cli_alloc_f32(attn_ctx *ctx, attn_tensor *t, int rank, const int64_t *shape);
+/* A context with --threads applied (0 or absent: OpenMP's default). */
+int cli_setup_ctx(attn_ctx **ctx, cli_args *a);
+int cli_parse_mask_mode(const char *s, attn_mask_mode *mode);
+/* --causal (top-left), --causal=top-left or --causal=bottom-right; none when absent. */
+int cli_parse_causal(cli_args *a, attn_causal *c);
+/* --dropout P (in [0, 1)) and --seed S (needs --dropout; default 0). */
+int cli_parse_dropout(cli_args *a, double *p, uint64_t *seed);
+/* The mask mode: --mask-mode if given, else bool_default for a bool or u8 mask, additive for a float one. */
+int cli_mask_mode_for(cli_args *a, const attn_tensor *mask, attn_mask_mode bool_default, attn_mask_mode *mode);
+/* --window W (>= 0, 0 = off) and --softcap C (finite, >= 0, 0 = off): checked before any file is read. */
+int cli_parse_window_softcap(cli_args *a, int64_t *window, double *softcap);
+/* --alibi: the paper's slopes for heads query heads; --sinks S.npy: f32 [heads] (the call checks the length). */
+int cli_load_head_options(attn_ctx *ctx, cli_args *a, int64_t heads, attn_tensor *slopes, attn_tensor *sinks);
+
 /* ---- output files (tools/outputs.c) ----------------------------------------------
  * Every output of a command is written to a temporary file next to its target,
  * and the temporaries are renamed over their targets only after all of them
@@ -77,9 +99,10 @@ const char *cli_outputs_stage(cli_outputs *o, const char *flag);
 int cli_outputs_commit(cli_outputs *o);
 /* Removes the temporaries not committed, and frees what plan allocated. */
 void cli_outputs_free(cli_outputs *o);
+/* t as .npy, or count tensors as safetensors, into a staged temporary for flag's output. 0 or an exit code. */
+int cli_write_npy(attn_ctx *ctx, cli_outputs *o, const char *flag, const attn_tensor *t);
+int cli_write_safetensors(attn_ctx *ctx, cli_outputs *o, const char *flag, int64_t count, const char *const *names,
+                          const attn_tensor *t);
 
-int cmd_demo(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
-int cmd_map(int argc, char **argv); /* tools/map.c */
 
 #endif

@@ -2,6 +2,7 @@
  * example — shapes, one head's attention weights, timing, and agreement with
  * the float64 oracle. */
 #include "cli.h"
+#include "commands.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -9,6 +9,7 @@
  * given and at most MAP_MAX_LABELS long. The PNG is encoded in memory, then
  * written through a staged temporary (tools/outputs.c): a failed run changes no file. */
 #include "cli.h"
+#include "commands.h"
 #include "io/file.h"
 #include "raster.h"
 

@@ -187,3 +187,19 @@ void cli_outputs_free(cli_outputs *o) {
   }
   o->n = 0;
 }
+
+/* Writes t as .npy into a staged temporary for flag's output (renamed into place by cli_outputs_commit). */
+int cli_write_npy(attn_ctx *ctx, cli_outputs *o, const char *flag, const attn_tensor *t) {
+  const char *tmp = cli_outputs_stage(o, flag);
+  if (!tmp) return CLI_EXIT_FAIL;
+  if (attn_npy_write(ctx, tmp, t)) return cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, attn_ctx_error(ctx));
+  return 0;
+}
+
+int cli_write_safetensors(attn_ctx *ctx, cli_outputs *o, const char *flag, int64_t count,
+                                    const char *const *names, const attn_tensor *t) {
+  const char *tmp = cli_outputs_stage(o, flag);
+  if (!tmp) return CLI_EXIT_FAIL;
+  if (attn_safetensors_write(ctx, tmp, count, names, t)) return cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, attn_ctx_error(ctx));
+  return 0;
+}

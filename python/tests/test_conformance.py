@@ -328,11 +328,11 @@ else:
         # (a sliced, transposed float32 tensor: storage offset and strides kept)
         big = torch.randn(3, 20, 4, 16)
         sl = big[1:, 2:14].transpose(1, 2)
-        t = attn._tensor(attn._to_numpy(sl, "q"))
+        t = attn._tensors._tensor(attn._tensors._to_numpy(sl, "q"))
         assert t.data == sl.data_ptr(), (t.data, sl.data_ptr())
         assert list(t.strides[:4]) == list(sl.stride()) and list(t.shape[:4]) == list(sl.shape)
         a = rng.standard_normal((4, 6, 8), dtype=np.float32)[:, ::2]
-        assert attn._tensor(attn._to_numpy(a, "q")).data == a.ctypes.data
+        assert attn._tensors._tensor(attn._tensors._to_numpy(a, "q")).data == a.ctypes.data
         if torch.cuda.is_available():
             try:
                 attn.scaled_dot_product_attention(q.cuda(), q.cuda(), q.cuda())

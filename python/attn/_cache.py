@@ -1,0 +1,162 @@
+"""KVCache: keys and values of past tokens for incremental decoding."""
+import ctypes
+import threading
+
+import numpy as np
+
+from . import _capi
+from ._context import _Ctx
+from ._tensors import _is_torch, _stored_to_f32, _tensor, _to_numpy, _wrap
+
+
+_CACHE_DTYPES = {"float32": _capi.F32, "float16": _capi.F16, "bfloat16": _capi.BF16}
+
+
+def _cache_dtype(dtype):
+    """'float32'/'float16'/'bfloat16' (or numpy/torch dtypes that print so) to an attn_dtype."""
+    name = str(dtype).replace("torch.", "")
+    if name not in _CACHE_DTYPES:
+        raise ValueError(f"KV cache dtype must be one of {sorted(_CACHE_DTYPES)}, got {dtype!r}")
+    return _CACHE_DTYPES[name]
+
+
+class KVCache:
+    """Keys and values of past tokens for incremental decoding (attn_kv_cache).
+
+    batch rows, each holding up to capacity tokens of kv_heads heads; keys have
+    head_dim features, values v_head_dim (default head_dim). dtype is the
+    storage: 'float32', 'float16' or 'bfloat16' (rounded to nearest even on
+    append, widened to float32 on attend). Use append() then attend() each
+    step; close() (or a with block) frees the storage now rather than at
+    garbage collection. Errors raise AttnError with the library's message;
+    a failed append changes nothing.
+    """
+
+    def __init__(self, batch, capacity, kv_heads, head_dim, v_head_dim=None, dtype="float32", *, threads=None):
+        self._ctx = _Ctx()  # one context per cache, guarded by a lock (calls on a context must not overlap)
+        self._lock = threading.Lock()
+        self._h = None
+        self._ctx.set_threads(threads)
+        cfg = _capi.KvCacheConfig()
+        _capi.lib.attn_kv_cache_config_init(ctypes.byref(cfg), int(batch), int(capacity), int(kv_heads),
+                                            int(head_dim))
+        cfg.v_head_dim = int(v_head_dim or 0)
+        cfg.dtype = _cache_dtype(dtype)
+        h = ctypes.c_void_p()
+        self._ctx.check(_capi.lib.attn_kv_cache_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))
+        self._h = h
+        c = _capi.lib.attn_kv_cache_get_config(h).contents  # Dv resolved by the library
+        self.batch, self.capacity, self.kv_heads = c.batch, c.capacity, c.kv_heads
+        self.head_dim, self.v_head_dim = c.head_dim, c.v_head_dim
+        self.dtype = {v: k for k, v in _CACHE_DTYPES.items()}[c.dtype]
+
+    def __repr__(self):
+        state = "closed" if self._h is None else f"lengths={self.lengths}"
+        return (f"KVCache(batch={self.batch}, capacity={self.capacity}, kv_heads={self.kv_heads}, "
+                f"head_dim={self.head_dim}, v_head_dim={self.v_head_dim}, dtype={self.dtype!r}, {state})")
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError("the KV cache is closed")
+        return self._h
+
+    @property
+    def lengths(self):
+        """The tokens each row holds now, a tuple of batch ints."""
+        h = self._handle()
+        return tuple(int(_capi.lib.attn_kv_cache_length(h, b)) for b in range(self.batch))
+
+    def append(self, k, v, n_new=None):
+        """Appends the next tokens: k [B, Hk, n, D], v [B, Hk, n, Dv] (NumPy or torch
+        CPU, any float dtype and strides, read in place). Row b takes its first
+        n_new[b] tokens (default all n). If a row would pass its capacity nothing
+        is appended."""
+        ka, va = _to_numpy(k, "k", "any"), _to_numpy(v, "v", "any")
+        kt, vt = _tensor(ka), _tensor(va)
+        nn = None
+        if n_new is not None:
+            n = [int(x) for x in np.asarray(n_new).reshape(-1)]
+            if len(n) != self.batch:
+                raise ValueError(f"n_new has {len(n)} entries for {self.batch} rows")
+            nn = (ctypes.c_int64 * self.batch)(*n)
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_append(self._ctx.h, self._handle(), ctypes.byref(kt),
+                                                           ctypes.byref(vt), nn))
+
+    def attend(self, q, scale=None, return_lse=False):
+        """Attention of new queries over every cached token of their row.
+
+        q [B, Hq, Nq, D] (float32, float16 or torch bfloat16 read in place;
+        Hq a multiple of Hk): query i of row b is the token at position
+        len_b - Nq + i (append first). Returns out [B, Hq, Nq, Dv] float32,
+        NumPy or torch like q, and with return_lse also lse [B, Hq, Nq]."""
+        like_torch = _is_torch(q)
+        qa = _to_numpy(q, "q", "half")
+        if qa.ndim != 4:
+            raise ValueError(f"q must be [B, Hq, Nq, D], got shape {tuple(qa.shape)}")
+        B, Hq, Nq = (int(n) for n in qa.shape[:3])
+        out = np.empty((B, Hq, Nq, self.v_head_dim), np.float32)
+        o = _capi.SdpaOpts()
+        _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
+        if scale is not None:
+            o.scale = float(scale)
+        lse = None
+        if return_lse:
+            lse = np.empty((B, Hq, Nq), np.float32)
+            lt = _tensor(lse)
+            o.lse = ctypes.pointer(lt)
+        ot, qt = _tensor(out), _tensor(qa)
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_attend(self._ctx.h, self._handle(), ctypes.byref(ot),
+                                                           ctypes.byref(qt), ctypes.byref(o)))
+        if return_lse:
+            return _wrap(out, like_torch), _wrap(lse, like_torch)
+        return _wrap(out, like_torch)
+
+    def truncate(self, length, row=None):
+        """Rollback: row (None: every row) keeps its first length tokens."""
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_truncate(self._ctx.h, self._handle(),
+                                                             -1 if row is None else int(row), int(length)))
+
+    def copy_row(self, dst, src):
+        """Beam search: row dst becomes a copy of row src (tokens and length)."""
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_copy_row(self._ctx.h, self._handle(), int(dst), int(src)))
+
+    def reset(self):
+        """Empties every row (the storage is kept)."""
+        self.truncate(0)
+
+    def _row(self, row):
+        kt, vt = _capi.Tensor(), _capi.Tensor()
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_kv_cache_view(self._ctx.h, self._handle(), int(row), ctypes.byref(kt),
+                                                         ctypes.byref(vt)))
+            return _stored_to_f32(kt), _stored_to_f32(vt)  # copied under the lock: the views die on append
+
+    def keys(self, row):
+        """A float32 NumPy copy of row's stored keys, [Hk, len_row, D] (as rounded to the storage dtype)."""
+        return self._row(row)[0]
+
+    def values(self, row):
+        """A float32 NumPy copy of row's stored values, [Hk, len_row, Dv]."""
+        return self._row(row)[1]
+
+    def close(self):
+        with self._lock:
+            if self._h is not None:
+                _capi.lib.attn_kv_cache_destroy(self._h)
+                self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None and _capi is not None:
+            _capi.lib.attn_kv_cache_destroy(h)
+            self._h = None

@@ -1,0 +1,271 @@
+"""MultiheadAttention: the counterpart of torch.nn.MultiheadAttention."""
+import ctypes
+import threading
+
+import numpy as np
+
+from . import _capi
+from ._cache import KVCache
+from ._context import _Ctx
+from ._sdpa import _mask_mode
+from ._tensors import _is_torch, _tensor, _to4, _to_numpy, _wrap
+
+
+class MultiheadAttention:
+    """Counterpart of torch.nn.MultiheadAttention (no dropout, no bias_k/bias_v).
+
+    forward builds no autograd graph (inputs are read as plain arrays); the
+    gradients come from grad(), which runs libattn's backward pass.
+
+    Parameters start at zero: load them with load_state_dict (PyTorch names
+    in_proj_weight, in_proj_bias, q/k/v_proj_weight, out_proj.weight,
+    out_proj.bias; or the seed's wq/wk/wv/dense .weight/.bias) or build the
+    layer with from_safetensors.
+    """
+
+    def __init__(self, embed_dim, num_heads, bias=True, kdim=None, vdim=None, batch_first=False,
+                 num_kv_heads=None, *, threads=None, _handle=None):
+        self._ctx = _Ctx()  # one context per layer, guarded by a lock
+        self._lock = threading.Lock()
+        self._h = None
+        self._ctx.set_threads(threads)
+        if _handle is None:
+            cfg = _capi.MhaConfig()
+            _capi.lib.attn_mha_config_init(ctypes.byref(cfg), int(embed_dim), int(num_heads))
+            cfg.num_kv_heads = int(num_kv_heads or 0)
+            cfg.kdim = int(kdim or 0)
+            cfg.vdim = int(vdim or 0)
+            cfg.bias = 1 if bias else 0
+            h = ctypes.c_void_p()
+            self._ctx.check(_capi.lib.attn_mha_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))
+            self._h = h
+        else:
+            self._h = _handle
+        cfg = _capi.lib.attn_mha_get_config(self._h).contents
+        self.embed_dim, self.num_heads = cfg.embed_dim, cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads or cfg.num_heads
+        self.kdim, self.vdim = cfg.kdim or cfg.embed_dim, cfg.vdim or cfg.embed_dim
+        self.bias = bool(cfg.bias)
+        self.batch_first = batch_first
+
+    def __repr__(self):
+        return (f"MultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, kdim={self.kdim}, vdim={self.vdim}, bias={self.bias}, "
+                f"batch_first={self.batch_first})")
+
+    @classmethod
+    def from_safetensors(cls, path, num_heads, prefix="", *, num_kv_heads=None, batch_first=False, threads=None):
+        c = _Ctx()
+        h = ctypes.c_void_p()
+        c.check(_capi.lib.attn_mha_create_from_safetensors(c.h, ctypes.byref(h), str(path).encode(),
+                                                           prefix.encode(), int(num_heads), int(num_kv_heads or 0)))
+        return cls(0, num_heads, batch_first=batch_first, threads=threads, _handle=h)
+
+    def load_state_dict(self, state_dict):
+        with self._lock:
+            for name, value in state_dict.items():
+                a = np.ascontiguousarray(_to_numpy(value, name))
+                t = _tensor(a)
+                self._ctx.check(_capi.lib.attn_mha_set_param(self._ctx.h, self._h, name.encode(), ctypes.byref(t)))
+
+    def _batch_major(self, x, what):
+        a = _to_numpy(x, what)
+        if a.ndim == 2:
+            return a[None], True
+        if a.ndim != 3:
+            raise ValueError(f"{what}: expected 2 or 3 dimensions, got shape {a.shape}")
+        return (a if self.batch_first else a.transpose(1, 0, 2)), False  # a view, no copy
+
+    def _opts(self, B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode):
+        """attn_mha_opts for the masks of one call, and the arrays/structs it points to."""
+        H = self.num_heads
+        opts = _capi.MhaOpts()
+        _capi.lib.attn_mha_opts_init(ctypes.byref(opts))
+        keep = []
+        masks = []  # additive float masks to combine, [B or 1, H or 1, L or 1, S]
+        if attn_mask is not None:
+            m = _to_numpy(attn_mask, "attn_mask", "mask")
+            if m.ndim == 3:  # PyTorch's [B*H, L, S]
+                m = m.reshape(B, H, L, S)
+            m = _to4(m)
+            masks.append(m)
+        elif is_causal:
+            opts.causal = _capi.CAUSAL_TOP_LEFT  # PyTorch's hint: the mask, if given, is the causal one
+        if key_padding_mask is not None:
+            kp = _to_numpy(key_padding_mask, "key_padding_mask", "mask")
+            if kp.ndim == 1:
+                kp = kp[None]
+            if kp.dtype == np.bool_:
+                kpt = _tensor(kp)
+                keep += [kp, kpt]
+                opts.key_padding = ctypes.pointer(kpt)
+            else:  # a float key padding mask is additive: fold it into the mask
+                masks.append(kp[:, None, None, :])
+        if mask_mode is not None and len(masks) != 1:
+            raise ValueError("mask_mode needs attn_mask (and no float key_padding_mask)")
+        if len(masks) == 1:
+            m = masks[0]
+        elif len(masks) == 2:
+            # both present: materialise one additive mask (bool True = masked out)
+            f = [np.where(x, np.float32(-np.inf), np.float32(0)) if x.dtype == np.bool_ else x for x in masks]
+            m = (f[0] + f[1]).astype(np.float32)
+        if masks:
+            mt = _tensor(m)
+            keep += [m, mt]
+            opts.mask = ctypes.pointer(mt)
+            opts.mask_mode = _mask_mode(mask_mode, m, _capi.MASK_MASKED)
+        return opts, keep
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False, *, mask_mode=None):
+        """As torch.nn.MultiheadAttention.forward: returns (out, weights or None).
+
+        Library extra: mask_mode ('masked', 'keep', 'additive', 'seed') reads
+        attn_mask another way than PyTorch's rule (bool True = masked out,
+        float added); 'seed' is the seed module's logits += mask * -1e9."""
+        like_torch = _is_torch(query)
+        q, unbatched = self._batch_major(query, "query")
+        k, _ = self._batch_major(key, "key")
+        v, _ = self._batch_major(value, "value")
+        B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
+        opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
+        weights = None
+        if need_weights:
+            weights = np.empty((B, L, S) if average_attn_weights else (B, H, L, S), np.float32)
+            wt = _tensor(weights)
+            keep.append(wt)
+            opts.weights = ctypes.pointer(wt)
+            opts.average_weights = 1 if average_attn_weights else 0
+        out = np.empty((B, L, self.embed_dim) if self.batch_first or unbatched else (L, B, self.embed_dim), np.float32)
+        ob = out if self.batch_first or unbatched else out.transpose(1, 0, 2)
+        ot, qt, kt, vt = _tensor(ob), _tensor(q), _tensor(k), _tensor(v)
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_mha_forward(self._ctx.h, self._h, ctypes.byref(ot), ctypes.byref(qt),
+                                                       ctypes.byref(kt), ctypes.byref(vt), ctypes.byref(opts)))
+        if unbatched:
+            out = out[0]
+            if weights is not None:
+                weights = weights[0]
+        return _wrap(out, like_torch), (None if weights is None else _wrap(weights, like_torch))
+
+    __call__ = forward
+
+    def _user_layout(self, shape_bm, unbatched):
+        """A float32 array in the caller's layout and its batch-major [B, N, F] view."""
+        B, N, Fd = shape_bm
+        if self.batch_first or unbatched:
+            a = np.empty((B, N, Fd), np.float32)
+            return a, a
+        a = np.empty((N, B, Fd), np.float32)
+        return a, a.transpose(1, 0, 2)
+
+    def new_cache(self, batch, capacity, dtype="float32", *, threads=None):
+        """A KVCache for forward_cached: this layer's kv heads and head dim, batch rows of capacity tokens."""
+        return KVCache(batch, capacity, self.num_kv_heads, self.embed_dim // self.num_heads, dtype=dtype,
+                       threads=threads)
+
+    def forward_cached(self, x, cache):
+        """Incremental causal self-attention (decoding) through a KVCache.
+
+        x holds the next n tokens of every row, in the layer's layout: [B, n, E]
+        with batch_first, else [n, B, E] (and [n, E] for one row). Their keys and
+        values are appended to cache (from new_cache(B, ...)), then their queries
+        attend over the whole row. Returns out like x (same layout, float32,
+        NumPy or torch). Token by token this equals forward() with a causal mask
+        over the whole sequence. If the step fails the cache is left as it was."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be an attn.KVCache, got {type(cache).__name__}")
+        like_torch = _is_torch(x)
+        xb, unbatched = self._batch_major(x, "x")
+        B, n = xb.shape[0], xb.shape[1]
+        out, ob = self._user_layout((B, n, self.embed_dim), unbatched)
+        opts = _capi.MhaOpts()
+        _capi.lib.attn_mha_opts_init(ctypes.byref(opts))
+        ot, xt = _tensor(ob), _tensor(xb)
+        # layer lock, then cache lock: KVCache methods take only the latter, so no cycle
+        with self._lock, cache._lock:
+            self._ctx.check(_capi.lib.attn_mha_forward_cached(self._ctx.h, self._h, cache._handle(), ctypes.byref(ot),
+                                                              ctypes.byref(xt), ctypes.byref(opts)))
+        return _wrap(out[0] if unbatched else out, like_torch)
+
+    decode_step = forward_cached
+
+    def _packed_in_proj(self):
+        """Whether PyTorch would pack this configuration's Q/K/V weights into in_proj_weight."""
+        return self.kdim == self.embed_dim and self.vdim == self.embed_dim and self.num_kv_heads == self.num_heads
+
+    def grad(self, query, key, value, grad_output, key_padding_mask=None, attn_mask=None, is_causal=False, *,
+             mask_mode=None):
+        """Gradients of a loss L through forward(query, key, value, ...), given grad_output = dL/dout.
+
+        Runs the forward pass again (attn_mha_forward_save), then attn_mha_backward.
+        Returns a dict: 'query', 'key', 'value' (input gradients, in the inputs'
+        layout; with key and value the very same object as query, self-attention,
+        only 'query', the whole gradient), and every parameter's under PyTorch's
+        names (in_proj_weight or q/k/v_proj_weight, in_proj_bias, out_proj.weight,
+        out_proj.bias). NumPy or torch like query.
+        """
+        like_torch = _is_torch(query)
+        self_attn = key is query and value is query
+        q, unbatched = self._batch_major(query, "query")
+        k, _ = self._batch_major(key, "key")
+        v, _ = self._batch_major(value, "value")
+        g, _ = self._batch_major(grad_output, "grad_output")
+        B, L, S = q.shape[0], q.shape[1], k.shape[1]
+        opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
+        out = np.empty((B, L, self.embed_dim), np.float32)
+        dq, dqb = self._user_layout(q.shape, unbatched)
+        dk = dkb = dv = dvb = None
+        if not self_attn:
+            dk, dkb = self._user_layout(k.shape, unbatched)
+            dv, dvb = self._user_layout(v.shape, unbatched)
+        ts = [_tensor(a) for a in (out, q, k, v, g, dqb)]
+        dkt = None if dkb is None else _tensor(dkb)
+        dvt = None if dvb is None else _tensor(dvb)
+        ref = lambda t: None if t is None else ctypes.byref(t)  # noqa: E731
+        c = self._ctx
+        grads = ctypes.c_void_p()
+        saved = ctypes.c_void_p()
+        with self._lock:
+            try:
+                c.check(_capi.lib.attn_mha_create(c.h, ctypes.byref(grads), _capi.lib.attn_mha_get_config(self._h)))
+                c.check(_capi.lib.attn_mha_forward_save(c.h, self._h, ref(ts[0]), ref(ts[1]),
+                                                        None if self_attn else ref(ts[2]),
+                                                        None if self_attn else ref(ts[3]), ctypes.byref(opts),
+                                                        ctypes.byref(saved)))
+                c.check(_capi.lib.attn_mha_backward(c.h, self._h, saved, ref(ts[4]), ref(ts[5]), ref(dkt), ref(dvt),
+                                                    grads))
+                p = {}
+                for which in range(8):
+                    t = _capi.Tensor()
+                    if _capi.lib.attn_mha_param_view(c.h, grads, which, ctypes.byref(t)) != 0:
+                        continue  # a bias of a layer without biases
+                    n = int(np.prod([t.shape[i] for i in range(t.rank)]))
+                    flat = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)), (n,))
+                    p[which] = flat.reshape([t.shape[i] for i in range(t.rank)]).copy()
+            finally:
+                if saved:
+                    _capi.lib.attn_mha_saved_free(saved)
+                if grads:
+                    _capi.lib.attn_mha_destroy(grads)
+        res = {"query": dq[0] if unbatched else dq}
+        if not self_attn:
+            res["key"] = dk[0] if unbatched else dk
+            res["value"] = dv[0] if unbatched else dv
+        P = _capi
+        if self._packed_in_proj():
+            res["in_proj_weight"] = np.concatenate([p[P.MHA_Q_WEIGHT], p[P.MHA_K_WEIGHT], p[P.MHA_V_WEIGHT]])
+        else:
+            res["q_proj_weight"], res["k_proj_weight"], res["v_proj_weight"] = (
+                p[P.MHA_Q_WEIGHT], p[P.MHA_K_WEIGHT], p[P.MHA_V_WEIGHT])
+        if P.MHA_Q_BIAS in p:
+            res["in_proj_bias"] = np.concatenate([p[P.MHA_Q_BIAS], p[P.MHA_K_BIAS], p[P.MHA_V_BIAS]])
+            res["out_proj.bias"] = p[P.MHA_O_BIAS]
+        res["out_proj.weight"] = p[P.MHA_O_WEIGHT]
+        return {n: _wrap(a, like_torch) for n, a in res.items()}
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None and _capi is not None:
+            _capi.lib.attn_mha_destroy(h)
+            self._h = None

@@ -1,0 +1,340 @@
+/* attn bench decode: new tokens against a key-value cache, measured against
+ * this machine's read bandwidth (see common.h for what is reported). */
+#include "common.h"
+#include "commands.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* The read-bandwidth yardstick the decode kernel is held to: threads threads
+ * each sum their share of an array of floats (eight running vector sums, so
+ * the adds keep up with the loads). It must stream K and V once, nothing else. */
+static double sum_pass(const float *x, size_t n, int threads) {
+  double total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+#ifdef _OPENMP
+    const size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+#else
+    const size_t t = 0, nt = 1;
+#endif
+    const size_t lo = n / nt * t, hi = t + 1 == nt ? n : n / nt * (t + 1);
+    typedef float v4 __attribute__((vector_size(16)));
+    v4 s[8];
+    memset(s, 0, sizeof s);
+    for (size_t i = lo; i + 32 <= hi; i += 32)
+      for (int k = 0; k < 8; k++) {
+        v4 xv;
+        memcpy(&xv, x + i + 4 * k, sizeof xv);
+        s[k] += xv;
+      }
+    for (int k = 1; k < 8; k++) s[0] += s[k];
+    total = s[0][0] + s[0][1] + s[0][2] + s[0][3];
+  }
+  return total;
+}
+
+/* A 512 MiB array for sum_pass, faulted in by the threads that read it. */
+#define READ_BW_BYTES ((size_t)512 << 20)
+static float *read_bw_array(int threads) {
+  const size_t n = READ_BW_BYTES / sizeof(float);
+  float *x = malloc(READ_BW_BYTES);
+  if (!x) return NULL;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (size_t i = 0; i < n; i++) x[i] = (float)(i & 1023) * 1e-3f;
+  return x;
+}
+
+/* GB/s of one pass over the array. */
+static double read_pass_gbs(const float *x, int threads, double *sink) {
+  const double t0 = cli_now();
+  *sink += sum_pass(x, READ_BW_BYTES / sizeof(float), threads);
+  return (double)READ_BW_BYTES / (cli_now() - t0) * 1e-9;
+}
+
+/* Caches smaller than this are cycled through copies, so that each timed step
+ * reads from memory as a real model's many layers would, not from L3. */
+#define DECODE_COLD_BYTES ((double)(256 << 20))
+#define DECODE_MAX_COPIES 16
+#define DECODE_PAIRS 20 /* decoding steps each followed by a read pass */
+
+typedef struct decode_case {
+  attn_ctx *ctx;
+  attn_tensor q, out, k[DECODE_MAX_COPIES], v[DECODE_MAX_COPIES];
+  int copies, next;
+  attn_sdpa_opts o;
+} decode_case;
+
+static int run_decode(void *arg) {
+  decode_case *c = arg;
+  const int i = c->next;
+  c->next = (c->next + 1) % c->copies;
+  return attn_sdpa(c->ctx, &c->out, &c->q, &c->k[i], &c->v[i], &c->o);
+}
+
+/* Fills a tensor of f32, f16 or bf16 with fixed-seed uniform values in (-1, 1);
+ * halves are rounded from f32 a block at a time, so a cache of gigabytes needs no f32 twin. */
+static attn_status fill_typed(attn_ctx *ctx, attn_tensor *t, uint64_t seed) {
+  const int64_t n = attn_tensor_numel(t);
+  uint64_t s = seed;
+  if (t->dtype == ATTN_F32) {
+    for (int64_t i = 0; i < n; i++) ((float *)t->data)[i] = bench_uniform(&s);
+    return ATTN_OK;
+  }
+  float block[4096];
+  for (int64_t i = 0; i < n; i += 4096) {
+    const int64_t m = n - i < 4096 ? n - i : 4096;
+    for (int64_t e = 0; e < m; e++) block[e] = bench_uniform(&s);
+    attn_tensor from = attn_tensor_view(block, ATTN_F32, 1, &m),
+                to = attn_tensor_view((char *)t->data + i * (int64_t)attn_dtype_size(t->dtype), t->dtype, 1, &m);
+    const attn_status st = attn_tensor_copy(ctx, &to, &from);
+    if (st) return st;
+  }
+  return ATTN_OK;
+}
+
+/* The oracle on batch 0's first kv head and its query heads: every key. */
+static double decode_oracle(decode_case *c, int64_t group) {
+  attn_tensor q = c->q, k = c->k[0], v = c->v[0], out = c->out;
+  q.shape[0] = k.shape[0] = v.shape[0] = out.shape[0] = 1;
+  q.shape[1] = out.shape[1] = group;
+  k.shape[1] = v.shape[1] = 1;
+  const int64_t n = group * out.shape[2] * out.shape[3];
+  double *ref = malloc((size_t)n * sizeof(double));
+  if (!ref) return NAN;
+  const int64_t rs[4] = {1, group, out.shape[2], out.shape[3]};
+  attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 4, rs);
+  double err = NAN;
+  if (attn_sdpa_ref(c->ctx, &tr, &q, &k, &v, &c->o) == ATTN_OK) {
+    double num = 0, den = 0;
+    for (int64_t h = 0; h < group; h++)
+      for (int64_t i = 0; i < out.shape[2]; i++)
+        for (int64_t d = 0; d < out.shape[3]; d++) {
+          const double x = ((const float *)out.data)[h * out.strides[1] + i * out.strides[2] + d],
+                       y = ref[(h * out.shape[2] + i) * out.shape[3] + d];
+          num += (x - y) * (x - y), den += y * y;
+        }
+    err = sqrt(num / (den > 0 ? den : 1));
+  }
+  free(ref);
+  return err;
+}
+
+/* The same steps over an f32 copy of c's cache, in turn with c's own: the
+ * median of the pairs' time ratios (f32 over dt), so the machine's drift
+ * cancels. 0 or an exit code. */
+static int half_speedup(decode_case *c, attn_dtype dt, double *speedup) {
+  decode_case f = *c;
+  f.next = 0;
+  int bad = 0, r = 0;
+  for (int i = 0; i < c->copies; i++) memset(&f.k[i], 0, sizeof f.k[i]), memset(&f.v[i], 0, sizeof f.v[i]);
+  for (int i = 0; i < c->copies && !bad; i++) {
+    bad = attn_tensor_alloc(c->ctx, &f.k[i], ATTN_F32, 4, c->k[i].shape) ||
+          attn_tensor_alloc(c->ctx, &f.v[i], ATTN_F32, 4, c->v[i].shape);
+    bad = bad || attn_tensor_copy(c->ctx, &f.k[i], &c->k[i]) || attn_tensor_copy(c->ctx, &f.v[i], &c->v[i]);
+  }
+  double ratios[DECODE_PAIRS];
+  if (bad) r = cli_fail(CLI_EXIT_FAIL, "out of memory for the f32 copy of the cache");
+  for (int i = -1; !r && i < DECODE_PAIRS; i++) { /* i = -1 warms both */
+    double t0 = cli_now();
+    if (run_decode(c)) r = 1;
+    const double th = cli_now() - t0;
+    t0 = cli_now();
+    if (run_decode(&f)) r = 1;
+    if (i >= 0) ratios[i] = (cli_now() - t0) / th;
+  }
+  if (r == 1) r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(c->ctx));
+  if (!r) {
+    qsort(ratios, DECODE_PAIRS, sizeof ratios[0], bench_cmp_double);
+    *speedup = 0.5 * (ratios[DECODE_PAIRS / 2 - 1] + ratios[DECODE_PAIRS / 2]);
+  }
+  for (int i = 0; i < c->copies; i++) attn_tensor_free(&f.k[i]), attn_tensor_free(&f.v[i]);
+  return r;
+}
+
+int cmd_bench_decode(int argc, char **argv) {
+  static const char *const known[] = {"--batch", "--kv-seq", "--heads", "--kv-heads", "--dim", "--seq", "--dtype",
+                                      "--threads", "--repeat", "--kernel", "--max-gflop", NULL};
+  static const char *const switches[] = {"--json", "--compare", NULL};
+  cli_args a;
+  int r = cli_parse(&a, argc, argv, known, switches);
+  if (r) return r;
+  long long B, L, H, G = 0, D, N = 1, repeat = 0;
+  if ((r = bench_need_int(&a, "decode", "--batch", 1 << 20, &B)) || (r = bench_need_int(&a, "decode", "--kv-seq", 1 << 26, &L)) ||
+      (r = bench_need_int(&a, "decode", "--heads", 1 << 16, &H)) || (r = bench_need_int(&a, "decode", "--dim", 1 << 16, &D)) ||
+      (r = cli_int(&a, "--kv-heads", 1, 1 << 16, &G)) || (r = cli_int(&a, "--seq", 1, 1 << 16, &N)) ||
+      (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)))
+    return r;
+  if (!G) G = H;
+  if (H % G) return cli_fail(CLI_EXIT_USAGE, "--heads (%lld) must be a multiple of --kv-heads (%lld)", H, G);
+  attn_dtype dt = ATTN_F32;
+  const char *ds = cli_get(&a, "--dtype");
+  if (ds) {
+    if (!strcmp(ds, "f32")) dt = ATTN_F32;
+    else if (!strcmp(ds, "f16")) dt = ATTN_F16;
+    else if (!strcmp(ds, "bf16")) dt = ATTN_BF16;
+    else return cli_fail(CLI_EXIT_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", cli_show(ds));
+  }
+  {
+    /* the timed steps, one more for the oracle, the paired passes; --compare: the blocked kernel's
+     * timed steps, the f32 cache's 2 x 21 steps in turn, and a full recompute of L rows (L <= 8192) */
+    const int compare = cli_has(&a, "--compare");
+    const double step = 4.0 * (double)B * H * N * L * D * 1e-9, full = 2.0 * (double)B * H * L * L * D * 1e-9;
+    double steps = bench_min_runs(repeat) + 1 + DECODE_PAIRS, extra = 0;
+    if (compare) steps += bench_min_runs(repeat) + (dt != ATTN_F32 ? 2 * (DECODE_PAIRS + 1) : 0);
+    if (compare && L <= 8192) extra = full * bench_min_runs(repeat < 3 ? repeat : 3);
+    if ((r = bench_check_work(&a, "decode", step * steps + extra))) return r;
+  }
+  const double cache_bytes = 2.0 * (double)B * G * L * D * (double)attn_dtype_size(dt);
+  int copies = cache_bytes >= DECODE_COLD_BYTES ? 1 : (int)ceil(DECODE_COLD_BYTES / cache_bytes);
+  if (copies > DECODE_MAX_COPIES) copies = DECODE_MAX_COPIES;
+  if ((r = bench_check_fits(copies * cache_bytes + 8.0 * B * H * N * D))) return r;
+  attn_ctx *ctx;
+  if ((r = bench_ctx(&a, &ctx))) return r;
+  decode_case c;
+  memset(&c, 0, sizeof c);
+  c.ctx = ctx;
+  c.copies = copies;
+  const int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, L, D};
+  int bad = attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs);
+  for (int i = 0; i < copies && !bad; i++)
+    bad = attn_tensor_alloc(ctx, &c.k[i], dt, 4, ks) || attn_tensor_alloc(ctx, &c.v[i], dt, 4, ks);
+  double step_s = NAN, blocked_s = NAN, full_s = NAN, err = NAN, read_gbs = NAN, fraction = NAN, speedup = NAN;
+  timing t, tb, tf;
+  memset(&tb, 0, sizeof tb), memset(&tf, 0, sizeof tf);
+  if (bad) {
+    r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  bad = fill_typed(ctx, &c.q, 1) || fill_typed(ctx, &c.out, 4);
+  for (int i = 0; i < copies && !bad; i++)
+    bad = fill_typed(ctx, &c.k[i], 2 + 2 * (uint64_t)i) || fill_typed(ctx, &c.v[i], 3 + 2 * (uint64_t)i);
+  if (bad) {
+    r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  attn_sdpa_opts_init(&c.o);
+  c.o.causal = ATTN_CAUSAL_BOTTOM_RIGHT; /* the new tokens are the cache's last */
+  if ((r = bench_time_runs(run_decode, &c, repeat, &t))) {
+    r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  step_s = t.median_s;
+  c.next = 0; /* the oracle reads copy 0: the output must be copy 0's */
+  if ((r = run_decode(&c))) {
+    r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  err = decode_oracle(&c, H / G);
+  if (cli_has(&a, "--compare") && dt != ATTN_F32 && (r = half_speedup(&c, dt, &speedup))) goto done;
+  if (cli_has(&a, "--compare")) {
+    /* the same step through the blocked (prefill) kernel, and without a cache: all L rows again */
+    attn_ctx *bctx;
+    const int made = attn_ctx_create(&bctx) == ATTN_OK;
+    if (!made) {
+      r = cli_fail(CLI_EXIT_FAIL, "out of memory");
+      goto done;
+    }
+    attn_ctx_set_threads(bctx, attn_ctx_threads(ctx));
+    attn_ctx_set_kernel(bctx, attn_ctx_kernel(ctx));
+    attn_ctx_set_decode(bctx, 0);
+    c.ctx = bctx;
+    r = bench_time_runs(run_decode, &c, repeat, &tb);
+    blocked_s = tb.median_s;
+    decode_case f = c;
+    attn_tensor fq, fo;
+    memset(&fq, 0, sizeof fq), memset(&fo, 0, sizeof fo);
+    const int64_t fs[4] = {B, H, L, D};
+    /* (a full recompute is quadratic in L: only where it takes seconds, not hours) */
+    if (!r && L <= 8192 && !attn_tensor_alloc(ctx, &fq, ATTN_F32, 4, fs) && !attn_tensor_alloc(ctx, &fo, ATTN_F32, 4, fs)) {
+      (void)fill_typed(ctx, &fq, 5); /* f32: cannot fail */
+      f.q = fq, f.out = fo, f.copies = 1, f.next = 0, f.ctx = ctx;
+      r = bench_time_runs(run_decode, &f, repeat < 3 ? repeat : 3, &tf);
+      full_s = tf.median_s;
+    }
+    attn_tensor_free(&fq), attn_tensor_free(&fo);
+    c.ctx = ctx;
+    attn_ctx_destroy(bctx);
+    if (r) {
+      r = cli_fail(CLI_EXIT_FAIL, "decode --compare: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+  }
+  {
+    /* The machine's read bandwidth drifts from moment to moment on a shared
+     * host, so each decoding step is paired with a read pass right after it:
+     * the fraction is the median of the pairs' ratios; read_gbs their best pass. */
+    const int threads = attn_ctx_threads(ctx);
+    float *bw = read_bw_array(threads);
+    if (!bw) {
+      r = cli_fail(CLI_EXIT_FAIL, "out of memory for the read-bandwidth array");
+      goto done;
+    }
+    double sink = 0, ratios[DECODE_PAIRS];
+    read_gbs = 0;
+    read_pass_gbs(bw, threads, &sink); /* warm */
+    for (int i = 0; i < DECODE_PAIRS; i++) {
+      const double t0 = cli_now();
+      if ((r = run_decode(&c))) {
+        free(bw);
+        r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
+        goto done;
+      }
+      const double step = cli_now() - t0, g = read_pass_gbs(bw, threads, &sink);
+      if (g > read_gbs) read_gbs = g;
+      ratios[i] = cache_bytes / step * 1e-9 / g;
+    }
+    free(bw);
+    qsort(ratios, DECODE_PAIRS, sizeof ratios[0], bench_cmp_double);
+    fraction = 0.5 * (ratios[DECODE_PAIRS / 2 - 1] + ratios[DECODE_PAIRS / 2]) + (sink == -1.0 ? 1 : 0);
+  }
+  {
+    const double gbs = cache_bytes / step_s * 1e-9;
+    const int threads = attn_ctx_threads(ctx);
+    const char *kernel = attn_kernel_name(attn_ctx_kernel(ctx));
+    if (cli_has(&a, "--json")) {
+      printf("{\"op\":\"decode\",\"batch\":%lld,\"kv_seq\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,"
+             "\"seq\":%lld,\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",\"cache_copies\":%d,",
+             B, L, H, G, D, N, attn_dtype_name(dt), threads, kernel, copies);
+      bench_json_num("median_s", step_s, 0);
+      bench_json_num("min_s", t.min_s, 0);
+      printf("\"repeats\":%lld,", t.repeats);
+      bench_json_num("cache_bytes", cache_bytes, 0);
+      bench_json_num("read_gbs", gbs, 0);
+      bench_json_num("measured_read_gbs", read_gbs, 0);
+      bench_json_num("fraction_of_read_bw", fraction, 0);
+      bench_json_num("blocked_kernel_s", blocked_s, 0);
+      bench_json_num("full_recompute_s", full_s, 0);
+      bench_json_num("speedup_over_f32", speedup, 0);
+      bench_json_num("oracle_rel_l2", err, 1);
+      printf("}\n");
+    } else {
+      printf("decode B=%lld L=%lld Hq=%lld Hk=%lld D=%lld Nq=%lld %s | kernel %s, %d threads | median %.4g ms of %lld "
+             "(min %.4g ms) | cache %.1f MiB read at %.2f GB/s | %.1f%% of the read bandwidth measured beside it "
+             "(median of %d paired passes; best pass %.2f GB/s)",
+             B, L, H, G, D, N, attn_dtype_name(dt), kernel, threads, step_s * 1e3, t.repeats, t.min_s * 1e3,
+             cache_bytes / 1048576.0, gbs, 100 * fraction, DECODE_PAIRS, read_gbs);
+      if (copies > 1) printf(" (%d copies cycled, so each step reads memory)", copies);
+      printf(" | oracle rel L2 %.2e on batch 0, kv head 0", err);
+      if (isfinite(blocked_s))
+        printf("\n  same step through the blocked kernel: %.4g ms (decode %.2fx faster)", blocked_s * 1e3, blocked_s / step_s);
+      if (isfinite(speedup)) printf("\n  %s cache against the same cache in f32, step by step in turn: %.2fx faster",
+                                    attn_dtype_name(dt), speedup);
+      if (isfinite(full_s))
+        printf("; full recompute of all %lld rows: %.4g ms (%.1fx)", L, full_s * 1e3, full_s / step_s);
+      printf("\n");
+    }
+  }
+done:
+  attn_tensor_free(&c.q), attn_tensor_free(&c.out);
+  for (int i = 0; i < copies; i++) attn_tensor_free(&c.k[i]), attn_tensor_free(&c.v[i]);
+  attn_ctx_destroy(ctx);
+  return r;
+}

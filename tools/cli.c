@@ -1,0 +1,245 @@
+/* The command line's shared helpers: flags, one-line errors, the arrays and
+ * options that several commands read the same way. Calls only the library. */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Escapes one byte of an error message: the line must stay one line whatever a
+ * path or a library message holds (a newline, a terminal escape, stray UTF-8). */
+static size_t escape_byte(char *dst, unsigned char c) {
+  if (c >= 0x20 && c < 0x7f) {
+    dst[0] = (char)c;
+    return 1;
+  }
+  if (c == '\n') return (size_t)sprintf(dst, "\\n");
+  if (c == '\r') return (size_t)sprintf(dst, "\\r");
+  if (c == '\t') return (size_t)sprintf(dst, "\\t");
+  return (size_t)sprintf(dst, "\\x%02x", c);
+}
+
+#define CLI_MSG_MAX 1024
+
+int cli_fail(int code, const char *fmt, ...) {
+  char msg[CLI_MSG_MAX], line[4 * CLI_MSG_MAX + 8];
+  va_list ap;
+  va_start(ap, fmt);
+  const int n = vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  size_t j = 0;
+  for (const char *p = n > 0 ? msg : ""; *p; p++) j += escape_byte(line + j, (unsigned char)*p);
+  if (n >= (int)sizeof msg) j += (size_t)sprintf(line + j, "...");
+  line[j] = '\0';
+  fprintf(stderr, "attn: %s\n", line);
+  return code;
+}
+
+/* Four buffers in turn: one message may show up to four values. */
+const char *cli_show(const char *s) {
+  static char buf[4][CLI_SHOW_MAX + 4];
+  static int next;
+  char *b = buf[next];
+  next = (next + 1) % 4;
+  const size_t n = strlen(s);
+  if (n <= CLI_SHOW_MAX) return s;
+  memcpy(b, s, CLI_SHOW_MAX);
+  memcpy(b + CLI_SHOW_MAX, "...", 4);
+  return b;
+}
+
+static int in_list(const char *s, const char *const *list) {
+  for (; list && *list; list++)
+    if (!strcmp(s, *list)) return 1;
+  return 0;
+}
+
+int cli_parse(cli_args *a, int argc, char **argv, const char *const *known, const char *const *switches) {
+  memset(a, 0, sizeof *a);
+  for (int i = 0; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strncmp(arg, "--", 2) != 0) return cli_fail(CLI_EXIT_USAGE, "unexpected argument '%s'", cli_show(arg));
+    const char *eq = strchr(arg, '=');
+    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+    if (len >= sizeof a->name[0]) return cli_fail(CLI_EXIT_USAGE, "unknown flag '%s'", cli_show(arg));
+    char name[sizeof a->name[0]];
+    memcpy(name, arg, len);
+    name[len] = '\0';
+    const int is_switch = in_list(name, switches), is_known = in_list(name, known);
+    if (!is_switch && !is_known) return cli_fail(CLI_EXIT_USAGE, "unknown flag '%s' (see 'attn help')", cli_show(name));
+    const char *value = NULL;
+    if (eq) value = eq + 1;
+    else if (is_known) {
+      if (i + 1 >= argc) return cli_fail(CLI_EXIT_USAGE, "%s needs a value", name);
+      value = argv[++i];
+    }
+    /* --causal alone is a switch, --causal=bottom-right picks the alignment */
+    if (value && is_switch && strcmp(name, "--causal") != 0) return cli_fail(CLI_EXIT_USAGE, "%s takes no value", name);
+    if (cli_get(a, name)) return cli_fail(CLI_EXIT_USAGE, "%s given twice", name);
+    if (a->n == CLI_MAX_FLAGS) return cli_fail(CLI_EXIT_USAGE, "too many flags");
+    memcpy(a->name[a->n], name, len + 1);
+    a->value[a->n] = value;
+    a->n++;
+  }
+  return 0;
+}
+
+const char *cli_get(cli_args *a, const char *name) {
+  for (int i = 0; i < a->n; i++)
+    if (!strcmp(a->name[i], name)) return a->value[i] ? a->value[i] : "";
+  return NULL;
+}
+
+int cli_has(cli_args *a, const char *name) { return cli_get(a, name) != NULL; }
+
+int cli_int(cli_args *a, const char *name, long long lo, long long hi, long long *out) {
+  const char *s = cli_get(a, name);
+  if (!s) return 0;
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi)
+    return cli_fail(CLI_EXIT_USAGE, "%s wants an integer in %lld..%lld, got '%s'", name, lo, hi, cli_show(s));
+  *out = v;
+  return 0;
+}
+
+int cli_double(cli_args *a, const char *name, double *out) {
+  const char *s = cli_get(a, name);
+  if (!s) return 0;
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  /* ERANGE also flags an underflow (1e-320 is a subnormal): only an overflow is refused */
+  if ((errno && fabs(v) > 1.0) || end == s || *end)
+    return cli_fail(CLI_EXIT_USAGE, "%s wants a number, got '%s'", name, cli_show(s));
+  *out = v;
+  return 0;
+}
+
+int cli_u64(cli_args *a, const char *name, uint64_t *out) {
+  const char *s = cli_get(a, name);
+  if (!s) return 0;
+  char *end;
+  errno = 0;
+  const unsigned long long v = isdigit((unsigned char)*s) ? strtoull(s, &end, 10) : 0;
+  if (!isdigit((unsigned char)*s) || errno || *end || v > UINT64_MAX)
+    return cli_fail(CLI_EXIT_USAGE, "%s wants an unsigned 64-bit integer, got '%s'", name, cli_show(s));
+  *out = (uint64_t)v;
+  return 0;
+}
+
+double cli_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- arrays ------------------------------------------------------------------- */
+/* Loads an .npy file; float64 becomes float32 when to_f32. */
+int cli_load_array(attn_ctx *ctx, attn_tensor *t, const char *path, const char *flag, int to_f32) {
+  attn_status st = attn_npy_read(ctx, t, path);
+  if (st) return cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, attn_ctx_error(ctx));
+  if (!to_f32 || t->dtype == ATTN_F32) return 0;
+  int r = 0;
+  attn_tensor f;
+  if (t->dtype != ATTN_F64) {
+    r = cli_fail(CLI_EXIT_FAIL, "%s '%s': dtype %s; want float32 or float64", flag, cli_show(path), attn_dtype_name(t->dtype));
+  } else if (attn_tensor_alloc(ctx, &f, ATTN_F32, t->rank, t->shape)) {
+    r = cli_fail(CLI_EXIT_FAIL, "%s: %s", flag, attn_ctx_error(ctx));
+  } else {
+    const int64_t n = attn_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++) ((float *)f.data)[i] = (float)((const double *)t->data)[i];
+  }
+  attn_tensor_free(t);
+  if (!r) *t = f;
+  return r;
+}
+
+int cli_want_rank(const attn_tensor *t, int rank, const char *flag, const char *layout) {
+  if (t->rank != rank) return cli_fail(CLI_EXIT_FAIL, "%s must have rank %d %s, got rank %d", flag, rank, layout, t->rank);
+  return 0;
+}
+
+int cli_parse_mask_mode(const char *s, attn_mask_mode *mode) {
+  if (!strcmp(s, "keep")) *mode = ATTN_MASK_KEEP;
+  else if (!strcmp(s, "masked")) *mode = ATTN_MASK_MASKED;
+  else if (!strcmp(s, "additive")) *mode = ATTN_MASK_ADDITIVE;
+  else if (!strcmp(s, "seed")) *mode = ATTN_MASK_SEED;
+  else return cli_fail(CLI_EXIT_USAGE, "--mask-mode wants keep, masked, additive or seed, got '%s'", cli_show(s));
+  return 0;
+}
+
+int cli_parse_causal(cli_args *a, attn_causal *c) {
+  const char *s = cli_get(a, "--causal");
+  *c = ATTN_CAUSAL_NONE;
+  if (!s) return 0;
+  if (!*s || !strcmp(s, "top-left")) *c = ATTN_CAUSAL_TOP_LEFT;
+  else if (!strcmp(s, "bottom-right")) *c = ATTN_CAUSAL_BOTTOM_RIGHT;
+  else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cli_show(s));
+  return 0;
+}
+
+/* --dropout P (in [0, 1)) and --seed S (needs --dropout; default 0). */
+int cli_parse_dropout(cli_args *a, double *p, uint64_t *seed) {
+  *p = 0;
+  *seed = 0;
+  int r;
+  if (cli_has(a, "--seed") && !cli_has(a, "--dropout")) return cli_fail(CLI_EXIT_USAGE, "--seed needs --dropout");
+  if ((r = cli_double(a, "--dropout", p))) return r;
+  if (!(*p >= 0 && *p < 1))
+    return cli_fail(CLI_EXIT_USAGE, "--dropout wants a probability in [0, 1), got '%s'", cli_show(cli_get(a, "--dropout")));
+  return cli_u64(a, "--seed", seed);
+}
+
+/* The mask mode: --mask-mode if given, else the call's rule for bool masks, additive for float. */
+int cli_mask_mode_for(cli_args *a, const attn_tensor *mask, attn_mask_mode bool_default, attn_mask_mode *mode) {
+  const char *s = cli_get(a, "--mask-mode");
+  if (s) return cli_parse_mask_mode(s, mode);
+  *mode = (mask->dtype == ATTN_BOOL || mask->dtype == ATTN_U8) ? bool_default : ATTN_MASK_ADDITIVE;
+  return 0;
+}
+
+int cli_setup_ctx(attn_ctx **ctx, cli_args *a) {
+  long long threads = 0;
+  int r = cli_int(a, "--threads", 0, 4096, &threads);
+  if (r) return r;
+  if (attn_ctx_create(ctx)) return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  attn_ctx_set_threads(*ctx, (int)threads);
+  return 0;
+}
+
+int cli_alloc_f32(attn_ctx *ctx, attn_tensor *t, int rank, const int64_t *shape) {
+  if (attn_tensor_alloc(ctx, t, ATTN_F32, rank, shape)) return cli_fail(CLI_EXIT_FAIL, "%s", attn_ctx_error(ctx));
+  return 0;
+}
+
+/* --window W (>= 0, 0 = off) and --softcap C (finite, >= 0, 0 = off): checked before any file is read. */
+int cli_parse_window_softcap(cli_args *a, int64_t *window, double *softcap) {
+  long long w = 0;
+  int r;
+  *softcap = 0;
+  if ((r = cli_int(a, "--window", 0, (long long)1 << 62, &w)) || (r = cli_double(a, "--softcap", softcap))) return r;
+  if (!(*softcap >= 0) || !isfinite(*softcap))
+    return cli_fail(CLI_EXIT_USAGE, "--softcap wants a finite number >= 0 (0 = off), got '%s'", cli_show(cli_get(a, "--softcap")));
+  *window = (int64_t)w;
+  return 0;
+}
+
+/* --alibi: the paper's slopes for heads query heads; --sinks S.npy: f32 [heads] (the call checks the length). */
+int cli_load_head_options(attn_ctx *ctx, cli_args *a, int64_t heads, attn_tensor *slopes, attn_tensor *sinks) {
+  int r;
+  if (cli_has(a, "--alibi")) {
+    if ((r = cli_alloc_f32(ctx, slopes, 1, &heads))) return r;
+    if (attn_alibi_slopes(slopes->data, heads)) return cli_fail(CLI_EXIT_FAIL, "--alibi: no slopes for %lld heads", (long long)heads);
+  }
+  if (cli_has(a, "--sinks") &&
+      ((r = cli_load_array(ctx, sinks, cli_get(a, "--sinks"), "--sinks", 1)) || (r = cli_want_rank(sinks, 1, "--sinks", "[H]"))))
+    return r;
+  return 0;
+}

@@ -1,0 +1,117 @@
+/* attn help and attn version: the tool describing itself. Every command's
+ * usage lives here, so `attn help` lists them all in one place. */
+#include "cli.h"
+#include "commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* One entry per command (bench: per operation); `attn help` prints them all,
+ * `attn CMD --help` its own with the notes on outputs and exit codes. */
+static const struct {
+  const char *cmd, *op, *text;
+} usages[] = {
+    {"demo", NULL, "  attn demo                         the seed's layer on a built-in example\n"},
+    {"sdpa", NULL,
+     "  attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy\n"
+     "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--key-padding KP.npy]\n"
+     "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
+     "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
+     "            [--kv-dtype f32|f16|bf16]\n"
+     "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
+     "             [--sinks-grad-out DS.npy]]\n"},
+    {"mha", NULL,
+     "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
+     "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
+     "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
+     "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
+     "            [--grad-out G.npy --grads-out GRADS.safetensors]\n"},
+    {"map", NULL,
+     "  attn map  --params P.safetensors --heads H --query X.npy [--key K.npy [--value V.npy]] --png OUT.png\n"
+     "            [--tokens T.txt] [--key-tokens T.txt] [--batch I] [--causal] [--prefix PFX] [--kv-heads G]\n"
+     "  attn map  --weights W.npy --png OUT.png [--tokens T.txt] [--key-tokens T.txt] [--batch I]\n"
+     "            every head's attention weights as heatmaps in a PNG (one token per line in T.txt)\n"},
+    {"bench", "sdpa",
+     "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]\n"
+     "            [--padding F] [--backward] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"
+     "            (--padding F: the last fraction F of every row's keys is key padding, and holds NaN)\n"},
+    {"bench", "mha",
+     "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel K]\n"
+     "            [--max-gflop F] [--json]\n"},
+    {"bench", "decode",
+     "  attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq]\n"
+     "            [--dtype f32|f16|bf16] [--compare] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"},
+    {"version", NULL, "  attn version\n"},
+    {"help", NULL, "  attn help [COMMAND]               this text, or one command's (as attn COMMAND --help)\n"},
+};
+
+static const char notes_data[] =
+    "Arrays are .npy (float32; float64 is converted). q/k/v are [B, H, N, D]; mha inputs are [B, N, E].\n"
+    "A bool mask means keep (sdpa) or masked (mha) unless --mask-mode says otherwise; a float mask is additive.\n"
+    "--grad-out G gives the gradients of sum(out * G): sdpa writes the ones asked for (--mask-grad-out: an\n"
+    "additive mask's, in the mask's shape); mha writes every parameter's under the file's own names (with\n"
+    "the prefix) and the inputs' as query (key, value) into one safetensors file.\n"
+    "--dropout P: training-mode dropout on the attention probabilities (seed S, default 0).\n"
+    "--window W: query i' sees keys i'-W < j <= i' (causal implied); --softcap C: logits C*tanh(logits/C);\n"
+    "--alibi: the ALiBi paper's slopes per query head; --sinks S.npy: one sink logit per query head [H].\n"
+    "--kv-dtype: k and v rounded to f16 or bf16 (and read stored so) before attention.\n";
+static const char notes_outputs[] =
+    "Outputs are written to temporary files beside them and renamed into place only when every one was\n"
+    "written: a failed command changes no existing file. An output may not name an input; a symbolic link\n"
+    "as an output is followed (the file it points to is replaced, the link stays).\n"
+    "Exit status: 0 done, 1 bad data or a failed run, 2 a bad command line; errors are one line on stderr.\n";
+static const char notes_bench[] =
+    "bench refuses a case whose timed runs would take more than --max-gflop F GFLOP (default 1e5, a few\n"
+    "minutes on two cores); --max-gflop inf lifts the bound.\n";
+
+/* Every entry of cmd (op NULL: all of its operations); 0 if there is none. */
+static int print_usage(FILE *f, const char *cmd, const char *op) {
+  int found = 0;
+  for (size_t i = 0; i < sizeof usages / sizeof usages[0]; i++)
+    if (!strcmp(usages[i].cmd, cmd) && (!op || !usages[i].op || !strcmp(usages[i].op, op))) {
+      if (!found) fputs("usage:\n", f);
+      fputs(usages[i].text, f);
+      found = 1;
+    }
+  if (found && (!strcmp(cmd, "sdpa") || !strcmp(cmd, "mha"))) fputs(notes_data, f);
+  if (found && (!strcmp(cmd, "sdpa") || !strcmp(cmd, "mha") || !strcmp(cmd, "map"))) fputs(notes_outputs, f);
+  if (found && !strcmp(cmd, "bench")) fputs(notes_bench, f);
+  return found;
+}
+
+static void usage(FILE *f) {
+  fputs("usage: attn <command> [flags]     (attn <command> --help: that command alone)\n", f);
+  for (size_t i = 0; i < sizeof usages / sizeof usages[0]; i++) fputs(usages[i].text, f);
+  fputs(notes_data, f);
+  fputs(notes_outputs, f);
+  fputs(notes_bench, f);
+}
+
+int help_is_flag(const char *s) { return !strcmp(s, "--help") || !strcmp(s, "-h"); }
+
+int cmd_help(int argc, char **argv) {
+  if (argc < 1) {
+    usage(stdout);
+    return 0;
+  }
+  if (!print_usage(stdout, argv[0], argc > 1 ? argv[1] : NULL))
+    return cli_fail(CLI_EXIT_USAGE, "help: no command '%s' (see 'attn help')", cli_show(argv[0]));
+  return 0;
+}
+
+int help_printed(int argc, char **argv) {
+  const char *cmd = argv[1];
+  /* --help or -h anywhere after the command wins over every other flag */
+  for (int i = 2; i < argc; i++)
+    if (help_is_flag(argv[i])) {
+      const char *op = !strcmp(cmd, "bench") && i > 2 ? argv[2] : NULL;
+      return print_usage(stdout, cmd, op) || print_usage(stdout, cmd, NULL); /* an unknown command is refused later */
+    }
+  return 0;
+}
+
+int cmd_version(int argc, char **argv) {
+  if (argc > 0) return cli_fail(CLI_EXIT_USAGE, "version takes no arguments, got '%s'", cli_show(argv[0]));
+  printf("attn %s (kernel: %s)\n", attn_version_string(), attn_kernel_name(attn_ctx_kernel(NULL)));
+  return 0;
+}
