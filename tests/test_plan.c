@@ -8,7 +8,63 @@ static void fill(float *x, int64_t n, uint64_t seed) {
   tu_fill_f32(&g, x, n, 1.0);
 }
 
-int main(void) {
+/* test_plan --show T: the work lists of B1 H1 N16384 D64 (causal forward and
+ * backward) and of one decoding step of 16 rows of mixed lengths, on T
+ * threads, printed (for the docs: how a machine of T cores is dealt work). */
+static int show(int threads) {
+  attn_ctx *ctx = NULL;
+  if (attn_ctx_create(&ctx) || attn_ctx_set_threads(ctx, threads)) return 1;
+  const int64_t N = 16384, D = 64, s[4] = {1, 1, N, D}, ls[3] = {1, 1, N};
+  attn_tensor q, k, v, o, l, dq, dk, dv;
+  attn_status st = attn_tensor_alloc(ctx, &q, ATTN_F32, 4, s);
+  if (!st) st = attn_tensor_alloc(ctx, &k, ATTN_F32, 4, s);
+  if (!st) st = attn_tensor_alloc(ctx, &v, ATTN_F32, 4, s);
+  if (!st) st = attn_tensor_alloc(ctx, &o, ATTN_F32, 4, s);
+  if (!st) st = attn_tensor_alloc(ctx, &dq, ATTN_F32, 4, s);
+  if (!st) st = attn_tensor_alloc(ctx, &dk, ATTN_F32, 4, s);
+  if (!st) st = attn_tensor_alloc(ctx, &dv, ATTN_F32, 4, s);
+  if (!st) st = attn_tensor_alloc(ctx, &l, ATTN_F32, 3, ls);
+  if (st) return 1;
+  attn_sdpa_opts opts;
+  attn_sdpa_opts_init(&opts);
+  opts.causal = ATTN_CAUSAL_TOP_LEFT;
+  opts.lse = &l;
+  if ((st = attn_sdpa(ctx, &o, &q, &k, &v, &opts))) return 1;
+  printf("B1 H1 N16384 D64 causal, forward:\n  %s\n", attn_ctx_plan(ctx));
+  opts.lse = NULL;
+  if ((st = attn_sdpa_backward(ctx, &dq, &dk, &dv, &o, &q, &k, &v, &o, &l, &opts))) return 1;
+  printf("B1 H1 N16384 D64 causal, backward:\n  %s\n", attn_ctx_plan(ctx));
+  /* 16 rows of 100 to 32000 tokens, 8 kv heads of D 128, GQA 4 (32 query heads), one new token each */
+  attn_kv_cache_config cfg;
+  attn_kv_cache_config_init(&cfg, 16, 32768, 8, 128);
+  attn_kv_cache *cache = NULL;
+  if (attn_kv_cache_create(ctx, &cache, &cfg)) return 1;
+  const int64_t ks[4] = {16, 8, 1, 128}, qs[4] = {16, 32, 1, 128};
+  attn_tensor kk, qq, oo;
+  if (attn_tensor_alloc(ctx, &kk, ATTN_F32, 4, ks) || attn_tensor_alloc(ctx, &qq, ATTN_F32, 4, qs) ||
+      attn_tensor_alloc(ctx, &oo, ATTN_F32, 4, qs))
+    return 1;
+  int64_t lengths[16];
+  printf("decode step, 16 rows of lengths");
+  for (int b = 0; b < 16; b++) printf(" %lld", (long long)(lengths[b] = 100 + (int64_t)b * b * 124));
+  printf(", Hq 32, Hk 8, D 128:\n");
+  for (int64_t t = 0; t < 32000; t++) { /* rows grow to their lengths one token at a time, as decoding does */
+    int64_t n_new[16], any = 0;
+    for (int b = 0; b < 16; b++) any |= (n_new[b] = t < lengths[b]);
+    if (!any) break;
+    if (attn_kv_cache_append(ctx, cache, &kk, &kk, n_new)) return 1;
+  }
+  if (attn_kv_cache_attend(ctx, cache, &oo, &qq, NULL)) return 1;
+  printf("  %s\n", attn_ctx_plan(ctx));
+  attn_kv_cache_destroy(cache);
+  attn_tensor *all[] = {&q, &k, &v, &o, &l, &dq, &dk, &dv, &kk, &qq, &oo};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) attn_tensor_free(all[i]);
+  attn_ctx_destroy(ctx);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--show")) return show(atoi(argv[2]));
   attn_ctx *ctx = NULL;
   CHECK_OK(ctx, attn_ctx_create(&ctx));
   CHECK(!strcmp(attn_ctx_plan(ctx), "") && !strcmp(attn_ctx_plan(NULL), ""), "no plan before any call");
