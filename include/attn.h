@@ -37,12 +37,10 @@ extern "C" {
 #endif
 
 /* ---- version --------------------------------------------------------------- */
-#define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 1
-#define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_HEX ((ATTN_VERSION_MAJOR << 16) | (ATTN_VERSION_MINOR << 8) | ATTN_VERSION_PATCH)
+/* ATTN_VERSION_MAJOR, _MINOR, _PATCH and ATTN_VERSION_HEX of this header. */
+#include "attn_version.h"
 
-/* The version of the library actually linked, as ATTN_VERSION_HEX and "0.1.0". */
+/* The version of the library actually linked, as ATTN_VERSION_HEX and "0.2.0". */
 ATTN_API unsigned attn_version(void);
 ATTN_API const char *attn_version_string(void);
 

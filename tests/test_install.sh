@@ -7,9 +7,9 @@
 # Each program runs attention on a fixed input and checks the numbers. The
 # prefix is not the one the build was configured with, so an attn.pc or a
 # package file with a hard-coded prefix fails here.
-# Usage: test_install.sh BUILD_DIR CMAKE C_COMPILER WORK_DIR
+# Usage: test_install.sh BUILD_DIR CMAKE C_COMPILER WORK_DIR VERSION (major.minor, what find_package asks for)
 set -u
-build=$1 cmake=$2 cc=$3 work=$4
+build=$1 cmake=$2 cc=$3 work=$4 version=$5
 fails=0 skipped=0
 bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
@@ -113,12 +113,13 @@ fi
 cat >"$work/src/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.16)
 project(attn_consumer LANGUAGES C)
-find_package(attn 0.1 REQUIRED CONFIG)
+find_package(attn VERSION_WANTED REQUIRED CONFIG)
 add_executable(shared_user main.c)
 target_link_libraries(shared_user PRIVATE attn::attn m)
 add_executable(static_user main.c)
 target_link_libraries(static_user PRIVATE attn::attn_static m)
 EOF
+sed -i "s/VERSION_WANTED/$version/" "$work/src/CMakeLists.txt"
 if "$cmake" -S "$work/src" -B "$work/cmake_build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_PREFIX_PATH="$prefix" \
      -DCMAKE_BUILD_TYPE=Release >"$work/cmake.log" 2>&1 &&
    "$cmake" --build "$work/cmake_build" >>"$work/cmake.log" 2>&1; then
