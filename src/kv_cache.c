@@ -3,6 +3,7 @@
  * attn_sdpa on views of the storage, one row at a time (each row has its own
  * length), so the decode kernel and every option come for free. */
 #include "internal.h"
+#include "opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,8 +150,8 @@ attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn
   return ATTN_OK;
 }
 
-attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, const attn_tensor *q,
-                                 const attn_sdpa_opts *opts) {
+attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
+                                 const attn_tensor *q, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
   if (!cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_attend: cache is NULL");
   attn_status st;
@@ -165,24 +166,15 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
   if (out->shape[0] != c->batch)
     return attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: out has batch %lld; the cache has %lld rows",
                       (long long)out->shape[0], (long long)c->batch);
-  const attn_tensor *lse = opts ? opts->lse : NULL;
   if (lse && ((st = attn__check_tensor(ctx, lse, "lse", 3)) || (st = attn__check_writable(ctx, lse, "lse")) ||
               lse->shape[0] != c->batch))
     return st ? st : attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: lse has batch %lld; the cache has %lld rows",
                                 (long long)lse->shape[0], (long long)c->batch);
   attn_sdpa_opts o;
-  attn_sdpa_opts_init(&o);
-  if (opts) {
-    if (opts->mask || opts->key_padding || opts->weights || opts->dropout_p != 0 || opts->mask_grad || opts->sinks_grad)
-      return attn__fail(ctx, ATTN_E_INVALID,
-                        "attn_kv_cache_attend: masks, key padding, weights and dropout are not taken here (each row's "
-                        "length says which keys exist)");
-    o = *opts;
-  }
-  o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+  if ((st = attn__cached_opts(ctx, &o, opts, "attn_kv_cache_attend"))) return st;
   for (int64_t b = 0; b < c->batch; b++) {
     attn_tensor qb = *q, ob = *out, kb = row_view(cache, cache->k, c->head_dim, b, cache->len[b]);
-    attn_tensor vb = row_view(cache, cache->v, c->v_head_dim, b, cache->len[b]), lb;
+    attn_tensor vb = row_view(cache, cache->v, c->v_head_dim, b, cache->len[b]), lb, *lbp = NULL;
     qb.shape[0] = ob.shape[0] = 1;
     qb.data = (char *)q->data + (size_t)(b * q->strides[0]) * attn_dtype_size(q->dtype);
     ob.data = (char *)out->data + (size_t)(b * out->strides[0]) * attn_dtype_size(out->dtype);
@@ -190,10 +182,10 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
       lb = *lse;
       lb.shape[0] = 1;
       lb.data = (char *)lse->data + (size_t)(b * lse->strides[0]) * attn_dtype_size(lse->dtype);
-      o.lse = &lb;
+      lbp = &lb;
     }
     /* attn_sdpa checks the rest (out's shape, Hq against Hk, dtypes) with the row's view */
-    if ((st = attn_sdpa(ctx, &ob, &qb, &kb, &vb, &o))) {
+    if ((st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, &o))) {
       char msg[ATTN__MSG_LEN];
       snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
       return attn__fail(ctx, st, "attn_kv_cache_attend: row %lld: %s", (long long)b, msg);
@@ -238,7 +230,7 @@ attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache, int64_t 
   return ATTN_OK;
 }
 
-attn_status attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t b, attn_tensor *k, attn_tensor *v) {
+attn_status attn_kv_cache_view(attn_ctx *ctx, attn_tensor *k, attn_tensor *v, const attn_kv_cache *cache, int64_t b) {
   ATTN__ENTER(ctx);
   if (!cache || !k || !v) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_view: null argument");
   if (b < 0 || b >= cache->cfg.batch)

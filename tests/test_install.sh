@@ -41,7 +41,7 @@ int main(void) {
   const int64_t qs[4] = {1, 1, 1, 2}, ks[4] = {1, 1, 2, 2};
   attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, qs), tk = attn_tensor_view(k, ATTN_F32, 4, ks);
   attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, ks), to = attn_tensor_view(out, ATTN_F32, 4, qs);
-  attn_status st = attn_sdpa(ctx, &to, &tq, &tk, &tv, NULL);
+  attn_status st = attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, NULL);
   /* logits 1/sqrt(2) and 0 */
   const double w0 = 1 / (1 + exp(-1 / sqrt(2.0))), want0 = w0 * 1 + (1 - w0) * 3, want1 = w0 * 2 + (1 - w0) * 4;
   int ok = st == ATTN_OK && fabs(out[0] - want0) < 1e-5 && fabs(out[1] - want1) < 1e-5;
@@ -59,10 +59,10 @@ int main(void) {
   st = attn_mha_create(ctx, &m, &cfg);
   for (int p = ATTN_MHA_Q_WEIGHT; st == ATTN_OK && p <= ATTN_MHA_O_WEIGHT; p += 2) {
     attn_tensor w;
-    st = attn_mha_param_view(ctx, m, (attn_mha_param)p, &w);
+    st = attn_mha_param_view(ctx, &w, m, (attn_mha_param)p);
     if (st == ATTN_OK) ((float *)w.data)[0] = ((float *)w.data)[3] = 1;
   }
-  if (st == ATTN_OK) st = attn_mha_forward(ctx, m, &ty, &tx, NULL, NULL, NULL);
+  if (st == ATTN_OK) st = attn_mha_forward(ctx, m, &ty, NULL, &tx, NULL, NULL, NULL);
   double worst = st == ATTN_OK ? 0 : INFINITY;
   for (int i = 0; st == ATTN_OK && i < 2; i++) {
     const double s0 = (x[2 * i] * x[0] + x[2 * i + 1] * x[1]) / sqrt(2.0);

@@ -385,6 +385,7 @@ static int cmd_sdpa(int argc, char **argv) {
   attn_ctx *ctx = NULL;
   if ((r = setup_ctx(&ctx, &a))) return r;
   attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
+  attn_tensor *wp = NULL; /* &w once --weights-out asks for it */
   attn_tensor g = {0}, lse = {0}, dq = {0}, dk = {0}, dv = {0}, mg = {0}, dm = {0};
   attn_tensor slopes = {0}, sinks = {0}, ds = {0};
   cli_outputs outs;
@@ -428,13 +429,10 @@ static int cmd_sdpa(int argc, char **argv) {
   if (cli_has(&a, "--weights-out")) {
     int64_t wshape[4] = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
     if ((r = alloc_f32(ctx, &w, 4, wshape))) goto done;
-    o.weights = &w;
+    wp = &w;
   }
-  if (backward) {
-    if ((r = alloc_f32(ctx, &lse, 3, q.shape))) goto done;
-    o.lse = &lse;
-  }
-  if (attn_sdpa(ctx, &out, &q, &k, &v, &o)) {
+  if (backward && (r = alloc_f32(ctx, &lse, 3, q.shape))) goto done;
+  if (attn_sdpa(ctx, &out, backward ? &lse : NULL, wp, &q, &k, &v, &o)) {
     r = cli_fail(CLI_EXIT_FAIL, "sdpa: %s", attn_ctx_error(ctx));
     goto done;
   }
@@ -445,18 +443,14 @@ static int cmd_sdpa(int argc, char **argv) {
         (r = alloc_f32(ctx, &dv, 4, v.shape)) || (want_dm && (r = alloc_f32(ctx, &mg, 4, mshape))) ||
         (want_ds && (r = alloc_f32(ctx, &ds, 1, sinks.shape))))
       goto done;
-    attn_sdpa_opts ob = o;
-    ob.weights = NULL;
-    ob.lse = NULL;
-    ob.mask_grad = want_dm ? &mg : NULL;
-    ob.sinks_grad = want_ds ? &ds : NULL;
-    if (attn_sdpa_backward(ctx, &dq, &dk, &dv, &g, &q, &k, &v, &out, &lse, &ob)) {
+    if (attn_sdpa_backward(ctx, &dq, &dk, &dv, want_dm ? &mg : NULL, want_ds ? &ds : NULL, &g, &q, &k, &v, &out, &lse,
+                           &o)) {
       r = cli_fail(CLI_EXIT_FAIL, "sdpa backward: %s", attn_ctx_error(ctx));
       goto done;
     }
     if (want_dm && (r = reduce_mask_grad(ctx, &dm, &mg, &mask))) goto done;
   }
-  if ((r = write_output(ctx, &outs, "--out", &out)) || (o.weights && (r = write_output(ctx, &outs, "--weights-out", &w))) ||
+  if ((r = write_output(ctx, &outs, "--out", &out)) || (wp && (r = write_output(ctx, &outs, "--weights-out", &w))) ||
       (want_dq && (r = write_output(ctx, &outs, "--dq-out", &dq))) ||
       (want_dk && (r = write_output(ctx, &outs, "--dk-out", &dk))) ||
       (want_dv && (r = write_output(ctx, &outs, "--dv-out", &dv))) ||
@@ -496,7 +490,7 @@ static char *join(const char *a, const char *b) {
 }
 
 static int detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, naming *nm) {
-  if (attn_mha_detect_naming(ctx, st, prefix, nm)) return cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
+  if (attn_mha_detect_naming(ctx, nm, st, prefix)) return cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
   return 0;
 }
 
@@ -531,7 +525,7 @@ static int grad_add_packed(attn_ctx *ctx, grad_file *f, attn_mha *grads, const c
   attn_tensor part[3], t;
   int64_t shape[2] = {0, 0};
   for (int i = 0; i < 3; i++) {
-    if (attn_mha_param_view(ctx, grads, (attn_mha_param)(2 * i + bias), &part[i]))
+    if (attn_mha_param_view(ctx, &part[i], grads, (attn_mha_param)(2 * i + bias)))
       return cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
     shape[0] += part[i].shape[0];
     shape[1] = bias ? 0 : part[i].shape[1];
@@ -560,7 +554,7 @@ static int collect_param_grads(attn_ctx *ctx, grad_file *f, attn_mha *grads, nam
     const char *name = single_name(nm, p);
     if (!name || (p % 2 == 1 && !bias)) continue;
     attn_tensor t;
-    if (attn_mha_param_view(ctx, grads, (attn_mha_param)p, &t))
+    if (attn_mha_param_view(ctx, &t, grads, (attn_mha_param)p))
       return cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
     if ((r = grad_add(f, prefix, name, &t, 0))) return r;
   }
@@ -604,6 +598,7 @@ static int cmd_mha(int argc, char **argv) {
   attn_mha *mha = NULL, *grads = NULL;
   attn_mha_saved *saved = NULL;
   attn_tensor x = {0}, key = {0}, value = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
+  attn_tensor *wp = NULL; /* &w once --weights-out asks for it */
   attn_tensor g = {0}, dx = {0}, dkey = {0}, dvalue = {0}, slopes = {0}, sinks = {0};
   grad_file gf = {0};
   cli_outputs outs;
@@ -675,15 +670,15 @@ static int cmd_mha(int argc, char **argv) {
     o.average_weights = cli_has(&a, "--average-weights");
     int64_t ws4[4] = {B, heads, Nq, Nk}, ws3[3] = {B, Nq, Nk};
     if ((r = alloc_f32(ctx, &w, o.average_weights ? 3 : 4, o.average_weights ? ws3 : ws4))) goto done;
-    o.weights = &w;
+    wp = &w;
   }
   if (!train) {
-    if (attn_mha_forward(ctx, mha, &out, &x, cross ? &key : NULL, cross ? &value : NULL, &o)) {
+    if (attn_mha_forward(ctx, mha, &out, wp, &x, cross ? &key : NULL, cross ? &value : NULL, &o)) {
       r = cli_fail(CLI_EXIT_FAIL, "mha: %s", attn_ctx_error(ctx));
       goto done;
     }
   } else {
-    if (attn_mha_forward_save(ctx, mha, &out, &x, cross ? &key : NULL, cross ? &value : NULL, &o, &saved)) {
+    if (attn_mha_forward_save(ctx, mha, &out, wp, &saved, &x, cross ? &key : NULL, cross ? &value : NULL, &o)) {
       r = cli_fail(CLI_EXIT_FAIL, "mha: %s", attn_ctx_error(ctx));
       goto done;
     }
@@ -694,7 +689,7 @@ static int cmd_mha(int argc, char **argv) {
       r = cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
       goto done;
     }
-    if (attn_mha_backward(ctx, mha, saved, &g, &dx, cross ? &dkey : NULL, cross ? &dvalue : NULL, grads)) {
+    if (attn_mha_backward(ctx, mha, &dx, cross ? &dkey : NULL, cross ? &dvalue : NULL, grads, saved, &g)) {
       r = cli_fail(CLI_EXIT_FAIL, "mha backward: %s", attn_ctx_error(ctx));
       goto done;
     }
@@ -702,7 +697,7 @@ static int cmd_mha(int argc, char **argv) {
         (cross && ((r = grad_add(&gf, "", "key", &dkey, 0)) || (r = grad_add(&gf, "", "value", &dvalue, 0)))))
       goto done;
   }
-  if ((r = write_output(ctx, &outs, "--out", &out)) || (o.weights && (r = write_output(ctx, &outs, "--weights-out", &w))) ||
+  if ((r = write_output(ctx, &outs, "--out", &out)) || (wp && (r = write_output(ctx, &outs, "--weights-out", &w))) ||
       (train && (r = write_safetensors_output(ctx, &outs, "--grads-out", gf.n, (const char *const *)gf.name, gf.t))) ||
       (r = cli_outputs_commit(&outs)))
     goto done;

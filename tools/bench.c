@@ -483,25 +483,24 @@ typedef struct sdpa_case {
   attn_ctx *ctx;
   attn_tensor q, k, v, out;
   attn_sdpa_opts o;
-  /* --backward: o_lse is o with lse set */
-  attn_tensor lse, dout, dq, dk, dv;
-  attn_sdpa_opts o_lse;
+  attn_tensor lse, dout, dq, dk, dv; /* --backward */
   attn_tensor kpm; /* --padding: [B, Nk] */
 } sdpa_case;
 
 static int run_sdpa(void *arg) {
   sdpa_case *c = arg;
-  return attn_sdpa(c->ctx, &c->out, &c->q, &c->k, &c->v, &c->o);
+  return attn_sdpa(c->ctx, &c->out, NULL, NULL, &c->q, &c->k, &c->v, &c->o);
 }
 
 static int run_sdpa_backward(void *arg) {
   sdpa_case *c = arg;
-  return attn_sdpa_backward(c->ctx, &c->dq, &c->dk, &c->dv, &c->dout, &c->q, &c->k, &c->v, &c->out, &c->lse, &c->o);
+  return attn_sdpa_backward(c->ctx, &c->dq, &c->dk, &c->dv, NULL, NULL, &c->dout, &c->q, &c->k, &c->v, &c->out, &c->lse,
+                            &c->o);
 }
 
 static int run_sdpa_fwd_bwd(void *arg) {
   sdpa_case *c = arg;
-  int st = attn_sdpa(c->ctx, &c->out, &c->q, &c->k, &c->v, &c->o_lse);
+  int st = attn_sdpa(c->ctx, &c->out, &c->lse, NULL, &c->q, &c->k, &c->v, &c->o);
   return st ? st : run_sdpa_backward(c);
 }
 
@@ -564,7 +563,7 @@ static int sdpa_oracle(sdpa_case *c, report *rep, double pairs_per_head) {
   int64_t rs[4] = {q.shape[0], q.shape[1], n, Dv};
   if (attn_tensor_alloc(c->ctx, &ref, ATTN_F64, 4, rs)) return cli_fail(CLI_EXIT_FAIL, "oracle: out of memory");
   const double t0 = cli_now();
-  if (attn_sdpa_ref(c->ctx, &ref, &q, &k, &v, &o)) {
+  if (attn_sdpa_ref(c->ctx, &ref, NULL, NULL, &q, &k, &v, &o)) {
     attn_tensor_free(&ref);
     return cli_fail(CLI_EXIT_FAIL, "oracle: %s", attn_ctx_error(c->ctx));
   }
@@ -641,10 +640,9 @@ static int sdpa_backward_oracle(sdpa_case *c, report *rep, double pairs_per_head
     ob.key_padding = &kp;
   }
   o = ob;
-  o.lse = &lse;
   const double t0 = cli_now();
-  if (attn_sdpa_ref(c->ctx, &out, &q, &k, &v, &o) ||
-      attn_sdpa_backward_ref(c->ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &ob)) {
+  if (attn_sdpa_ref(c->ctx, &out, &lse, NULL, &q, &k, &v, &o) ||
+      attn_sdpa_backward_ref(c->ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &ob)) {
     r = cli_fail(CLI_EXIT_FAIL, "backward oracle: %s", attn_ctx_error(c->ctx));
     goto done;
   }
@@ -751,8 +749,6 @@ static int bench_sdpa(int argc, char **argv) {
     }
     fill(c.dout.data, attn_tensor_numel(&c.dout), 5, 1.0f);
     fill(c.dq.data, attn_tensor_numel(&c.dq), 6, 1.0f); /* as out: a skipped row cannot look right */
-    c.o_lse = c.o;
-    c.o_lse.lse = &c.lse;
   }
 
   if ((r = time_runs(run_sdpa, &c, repeat, &rep.t))) {
@@ -797,7 +793,7 @@ typedef struct mha_case {
 
 static int run_mha(void *arg) {
   mha_case *c = arg;
-  return attn_mha_forward(c->ctx, c->mha, &c->out, &c->x, NULL, NULL, NULL);
+  return attn_mha_forward(c->ctx, c->mha, &c->out, NULL, &c->x, NULL, NULL, NULL);
 }
 
 /* The float64 layer on all batches, on batch 0, or on batch 0's last query rows
@@ -844,7 +840,7 @@ static int mha_oracle(mha_case *c, report *rep) {
     return cli_fail(CLI_EXIT_FAIL, "oracle: out of memory");
   }
   const double t0 = cli_now();
-  if (attn_mha_forward(rctx, c->mha, &ref, &xs, cross ? &kv : NULL, cross ? &kv : NULL, NULL)) {
+  if (attn_mha_forward(rctx, c->mha, &ref, NULL, &xs, cross ? &kv : NULL, cross ? &kv : NULL, NULL)) {
     ret = cli_fail(CLI_EXIT_FAIL, "oracle: %s", attn_ctx_error(rctx));
   } else {
     rep->oracle_s = cli_now() - t0;
@@ -899,7 +895,7 @@ static int bench_mha(int argc, char **argv) {
   double param_bytes = 0;
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    if (attn_mha_param_view(ctx, c.mha, (attn_mha_param)p, &t)) continue; /* no such bias */
+    if (attn_mha_param_view(ctx, &t, c.mha, (attn_mha_param)p)) continue;                   /* no such bias */
     fill(t.data, attn_tensor_numel(&t), 100 + (uint64_t)p, (float)(1.0 / sqrt((double)E))); /* nn.Linear's range */
     param_bytes += 4.0 * (double)attn_tensor_numel(&t);
   }
@@ -1000,7 +996,7 @@ static int run_decode(void *arg) {
   decode_case *c = arg;
   const int i = c->next;
   c->next = (c->next + 1) % c->copies;
-  return attn_sdpa(c->ctx, &c->out, &c->q, &c->k[i], &c->v[i], &c->o);
+  return attn_sdpa(c->ctx, &c->out, NULL, NULL, &c->q, &c->k[i], &c->v[i], &c->o);
 }
 
 /* Fills a tensor of f32, f16 or bf16 with fixed-seed uniform values in (-1, 1). */
@@ -1026,7 +1022,7 @@ static double decode_oracle(decode_case *c, int64_t group) {
   const int64_t rs[4] = {1, group, out.shape[2], out.shape[3]};
   attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 4, rs);
   double err = NAN;
-  if (attn_sdpa_ref(c->ctx, &tr, &q, &k, &v, &c->o) == ATTN_OK) {
+  if (attn_sdpa_ref(c->ctx, &tr, NULL, NULL, &q, &k, &v, &c->o) == ATTN_OK) {
     double num = 0, den = 0;
     for (int64_t h = 0; h < group; h++)
       for (int64_t i = 0; i < out.shape[2]; i++)

@@ -234,10 +234,11 @@ class _SdpaCall:
             o.dropout_seed = (int(np.random.randint(0, 2**63, dtype=np.int64)) if dropout_seed is None
                               else int(dropout_seed))
 
-    def out_ptr(self, attr, a):
+    def out_ptr(self, a):
+        """An optional output argument viewing array a (kept alive with this call)."""
         t = _tensor(a)
         self.keep += [a, t]
-        setattr(self.opts, attr, ctypes.pointer(t))
+        return ctypes.byref(t)
 
     def unbatch(self, a):
         """[B, H, ...] back to the caller's leading dims."""
@@ -253,18 +254,18 @@ def _unbroadcast(g, shape):
 
 def _sdpa_forward(c, want_weights, want_lse, threads):
     out = np.empty((c.B, c.H, c.L, c.Dv), np.float32)
-    weights = lse = None
+    weights = lse = weights_arg = lse_arg = None
     if want_weights:
         weights = np.empty((c.B, c.H, c.L, c.S), np.float32)
-        c.out_ptr("weights", weights)
+        weights_arg = c.out_ptr(weights)
     if want_lse:
         lse = np.empty((c.B, c.H, c.L), np.float32)
-        c.out_ptr("lse", lse)
+        lse_arg = c.out_ptr(lse)
     ot, qt, kt, vt = _tensor(out), _tensor(c.q4), _tensor(c.k4), _tensor(c.v4)
     x = _ctx()
     x.set_threads(threads)
-    x.check(_capi.lib.attn_sdpa(x.h, ctypes.byref(ot), ctypes.byref(qt), ctypes.byref(kt), ctypes.byref(vt),
-                                ctypes.byref(c.opts)))
+    x.check(_capi.lib.attn_sdpa(x.h, ctypes.byref(ot), lse_arg, weights_arg, ctypes.byref(qt), ctypes.byref(kt),
+                                ctypes.byref(vt), ctypes.byref(c.opts)))
     return out, weights, lse
 
 
@@ -277,16 +278,17 @@ def _sdpa_backward(c, dout, out, lse, want_mask_grad, threads):
     dq = np.empty(c.q4.shape, np.float32)
     dk = np.empty(c.k4.shape, np.float32)
     dv = np.empty(c.v4.shape, np.float32)
-    mg = None
+    mg = mg_arg = None
     if want_mask_grad:
         if c.mask_shape is None or c.opts.mask_mode != _capi.MASK_ADDITIVE:
             raise ValueError("a mask gradient needs a float (additive) attn_mask")
         mg = np.empty((c.B, c.H, c.L, c.S), np.float32)
-        c.out_ptr("mask_grad", mg)
+        mg_arg = c.out_ptr(mg)
     ts = [_tensor(a) for a in (dq, dk, dv, d4, c.q4, c.k4, c.v4, o4, l3)]
     x = _ctx()
     x.set_threads(threads)
-    x.check(_capi.lib.attn_sdpa_backward(x.h, *(ctypes.byref(t) for t in ts), ctypes.byref(c.opts)))
+    args = [ctypes.byref(t) for t in ts]
+    x.check(_capi.lib.attn_sdpa_backward(x.h, *args[:3], mg_arg, None, *args[3:], ctypes.byref(c.opts)))
     dmask = None
     if mg is not None:
         dmask = np.ascontiguousarray(_unbroadcast(c.unbatch(mg), c.mask_shape), np.float32)
@@ -517,14 +519,14 @@ class KVCache:
         _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
         if scale is not None:
             o.scale = float(scale)
-        lse = None
+        lse = lt = None
         if return_lse:
             lse = np.empty((B, Hq, Nq), np.float32)
             lt = _tensor(lse)
-            o.lse = ctypes.pointer(lt)
         ot, qt = _tensor(out), _tensor(qa)
         with self._lock:
             self._ctx.check(_capi.lib.attn_kv_cache_attend(self._ctx.h, self._handle(), ctypes.byref(ot),
+                                                           None if lt is None else ctypes.byref(lt),
                                                            ctypes.byref(qt), ctypes.byref(o)))
         if return_lse:
             return _wrap(out, like_torch), _wrap(lse, like_torch)
@@ -548,8 +550,8 @@ class KVCache:
     def _row(self, row):
         kt, vt = _capi.Tensor(), _capi.Tensor()
         with self._lock:
-            self._ctx.check(_capi.lib.attn_kv_cache_view(self._ctx.h, self._handle(), int(row), ctypes.byref(kt),
-                                                         ctypes.byref(vt)))
+            self._ctx.check(_capi.lib.attn_kv_cache_view(self._ctx.h, ctypes.byref(kt), ctypes.byref(vt),
+                                                         self._handle(), int(row)))
             return _stored_to_f32(kt), _stored_to_f32(vt)  # copied under the lock: the views die on append
 
     def keys(self, row):
@@ -694,18 +696,18 @@ class MultiheadAttention:
         v, _ = self._batch_major(value, "value")
         B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
-        weights = None
+        weights = wt = None
         if need_weights:
             weights = np.empty((B, L, S) if average_attn_weights else (B, H, L, S), np.float32)
             wt = _tensor(weights)
             keep.append(wt)
-            opts.weights = ctypes.pointer(wt)
             opts.average_weights = 1 if average_attn_weights else 0
         out = np.empty((B, L, self.embed_dim) if self.batch_first or unbatched else (L, B, self.embed_dim), np.float32)
         ob = out if self.batch_first or unbatched else out.transpose(1, 0, 2)
         ot, qt, kt, vt = _tensor(ob), _tensor(q), _tensor(k), _tensor(v)
         with self._lock:
-            self._ctx.check(_capi.lib.attn_mha_forward(self._ctx.h, self._h, ctypes.byref(ot), ctypes.byref(qt),
+            self._ctx.check(_capi.lib.attn_mha_forward(self._ctx.h, self._h, ctypes.byref(ot),
+                                                       None if wt is None else ctypes.byref(wt), ctypes.byref(qt),
                                                        ctypes.byref(kt), ctypes.byref(vt), ctypes.byref(opts)))
         if unbatched:
             out = out[0]
@@ -794,16 +796,15 @@ class MultiheadAttention:
         with self._lock:
             try:
                 c.check(_capi.lib.attn_mha_create(c.h, ctypes.byref(grads), _capi.lib.attn_mha_get_config(self._h)))
-                c.check(_capi.lib.attn_mha_forward_save(c.h, self._h, ref(ts[0]), ref(ts[1]),
-                                                        None if self_attn else ref(ts[2]),
-                                                        None if self_attn else ref(ts[3]), ctypes.byref(opts),
-                                                        ctypes.byref(saved)))
-                c.check(_capi.lib.attn_mha_backward(c.h, self._h, saved, ref(ts[4]), ref(ts[5]), ref(dkt), ref(dvt),
-                                                    grads))
+                c.check(_capi.lib.attn_mha_forward_save(c.h, self._h, ref(ts[0]), None, ctypes.byref(saved),
+                                                        ref(ts[1]), None if self_attn else ref(ts[2]),
+                                                        None if self_attn else ref(ts[3]), ctypes.byref(opts)))
+                c.check(_capi.lib.attn_mha_backward(c.h, self._h, ref(ts[5]), ref(dkt), ref(dvt), grads, saved,
+                                                    ref(ts[4])))
                 p = {}
                 for which in range(8):
                     t = _capi.Tensor()
-                    if _capi.lib.attn_mha_param_view(c.h, grads, which, ctypes.byref(t)) != 0:
+                    if _capi.lib.attn_mha_param_view(c.h, ctypes.byref(t), grads, which) != 0:
                         continue  # a bias of a layer without biases
                     n = int(np.prod([t.shape[i] for i in range(t.rank)]))
                     flat = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)), (n,))

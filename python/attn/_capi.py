@@ -35,16 +35,12 @@ class SdpaOpts(ctypes.Structure):
         ("mask", ctypes.POINTER(Tensor)),
         ("mask_mode", _c_enum),
         ("key_padding", ctypes.POINTER(Tensor)),
-        ("weights", ctypes.POINTER(Tensor)),
-        ("lse", ctypes.POINTER(Tensor)),
         ("dropout_p", ctypes.c_double),
         ("dropout_seed", ctypes.c_uint64),
-        ("mask_grad", ctypes.POINTER(Tensor)),
         ("window", ctypes.c_int64),
         ("softcap", ctypes.c_double),
         ("alibi_slopes", ctypes.POINTER(Tensor)),
         ("sinks", ctypes.POINTER(Tensor)),
-        ("sinks_grad", ctypes.POINTER(Tensor)),
     ]
 
 
@@ -76,7 +72,6 @@ class MhaOpts(ctypes.Structure):
         ("mask", ctypes.POINTER(Tensor)),
         ("mask_mode", _c_enum),
         ("key_padding", ctypes.POINTER(Tensor)),
-        ("weights", ctypes.POINTER(Tensor)),
         ("average_weights", ctypes.c_int),
         ("dropout_p", ctypes.c_double),
         ("dropout_seed", ctypes.c_uint64),
@@ -132,9 +127,11 @@ _protos = {
     "attn_tensor_view": (Tensor, [_P, _c_enum, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]),
     "attn_sdpa_opts_init": (None, [ctypes.POINTER(SdpaOpts)]),
     "attn_alibi_slopes": (ctypes.c_int, [ctypes.POINTER(ctypes.c_float), ctypes.c_int64]),
-    "attn_sdpa": (_st, [_P, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
-    # dq, dk, dv, dout, q, k, v, out, lse, opts
-    "attn_sdpa_backward": (_st, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    # ctx, out, lse, weights, q, k, v, opts
+    "attn_sdpa": (_st, [_P, _PT, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    # ctx, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts
+    "attn_sdpa_backward": (_st, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT,
+                                 ctypes.POINTER(SdpaOpts)]),
     "attn_mha_config_init": (None, [ctypes.POINTER(MhaConfig), ctypes.c_int64, ctypes.c_int64]),
     "attn_mha_create": (_st, [_P, ctypes.POINTER(_P), ctypes.POINTER(MhaConfig)]),
     "attn_mha_destroy": (None, [_P]),
@@ -143,13 +140,15 @@ _protos = {
     "attn_mha_create_from_safetensors": (_st, [_P, ctypes.POINTER(_P), ctypes.c_char_p, ctypes.c_char_p,
                                                ctypes.c_int64, ctypes.c_int64]),
     "attn_mha_opts_init": (None, [ctypes.POINTER(MhaOpts)]),
-    "attn_mha_forward": (_st, [_P, _P, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
-    "attn_mha_param_view": (_st, [_P, _P, ctypes.c_int, _PT]),
-    # ctx, mha, out, query, key, value, opts, saved**
-    "attn_mha_forward_save": (_st, [_P, _P, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts), ctypes.POINTER(_P)]),
+    # ctx, mha, out, weights, query, key, value, opts
+    "attn_mha_forward": (_st, [_P, _P, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
+    # ctx, out, mha, which
+    "attn_mha_param_view": (_st, [_P, _PT, _P, ctypes.c_int]),
+    # ctx, mha, out, weights, saved**, query, key, value, opts
+    "attn_mha_forward_save": (_st, [_P, _P, _PT, _PT, ctypes.POINTER(_P), _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
     "attn_mha_saved_free": (None, [_P]),
-    # ctx, mha, saved, dout, dquery, dkey, dvalue, grads
-    "attn_mha_backward": (_st, [_P, _P, _P, _PT, _PT, _PT, _PT, _P]),
+    # ctx, mha, dquery, dkey, dvalue, grads, saved, dout
+    "attn_mha_backward": (_st, [_P, _P, _PT, _PT, _PT, _P, _P, _PT]),
     "attn_kv_cache_config_init": (None, [ctypes.POINTER(KvCacheConfig), ctypes.c_int64, ctypes.c_int64,
                                          ctypes.c_int64, ctypes.c_int64]),
     "attn_kv_cache_create": (_st, [_P, ctypes.POINTER(_P), ctypes.POINTER(KvCacheConfig)]),
@@ -158,11 +157,12 @@ _protos = {
     "attn_kv_cache_length": (ctypes.c_int64, [_P, ctypes.c_int64]),
     # ctx, cache, k, v, n_new (int64[B] or NULL)
     "attn_kv_cache_append": (_st, [_P, _P, _PT, _PT, ctypes.POINTER(ctypes.c_int64)]),
-    # ctx, cache, out, q, opts
-    "attn_kv_cache_attend": (_st, [_P, _P, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    # ctx, cache, out, lse, q, opts
+    "attn_kv_cache_attend": (_st, [_P, _P, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
     "attn_kv_cache_truncate": (_st, [_P, _P, ctypes.c_int64, ctypes.c_int64]),
     "attn_kv_cache_copy_row": (_st, [_P, _P, ctypes.c_int64, ctypes.c_int64]),
-    "attn_kv_cache_view": (_st, [_P, _P, ctypes.c_int64, _PT, _PT]),
+    # ctx, k, v, cache, row
+    "attn_kv_cache_view": (_st, [_P, _PT, _PT, _P, ctypes.c_int64]),
     # ctx, mha, cache, out, x, opts
     "attn_mha_forward_cached": (_st, [_P, _P, _P, _PT, _PT, ctypes.POINTER(MhaOpts)]),
 }

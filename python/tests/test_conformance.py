@@ -137,8 +137,8 @@ def layout():
     o.causal = 77
     o.dropout_seed = 99
     _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
-    assert math.isnan(o.scale) and o.causal == 0 and not o.mask and not o.weights and o.dropout_p == 0.0
-    assert o.dropout_seed == 0 and not o.mask_grad
+    assert math.isnan(o.scale) and o.causal == 0 and not o.mask and o.dropout_p == 0.0
+    assert o.dropout_seed == 0
     mo = _capi.MhaOpts()
     mo.mask_mode = 9
     _capi.lib.attn_mha_opts_init(ctypes.byref(mo))

@@ -95,7 +95,7 @@ static attn_tensor param_tensor(attn_mha *m, int which) {
   return attn_tensor_view(m->param[which], ATTN_F32, m->cols[which] ? 2 : 1, shape);
 }
 
-attn_status attn_mha_param_view(attn_ctx *ctx, attn_mha *mha, attn_mha_param which, attn_tensor *out) {
+attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, attn_mha_param which) {
   ATTN__ENTER(ctx);
   if (!mha || !out) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_param_view: null argument");
   if ((int)which < 0 || which >= ATTN_MHA_NUM_PARAMS)
@@ -244,8 +244,8 @@ static attn_status st_naming(attn_ctx *ctx, const attn_safetensors *st, const ch
   return ATTN_OK;
 }
 
-attn_status attn_mha_detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix,
-                                   attn_mha_naming *naming) {
+attn_status attn_mha_detect_naming(attn_ctx *ctx, attn_mha_naming *naming, const attn_safetensors *st,
+                                   const char *prefix) {
   ATTN__ENTER(ctx);
   if (!naming) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_detect_naming: naming is NULL");
   *naming = ATTN_MHA_NAMING_NONE;
@@ -570,17 +570,18 @@ static void average_heads(attn_tensor *out, const attn_tensor *w) {
       }
 }
 
-attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
-                             const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts) {
+attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                             const attn_tensor *query, const attn_tensor *key, const attn_tensor *value,
+                             const attn_mha_opts *opts) {
   ATTN__ENTER(ctx);
-  return attn__mha_forward(ctx, mha, out, query, key, value, opts, NULL);
+  return attn__mha_forward(ctx, mha, out, weights, NULL, query, key, value, opts);
 }
 
 /* The forward; with saved, it also keeps (instead of freeing) copies of the
  * inputs, the projections, the attention output A and SDPA's lse. */
-attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
-                              const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts,
-                              attn_mha_saved **saved) {
+attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                              attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
+                              const attn_tensor *value, const attn_mha_opts *opts) {
   if (saved) *saved = NULL;
   if (!mha) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward: layer is NULL");
   const attn_kernel kern = attn_ctx_kernel(ctx);
@@ -614,8 +615,8 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     attn_mha_opts_init(&defaults);
     opts = &defaults;
   }
-  if (opts->weights) {
-    const attn_tensor *w = opts->weights;
+  if (weights) {
+    const attn_tensor *w = weights;
     const int want = opts->average_weights ? 3 : 4;
     if ((st = attn__check_tensor(ctx, w, "weights", want)) || (st = attn__check_writable(ctx, w, "weights"))) return st;
     const int ok = opts->average_weights
@@ -643,7 +644,6 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     sv->self = self;
     sv->B = B; sv->Nq = Nq; sv->Nk = Nk;
     sv->opts = *opts;
-    sv->opts.weights = NULL;
     sv->opts.average_weights = 0;
     /* set to the saved state's own copies once attention has checked them */
     sv->opts.mask = sv->opts.key_padding = sv->opts.alibi_slopes = sv->opts.sinks = NULL;
@@ -752,18 +752,18 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   so.softcap = opts->softcap;
   so.alibi_slopes = opts->alibi_slopes;
   so.sinks = opts->sinks;
-  so.lse = keep ? &lse : NULL;
-  if (opts->weights && opts->average_weights) {
+  attn_tensor *sdpa_weights = weights;
+  if (weights && opts->average_weights) {
     int64_t ws[4] = {B, H, Nq, Nk};
     if ((st = attn_tensor_alloc(ctx, &wbuf, dt, 4, ws))) goto done;
     have_wbuf = 1;
-    so.weights = &wbuf;
-  } else {
-    so.weights = opts->weights;
+    sdpa_weights = &wbuf;
   }
-  st = ref ? attn_sdpa_ref(ctx, &ah, &qh, &kh, &vh, &so) : attn_sdpa(ctx, &ah, &qh, &kh, &vh, &so);
+  attn_tensor *sdpa_lse = keep ? &lse : NULL;
+  st = ref ? attn_sdpa_ref(ctx, &ah, sdpa_lse, sdpa_weights, &qh, &kh, &vh, &so)
+           : attn_sdpa(ctx, &ah, sdpa_lse, sdpa_weights, &qh, &kh, &vh, &so);
   if (st) goto done;
-  if (have_wbuf) average_heads(opts->weights, &wbuf);
+  if (have_wbuf) average_heads(weights, &wbuf);
   if (keep) { /* the backward must not depend on the caller's buffers */
     const attn_tensor *from[4] = {opts->mask, opts->key_padding, opts->alibi_slopes, opts->sinks};
     attn_tensor *to[4] = {&sv->mask, &sv->key_padding, &sv->alibi_slopes, &sv->sinks};

@@ -32,9 +32,9 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
                       "layer and input (batch %lld, kv heads %lld, head dim %lld)",
                       (long long)kc->batch, (long long)kc->kv_heads, (long long)kc->head_dim,
                       (long long)kc->v_head_dim, (long long)B, (long long)Hk, (long long)D);
-  if (opts && (opts->mask || opts->key_padding || opts->weights || opts->dropout_p != 0))
+  if (opts && (opts->mask || opts->key_padding || opts->dropout_p != 0))
     return attn__fail(ctx, ATTN_E_INVALID,
-                      "attn_mha_forward_cached: masks, key padding, weights and dropout are not taken here");
+                      "attn_mha_forward_cached: masks, key padding and dropout are not taken here");
   attn_kernel kern = attn_ctx_kernel(ctx);
   if (kern == ATTN_KERNEL_REF) kern = ATTN_KERNEL_C; /* the projections run in fp32; attention follows the context */
   const int th = attn__threads(ctx);
@@ -78,7 +78,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
     so.alibi_slopes = opts->alibi_slopes;
     so.sinks = opts->sinks;
   }
-  if ((st = attn_kv_cache_attend(ctx, cache, &ah, &qh, &so))) {
+  if ((st = attn_kv_cache_attend(ctx, cache, &ah, NULL, &qh, &so))) {
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
     /* the step failed: take its tokens back out so the cache is as it was */
     for (int64_t b = 0; b < B; b++) attn_kv_cache_truncate(ctx, cache, b, attn_kv_cache_length(cache, b) - n);

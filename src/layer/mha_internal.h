@@ -30,7 +30,7 @@ struct attn_mha_saved {
   int64_t ldq, ldkv;
   const void *a;            /* [M, E]: the attention output before the out projection (SDPA's out) */
   const void *lse;          /* [B, H, Nq]: SDPA's log-sum-exp */
-  /* The forward's options, weights cleared. mask, key_padding, alibi_slopes
+  /* The forward's options. mask, key_padding, alibi_slopes
    * and sinks point at the views below, of the saved state's own compact
    * copies (a dimension the caller broadcast stays broadcast, not expanded):
    * the caller's buffers may go once the forward returns. */
@@ -42,9 +42,9 @@ struct attn_mha_saved {
 
 /* attn_mha_forward's body. saved NULL: a plain forward. Otherwise *saved gets
  * a new attn_mha_saved on success (NULL on failure). Does not clear ctx. */
-attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
-                              const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts,
-                              attn_mha_saved **saved);
+attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                              attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
+                              const attn_tensor *value, const attn_mha_opts *opts);
 
 /* [B, N, ld] rows (the first H*D columns) viewed as [B, H, N, D]. */
 static inline attn_tensor attn__heads_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D,
