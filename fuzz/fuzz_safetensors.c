@@ -71,7 +71,7 @@ static void layer(const attn_safetensors *st, const char *prefix, int64_t H, int
   }
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+  o.attn.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
   s = attn_mha_forward(ctx, m, &out, NULL, &q, self ? NULL : &k, self ? NULL : &v, &o);
   need(s == ATTN_OK, "a layer made from the file cannot run");
   free(xq);

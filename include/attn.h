@@ -385,21 +385,15 @@ ATTN_API attn_status attn_mha_detect_naming(attn_ctx *ctx, attn_mha_naming *nami
  * v parameters share that name (TORCH_SEPARATE packs only the biases). */
 ATTN_API const char *attn_mha_param_name(attn_mha_naming naming, attn_mha_param which);
 
+/* Options of the layer: the attention's own, passed to attn_sdpa as they are
+ * (with H query heads: a mask broadcastable to [B, H, Nq, Nk], ALiBi slopes
+ * and sinks f32 [H]), and the layer's. attn_mha_opts_init sets attn.mask_mode
+ * to MASKED (true = masked out, PyTorch MHA's rule); the rest as
+ * attn_sdpa_opts_init. The layer's backward does not give dL/dsinks (call
+ * attn_sdpa_backward for that). */
 typedef struct attn_mha_opts {
-  attn_causal causal;
-  const attn_tensor *mask;        /* broadcastable to [B, H, Nq, Nk], or NULL */
-  attn_mask_mode mask_mode;       /* default MASKED: true = masked out, PyTorch MHA's rule */
-  const attn_tensor *key_padding; /* bool/u8 [B, Nk], true = ignore; or NULL */
-  int average_weights;            /* attn_mha_forward's weights averaged over heads (PyTorch average_attn_weights) */
-  double dropout_p;               /* training: dropout on the attention probabilities, as in attn_sdpa_opts */
-  uint64_t dropout_seed;
-  /* As in attn_sdpa_opts (0 / NULL = off): sliding window, logit softcap, ALiBi
-   * slopes f32 [H] and attention sinks f32 [H]. The layer's backward does not
-   * give dL/dsinks (call attn_sdpa_backward for that). */
-  int64_t window;
-  double softcap;
-  const attn_tensor *alibi_slopes;
-  const attn_tensor *sinks;
+  attn_sdpa_opts attn;
+  int average_weights; /* attn_mha_forward's weights averaged over heads (PyTorch average_attn_weights) */
 } attn_mha_opts;
 
 ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
@@ -418,9 +412,9 @@ ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor 
  * batch B, kv_heads Hk and head_dim E / H of this layer), then their queries
  * attend over the whole cache (bottom-right causal) and out [B, n, E] gets
  * the output projection. Token by token this gives what one causal
- * attn_mha_forward over the whole sequence gives. opts: window, softcap,
- * alibi_slopes and sinks are read (causal is implied); masks, key padding
- * and dropout are refused. kdim = vdim = E. */
+ * attn_mha_forward over the whole sequence gives. opts->attn is read as by
+ * attn_kv_cache_attend (causal is implied; masks, key padding and dropout are
+ * refused). kdim = vdim = E. */
 ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache *cache, attn_tensor *out,
                                              const attn_tensor *x, const attn_mha_opts *opts);
 

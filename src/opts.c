@@ -14,3 +14,13 @@ attn_status attn__cached_opts(attn_ctx *ctx, attn_sdpa_opts *dst, const attn_sdp
   dst->causal = ATTN_CAUSAL_BOTTOM_RIGHT;
   return ATTN_OK;
 }
+
+const char *const attn__sdpa_opt_tensor_names[ATTN__SDPA_OPT_TENSORS] = {"the mask", "the key padding",
+                                                                         "the ALiBi slopes", "the sinks"};
+
+void attn__sdpa_opt_tensors(attn_sdpa_opts *o, const attn_tensor **slots[ATTN__SDPA_OPT_TENSORS]) {
+  slots[0] = &o->mask;
+  slots[1] = &o->key_padding;
+  slots[2] = &o->alibi_slopes;
+  slots[3] = &o->sinks;
+}

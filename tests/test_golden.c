@@ -310,12 +310,12 @@ static void run_mha_case(attn_ctx *ctx, const char *cas, const manifest *m) {
 
     attn_mha_opts o;
     attn_mha_opts_init(&o);
-    o.causal = parse_causal(mget(m, "causal", "none"));
+    o.attn.causal = parse_causal(mget(m, "causal", "none"));
     if (mode >= 0) {
-      o.mask = &mask;
-      o.mask_mode = (attn_mask_mode)mode;
+      o.attn.mask = &mask;
+      o.attn.mask_mode = (attn_mask_mode)mode;
     }
-    if (has_pad) o.key_padding = &pad;
+    if (has_pad) o.attn.key_padding = &pad;
     o.average_weights = (int)mget_int(m, "average_weights", 0);
 
     st = attn_mha_forward(ctx, mha, &out, want_w ? &w : NULL, &x, has_kv ? &key : NULL, has_kv ? &value : NULL, &o);

@@ -406,7 +406,7 @@ static void layer_padding(attn_ctx *ctx, const char *kname) {
   attn_tensor tc = attn_tensor_view(clean, ATTN_F32, 3, sx), tg = attn_tensor_view(got, ATTN_F32, 3, sx);
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.key_padding = &tpad;
+  o.attn.key_padding = &tpad;
   CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tc, NULL, &tx, &tk, &tv, &o));
   tu_poison_f32(got, B * Nq * E);
   CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tg, NULL, &tx, &tkp, &tvp, &o));

@@ -220,17 +220,17 @@ static void mha_incremental(attn_dtype dt, int64_t E, int64_t H, int64_t Hk, int
   attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, xs), tf = attn_tensor_view(full, ATTN_F32, 3, xs);
   attn_mha_opts mo;
   attn_mha_opts_init(&mo);
-  mo.causal = ATTN_CAUSAL_TOP_LEFT;
+  mo.attn.causal = ATTN_CAUSAL_TOP_LEFT;
   float slopes[16], sinks[16];
   const int64_t hs[1] = {H};
   attn_tensor ts = attn_tensor_view(slopes, ATTN_F32, 1, hs), tk = attn_tensor_view(sinks, ATTN_F32, 1, hs);
   if (options) { /* every option of recent models at once: the step must still equal the full pass */
     attn_alibi_slopes(slopes, H);
     tu_fill_f32(&r, sinks, H, 1.0);
-    mo.window = 6;
-    mo.softcap = 3.0;
-    mo.alibi_slopes = &ts;
-    mo.sinks = &tk;
+    mo.attn.window = 6;
+    mo.attn.softcap = 3.0;
+    mo.attn.alibi_slopes = &ts;
+    mo.attn.sinks = &tk;
   }
   CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tf, NULL, &tx, NULL, NULL, &mo));
   attn_kv_cache_config cfg;

@@ -57,14 +57,14 @@ static void random_layer_case(attn_ctx *ctx, uint64_t seed) {
   }
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.causal = (attn_causal)tu_int(&r, 0, 2);
+  o.attn.causal = (attn_causal)tu_int(&r, 0, 2);
   uint8_t *mask = malloc((size_t)(Nq * Nk)), *kpm = malloc((size_t)(B * Nk));
   int64_t ms[2] = {Nq, Nk}, ks[2] = {B, Nk};
   attn_tensor tm = attn_tensor_view(mask, ATTN_BOOL, 2, ms), tkp = attn_tensor_view(kpm, ATTN_BOOL, 2, ks);
   for (int64_t i = 0; i < Nq * Nk; i++) mask[i] = tu_int(&r, 0, 4) == 0;
   for (int64_t i = 0; i < B * Nk; i++) kpm[i] = tu_int(&r, 0, 5) == 0;
-  if (tu_int(&r, 0, 1)) o.mask = &tm;
-  if (tu_int(&r, 0, 1)) o.key_padding = &tkp;
+  if (tu_int(&r, 0, 1)) o.attn.mask = &tm;
+  if (tu_int(&r, 0, 1)) o.attn.key_padding = &tkp;
   const int want_w = (int)tu_int(&r, 0, 2);
   o.average_weights = want_w == 2;
   const int64_t nw = o.average_weights ? B * Nq * Nk : B * H * Nq * Nk;

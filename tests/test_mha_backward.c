@@ -104,22 +104,22 @@ static void prob_init(attn_ctx *ctx, prob *P, const spec *s, attn_dtype dt, uint
   P->g = fill(&r, dt, B * Nq * E, 1);
   P->tg = rows_view(P->g, dt, B, Nq, E, s->strided);
   attn_mha_opts_init(&P->o);
-  P->o.causal = s->causal;
-  P->o.dropout_p = s->dropout;
-  P->o.dropout_seed = seed * 7919 + 1;
+  P->o.attn.causal = s->causal;
+  P->o.attn.dropout_p = s->dropout;
+  P->o.attn.dropout_seed = seed * 7919 + 1;
   if (s->mask == 1) {
     int64_t ms[2] = {Nq, Nk};
     P->mb = malloc((size_t)(Nq * Nk + 1));
     for (int64_t i = 0; i < Nq * Nk; i++) P->mb[i] = tu_int(&r, 0, 4) == 0;
     P->tmask = attn_tensor_view(P->mb, ATTN_BOOL, 2, ms);
-    P->o.mask = &P->tmask;
+    P->o.attn.mask = &P->tmask;
   } else if (s->mask == 2) {
     int64_t ms[4] = {1, s->H, Nq, Nk};
     P->ma = malloc(sizeof(float) * (size_t)(s->H * Nq * Nk + 1));
     for (int64_t i = 0; i < s->H * Nq * Nk; i++) P->ma[i] = tu_int(&r, 0, 5) == 0 ? -INFINITY : (float)tu_uniform(&r);
     P->tmask = attn_tensor_view(P->ma, ATTN_F32, 4, ms);
-    P->o.mask = &P->tmask;
-    P->o.mask_mode = ATTN_MASK_ADDITIVE;
+    P->o.attn.mask = &P->tmask;
+    P->o.attn.mask_mode = ATTN_MASK_ADDITIVE;
   }
   if (s->kpm) {
     int64_t ks[2] = {B, Nk};
@@ -128,21 +128,21 @@ static void prob_init(attn_ctx *ctx, prob *P, const spec *s, attn_dtype dt, uint
     if (s->kpm == 2)
       for (int64_t j = 0; j < Nk; j++) P->kp[(B - 1) * Nk + j] = 1;
     P->tkp = attn_tensor_view(P->kp, ATTN_BOOL, 2, ks);
-    P->o.key_padding = &P->tkp;
+    P->o.attn.key_padding = &P->tkp;
   }
   const int64_t hs[1] = {s->H};
-  if (s->options & 1) P->o.window = 3;
-  if (s->options & 2) P->o.softcap = 2.0;
+  if (s->options & 1) P->o.attn.window = 3;
+  if (s->options & 2) P->o.attn.softcap = 2.0;
   if (s->options & 4) {
     attn_alibi_slopes(P->slopes, s->H);
     for (int64_t h = 0; h < s->H; h++) P->slopes[h] *= 4; /* short rows: a bias that matters */
     P->tslopes = attn_tensor_view(P->slopes, ATTN_F32, 1, hs);
-    P->o.alibi_slopes = &P->tslopes;
+    P->o.attn.alibi_slopes = &P->tslopes;
   }
   if (s->options & 8) {
     for (int64_t h = 0; h < s->H; h++) P->sinks[h] = (float)(round(tu_uniform(&r) * 2048) / 2048);
     P->tsinks = attn_tensor_view(P->sinks, ATTN_F32, 1, hs);
-    P->o.sinks = &P->tsinks;
+    P->o.attn.sinks = &P->tsinks;
   }
 }
 
@@ -495,7 +495,7 @@ static void agreements(attn_ctx *ctx) {
   CHECK(!memcmp(o1, o2, sizeof(float) * (size_t)nq), "forward_save's out differs from attn_mha_forward's");
   /* dropout changes the output, and only through its seed */
   attn_mha_opts nodrop = P.o;
-  nodrop.dropout_p = 0;
+  nodrop.attn.dropout_p = 0;
   CHECK_OK(ctx, attn_mha_forward(ctx, P.m, &t1, NULL, &P.tq, &P.tk, &P.tv, &nodrop));
   CHECK(memcmp(o1, o2, sizeof(float) * (size_t)nq), "dropout_p did not reach the attention");
 
@@ -616,30 +616,30 @@ static void error_paths(attn_ctx *ctx) {
   attn_mha_opts_init(&o);
   const double bad_p[] = {1.0, -0.1, NAN, INFINITY};
   for (int i = 0; i < 4; i++) {
-    o.dropout_p = bad_p[i];
+    o.attn.dropout_p = bad_p[i];
     CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, &sv, &P.tq, NULL, NULL, &o), ATTN_E_INVALID,
                  "dropout_p");
     CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, NULL, &P.tq, NULL, NULL, &o), ATTN_E_INVALID, "dropout_p");
   }
   attn_tensor empty = rows_view(out, ATTN_F32, 0, N, E, 0);
   CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &empty, NULL, &empty, NULL, NULL, &o), ATTN_E_INVALID, "dropout_p");
-  o.dropout_p = 0;
-  o.window = -1;
+  o.attn.dropout_p = 0;
+  o.attn.window = -1;
   CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, NULL, &P.tq, NULL, NULL, &o), ATTN_E_INVALID, "window");
   CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &empty, NULL, &empty, NULL, NULL, &o), ATTN_E_INVALID, "window");
-  o.window = 0;
-  o.softcap = NAN;
+  o.attn.window = 0;
+  o.attn.softcap = NAN;
   CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, &sv, &P.tq, NULL, NULL, &o), ATTN_E_INVALID, "softcap");
-  o.softcap = 0;
+  o.attn.softcap = 0;
   float three[3] = {1, 2, 3};
   const int64_t n3[1] = {3};
   attn_tensor t3 = attn_tensor_view(three, ATTN_F32, 1, n3);
-  o.sinks = &t3;
+  o.attn.sinks = &t3;
   CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, NULL, &P.tq, NULL, NULL, &o), ATTN_E_SHAPE, "sinks");
-  o.sinks = NULL;
-  o.alibi_slopes = &t3;
+  o.attn.sinks = NULL;
+  o.attn.alibi_slopes = &t3;
   CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, NULL, &P.tq, NULL, NULL, &o), ATTN_E_SHAPE, "alibi_slopes");
-  o.alibi_slopes = NULL;
+  o.attn.alibi_slopes = NULL;
 
   CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, &sv, &P.tq, NULL, NULL, &o));
   attn_mha *g = grads_layer(ctx, &P), *other = NULL, *nobias = NULL;
@@ -749,10 +749,10 @@ static void saved_owns_options(attn_ctx *ctx) {
     tsl.data = slopes;
     tsk.data = sinks;
     attn_mha_opts o = P.o;
-    o.mask = &tm;
-    o.key_padding = &tkp;
-    o.alibi_slopes = &tsl;
-    o.sinks = &tsk;
+    o.attn.mask = &tm;
+    o.attn.key_padding = &tkp;
+    o.attn.alibi_slopes = &tsl;
+    o.attn.sinks = &tsk;
     memset(&dropped, 0, sizeof dropped);
     const size_t es = attn_dtype_size(dt);
     void *out = calloc((size_t)(B * Nq * E), es), *dq = calloc((size_t)(B * Nq * E), es);
@@ -770,7 +770,7 @@ static void saved_owns_options(attn_ctx *ctx) {
     free(kpm);
     free(slopes);
     free(sinks);
-    o.mask = o.key_padding = o.alibi_slopes = o.sinks = NULL;
+    o.attn.mask = o.attn.key_padding = o.attn.alibi_slopes = o.attn.sinks = NULL;
     CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tdq, &tdk, &tdv, g, sv, &P.tg));
     attn_mha_saved_free(sv);
     dropped.dq = tu_to_f64(&tdq);

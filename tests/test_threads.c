@@ -152,7 +152,7 @@ static void run_mha(attn_ctx *ctx, tu_rng *g, results *r) {
     attn_tensor tdx = attn_tensor_view(dx, ATTN_F32, 3, xs);
     attn_mha_opts o;
     attn_mha_opts_init(&o);
-    o.causal = ATTN_CAUSAL_TOP_LEFT;
+    o.attn.causal = ATTN_CAUSAL_TOP_LEFT;
     RUN(r, ctx, attn_mha_forward(ctx, m, &to, NULL, &tx, NULL, NULL, &o));
     res_add_tensor(r, &to);
     RUN(r, ctx, attn_mha_forward_save(ctx, m, &to2, NULL, &sv, &tx, NULL, NULL, &o));

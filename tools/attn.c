@@ -628,17 +628,17 @@ static int cmd_mha(int argc, char **argv) {
   const int64_t B = x.shape[0], Nq = x.shape[1], Nk = cross ? key.shape[1] : Nq;
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.causal = causal;
-  o.dropout_p = dropout;
-  o.dropout_seed = seed;
-  o.window = window;
-  o.softcap = softcap;
+  o.attn.causal = causal;
+  o.attn.dropout_p = dropout;
+  o.attn.dropout_seed = seed;
+  o.attn.window = window;
+  o.attn.softcap = softcap;
   if ((r = load_head_options(ctx, &a, heads, &slopes, &sinks))) goto done;
-  o.alibi_slopes = cli_has(&a, "--alibi") ? &slopes : NULL;
-  o.sinks = cli_has(&a, "--sinks") ? &sinks : NULL;
+  o.attn.alibi_slopes = cli_has(&a, "--alibi") ? &slopes : NULL;
+  o.attn.sinks = cli_has(&a, "--sinks") ? &sinks : NULL;
   if (cli_has(&a, "--mask")) {
     if ((r = load_array(ctx, &mask, cli_get(&a, "--mask"), "--mask", 0)) ||
-        (r = mask_mode_for(&a, &mask, ATTN_MASK_MASKED, &o.mask_mode)))
+        (r = mask_mode_for(&a, &mask, ATTN_MASK_MASKED, &o.attn.mask_mode)))
       goto done;
     /* nn.MultiheadAttention's 3-D mask is [B*H, Nq, Nk]: view it as [B, H, Nq, Nk] */
     if (mask.rank == 3 && mask.shape[0] == B * heads && heads > 1) {
@@ -648,11 +648,11 @@ static int cmd_mha(int argc, char **argv) {
       mask.shape[1] = heads; mask.strides[1] = mask.strides[0];
       mask.shape[0] = B; mask.strides[0] = mask.strides[0] * heads;
     }
-    o.mask = &mask;
+    o.attn.mask = &mask;
   }
   if (cli_has(&a, "--key-padding")) {
     if ((r = load_array(ctx, &kpm, cli_get(&a, "--key-padding"), "--key-padding", 0))) goto done;
-    o.key_padding = &kpm;
+    o.attn.key_padding = &kpm;
   }
   if (train && ((r = load_array(ctx, &g, cli_get(&a, "--grad-out"), "--grad-out", 1)) ||
                 (r = want_rank(&g, 3, "--grad-out", "[B, Nq, E]"))))

@@ -371,7 +371,7 @@ int cmd_map(int argc, char **argv) {
     }
     attn_mha_opts o;
     attn_mha_opts_init(&o);
-    o.causal = cli_has(&a, "--causal") ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    o.attn.causal = cli_has(&a, "--causal") ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
     const attn_status st = attn_mha_forward(ctx, mha, &out, &w, &x, kp, vp, &o);
     attn_tensor_free(&out);
     if (st) {

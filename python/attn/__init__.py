@@ -657,7 +657,7 @@ class MultiheadAttention:
             m = _to4(m)
             masks.append(m)
         elif is_causal:
-            opts.causal = _capi.CAUSAL_TOP_LEFT  # PyTorch's hint: the mask, if given, is the causal one
+            opts.attn.causal = _capi.CAUSAL_TOP_LEFT  # PyTorch's hint: the mask, if given, is the causal one
         if key_padding_mask is not None:
             kp = _to_numpy(key_padding_mask, "key_padding_mask", "mask")
             if kp.ndim == 1:
@@ -665,7 +665,7 @@ class MultiheadAttention:
             if kp.dtype == np.bool_:
                 kpt = _tensor(kp)
                 keep += [kp, kpt]
-                opts.key_padding = ctypes.pointer(kpt)
+                opts.attn.key_padding = ctypes.pointer(kpt)
             else:  # a float key padding mask is additive: fold it into the mask
                 masks.append(kp[:, None, None, :])
         if mask_mode is not None and len(masks) != 1:
@@ -679,8 +679,8 @@ class MultiheadAttention:
         if masks:
             mt = _tensor(m)
             keep += [m, mt]
-            opts.mask = ctypes.pointer(mt)
-            opts.mask_mode = _mask_mode(mask_mode, m, _capi.MASK_MASKED)
+            opts.attn.mask = ctypes.pointer(mt)
+            opts.attn.mask_mode = _mask_mode(mask_mode, m, _capi.MASK_MASKED)
         return opts, keep
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,

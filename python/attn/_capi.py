@@ -68,17 +68,8 @@ class KvCacheConfig(ctypes.Structure):
 
 class MhaOpts(ctypes.Structure):
     _fields_ = [
-        ("causal", _c_enum),
-        ("mask", ctypes.POINTER(Tensor)),
-        ("mask_mode", _c_enum),
-        ("key_padding", ctypes.POINTER(Tensor)),
+        ("attn", SdpaOpts),
         ("average_weights", ctypes.c_int),
-        ("dropout_p", ctypes.c_double),
-        ("dropout_seed", ctypes.c_uint64),
-        ("window", ctypes.c_int64),
-        ("softcap", ctypes.c_double),
-        ("alibi_slopes", ctypes.POINTER(Tensor)),
-        ("sinks", ctypes.POINTER(Tensor)),
     ]
 
 

@@ -140,9 +140,9 @@ def layout():
     assert math.isnan(o.scale) and o.causal == 0 and not o.mask and o.dropout_p == 0.0
     assert o.dropout_seed == 0
     mo = _capi.MhaOpts()
-    mo.mask_mode = 9
+    mo.attn.mask_mode = 9
     _capi.lib.attn_mha_opts_init(ctypes.byref(mo))
-    assert mo.mask_mode == _capi.MASK_MASKED and mo.average_weights in (0, 1)
+    assert mo.attn.mask_mode == _capi.MASK_MASKED and mo.average_weights in (0, 1)
     # the mirrors are as large as the library's structs (their *_init memsets them whole)
     for st, init, args in ((_capi.SdpaOpts, _capi.lib.attn_sdpa_opts_init, ()),
                            (_capi.MhaOpts, _capi.lib.attn_mha_opts_init, ()),

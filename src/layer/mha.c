@@ -23,7 +23,8 @@ void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_h
 void attn_mha_opts_init(attn_mha_opts *opts) {
   if (!opts) return;
   memset(opts, 0, sizeof *opts);
-  opts->mask_mode = ATTN_MASK_MASKED;
+  attn_sdpa_opts_init(&opts->attn);
+  opts->attn.mask_mode = ATTN_MASK_MASKED;
 }
 
 attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg) {
@@ -570,6 +571,26 @@ static void average_heads(attn_tensor *out, const attn_tensor *w) {
       }
 }
 
+/* An empty batch or no query never reaches attention, which must refuse the
+ * same options all the same: SDPA's checks on stand-in views of the shapes it
+ * would get (stride 0 everywhere: nothing is read, no extent can overflow). */
+static attn_status check_unrun_attention(attn_ctx *ctx, const attn_mha *mha, const attn_sdpa_opts *o, int64_t B,
+                                         int64_t Nq, int64_t Nk, int ref) {
+  static const double stand_in; /* data of the views; never read */
+  const int64_t H = mha->cfg.num_heads, Hk = mha->cfg.num_kv_heads, D = mha->head_dim;
+  const int64_t dims[4][4] = {{B, H, Nq, D}, {B, Hk, Nk, D}, {B, Hk, Nk, D}, {B, H, Nq, D}};
+  attn_tensor t[4]; /* q, k, v, out */
+  for (int i = 0; i < 4; i++) {
+    memset(&t[i], 0, sizeof t[i]);
+    t[i].data = (void *)&stand_in;
+    t[i].dtype = ref ? ATTN_F64 : ATTN_F32;
+    t[i].rank = 4;
+    memcpy(t[i].shape, dims[i], sizeof dims[i]);
+  }
+  attn__sdpa p;
+  return attn__sdpa_prepare(ctx, &p, &t[3], NULL, NULL, &t[0], &t[1], &t[2], o, !ref);
+}
+
 attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
                              const attn_tensor *query, const attn_tensor *key, const attn_tensor *value,
                              const attn_mha_opts *opts) {
@@ -629,12 +650,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
     if (w->dtype != ATTN_F32 && !(ref && w->dtype == ATTN_F64))
       return attn__fail(ctx, ATTN_E_DTYPE, "weights must be f32, got %s", attn_dtype_name(w->dtype));
   }
-  /* SDPA checks it too, but an empty batch never reaches SDPA */
-  if (!isfinite(opts->dropout_p) || opts->dropout_p < 0 || opts->dropout_p >= 1)
-    return attn__fail(ctx, ATTN_E_INVALID, "dropout_p must be in [0, 1), got %g", opts->dropout_p);
-  if (opts->window < 0) return attn__fail(ctx, ATTN_E_INVALID, "window must be >= 0 (0 = off), got %lld", (long long)opts->window);
-  if (!(opts->softcap >= 0) || !isfinite(opts->softcap))
-    return attn__fail(ctx, ATTN_E_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", opts->softcap);
+  if ((B == 0 || Nq == 0) && (st = check_unrun_attention(ctx, mha, &opts->attn, B, Nq, Nk, ref))) return st;
 
   attn_mha_saved *sv = NULL;
   if (saved) {
@@ -643,10 +659,11 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
     sv->ref = ref;
     sv->self = self;
     sv->B = B; sv->Nq = Nq; sv->Nk = Nk;
-    sv->opts = *opts;
-    sv->opts.average_weights = 0;
+    sv->attn = opts->attn;
     /* set to the saved state's own copies once attention has checked them */
-    sv->opts.mask = sv->opts.key_padding = sv->opts.alibi_slopes = sv->opts.sinks = NULL;
+    const attn_tensor **slot[ATTN__SDPA_OPT_TENSORS];
+    attn__sdpa_opt_tensors(&sv->attn, slot);
+    for (int i = 0; i < ATTN__SDPA_OPT_TENSORS; i++) *slot[i] = NULL;
   }
   if (B == 0 || Nq == 0) { /* nothing to compute; the backward gives zero gradients */
     if (saved) *saved = sv;
@@ -678,7 +695,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   void *V = fused ? Q : attn__aligned_alloc(nKV);
   void *L = keep ? attn__aligned_alloc(nL) : NULL; /* lse, for the backward */
   void *Y = NULL; /* the out projection's rows, when they cannot go to out directly */
-  void *own_opt[4] = {NULL, NULL, NULL, NULL}; /* the saved copies of mask, key padding, slopes, sinks */
+  void *own_opt[ATTN__SDPA_OPT_TENSORS] = {NULL}; /* the saved copies of the attention options' tensors */
   attn_tensor wbuf = {0};
   int have_wbuf = 0;
   float *own_q = NULL, *own_k = NULL, *own_v = NULL; /* fp32 copies of the inputs */
@@ -740,18 +757,6 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
     int64_t ls[3] = {B, H, Nq};
     lse = attn_tensor_view(L, dt, 3, ls);
   }
-  attn_sdpa_opts so;
-  attn_sdpa_opts_init(&so);
-  so.causal = opts->causal;
-  so.mask = opts->mask;
-  so.mask_mode = opts->mask_mode;
-  so.key_padding = opts->key_padding;
-  so.dropout_p = opts->dropout_p;
-  so.dropout_seed = opts->dropout_seed;
-  so.window = opts->window;
-  so.softcap = opts->softcap;
-  so.alibi_slopes = opts->alibi_slopes;
-  so.sinks = opts->sinks;
   attn_tensor *sdpa_weights = weights;
   if (weights && opts->average_weights) {
     int64_t ws[4] = {B, H, Nq, Nk};
@@ -760,19 +765,19 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
     sdpa_weights = &wbuf;
   }
   attn_tensor *sdpa_lse = keep ? &lse : NULL;
-  st = ref ? attn_sdpa_ref(ctx, &ah, sdpa_lse, sdpa_weights, &qh, &kh, &vh, &so)
-           : attn_sdpa(ctx, &ah, sdpa_lse, sdpa_weights, &qh, &kh, &vh, &so);
+  st = ref ? attn_sdpa_ref(ctx, &ah, sdpa_lse, sdpa_weights, &qh, &kh, &vh, &opts->attn)
+           : attn_sdpa(ctx, &ah, sdpa_lse, sdpa_weights, &qh, &kh, &vh, &opts->attn);
   if (st) goto done;
   if (have_wbuf) average_heads(weights, &wbuf);
   if (keep) { /* the backward must not depend on the caller's buffers */
-    const attn_tensor *from[4] = {opts->mask, opts->key_padding, opts->alibi_slopes, opts->sinks};
-    attn_tensor *to[4] = {&sv->mask, &sv->key_padding, &sv->alibi_slopes, &sv->sinks};
-    const attn_tensor **in_opts[4] = {&sv->opts.mask, &sv->opts.key_padding, &sv->opts.alibi_slopes, &sv->opts.sinks};
-    static const char *const what[4] = {"the mask", "the key padding", "the ALiBi slopes", "the sinks"};
-    for (int i = 0; i < 4; i++) {
-      if (!from[i]) continue;
-      if ((st = save_view(ctx, from[i], to[i], &own_opt[i], what[i]))) goto done;
-      *in_opts[i] = to[i];
+    attn_sdpa_opts caller = opts->attn;
+    const attn_tensor **from[ATTN__SDPA_OPT_TENSORS], **to[ATTN__SDPA_OPT_TENSORS];
+    attn__sdpa_opt_tensors(&caller, from);
+    attn__sdpa_opt_tensors(&sv->attn, to);
+    for (int i = 0; i < ATTN__SDPA_OPT_TENSORS; i++) {
+      if (!*from[i]) continue;
+      if ((st = save_view(ctx, *from[i], &sv->opt_copy[i], &own_opt[i], attn__sdpa_opt_tensor_names[i]))) goto done;
+      *to[i] = &sv->opt_copy[i];
     }
   }
 
@@ -815,10 +820,13 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
     sv->a = A;
     sv->lse = L;
     void *bufs[] = {own_q, own_k, own_v, cq, ck != cq ? ck : NULL, (cv != cq && cv != ck) ? cv : NULL,
-                    Q, K != Q ? K : NULL, V != Q ? V : NULL, A, L, own_opt[0], own_opt[1], own_opt[2], own_opt[3]};
-    _Static_assert(sizeof bufs / sizeof bufs[0] == ATTN__MHA_SAVED_BUFS, "owned[] must hold every buffer of this list");
+                    Q, K != Q ? K : NULL, V != Q ? V : NULL, A, L};
+    _Static_assert(sizeof bufs / sizeof bufs[0] + ATTN__SDPA_OPT_TENSORS == ATTN__MHA_SAVED_BUFS,
+                   "owned[] must hold every buffer of this list and every option copy");
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       if (bufs[i]) sv->owned[sv->n_owned++] = bufs[i];
+    for (int i = 0; i < ATTN__SDPA_OPT_TENSORS; i++)
+      if (own_opt[i]) sv->owned[sv->n_owned++] = own_opt[i];
     *saved = sv;
     sv = NULL;
     Q = K = V = A = L = NULL;
@@ -827,7 +835,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
     memset(own_opt, 0, sizeof own_opt);
   }
 done:
-  for (int i = 0; i < 4; i++) attn__aligned_free(own_opt[i]);
+  for (int i = 0; i < ATTN__SDPA_OPT_TENSORS; i++) attn__aligned_free(own_opt[i]);
   if (have_wbuf) attn_tensor_free(&wbuf);
   if (Y != Q) attn__aligned_free(Y);
   attn__aligned_free(own_q);

@@ -32,9 +32,8 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
                       "layer and input (batch %lld, kv heads %lld, head dim %lld)",
                       (long long)kc->batch, (long long)kc->kv_heads, (long long)kc->head_dim,
                       (long long)kc->v_head_dim, (long long)B, (long long)Hk, (long long)D);
-  if (opts && (opts->mask || opts->key_padding || opts->dropout_p != 0))
-    return attn__fail(ctx, ATTN_E_INVALID,
-                      "attn_mha_forward_cached: masks, key padding and dropout are not taken here");
+  attn_sdpa_opts so; /* refused before anything is appended */
+  if ((st = attn__cached_opts(ctx, &so, opts ? &opts->attn : NULL, "attn_mha_forward_cached"))) return st;
   attn_kernel kern = attn_ctx_kernel(ctx);
   if (kern == ATTN_KERNEL_REF) kern = ATTN_KERNEL_C; /* the projections run in fp32; attention follows the context */
   const int th = attn__threads(ctx);
@@ -69,14 +68,6 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
     st = attn__fail(ctx, st, "attn_mha_forward_cached: %s", msg);
     goto done;
-  }
-  attn_sdpa_opts so;
-  attn_sdpa_opts_init(&so);
-  if (opts) {
-    so.window = opts->window;
-    so.softcap = opts->softcap;
-    so.alibi_slopes = opts->alibi_slopes;
-    so.sinks = opts->sinks;
   }
   if ((st = attn_kv_cache_attend(ctx, cache, &ah, NULL, &qh, &so))) {
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));

@@ -4,6 +4,7 @@
 #define ATTN_LAYER_MHA_INTERNAL_H
 
 #include "../internal.h"
+#include "../opts.h"
 
 struct attn_mha {
   attn_mha_config cfg;
@@ -14,8 +15,9 @@ struct attn_mha {
 };
 
 /* The length of the list of buffers attn__mha_forward hands to the saved
- * state, which a static assertion there ties to this. */
-#define ATTN__MHA_SAVED_BUFS 15
+ * state (11 activations and copies of the inputs, then the copies of the
+ * attention options' tensors), which a static assertion there ties to this. */
+#define ATTN__MHA_SAVED_BUFS (11 + ATTN__SDPA_OPT_TENSORS)
 
 /* What attn_mha_forward_save keeps for attn_mha_backward. Every buffer is
  * contiguous and owned; its element type is double when `ref` (the forward ran
@@ -30,12 +32,12 @@ struct attn_mha_saved {
   int64_t ldq, ldkv;
   const void *a;            /* [M, E]: the attention output before the out projection (SDPA's out) */
   const void *lse;          /* [B, H, Nq]: SDPA's log-sum-exp */
-  /* The forward's options. mask, key_padding, alibi_slopes
-   * and sinks point at the views below, of the saved state's own compact
-   * copies (a dimension the caller broadcast stays broadcast, not expanded):
-   * the caller's buffers may go once the forward returns. */
-  attn_mha_opts opts;
-  attn_tensor mask, key_padding, alibi_slopes, sinks;
+  /* The forward's attention options. Their tensors point at opt_copy, views
+   * of the saved state's own compact copies (a dimension the caller broadcast
+   * stays broadcast, not expanded): the caller's buffers may go once the
+   * forward returns. */
+  attn_sdpa_opts attn;
+  attn_tensor opt_copy[ATTN__SDPA_OPT_TENSORS];
   void *owned[ATTN__MHA_SAVED_BUFS];
   int n_owned;
 };
