@@ -12,6 +12,12 @@
  *     acted on), then inputs, then options. An optional output is a pointer
  *     that may be NULL; options structs hold inputs only.
  *   - Every call that takes a context refuses a NULL one with ATTN_E_INVALID.
+ *   - Every options and config struct begins with size_t size, which its
+ *     _init sets to the struct's sizeof. Fields are only ever appended, so a
+ *     program built against an older attn.h passes a smaller size and the
+ *     fields it does not know take their defaults; a size of 0 (a struct not
+ *     initialised with its _init) or one no version has is refused with
+ *     ATTN_E_INVALID. Initialise with the _init, then set fields.
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -167,6 +173,7 @@ typedef enum attn_mask_mode {
  * Initialise with attn_sdpa_opts_init (fields may be added in later versions,
  * always with a default that changes nothing). */
 typedef struct attn_sdpa_opts {
+  size_t size;                /* sizeof(attn_sdpa_opts), set by attn_sdpa_opts_init */
   double scale;               /* logits = q.k * scale; NaN (the default) = 1/sqrt(D) */
   attn_causal causal;
   const attn_tensor *mask;    /* broadcastable to [B, Hq, Nq, Nk] (numpy rules), or NULL */
@@ -263,6 +270,7 @@ ATTN_API int attn_dropout_keep(uint64_t seed, double p, int64_t b, int64_t h, in
 typedef struct attn_kv_cache attn_kv_cache;
 
 typedef struct attn_kv_cache_config {
+  size_t size;        /* sizeof(attn_kv_cache_config), set by attn_kv_cache_config_init */
   int64_t batch;      /* B rows */
   int64_t capacity;   /* tokens each row can hold */
   int64_t kv_heads;   /* Hk */
@@ -308,6 +316,7 @@ typedef struct attn_mha attn_mha;
 typedef struct attn_safetensors attn_safetensors; /* an open safetensors file: see the files section */
 
 typedef struct attn_mha_config {
+  size_t size;          /* sizeof(attn_mha_config), set by attn_mha_config_init */
   int64_t embed_dim;    /* E */
   int64_t num_heads;    /* H; E must divide by H, head dim D = E / H */
   int64_t num_kv_heads; /* Hk for grouped-query attention; 0 = H */
@@ -392,7 +401,8 @@ ATTN_API const char *attn_mha_param_name(attn_mha_naming naming, attn_mha_param 
  * attn_sdpa_opts_init. The layer's backward does not give dL/dsinks (call
  * attn_sdpa_backward for that). */
 typedef struct attn_mha_opts {
-  attn_sdpa_opts attn;
+  size_t size;         /* sizeof(attn_mha_opts), set by attn_mha_opts_init (attn.size too) */
+  attn_sdpa_opts attn; /* read by its own size: an older attn_sdpa_opts moves the fields after it */
   int average_weights; /* attn_mha_forward's weights averaged over heads (PyTorch average_attn_weights) */
 } attn_mha_opts;
 

@@ -18,6 +18,7 @@ void attn_kv_cache_config_init(attn_kv_cache_config *cfg, int64_t batch, int64_t
                                int64_t head_dim) {
   if (!cfg) return;
   memset(cfg, 0, sizeof *cfg);
+  cfg->size = sizeof *cfg;
   cfg->batch = batch;
   cfg->capacity = capacity;
   cfg->kv_heads = kv_heads;
@@ -29,7 +30,10 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_
   ATTN__ENTER(ctx);
   if (!out || !cfg) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_create: null argument");
   *out = NULL;
-  attn_kv_cache_config c = *cfg;
+  attn_kv_cache_config c;
+  attn_kv_cache_config_init(&c, 0, 0, 0, 0);
+  attn_status st = attn__read_sized(ctx, &c, sizeof c, cfg, "cfg", "attn_kv_cache_config_init");
+  if (st) return st;
   if (!c.v_head_dim) c.v_head_dim = c.head_dim;
   if (c.batch < 1 || c.capacity < 1 || c.kv_heads < 1 || c.head_dim < 1 || c.v_head_dim < 1)
     return attn__fail(ctx, ATTN_E_INVALID,

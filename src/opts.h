@@ -5,6 +5,20 @@
 
 #include "internal.h"
 
+/* Reads a caller's options or config struct, whose first member is its
+ * size_t size (set by its _init, init names it in messages; what names the
+ * argument, "opts"): dst, of dst_size bytes, already holds the defaults; the
+ * caller's first size bytes go over them, its size member excepted. A caller
+ * built against an older attn.h passes a smaller size: the fields it does not
+ * know keep their defaults. This works because fields are only ever
+ * appended, each one growing sizeof. Refused (ATTN_E_INVALID): a size of 0 (a
+ * struct not made by its _init), one too small to hold a field, not a
+ * multiple of the struct's alignment, or larger than dst_size (a newer attn.h). */
+attn_status attn__read_sized(attn_ctx *ctx, void *dst, size_t dst_size, const void *src, const char *what,
+                             const char *init);
+/* attn__read_sized of a whole attn_sdpa_opts: *dst = the defaults when opts is NULL. */
+attn_status attn__read_sdpa_opts(attn_ctx *ctx, attn_sdpa_opts *dst, const attn_sdpa_opts *opts, const char *what);
+
 /* The options of a decoding step over a KV cache (attn_kv_cache_attend, the
  * layer's attn_mha_forward_cached): *dst = opts (defaults when NULL) with the
  * bottom-right causal alignment, after refusing what a step cannot take:

@@ -1,5 +1,6 @@
 /* Scaled dot-product attention: argument checks and dispatch to a kernel. */
 #include "internal.h"
+#include "opts.h"
 
 #include <float.h>
 #include <stdio.h>
@@ -7,6 +8,7 @@
 void attn_sdpa_opts_init(attn_sdpa_opts *opts) {
   if (!opts) return;
   memset(opts, 0, sizeof *opts);
+  opts->size = sizeof *opts;
   opts->scale = NAN;
   opts->mask_mode = ATTN_MASK_KEEP;
 }
@@ -123,11 +125,9 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, a
   if ((st = attn__check_writable(ctx, out, "out"))) return st;
   p->q = *q; p->k = *k; p->v = *v; p->out = *out;
 
-  attn_sdpa_opts defaults;
-  if (!opts) {
-    attn_sdpa_opts_init(&defaults);
-    opts = &defaults;
-  }
+  attn_sdpa_opts given; /* a caller's older, shorter struct gets the defaults for the rest */
+  if ((st = attn__read_sdpa_opts(ctx, &given, opts, "opts"))) return st;
+  opts = &given;
   if (isnan(opts->scale)) p->scale = 1.0 / sqrt((double)p->D);
   else if (isfinite(opts->scale)) p->scale = opts->scale;
   else return attn__fail(ctx, ATTN_E_INVALID, "scale must be finite (or NaN for 1/sqrt(D)), got %g", opts->scale);

@@ -1,6 +1,6 @@
 /* The API's contract outside the arithmetic: versions, statuses, contexts,
- * tensor helpers, and every error path of attn_sdpa (a status, a message,
- * and outputs left untouched). */
+ * tensor helpers, every error path of attn_sdpa (a status, a message,
+ * and outputs left untouched), and the sizes options and configs carry. */
 #include "testutil.h"
 
 static void versions_and_statuses(void) {
@@ -306,6 +306,130 @@ static void workspace(void) {
   attn_ctx_destroy(ctx); /* frees the workspace: the leak checker sees it */
 }
 
+/* Options and configs carry their size: a caller built against an older
+ * attn.h passes a shorter struct, whose missing fields take their defaults
+ * (whatever lies past its end is never read); a size of 0 is refused. An
+ * "older version" here is today's struct cut short before a field: the bytes
+ * past the cut hold values the library would refuse or that would change the
+ * result, so reading them would fail the comparison. */
+static void sized_structs(void) {
+  attn_ctx *ctx;
+  CHECK_OK(NULL, attn_ctx_create(&ctx));
+  enum { B = 1, H = 2, N = 4, D = 4, E = H * D };
+  float q[B * H * N * D], out[B * H * N * D], out_ref[B * H * N * D];
+  tu_rng r = {11};
+  tu_fill_f32(&r, q, B * H * N * D, 1);
+  int64_t s4[4] = {B, H, N, D};
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, s4), to = attn_tensor_view(out, ATTN_F32, 4, s4);
+  attn_tensor tr = attn_tensor_view(out_ref, ATTN_F32, 4, s4);
+
+  /* attn_sdpa_opts before window, softcap, ALiBi and sinks existed */
+  attn_sdpa_opts full, old;
+  attn_sdpa_opts_init(&full);
+  full.causal = ATTN_CAUSAL_TOP_LEFT;
+  full.scale = 0.5;
+  CHECK_OK(ctx, attn_sdpa(ctx, &tr, NULL, NULL, &tq, &tq, &tq, &full));
+  CHECK(full.size == sizeof full, "attn_sdpa_opts_init sets size %zu, want %zu", full.size, sizeof full);
+  old = full;
+  old.size = offsetof(attn_sdpa_opts, window);
+  old.window = -1;        /* refused if read */
+  old.softcap = NAN;      /* refused if read */
+  old.alibi_slopes = &tq; /* the wrong shape: refused if read */
+  old.sinks = &tq;
+  CHECK_OK(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tq, &tq, &old));
+  CHECK(!memcmp(out, out_ref, sizeof out),
+        "an older attn_sdpa_opts: the fields past its size must take their defaults");
+  old.size = 0;
+  CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tq, &tq, &old), ATTN_E_INVALID,
+            "opts.size is 0: initialise with attn_sdpa_opts_init");
+  const size_t bad_sizes[3] = {4, offsetof(attn_sdpa_opts, window) + 1, sizeof(attn_sdpa_opts) + 8};
+  for (int i = 0; i < 3; i++) {
+    old.size = bad_sizes[i];
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tq, &tq, &old), ATTN_E_INVALID, "opts.size");
+  }
+
+  /* attn_mha_config before bias existed: the layer gets the default, biases on */
+  attn_mha_config cfg;
+  attn_mha_config_init(&cfg, E, H);
+  CHECK(cfg.size == sizeof cfg, "attn_mha_config_init sets size");
+  cfg.size = offsetof(attn_mha_config, bias);
+  cfg.bias = 0;
+  attn_mha *m = NULL;
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &cfg));
+  attn_tensor pv;
+  if (m) {
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &pv, m, ATTN_MHA_Q_BIAS));
+    CHECK(attn_mha_get_config(m)->size == sizeof cfg && attn_mha_get_config(m)->bias == 1,
+          "the layer's config: size %zu, bias %d", attn_mha_get_config(m)->size, attn_mha_get_config(m)->bias);
+    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++)
+      if (attn_mha_param_view(ctx, &pv, m, (attn_mha_param)p) == ATTN_OK)
+        tu_fill_f32(&r, pv.data, attn_tensor_numel(&pv), 0.5);
+  }
+  attn_mha *m0 = NULL;
+  cfg.size = 0;
+  CHECK_ERR(ctx, attn_mha_create(ctx, &m0, &cfg), ATTN_E_INVALID,
+            "cfg.size is 0: initialise with attn_mha_config_init");
+
+  /* attn_kv_cache_config before dtype existed: f32 storage */
+  attn_kv_cache_config kc;
+  attn_kv_cache_config_init(&kc, 1, 8, H, D);
+  CHECK(kc.size == sizeof kc, "attn_kv_cache_config_init sets size");
+  kc.size = offsetof(attn_kv_cache_config, dtype);
+  kc.dtype = (attn_dtype)77;
+  attn_kv_cache *cache = NULL;
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &kc));
+  if (cache) {
+    CHECK(attn_kv_cache_get_config(cache)->dtype == ATTN_F32 && attn_kv_cache_get_config(cache)->size == sizeof kc,
+          "an older attn_kv_cache_config: f32 storage");
+    old.size = 0;
+    CHECK_ERR(ctx, attn_kv_cache_attend(ctx, cache, &to, NULL, &tq, &old), ATTN_E_INVALID,
+              "opts.size is 0: initialise with attn_sdpa_opts_init");
+  }
+  attn_kv_cache_destroy(cache);
+  kc.size = 0;
+  CHECK_ERR(ctx, attn_kv_cache_create(ctx, &cache, &kc), ATTN_E_INVALID,
+            "cfg.size is 0: initialise with attn_kv_cache_config_init");
+
+  /* attn_mha_opts whose attn is an older, shorter attn_sdpa_opts: average_weights
+   * follows it at once, where the caller's compiler put it */
+  if (m) {
+    float x[B * N * E], y[B * N * E], y_ref[B * N * E], w[B * N * N], w_ref[B * N * N];
+    tu_fill_f32(&r, x, B * N * E, 1);
+    int64_t s3[3] = {B, N, E}, sw[3] = {B, N, N};
+    attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, s3), ty = attn_tensor_view(y, ATTN_F32, 3, s3);
+    attn_tensor tyr = attn_tensor_view(y_ref, ATTN_F32, 3, s3);
+    attn_tensor tw = attn_tensor_view(w, ATTN_F32, 3, sw), twr = attn_tensor_view(w_ref, ATTN_F32, 3, sw);
+    attn_mha_opts mo;
+    attn_mha_opts_init(&mo);
+    CHECK(mo.size == sizeof mo && mo.attn.size == sizeof mo.attn, "attn_mha_opts_init sets both sizes");
+    mo.attn.causal = ATTN_CAUSAL_TOP_LEFT;
+    mo.average_weights = 1;
+    CHECK_OK(ctx, attn_mha_forward(ctx, m, &tyr, &twr, &tx, NULL, NULL, &mo));
+    const size_t at = offsetof(attn_mha_opts, attn), old_attn = offsetof(attn_sdpa_opts, window);
+    _Alignas(attn_mha_opts) unsigned char older[sizeof(attn_mha_opts)];
+    memset(older, 0, sizeof older); /* past the caller's struct: what a misplaced read would take as a field */
+    attn_sdpa_opts a = mo.attn;
+    a.size = old_attn;
+    const int avg = 1;
+    const size_t older_size = (at + old_attn + sizeof avg + 7) / 8 * 8;
+    memcpy(older, &older_size, sizeof older_size);
+    memcpy(older + at, &a, old_attn);
+    memcpy(older + at + old_attn, &avg, sizeof avg);
+    CHECK_OK(ctx, attn_mha_forward(ctx, m, &ty, &tw, &tx, NULL, NULL, (const attn_mha_opts *)(void *)older));
+    CHECK(!memcmp(y, y_ref, sizeof y) && !memcmp(w, w_ref, sizeof w),
+          "attn_mha_opts with an older attn: out and averaged weights must be those of today's struct");
+    mo.size = 0;
+    CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, NULL, &tx, NULL, NULL, &mo), ATTN_E_INVALID,
+              "opts.size is 0: initialise with attn_mha_opts_init");
+    mo.size = sizeof mo;
+    mo.attn.size = 0;
+    CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, NULL, &tx, NULL, NULL, &mo), ATTN_E_INVALID,
+              "opts.attn.size is 0: initialise with attn_mha_opts_init");
+  }
+  attn_mha_destroy(m);
+  attn_ctx_destroy(ctx);
+}
+
 int main(void) {
   versions_and_statuses();
   contexts();
@@ -313,5 +437,6 @@ int main(void) {
   sdpa_errors();
   mha_errors();
   workspace();
+  sized_structs();
   return tu_finish("test_api");
 }

@@ -189,7 +189,7 @@ class _SdpaCall:
         self.B, self.H = self.q4.shape[0], self.q4.shape[1]
         self.Dv = self.v4.shape[3]
         o = self.opts = _capi.SdpaOpts()
-        _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
+        _capi.init(o)
         if scale is not None:
             o.scale = float(scale)
         if is_causal:
@@ -462,8 +462,7 @@ class KVCache:
         self._h = None
         self._ctx.set_threads(threads)
         cfg = _capi.KvCacheConfig()
-        _capi.lib.attn_kv_cache_config_init(ctypes.byref(cfg), int(batch), int(capacity), int(kv_heads),
-                                            int(head_dim))
+        _capi.init(cfg, int(batch), int(capacity), int(kv_heads), int(head_dim))
         cfg.v_head_dim = int(v_head_dim or 0)
         cfg.dtype = _cache_dtype(dtype)
         h = ctypes.c_void_p()
@@ -516,7 +515,7 @@ class KVCache:
         B, Hq, Nq = (int(n) for n in qa.shape[:3])
         out = np.empty((B, Hq, Nq, self.v_head_dim), np.float32)
         o = _capi.SdpaOpts()
-        _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
+        _capi.init(o)
         if scale is not None:
             o.scale = float(scale)
         lse = lt = None
@@ -603,7 +602,7 @@ class MultiheadAttention:
         self._ctx.set_threads(threads)
         if _handle is None:
             cfg = _capi.MhaConfig()
-            _capi.lib.attn_mha_config_init(ctypes.byref(cfg), int(embed_dim), int(num_heads))
+            _capi.init(cfg, int(embed_dim), int(num_heads))
             cfg.num_kv_heads = int(num_kv_heads or 0)
             cfg.kdim = int(kdim or 0)
             cfg.vdim = int(vdim or 0)
@@ -647,7 +646,7 @@ class MultiheadAttention:
         """attn_mha_opts for the masks of one call, and the arrays/structs it points to."""
         H = self.num_heads
         opts = _capi.MhaOpts()
-        _capi.lib.attn_mha_opts_init(ctypes.byref(opts))
+        _capi.init(opts)
         keep = []
         masks = []  # additive float masks to combine, [B or 1, H or 1, L or 1, S]
         if attn_mask is not None:
@@ -747,7 +746,7 @@ class MultiheadAttention:
         B, n = xb.shape[0], xb.shape[1]
         out, ob = self._user_layout((B, n, self.embed_dim), unbatched)
         opts = _capi.MhaOpts()
-        _capi.lib.attn_mha_opts_init(ctypes.byref(opts))
+        _capi.init(opts)
         ot, xt = _tensor(ob), _tensor(xb)
         # layer lock, then cache lock: KVCache methods take only the latter, so no cycle
         with self._lock, cache._lock:

@@ -28,8 +28,13 @@ class Tensor(ctypes.Structure):
     ]
 
 
+# The options and config structs begin with size_t size: the library reads
+# only the first `size` bytes, so a mirror set up by init() below (size =
+# ctypes.sizeof of the mirror) works with any library at least as new.
 class SdpaOpts(ctypes.Structure):
+    _init_ = "attn_sdpa_opts_init"
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("scale", ctypes.c_double),
         ("causal", _c_enum),
         ("mask", ctypes.POINTER(Tensor)),
@@ -45,7 +50,9 @@ class SdpaOpts(ctypes.Structure):
 
 
 class MhaConfig(ctypes.Structure):
+    _init_ = "attn_mha_config_init"
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("embed_dim", ctypes.c_int64),
         ("num_heads", ctypes.c_int64),
         ("num_kv_heads", ctypes.c_int64),
@@ -56,7 +63,9 @@ class MhaConfig(ctypes.Structure):
 
 
 class KvCacheConfig(ctypes.Structure):
+    _init_ = "attn_kv_cache_config_init"
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("batch", ctypes.c_int64),
         ("capacity", ctypes.c_int64),
         ("kv_heads", ctypes.c_int64),
@@ -67,7 +76,10 @@ class KvCacheConfig(ctypes.Structure):
 
 
 class MhaOpts(ctypes.Structure):
+    _init_ = "attn_mha_opts_init"
+    _nested_ = "attn"  # a sized struct inside: the library reads it by its own size
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("attn", SdpaOpts),
         ("average_weights", ctypes.c_int),
     ]
@@ -163,23 +175,39 @@ for _name, (_res, _args) in _protos.items():
     _f.argtypes = _args
 
 
-def c_struct_size(init, *args):
-    """The size the library gives an options struct: its *_init memsets the
-    whole struct, so count the bytes it changes in a sentinel-filled buffer."""
-    buf = (ctypes.c_ubyte * 4096)(*([0xA5] * 4096))
+_SCRATCH = 4096  # more than any of the library's structs
+
+
+def _library_struct(struct, *args):
+    """The bytes of the library's own defaults for struct (its *_init run on
+    a scratch buffer: the library's struct may be larger than the mirror)."""
+    init = getattr(lib, struct._init_)
+    buf = (ctypes.c_ubyte * _SCRATCH)()
     init(ctypes.cast(buf, init.argtypes[0]), *args)
-    n = 4096
-    while n > 0 and buf[n - 1] == 0xA5:
-        n -= 1
-    return n
+    n = ctypes.c_size_t.from_buffer(buf).value
+    if not 0 < n <= _SCRATCH:
+        raise ImportError(f"{library_path}: {struct._init_} sets size {n}: not a libattn this binding knows")
+    return bytes(buf[:n])
 
 
-# A library whose structs differ from these mirrors would read and write past
-# them: refuse it (a stale build, or a binding older than the header).
-for _struct, _init, _args in ((SdpaOpts, lib.attn_sdpa_opts_init, ()), (MhaOpts, lib.attn_mha_opts_init, ()),
-                              (MhaConfig, lib.attn_mha_config_init, (8, 2)),
-                              (KvCacheConfig, lib.attn_kv_cache_config_init, (1, 2, 3, 4))):
-    _got = c_struct_size(_init, *_args)
-    if _got != ctypes.sizeof(_struct):
-        raise ImportError(f"{library_path}: {_struct.__name__} is {_got} bytes in the library, "
-                          f"{ctypes.sizeof(_struct)} in this binding: rebuild the library or update the binding")
+def _fill(s, raw):
+    """Mirror s from raw, the library's struct of the same kind (its size first)."""
+    nested = getattr(type(s), "_nested_", None)
+    if nested is None:
+        ctypes.memmove(ctypes.addressof(s), raw, min(len(raw), ctypes.sizeof(s)))
+    else:  # the fields after the nested struct start where the library's nested struct ends
+        at = getattr(type(s), nested).offset
+        inner = getattr(s, nested)
+        inner_n = ctypes.c_size_t.from_buffer_copy(raw, at).value
+        _fill(inner, raw[at:at + inner_n])
+        tail = at + ctypes.sizeof(inner)
+        ctypes.memmove(ctypes.addressof(s) + tail, raw[at + inner_n:], min(len(raw) - at - inner_n,
+                                                                          ctypes.sizeof(s) - tail))
+    s.size = ctypes.sizeof(s)
+
+
+def init(s, *args):
+    """s (a mirror above) = the library's defaults (its *_init with args),
+    with s.size the mirror's own size, which is what the library reads."""
+    _fill(s, _library_struct(type(s), *args))
+    return s

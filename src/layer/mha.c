@@ -15,6 +15,7 @@ static const char *param_label[ATTN_MHA_NUM_PARAMS] = {"q weight", "q bias", "k 
 void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_heads) {
   if (!cfg) return;
   memset(cfg, 0, sizeof *cfg);
+  cfg->size = sizeof *cfg;
   cfg->embed_dim = embed_dim;
   cfg->num_heads = num_heads;
   cfg->bias = 1;
@@ -23,6 +24,7 @@ void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_h
 void attn_mha_opts_init(attn_mha_opts *opts) {
   if (!opts) return;
   memset(opts, 0, sizeof *opts);
+  opts->size = sizeof *opts;
   attn_sdpa_opts_init(&opts->attn);
   opts->attn.mask_mode = ATTN_MASK_MASKED;
 }
@@ -31,7 +33,10 @@ attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config
   ATTN__ENTER(ctx);
   if (!out || !cfg) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_create: null argument");
   *out = NULL;
-  attn_mha_config c = *cfg;
+  attn_mha_config c;
+  attn_mha_config_init(&c, 0, 0);
+  attn_status st = attn__read_sized(ctx, &c, sizeof c, cfg, "cfg", "attn_mha_config_init");
+  if (st) return st;
   if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
   if (c.kdim == 0) c.kdim = c.embed_dim;
   if (c.vdim == 0) c.vdim = c.embed_dim;
@@ -571,6 +576,29 @@ static void average_heads(attn_tensor *out, const attn_tensor *w) {
       }
 }
 
+attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts) {
+  attn_mha_opts_init(dst);
+  if (!opts) return ATTN_OK;
+  /* attn holds its own size: what follows it in the caller's struct starts where the caller's attn ends */
+  const size_t at = offsetof(attn_mha_opts, attn), head = at + sizeof opts->attn.size;
+  if (opts->size == 0) return attn__fail(ctx, ATTN_E_INVALID, "opts.size is 0: initialise with attn_mha_opts_init");
+  if (opts->size < head || opts->attn.size > opts->size - at)
+    return attn__fail(ctx, ATTN_E_INVALID,
+                      "opts.size is %zu and opts.attn.size %zu: not the sizes of any version of attn_mha_opts (%zu "
+                      "and %zu in this libattn): initialise with attn_mha_opts_init",
+                      opts->size, opts->attn.size, sizeof *dst, sizeof dst->attn);
+  attn_status st = attn__read_sized(ctx, &dst->attn, sizeof dst->attn, &opts->attn, "opts.attn", "attn_mha_opts_init");
+  if (st) return st;
+  const size_t tail = at + sizeof dst->attn, caller_tail = at + opts->attn.size;
+  if (opts->size - caller_tail > sizeof *dst - tail)
+    return attn__fail(ctx, ATTN_E_INVALID,
+                      "opts.size is %zu, more than any version of attn_mha_opts with a %zu-byte attn (this libattn: "
+                      "%zu); built against a newer attn.h?",
+                      opts->size, opts->attn.size, sizeof *dst);
+  memcpy((char *)dst + tail, (const char *)opts + caller_tail, opts->size - caller_tail);
+  return ATTN_OK;
+}
+
 /* An empty batch or no query never reaches attention, which must refuse the
  * same options all the same: SDPA's checks on stand-in views of the shapes it
  * would get (stride 0 everywhere: nothing is read, no extent can overflow). */
@@ -631,11 +659,9 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   if (out->shape[0] != B || out->shape[1] != Nq || out->shape[2] != E)
     return attn__fail(ctx, ATTN_E_SHAPE, "out must be [B, Nq, E] = [%lld, %lld, %lld]", (long long)B, (long long)Nq,
                       (long long)E);
-  attn_mha_opts defaults;
-  if (!opts) {
-    attn_mha_opts_init(&defaults);
-    opts = &defaults;
-  }
+  attn_mha_opts given; /* a caller's older, shorter struct gets the defaults for the rest */
+  if ((st = attn__read_mha_opts(ctx, &given, opts))) return st;
+  opts = &given;
   if (weights) {
     const attn_tensor *w = weights;
     const int want = opts->average_weights ? 3 : 4;

@@ -32,8 +32,11 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
                       "layer and input (batch %lld, kv heads %lld, head dim %lld)",
                       (long long)kc->batch, (long long)kc->kv_heads, (long long)kc->head_dim,
                       (long long)kc->v_head_dim, (long long)B, (long long)Hk, (long long)D);
+  attn_mha_opts given;
   attn_sdpa_opts so; /* refused before anything is appended */
-  if ((st = attn__cached_opts(ctx, &so, opts ? &opts->attn : NULL, "attn_mha_forward_cached"))) return st;
+  if ((st = attn__read_mha_opts(ctx, &given, opts)) ||
+      (st = attn__cached_opts(ctx, &so, &given.attn, "attn_mha_forward_cached")))
+    return st;
   attn_kernel kern = attn_ctx_kernel(ctx);
   if (kern == ATTN_KERNEL_REF) kern = ATTN_KERNEL_C; /* the projections run in fp32; attention follows the context */
   const int th = attn__threads(ctx);

@@ -48,6 +48,10 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
                               attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
                               const attn_tensor *value, const attn_mha_opts *opts);
 
+/* A caller's attn_mha_opts (NULL: the defaults) into *dst, each of its two
+ * sizes honoured as attn__read_sized does (opts.h). */
+attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts);
+
 /* [B, N, ld] rows (the first H*D columns) viewed as [B, H, N, D]. */
 static inline attn_tensor attn__heads_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D,
                                            int64_t ld) {
