@@ -59,9 +59,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
     for (int64_t t = 0; t < n; t++)
       for (int64_t e = 0; e < E; e++)
         X[(b * n + t) * E + e] = ((const float *)x->data)[b * x->strides[0] + t * x->strides[1] + e * x->strides[2]];
-  /* the q, k and v weights (and biases) lie one after the other: one GEMM */
-  const float *const *P = (const float *const *)mha->param;
-  attn__sgemm_nt(th, kern, M, ld, E, X, E, P[ATTN_MHA_Q_WEIGHT], E, QKV, ld, P[ATTN_MHA_Q_BIAS]);
+  attn__mha_qkv(th, kern, QKV, X, mha, M);
   attn_tensor qh = attn__heads_view(QKV, ATTN_F32, B, n, H, D, ld);
   attn_tensor kh = attn__heads_view(QKV + E, ATTN_F32, B, n, Hk, D, ld);
   attn_tensor vh = attn__heads_view(QKV + E + kv, ATTN_F32, B, n, Hk, D, ld);
@@ -79,11 +77,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
     st = attn__fail(ctx, st, "attn_mha_forward_cached: %s", msg);
     goto done;
   }
-  attn__sgemm_nt(th, kern, M, E, E, A, E, P[ATTN_MHA_O_WEIGHT], E, Y, E, P[ATTN_MHA_O_BIAS]);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t t = 0; t < n; t++)
-      for (int64_t e = 0; e < E; e++)
-        ((float *)out->data)[b * out->strides[0] + t * out->strides[1] + e * out->strides[2]] = Y[(b * n + t) * E + e];
+  st = attn__mha_out(ctx, kern, out, A, mha, B, n, Y);
 done:
   attn__aligned_free(X);
   attn__aligned_free(QKV);

@@ -52,6 +52,14 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
  * sizes honoured as attn__read_sized does (opts.h). */
 attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts);
 
+/* The fp32 projections the forward and the cached step share:
+ * QKV [M, E + 2 Hk D] (Q, K, V side by side) = X [M, E] . [Wq; Wk; Wv]^T + [bq; bk; bv]. */
+void attn__mha_qkv(int threads, attn_kernel kern, void *QKV, const float *X, const attn_mha *mha, int64_t M);
+/* out [B, N, E] (f32, any strides) = A [B*N, E] . Wo^T + bo; the rows go
+ * through scratch ([B*N, E] floats; NULL: allocated) unless out is contiguous. */
+attn_status attn__mha_out(attn_ctx *ctx, attn_kernel kern, attn_tensor *out, const float *A, const attn_mha *mha,
+                          int64_t B, int64_t N, void *scratch);
+
 /* [B, N, ld] rows (the first H*D columns) viewed as [B, H, N, D]. */
 static inline attn_tensor attn__heads_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D,
                                            int64_t ld) {
