@@ -143,8 +143,8 @@ static void model_init(attn_ctx *ctx, model *m) {
   const float a = 1.0f / sqrtf((float)EMBED);
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor w, g;
-    if (attn_mha_param_view(ctx, m->mha, (attn_mha_param)p, &w) != ATTN_OK) continue; /* a bias, when off */
-    check(ctx, attn_mha_param_view(ctx, m->mha_grad, (attn_mha_param)p, &g), "attn_mha_param_view");
+    if (attn_mha_param_view(ctx, &w, m->mha, (attn_mha_param)p) != ATTN_OK) continue; /* a bias, when off */
+    check(ctx, attn_mha_param_view(ctx, &g, m->mha_grad, (attn_mha_param)p), "attn_mha_param_view");
     const int64_t n = attn_tensor_numel(&w);
     if (w.rank == 2)
       for (int64_t i = 0; i < n; i++) ((float *)w.data)[i] = rng_uniform(a);
@@ -186,9 +186,9 @@ static double forward(attn_ctx *ctx, model *m, acts *a, int tok[BATCH][SEQ], con
   attn_mha_opts opts;
   attn_mha_opts_init(&opts); /* no mask: the last position sees the whole sequence */
   if (saved)
-    check(ctx, attn_mha_forward_save(ctx, m->mha, &y, &x, NULL, NULL, &opts, saved), "attn_mha_forward_save");
+    check(ctx, attn_mha_forward_save(ctx, m->mha, &y, NULL, saved, &x, NULL, NULL, &opts), "attn_mha_forward_save");
   else
-    check(ctx, attn_mha_forward(ctx, m->mha, &y, &x, NULL, NULL, &opts), "attn_mha_forward");
+    check(ctx, attn_mha_forward(ctx, m->mha, &y, NULL, &x, NULL, NULL, &opts), "attn_mha_forward");
 
   double loss = 0;
   for (int b = 0; b < BATCH; b++) {
@@ -234,7 +234,7 @@ static void backward(attn_ctx *ctx, model *m, acts *a, int tok[BATCH][SEQ], cons
   /* through the attention layer: dx and the layer's parameter gradients */
   int64_t shape[3] = {BATCH, SEQ, EMBED};
   attn_tensor dy = attn_tensor_view(a->dy, ATTN_F32, 3, shape), dx = attn_tensor_view(a->dx, ATTN_F32, 3, shape);
-  check(ctx, attn_mha_backward(ctx, m->mha, saved, &dy, &dx, NULL, NULL, m->mha_grad), "attn_mha_backward");
+  check(ctx, attn_mha_backward(ctx, m->mha, &dx, NULL, NULL, m->mha_grad, saved, &dy), "attn_mha_backward");
   /* through the embeddings: each row gathered gets its position's gradient back */
   memset(m->d_emb, 0, sizeof m->d_emb);
   memset(m->d_prev, 0, sizeof m->d_prev);

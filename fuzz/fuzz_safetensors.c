@@ -57,7 +57,7 @@ static void layer(const attn_safetensors *st, const char *prefix, int64_t H, int
   int64_t held = 0;
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    if (attn_mha_param_view(ctx, m, (attn_mha_param)p, &t) == ATTN_OK) held += attn_tensor_numel(&t);
+    if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p) == ATTN_OK) held += attn_tensor_numel(&t);
   }
   /* every parameter came from a tensor of at least 2 bytes per element */
   need(held > 0 && (uint64_t)held * 2 <= size, "the layer holds more than the file can justify");
@@ -71,8 +71,8 @@ static void layer(const attn_safetensors *st, const char *prefix, int64_t H, int
   }
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-  s = attn_mha_forward(ctx, m, &out, &q, self ? NULL : &k, self ? NULL : &v, &o);
+  o.attn.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+  s = attn_mha_forward(ctx, m, &out, NULL, &q, self ? NULL : &k, self ? NULL : &v, &o);
   need(s == ATTN_OK, "a layer made from the file cannot run");
   free(xq);
   free(xk);
@@ -96,7 +96,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *name = attn_safetensors_name(st, i);
     need(name != NULL, "a listed tensor has no name");
     attn_tensor t;
-    s = attn_safetensors_get(ctx, st, name, &t);
+    s = attn_safetensors_get(ctx, &t, st, name);
     need(s == ATTN_OK || s == ATTN_E_DTYPE || s == ATTN_E_UNSUPPORTED, "get: a listed tensor is neither read nor refused");
     if (s == ATTN_OK) {
       const int64_t n = attn_tensor_numel(&t);
@@ -123,7 +123,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (have_prefix) layer(st, prefix, heads[h][0], heads[h][1], size);
   }
   attn_mha_naming nm;
-  s = attn_mha_detect_naming(ctx, st, "", &nm);
+  s = attn_mha_detect_naming(ctx, &nm, st, "");
   need(s == ATTN_OK ? nm != ATTN_MHA_NAMING_NONE : (s == ATTN_E_NOT_FOUND && nm == ATTN_MHA_NAMING_NONE),
        "detect_naming");
   attn_safetensors_close(st);

@@ -8,8 +8,16 @@
  *   - Tensors are strided views (attn_tensor, the shape of DLPack's DLTensor):
  *     strides count elements, not bytes; a stride of 0 broadcasts.
  *   - Shapes are written as in PyTorch, outermost first: q is [B, Hq, Nq, D].
- *   - Outputs come first in argument lists, then inputs, then options.
+ *   - Outputs come first in argument lists (after the context and the object
+ *     acted on), then inputs, then options. An optional output is a pointer
+ *     that may be NULL; options structs hold inputs only.
  *   - Every call that takes a context refuses a NULL one with ATTN_E_INVALID.
+ *   - Every options and config struct begins with size_t size, which its
+ *     _init sets to the struct's sizeof. Fields are only ever appended, so a
+ *     program built against an older attn.h passes a smaller size and the
+ *     fields it does not know take their defaults; a size of 0 (a struct not
+ *     initialised with its _init) or one no version has is refused with
+ *     ATTN_E_INVALID. Initialise with the _init, then set fields.
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -37,12 +45,10 @@ extern "C" {
 #endif
 
 /* ---- version --------------------------------------------------------------- */
-#define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 1
-#define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_HEX ((ATTN_VERSION_MAJOR << 16) | (ATTN_VERSION_MINOR << 8) | ATTN_VERSION_PATCH)
+/* ATTN_VERSION_MAJOR, _MINOR, _PATCH and ATTN_VERSION_HEX of this header. */
+#include "attn_version.h"
 
-/* The version of the library actually linked, as ATTN_VERSION_HEX and "0.1.0". */
+/* The version of the library actually linked, as ATTN_VERSION_HEX and "0.2.0". */
 ATTN_API unsigned attn_version(void);
 ATTN_API const char *attn_version_string(void);
 
@@ -187,24 +193,22 @@ typedef enum attn_mask_mode {
   ATTN_MASK_SEED = 3
 } attn_mask_mode;
 
-/* Options for attn_sdpa; initialise with attn_sdpa_opts_init (fields may be
- * added in later versions, always with a default that changes nothing). */
+/* Options for attn_sdpa and its backward: inputs only (the optional outputs,
+ * weights, lse and the option gradients, are arguments of the calls).
+ * Initialise with attn_sdpa_opts_init (fields may be added in later versions,
+ * always with a default that changes nothing). */
 typedef struct attn_sdpa_opts {
+  size_t size;                /* sizeof(attn_sdpa_opts), set by attn_sdpa_opts_init */
   double scale;               /* logits = q.k * scale; NaN (the default) = 1/sqrt(D) */
   attn_causal causal;
   const attn_tensor *mask;    /* broadcastable to [B, Hq, Nq, Nk] (numpy rules), or NULL */
   attn_mask_mode mask_mode;
   const attn_tensor *key_padding; /* bool/u8 [B, Nk], true = ignore that key; or NULL */
-  attn_tensor *weights;       /* out, f32 [B, Hq, Nq, Nk] the probabilities applied to v (after dropout); or NULL */
-  attn_tensor *lse;           /* out, f32 [B, Hq, Nq] log-sum-exp of the scaled, masked logits; or NULL */
   /* Training: dropout on the probabilities, kept ones scaled by 1/(1-p). Entry
    * (b, h, i, j) is dropped when attn_dropout_keep(seed, p, b, h, i, j) is 0,
    * so the backward pass regenerates the mask and no thread count changes it. */
   double dropout_p;           /* in [0, 1); 0 = off */
   uint64_t dropout_seed;
-  /* Backward only: out, f32 [B, Hq, Nq, Nk], the gradient of an ADDITIVE mask
-   * (sum it over the dimensions the mask broadcast along); or NULL. */
-  attn_tensor *mask_grad;
   /* Options of recent models. Positions: query row i sits at i' = i + Nk - Nq
    * under ATTN_CAUSAL_BOTTOM_RIGHT (a KV cache), else at i' = i.
    * Sliding window: query i' sees keys i' - window < j <= i' only. A window
@@ -220,8 +224,6 @@ typedef struct attn_sdpa_opts {
    * softmax's denominator and adds nothing to out (lse includes it, weights
    * do not). A row with every key masked then gives zeros and lse = sink. */
   const attn_tensor *sinks;
-  /* Backward only: out, f32 [Hq], dL/dsinks (summed over batch and rows); or NULL. */
-  attn_tensor *sinks_grad;
 } attn_sdpa_opts;
 
 /* The ALiBi paper's slopes for heads heads into slopes[0..heads): for a power
@@ -234,6 +236,10 @@ ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
 /* out[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,g,j,:] + mask) v[b,g,j,:]
  *   out is [B, Hq, Nq, Dv] f32     q is [B, Hq, Nq, D]
  *   k   is [B, Hk, Nk, D]          v is [B, Hk, Nk, Dv]
+ * Optional outputs (NULL: not computed):
+ *   lse     f32 [B, Hq, Nq], the log-sum-exp of the scaled, masked logits
+ *           (what attn_sdpa_backward needs);
+ *   weights f32 [B, Hq, Nq, Nk], the probabilities applied to v (after dropout).
  * q, k and v are each f32, f16 or bf16 (halves are widened to f32 as they are
  * read; every sum is in f32); weights and lse are f32.
  * Grouped-query attention: Hq = G * Hk, query head h reads kv head g = h / G
@@ -246,16 +252,21 @@ ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
  * gradients, whatever its k and v hold (NaN and Inf included: the unused tail
  * of a buffer may stay uninitialised). Every kernel keeps this.
  * With ATTN_KERNEL_REF the oracle runs instead (see attn_sdpa_ref). */
-ATTN_API attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
-                               const attn_tensor *v, const attn_sdpa_opts *opts);
+ATTN_API attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, attn_tensor *lse, attn_tensor *weights,
+                               const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                               const attn_sdpa_opts *opts);
 
 /* The float64 oracle: the same contract, but q/k/v/mask may be any float
- * dtype, every step runs in double, and out/weights/lse may be f32 or f64. */
-ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
-                                   const attn_tensor *v, const attn_sdpa_opts *opts);
+ * dtype, every step runs in double, and out/lse/weights may be f32 or f64. */
+ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor *lse, attn_tensor *weights,
+                                   const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                   const attn_sdpa_opts *opts);
 
 /* Backward of attn_sdpa: gradients of a loss L given dout = dL/dout.
  *   dq is [B, Hq, Nq, D], dk [B, Hk, Nk, D], dv [B, Hk, Nk, Dv] (f32, overwritten);
+ *   mask_grad (or NULL) f32 [B, Hq, Nq, Nk], the gradient of an ADDITIVE mask
+ *   (sum it over the dimensions the mask broadcast along);
+ *   sinks_grad (or NULL) f32 [Hq], dL/dsinks (summed over batch and rows);
  *   q, k, v, dout, out and lse are f32 here (f16/bf16 inputs are forward-only)
  *   dout, out [B, Hq, Nq, Dv] and lse [B, Hq, Nq] come from the forward call,
  *   made with the same q, k, v and opts (mask, causal, scale, dropout); the
@@ -263,14 +274,14 @@ ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_t
  * With grouped-query attention dk/dv sum over the query heads of a group.
  * Rows whose every key is masked give zero gradients. */
 ATTN_API attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
-                                        const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
-                                        const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
-                                        const attn_sdpa_opts *opts);
+                                        attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *dout,
+                                        const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                        const attn_tensor *out, const attn_tensor *lse, const attn_sdpa_opts *opts);
 /* The float64 oracle of the backward pass: any float dtype in, f32 or f64 out. */
 ATTN_API attn_status attn_sdpa_backward_ref(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
-                                            const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
-                                            const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
-                                            const attn_sdpa_opts *opts);
+                                            attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *dout,
+                                            const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                            const attn_tensor *out, const attn_tensor *lse, const attn_sdpa_opts *opts);
 /* 1 when dropout keeps entry (b, h, i, j) for this seed and p: a counter-based
  * generator (Philox-4x32-10), the same in every kernel and on every machine. */
 ATTN_API int attn_dropout_keep(uint64_t seed, double p, int64_t b, int64_t h, int64_t i, int64_t j);
@@ -284,6 +295,7 @@ ATTN_API int attn_dropout_keep(uint64_t seed, double p, int64_t b, int64_t h, in
 typedef struct attn_kv_cache attn_kv_cache;
 
 typedef struct attn_kv_cache_config {
+  size_t size;        /* sizeof(attn_kv_cache_config), set by attn_kv_cache_config_init */
   int64_t batch;      /* B rows */
   int64_t capacity;   /* tokens each row can hold */
   int64_t kv_heads;   /* Hk */
@@ -308,12 +320,12 @@ ATTN_API attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, c
 /* Attention of new queries over every cached token of their row:
  *   out is [B, Hq, Nq, Dv] f32, q is [B, Hq, Nq, D] (f32, f16 or bf16), Hq a multiple of Hk.
  * Query i of row b is the token at position len_b - Nq + i (the row's last Nq
- * tokens, bottom-right causal), so append first, then attend. opts may set
- * scale, window (only the last W keys are read), softcap, alibi_slopes, sinks
- * and lse ([B, Hq, Nq]); masks, key padding, weights and dropout are refused
- * (a row's length says which keys exist). Positions < 0 (a row holding fewer
- * than Nq tokens) see nothing: zeros, lse -inf. */
-ATTN_API attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out,
+ * tokens, bottom-right causal), so append first, then attend. lse (or NULL)
+ * is f32 [B, Hq, Nq], as in attn_sdpa. opts may set scale, window (only the
+ * last W keys are read), softcap, alibi_slopes and sinks; masks, key padding
+ * and dropout are refused (a row's length says which keys exist). Positions
+ * < 0 (a row holding fewer than Nq tokens) see nothing: zeros, lse -inf. */
+ATTN_API attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
                                           const attn_tensor *q, const attn_sdpa_opts *opts);
 /* Rollback: row b (-1: every row) keeps its first length tokens (length <= its length). */
 ATTN_API attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache, int64_t b, int64_t length);
@@ -321,14 +333,15 @@ ATTN_API attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache,
 ATTN_API attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache, int64_t dst, int64_t src);
 /* Views of row b's cached keys [1, Hk, len_b, D] and values [1, Hk, len_b, Dv]
  * in the storage dtype, valid until the next append, truncate or destroy. */
-ATTN_API attn_status attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t b, attn_tensor *k,
-                                        attn_tensor *v);
+ATTN_API attn_status attn_kv_cache_view(attn_ctx *ctx, attn_tensor *k, attn_tensor *v, const attn_kv_cache *cache,
+                                        int64_t b);
 
 /* ---- the multi-head attention layer ----------------------------------------- */
 typedef struct attn_mha attn_mha;
 typedef struct attn_safetensors attn_safetensors; /* an open safetensors file: see the files section */
 
 typedef struct attn_mha_config {
+  size_t size;          /* sizeof(attn_mha_config), set by attn_mha_config_init */
   int64_t embed_dim;    /* E */
   int64_t num_heads;    /* H; E must divide by H, head dim D = E / H */
   int64_t num_kv_heads; /* Hk for grouped-query attention; 0 = H */
@@ -363,7 +376,7 @@ ATTN_API attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_m
 ATTN_API void attn_mha_destroy(attn_mha *mha);
 ATTN_API const attn_mha_config *attn_mha_get_config(const attn_mha *mha);
 /* A writable contiguous f32 view of one parameter (NOT_FOUND for a bias when bias = 0). */
-ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_mha *mha, attn_mha_param which, attn_tensor *out);
+ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, attn_mha_param which);
 /* Sets a parameter by name, converting any float dtype and checking the shape.
  * Names of the seed module: wq.weight wq.bias wk.* wv.* dense.*;
  * of nn.MultiheadAttention: in_proj_weight [E+2*Hk*D, E] (q, k, v rows in turn),
@@ -406,8 +419,8 @@ typedef enum attn_mha_naming {
 /* The naming of the layer under prefix in st, the one the loaders above use
  * (reads no tensor data); ATTN_E_NOT_FOUND, with *naming NONE, when st holds
  * none. */
-ATTN_API attn_status attn_mha_detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix,
-                                            attn_mha_naming *naming);
+ATTN_API attn_status attn_mha_detect_naming(attn_ctx *ctx, attn_mha_naming *naming, const attn_safetensors *st,
+                                            const char *prefix);
 /* The tensor name (without prefix; a static string) under which naming keeps
  * parameter which; NULL for ATTN_MHA_NAMING_NONE or a value out of range.
  * in_proj_weight and in_proj_bias are PyTorch's packed tensors: they hold the
@@ -415,22 +428,16 @@ ATTN_API attn_status attn_mha_detect_naming(attn_ctx *ctx, const attn_safetensor
  * v parameters share that name (TORCH_SEPARATE packs only the biases). */
 ATTN_API const char *attn_mha_param_name(attn_mha_naming naming, attn_mha_param which);
 
+/* Options of the layer: the attention's own, passed to attn_sdpa as they are
+ * (with H query heads: a mask broadcastable to [B, H, Nq, Nk], ALiBi slopes
+ * and sinks f32 [H]), and the layer's. attn_mha_opts_init sets attn.mask_mode
+ * to MASKED (true = masked out, PyTorch MHA's rule); the rest as
+ * attn_sdpa_opts_init. The layer's backward does not give dL/dsinks (call
+ * attn_sdpa_backward for that). */
 typedef struct attn_mha_opts {
-  attn_causal causal;
-  const attn_tensor *mask;        /* broadcastable to [B, H, Nq, Nk], or NULL */
-  attn_mask_mode mask_mode;       /* default MASKED: true = masked out, PyTorch MHA's rule */
-  const attn_tensor *key_padding; /* bool/u8 [B, Nk], true = ignore; or NULL */
-  attn_tensor *weights;           /* out, f32 [B, H, Nq, Nk], or [B, Nq, Nk] if average_weights */
-  int average_weights;            /* weights averaged over heads (PyTorch average_attn_weights) */
-  double dropout_p;               /* training: dropout on the attention probabilities, as in attn_sdpa_opts */
-  uint64_t dropout_seed;
-  /* As in attn_sdpa_opts (0 / NULL = off): sliding window, logit softcap, ALiBi
-   * slopes f32 [H] and attention sinks f32 [H]. The layer's backward does not
-   * give dL/dsinks (call attn_sdpa_backward for that). */
-  int64_t window;
-  double softcap;
-  const attn_tensor *alibi_slopes;
-  const attn_tensor *sinks;
+  size_t size;         /* sizeof(attn_mha_opts), set by attn_mha_opts_init (attn.size too) */
+  attn_sdpa_opts attn; /* read by its own size: an older attn_sdpa_opts moves the fields after it */
+  int average_weights; /* attn_mha_forward's weights averaged over heads (PyTorch average_attn_weights) */
 } attn_mha_opts;
 
 ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
@@ -438,18 +445,20 @@ ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
 /* out = O(attention(Q(query), K(key), V(value)))
  *   out is [B, Nq, E] f32, query [B, Nq, E], key [B, Nk, kdim], value [B, Nk, vdim]
  *   (batch-first, any strides, f32). key and value NULL: self-attention on query.
- * With ATTN_KERNEL_REF every step runs in float64 (out may then be f64). */
-ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
-                                      const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts);
+ *   weights (or NULL): f32 [B, H, Nq, Nk], or [B, Nq, Nk] with average_weights.
+ * With ATTN_KERNEL_REF every step runs in float64 (out, weights may then be f64). */
+ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                                      const attn_tensor *query, const attn_tensor *key, const attn_tensor *value,
+                                      const attn_mha_opts *opts);
 
 /* Incremental self-attention (decoding): x is [B, n, E] f32, the next n tokens
  * of every row; their keys and values are appended to cache (created with
  * batch B, kv_heads Hk and head_dim E / H of this layer), then their queries
  * attend over the whole cache (bottom-right causal) and out [B, n, E] gets
  * the output projection. Token by token this gives what one causal
- * attn_mha_forward over the whole sequence gives. opts: window, softcap,
- * alibi_slopes and sinks are read (causal is implied); masks, key padding,
- * weights and dropout are refused. kdim = vdim = E. */
+ * attn_mha_forward over the whole sequence gives. opts->attn is read as by
+ * attn_kv_cache_attend (causal is implied; masks, key padding and dropout are
+ * refused). kdim = vdim = E. */
 ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache *cache, attn_tensor *out,
                                              const attn_tensor *x, const attn_mha_opts *opts);
 
@@ -459,6 +468,7 @@ ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_
  * options' mask, key padding, ALiBi slopes and sinks: the caller may free
  * those once it returns. A copy keeps the view's own shape (a broadcast mask
  * stays as small as the caller's; a full [B, H, Nq, Nk] one is copied whole).
+ * weights (or NULL) as in attn_mha_forward; the saved state never needs them.
  * The saved state owns everything it holds until attn_mha_saved_free, but the
  * backward reads the layer's parameters as they are then: they must be those
  * the forward used. attn_mha_backward then gives the gradients of a loss L
@@ -468,13 +478,13 @@ ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_
  *   must be NULL), and every parameter's gradient written into the parameters
  *   of `grads`, a layer created with the same configuration (overwritten). */
 typedef struct attn_mha_saved attn_mha_saved;
-ATTN_API attn_status attn_mha_forward_save(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
-                                           const attn_tensor *key, const attn_tensor *value,
-                                           const attn_mha_opts *opts, attn_mha_saved **saved);
+ATTN_API attn_status attn_mha_forward_save(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                                           attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
+                                           const attn_tensor *value, const attn_mha_opts *opts);
 ATTN_API void attn_mha_saved_free(attn_mha_saved *saved);
-ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_saved *saved,
-                                       const attn_tensor *dout, attn_tensor *dquery, attn_tensor *dkey,
-                                       attn_tensor *dvalue, attn_mha *grads);
+ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery, attn_tensor *dkey,
+                                       attn_tensor *dvalue, attn_mha *grads, const attn_mha_saved *saved,
+                                       const attn_tensor *dout);
 
 /* ---- files ------------------------------------------------------------------- */
 /* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16), little-endian, C order.
@@ -500,8 +510,8 @@ ATTN_API const char *attn_safetensors_name(const attn_safetensors *st, int64_t i
 /* A read-only view of the tensor's data (64-byte aligned, host byte order),
  * read from the file on the first call for that name and owned by st: valid
  * until close (NOT_FOUND if absent, DTYPE for a dtype libattn lacks). */
-ATTN_API attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name,
-                                          attn_tensor *out);
+ATTN_API attn_status attn_safetensors_get(attn_ctx *ctx, attn_tensor *out, const attn_safetensors *st,
+                                          const char *name);
 /* Writes count tensors (any strides, gathered) under their names, atomically. */
 ATTN_API attn_status attn_safetensors_write(attn_ctx *ctx, const char *path, int64_t count, const char *const *names,
                                             const attn_tensor *tensors);

@@ -140,17 +140,20 @@ attn_status attn__check_writable(attn_ctx *ctx, const attn_tensor *t, const char
  * is is defined (the files that read its fields include that). */
 typedef struct attn__sdpa attn__sdpa;
 
-/* Validates arguments and fills p. float_only: q/k/v/out must be f32. */
-attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, const attn_tensor *q,
-                               const attn_tensor *k, const attn_tensor *v, const attn_sdpa_opts *opts,
-                               int f32_only);
+/* Validates arguments and fills p; lse and weights (the forward's optional
+ * outputs) may be NULL. float_only: q/k/v/out must be f32. */
+attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, attn_tensor *lse, attn_tensor *weights,
+                               const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                               const attn_sdpa_opts *opts, int f32_only);
 
 /* Checks the backward's arguments (q/k/v/out/opts as attn__sdpa_prepare, then
- * dq, dk, dv, dout, lse) and fills p. f32_only: every tensor must be f32. */
-attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
-                                        attn_tensor *dv, const attn_tensor *dout, const attn_tensor *q,
-                                        const attn_tensor *k, const attn_tensor *v, const attn_tensor *out,
-                                        const attn_tensor *lse, const attn_sdpa_opts *opts, int f32_only);
+ * the optional mask_grad and sinks_grad, dq, dk, dv, dout, lse) and fills p.
+ * f32_only: every tensor must be f32. */
+attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
+                                        attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *dout,
+                                        const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                        const attn_tensor *out, const attn_tensor *lse, const attn_sdpa_opts *opts,
+                                        int f32_only);
 
 /* Nonzero when the CPU and OS support the instruction set of kernel isa. */
 int attn__cpu_has(attn_kernel isa);

@@ -6,6 +6,7 @@
  * row through attn_sdpa on views of the storage. */
 #include "internal.h"
 #include "logit.h"
+#include "opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@ void attn_kv_cache_config_init(attn_kv_cache_config *cfg, int64_t batch, int64_t
                                int64_t head_dim) {
   if (!cfg) return;
   memset(cfg, 0, sizeof *cfg);
+  cfg->size = sizeof *cfg;
   cfg->batch = batch;
   cfg->capacity = capacity;
   cfg->kv_heads = kv_heads;
@@ -31,7 +33,10 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_
   ATTN__ENTER(ctx);
   if (!out || !cfg) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_create: null argument");
   *out = NULL;
-  attn_kv_cache_config c = *cfg;
+  attn_kv_cache_config c;
+  attn_kv_cache_config_init(&c, 0, 0, 0, 0);
+  attn_status st = attn__read_sized(ctx, &c, sizeof c, cfg, "cfg", "attn_kv_cache_config_init");
+  if (st) return st;
   if (!c.v_head_dim) c.v_head_dim = c.head_dim;
   if (c.batch < 1 || c.capacity < 1 || c.kv_heads < 1 || c.head_dim < 1 || c.v_head_dim < 1)
     return attn__fail(ctx, ATTN_E_INVALID,
@@ -155,8 +160,8 @@ attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn
 /* The whole batch in one decode call when the step is decode-sized and the
  * fp32 kernels run; ATTN_E_UNSUPPORTED (nothing done) otherwise, and the
  * rows then go one by one. */
-static attn_status attend_batch(attn_ctx *ctx, const attn_kv_cache *cache, attn_tensor *out, const attn_tensor *q,
-                                const attn_sdpa_opts *o) {
+static attn_status attend_batch(attn_ctx *ctx, const attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
+                                const attn_tensor *q, const attn_sdpa_opts *o) {
   const attn_kv_cache_config *c = &cache->cfg;
   if (ctx->dispatch.kernel == ATTN_KERNEL_REF || !ctx->dispatch.decode_enabled) return ATTN_E_UNSUPPORTED;
   int64_t longest = 0;
@@ -164,7 +169,7 @@ static attn_status attend_batch(attn_ctx *ctx, const attn_kv_cache *cache, attn_
   attn_tensor k = row_view(cache, cache->k, c->head_dim, 0, longest), v = row_view(cache, cache->v, c->v_head_dim, 0, longest);
   k.shape[0] = v.shape[0] = c->batch;
   attn__sdpa p;
-  attn_status st = attn__sdpa_prepare(ctx, &p, out, q, &k, &v, o, 1);
+  attn_status st = attn__sdpa_prepare(ctx, &p, out, lse, NULL, q, &k, &v, o, 1);
   if (st) {
     char msg[ATTN__MSG_LEN];
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
@@ -176,8 +181,8 @@ static attn_status attend_batch(attn_ctx *ctx, const attn_kv_cache *cache, attn_
   return attn__sdpa_run_decode(ctx, &p);
 }
 
-attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, const attn_tensor *q,
-                                 const attn_sdpa_opts *opts) {
+attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
+                                 const attn_tensor *q, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
   if (!cache) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_attend: cache is NULL");
   attn_status st;
@@ -192,26 +197,17 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
   if (out->shape[0] != c->batch)
     return attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: out has batch %lld; the cache has %lld rows",
                       (long long)out->shape[0], (long long)c->batch);
-  const attn_tensor *lse = opts ? opts->lse : NULL;
   if (lse && ((st = attn__check_tensor(ctx, lse, "lse", 3)) || (st = attn__check_writable(ctx, lse, "lse")) ||
               lse->shape[0] != c->batch))
     return st ? st : attn__fail(ctx, ATTN_E_SHAPE, "attn_kv_cache_attend: lse has batch %lld; the cache has %lld rows",
                                 (long long)lse->shape[0], (long long)c->batch);
   attn_sdpa_opts o;
-  attn_sdpa_opts_init(&o);
-  if (opts) {
-    if (opts->mask || opts->key_padding || opts->weights || opts->dropout_p != 0 || opts->mask_grad || opts->sinks_grad)
-      return attn__fail(ctx, ATTN_E_INVALID,
-                        "attn_kv_cache_attend: masks, key padding, weights and dropout are not taken here (each row's "
-                        "length says which keys exist)");
-    o = *opts;
-  }
-  o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-  if ((st = attend_batch(ctx, cache, out, q, &o)) != ATTN_E_UNSUPPORTED) return st;
+  if ((st = attn__cached_opts(ctx, &o, opts, "attn_kv_cache_attend"))) return st;
+  if ((st = attend_batch(ctx, cache, out, lse, q, &o)) != ATTN_E_UNSUPPORTED) return st;
   ctx->msg[0] = '\0';
   for (int64_t b = 0; b < c->batch; b++) {
     attn_tensor qb = *q, ob = *out, kb = row_view(cache, cache->k, c->head_dim, b, cache->len[b]);
-    attn_tensor vb = row_view(cache, cache->v, c->v_head_dim, b, cache->len[b]), lb;
+    attn_tensor vb = row_view(cache, cache->v, c->v_head_dim, b, cache->len[b]), lb, *lbp = NULL;
     qb.shape[0] = ob.shape[0] = 1;
     qb.data = (char *)q->data + (size_t)(b * q->strides[0]) * attn_dtype_size(q->dtype);
     ob.data = (char *)out->data + (size_t)(b * out->strides[0]) * attn_dtype_size(out->dtype);
@@ -219,10 +215,10 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
       lb = *lse;
       lb.shape[0] = 1;
       lb.data = (char *)lse->data + (size_t)(b * lse->strides[0]) * attn_dtype_size(lse->dtype);
-      o.lse = &lb;
+      lbp = &lb;
     }
     /* attn_sdpa checks the rest (out's shape, Hq against Hk, dtypes) with the row's view */
-    if ((st = attn_sdpa(ctx, &ob, &qb, &kb, &vb, &o))) {
+    if ((st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, &o))) {
       char msg[ATTN__MSG_LEN];
       snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
       return attn__fail(ctx, st, "attn_kv_cache_attend: row %lld: %s", (long long)b, msg);
@@ -267,7 +263,7 @@ attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache, int64_t 
   return ATTN_OK;
 }
 
-attn_status attn_kv_cache_view(attn_ctx *ctx, const attn_kv_cache *cache, int64_t b, attn_tensor *k, attn_tensor *v) {
+attn_status attn_kv_cache_view(attn_ctx *ctx, attn_tensor *k, attn_tensor *v, const attn_kv_cache *cache, int64_t b) {
   ATTN__ENTER(ctx);
   if (!cache || !k || !v) return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_view: null argument");
   if (b < 0 || b >= cache->cfg.batch)

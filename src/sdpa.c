@@ -1,6 +1,7 @@
 /* Scaled dot-product attention: argument checks and dispatch to a kernel. */
 #include "internal.h"
 #include "logit.h"
+#include "opts.h"
 
 #include <float.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 void attn_sdpa_opts_init(attn_sdpa_opts *opts) {
   if (!opts) return;
   memset(opts, 0, sizeof *opts);
+  opts->size = sizeof *opts;
   opts->scale = NAN;
   opts->mask_mode = ATTN_MASK_KEEP;
 }
@@ -54,9 +56,9 @@ void attn__format_shape(char *buf, size_t n, const attn_tensor *t) {
   if (used < n) snprintf(buf + used, n - used, "]");
 }
 
-attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, const attn_tensor *q,
-                               const attn_tensor *k, const attn_tensor *v, const attn_sdpa_opts *opts,
-                               int f32_only) {
+attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, attn_tensor *lse, attn_tensor *weights,
+                               const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                               const attn_sdpa_opts *opts, int f32_only) {
   attn_status st;
   memset(p, 0, sizeof *p);
   if ((st = attn__check_tensor(ctx, q, "q", 4)) || (st = attn__check_tensor(ctx, k, "k", 4)) ||
@@ -93,14 +95,12 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
   if ((st = attn__check_writable(ctx, out, "out"))) return st;
   p->q = *q; p->k = *k; p->v = *v; p->out = *out;
 
-  attn_sdpa_opts defaults;
-  if (!opts) {
-    attn_sdpa_opts_init(&defaults);
-    opts = &defaults;
-  }
+  attn_sdpa_opts given; /* a caller's older, shorter struct gets the defaults for the rest */
+  if ((st = attn__read_sdpa_opts(ctx, &given, opts, "opts"))) return st;
+  opts = &given;
   if ((st = attn__logit_prepare(ctx, p, opts, f32_only))) return st;
-  if (opts->weights) {
-    attn_tensor *w = opts->weights;
+  if (weights) {
+    attn_tensor *w = weights;
     if ((st = attn__check_tensor(ctx, w, "weights", 4)) || (st = check_float_dtype(ctx, w, "weights", f32_only, 1)) ||
         (st = attn__check_writable(ctx, w, "weights")))
       return st;
@@ -109,8 +109,8 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
                         (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Nk);
     p->weights = w;
   }
-  if (opts->lse) {
-    attn_tensor *l = opts->lse;
+  if (lse) {
+    attn_tensor *l = lse;
     if ((st = attn__check_tensor(ctx, l, "lse", 3)) || (st = check_float_dtype(ctx, l, "lse", f32_only, 1)) ||
         (st = attn__check_writable(ctx, l, "lse")))
       return st;
@@ -123,27 +123,6 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, c
     return attn__fail(ctx, ATTN_E_INVALID, "dropout_p must be in [0, 1), got %g", opts->dropout_p);
   p->dropout_p = opts->dropout_p;
   p->dropout_seed = opts->dropout_seed;
-  if (opts->mask_grad) {
-    attn_tensor *g = opts->mask_grad;
-    if (!opts->mask || opts->mask_mode != ATTN_MASK_ADDITIVE)
-      return attn__fail(ctx, ATTN_E_INVALID, "mask_grad needs an additive mask (mask_mode ATTN_MASK_ADDITIVE)%s",
-                        opts->mask ? "" : "; no mask was given");
-    if ((st = attn__check_tensor(ctx, g, "mask_grad", 4)) ||
-        (st = check_float_dtype(ctx, g, "mask_grad", f32_only, 1)) || (st = attn__check_writable(ctx, g, "mask_grad")))
-      return st;
-    if (!dims_equal(g, p->B, p->Hq, p->Nq, p->Nk)) {
-      char sg[96];
-      attn__format_shape(sg, sizeof sg, g);
-      return attn__fail(ctx, ATTN_E_SHAPE, "mask_grad %s must be [B, Hq, Nq, Nk] = [%lld, %lld, %lld, %lld]", sg,
-                        (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Nk);
-    }
-    p->mask_grad = g;
-  }
-  if (opts->sinks_grad) {
-    if (!opts->sinks) return attn__fail(ctx, ATTN_E_INVALID, "sinks_grad needs sinks");
-    if ((st = attn__check_head_vector(ctx, opts->sinks_grad, "sinks_grad", p->Hq, 1))) return st;
-    p->sinks_grad = opts->sinks_grad;
-  }
   return ATTN_OK;
 }
 
@@ -162,19 +141,39 @@ static attn_status check_bwd4(attn_ctx *ctx, const attn_tensor *t, const char *w
   return grad ? attn__check_writable(ctx, t, what) : ATTN_OK;
 }
 
-attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
-                                        attn_tensor *dv, const attn_tensor *dout, const attn_tensor *q,
-                                        const attn_tensor *k, const attn_tensor *v, const attn_tensor *out,
-                                        const attn_tensor *lse, const attn_sdpa_opts *opts, int f32_only) {
+attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
+                                        attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *dout,
+                                        const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                        const attn_tensor *out, const attn_tensor *lse, const attn_sdpa_opts *opts,
+                                        int f32_only) {
   attn_status st;
   memset(p, 0, sizeof *p);
   /* out is an input here; attn__sdpa_prepare only reads the view it is given. */
   if ((st = attn__check_tensor(ctx, out, "out", 4))) return st;
   attn_tensor out_view = *out;
-  if ((st = attn__sdpa_prepare(ctx, p, &out_view, q, k, v, opts, f32_only))) return st;
   /* The forward's optional outputs play no part in the backward. */
-  p->weights = NULL;
-  p->lse = NULL;
+  if ((st = attn__sdpa_prepare(ctx, p, &out_view, NULL, NULL, q, k, v, opts, f32_only))) return st;
+  if (mask_grad) {
+    attn_tensor *g = mask_grad;
+    if (!p->has_mask || p->mask_mode != ATTN_MASK_ADDITIVE)
+      return attn__fail(ctx, ATTN_E_INVALID, "mask_grad needs an additive mask (mask_mode ATTN_MASK_ADDITIVE)%s",
+                        p->has_mask ? "" : "; no mask was given");
+    if ((st = attn__check_tensor(ctx, g, "mask_grad", 4)) ||
+        (st = check_float_dtype(ctx, g, "mask_grad", f32_only, 1)) || (st = attn__check_writable(ctx, g, "mask_grad")))
+      return st;
+    if (!dims_equal(g, p->B, p->Hq, p->Nq, p->Nk)) {
+      char sg[96];
+      attn__format_shape(sg, sizeof sg, g);
+      return attn__fail(ctx, ATTN_E_SHAPE, "mask_grad %s must be [B, Hq, Nq, Nk] = [%lld, %lld, %lld, %lld]", sg,
+                        (long long)p->B, (long long)p->Hq, (long long)p->Nq, (long long)p->Nk);
+    }
+    p->mask_grad = g;
+  }
+  if (sinks_grad) {
+    if (!p->sinks) return attn__fail(ctx, ATTN_E_INVALID, "sinks_grad needs sinks");
+    if ((st = attn__check_head_vector(ctx, sinks_grad, "sinks_grad", p->Hq, 1))) return st;
+    p->sinks_grad = sinks_grad;
+  }
   if ((st = check_bwd4(ctx, dout, "dout", "[B, Hq, Nq, Dv]", p->B, p->Hq, p->Nq, p->Dv, f32_only, 0))) return st;
   if ((st = attn__check_tensor(ctx, lse, "lse", 3)) || (st = check_float_dtype(ctx, lse, "lse", f32_only, 0)))
     return st;
@@ -210,36 +209,36 @@ attn_status attn__sdpa_dispatch(attn_ctx *ctx, const attn__sdpa *p) {
   return attn__sdpa_run_blocked(ctx, p);
 }
 
-attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
-                      const attn_tensor *v, const attn_sdpa_opts *opts) {
+attn_status attn_sdpa(attn_ctx *ctx, attn_tensor *out, attn_tensor *lse, attn_tensor *weights, const attn_tensor *q,
+                      const attn_tensor *k, const attn_tensor *v, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
   attn_kernel kern = attn_ctx_kernel(ctx);
   attn__sdpa p;
-  attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, kern != ATTN_KERNEL_REF);
+  attn_status st = attn__sdpa_prepare(ctx, &p, out, lse, weights, q, k, v, opts, kern != ATTN_KERNEL_REF);
   if (st || nothing_to_write(&p)) return st;
   return attn__sdpa_dispatch(ctx, &p);
 }
 
-attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *q, const attn_tensor *k,
-                          const attn_tensor *v, const attn_sdpa_opts *opts) {
+attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor *lse, attn_tensor *weights, const attn_tensor *q,
+                          const attn_tensor *k, const attn_tensor *v, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
   attn__sdpa p;
-  attn_status st = attn__sdpa_prepare(ctx, &p, out, q, k, v, opts, 0);
+  attn_status st = attn__sdpa_prepare(ctx, &p, out, lse, weights, q, k, v, opts, 0);
   if (st || nothing_to_write(&p)) return st;
   return attn__sdpa_run_ref(ctx, &p);
 }
 
-attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
-                               const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
-                               const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
-                               const attn_sdpa_opts *opts) {
+attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv, attn_tensor *mask_grad,
+                               attn_tensor *sinks_grad, const attn_tensor *dout, const attn_tensor *q,
+                               const attn_tensor *k, const attn_tensor *v, const attn_tensor *out,
+                               const attn_tensor *lse, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
-  const attn_kernel kern = attn_ctx_kernel(ctx);
+  const int ref = ctx->dispatch.kernel == ATTN_KERNEL_REF;
   attn__sdpa p;
-  attn_status st = attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, dout, q, k, v, out, lse, opts,
-                                               kern != ATTN_KERNEL_REF);
+  attn_status st =
+      attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts, !ref);
   if (st) return st;
-  if (kern == ATTN_KERNEL_REF) return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
+  if (ref) return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
   return attn__sdpa_backward_run_blocked(ctx, &p, dq, dk, dv, dout, out, lse);
 }
 

@@ -1,6 +1,6 @@
 /* The API's contract outside the arithmetic: versions, statuses, contexts,
- * tensor helpers, and every error path of attn_sdpa (a status, a message,
- * and outputs left untouched). */
+ * tensor helpers, every error path of attn_sdpa (a status, a message,
+ * and outputs left untouched), and the sizes options and configs carry. */
 #include "testutil.h"
 
 static void versions_and_statuses(void) {
@@ -131,48 +131,48 @@ static void sdpa_errors(void) {
   const attn_kernel kernels[] = {ATTN_KERNEL_REF, ATTN_KERNEL_C};
   for (int ki = 0; ki < 2; ki++) {
     attn_ctx_set_kernel(ctx, kernels[ki]);
-    CHECK_ERR(ctx, attn_sdpa(ctx, NULL, &tq, &tk, &tv, &o), ATTN_E_INVALID, "out");
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, NULL, &tv, &o), ATTN_E_INVALID, "k");
+    CHECK_ERR(ctx, attn_sdpa(ctx, NULL, NULL, NULL, &tq, &tk, &tv, &o), ATTN_E_INVALID, "out");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, NULL, &tv, &o), ATTN_E_INVALID, "k");
     attn_tensor t3 = tq;
     t3.rank = 3;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &t3, &tk, &tv, &o), ATTN_E_SHAPE, "rank");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &t3, &tk, &tv, &o), ATTN_E_SHAPE, "rank");
     attn_tensor nul = tq;
     nul.data = NULL;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &nul, &tk, &tv, &o), ATTN_E_INVALID, "NULL");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &nul, &tk, &tv, &o), ATTN_E_INVALID, "NULL");
     attn_tensor neg = tq;
     neg.shape[2] = -3;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &neg, &tk, &tv, &o), ATTN_E_SHAPE, "negative");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &neg, &tk, &tv, &o), ATTN_E_SHAPE, "negative");
     attn_tensor kd = tk;
     kd.shape[3] = D - 1;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &kd, &tv, &o), ATTN_E_SHAPE, "k");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &kd, &tv, &o), ATTN_E_SHAPE, "k");
     attn_tensor kb = tk;
     kb.shape[0] = 1;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &kb, &tv, &o), ATTN_E_SHAPE, "k");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &kb, &tv, &o), ATTN_E_SHAPE, "k");
     attn_tensor vn = tv;
     vn.shape[2] = N - 1;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &vn, &o), ATTN_E_SHAPE, "v");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &vn, &o), ATTN_E_SHAPE, "v");
     attn_tensor kh = tk, vh = tv;
     kh.shape[1] = vh.shape[1] = 3; /* 4 query heads over 3 kv heads */
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &kh, &vh, &o), ATTN_E_SHAPE, "multiple");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &kh, &vh, &o), ATTN_E_SHAPE, "multiple");
     attn_tensor ob = to;
     ob.shape[3] = D + 1;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &ob, &tq, &tk, &tv, &o), ATTN_E_SHAPE, "out");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &ob, NULL, NULL, &tq, &tk, &tv, &o), ATTN_E_SHAPE, "out");
     attn_tensor os = to;
     os.strides[2] = 0;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &os, &tq, &tk, &tv, &o), ATTN_E_INVALID, "stride 0");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &os, NULL, NULL, &tq, &tk, &tv, &o), ATTN_E_INVALID, "stride 0");
     attn_tensor qd = tq;
     qd.dtype = ATTN_BOOL;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &qd, &tk, &tv, &o), ATTN_E_DTYPE, "dtype");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &qd, &tk, &tv, &o), ATTN_E_DTYPE, "dtype");
     attn_tensor q0 = tq, k0 = tk;
     q0.shape[3] = k0.shape[3] = 0;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &q0, &k0, &tv, &o), ATTN_E_SHAPE, "at least 1");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &q0, &k0, &tv, &o), ATTN_E_SHAPE, "at least 1");
 
     attn_sdpa_opts bad = o;
     bad.scale = INFINITY;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_INVALID, "scale");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &bad), ATTN_E_INVALID, "scale");
     bad = o;
     bad.causal = (attn_causal)9;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_INVALID, "causal");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &bad), ATTN_E_INVALID, "causal");
 
     /* masks */
     static uint8_t mb[B * H * N * N];
@@ -180,43 +180,39 @@ static void sdpa_errors(void) {
     attn_tensor m = attn_tensor_view(mb, ATTN_BOOL, 3, ms); /* 3 does not broadcast to H = 4 */
     bad = o;
     bad.mask = &m;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "broadcast");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "broadcast");
     int64_t m5s[5] = {1, 1, 1, N, N};
     attn_tensor m5 = attn_tensor_view(mb, ATTN_BOOL, 5, m5s);
     bad.mask = &m5;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "at most 4");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "at most 4");
     int64_t m2s[2] = {N, N};
     attn_tensor mf = attn_tensor_view(w, ATTN_F32, 2, m2s);
     bad.mask = &mf;
     bad.mask_mode = ATTN_MASK_KEEP;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_DTYPE, "bool");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &bad), ATTN_E_DTYPE, "bool");
     attn_tensor mbool = attn_tensor_view(mb, ATTN_BOOL, 2, m2s);
     bad.mask = &mbool;
     bad.mask_mode = ATTN_MASK_ADDITIVE;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_DTYPE, "float");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &bad), ATTN_E_DTYPE, "float");
     bad.mask_mode = (attn_mask_mode)17;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_INVALID, "mask mode");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &bad), ATTN_E_INVALID, "mask mode");
 
     /* key padding */
     int64_t ks[2] = {B, N + 1};
     attn_tensor kp = attn_tensor_view(mb, ATTN_BOOL, 2, ks);
     bad = o;
     bad.key_padding = &kp;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "key_padding");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "key_padding");
     int64_t kfs[2] = {B, N};
     attn_tensor kpf = attn_tensor_view(w, ATTN_F32, 2, kfs);
     bad.key_padding = &kpf;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_DTYPE, "key_padding");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &bad), ATTN_E_DTYPE, "key_padding");
 
     /* optional outputs */
     int64_t wbad[4] = {B, H, N, N + 1}, lbad[3] = {B, H, N + 1};
     attn_tensor tw = attn_tensor_view(w, ATTN_F32, 4, wbad), tl = attn_tensor_view(lse, ATTN_F32, 3, lbad);
-    bad = o;
-    bad.weights = &tw;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "weights");
-    bad = o;
-    bad.lse = &tl;
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &bad), ATTN_E_SHAPE, "lse");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, &tw, &tq, &tk, &tv, &o), ATTN_E_SHAPE, "weights");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tl, NULL, &tq, &tk, &tv, &o), ATTN_E_SHAPE, "lse");
   }
   int untouched = 1;
   for (int i = 0; i < B * H * N * D; i++) untouched &= isnan(out[i]) != 0;
@@ -225,12 +221,12 @@ static void sdpa_errors(void) {
   static double qd64[B * H * N * D];
   attn_tensor t64 = attn_tensor_view(qd64, ATTN_F64, 4, s);
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_C);
-  CHECK_ERR(ctx, attn_sdpa(ctx, &to, &t64, &tk, &tv, &o), ATTN_E_DTYPE, "f32");
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &t64, &tk, &tv, &o));
+  CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &t64, &tk, &tv, &o), ATTN_E_DTYPE, "f32");
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, NULL, NULL, &t64, &tk, &tv, &o));
   /* zero-size problems are fine and touch nothing */
   attn_tensor qe = tq, oe = to;
   qe.shape[2] = oe.shape[2] = 0;
-  CHECK_OK(ctx, attn_sdpa(ctx, &oe, &qe, &tk, &tv, &o));
+  CHECK_OK(ctx, attn_sdpa(ctx, &oe, NULL, NULL, &qe, &tk, &tv, &o));
   attn_ctx_destroy(ctx);
 }
 
@@ -266,35 +262,34 @@ static void mha_errors(void) {
   int64_t xs[3] = {2, 3, 8}, ks[3] = {2, 4, 8}, ks6[3] = {2, 4, 6};
   attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, xs), ty = attn_tensor_view(y, ATTN_F32, 3, xs);
   attn_tensor tk8 = attn_tensor_view(x, ATTN_F32, 3, ks), tk6 = attn_tensor_view(x, ATTN_F32, 3, ks6);
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, NULL, NULL, NULL), ATTN_E_INVALID, "self-attention");
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk8, &tk8, NULL), ATTN_E_SHAPE, "key");
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, NULL, NULL), ATTN_E_INVALID, "both");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, NULL, &tx, NULL, NULL, NULL), ATTN_E_INVALID, "self-attention");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, NULL, &tx, &tk8, &tk8, NULL), ATTN_E_SHAPE, "key");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, NULL, &tx, &tk6, NULL, NULL), ATTN_E_INVALID, "both");
   attn_tensor v3 = tk8;
   v3.shape[1] = 3;
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, &v3, NULL), ATTN_E_SHAPE, "positions");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, NULL, &tx, &tk6, &v3, NULL), ATTN_E_SHAPE, "positions");
   attn_tensor yb = ty;
   yb.shape[2] = 7;
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &yb, &tx, &tk6, &tk8, NULL), ATTN_E_SHAPE, "out");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &yb, NULL, &tx, &tk6, &tk8, NULL), ATTN_E_SHAPE, "out");
   attn_tensor tw;
   float wb[2 * 2 * 3 * 4];
   int64_t wsb[4] = {2, 2, 3, 5};
   tw = attn_tensor_view(wb, ATTN_F32, 4, wsb);
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.weights = &tw;
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, &tk8, &o), ATTN_E_SHAPE, "weights");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tw, &tx, &tk6, &tk8, &o), ATTN_E_SHAPE, "weights");
   o.average_weights = 1;
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, &tk8, &o), ATTN_E_SHAPE, "rank");
-  CHECK_OK(ctx, attn_mha_forward(ctx, m, &ty, &tx, &tk6, &tk8, NULL));
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, &tw, &tx, &tk6, &tk8, &o), ATTN_E_SHAPE, "rank");
+  CHECK_OK(ctx, attn_mha_forward(ctx, m, &ty, NULL, &tx, &tk6, &tk8, NULL));
   attn_tensor pv;
-  CHECK_OK(ctx, attn_mha_param_view(ctx, m, ATTN_MHA_K_WEIGHT, &pv));
+  CHECK_OK(ctx, attn_mha_param_view(ctx, &pv, m, ATTN_MHA_K_WEIGHT));
   CHECK(pv.shape[0] == 8 && pv.shape[1] == 6, "k weight view [%lld, %lld]", (long long)pv.shape[0],
         (long long)pv.shape[1]);
   attn_mha_destroy(m);
   attn_mha_config_init(&c, 8, 2);
   c.bias = 0;
   CHECK_OK(ctx, attn_mha_create(ctx, &m, &c));
-  CHECK_ERR(ctx, attn_mha_param_view(ctx, m, ATTN_MHA_Q_BIAS, &pv), ATTN_E_NOT_FOUND, "bias");
+  CHECK_ERR(ctx, attn_mha_param_view(ctx, &pv, m, ATTN_MHA_Q_BIAS), ATTN_E_NOT_FOUND, "bias");
   int64_t s8[1] = {8};
   attn_tensor b8 = attn_tensor_view(wbuf, ATTN_F32, 1, s8);
   CHECK_ERR(ctx, attn_mha_set_param(ctx, m, "wq.bias", &b8), ATTN_E_INVALID, "without bias");
@@ -325,17 +320,17 @@ static void workspace(void) {
   tu_poison_f32(o2.data, attn_tensor_numel(&o2));
   attn_sdpa_opts opts;
   attn_sdpa_opts_init(&opts);
-  CHECK_OK(ctx, attn_sdpa(ctx, &o1, &q, &k, &v, &opts));
+  CHECK_OK(ctx, attn_sdpa(ctx, &o1, NULL, NULL, &q, &k, &v, &opts));
   const size_t held = attn_ctx_workspace_bytes(ctx);
   CHECK(held >= (size_t)(2 * 1024 * 64 * 4 / 2), "workspace of %zu bytes holds a head's packed keys", held);
   /* a smaller problem reuses it and leaves it as it is */
   attn_tensor qs = q, ks = k, vs = v;
   qs.shape[2] = ks.shape[2] = vs.shape[2] = 96;
-  CHECK_OK(ctx, attn_sdpa(ctx, &o3, &qs, &ks, &vs, &opts));
+  CHECK_OK(ctx, attn_sdpa(ctx, &o3, NULL, NULL, &qs, &ks, &vs, &opts));
   CHECK(attn_ctx_workspace_bytes(ctx) == held, "a smaller call keeps the workspace");
   attn_ctx_trim(ctx);
   CHECK(attn_ctx_workspace_bytes(ctx) == 0, "trim releases the workspace");
-  CHECK_OK(ctx, attn_sdpa(ctx, &o2, &q, &k, &v, &opts));
+  CHECK_OK(ctx, attn_sdpa(ctx, &o2, NULL, NULL, &q, &k, &v, &opts));
   CHECK(!memcmp(o1.data, o2.data, (size_t)attn_tensor_numel(&o1) * sizeof(float)), "same bits after a trim");
   attn_ctx_trim(NULL); /* harmless */
   attn_tensor *all[] = {&q, &k, &v, &o1, &o2, &o3};
@@ -469,6 +464,130 @@ static void tensor_copy(void) {
   attn_ctx_destroy(ctx);
 }
 
+/* Options and configs carry their size: a caller built against an older
+ * attn.h passes a shorter struct, whose missing fields take their defaults
+ * (whatever lies past its end is never read); a size of 0 is refused. An
+ * "older version" here is today's struct cut short before a field: the bytes
+ * past the cut hold values the library would refuse or that would change the
+ * result, so reading them would fail the comparison. */
+static void sized_structs(void) {
+  attn_ctx *ctx;
+  CHECK_OK(NULL, attn_ctx_create(&ctx));
+  enum { B = 1, H = 2, N = 4, D = 4, E = H * D };
+  float q[B * H * N * D], out[B * H * N * D], out_ref[B * H * N * D];
+  tu_rng r = {11};
+  tu_fill_f32(&r, q, B * H * N * D, 1);
+  int64_t s4[4] = {B, H, N, D};
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, s4), to = attn_tensor_view(out, ATTN_F32, 4, s4);
+  attn_tensor tr = attn_tensor_view(out_ref, ATTN_F32, 4, s4);
+
+  /* attn_sdpa_opts before window, softcap, ALiBi and sinks existed */
+  attn_sdpa_opts full, old;
+  attn_sdpa_opts_init(&full);
+  full.causal = ATTN_CAUSAL_TOP_LEFT;
+  full.scale = 0.5;
+  CHECK_OK(ctx, attn_sdpa(ctx, &tr, NULL, NULL, &tq, &tq, &tq, &full));
+  CHECK(full.size == sizeof full, "attn_sdpa_opts_init sets size %zu, want %zu", full.size, sizeof full);
+  old = full;
+  old.size = offsetof(attn_sdpa_opts, window);
+  old.window = -1;        /* refused if read */
+  old.softcap = NAN;      /* refused if read */
+  old.alibi_slopes = &tq; /* the wrong shape: refused if read */
+  old.sinks = &tq;
+  CHECK_OK(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tq, &tq, &old));
+  CHECK(!memcmp(out, out_ref, sizeof out),
+        "an older attn_sdpa_opts: the fields past its size must take their defaults");
+  old.size = 0;
+  CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tq, &tq, &old), ATTN_E_INVALID,
+            "opts.size is 0: initialise with attn_sdpa_opts_init");
+  const size_t bad_sizes[3] = {4, offsetof(attn_sdpa_opts, window) + 1, sizeof(attn_sdpa_opts) + 8};
+  for (int i = 0; i < 3; i++) {
+    old.size = bad_sizes[i];
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tq, &tq, &old), ATTN_E_INVALID, "opts.size");
+  }
+
+  /* attn_mha_config before bias existed: the layer gets the default, biases on */
+  attn_mha_config cfg;
+  attn_mha_config_init(&cfg, E, H);
+  CHECK(cfg.size == sizeof cfg, "attn_mha_config_init sets size");
+  cfg.size = offsetof(attn_mha_config, bias);
+  cfg.bias = 0;
+  attn_mha *m = NULL;
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &cfg));
+  attn_tensor pv;
+  if (m) {
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &pv, m, ATTN_MHA_Q_BIAS));
+    CHECK(attn_mha_get_config(m)->size == sizeof cfg && attn_mha_get_config(m)->bias == 1,
+          "the layer's config: size %zu, bias %d", attn_mha_get_config(m)->size, attn_mha_get_config(m)->bias);
+    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++)
+      if (attn_mha_param_view(ctx, &pv, m, (attn_mha_param)p) == ATTN_OK)
+        tu_fill_f32(&r, pv.data, attn_tensor_numel(&pv), 0.5);
+  }
+  attn_mha *m0 = NULL;
+  cfg.size = 0;
+  CHECK_ERR(ctx, attn_mha_create(ctx, &m0, &cfg), ATTN_E_INVALID,
+            "cfg.size is 0: initialise with attn_mha_config_init");
+
+  /* attn_kv_cache_config before dtype existed: f32 storage */
+  attn_kv_cache_config kc;
+  attn_kv_cache_config_init(&kc, 1, 8, H, D);
+  CHECK(kc.size == sizeof kc, "attn_kv_cache_config_init sets size");
+  kc.size = offsetof(attn_kv_cache_config, dtype);
+  kc.dtype = (attn_dtype)77;
+  attn_kv_cache *cache = NULL;
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &kc));
+  if (cache) {
+    CHECK(attn_kv_cache_get_config(cache)->dtype == ATTN_F32 && attn_kv_cache_get_config(cache)->size == sizeof kc,
+          "an older attn_kv_cache_config: f32 storage");
+    old.size = 0;
+    CHECK_ERR(ctx, attn_kv_cache_attend(ctx, cache, &to, NULL, &tq, &old), ATTN_E_INVALID,
+              "opts.size is 0: initialise with attn_sdpa_opts_init");
+  }
+  attn_kv_cache_destroy(cache);
+  kc.size = 0;
+  CHECK_ERR(ctx, attn_kv_cache_create(ctx, &cache, &kc), ATTN_E_INVALID,
+            "cfg.size is 0: initialise with attn_kv_cache_config_init");
+
+  /* attn_mha_opts whose attn is an older, shorter attn_sdpa_opts: average_weights
+   * follows it at once, where the caller's compiler put it */
+  if (m) {
+    float x[B * N * E], y[B * N * E], y_ref[B * N * E], w[B * N * N], w_ref[B * N * N];
+    tu_fill_f32(&r, x, B * N * E, 1);
+    int64_t s3[3] = {B, N, E}, sw[3] = {B, N, N};
+    attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, s3), ty = attn_tensor_view(y, ATTN_F32, 3, s3);
+    attn_tensor tyr = attn_tensor_view(y_ref, ATTN_F32, 3, s3);
+    attn_tensor tw = attn_tensor_view(w, ATTN_F32, 3, sw), twr = attn_tensor_view(w_ref, ATTN_F32, 3, sw);
+    attn_mha_opts mo;
+    attn_mha_opts_init(&mo);
+    CHECK(mo.size == sizeof mo && mo.attn.size == sizeof mo.attn, "attn_mha_opts_init sets both sizes");
+    mo.attn.causal = ATTN_CAUSAL_TOP_LEFT;
+    mo.average_weights = 1;
+    CHECK_OK(ctx, attn_mha_forward(ctx, m, &tyr, &twr, &tx, NULL, NULL, &mo));
+    const size_t at = offsetof(attn_mha_opts, attn), old_attn = offsetof(attn_sdpa_opts, window);
+    _Alignas(attn_mha_opts) unsigned char older[sizeof(attn_mha_opts)];
+    memset(older, 0, sizeof older); /* past the caller's struct: what a misplaced read would take as a field */
+    attn_sdpa_opts a = mo.attn;
+    a.size = old_attn;
+    const int avg = 1;
+    const size_t older_size = (at + old_attn + sizeof avg + 7) / 8 * 8;
+    memcpy(older, &older_size, sizeof older_size);
+    memcpy(older + at, &a, old_attn);
+    memcpy(older + at + old_attn, &avg, sizeof avg);
+    CHECK_OK(ctx, attn_mha_forward(ctx, m, &ty, &tw, &tx, NULL, NULL, (const attn_mha_opts *)(void *)older));
+    CHECK(!memcmp(y, y_ref, sizeof y) && !memcmp(w, w_ref, sizeof w),
+          "attn_mha_opts with an older attn: out and averaged weights must be those of today's struct");
+    mo.size = 0;
+    CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, NULL, &tx, NULL, NULL, &mo), ATTN_E_INVALID,
+              "opts.size is 0: initialise with attn_mha_opts_init");
+    mo.size = sizeof mo;
+    mo.attn.size = 0;
+    CHECK_ERR(ctx, attn_mha_forward(ctx, m, &ty, NULL, &tx, NULL, NULL, &mo), ATTN_E_INVALID,
+              "opts.attn.size is 0: initialise with attn_mha_opts_init");
+  }
+  attn_mha_destroy(m);
+  attn_ctx_destroy(ctx);
+}
+
 int main(void) {
   versions_and_statuses();
   contexts();
@@ -477,5 +596,6 @@ int main(void) {
   sdpa_errors();
   mha_errors();
   workspace();
+  sized_structs();
   return tu_finish("test_api");
 }

@@ -213,7 +213,7 @@ static double loss(attn_ctx *ctx, problem *pb, double *outbuf) {
   const int64_t os[4] = {pb->B, pb->Hq, pb->Nq, pb->Dv};
   attn_tensor out = attn_tensor_view(outbuf, ATTN_F64, 4, os);
   attn_sdpa_opts o = popts(pb);
-  if (attn_sdpa_ref(ctx, &out, &pb->q, &pb->k, &pb->v, &o) != ATTN_OK) return NAN;
+  if (attn_sdpa_ref(ctx, &out, NULL, NULL, &pb->q, &pb->k, &pb->v, &o) != ATTN_OK) return NAN;
   double L = 0;
   for (int64_t b = 0; b < pb->B; b++)
     for (int64_t h = 0; h < pb->Hq; h++)
@@ -264,8 +264,7 @@ static void fd_case(attn_ctx *ctx, const spec *sp, uint64_t seed) {
   double *lsebuf = arena_alloc(&a, (size_t)(B * Hq * Nq + 1) * sizeof(double));
   attn_tensor out = attn_tensor_view(outbuf, ATTN_F64, 4, os), lse = attn_tensor_view(lsebuf, ATTN_F64, 3, ls);
   attn_sdpa_opts o = popts(&pb);
-  o.lse = &lse;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &pb.q, &pb.k, &pb.v, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &lse, NULL, &pb.q, &pb.k, &pb.v, &o));
 
   /* the gradients, in the layout of the inputs */
   tu_rng r = {seed + 1};
@@ -277,8 +276,8 @@ static void fd_case(attn_ctx *ctx, const spec *sp, uint64_t seed) {
   poison4(&dv);
   const int additive = pb.has_mask && pb.mask_mode == ATTN_MASK_ADDITIVE;
   attn_sdpa_opts ob = popts(&pb);
-  if (additive) ob.mask_grad = &mg;
-  CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, &pb.G, &pb.q, &pb.k, &pb.v, &out, &lse, &ob));
+  CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, additive ? &mg : NULL, NULL, &pb.G, &pb.q, &pb.k, &pb.v,
+                                       &out, &lse, &ob));
 
   double *gq = tu_to_f64(&dq), *gk = tu_to_f64(&dk), *gv = tu_to_f64(&dv);
   double *fq = fd_grad(ctx, &pb, &pb.q, outbuf), *fk = fd_grad(ctx, &pb, &pb.k, outbuf);
@@ -405,9 +404,7 @@ static void dropout_statistics(attn_ctx *ctx) {
   attn_tensor w2 = make_nan(&a, ATTN_F64, 4, ws), out2 = make_nan(&a, ATTN_F64, 4, s);
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
-  o.weights = &w0;
-  o.lse = &l0;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out0, &q, &k, &v, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out0, &l0, &w0, &q, &k, &v, &o));
   double *vd = tu_to_f64(&v);
   const double *W0 = w0.data, *W = w.data, *O = out.data, *V = vd;
 
@@ -439,12 +436,10 @@ static void dropout_statistics(attn_ctx *ctx) {
            (double)differ / n, pd);
 
     /* the forward: weights = softmax * keep / (1 - p), out = weights . v, lse unchanged */
-    o.weights = &w;
-    o.lse = &l;
     o.dropout_p = p;
     o.dropout_seed = seed;
     attn_ctx_set_threads(ctx, 1);
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &q, &k, &v, &o));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &l, &w, &q, &k, &v, &o));
     int64_t bad = 0, dropped = 0;
     for (int64_t h = 0; h < H; h++)
       for (int64_t i = 0; i < N; i++)
@@ -471,12 +466,11 @@ static void dropout_statistics(attn_ctx *ctx) {
 
     /* the same seed: the same mask, whatever the thread count; another seed: another mask */
     attn_ctx_set_threads(ctx, 2);
-    o.weights = &w2;
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out2, &q, &k, &v, &o));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out2, &l, &w2, &q, &k, &v, &o));
     CHECK(memcmp(w2.data, w.data, sizeof(double) * n) == 0 && memcmp(out2.data, out.data, sizeof(double) * H * N * D) == 0,
           "p = %g: the same seed must give the same dropout", p);
     o.dropout_seed = other;
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out2, &q, &k, &v, &o));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out2, &l, &w2, &q, &k, &v, &o));
     CHECK(memcmp(w2.data, w.data, sizeof(double) * n) != 0, "p = %g: another seed gave the same weights", p);
 
     /* the fp32 path gives the oracle's answer */
@@ -484,9 +478,7 @@ static void dropout_statistics(attn_ctx *ctx) {
     o.dropout_seed = seed;
     attn_tensor of = make_nan(&a, ATTN_F32, 4, s), wf = make_nan(&a, ATTN_F32, 4, ws);
     attn_sdpa_opts ofo = o;
-    ofo.weights = &wf;
-    ofo.lse = NULL;
-    attn_status st = attn_sdpa(ctx, &of, &q, &k, &v, &ofo);
+    attn_status st = attn_sdpa(ctx, &of, NULL, &wf, &q, &k, &v, &ofo);
     CHECK(st == ATTN_OK, "p = %g: attn_sdpa with dropout -> %s: %s", p, attn_strerror(st), attn_ctx_error(ctx));
     if (st == ATTN_OK) {
       double *go = tu_to_f64(&of), *gw = tu_to_f64(&wf);
@@ -495,16 +487,12 @@ static void dropout_statistics(attn_ctx *ctx) {
       free(go);
       free(gw);
     }
-    o.weights = &w0;
-    o.lse = &l0;
     o.dropout_p = 0;
   }
   /* p = 0 with a seed is no dropout at all */
   o.dropout_p = 0;
   o.dropout_seed = 99;
-  o.weights = &w;
-  o.lse = NULL;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &q, &k, &v, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, NULL, &w, &q, &k, &v, &o));
   CHECK(memcmp(w.data, w0.data, sizeof(double) * n) == 0 && memcmp(out.data, out0.data, sizeof(double) * H * N * D) == 0,
         "dropout_p = 0 must change nothing");
   free(vd);
@@ -552,17 +540,14 @@ static void random_case(attn_ctx *ctx, uint64_t seed) {
   attn_tensor rq = make_nan(&a, ATTN_F64, 4, qs), rk = make_nan(&a, ATTN_F64, 4, ks), rv = make_nan(&a, ATTN_F64, 4, vs);
   attn_tensor rm = make_nan(&a, ATTN_F64, 4, fs);
   attn_sdpa_opts o = popts(&pb);
-  o.lse = &lse64;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out64, &pb.q, &pb.k, &pb.v, &o));
-  o.lse = NULL;
-  o.mask_grad = additive ? &rm : NULL;
-  CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &rq, &rk, &rv, &pb.G, &pb.q, &pb.k, &pb.v, &out64, &lse64, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out64, &lse64, NULL, &pb.q, &pb.k, &pb.v, &o));
+  CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &rq, &rk, &rv, additive ? &rm : NULL, NULL, &pb.G, &pb.q, &pb.k, &pb.v,
+                                       &out64, &lse64, &o));
 
   /* the fp32 forward whose out and lse the fp32 backward takes */
   attn_tensor out = make4(&a, &r, os, ATTN_F32, sp.layout, 0), lse = make_nan(&a, ATTN_F32, 3, ls);
   o = popts(&pb);
-  o.lse = &lse;
-  attn_status st = attn_sdpa(ctx, &out, &pb.q, &pb.k, &pb.v, &o);
+  attn_status st = attn_sdpa(ctx, &out, &lse, NULL, &pb.q, &pb.k, &pb.v, &o);
   CHECK(st == ATTN_OK, "%s: forward: %s", desc, attn_ctx_error(ctx));
 
   float *first[4] = {NULL, NULL, NULL, NULL};
@@ -574,8 +559,8 @@ static void random_case(attn_ctx *ctx, uint64_t seed) {
     poison4(&dk);
     poison4(&dv);
     attn_sdpa_opts ob = popts(&pb);
-    if (additive) ob.mask_grad = &mg;
-    attn_status bs = attn_sdpa_backward(ctx, &dq, &dk, &dv, &pb.G, &pb.q, &pb.k, &pb.v, &out, &lse, &ob);
+    attn_status bs = attn_sdpa_backward(ctx, &dq, &dk, &dv, additive ? &mg : NULL, NULL, &pb.G, &pb.q, &pb.k, &pb.v,
+                                        &out, &lse, &ob);
     CHECK(bs == ATTN_OK, "%s threads %d: attn_sdpa_backward -> %s: %s", desc, threads, attn_strerror(bs),
           attn_ctx_error(ctx));
     if (bs) break;
@@ -620,12 +605,11 @@ static void error_paths(attn_ctx *ctx) {
   attn_tensor keep = attn_tensor_view(keepbuf, ATTN_BOOL, 4, fs);
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
-  CHECK(o.dropout_p == 0 && o.dropout_seed == 0 && o.mask_grad == NULL, "attn_sdpa_opts_init: dropout and mask_grad off");
-  o.lse = &lse;
-  CHECK_OK(ctx, attn_sdpa(ctx, &out, &q, &k, &v, &o));
-  o.lse = NULL;
-  CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o));
-  CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, NULL)); /* NULL opts: defaults */
+  CHECK(o.dropout_p == 0 && o.dropout_seed == 0, "attn_sdpa_opts_init: dropout off");
+  CHECK_OK(ctx, attn_sdpa(ctx, &out, &lse, NULL, &q, &k, &v, &o));
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o));
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse,
+                                   NULL)); /* NULL opts: defaults */
 
 #define EXPECT(want, call, what)                                                                                 \
   do {                                                                                                            \
@@ -634,63 +618,84 @@ static void error_paths(attn_ctx *ctx) {
           attn_ctx_error(ctx), attn_strerror(want));                                                              \
   } while (0)
   /* NULLs */
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, NULL, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o), "dq NULL");
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, NULL, &dv, &dout, &q, &k, &v, &out, &lse, &o), "dk NULL");
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, NULL, &dout, &q, &k, &v, &out, &lse, &o), "dv NULL");
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, &q, &k, &v, &out, &lse, &o), "dout NULL");
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, NULL, &k, &v, &out, &lse, &o), "q NULL");
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, NULL, &out, &lse, &o), "v NULL");
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, NULL, &lse, &o), "out NULL");
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, NULL, &o), "lse NULL");
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, NULL, &o),
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, NULL, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "dq NULL");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, NULL, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "dk NULL");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, NULL, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "dv NULL");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, NULL, &q, &k, &v, &out, &lse, &o),
+         "dout NULL");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, NULL, &k, &v, &out, &lse, &o),
+         "q NULL");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, NULL, &out, &lse, &o),
+         "v NULL");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, NULL, &lse, &o),
+         "out NULL");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, NULL, &o),
+         "lse NULL");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, NULL, &o),
          "lse NULL (oracle)");
   attn_tensor nodata = dq;
   nodata.data = NULL;
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &nodata, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o), "dq data NULL");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &nodata, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "dq data NULL");
 
   /* shapes */
   attn_tensor bad = dq;
   bad.shape[3] = D - 1;
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &bad, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o), "dq [.., D-1]");
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &bad, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "dq [.., D-1]");
   CHECK(strstr(attn_ctx_error(ctx), "dq") != NULL, "message names dq: %s", attn_ctx_error(ctx));
   bad = dk;
   bad.shape[1] = 2;
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &bad, &dv, &dout, &q, &k, &v, &out, &lse, &o), "dk with Hq heads");
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &bad, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "dk with Hq heads");
   bad = dv;
   bad.shape[2] = Nk - 1;
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &bad, &dout, &q, &k, &v, &out, &lse, &o), "dv [.., Nk-1, ..]");
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &bad, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "dv [.., Nk-1, ..]");
   bad = dout;
   bad.shape[3] = Dv - 1;
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, &bad, &q, &k, &v, &out, &lse, &o), "dout [.., Dv-1]");
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &bad, &q, &k, &v, &out, &lse, &o),
+         "dout [.., Dv-1]");
   CHECK(strstr(attn_ctx_error(ctx), "dout") != NULL, "message names dout: %s", attn_ctx_error(ctx));
   bad = out;
   bad.shape[2] = Nq + 1;
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &bad, &lse, &o), "out [.., Nq+1, ..]");
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &bad, &lse, &o),
+         "out [.., Nq+1, ..]");
   bad = lse;
   bad.shape[2] = Nq - 1;
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &bad, &o), "lse [.., Nq-1]");
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &bad, &o),
+         "lse [.., Nq-1]");
   CHECK(strstr(attn_ctx_error(ctx), "lse") != NULL, "message names lse: %s", attn_ctx_error(ctx));
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &dout, &o), "lse of rank 4");
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &dout, &o),
+         "lse of rank 4");
   bad = dq;
   bad.rank = 3;
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &bad, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o), "dq of rank 3");
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &bad, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "dq of rank 3");
   bad = dq;
   bad.strides[2] = 0;
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &bad, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o), "dq broadcast");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &bad, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "dq broadcast");
   bad = k;
   bad.shape[3] = D + 1;
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &bad, &v, &out, &lse, &o), "k of another D");
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &bad, &v, &out, &lse, &o),
+         "k of another D");
 
   /* dtypes: the fp32 kernels take f32, the oracle f32 or f64 gradients */
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_C);
-  EXPECT(ATTN_E_DTYPE, attn_sdpa_backward(ctx, &dq64, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o), "f64 dq, fp32 path");
+  EXPECT(ATTN_E_DTYPE, attn_sdpa_backward(ctx, &dq64, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "f64 dq, fp32 path");
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF);
-  CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq64, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o));
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq64, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o));
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
-  CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq64, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o));
+  CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq64, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o));
   attn_tensor ub = dq;
   ub.dtype = ATTN_BOOL;
-  EXPECT(ATTN_E_DTYPE, attn_sdpa_backward_ref(ctx, &ub, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &o), "bool dq");
+  EXPECT(ATTN_E_DTYPE, attn_sdpa_backward_ref(ctx, &ub, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &o),
+         "bool dq");
 
   /* dropout_p */
   const double bad_p[] = {1.0, 1.5, -0.1, NAN, INFINITY};
@@ -699,44 +704,43 @@ static void error_paths(attn_ctx *ctx) {
     od.dropout_p = bad_p[i];
     char what[64];
     snprintf(what, sizeof what, "dropout_p = %g", bad_p[i]);
-    EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &od), what);
+    EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &od),
+           what);
     CHECK(strstr(attn_ctx_error(ctx), "dropout_p") != NULL, "message names dropout_p: %s", attn_ctx_error(ctx));
-    EXPECT(ATTN_E_INVALID, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &od), what);
-    EXPECT(ATTN_E_INVALID, attn_sdpa(ctx, &out, &q, &k, &v, &od), what);
-    EXPECT(ATTN_E_INVALID, attn_sdpa_ref(ctx, &out, &q, &k, &v, &od), what);
+    EXPECT(ATTN_E_INVALID, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &od),
+           what);
+    EXPECT(ATTN_E_INVALID, attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &od), what);
+    EXPECT(ATTN_E_INVALID, attn_sdpa_ref(ctx, &out, NULL, NULL, &q, &k, &v, &od), what);
   }
 
   /* mask_grad: only with an additive mask, [B, Hq, Nq, Nk], writable */
   attn_sdpa_opts om = o;
-  om.mask_grad = &mg;
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &om), "mask_grad, no mask");
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &mg, NULL, &dout, &q, &k, &v, &out, &lse, &om),
+         "mask_grad, no mask");
   CHECK(strstr(attn_ctx_error(ctx), "mask_grad") != NULL, "message names mask_grad: %s", attn_ctx_error(ctx));
   om.mask = &keep;
   om.mask_mode = ATTN_MASK_KEEP;
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &om),
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &mg, NULL, &dout, &q, &k, &v, &out, &lse, &om),
          "mask_grad with a keep mask");
   om.mask = &add;
   om.mask_mode = ATTN_MASK_SEED;
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &om),
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &mg, NULL, &dout, &q, &k, &v, &out, &lse, &om),
          "mask_grad with a seed mask");
   om.mask_mode = ATTN_MASK_ADDITIVE;
-  CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &om));
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, &mg, NULL, &dout, &q, &k, &v, &out, &lse, &om));
   bad = mg;
   bad.shape[1] = 1;
-  om.mask_grad = &bad;
-  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &om),
+  EXPECT(ATTN_E_SHAPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, &bad, NULL, &dout, &q, &k, &v, &out, &lse, &om),
          "mask_grad [B, 1, Nq, Nk]");
   bad = mg;
   bad.strides[0] = 0;
-  om.mask_grad = &bad;
-  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &om),
+  EXPECT(ATTN_E_INVALID, attn_sdpa_backward(ctx, &dq, &dk, &dv, &bad, NULL, &dout, &q, &k, &v, &out, &lse, &om),
          "mask_grad broadcast");
-  om.mask_grad = &mg64;
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_C);
-  EXPECT(ATTN_E_DTYPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &om),
+  EXPECT(ATTN_E_DTYPE, attn_sdpa_backward(ctx, &dq, &dk, &dv, &mg64, NULL, &dout, &q, &k, &v, &out, &lse, &om),
          "f64 mask_grad, fp32 path");
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
-  CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &om));
+  CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, &mg64, NULL, &dout, &q, &k, &v, &out, &lse, &om));
 #undef EXPECT
   arena_free(&a);
 }
@@ -862,15 +866,15 @@ static void golden_case(attn_ctx *ctx, const char *cas) {
     CHECK(good, "%s: alloc", cas);
     if (!good) break;
     attn_sdpa_opts of = o;
-    of.lse = &lse;
-    attn_status st = pass == 0 ? attn_sdpa_ref(ctx, &out, &q, &k, &v, &of) : attn_sdpa(ctx, &out, &q, &k, &v, &of);
+    attn_status st = pass == 0 ? attn_sdpa_ref(ctx, &out, &lse, NULL, &q, &k, &v, &of)
+                               : attn_sdpa(ctx, &out, &lse, NULL, &q, &k, &v, &of);
     CHECK(st == ATTN_OK, "%s [%s] forward: %s", cas, pname, attn_ctx_error(ctx));
     attn_sdpa_opts ob = o;
-    if (has_dm) ob.mask_grad = &mg;
-    if (has_sinks) ob.sinks_grad = &ds;
     if (st == ATTN_OK) {
-      st = pass == 0 ? attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, &G, &q, &k, &v, &out, &lse, &ob)
-                     : attn_sdpa_backward(ctx, &dq, &dk, &dv, &G, &q, &k, &v, &out, &lse, &ob);
+      st = pass == 0 ? attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, has_dm ? &mg : NULL, has_sinks ? &ds : NULL, &G, &q,
+                                              &k, &v, &out, &lse, &ob)
+                     : attn_sdpa_backward(ctx, &dq, &dk, &dv, has_dm ? &mg : NULL, has_sinks ? &ds : NULL, &G, &q, &k,
+                                          &v, &out, &lse, &ob);
       CHECK(st == ATTN_OK, "%s [%s] backward: %s", cas, pname, attn_ctx_error(ctx));
     }
     if (st == ATTN_OK) {

@@ -81,8 +81,7 @@ static void run_case(const dcase *c, uint64_t seed, int decode) {
   attn_ctx_create(&ctx);
   double *ref = malloc((size_t)(n_out + 1) * sizeof(double)), *ref_lse = malloc((size_t)(n_lse + 1) * sizeof(double));
   attn_tensor tro = attn_tensor_view(ref, ATTN_F64, 4, os), trl = attn_tensor_view(ref_lse, ATTN_F64, 3, ls);
-  o.lse = &trl;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &tro, &q, &k, &v, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &tro, &trl, NULL, &q, &k, &v, &o));
 
   char what[200];
   snprintf(what, sizeof what, "B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld Dv%lld causal%d %s bf%d kpm%d mask%d W%lld cap%g alibi%d %s",
@@ -100,8 +99,7 @@ static void run_case(const dcase *c, uint64_t seed, int decode) {
     for (int threads = 1; threads <= 3; threads++) {
       attn_ctx_set_threads(ctx, threads);
       attn_tensor out = make_f32(4, os), lse = make_f32(3, ls);
-      o.lse = c->lse ? &lse : NULL;
-      CHECK_OK(ctx, attn_sdpa(ctx, &out, &q, &k, &v, &o));
+      CHECK_OK(ctx, attn_sdpa(ctx, &out, c->lse ? &lse : NULL, NULL, &q, &k, &v, &o));
       double *got = tu_to_f64(&out);
       const double err = tu_rel_l2(got, ref, n_out);
       CHECK(err <= tol, "%s kernel %s threads %d: rel L2 %.3g", what, attn_kernel_name(kernels[ki]), threads, err);
@@ -171,11 +169,11 @@ static void refusals(void) {
   const int64_t s[4] = {1, 1, 1, 8};
   attn_tensor q = attn_tensor_view(f, ATTN_F32, 4, s), k = attn_tensor_view(d, ATTN_F64, 4, s);
   attn_tensor out = attn_tensor_view(f + 16, ATTN_F32, 4, s);
-  CHECK(attn_sdpa(ctx, &out, &q, &k, &q, NULL) == ATTN_E_DTYPE, "f64 k accepted by the fp32 kernels");
+  CHECK(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &q, NULL) == ATTN_E_DTYPE, "f64 k accepted by the fp32 kernels");
   attn_tensor h = attn_tensor_view(d, ATTN_F16, 4, s), dq = attn_tensor_view(f + 32, ATTN_F32, 4, s);
   const int64_t ls[3] = {1, 1, 1};
   attn_tensor lse = attn_tensor_view(f + 48, ATTN_F32, 3, ls);
-  CHECK(attn_sdpa_backward(ctx, &dq, &dq, &dq, &q, &h, &q, &q, &q, &lse, NULL) == ATTN_E_DTYPE,
+  CHECK(attn_sdpa_backward(ctx, &dq, &dq, &dq, NULL, NULL, &q, &h, &q, &q, &q, &lse, NULL) == ATTN_E_DTYPE,
         "f16 q accepted by the fp32 backward");
   attn_ctx_destroy(ctx);
 }
@@ -206,11 +204,10 @@ static void edges(int blocked) {
     attn_sdpa_opts o;
     attn_sdpa_opts_init(&o);
     o.key_padding = &tp;
-    o.lse = &tl;
     tu_poison_f32(out, 2 * Hq * D);
     tu_poison_f32(lse, 2 * Hq);
     q[Hq * D + D + 3] = NAN; /* batch 1, head 1 */
-    CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+    CHECK_OK(ctx, attn_sdpa(ctx, &to, &tl, NULL, &tq, &tk, &tv, &o));
     int zeros = 1, nan_row = 1, finite = 1;
     for (int e = 0; e < Hq * D; e++) zeros &= out[e] == 0;
     for (int h = 0; h < Hq; h++) zeros &= isinf(lse[h]) && lse[h] < 0;
@@ -229,7 +226,7 @@ static void edges(int blocked) {
     empty_k.shape[2] = empty_v.shape[2] = 0;
     o.key_padding = NULL;
     tu_poison_f32(out, 2 * Hq * D);
-    CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &empty_k, &empty_v, &o));
+    CHECK_OK(ctx, attn_sdpa(ctx, &to, &tl, NULL, &tq, &empty_k, &empty_v, &o));
     zeros = 1;
     for (int e = 0; e < 2 * Hq * D; e++) zeros &= out[e] == 0;
     CHECK(zeros && isinf(lse[0]), "kernel %s: Nk = 0 must give zeros", attn_kernel_name(kernels[ki]));

@@ -97,10 +97,10 @@ static void compute_through_views(attn_ctx *ctx) {
   CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &k, &dk));
   CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &v, &dv));
   attn_tensor o = attn_tensor_view(o1, ATTN_F32, 4, shape);
-  CHECK_OK(ctx, attn_sdpa(ctx, &o, &q, &k, &v, NULL));
+  CHECK_OK(ctx, attn_sdpa(ctx, &o, NULL, NULL, &q, &k, &v, NULL));
   attn_tensor qt = attn_tensor_view(qc, ATTN_F32, 4, shape), kt = attn_tensor_view(kc, ATTN_F32, 4, shape),
               vt = attn_tensor_view(vc, ATTN_F32, 4, shape), ot = attn_tensor_view(o2, ATTN_F32, 4, shape);
-  CHECK_OK(ctx, attn_sdpa(ctx, &ot, &qt, &kt, &vt, NULL));
+  CHECK_OK(ctx, attn_sdpa(ctx, &ot, NULL, NULL, &qt, &kt, &vt, NULL));
   double worst = 0;
   for (int i = 0; i < B * H * N * D; i++) worst = fmax(worst, fabs((double)o1[i] - (double)o2[i]));
   CHECK(worst < 1e-6, "sdpa through DLPack views differs by %g", worst);
@@ -129,7 +129,7 @@ static void negative_strides(attn_ctx *ctx) {
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
   o.causal = ATTN_CAUSAL_TOP_LEFT;
-  CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+  CHECK_OK(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &o));
   const uint64_t last_row = (uint64_t)((N - 1) * D) * sizeof(float);
   attn_dl_tensor dk = {kr, {ATTN_DL_CPU, 0}, 4, {ATTN_DL_FLOAT, 32, 1}, shape, back, last_row}, dv = dk, dout = dk;
   dv.data = vr;
@@ -139,8 +139,8 @@ static void negative_strides(attn_ctx *ctx) {
   CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &nv, &dv));
   CHECK_OK(ctx, attn_tensor_from_dlpack(ctx, &no, &dout));
   CHECK(nk.strides[2] == -D && nk.data == kr + (N - 1) * D, "a negative stride is copied as given");
-  CHECK_OK(ctx, attn_sdpa(ctx, &t2, &tq, &nk, &nv, &o));
-  CHECK_OK(ctx, attn_sdpa(ctx, &no, &tq, &tk, &tv, &o));
+  CHECK_OK(ctx, attn_sdpa(ctx, &t2, NULL, NULL, &tq, &nk, &nv, &o));
+  CHECK_OK(ctx, attn_sdpa(ctx, &no, NULL, NULL, &tq, &tk, &tv, &o));
   double worst_in = 0, worst_out = 0;
   for (int bh = 0; bh < B * H; bh++)
     for (int n = 0; n < N; n++)

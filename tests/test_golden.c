@@ -252,10 +252,10 @@ static void run_sdpa_case(attn_ctx *ctx, const char *cas, const manifest *m) {
       o.mask_mode = (attn_mask_mode)mode;
     }
     if (has_pad) o.key_padding = &pad;
-    if (want_w) o.weights = &w;
-    if (want_lse) o.lse = &lse;
 
-    attn_status st = ps->oracle_call ? attn_sdpa_ref(ctx, &out, &q, &k, &v, &o) : attn_sdpa(ctx, &out, &q, &k, &v, &o);
+    attn_status st = ps->oracle_call
+                         ? attn_sdpa_ref(ctx, &out, want_lse ? &lse : NULL, want_w ? &w : NULL, &q, &k, &v, &o)
+                         : attn_sdpa(ctx, &out, want_lse ? &lse : NULL, want_w ? &w : NULL, &q, &k, &v, &o);
     if (status_ok(ctx, st, cas, ps->name, ps->oracle_call ? "attn_sdpa_ref" : "attn_sdpa")) {
       compare(cas, ps->name, "out", &out, &gout, ps->tol);
       if (want_w) compare(cas, ps->name, "weights", &w, &gw, ps->tol);
@@ -310,16 +310,15 @@ static void run_mha_case(attn_ctx *ctx, const char *cas, const manifest *m) {
 
     attn_mha_opts o;
     attn_mha_opts_init(&o);
-    o.causal = parse_causal(mget(m, "causal", "none"));
+    o.attn.causal = parse_causal(mget(m, "causal", "none"));
     if (mode >= 0) {
-      o.mask = &mask;
-      o.mask_mode = (attn_mask_mode)mode;
+      o.attn.mask = &mask;
+      o.attn.mask_mode = (attn_mask_mode)mode;
     }
-    if (has_pad) o.key_padding = &pad;
-    if (want_w) o.weights = &w;
+    if (has_pad) o.attn.key_padding = &pad;
     o.average_weights = (int)mget_int(m, "average_weights", 0);
 
-    st = attn_mha_forward(ctx, mha, &out, &x, has_kv ? &key : NULL, has_kv ? &value : NULL, &o);
+    st = attn_mha_forward(ctx, mha, &out, want_w ? &w : NULL, &x, has_kv ? &key : NULL, has_kv ? &value : NULL, &o);
     if (status_ok(ctx, st, cas, ps->name, "attn_mha_forward")) {
       compare(cas, ps->name, "out", &out, &gout, ps->tol);
       if (want_w) compare(cas, ps->name, "weights", &w, &gw, ps->tol);

@@ -215,18 +215,14 @@ static void run_case(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed, 
   attn_tensor trl = attn_tensor_view(rl, ATTN_F64, 3, s3l);
   attn_sdpa_opts o;
   options(&o, c, &P);
-  o.weights = &trw;
-  o.lse = &trl;
-  CHECK_OK(oracle, attn_sdpa_ref(oracle, &tro, &P.tq, &P.tk, &P.tv, &o));
+  CHECK_OK(oracle, attn_sdpa_ref(oracle, &tro, &trl, &trw, &P.tq, &P.tk, &P.tv, &o));
 
   float *out = arena_alloc(a, sizeof(float) * (no ? no : 1)), *w = arena_alloc(a, sizeof(float) * (nw ? nw : 1));
   float *lse = arena_alloc(a, sizeof(float) * (nl ? nl : 1));
   tu_poison_f32(out, no), tu_poison_f32(w, nw), tu_poison_f32(lse, nl);
   attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, s4o), tw = attn_tensor_view(w, ATTN_F32, 4, s4w);
   attn_tensor tl = attn_tensor_view(lse, ATTN_F32, 3, s3l);
-  o.weights = c->weights ? &tw : NULL;
-  o.lse = &tl;
-  attn_status st = attn_sdpa(ctx, &to, &P.tq, &P.tkp, &P.tvp, &o);
+  attn_status st = attn_sdpa(ctx, &to, &tl, c->weights ? &tw : NULL, &P.tq, &P.tkp, &P.tvp, &o);
   CHECK(st == ATTN_OK, "%s %s: %s", path, desc, attn_ctx_error(ctx));
   if (st) {
     arena_free(a);
@@ -254,9 +250,8 @@ static void run_case(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed, 
   attn_sdpa_opts ob;
   options(&ob, c, &P);
   const int additive = c->mask == 1 + ATTN_MASK_ADDITIVE;
-  ob.mask_grad = additive ? &trdm : NULL;
-  ob.sinks_grad = c->sinks ? &trds : NULL;
-  CHECK_OK(oracle, attn_sdpa_backward_ref(oracle, &trdq, &trdk, &trdv, &P.tdout, &P.tq, &P.tk, &P.tv, &tro, &trl, &ob));
+  CHECK_OK(oracle, attn_sdpa_backward_ref(oracle, &trdq, &trdk, &trdv, additive ? &trdm : NULL, c->sinks ? &trds : NULL,
+                                          &P.tdout, &P.tq, &P.tk, &P.tv, &tro, &trl, &ob));
   for (int64_t h = 0; h < c->Hq; h++) rds[h] = rds32[h];
 
   float *dq = arena_alloc(a, sizeof(float) * (nq ? nq : 1)), *dk = arena_alloc(a, sizeof(float) * (nk ? nk : 1));
@@ -266,9 +261,8 @@ static void run_case(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed, 
   attn_tensor tdq = attn_tensor_view(dq, ATTN_F32, 4, s4q), tdk = attn_tensor_view(dk, ATTN_F32, 4, s4k);
   attn_tensor tdv = attn_tensor_view(dv, ATTN_F32, 4, s4v), tdm = attn_tensor_view(dm, ATTN_F32, 4, s4w);
   attn_tensor tds = attn_tensor_view(ds, ATTN_F32, 1, s1h);
-  ob.mask_grad = additive ? &tdm : NULL;
-  ob.sinks_grad = c->sinks ? &tds : NULL;
-  st = attn_sdpa_backward(ctx, &tdq, &tdk, &tdv, &P.tdout, &P.tq, &P.tkp, &P.tvp, &to, &tl, &ob);
+  st = attn_sdpa_backward(ctx, &tdq, &tdk, &tdv, additive ? &tdm : NULL, c->sinks ? &tds : NULL, &P.tdout, &P.tq,
+                          &P.tkp, &P.tvp, &to, &tl, &ob);
   CHECK(st == ATTN_OK, "%s %s: backward: %s", path, desc, attn_ctx_error(ctx));
   if (st == ATTN_OK) {
     const double gtol = exact ? 1e-5 : 2e-4; /* the f32 lse the backward starts from */
@@ -341,14 +335,13 @@ static void kv_cache_tail(attn_ctx *ctx, attn_ctx *oracle, const char *kname) {
       attn_tensor tl = attn_tensor_view(lse, ATTN_F32, 3, sl);
       attn_sdpa_opts o;
       attn_sdpa_opts_init(&o);
-      o.lse = &tl;
-      CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, &tq, &o));
+      CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, &tl, &tq, &o));
       /* the oracle row by row on what the row holds (its view: the stored, rounded values) */
       double err = 0;
       int nonfinite = 0;
       for (int b = 0; b < B; b++) {
         attn_tensor kv, vv;
-        CHECK_OK(ctx, attn_kv_cache_view(ctx, cache, b, &kv, &vv));
+        CHECK_OK(ctx, attn_kv_cache_view(ctx, &kv, &vv, cache, b));
         double ro[Hq * 8 * D];
         const int64_t s1[4] = {1, Hq, nq, D};
         attn_tensor tqb = attn_tensor_view(q + b * Hq * nq * D, ATTN_F32, 4, s1);
@@ -356,7 +349,7 @@ static void kv_cache_tail(attn_ctx *ctx, attn_ctx *oracle, const char *kname) {
         attn_sdpa_opts ob;
         attn_sdpa_opts_init(&ob);
         ob.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-        CHECK_OK(oracle, attn_sdpa_ref(oracle, &trob, &tqb, &kv, &vv, &ob));
+        CHECK_OK(oracle, attn_sdpa_ref(oracle, &trob, NULL, NULL, &tqb, &kv, &vv, &ob));
         double num = 0, den = 0;
         for (int64_t e = 0; e < Hq * nq * D; e++) {
           const double g = out[b * Hq * nq * D + e], d = g - ro[e];
@@ -385,7 +378,7 @@ static void layer_padding(attn_ctx *ctx, const char *kname) {
   tu_rng r = {31337};
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    CHECK_OK(ctx, attn_mha_param_view(ctx, mha, (attn_mha_param)p, &t));
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &t, mha, (attn_mha_param)p));
     tu_fill_f32(&r, t.data, attn_tensor_numel(&t), 0.3);
   }
   static float x[B * Nq * E], kin[B * Nk * E], vin[B * Nk * E], kpo[B * Nk * E], vpo[B * Nk * E];
@@ -413,10 +406,10 @@ static void layer_padding(attn_ctx *ctx, const char *kname) {
   attn_tensor tc = attn_tensor_view(clean, ATTN_F32, 3, sx), tg = attn_tensor_view(got, ATTN_F32, 3, sx);
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.key_padding = &tpad;
-  CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tc, &tx, &tk, &tv, &o));
+  o.attn.key_padding = &tpad;
+  CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tc, NULL, &tx, &tk, &tv, &o));
   tu_poison_f32(got, B * Nq * E);
-  CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tg, &tx, &tkp, &tvp, &o));
+  CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tg, NULL, &tx, &tkp, &tvp, &o));
   double num = 0, den = 0;
   int nonfinite = 0;
   for (int e = 0; e < B * Nq * E; e++) {

@@ -7,9 +7,9 @@
 # Each program runs attention on a fixed input and checks the numbers. The
 # prefix is not the one the build was configured with, so an attn.pc or a
 # package file with a hard-coded prefix fails here.
-# Usage: test_install.sh BUILD_DIR CMAKE C_COMPILER WORK_DIR
+# Usage: test_install.sh BUILD_DIR CMAKE C_COMPILER WORK_DIR VERSION (major.minor, what find_package asks for)
 set -u
-build=$1 cmake=$2 cc=$3 work=$4
+build=$1 cmake=$2 cc=$3 work=$4 version=$5
 fails=0 skipped=0
 bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
@@ -41,7 +41,7 @@ int main(void) {
   const int64_t qs[4] = {1, 1, 1, 2}, ks[4] = {1, 1, 2, 2};
   attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, qs), tk = attn_tensor_view(k, ATTN_F32, 4, ks);
   attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, ks), to = attn_tensor_view(out, ATTN_F32, 4, qs);
-  attn_status st = attn_sdpa(ctx, &to, &tq, &tk, &tv, NULL);
+  attn_status st = attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, NULL);
   /* logits 1/sqrt(2) and 0 */
   const double w0 = 1 / (1 + exp(-1 / sqrt(2.0))), want0 = w0 * 1 + (1 - w0) * 3, want1 = w0 * 2 + (1 - w0) * 4;
   int ok = st == ATTN_OK && fabs(out[0] - want0) < 1e-5 && fabs(out[1] - want1) < 1e-5;
@@ -59,10 +59,10 @@ int main(void) {
   st = attn_mha_create(ctx, &m, &cfg);
   for (int p = ATTN_MHA_Q_WEIGHT; st == ATTN_OK && p <= ATTN_MHA_O_WEIGHT; p += 2) {
     attn_tensor w;
-    st = attn_mha_param_view(ctx, m, (attn_mha_param)p, &w);
+    st = attn_mha_param_view(ctx, &w, m, (attn_mha_param)p);
     if (st == ATTN_OK) ((float *)w.data)[0] = ((float *)w.data)[3] = 1;
   }
-  if (st == ATTN_OK) st = attn_mha_forward(ctx, m, &ty, &tx, NULL, NULL, NULL);
+  if (st == ATTN_OK) st = attn_mha_forward(ctx, m, &ty, NULL, &tx, NULL, NULL, NULL);
   double worst = st == ATTN_OK ? 0 : INFINITY;
   for (int i = 0; st == ATTN_OK && i < 2; i++) {
     const double s0 = (x[2 * i] * x[0] + x[2 * i + 1] * x[1]) / sqrt(2.0);
@@ -113,12 +113,13 @@ fi
 cat >"$work/src/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.16)
 project(attn_consumer LANGUAGES C)
-find_package(attn 0.1 REQUIRED CONFIG)
+find_package(attn VERSION_WANTED REQUIRED CONFIG)
 add_executable(shared_user main.c)
 target_link_libraries(shared_user PRIVATE attn::attn m)
 add_executable(static_user main.c)
 target_link_libraries(static_user PRIVATE attn::attn_static m)
 EOF
+sed -i "s/VERSION_WANTED/$version/" "$work/src/CMakeLists.txt"
 if "$cmake" -S "$work/src" -B "$work/cmake_build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_PREFIX_PATH="$prefix" \
      -DCMAKE_BUILD_TYPE=Release >"$work/cmake.log" 2>&1 &&
    "$cmake" --build "$work/cmake_build" >>"$work/cmake.log" 2>&1; then

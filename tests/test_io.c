@@ -208,7 +208,7 @@ static void test_roundtrip(attn_ctx *ctx) {
           if (st == ATTN_OK) {
             attn_tensor got;
             CHECK(attn_safetensors_count(sf) == 1, "count");
-            CHECK_OK(ctx, attn_safetensors_get(ctx, sf, "t", &got));
+            CHECK_OK(ctx, attn_safetensors_get(ctx, &got, sf, "t"));
             CHECK(same_elements(&src, &got), "safetensors round trip differs: %s rank %d %s", attn_dtype_name(dt),
                   rank, what);
             attn_safetensors_close(sf);
@@ -237,13 +237,13 @@ static void test_roundtrip(attn_ctx *ctx) {
       const char *nm = attn_safetensors_name(sf, i);
       CHECK(nm && !strcmp(nm, names[i]), "name %d in file order", i);
       attn_tensor got;
-      CHECK_OK(ctx, attn_safetensors_get(ctx, sf, names[i], &got));
+      CHECK_OK(ctx, attn_safetensors_get(ctx, &got, sf, names[i]));
       CHECK(same_elements(&ts[i], &got), "tensor %d differs", i);
       CHECK(((uintptr_t)got.data % attn_dtype_size(got.dtype)) == 0, "tensor %d misaligned", i);
     }
     CHECK(attn_safetensors_name(sf, NT) == NULL && attn_safetensors_name(sf, -1) == NULL, "name out of range");
     attn_tensor got;
-    CHECK_FAIL(ctx, attn_safetensors_get(ctx, sf, "absent", &got), ATTN_E_NOT_FOUND);
+    CHECK_FAIL(ctx, attn_safetensors_get(ctx, &got, sf, "absent"), ATTN_E_NOT_FOUND);
     attn_safetensors_close(sf);
   }
   /* Header length padded to a multiple of 8, as the reference writer does. */
@@ -517,7 +517,7 @@ static void test_st_handmade(attn_ctx *ctx) {
   CHECK_OK(ctx, st_from_bytes(ctx, buf, n, &s));
   if (s) {
     CHECK(attn_safetensors_count(s) == 1 && !strcmp(attn_safetensors_name(s, 0), "w"), "metadata skipped");
-    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "w", &t));
+    CHECK_OK(ctx, attn_safetensors_get(ctx, &t, s, "w"));
     CHECK(t.dtype == ATTN_F32 && t.rank == 1 && t.shape[0] == 2 && ((float *)t.data)[1] == -2, "w values");
     attn_safetensors_close(s);
     s = NULL;
@@ -538,19 +538,19 @@ static void test_st_handmade(attn_ctx *ctx) {
     const char *nm = "n\xc3\xa9\xf0\x9f\x98\x80\"\\\n/";
     CHECK(attn_safetensors_count(s) == 6, "count");
     CHECK(!strcmp(attn_safetensors_name(s, 0), nm), "escaped name");
-    CHECK_OK(ctx, attn_safetensors_get(ctx, s, nm, &t));
+    CHECK_OK(ctx, attn_safetensors_get(ctx, &t, s, nm));
     CHECK(t.dtype == ATTN_U8 && ((unsigned char *)t.data)[2] == 2, "u8");
-    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "mis", &t));
+    CHECK_OK(ctx, attn_safetensors_get(ctx, &t, s, "mis"));
     CHECK(((uintptr_t)t.data & 3) == 0 && ((float *)t.data)[0] == 1.5f && ((float *)t.data)[1] == -2, "misaligned");
-    CHECK_FAIL(ctx, attn_safetensors_get(ctx, s, "i32", &t), ATTN_E_DTYPE);
+    CHECK_FAIL(ctx, attn_safetensors_get(ctx, &t, s, "i32"), ATTN_E_DTYPE);
     CHECK(strstr(attn_ctx_error(ctx), "I32"), "dtype named: %s", attn_ctx_error(ctx));
-    CHECK_FAIL(ctx, attn_safetensors_get(ctx, s, "odd", &t), ATTN_E_DTYPE);
-    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "s", &t));
+    CHECK_FAIL(ctx, attn_safetensors_get(ctx, &t, s, "odd"), ATTN_E_DTYPE);
+    CHECK_OK(ctx, attn_safetensors_get(ctx, &t, s, "s"));
     CHECK(t.rank == 0 && t.dtype == ATTN_F64, "scalar");
-    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "e", &t));
+    CHECK_OK(ctx, attn_safetensors_get(ctx, &t, s, "e"));
     CHECK(t.rank == 2 && attn_tensor_numel(&t) == 0, "empty");
-    CHECK_FAIL(ctx, attn_safetensors_get(ctx, s, "nope", &t), ATTN_E_NOT_FOUND);
-    CHECK_FAIL(ctx, attn_safetensors_get(ctx, s, NULL, &t), ATTN_E_INVALID);
+    CHECK_FAIL(ctx, attn_safetensors_get(ctx, &t, s, "nope"), ATTN_E_NOT_FOUND);
+    CHECK_FAIL(ctx, attn_safetensors_get(ctx, &t, s, NULL), ATTN_E_INVALID);
     attn_safetensors_close(s);
     s = NULL;
   }
@@ -558,7 +558,7 @@ static void test_st_handmade(attn_ctx *ctx) {
   n = make_st(buf, "{\"r\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", f2, 8);
   CHECK_OK(ctx, st_from_bytes(ctx, buf, n, &s));
   if (s) {
-    CHECK_FAIL(ctx, attn_safetensors_get(ctx, s, "r", &t), ATTN_E_UNSUPPORTED);
+    CHECK_FAIL(ctx, attn_safetensors_get(ctx, &t, s, "r"), ATTN_E_UNSUPPORTED);
     attn_safetensors_close(s);
     s = NULL;
   }
@@ -566,7 +566,7 @@ static void test_st_handmade(attn_ctx *ctx) {
   n = make_st(buf, "{\"e\":{\"dtype\":\"U8\",\"shape\":[0,4611686018427387903,2],\"data_offsets\":[0,0]}}", NULL, 0);
   CHECK_OK(ctx, st_from_bytes(ctx, buf, n, &s));
   if (s) {
-    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "e", &t));
+    CHECK_OK(ctx, attn_safetensors_get(ctx, &t, s, "e"));
     CHECK(attn_tensor_numel(&t) == 0 && t.strides[0] == INT64_MAX - 1 && t.strides[1] == 2, "empty huge strides");
     attn_safetensors_close(s);
     s = NULL;
@@ -707,13 +707,13 @@ static void test_lazy(attn_ctx *ctx) {
   CHECK(truncate(p, (off_t)(n - 4)) == 0, "truncate: %s", strerror(errno));
   attn_tensor t, t2;
   if (s) {
-    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "a", &t));
+    CHECK_OK(ctx, attn_safetensors_get(ctx, &t, s, "a"));
     CHECK(t.data && ((float *)t.data)[3] == 4, "a after truncation");
-    CHECK_FAIL(ctx, attn_safetensors_get(ctx, s, "b", &t2), ATTN_E_FORMAT);
+    CHECK_FAIL(ctx, attn_safetensors_get(ctx, &t2, s, "b"), ATTN_E_FORMAT);
     CHECK(strstr(attn_ctx_error(ctx), "shrank") && strstr(attn_ctx_error(ctx), p), "message: %s", attn_ctx_error(ctx));
     /* a view stays valid, and the same, until close */
     CHECK(truncate(p, 0) == 0, "truncate: %s", strerror(errno));
-    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "a", &t2));
+    CHECK_OK(ctx, attn_safetensors_get(ctx, &t2, s, "a"));
     CHECK(t2.data == t.data && ((float *)t.data)[0] == 1, "a read once");
     attn_safetensors_close(s);
   }
@@ -722,7 +722,7 @@ static void test_lazy(attn_ctx *ctx) {
   CHECK_OK(ctx, attn__safetensors_open_mem(ctx, &s, bytes, n, "mem.safetensors"));
   if (s) {
     CHECK(attn_safetensors_count(s) == 2, "count");
-    CHECK_OK(ctx, attn_safetensors_get(ctx, s, "b", &t));
+    CHECK_OK(ctx, attn_safetensors_get(ctx, &t, s, "b"));
     CHECK(t.shape[0] == 3 && ((float *)t.data)[2] == 7, "b from memory");
     void *own;
     CHECK_OK(ctx, attn__safetensors_read(ctx, s, "a", &t, &own));
@@ -912,7 +912,7 @@ static void test_fuzz(attn_ctx *ctx) {
         for (int64_t i = 0; i < attn_safetensors_count(s); i++) {
           attn_tensor t;
           const char *nm = attn_safetensors_name(s, i);
-          attn_status g = attn_safetensors_get(ctx, s, nm, &t);
+          attn_status g = attn_safetensors_get(ctx, &t, s, nm);
           if (!valid_status(g) || (g && !attn_ctx_error(ctx)[0]) ||
               (g != ATTN_OK && g != ATTN_E_DTYPE && g != ATTN_E_UNSUPPORTED))
             bad++;

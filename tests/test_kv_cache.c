@@ -49,8 +49,7 @@ static void sdpa_incremental(attn_dtype dt, const int *steps, int nsteps, int64_
   attn_sdpa_opts_init(&o);
   o.causal = ATTN_CAUSAL_TOP_LEFT;
   o.window = window;
-  o.lse = &trl;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, &tq, &tk, &tv, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, &trl, NULL, &tq, &tk, &tv, &o));
 
   int64_t at = 0;
   double worst = 0, worst_lse = 0;
@@ -69,8 +68,7 @@ static void sdpa_incremental(attn_dtype dt, const int *steps, int nsteps, int64_
     attn_sdpa_opts ao;
     attn_sdpa_opts_init(&ao);
     ao.window = window;
-    ao.lse = &tl;
-    CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, &sq, &ao));
+    CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, &tl, &sq, &ao));
     double num = 0, den = 0;
     for (int64_t b = 0; b < B; b++)
       for (int64_t h = 0; h < Hq; h++)
@@ -131,7 +129,7 @@ static void rows_and_rollback(void) {
   float *q = rand_f32(&r, B * Hq * Nq * D), *out = malloc((size_t)(B * Hq * Nq * D) * sizeof(float));
   tu_poison_f32(out, B * Hq * Nq * D);
   attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, qs), to = attn_tensor_view(out, ATTN_F32, 4, qs);
-  CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, &tq, NULL));
+  CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, NULL, &tq, NULL));
   const int64_t want_len[3] = {35, 12, 12};
   float *ek = malloc((size_t)(Hk * 64 * D) * sizeof(float)), *ev = malloc((size_t)(Hk * 64 * D) * sizeof(float));
   for (int64_t b = 0; b < B; b++) {
@@ -154,7 +152,7 @@ static void rows_and_rollback(void) {
     attn_sdpa_opts o;
     attn_sdpa_opts_init(&o);
     o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &rr, &rq, &rk, &rv, &o));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &rr, NULL, NULL, &rq, &rk, &rv, &o));
     double num = 0, den = 0;
     for (int64_t e = 0; e < Hq * Nq * D; e++) {
       const double x = out[b * Hq * Nq * D + e];
@@ -164,7 +162,7 @@ static void rows_and_rollback(void) {
   }
   /* view: the stored keys of row 0 */
   attn_tensor vk, vv;
-  CHECK_OK(ctx, attn_kv_cache_view(ctx, cache, 0, &vk, &vv));
+  CHECK_OK(ctx, attn_kv_cache_view(ctx, &vk, &vv, cache, 0));
   CHECK(vk.shape[2] == 35 && ((float *)vk.data)[vk.strides[1] + 31 * vk.strides[2] + 3] == k2[(0 * Hk + 1) * N * D + 1 * D + 3],
         "view of row 0 does not show its keys");
   /* refusals */
@@ -174,7 +172,7 @@ static void rows_and_rollback(void) {
   uint8_t mbuf[3 * 35] = {0};
   attn_tensor m = attn_tensor_view(mbuf, ATTN_BOOL, 2, ms);
   bad.mask = &m;
-  CHECK(attn_kv_cache_attend(ctx, cache, &to, &tq, &bad) == ATTN_E_INVALID, "attend took a mask");
+  CHECK(attn_kv_cache_attend(ctx, cache, &to, NULL, &tq, &bad) == ATTN_E_INVALID, "attend took a mask");
   CHECK(attn_kv_cache_truncate(ctx, cache, 3, 0) == ATTN_E_INVALID, "truncate of a missing row accepted");
   CHECK(attn_kv_cache_copy_row(ctx, cache, 0, -1) == ATTN_E_INVALID, "copy_row of a missing row accepted");
   const int64_t wrong[4] = {B, Hk + 1, 1, D};
@@ -208,7 +206,7 @@ static void mha_incremental(attn_dtype dt, int64_t E, int64_t H, int64_t Hk, int
   CHECK_OK(ctx, attn_mha_create(ctx, &mha, &mc));
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor pv;
-    if (attn_mha_param_view(ctx, mha, (attn_mha_param)p, &pv) == ATTN_OK)
+    if (attn_mha_param_view(ctx, &pv, mha, (attn_mha_param)p) == ATTN_OK)
       tu_fill_f32(&r, pv.data, attn_tensor_numel(&pv), 0.3);
   }
   const int64_t xs[3] = {B, T, E};
@@ -218,19 +216,19 @@ static void mha_incremental(attn_dtype dt, int64_t E, int64_t H, int64_t Hk, int
   attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, xs), tf = attn_tensor_view(full, ATTN_F32, 3, xs);
   attn_mha_opts mo;
   attn_mha_opts_init(&mo);
-  mo.causal = ATTN_CAUSAL_TOP_LEFT;
+  mo.attn.causal = ATTN_CAUSAL_TOP_LEFT;
   float slopes[16], sinks[16];
   const int64_t hs[1] = {H};
   attn_tensor ts = attn_tensor_view(slopes, ATTN_F32, 1, hs), tk = attn_tensor_view(sinks, ATTN_F32, 1, hs);
   if (options) { /* every option of recent models at once: the step must still equal the full pass */
     attn_alibi_slopes(slopes, H);
     tu_fill_f32(&r, sinks, H, 1.0);
-    mo.window = 6;
-    mo.softcap = 3.0;
-    mo.alibi_slopes = &ts;
-    mo.sinks = &tk;
+    mo.attn.window = 6;
+    mo.attn.softcap = 3.0;
+    mo.attn.alibi_slopes = &ts;
+    mo.attn.sinks = &tk;
   }
-  CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tf, &tx, NULL, NULL, &mo));
+  CHECK_OK(ctx, attn_mha_forward(ctx, mha, &tf, NULL, &tx, NULL, NULL, &mo));
   attn_kv_cache_config cfg;
   attn_kv_cache_config_init(&cfg, B, T, Hk, E / H);
   cfg.dtype = dt;

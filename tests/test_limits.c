@@ -37,8 +37,8 @@ static void empty_problems(attn_ctx *ctx) {
     if (!attn_kernel_supported(kernels[ki])) continue;
     attn_ctx_set_kernel(ctx, kernels[ki]);
     alarm(20);
-    CHECK_OK(ctx, attn_sdpa(ctx, &out, &q, &q, &q, NULL));
-    CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, &dout, &q, &q, &q, &out, &lse, NULL));
+    CHECK_OK(ctx, attn_sdpa(ctx, &out, NULL, NULL, &q, &q, &q, NULL));
+    CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &q, &q, &out, &lse, NULL));
     alarm(0);
   }
   /* broadcast q, k, v of 2^40 batches whose output has no elements (Dv = 0): nothing to compute */
@@ -50,7 +50,7 @@ static void empty_problems(attn_ctx *ctx) {
     if (!attn_kernel_supported(kernels[ki])) continue;
     attn_ctx_set_kernel(ctx, kernels[ki]);
     alarm(20);
-    CHECK_OK(ctx, attn_sdpa(ctx, &bo, &bq, &bq, &bv, NULL));
+    CHECK_OK(ctx, attn_sdpa(ctx, &bo, NULL, NULL, &bq, &bq, &bv, NULL));
     alarm(0);
   }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
@@ -70,7 +70,7 @@ static void huge_broadcast_keys(attn_ctx *ctx, attn_ctx *blocked) {
       if (!attn_kernel_supported(kernels[ki])) continue;
       attn_ctx_set_kernel(ctxs[c], kernels[ki]);
       alarm(20);
-      CHECK_ERR(ctxs[c], attn_sdpa(ctxs[c], &out, &q, &k, &k, NULL), ATTN_E_NOMEM, "");
+      CHECK_ERR(ctxs[c], attn_sdpa(ctxs[c], &out, NULL, NULL, &q, &k, &k, NULL), ATTN_E_NOMEM, "");
       alarm(0);
     }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
@@ -95,10 +95,10 @@ static void huge_window(attn_ctx *ctx) {
       attn_sdpa_opts_init(&o);
       o.causal = (attn_causal)causal;
       tu_poison_f32(a, Nq * D);
-      CHECK_OK(ctx, attn_sdpa(ctx, &ta, &tq, &tk, &tv, &o));
+      CHECK_OK(ctx, attn_sdpa(ctx, &ta, NULL, NULL, &tq, &tk, &tv, &o));
       o.window = INT64_MAX;
       tu_poison_f32(b, Nq * D);
-      CHECK_OK(ctx, attn_sdpa(ctx, &tb, &tq, &tk, &tv, &o));
+      CHECK_OK(ctx, attn_sdpa(ctx, &tb, NULL, NULL, &tq, &tk, &tv, &o));
       CHECK(!memcmp(a, b, sizeof a), "kernel %s causal %d: window INT64_MAX must equal no window",
             attn_kernel_name(kernels[ki]), causal);
       /* and the backward reads the window too */
@@ -108,10 +108,8 @@ static void huge_window(attn_ctx *ctx) {
       attn_tensor tdq = attn_tensor_view(dq, ATTN_F32, 4, sq), tdk = attn_tensor_view(dk, ATTN_F32, 4, sk);
       attn_tensor tdv = attn_tensor_view(dv, ATTN_F32, 4, sk);
       tu_fill_f32(&r, g, Nq * D, 1);
-      o.lse = &tl;
-      CHECK_OK(ctx, attn_sdpa(ctx, &tb, &tq, &tk, &tv, &o));
-      o.lse = NULL;
-      CHECK_OK(ctx, attn_sdpa_backward(ctx, &tdq, &tdk, &tdv, &tg, &tq, &tk, &tv, &tb, &tl, &o));
+      CHECK_OK(ctx, attn_sdpa(ctx, &tb, &tl, NULL, &tq, &tk, &tv, &o));
+      CHECK_OK(ctx, attn_sdpa_backward(ctx, &tdq, &tdk, &tdv, NULL, NULL, &tg, &tq, &tk, &tv, &tb, &tl, &o));
     }
   }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
@@ -129,13 +127,13 @@ static void huge_scale(attn_ctx *ctx) {
   for (size_t ki = 1; ki < sizeof kernels / sizeof kernels[0]; ki++) {
     if (!attn_kernel_supported(kernels[ki])) continue;
     attn_ctx_set_kernel(ctx, kernels[ki]);
-    CHECK_ERR(ctx, attn_sdpa(ctx, &to, &t, &t, &t, &opt), ATTN_E_INVALID, "overflows float32");
+    CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &t, &t, &t, &opt), ATTN_E_INVALID, "overflows float32");
   }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &t, &t, &t, &opt));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, NULL, NULL, &t, &t, &t, &opt));
   CHECK(o[0] == x[0], "one key: the oracle gives its value whatever the scale (%g)", o[0]);
   opt.scale = 1e-320; /* subnormal, finite: fine */
-  CHECK_OK(ctx, attn_sdpa(ctx, &to, &t, &t, &t, &opt));
+  CHECK_OK(ctx, attn_sdpa(ctx, &to, NULL, NULL, &t, &t, &t, &opt));
 }
 
 /* Head dims past ATTN_MAX_HEAD_DIM are refused before any per-thread scratch is sized from them. */
@@ -144,7 +142,7 @@ static void huge_head_dim(attn_ctx *ctx) {
   const int64_t s[4] = {1, 1, 1, ATTN_MAX_HEAD_DIM + 1}, so[4] = {1, 1, 1, 1};
   attn_tensor q = broadcast(&x, ATTN_F32, 4, s), v = attn_tensor_view(&x, ATTN_F32, 4, so);
   attn_tensor out = attn_tensor_view(o, ATTN_F32, 4, so);
-  CHECK_ERR(ctx, attn_sdpa(ctx, &out, &q, &q, &v, NULL), ATTN_E_SHAPE, "ATTN_MAX_HEAD_DIM");
+  CHECK_ERR(ctx, attn_sdpa(ctx, &out, NULL, NULL, &q, &q, &v, NULL), ATTN_E_SHAPE, "ATTN_MAX_HEAD_DIM");
 }
 
 /* Outputs that alias themselves through a zero stride are refused by the layer and the cache too. */
@@ -160,12 +158,11 @@ static void broadcast_outputs(attn_ctx *ctx) {
   attn_tensor by = ty, bw = tw;
   by.strides[1] = 0;
   bw.strides[2] = 0;
-  CHECK_ERR(ctx, attn_mha_forward(ctx, mha, &by, &tx, NULL, NULL, NULL), ATTN_E_INVALID, "cannot broadcast");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, mha, &by, NULL, &tx, NULL, NULL, NULL), ATTN_E_INVALID, "cannot broadcast");
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.weights = &bw;
   o.average_weights = 1;
-  CHECK_ERR(ctx, attn_mha_forward(ctx, mha, &ty, &tx, NULL, NULL, &o), ATTN_E_INVALID, "cannot broadcast");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, mha, &ty, &bw, &tx, NULL, NULL, &o), ATTN_E_INVALID, "cannot broadcast");
   attn_kv_cache_config kc;
   attn_kv_cache_config_init(&kc, 1, 8, 1, 4);
   attn_kv_cache *cache = NULL;
@@ -175,7 +172,7 @@ static void broadcast_outputs(attn_ctx *ctx) {
   attn_tensor q = attn_tensor_view(x, ATTN_F32, 4, s4), out = attn_tensor_view(y, ATTN_F32, 4, s4);
   CHECK_OK(ctx, attn_kv_cache_append(ctx, cache, &q, &q, NULL));
   out.strides[2] = 0;
-  CHECK_ERR(ctx, attn_kv_cache_attend(ctx, cache, &out, &q, NULL), ATTN_E_INVALID, "cannot broadcast");
+  CHECK_ERR(ctx, attn_kv_cache_attend(ctx, cache, &out, NULL, &q, NULL), ATTN_E_INVALID, "cannot broadcast");
   attn_kv_cache_destroy(cache);
   attn_mha_destroy(mha);
 }
@@ -192,10 +189,10 @@ static void null_context(attn_ctx *ctx) {
   NULL_CTX(attn_ctx_set_threads(NULL, 1));
   NULL_CTX(attn_ctx_set_kernel(NULL, ATTN_KERNEL_AUTO));
   NULL_CTX(attn_tensor_alloc(NULL, &tmp, ATTN_F32, 4, s));
-  NULL_CTX(attn_sdpa(NULL, &to, &t, &t, &t, NULL));
-  NULL_CTX(attn_sdpa_ref(NULL, &to, &t, &t, &t, NULL));
-  NULL_CTX(attn_sdpa_backward(NULL, &to, &to, &to, &t, &t, &t, &t, &t, &tl, NULL));
-  NULL_CTX(attn_sdpa_backward_ref(NULL, &to, &to, &to, &t, &t, &t, &t, &t, &tl, NULL));
+  NULL_CTX(attn_sdpa(NULL, &to, NULL, NULL, &t, &t, &t, NULL));
+  NULL_CTX(attn_sdpa_ref(NULL, &to, NULL, NULL, &t, &t, &t, NULL));
+  NULL_CTX(attn_sdpa_backward(NULL, &to, &to, &to, NULL, NULL, &t, &t, &t, &t, &t, &tl, NULL));
+  NULL_CTX(attn_sdpa_backward_ref(NULL, &to, &to, &to, NULL, NULL, &t, &t, &t, &t, &t, &tl, NULL));
   attn_kv_cache_config kc;
   attn_kv_cache_config_init(&kc, 1, 8, 1, 4);
   attn_kv_cache *cache = NULL;
@@ -203,25 +200,25 @@ static void null_context(attn_ctx *ctx) {
   CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &kc));
   attn_tensor kv, vv;
   NULL_CTX(attn_kv_cache_append(NULL, cache, &t, &t, NULL));
-  NULL_CTX(attn_kv_cache_attend(NULL, cache, &to, &t, NULL));
+  NULL_CTX(attn_kv_cache_attend(NULL, cache, &to, NULL, &t, NULL));
   NULL_CTX(attn_kv_cache_truncate(NULL, cache, 0, 0));
   NULL_CTX(attn_kv_cache_copy_row(NULL, cache, 0, 0));
-  NULL_CTX(attn_kv_cache_view(NULL, cache, 0, &kv, &vv));
+  NULL_CTX(attn_kv_cache_view(NULL, &kv, &vv, cache, 0));
   attn_mha_config mc;
   attn_mha_config_init(&mc, 4, 1);
   attn_mha *mha = NULL;
   NULL_CTX(attn_mha_create(NULL, &mha, &mc));
   CHECK_OK(ctx, attn_mha_create(ctx, &mha, &mc));
   attn_tensor w;
-  NULL_CTX(attn_mha_param_view(NULL, mha, ATTN_MHA_Q_WEIGHT, &w));
-  CHECK_OK(ctx, attn_mha_param_view(ctx, mha, ATTN_MHA_Q_WEIGHT, &w));
+  NULL_CTX(attn_mha_param_view(NULL, &w, mha, ATTN_MHA_Q_WEIGHT));
+  CHECK_OK(ctx, attn_mha_param_view(ctx, &w, mha, ATTN_MHA_Q_WEIGHT));
   NULL_CTX(attn_mha_set_param(NULL, mha, "q_proj.weight", &w));
-  NULL_CTX(attn_mha_forward(NULL, mha, &ty, &tx, NULL, NULL, NULL));
+  NULL_CTX(attn_mha_forward(NULL, mha, &ty, NULL, &tx, NULL, NULL, NULL));
   NULL_CTX(attn_mha_forward_cached(NULL, mha, cache, &ty, &tx, NULL));
   attn_mha_saved *saved = NULL;
-  NULL_CTX(attn_mha_forward_save(NULL, mha, &ty, &tx, NULL, NULL, NULL, &saved));
-  CHECK_OK(ctx, attn_mha_forward_save(ctx, mha, &ty, &tx, NULL, NULL, NULL, &saved));
-  NULL_CTX(attn_mha_backward(NULL, mha, saved, &ty, NULL, NULL, NULL, mha));
+  NULL_CTX(attn_mha_forward_save(NULL, mha, &ty, NULL, &saved, &tx, NULL, NULL, NULL));
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, mha, &ty, NULL, &saved, &tx, NULL, NULL, NULL));
+  NULL_CTX(attn_mha_backward(NULL, mha, NULL, NULL, NULL, mha, saved, &ty));
   /* files: a real one, so only the context is wrong */
   char path[512];
   const char *dir = getenv("ATTN_TEST_TMP");
@@ -238,9 +235,9 @@ static void null_context(attn_ctx *ctx) {
   attn_safetensors *st = NULL;
   NULL_CTX(attn_safetensors_open(NULL, &st, path));
   CHECK_OK(ctx, attn_safetensors_open(ctx, &st, path));
-  NULL_CTX(attn_safetensors_get(NULL, st, "q_proj.weight", &tmp));
+  NULL_CTX(attn_safetensors_get(NULL, &tmp, st, "q_proj.weight"));
   attn_mha_naming nm;
-  NULL_CTX(attn_mha_detect_naming(NULL, st, "", &nm));
+  NULL_CTX(attn_mha_detect_naming(NULL, &nm, st, ""));
   NULL_CTX(attn_mha_load_safetensors_handle(NULL, mha, st, ""));
   attn_mha *made = NULL;
   NULL_CTX(attn_mha_create_from_safetensors_handle(NULL, &made, st, "", 1, 0));

@@ -18,7 +18,7 @@ static const char *tmpdir(void) {
 static void randomize(attn_ctx *ctx, attn_mha *m, tu_rng *r) {
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    if (attn_mha_param_view(ctx, m, (attn_mha_param)p, &t)) continue;
+    if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p)) continue;
     tu_fill_f32(r, t.data, attn_tensor_numel(&t), 0.4);
   }
 }
@@ -57,14 +57,14 @@ static void random_layer_case(attn_ctx *ctx, uint64_t seed) {
   }
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.causal = (attn_causal)tu_int(&r, 0, 2);
+  o.attn.causal = (attn_causal)tu_int(&r, 0, 2);
   uint8_t *mask = malloc((size_t)(Nq * Nk)), *kpm = malloc((size_t)(B * Nk));
   int64_t ms[2] = {Nq, Nk}, ks[2] = {B, Nk};
   attn_tensor tm = attn_tensor_view(mask, ATTN_BOOL, 2, ms), tkp = attn_tensor_view(kpm, ATTN_BOOL, 2, ks);
   for (int64_t i = 0; i < Nq * Nk; i++) mask[i] = tu_int(&r, 0, 4) == 0;
   for (int64_t i = 0; i < B * Nk; i++) kpm[i] = tu_int(&r, 0, 5) == 0;
-  if (tu_int(&r, 0, 1)) o.mask = &tm;
-  if (tu_int(&r, 0, 1)) o.key_padding = &tkp;
+  if (tu_int(&r, 0, 1)) o.attn.mask = &tm;
+  if (tu_int(&r, 0, 1)) o.attn.key_padding = &tkp;
   const int want_w = (int)tu_int(&r, 0, 2);
   o.average_weights = want_w == 2;
   const int64_t nw = o.average_weights ? B * Nq * Nk : B * H * Nq * Nk;
@@ -75,9 +75,8 @@ static void random_layer_case(attn_ctx *ctx, uint64_t seed) {
   attn_tensor twr = attn_tensor_view(wref, ATTN_F64, o.average_weights ? 3 : 4, o.average_weights ? w3 : w4);
   const attn_tensor *kk = cross ? &tk : NULL, *vv = cross ? &tv : NULL;
   attn_mha_opts oref = o;
-  oref.weights = want_w ? &twr : NULL;
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF);
-  CHECK_OK(ctx, attn_mha_forward(ctx, m, &tr, &tq, kk, vv, &oref));
+  CHECK_OK(ctx, attn_mha_forward(ctx, m, &tr, want_w ? &twr : NULL, &tq, kk, vv, &oref));
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
 
   float *out = malloc(sizeof(float) * (size_t)(B * Nq * E)), *w = malloc(sizeof(float) * (size_t)(nw + 1));
@@ -89,8 +88,7 @@ static void random_layer_case(attn_ctx *ctx, uint64_t seed) {
     tu_poison_f32(out, B * Nq * E);
     tu_poison_f32(w, nw);
     attn_mha_opts of = o;
-    of.weights = want_w ? &tw : NULL;
-    CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, &tq, kk, vv, &of));
+    CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, want_w ? &tw : NULL, &tq, kk, vv, &of));
     double *got = tu_to_f64(&to);
     const double e = tu_rel_l2(got, ref, B * Nq * E);
     CHECK(e <= 1e-5 && tu_count_nan(got, B * Nq * E) == 0,
@@ -202,7 +200,7 @@ static void namings(attn_ctx *ctx) {
       CHECK_OK(ctx, attn_mha_load_safetensors(ctx, m, path, NULL));
     }
     attn_tensor to = attn_tensor_view(outs[variant], ATTN_F32, 3, sx);
-    CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, &tx, NULL, NULL, NULL));
+    CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, NULL, &tx, NULL, NULL, NULL));
     if (variant) CHECK(!memcmp(outs[0], outs[variant], sizeof outs[0]), "naming variant %d differs", variant);
     attn_mha_destroy(m);
   }
@@ -282,8 +280,8 @@ static void hostile_files(attn_ctx *ctx) {
 static int same_params(attn_ctx *ctx, attn_mha *a, attn_mha *b) {
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor ta, tb;
-    const int ha = attn_mha_param_view(ctx, a, (attn_mha_param)p, &ta) == ATTN_OK;
-    const int hb = attn_mha_param_view(ctx, b, (attn_mha_param)p, &tb) == ATTN_OK;
+    const int ha = attn_mha_param_view(ctx, &ta, a, (attn_mha_param)p) == ATTN_OK;
+    const int hb = attn_mha_param_view(ctx, &tb, b, (attn_mha_param)p) == ATTN_OK;
     if (ha != hb) return 0;
     if (ha && (attn_tensor_numel(&ta) != attn_tensor_numel(&tb) ||
                memcmp(ta.data, tb.data, sizeof(float) * (size_t)attn_tensor_numel(&ta))))
@@ -314,11 +312,11 @@ static void handle_api(attn_ctx *ctx) {
   CHECK_OK(ctx, attn_safetensors_open(ctx, &st, path));
   if (!st) return;
   attn_mha_naming nm = ATTN_MHA_NAMING_LLAMA;
-  CHECK_OK(ctx, attn_mha_detect_naming(ctx, st, "l.", &nm));
+  CHECK_OK(ctx, attn_mha_detect_naming(ctx, &nm, st, "l."));
   CHECK(nm == ATTN_MHA_NAMING_TORCH_SEPARATE, "naming %d", (int)nm);
-  CHECK_ERR(ctx, attn_mha_detect_naming(ctx, st, "m.", &nm), ATTN_E_NOT_FOUND, "m.");
+  CHECK_ERR(ctx, attn_mha_detect_naming(ctx, &nm, st, "m."), ATTN_E_NOT_FOUND, "m.");
   CHECK(nm == ATTN_MHA_NAMING_NONE, "no naming under a wrong prefix");
-  CHECK_ERR(ctx, attn_mha_detect_naming(ctx, NULL, "l.", &nm), ATTN_E_INVALID, "NULL");
+  CHECK_ERR(ctx, attn_mha_detect_naming(ctx, &nm, NULL, "l."), ATTN_E_INVALID, "NULL");
   attn_mha *a = NULL, *b = NULL, *c = NULL;
   CHECK_OK(ctx, attn_mha_create_from_safetensors_handle(ctx, &a, st, "l.", H, HK));
   CHECK_OK(ctx, attn_mha_create_from_safetensors(ctx, &b, path, "l.", H, HK));
@@ -328,7 +326,7 @@ static void handle_api(attn_ctx *ctx) {
           "config from the file");
     CHECK(same_params(ctx, a, b), "handle and path give the same layer");
     attn_tensor t;
-    CHECK_OK(ctx, attn_mha_param_view(ctx, a, ATTN_MHA_V_BIAS, &t));
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &t, a, ATTN_MHA_V_BIAS));
     CHECK(!memcmp(t.data, buf + 300 + E + KV, sizeof(float) * KV), "v bias from the packed in_proj_bias");
     CHECK_OK(ctx, attn_mha_create(ctx, &c, cf));
     CHECK_OK(ctx, attn_mha_load_safetensors_handle(ctx, c, st, "l."));
@@ -338,7 +336,7 @@ static void handle_api(attn_ctx *ctx) {
   b = NULL;
   /* the handle is still the caller's */
   attn_tensor t;
-  CHECK_OK(ctx, attn_safetensors_get(ctx, st, "other.weight", &t));
+  CHECK_OK(ctx, attn_safetensors_get(ctx, &t, st, "other.weight"));
   attn_safetensors_close(st);
   CHECK_ERR(ctx, attn_mha_create_from_safetensors_handle(ctx, &b, NULL, "", 1, 0), ATTN_E_INVALID, "NULL");
   CHECK(b == NULL, "out is NULL on failure");
@@ -350,7 +348,7 @@ static void handle_api(attn_ctx *ctx) {
   CHECK_OK(ctx, attn_safetensors_write(ctx, path, 6, names, ts));
   if (c) {
     attn_tensor q;
-    CHECK_OK(ctx, attn_mha_param_view(ctx, c, ATTN_MHA_Q_WEIGHT, &q));
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &q, c, ATTN_MHA_Q_WEIGHT));
     float *w = q.data;
     for (int i = 0; i < E * E; i++) w[i] = 42;
     CHECK_ERR(ctx, attn_mha_load_safetensors(ctx, c, path, "l."), ATTN_E_SHAPE, "out_proj.weight");
@@ -390,12 +388,12 @@ static void huge_broadcast(attn_ctx *ctx) {
   attn_tensor tk = attn_tensor_view(one, ATTN_F32, 3, sk);
   tk.strides[0] = tk.strides[1] = tk.strides[2] = 0;
   /* 2^58 keys x 64 projected features x 4 bytes = 2^66 */
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, &tq, &tk, &tk, NULL), ATTN_E_NOMEM, "too large");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, NULL, &tq, &tk, &tk, NULL), ATTN_E_NOMEM, "too large");
   attn_mha_saved *sv = NULL;
-  CHECK_ERR(ctx, attn_mha_forward_save(ctx, m, &to, &tq, &tk, &tk, NULL, &sv), ATTN_E_NOMEM, "too large");
+  CHECK_ERR(ctx, attn_mha_forward_save(ctx, m, &to, NULL, &sv, &tq, &tk, &tk, NULL), ATTN_E_NOMEM, "too large");
   CHECK(sv == NULL, "no saved state on failure");
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF);
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, &tq, &tk, &tk, NULL), ATTN_E_NOMEM, "too large");
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, NULL, &tq, &tk, &tk, NULL), ATTN_E_NOMEM, "too large");
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
   attn_mha_destroy(m);
 

@@ -86,7 +86,7 @@ static void prob_init(attn_ctx *ctx, prob *P, const spec *s, attn_dtype dt, uint
   CHECK_OK(ctx, attn_mha_create(ctx, &P->m, &c));
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    if (attn_mha_param_view(ctx, P->m, (attn_mha_param)p, &t)) continue;
+    if (attn_mha_param_view(ctx, &t, P->m, (attn_mha_param)p)) continue;
     float *w = t.data;
     for (int64_t i = 0; i < attn_tensor_numel(&t); i++) w[i] = (float)(round(tu_uniform(&r) * 2048) / 4096);
   }
@@ -104,22 +104,22 @@ static void prob_init(attn_ctx *ctx, prob *P, const spec *s, attn_dtype dt, uint
   P->g = fill(&r, dt, B * Nq * E, 1);
   P->tg = rows_view(P->g, dt, B, Nq, E, s->strided);
   attn_mha_opts_init(&P->o);
-  P->o.causal = s->causal;
-  P->o.dropout_p = s->dropout;
-  P->o.dropout_seed = seed * 7919 + 1;
+  P->o.attn.causal = s->causal;
+  P->o.attn.dropout_p = s->dropout;
+  P->o.attn.dropout_seed = seed * 7919 + 1;
   if (s->mask == 1) {
     int64_t ms[2] = {Nq, Nk};
     P->mb = malloc((size_t)(Nq * Nk + 1));
     for (int64_t i = 0; i < Nq * Nk; i++) P->mb[i] = tu_int(&r, 0, 4) == 0;
     P->tmask = attn_tensor_view(P->mb, ATTN_BOOL, 2, ms);
-    P->o.mask = &P->tmask;
+    P->o.attn.mask = &P->tmask;
   } else if (s->mask == 2) {
     int64_t ms[4] = {1, s->H, Nq, Nk};
     P->ma = malloc(sizeof(float) * (size_t)(s->H * Nq * Nk + 1));
     for (int64_t i = 0; i < s->H * Nq * Nk; i++) P->ma[i] = tu_int(&r, 0, 5) == 0 ? -INFINITY : (float)tu_uniform(&r);
     P->tmask = attn_tensor_view(P->ma, ATTN_F32, 4, ms);
-    P->o.mask = &P->tmask;
-    P->o.mask_mode = ATTN_MASK_ADDITIVE;
+    P->o.attn.mask = &P->tmask;
+    P->o.attn.mask_mode = ATTN_MASK_ADDITIVE;
   }
   if (s->kpm) {
     int64_t ks[2] = {B, Nk};
@@ -128,21 +128,21 @@ static void prob_init(attn_ctx *ctx, prob *P, const spec *s, attn_dtype dt, uint
     if (s->kpm == 2)
       for (int64_t j = 0; j < Nk; j++) P->kp[(B - 1) * Nk + j] = 1;
     P->tkp = attn_tensor_view(P->kp, ATTN_BOOL, 2, ks);
-    P->o.key_padding = &P->tkp;
+    P->o.attn.key_padding = &P->tkp;
   }
   const int64_t hs[1] = {s->H};
-  if (s->options & 1) P->o.window = 3;
-  if (s->options & 2) P->o.softcap = 2.0;
+  if (s->options & 1) P->o.attn.window = 3;
+  if (s->options & 2) P->o.attn.softcap = 2.0;
   if (s->options & 4) {
     attn_alibi_slopes(P->slopes, s->H);
     for (int64_t h = 0; h < s->H; h++) P->slopes[h] *= 4; /* short rows: a bias that matters */
     P->tslopes = attn_tensor_view(P->slopes, ATTN_F32, 1, hs);
-    P->o.alibi_slopes = &P->tslopes;
+    P->o.attn.alibi_slopes = &P->tslopes;
   }
   if (s->options & 8) {
     for (int64_t h = 0; h < s->H; h++) P->sinks[h] = (float)(round(tu_uniform(&r) * 2048) / 2048);
     P->tsinks = attn_tensor_view(P->sinks, ATTN_F32, 1, hs);
-    P->o.sinks = &P->tsinks;
+    P->o.attn.sinks = &P->tsinks;
   }
 }
 
@@ -160,7 +160,7 @@ static attn_mha *grads_layer(attn_ctx *ctx, const prob *P) {
   CHECK_OK(ctx, attn_mha_create(ctx, &g, attn_mha_get_config(P->m)));
   for (int p = 0; g && p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    if (attn_mha_param_view(ctx, g, (attn_mha_param)p, &t) == ATTN_OK) tu_poison_f32(t.data, attn_tensor_numel(&t));
+    if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p) == ATTN_OK) tu_poison_f32(t.data, attn_tensor_numel(&t));
   }
   return g;
 }
@@ -170,7 +170,7 @@ static double loss(attn_ctx *ctx, prob *P, double *out) {
   const int64_t n = P->s.B * P->s.Nq * P->E;
   int64_t so[3] = {P->s.B, P->s.Nq, P->E};
   attn_tensor to = attn_tensor_view(out, ATTN_F64, 3, so);
-  CHECK_OK(ctx, attn_mha_forward(ctx, P->m, &to, &P->tq, key_of(P), value_of(P), &P->o));
+  CHECK_OK(ctx, attn_mha_forward(ctx, P->m, &to, NULL, &P->tq, key_of(P), value_of(P), &P->o));
   double *g = tu_to_f64(&P->tg), L = 0;
   for (int64_t i = 0; i < n; i++) L += out[i] * g[i];
   free(g);
@@ -256,17 +256,17 @@ static void finite_difference_case(attn_ctx *ctx, const spec *s, uint64_t seed) 
   attn_tensor tdq = rows_view(dq, ATTN_F64, B, Nq, E, s->strided), tdk = rows_view(dk, ATTN_F64, B, Nk, P.kd, s->strided);
   attn_tensor tdv = rows_view(dv, ATTN_F64, B, Nk, P.vd, s->strided), to = rows_view(out, ATTN_F64, B, Nq, E, 0);
   attn_mha_saved *sv = NULL;
-  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to, &P.tq, key_of(&P), value_of(&P), &P.o, &sv));
-  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tdq, s->cross ? &tdk : NULL, s->cross ? &tdv : NULL, g));
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, &sv, &P.tq, key_of(&P), value_of(&P), &P.o));
+  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tdq, s->cross ? &tdk : NULL, s->cross ? &tdv : NULL, g, sv, &P.tg));
   attn_mha_saved_free(sv);
   tu_rng r = {seed ^ 0x5eed};
   worst_fd = 0;
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor tp, tgp, tbq;
-    if (attn_mha_param_view(ctx, P.m, (attn_mha_param)p, &tp)) continue;
-    CHECK_OK(ctx, attn_mha_param_view(ctx, g, (attn_mha_param)p, &tgp));
+    if (attn_mha_param_view(ctx, &tp, P.m, (attn_mha_param)p)) continue;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &tgp, g, (attn_mha_param)p));
     double floor = FD_FLOOR;
-    if (p == ATTN_MHA_K_BIAS && attn_mha_param_view(ctx, g, ATTN_MHA_Q_BIAS, &tbq) == ATTN_OK && norm_of(&tbq) > floor)
+    if (p == ATTN_MHA_K_BIAS && attn_mha_param_view(ctx, &tbq, g, ATTN_MHA_Q_BIAS) == ATTN_OK && norm_of(&tbq) > floor)
       floor = norm_of(&tbq);
     fd_compare(ctx, &P, &tp, &tgp, param_name[p], &r, out, floor);
   }
@@ -325,13 +325,13 @@ static void run_backward(attn_ctx *ctx, prob *P, attn_dtype dt, result *res, flo
     tu_poison_f32(dv, B * Nk * P->vd);
   }
   attn_mha_saved *sv = NULL;
-  CHECK_OK(ctx, attn_mha_forward_save(ctx, P->m, &to, &P->tq, key_of(P), value_of(P), &P->o, &sv));
-  CHECK_OK(ctx, attn_mha_backward(ctx, P->m, sv, &P->tg, &tdq, s->cross ? &tdk : NULL, s->cross ? &tdv : NULL, g));
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, P->m, &to, NULL, &sv, &P->tq, key_of(P), value_of(P), &P->o));
+  CHECK_OK(ctx, attn_mha_backward(ctx, P->m, &tdq, s->cross ? &tdk : NULL, s->cross ? &tdv : NULL, g, sv, &P->tg));
   attn_mha_saved_free(sv);
   int64_t total = 0;
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    if (attn_mha_param_view(ctx, g, (attn_mha_param)p, &t)) continue;
+    if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) continue;
     res->param[p] = tu_to_f64(&t);
     res->nparam[p] = attn_tensor_numel(&t);
     total += res->nparam[p];
@@ -351,7 +351,7 @@ static void run_backward(attn_ctx *ctx, prob *P, attn_dtype dt, result *res, flo
     float *b = *raw = malloc(sizeof(float) * (size_t)(total + 1));
     for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
       attn_tensor t;
-      if (attn_mha_param_view(ctx, g, (attn_mha_param)p, &t)) continue;
+      if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) continue;
       memcpy(b, t.data, sizeof(float) * (size_t)res->nparam[p]);
       b += res->nparam[p];
     }
@@ -490,13 +490,13 @@ static void agreements(attn_ctx *ctx) {
   attn_tensor t1 = rows_view(o1, ATTN_F32, B, Nq, E, 0), t2 = rows_view(o2, ATTN_F32, B, Nq, E, 0);
   attn_mha_saved *sv = NULL;
   /* the saving forward gives the plain forward's bits (dropout included) */
-  CHECK_OK(ctx, attn_mha_forward(ctx, P.m, &t1, &P.tq, &P.tk, &P.tv, &P.o));
-  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &t2, &P.tq, &P.tk, &P.tv, &P.o, &sv));
+  CHECK_OK(ctx, attn_mha_forward(ctx, P.m, &t1, NULL, &P.tq, &P.tk, &P.tv, &P.o));
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &t2, NULL, &sv, &P.tq, &P.tk, &P.tv, &P.o));
   CHECK(!memcmp(o1, o2, sizeof(float) * (size_t)nq), "forward_save's out differs from attn_mha_forward's");
   /* dropout changes the output, and only through its seed */
   attn_mha_opts nodrop = P.o;
-  nodrop.dropout_p = 0;
-  CHECK_OK(ctx, attn_mha_forward(ctx, P.m, &t1, &P.tq, &P.tk, &P.tv, &nodrop));
+  nodrop.attn.dropout_p = 0;
+  CHECK_OK(ctx, attn_mha_forward(ctx, P.m, &t1, NULL, &P.tq, &P.tk, &P.tv, &nodrop));
   CHECK(memcmp(o1, o2, sizeof(float) * (size_t)nq), "dropout_p did not reach the attention");
 
   /* two backward passes on one saved state; then with only some outputs asked for */
@@ -507,43 +507,43 @@ static void agreements(attn_ctx *ctx) {
   attn_tensor tq1 = rows_view(dq1, ATTN_F32, B, Nq, E, 0), tq2 = rows_view(dq2, ATTN_F32, B, Nq, E, 0);
   attn_tensor tk1 = rows_view(dk1, ATTN_F32, B, Nk, E, 0), tk2 = rows_view(dk2, ATTN_F32, B, Nk, E, 0);
   attn_tensor tv1 = rows_view(dv1, ATTN_F32, B, Nk, E, 0), tv2 = rows_view(dv2, ATTN_F32, B, Nk, E, 0);
-  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tq1, &tk1, &tv1, g1));
-  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tq2, &tk2, &tv2, g2));
+  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tq1, &tk1, &tv1, g1, sv, &P.tg));
+  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tq2, &tk2, &tv2, g2, sv, &P.tg));
   int same = !memcmp(dq1, dq2, sizeof(float) * (size_t)nq) && !memcmp(dk1, dk2, sizeof(float) * (size_t)nk);
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor a, b;
-    attn_mha_param_view(ctx, g1, (attn_mha_param)p, &a);
-    attn_mha_param_view(ctx, g2, (attn_mha_param)p, &b);
+    attn_mha_param_view(ctx, &a, g1, (attn_mha_param)p);
+    attn_mha_param_view(ctx, &b, g2, (attn_mha_param)p);
     same = same && !memcmp(a.data, b.data, sizeof(float) * (size_t)attn_tensor_numel(&a));
   }
   CHECK(same, "a second backward on the same saved state differs");
   tu_poison_f32(dq2, nq);
   tu_poison_f32(dv2, nk);
-  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tq2, NULL, &tv2, NULL));
+  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tq2, NULL, &tv2, NULL, sv, &P.tg));
   CHECK(!memcmp(dq1, dq2, sizeof(float) * (size_t)nq) && !memcmp(dv1, dv2, sizeof(float) * (size_t)nk),
         "input gradients without grads differ");
   attn_mha_destroy(g2);
   g2 = grads_layer(ctx, &P);
-  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, NULL, NULL, NULL, g2));
+  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, NULL, NULL, NULL, g2, sv, &P.tg));
   same = 1;
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor a, b;
-    attn_mha_param_view(ctx, g1, (attn_mha_param)p, &a);
-    attn_mha_param_view(ctx, g2, (attn_mha_param)p, &b);
+    attn_mha_param_view(ctx, &a, g1, (attn_mha_param)p);
+    attn_mha_param_view(ctx, &b, g2, (attn_mha_param)p);
     same = same && !memcmp(a.data, b.data, sizeof(float) * (size_t)attn_tensor_numel(&a));
   }
   CHECK(same, "parameter gradients without input gradients differ");
   attn_mha_saved_free(sv);
 
   /* key and value as one tensor: its gradient is dkey + dvalue */
-  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &t2, &P.tq, &P.tk, &P.tk, &P.o, &sv));
-  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tq1, &tk1, &tv1, g1));
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &t2, NULL, &sv, &P.tq, &P.tk, &P.tk, &P.o));
+  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tq1, &tk1, &tv1, g1, sv, &P.tg));
   attn_mha_saved_free(sv);
   float *copy = malloc(sizeof(float) * (size_t)nk);
   memcpy(copy, P.xk, sizeof(float) * (size_t)nk);
   attn_tensor tcopy = rows_view(copy, ATTN_F32, B, Nk, E, 0);
-  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &t1, &P.tq, &P.tk, &tcopy, &P.o, &sv));
-  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tq2, &tk2, &tv2, g2));
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &t1, NULL, &sv, &P.tq, &P.tk, &tcopy, &P.o));
+  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tq2, &tk2, &tv2, g2, sv, &P.tg));
   attn_mha_saved_free(sv);
   CHECK(!memcmp(o1, o2, sizeof(float) * (size_t)nq) && !memcmp(dq1, dq2, sizeof(float) * (size_t)nq) &&
             !memcmp(dk1, dk2, sizeof(float) * (size_t)nk) && !memcmp(dv1, dv2, sizeof(float) * (size_t)nk),
@@ -561,17 +561,17 @@ static void agreements(attn_ctx *ctx) {
       attn_tensor dv0 = rows_view(dv1, ATTN_F32, B, ek, E, 0);
       attn_mha_opts o;
       attn_mha_opts_init(&o);
-      CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &out0, &q0, &k0, &k0, &o, &sv));
+      CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &out0, NULL, &sv, &q0, &k0, &k0, &o));
       tu_poison_f32(dk1, nk);
       tu_poison_f32(dq1, nq);
-      CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &g0, &dq0, &dk0, &dv0, g1));
+      CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &dq0, &dk0, &dv0, g1, sv, &g0));
       attn_mha_saved_free(sv);
       int ok = 1;
       for (int64_t i = 0; i < B * ek * E; i++) ok = ok && dk1[i] == 0;
       for (int64_t i = 0; i < B * eq * E; i++) ok = ok && dq1[i] == 0; /* no keys: A does not depend on the query */
       for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
         attn_tensor t;
-        attn_mha_param_view(ctx, g1, (attn_mha_param)p, &t);
+        attn_mha_param_view(ctx, &t, g1, (attn_mha_param)p);
         const float *w = t.data;
         for (int64_t i = 0; i < attn_tensor_numel(&t); i++) {
           ok = ok && !isnan(w[i]);
@@ -607,40 +607,41 @@ static void error_paths(attn_ctx *ctx) {
   attn_tensor to = rows_view(out, ATTN_F32, B, N, E, 0), tdq = rows_view(dq, ATTN_F32, B, N, E, 0);
   attn_tensor to64 = rows_view(out64, ATTN_F64, B, N, E, 0), tbig = rows_view(big, ATTN_F32, 3, N, E, 0);
   attn_mha_saved *sv = (attn_mha_saved *)&P; /* must be reset to NULL on failure */
-  CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, &P.tq, NULL, NULL, NULL, NULL), ATTN_E_INVALID, "saved");
-  CHECK_STATUS(ctx, attn_mha_forward_save(ctx, NULL, &to, &P.tq, NULL, NULL, NULL, &sv), ATTN_E_INVALID, "NULL");
+  CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, NULL, &P.tq, NULL, NULL, NULL), ATTN_E_INVALID, "saved");
+  CHECK_STATUS(ctx, attn_mha_forward_save(ctx, NULL, &to, NULL, &sv, &P.tq, NULL, NULL, NULL), ATTN_E_INVALID, "NULL");
   CHECK(sv == NULL, "a failed forward_save leaves *saved NULL");
-  CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &tbig, &P.tq, NULL, NULL, NULL, &sv), ATTN_E_SHAPE, "out");
+  CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &tbig, NULL, &sv, &P.tq, NULL, NULL, NULL), ATTN_E_SHAPE, "out");
   CHECK(sv == NULL, "a failed forward_save leaves *saved NULL");
   attn_mha_opts o;
   attn_mha_opts_init(&o);
   const double bad_p[] = {1.0, -0.1, NAN, INFINITY};
   for (int i = 0; i < 4; i++) {
-    o.dropout_p = bad_p[i];
-    CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, &P.tq, NULL, NULL, &o, &sv), ATTN_E_INVALID, "dropout_p");
-    CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, &P.tq, NULL, NULL, &o), ATTN_E_INVALID, "dropout_p");
+    o.attn.dropout_p = bad_p[i];
+    CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, &sv, &P.tq, NULL, NULL, &o), ATTN_E_INVALID,
+                 "dropout_p");
+    CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, NULL, &P.tq, NULL, NULL, &o), ATTN_E_INVALID, "dropout_p");
   }
   attn_tensor empty = rows_view(out, ATTN_F32, 0, N, E, 0);
-  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &empty, &empty, NULL, NULL, &o), ATTN_E_INVALID, "dropout_p");
-  o.dropout_p = 0;
-  o.window = -1;
-  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, &P.tq, NULL, NULL, &o), ATTN_E_INVALID, "window");
-  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &empty, &empty, NULL, NULL, &o), ATTN_E_INVALID, "window");
-  o.window = 0;
-  o.softcap = NAN;
-  CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, &P.tq, NULL, NULL, &o, &sv), ATTN_E_INVALID, "softcap");
-  o.softcap = 0;
+  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &empty, NULL, &empty, NULL, NULL, &o), ATTN_E_INVALID, "dropout_p");
+  o.attn.dropout_p = 0;
+  o.attn.window = -1;
+  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, NULL, &P.tq, NULL, NULL, &o), ATTN_E_INVALID, "window");
+  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &empty, NULL, &empty, NULL, NULL, &o), ATTN_E_INVALID, "window");
+  o.attn.window = 0;
+  o.attn.softcap = NAN;
+  CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, &sv, &P.tq, NULL, NULL, &o), ATTN_E_INVALID, "softcap");
+  o.attn.softcap = 0;
   float three[3] = {1, 2, 3};
   const int64_t n3[1] = {3};
   attn_tensor t3 = attn_tensor_view(three, ATTN_F32, 1, n3);
-  o.sinks = &t3;
-  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, &P.tq, NULL, NULL, &o), ATTN_E_SHAPE, "sinks");
-  o.sinks = NULL;
-  o.alibi_slopes = &t3;
-  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, &P.tq, NULL, NULL, &o), ATTN_E_SHAPE, "alibi_slopes");
-  o.alibi_slopes = NULL;
+  o.attn.sinks = &t3;
+  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, NULL, &P.tq, NULL, NULL, &o), ATTN_E_SHAPE, "sinks");
+  o.attn.sinks = NULL;
+  o.attn.alibi_slopes = &t3;
+  CHECK_STATUS(ctx, attn_mha_forward(ctx, P.m, &to, NULL, &P.tq, NULL, NULL, &o), ATTN_E_SHAPE, "alibi_slopes");
+  o.attn.alibi_slopes = NULL;
 
-  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to, &P.tq, NULL, NULL, &o, &sv));
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, &sv, &P.tq, NULL, NULL, &o));
   attn_mha *g = grads_layer(ctx, &P), *other = NULL, *nobias = NULL;
   attn_mha_config c = *attn_mha_get_config(P.m);
   c.bias = 0;
@@ -648,34 +649,34 @@ static void error_paths(attn_ctx *ctx) {
   c.bias = 1;
   c.num_kv_heads = 1;
   CHECK_OK(ctx, attn_mha_create(ctx, &other, &c));
-  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tdq, NULL, NULL, g));
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, NULL, sv, &P.tg, &tdq, NULL, NULL, g), ATTN_E_INVALID, "layer is NULL");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, NULL, &P.tg, &tdq, NULL, NULL, g), ATTN_E_INVALID, "saved is NULL");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, NULL, &tdq, NULL, NULL, g), ATTN_E_INVALID, "dout");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &tbig, &tdq, NULL, NULL, g), ATTN_E_SHAPE, "dout");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &to64, &tdq, NULL, NULL, g), ATTN_E_DTYPE, "dout");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tbig, NULL, NULL, g), ATTN_E_SHAPE, "dquery");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &to64, NULL, NULL, g), ATTN_E_DTYPE, "dquery");
+  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, g, sv, &P.tg));
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, NULL, &tdq, NULL, NULL, g, sv, &P.tg), ATTN_E_INVALID, "layer is NULL");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, g, NULL, &P.tg), ATTN_E_INVALID, "saved is NULL");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, g, sv, NULL), ATTN_E_INVALID, "dout");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, g, sv, &tbig), ATTN_E_SHAPE, "dout");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, g, sv, &to64), ATTN_E_DTYPE, "dout");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tbig, NULL, NULL, g, sv, &P.tg), ATTN_E_SHAPE, "dquery");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &to64, NULL, NULL, g, sv, &P.tg), ATTN_E_DTYPE, "dquery");
   attn_tensor bcast = tdq;
   bcast.strides[1] = 0;
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &bcast, NULL, NULL, g), ATTN_E_INVALID, "stride 0");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &bcast, NULL, NULL, g, sv, &P.tg), ATTN_E_INVALID, "stride 0");
   attn_tensor rank2 = tdq;
   rank2.rank = 2;
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &rank2, NULL, NULL, g), ATTN_E_SHAPE, "rank");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tdq, &tdq, NULL, g), ATTN_E_INVALID, "self-attention");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, NULL, NULL, &tdq, g), ATTN_E_INVALID, "self-attention");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tdq, NULL, NULL, P.m), ATTN_E_INVALID, "another layer");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tdq, NULL, NULL, nobias), ATTN_E_INVALID, "bias off");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tdq, NULL, NULL, other), ATTN_E_INVALID, "kv heads 1");
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, other, sv, &P.tg, &tdq, NULL, NULL, g), ATTN_E_INVALID, "saved comes from");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &rank2, NULL, NULL, g, sv, &P.tg), ATTN_E_SHAPE, "rank");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, &tdq, NULL, g, sv, &P.tg), ATTN_E_INVALID, "self-attention");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, NULL, NULL, &tdq, g, sv, &P.tg), ATTN_E_INVALID, "self-attention");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, P.m, sv, &P.tg), ATTN_E_INVALID, "another layer");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, nobias, sv, &P.tg), ATTN_E_INVALID, "bias off");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, other, sv, &P.tg), ATTN_E_INVALID, "kv heads 1");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, other, &tdq, NULL, NULL, g, sv, &P.tg), ATTN_E_INVALID, "saved comes from");
   /* the precision of the forward and the backward must match */
   CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF));
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tdq, NULL, NULL, g), ATTN_E_INVALID, "fp32 forward");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, g, sv, &P.tg), ATTN_E_INVALID, "fp32 forward");
   attn_mha_saved *sv64 = NULL;
-  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to64, &P.tq, NULL, NULL, &o, &sv64));
-  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv64, &to64, &to64, NULL, NULL, g)); /* f64 in and out: fine with REF */
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to64, NULL, &sv64, &P.tq, NULL, NULL, &o));
+  CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &to64, NULL, NULL, g, sv64, &to64)); /* f64 in and out: fine with REF */
   CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_C));
-  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, sv64, &P.tg, &tdq, NULL, NULL, g), ATTN_E_INVALID, "float64");
+  CHECK_STATUS(ctx, attn_mha_backward(ctx, P.m, &tdq, NULL, NULL, g, sv64, &P.tg), ATTN_E_INVALID, "float64");
   attn_mha_saved_free(sv64);
   attn_mha_saved_free(sv);
   attn_mha_saved_free(NULL);
@@ -748,10 +749,10 @@ static void saved_owns_options(attn_ctx *ctx) {
     tsl.data = slopes;
     tsk.data = sinks;
     attn_mha_opts o = P.o;
-    o.mask = &tm;
-    o.key_padding = &tkp;
-    o.alibi_slopes = &tsl;
-    o.sinks = &tsk;
+    o.attn.mask = &tm;
+    o.attn.key_padding = &tkp;
+    o.attn.alibi_slopes = &tsl;
+    o.attn.sinks = &tsk;
     memset(&dropped, 0, sizeof dropped);
     const size_t es = attn_dtype_size(dt);
     void *out = calloc((size_t)(B * Nq * E), es), *dq = calloc((size_t)(B * Nq * E), es);
@@ -760,7 +761,7 @@ static void saved_owns_options(attn_ctx *ctx) {
     attn_tensor tdk = rows_view(dk, dt, B, Nk, P.kd, s.strided), tdv = rows_view(dv, dt, B, Nk, P.vd, s.strided);
     attn_mha *g = grads_layer(ctx, &P);
     attn_mha_saved *sv = NULL;
-    CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to, &P.tq, &P.tk, &P.tv, &o, &sv));
+    CHECK_OK(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, &sv, &P.tq, &P.tk, &P.tv, &o));
     memset(mask, 0xff, nm); /* NaN, or true: every key masked */
     memset(kpm, 1, nk);
     memset(slopes, 0xff, sizeof(float) * (size_t)s.H);
@@ -769,8 +770,8 @@ static void saved_owns_options(attn_ctx *ctx) {
     free(kpm);
     free(slopes);
     free(sinks);
-    o.mask = o.key_padding = o.alibi_slopes = o.sinks = NULL;
-    CHECK_OK(ctx, attn_mha_backward(ctx, P.m, sv, &P.tg, &tdq, &tdk, &tdv, g));
+    o.attn.mask = o.attn.key_padding = o.attn.alibi_slopes = o.attn.sinks = NULL;
+    CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tdq, &tdk, &tdv, g, sv, &P.tg));
     attn_mha_saved_free(sv);
     dropped.dq = tu_to_f64(&tdq);
     dropped.dk = tu_to_f64(&tdk);
@@ -780,7 +781,7 @@ static void saved_owns_options(attn_ctx *ctx) {
                !memcmp(dropped.dv, kept.dv, sizeof(double) * (size_t)kept.nv);
     for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
       attn_tensor t;
-      if (attn_mha_param_view(ctx, g, (attn_mha_param)p, &t)) continue;
+      if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) continue;
       double *gp = tu_to_f64(&t);
       same = same && !memcmp(gp, kept.param[p], sizeof(double) * (size_t)kept.nparam[p]);
       free(gp);

@@ -214,9 +214,7 @@ static void check_case(attn_ctx *ctx, const ocase *c, uint64_t seed, int backwar
   attn_tensor ro = make4(&a, &r, os, ATTN_F64, 0, 0), rw = make4(&a, &r, ws, ATTN_F64, 0, 0);
   attn_tensor rl = attn_tensor_view(arena_alloc(&a, (size_t)(nl + 1) * sizeof(double)), ATTN_F64, 3, ls);
   attn_sdpa_opts o = pb.o;
-  o.weights = &rw;
-  o.lse = &rl;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &ro, &pb.q, &pb.k, &pb.v, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &ro, &rl, &rw, &pb.q, &pb.k, &pb.v, &o));
   double *ref_o = tu_to_f64(&ro), *ref_w = tu_to_f64(&rw), *ref_l = tu_to_f64(&rl);
   attn_tensor rdq = make4(&a, &r, qs, ATTN_F64, 0, 0), rdk = make4(&a, &r, ks, ATTN_F64, 0, 0);
   attn_tensor rdv = make4(&a, &r, vs, ATTN_F64, 0, 0), rdm = make4(&a, &r, ws, ATTN_F64, 0, 0);
@@ -227,9 +225,8 @@ static void check_case(attn_ctx *ctx, const ocase *c, uint64_t seed, int backwar
   attn_tensor fl = attn_tensor_view(arena_alloc(&a, (size_t)(nl + 1) * sizeof(float)), ATTN_F32, 3, ls);
   if (backward) {
     o = pb.o;
-    o.mask_grad = additive ? &rdm : NULL;
-    o.sinks_grad = c->sinks ? &rds : NULL;
-    CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &rdq, &rdk, &rdv, &pb.G, &pb.q, &pb.k, &pb.v, &ro, &rl, &o));
+    CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &rdq, &rdk, &rdv, additive ? &rdm : NULL, c->sinks ? &rds : NULL, &pb.G,
+                                         &pb.q, &pb.k, &pb.v, &ro, &rl, &o));
     ref_dq = tu_to_f64(&rdq), ref_dk = tu_to_f64(&rdk), ref_dv = tu_to_f64(&rdv);
     ref_dm = tu_to_f64(&rdm), ref_ds = tu_to_f64(&rds);
     for (int64_t b = 0; b < B; b++)
@@ -255,9 +252,7 @@ static void check_case(attn_ctx *ctx, const ocase *c, uint64_t seed, int backwar
       poison(&w);
       poison(&l);
       o = pb.o;
-      o.weights = &w;
-      o.lse = &l;
-      attn_status st = attn_sdpa(ctx, &out, &pb.q, &pb.k, &pb.v, &o);
+      attn_status st = attn_sdpa(ctx, &out, &l, &w, &pb.q, &pb.k, &pb.v, &o);
       CHECK(st == ATTN_OK, "%s: %s threads %d: forward: %s", desc, kn, threads, attn_ctx_error(ctx));
       if (st == ATTN_OK) {
         double *go = tu_to_f64(&out), *gw = tu_to_f64(&w), *gl = tu_to_f64(&l);
@@ -290,9 +285,8 @@ static void check_case(attn_ctx *ctx, const ocase *c, uint64_t seed, int backwar
       poison(&dm);
       poison(&ds);
       o = pb.o;
-      o.mask_grad = additive ? &dm : NULL;
-      o.sinks_grad = c->sinks ? &ds : NULL;
-      st = attn_sdpa_backward(ctx, &dq, &dk, &dv, &pb.G, &pb.q, &pb.k, &pb.v, &fo, &fl, &o);
+      st = attn_sdpa_backward(ctx, &dq, &dk, &dv, additive ? &dm : NULL, c->sinks ? &ds : NULL, &pb.G, &pb.q, &pb.k,
+                              &pb.v, &fo, &fl, &o);
       CHECK(st == ATTN_OK, "%s: %s threads %d: backward: %s", desc, kn, threads, attn_ctx_error(ctx));
       if (st) continue;
       double *gq = tu_to_f64(&dq), *gk = tu_to_f64(&dk), *gv = tu_to_f64(&dv), *gm = tu_to_f64(&dm), *gs = tu_to_f64(&ds);
@@ -468,8 +462,7 @@ static void oracle_vs_plain(attn_ctx *ctx) {
     attn_tensor out = make4(&a, &r, os, ATTN_F64, 0, 0);
     attn_tensor lse = attn_tensor_view(arena_alloc(&a, (size_t)nl * sizeof(double)), ATTN_F64, 3, ls);
     attn_sdpa_opts o = pb.o;
-    o.lse = &lse;
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &pb.q, &pb.k, &pb.v, &o));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &lse, NULL, &pb.q, &pb.k, &pb.v, &o));
     double *po = malloc((size_t)no * sizeof(double)), *pl = malloc((size_t)nl * sizeof(double));
     plain_attention(c, pb.q.data, pb.k.data, pb.v.data, c->alibi ? pb.slopes.data : NULL,
                     c->sinks ? pb.sinks.data : NULL, po, pl);
@@ -530,13 +523,11 @@ static void options_as_masks(attn_ctx *ctx) {
     attn_sdpa_opts_init(&o);
     o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     o.window = c.window;
-    o.lse = &lse_a;
-    CHECK_OK(ctx, attn_sdpa(ctx, &oa, &pb.q, &pb.k, &pb.v, &o));
+    CHECK_OK(ctx, attn_sdpa(ctx, &oa, &lse_a, NULL, &pb.q, &pb.k, &pb.v, &o));
     attn_sdpa_opts_init(&o);
     o.mask = &band;
     o.mask_mode = ATTN_MASK_KEEP;
-    o.lse = &lse_b;
-    CHECK_OK(ctx, attn_sdpa(ctx, &ob, &pb.q, &pb.k, &pb.v, &o));
+    CHECK_OK(ctx, attn_sdpa(ctx, &ob, &lse_b, NULL, &pb.q, &pb.k, &pb.v, &o));
     double *x = tu_to_f64(&oa), *y = tu_to_f64(&ob), *lx = tu_to_f64(&lse_a), *ly = tu_to_f64(&lse_b);
     double e = tu_rel_l2(x, y, no), el = lse_err(lx, ly, nl);
     CHECK(e <= 1e-6 && el <= 1e-6, "%s: window vs a band mask: out %.3g lse %.3g", kn, e, el);
@@ -546,13 +537,11 @@ static void options_as_masks(attn_ctx *ctx) {
     o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     o.window = c.window;
     o.alibi_slopes = &pb.slopes;
-    o.lse = &lse_a;
-    CHECK_OK(ctx, attn_sdpa(ctx, &oa, &pb.q, &pb.k, &pb.v, &o));
+    CHECK_OK(ctx, attn_sdpa(ctx, &oa, &lse_a, NULL, &pb.q, &pb.k, &pb.v, &o));
     attn_sdpa_opts_init(&o);
     o.mask = &bias;
     o.mask_mode = ATTN_MASK_ADDITIVE;
-    o.lse = &lse_b;
-    CHECK_OK(ctx, attn_sdpa(ctx, &ob, &pb.q, &pb.k, &pb.v, &o));
+    CHECK_OK(ctx, attn_sdpa(ctx, &ob, &lse_b, NULL, &pb.q, &pb.k, &pb.v, &o));
     x = tu_to_f64(&oa), y = tu_to_f64(&ob), lx = tu_to_f64(&lse_a), ly = tu_to_f64(&lse_b);
     e = tu_rel_l2(x, y, no), el = lse_err(lx, ly, nl);
     CHECK(e <= 1e-5 && el <= 1e-5, "%s: ALiBi vs an additive mask: out %.3g lse %.3g", kn, e, el);
@@ -563,13 +552,11 @@ static void options_as_masks(attn_ctx *ctx) {
     o.window = c.window;
     o.alibi_slopes = &pb.slopes;
     o.sinks = &pb.sinks;
-    o.lse = &lse_a;
-    CHECK_OK(ctx, attn_sdpa(ctx, &oa, &pb.q, &pb.k, &pb.v, &o));
+    CHECK_OK(ctx, attn_sdpa(ctx, &oa, &lse_a, NULL, &pb.q, &pb.k, &pb.v, &o));
     attn_sdpa_opts_init(&o);
     o.mask = &bias1;
     o.mask_mode = ATTN_MASK_ADDITIVE;
-    o.lse = &lse_b;
-    CHECK_OK(ctx, attn_sdpa(ctx, &ob, &pb.q, &k1, &v1, &o));
+    CHECK_OK(ctx, attn_sdpa(ctx, &ob, &lse_b, NULL, &pb.q, &k1, &v1, &o));
     x = tu_to_f64(&oa), y = tu_to_f64(&ob), lx = tu_to_f64(&lse_a), ly = tu_to_f64(&lse_b);
     e = tu_rel_l2(x, y, no), el = lse_err(lx, ly, nl);
     CHECK(e <= 1e-5 && el <= 1e-5, "%s: sinks vs an extra key: out %.3g lse %.3g", kn, e, el);
@@ -605,9 +592,7 @@ static void dead_rows_with_sinks(attn_ctx *ctx) {
     o.window = 6;
     o.key_padding = &kpm;
     o.sinks = &sinks;
-    o.weights = &w;
-    o.lse = &l;
-    CHECK_OK(ctx, attn_sdpa(ctx, &out, &q, &k, &v, &o));
+    CHECK_OK(ctx, attn_sdpa(ctx, &out, &l, &w, &q, &k, &v, &o));
     int bad = 0;
     for (int64_t h = 0; h < Hq; h++)
       for (int64_t i = 0; i < 5; i++) {
@@ -616,10 +601,7 @@ static void dead_rows_with_sinks(attn_ctx *ctx) {
         for (int64_t j = 0; j < N; j++) bad += ((float *)w.data)[(h * N + i) * N + j] != 0;
       }
     CHECK(bad == 0, "%s: fully masked rows with sinks: %d values are not zeros / lse = sink", attn_kernel_name(kern), bad);
-    o.weights = NULL;
-    o.lse = NULL;
-    o.sinks_grad = &sg;
-    CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, &G, &q, &k, &v, &out, &l, &o));
+    CHECK_OK(ctx, attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, &sg, &G, &q, &k, &v, &out, &l, &o));
     bad = 0;
     for (int64_t h = 0; h < Hq; h++)
       for (int64_t i = 0; i < 5; i++)
@@ -639,7 +621,7 @@ static void dead_rows_with_sinks(attn_ctx *ctx) {
 /* L = sum(out * G) by the oracle in double. */
 static double loss(attn_ctx *ctx, const problem *pb, const ocase *c, attn_tensor *out) {
   attn_sdpa_opts o = pb->o;
-  if (attn_sdpa_ref(ctx, out, &pb->q, &pb->k, &pb->v, &o) != ATTN_OK) return NAN;
+  if (attn_sdpa_ref(ctx, out, NULL, NULL, &pb->q, &pb->k, &pb->v, &o) != ATTN_OK) return NAN;
   double L = 0;
   const double *od = out->data, *g = pb->G.data;
   for (int64_t e = 0; e < c->B * c->Hq * c->Nq * c->Dv; e++) L += od[e] * g[e];
@@ -689,12 +671,10 @@ static void finite_differences(attn_ctx *ctx) {
     attn_tensor ds = make_vec(&a, c->Hq, ATTN_F32);
     const int additive = pb.has_mask && pb.o.mask_mode == ATTN_MASK_ADDITIVE;
     attn_sdpa_opts o = pb.o;
-    o.lse = &lse;
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &pb.q, &pb.k, &pb.v, &o));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &lse, NULL, &pb.q, &pb.k, &pb.v, &o));
     o = pb.o;
-    o.mask_grad = additive ? &dm : NULL;
-    o.sinks_grad = c->sinks ? &ds : NULL;
-    CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, &pb.G, &pb.q, &pb.k, &pb.v, &out, &lse, &o));
+    CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, additive ? &dm : NULL, c->sinks ? &ds : NULL, &pb.G, &pb.q,
+                                         &pb.k, &pb.v, &out, &lse, &o));
     const double eq = fd_err(ctx, &pb, c, &tmp, pb.q.data, attn_tensor_numel(&pb.q), dq.data);
     const double ek = fd_err(ctx, &pb, c, &tmp, pb.k.data, attn_tensor_numel(&pb.k), dk.data);
     const double ev = fd_err(ctx, &pb, c, &tmp, pb.v.data, attn_tensor_numel(&pb.v), dv.data);
@@ -807,25 +787,28 @@ static void argument_checks(attn_ctx *ctx) {
   for (int kk = 0; kk < 2; kk++) {
     CHECK_OK(ctx, attn_ctx_set_kernel(ctx, kk ? ATTN_KERNEL_AUTO : ATTN_KERNEL_REF));
     attn_sdpa_opts_init(&o); o.window = -1;
-    EXPECT(attn_sdpa(ctx, &out, &q, &k, &v, &o), ATTN_E_INVALID, "negative window");
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_INVALID, "negative window");
     attn_sdpa_opts_init(&o); o.softcap = -1;
-    EXPECT(attn_sdpa(ctx, &out, &q, &k, &v, &o), ATTN_E_INVALID, "negative softcap");
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_INVALID, "negative softcap");
     attn_sdpa_opts_init(&o); o.softcap = NAN;
-    EXPECT(attn_sdpa(ctx, &out, &q, &k, &v, &o), ATTN_E_INVALID, "NaN softcap");
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_INVALID, "NaN softcap");
     attn_sdpa_opts_init(&o); o.softcap = INFINITY;
-    EXPECT(attn_sdpa(ctx, &out, &q, &k, &v, &o), ATTN_E_INVALID, "infinite softcap");
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_INVALID, "infinite softcap");
     attn_sdpa_opts_init(&o); o.alibi_slopes = &three;
-    EXPECT(attn_sdpa(ctx, &out, &q, &k, &v, &o), ATTN_E_SHAPE, "3 slopes for 2 heads");
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_SHAPE, "3 slopes for 2 heads");
     attn_sdpa_opts_init(&o); o.alibi_slopes = &two64;
-    EXPECT(attn_sdpa(ctx, &out, &q, &k, &v, &o), ATTN_E_DTYPE, "f64 slopes");
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_DTYPE, "f64 slopes");
     attn_sdpa_opts_init(&o); o.sinks = &three;
-    EXPECT(attn_sdpa(ctx, &out, &q, &k, &v, &o), ATTN_E_SHAPE, "3 sinks for 2 heads");
-    attn_sdpa_opts_init(&o); o.lse = &lse;
-    CHECK_OK(ctx, attn_sdpa(ctx, &out, &q, &k, &v, &o));
-    attn_sdpa_opts_init(&o); o.sinks_grad = &two;
-    EXPECT(attn_sdpa_backward(ctx, &dq, &dk, &dv, &G, &q, &k, &v, &out, &lse, &o), ATTN_E_INVALID, "sinks_grad without sinks");
-    attn_sdpa_opts_init(&o); o.sinks = &two; o.sinks_grad = &three;
-    EXPECT(attn_sdpa_backward(ctx, &dq, &dk, &dv, &G, &q, &k, &v, &out, &lse, &o), ATTN_E_SHAPE, "3 sinks_grad for 2 heads");
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_SHAPE, "3 sinks for 2 heads");
+    attn_sdpa_opts_init(&o);
+    CHECK_OK(ctx, attn_sdpa(ctx, &out, &lse, NULL, &q, &k, &v, &o));
+    attn_sdpa_opts_init(&o);
+    EXPECT(attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, &two, &G, &q, &k, &v, &out, &lse, &o), ATTN_E_INVALID,
+           "sinks_grad without sinks");
+    attn_sdpa_opts_init(&o);
+    o.sinks = &two;
+    EXPECT(attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, &three, &G, &q, &k, &v, &out, &lse, &o), ATTN_E_SHAPE,
+           "3 sinks_grad for 2 heads");
   }
 #undef EXPECT
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);

@@ -28,11 +28,9 @@ static int show(int threads) {
   attn_sdpa_opts opts;
   attn_sdpa_opts_init(&opts);
   opts.causal = ATTN_CAUSAL_TOP_LEFT;
-  opts.lse = &l;
-  if ((st = attn_sdpa(ctx, &o, &q, &k, &v, &opts))) return 1;
+  if ((st = attn_sdpa(ctx, &o, &l, NULL, &q, &k, &v, &opts))) return 1;
   printf("B1 H1 N16384 D64 causal, forward:\n  %s\n", attn_ctx_plan(ctx));
-  opts.lse = NULL;
-  if ((st = attn_sdpa_backward(ctx, &dq, &dk, &dv, &o, &q, &k, &v, &o, &l, &opts))) return 1;
+  if ((st = attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &o, &q, &k, &v, &o, &l, &opts))) return 1;
   printf("B1 H1 N16384 D64 causal, backward:\n  %s\n", attn_ctx_plan(ctx));
   /* 16 rows of 100 to 32000 tokens, 8 kv heads of D 128, GQA 4 (32 query heads), one new token each */
   attn_kv_cache_config cfg;
@@ -54,7 +52,7 @@ static int show(int threads) {
     if (!any) break;
     if (attn_kv_cache_append(ctx, cache, &kk, &kk, n_new)) return 1;
   }
-  if (attn_kv_cache_attend(ctx, cache, &oo, &qq, NULL)) return 1;
+  if (attn_kv_cache_attend(ctx, cache, &oo, NULL, &qq, NULL)) return 1;
   printf("  %s\n", attn_ctx_plan(ctx));
   attn_kv_cache_destroy(cache);
   attn_tensor *all[] = {&q, &k, &v, &o, &l, &dq, &dk, &dv, &kk, &qq, &oo};
@@ -86,8 +84,7 @@ int main(int argc, char **argv) {
   attn_sdpa_opts opts;
   attn_sdpa_opts_init(&opts);
   opts.causal = ATTN_CAUSAL_TOP_LEFT;
-  opts.lse = &tl;
-  CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &opts));
+  CHECK_OK(ctx, attn_sdpa(ctx, &to, &tl, NULL, &tq, &tk, &tv, &opts));
   const char *plan = attn_ctx_plan(ctx);
   printf("forward:  %s\n", plan);
   CHECK(strstr(plan, "forward") && strstr(plan, "on 3 threads") && strstr(plan, "pack_k") &&
@@ -96,7 +93,7 @@ int main(int argc, char **argv) {
   attn_sdpa_opts bo;
   attn_sdpa_opts_init(&bo);
   bo.causal = ATTN_CAUSAL_TOP_LEFT;
-  CHECK_OK(ctx, attn_sdpa_backward(ctx, &tdq, &tdk, &tdv, &tv, &tq, &tk, &tv, &to, &tl, &bo));
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &tdq, &tdk, &tdv, NULL, NULL, &tv, &tq, &tk, &tv, &to, &tl, &bo));
   plan = attn_ctx_plan(ctx);
   printf("backward: %s\n", plan);
   /* B * H = 4 kv heads: 16 items each for 64 threads, as 8 key chunks (N = 96 has fewer
@@ -115,7 +112,7 @@ int main(int argc, char **argv) {
   attn_tensor tkk = attn_tensor_view(kk, ATTN_F32, 4, ks), tqq = attn_tensor_view(qq, ATTN_F32, 4, qs);
   attn_tensor too = attn_tensor_view(oo, ATTN_F32, 4, qs);
   CHECK_OK(ctx, attn_kv_cache_append(ctx, cache, &tkk, &tkk, n_new));
-  CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &too, &tqq, NULL));
+  CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &too, NULL, &tqq, NULL));
   plan = attn_ctx_plan(ctx);
   printf("decode:   %s\n", plan);
   CHECK(strstr(plan, "decode (4 rows") && strstr(plan, "kv_chunks") && strstr(plan, "merge_rows"),

@@ -93,9 +93,7 @@ static double *run_ref(attn_ctx *ctx, attn_tensor *q, attn_tensor *k, attn_tenso
   *lse_ref = malloc((size_t)(c->B * c->Hq * c->Nq + 1) * sizeof(double));
   attn_tensor to = attn_tensor_view(out, ATTN_F64, 4, os), tw = attn_tensor_view(*w_ref, ATTN_F64, 4, ws);
   attn_tensor tl = attn_tensor_view(*lse_ref, ATTN_F64, 3, ls);
-  o.weights = &tw;
-  o.lse = &tl;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, q, k, v, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tl, &tw, q, k, v, &o));
   return out;
 }
 
@@ -165,9 +163,7 @@ static void random_case(attn_ctx *ctx, uint64_t seed) {
       tu_poison_f32(w.data, nw);
       tu_poison_f32(lse, nl);
       attn_sdpa_opts of = o;
-      of.weights = c.want_w ? &w : NULL;
-      of.lse = c.want_lse ? &tl : NULL;
-      attn_status st = attn_sdpa(ctx, &out, &q, &k, &v, &of);
+      attn_status st = attn_sdpa(ctx, &out, c.want_lse ? &tl : NULL, c.want_w ? &w : NULL, &q, &k, &v, &of);
       CHECK(st == ATTN_OK, "seed %llu (%s) kernel %s: %s", (unsigned long long)seed, desc,
             attn_kernel_name(kernels[ki]), attn_ctx_error(ctx));
       if (st) continue;
@@ -219,25 +215,23 @@ static void oracle_by_hand(attn_ctx *ctx) {
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
   o.scale = 1.0;
-  o.weights = &tw;
-  o.lse = &tl;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tq, &tk, &tv, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tl, &tw, &tq, &tk, &tv, &o));
   const double e = exp(1.0), p0 = e / (e + 1), p1 = 1 / (e + 1);
   CHECK(fabs(w[0] - p0) < 1e-15 && fabs(w[1] - p1) < 1e-15, "weights %g %g", w[0], w[1]);
   CHECK(fabs(out[0] - 10 * p0) < 1e-14 && fabs(out[1] - 20 * p1) < 1e-14, "out %g %g", out[0], out[1]);
   CHECK(fabs(lse[0] - log(e + 1)) < 1e-15, "lse %g", lse[0]);
   /* default scale is 1/sqrt(D): D = 2 */
   o.scale = NAN;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tq, &tk, &tv, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tl, &tw, &tq, &tk, &tv, &o));
   const double s = 1 / sqrt(2.0), z = exp(s) + 1;
   CHECK(fabs(w[0] - exp(s) / z) < 1e-15, "default scale weight %g", w[0]);
   /* top-left causal: query 0 sees key 0 only */
   o.causal = ATTN_CAUSAL_TOP_LEFT;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tq, &tk, &tv, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tl, &tw, &tq, &tk, &tv, &o));
   CHECK(w[0] == 1 && w[1] == 0 && out[0] == 10 && out[1] == 0, "top-left causal %g %g", w[0], w[1]);
   /* bottom-right with Nq = 1, Nk = 2: the last query sees every key */
   o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tq, &tk, &tv, &o));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tl, &tw, &tq, &tk, &tv, &o));
   CHECK(fabs(w[0] - exp(s) / z) < 1e-15, "bottom-right causal %g", w[0]);
 }
 
@@ -273,15 +267,13 @@ static void edge_cases(attn_ctx *ctx) {
       attn_sdpa_opts_init(&o);
       o.mask = mode == 0 ? &mk : mode == 1 ? &mm : &ma;
       o.mask_mode = (attn_mask_mode)mode;
-      o.weights = &tw;
-      o.lse = &tl;
       tu_poison_f32(out, N * D);
       tu_poison_f32(w, N * N);
       if (kernels[ki] == ATTN_KERNEL_REF) {
         /* f32 outputs from the oracle: the same contract */
-        CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tq, &tk, &tv, &o));
+        CHECK_OK(ctx, attn_sdpa_ref(ctx, &to, &tl, &tw, &tq, &tk, &tv, &o));
       } else {
-        CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+        CHECK_OK(ctx, attn_sdpa(ctx, &to, &tl, &tw, &tq, &tk, &tv, &o));
       }
       int zeros = 1;
       for (int c = 0; c < D; c++) zeros &= out[2 * D + c] == 0;
@@ -304,8 +296,8 @@ static void edge_cases(attn_ctx *ctx) {
     qn[1 * D + 0] = NAN;
     attn_tensor tqn = attn_tensor_view(qn, ATTN_F32, 4, s4);
     tu_poison_f32(out, N * D);
-    CHECK_OK(ctx, kernels[ki] == ATTN_KERNEL_REF ? attn_sdpa_ref(ctx, &to, &tqn, &tk, &tv, &o)
-                                                 : attn_sdpa(ctx, &to, &tqn, &tk, &tv, &o));
+    CHECK_OK(ctx, kernels[ki] == ATTN_KERNEL_REF ? attn_sdpa_ref(ctx, &to, NULL, NULL, &tqn, &tk, &tv, &o)
+                                                 : attn_sdpa(ctx, &to, NULL, NULL, &tqn, &tk, &tv, &o));
     int row1_nan = 1, others_finite = 1;
     for (int i = 0; i < N; i++)
       for (int c = 0; c < D; c++) {
@@ -322,10 +314,10 @@ static void edge_cases(attn_ctx *ctx) {
     attn_tensor tki = attn_tensor_view(kinf, ATTN_F32, 4, s4);
     double want[N * D];
     attn_tensor twant = attn_tensor_view(want, ATTN_F64, 4, s4);
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &twant, &tq, &tki, &tv, &o));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &twant, NULL, NULL, &tq, &tki, &tv, &o));
     tu_poison_f32(out, N * D);
-    CHECK_OK(ctx, kernels[ki] == ATTN_KERNEL_REF ? attn_sdpa_ref(ctx, &to, &tq, &tki, &tv, &o)
-                                                 : attn_sdpa(ctx, &to, &tq, &tki, &tv, &o));
+    CHECK_OK(ctx, kernels[ki] == ATTN_KERNEL_REF ? attn_sdpa_ref(ctx, &to, NULL, NULL, &tq, &tki, &tv, &o)
+                                                 : attn_sdpa(ctx, &to, NULL, NULL, &tq, &tki, &tv, &o));
     int nan_rows = 0, finite_rows = 0, agree = 1;
     for (int i = 0; i < N; i++) {
       const int row_nan = isnan(want[i * D]);
@@ -359,7 +351,7 @@ static void long_case(attn_ctx *ctx) {
     attn_sdpa_opts o;
     attn_sdpa_opts_init(&o);
     o.causal = (attn_causal)causal;
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, &tq, &tk, &tv, &o));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, NULL, NULL, &tq, &tk, &tv, &o));
     for (int kern = ATTN_KERNEL_C; kern <= ATTN_KERNEL_AVX512; kern++) {
       if (!attn_kernel_supported((attn_kernel)kern)) continue;
       attn_ctx_set_kernel(ctx, (attn_kernel)kern);
@@ -367,7 +359,7 @@ static void long_case(attn_ctx *ctx) {
       for (int threads = 1; threads <= 3; threads++) { /* large enough that every thread works */
         attn_ctx_set_threads(ctx, threads);
         tu_poison_f32(out, B * H * N * D);
-        CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+        CHECK_OK(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &o));
         double *got = tu_to_f64(&to);
         double e = tu_rel_l2(got, ref, B * H * N * D);
         CHECK(e <= 1e-5, "N=%d causal %d kernel %s: rel err %.3g", N, causal, attn_kernel_name((attn_kernel)kern), e);
@@ -426,14 +418,14 @@ static void accuracy_vs_plain(attn_ctx *ctx) {
     attn_sdpa_opts o;
     attn_sdpa_opts_init(&o);
     o.causal = causal ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, &tq, &tk, &tv, &o));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, NULL, NULL, &tq, &tk, &tv, &o));
     plain_fp32(plain, q, k, v, N, D, causal);
     for (int i = 0; i < N * D; i++) pd[i] = plain[i];
     const double e_plain = tu_rel_l2(pd, ref, N * D);
     for (int kern = ATTN_KERNEL_C; kern <= ATTN_KERNEL_AVX512; kern++) {
       if (!attn_kernel_supported((attn_kernel)kern)) continue;
       attn_ctx_set_kernel(ctx, (attn_kernel)kern);
-      CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+      CHECK_OK(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &o));
       double *got = tu_to_f64(&to);
       const double e = tu_rel_l2(got, ref, N * D);
       printf("accuracy N=%d causal=%d: kernel %-6s rel L2 %.3g, plain fp32 loop %.3g\n", N, causal,

@@ -97,16 +97,11 @@ static void run_sdpa(attn_ctx *ctx, tu_rng *g, results *r) {
     attn_sdpa_opts_init(&o);
     o.causal = ATTN_CAUSAL_TOP_LEFT;
     o.sinks = &tsk;
-    o.weights = &tw;
-    o.lse = &tl;
-    RUN(r, ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+    RUN(r, ctx, attn_sdpa(ctx, &to, &tl, &tw, &tq, &tk, &tv, &o));
     res_add_tensor(r, &to);
     res_add_tensor(r, &tw);
     res_add_tensor(r, &tl);
-    o.weights = NULL;
-    o.lse = NULL;
-    o.sinks_grad = &tds;
-    RUN(r, ctx, attn_sdpa_backward(ctx, &tdq, &tdk, &tdv, &tg, &tq, &tk, &tv, &to, &tl, &o));
+    RUN(r, ctx, attn_sdpa_backward(ctx, &tdq, &tdk, &tdv, NULL, &tds, &tg, &tq, &tk, &tv, &to, &tl, &o));
     res_add_tensor(r, &tdq);
     res_add_tensor(r, &tdk);
     res_add_tensor(r, &tdv);
@@ -120,14 +115,15 @@ done:
 static void fill_params(attn_ctx *ctx, attn_mha *m, tu_rng *g) {
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    if (attn_mha_param_view(ctx, m, (attn_mha_param)p, &t) == ATTN_OK) tu_fill_f32(g, t.data, attn_tensor_numel(&t), 0.2);
+    if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p) == ATTN_OK)
+      tu_fill_f32(g, t.data, attn_tensor_numel(&t), 0.2);
   }
 }
 
 static void emit_params(attn_ctx *ctx, attn_mha *m, results *r) {
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    if (attn_mha_param_view(ctx, m, (attn_mha_param)p, &t) == ATTN_OK) res_add_tensor(r, &t);
+    if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p) == ATTN_OK) res_add_tensor(r, &t);
   }
 }
 
@@ -156,12 +152,12 @@ static void run_mha(attn_ctx *ctx, tu_rng *g, results *r) {
     attn_tensor tdx = attn_tensor_view(dx, ATTN_F32, 3, xs);
     attn_mha_opts o;
     attn_mha_opts_init(&o);
-    o.causal = ATTN_CAUSAL_TOP_LEFT;
-    RUN(r, ctx, attn_mha_forward(ctx, m, &to, &tx, NULL, NULL, &o));
+    o.attn.causal = ATTN_CAUSAL_TOP_LEFT;
+    RUN(r, ctx, attn_mha_forward(ctx, m, &to, NULL, &tx, NULL, NULL, &o));
     res_add_tensor(r, &to);
-    RUN(r, ctx, attn_mha_forward_save(ctx, m, &to2, &tx, NULL, NULL, &o, &sv));
+    RUN(r, ctx, attn_mha_forward_save(ctx, m, &to2, NULL, &sv, &tx, NULL, NULL, &o));
     res_add_tensor(r, &to2);
-    RUN(r, ctx, attn_mha_backward(ctx, m, sv, &tg, &tdx, NULL, NULL, grads));
+    RUN(r, ctx, attn_mha_backward(ctx, m, &tdx, NULL, NULL, grads, sv, &tg));
     res_add_tensor(r, &tdx);
     emit_params(ctx, grads, r);
   }
@@ -189,9 +185,8 @@ static int cache_step(attn_ctx *ctx, attn_kv_cache *c, tu_rng *g, int64_t n, int
     attn_tensor tl = attn_tensor_view(lse, ATTN_F32, 3, ls);
     attn_sdpa_opts o;
     attn_sdpa_opts_init(&o);
-    o.lse = &tl;
     RUN(r, ctx, attn_kv_cache_append(ctx, c, &tk, &tv, NULL));
-    RUN(r, ctx, attn_kv_cache_attend(ctx, c, &to, &tq, &o));
+    RUN(r, ctx, attn_kv_cache_attend(ctx, c, &to, &tl, &tq, &o));
     res_add_tensor(r, &to);
     res_add_tensor(r, &tl);
     ok = 1;

@@ -44,27 +44,27 @@ static void extents(void) {
   attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, s), to = attn_tensor_view(out, ATTN_F32, 4, s);
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
-  CHECK_OK(ctx, attn_sdpa(ctx, &to, &tq, &tk, &tv, &o));
+  CHECK_OK(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &o));
 
   /* q's second row 2^62 floats away: 2^64 bytes, which wraps */
   attn_tensor far = tq;
   far.strides[2] = P62;
-  CHECK_ERR(ctx, attn_sdpa(ctx, &to, &far, &tk, &tv, &o), ATTN_E_SHAPE, "q");
+  CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &far, &tk, &tv, &o), ATTN_E_SHAPE, "q");
   /* a negative stride counts by its size */
   far.strides[2] = -P62;
-  CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &far, &tv, &o), ATTN_E_SHAPE, "k");
+  CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &far, &tv, &o), ATTN_E_SHAPE, "k");
   far.strides[2] = INT64_MIN;
-  CHECK_ERR(ctx, attn_sdpa(ctx, &to, &tq, &tk, &far, &o), ATTN_E_SHAPE, "v");
+  CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &far, &o), ATTN_E_SHAPE, "v");
   /* the sum of the dimensions' reaches overflows although each fits */
   far = tq;
   far.strides[2] = (int64_t)1 << 60;
   far.strides[3] = (int64_t)1 << 59;
-  CHECK_ERR(ctx, attn_sdpa(ctx, &to, &far, &tk, &tv, &o), ATTN_E_SHAPE, "q");
+  CHECK_ERR(ctx, attn_sdpa(ctx, &to, NULL, NULL, &far, &tk, &tv, &o), ATTN_E_SHAPE, "q");
 
   /* empty, with a dimension of 2^62 beside the zero: attn_tensor_view's own strides */
   int64_t se[4] = {0, 1, P62, 4};
   attn_tensor eq = attn_tensor_view(q, ATTN_F32, 4, se), eo = eq;
-  CHECK_ERR(ctx, attn_sdpa(ctx, &eo, &eq, &eq, &eq, &o), ATTN_E_SHAPE, "q");
+  CHECK_ERR(ctx, attn_sdpa(ctx, &eo, NULL, NULL, &eq, &eq, &eq, &o), ATTN_E_SHAPE, "q");
   /* the same reach in bytes is fine for one-byte elements just inside int64 */
   int64_t sb[2] = {0, P62 - 1};
   attn_tensor eb = attn_tensor_view(q, ATTN_U8, 2, sb);
@@ -94,8 +94,8 @@ static void extents(void) {
   attn_tensor x = attn_tensor_view(q, ATTN_F32, 3, sx), y = attn_tensor_view(out, ATTN_F32, 3, sx);
   attn_tensor xf = x;
   xf.strides[1] = P62;
-  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &y, &xf, NULL, NULL, NULL), ATTN_E_SHAPE, "query");
-  CHECK_OK(ctx, attn_mha_forward(ctx, m, &y, &x, NULL, NULL, NULL));
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &y, NULL, &xf, NULL, NULL, NULL), ATTN_E_SHAPE, "query");
+  CHECK_OK(ctx, attn_mha_forward(ctx, m, &y, NULL, &x, NULL, NULL, NULL));
   attn_mha_destroy(m);
   attn_ctx_destroy(ctx);
 }

@@ -87,21 +87,19 @@ int cmd_demo(int argc, char **argv) {
   attn_tensor tor = attn_tensor_view(out_ref, ATTN_F64, 3, xs), twr = attn_tensor_view(w_ref, ATTN_F64, 4, ws4);
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.weights = &tw;
 
   const int reps = 201;
   double times[201];
   for (int i = 0; i < reps; i++) {
     double t0 = cli_now();
-    if (attn_mha_forward(ctx, mha, &to, &tx, NULL, NULL, &o)) return demo_fail(ctx, "forward");
+    if (attn_mha_forward(ctx, mha, &to, &tw, &tx, NULL, NULL, &o)) return demo_fail(ctx, "forward");
     times[i] = cli_now() - t0;
   }
   qsort(times, reps, sizeof times[0], cmp_double);
   const attn_kernel fast = attn_ctx_kernel(ctx);
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF);
-  o.weights = &twr;
   double t0 = cli_now();
-  if (attn_mha_forward(ctx, mha, &tor, &tx, NULL, NULL, &o)) return demo_fail(ctx, "oracle");
+  if (attn_mha_forward(ctx, mha, &tor, &twr, &tx, NULL, NULL, &o)) return demo_fail(ctx, "oracle");
   const double t_ref = cli_now() - t0;
 
   printf("libattn %s: the seed's MultiHeadSelfAttention(embed_size=%d, num_heads=%d)\n", attn_version_string(), DEMO_E,

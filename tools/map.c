@@ -372,9 +372,8 @@ int cmd_map(int argc, char **argv) {
     }
     attn_mha_opts o;
     attn_mha_opts_init(&o);
-    o.weights = &w;
-    o.causal = cli_has(&a, "--causal") ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
-    const attn_status st = attn_mha_forward(ctx, mha, &out, &x, kp, vp, &o);
+    o.attn.causal = cli_has(&a, "--causal") ? ATTN_CAUSAL_TOP_LEFT : ATTN_CAUSAL_NONE;
+    const attn_status st = attn_mha_forward(ctx, mha, &out, &w, &x, kp, vp, &o);
     attn_tensor_free(&out);
     if (st) {
       r = cli_fail(CLI_EXIT_FAIL, "map: mha: %s", attn_ctx_error(ctx));

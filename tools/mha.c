@@ -29,7 +29,7 @@ static char *join(const char *a, const char *b) {
 }
 
 static int detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, naming *nm) {
-  if (attn_mha_detect_naming(ctx, st, prefix, nm)) return cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
+  if (attn_mha_detect_naming(ctx, nm, st, prefix)) return cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
   return 0;
 }
 
@@ -64,7 +64,7 @@ static int grad_add_packed(attn_ctx *ctx, grad_file *f, attn_mha *grads, const c
   attn_tensor part[3], t;
   int64_t shape[2] = {0, 0};
   for (int i = 0; i < 3; i++) {
-    if (attn_mha_param_view(ctx, grads, (attn_mha_param)(2 * i + bias), &part[i]))
+    if (attn_mha_param_view(ctx, &part[i], grads, (attn_mha_param)(2 * i + bias)))
       return cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
     shape[0] += part[i].shape[0];
     shape[1] = bias ? 0 : part[i].shape[1];
@@ -93,7 +93,7 @@ static int collect_param_grads(attn_ctx *ctx, grad_file *f, attn_mha *grads, nam
     const char *name = single_name(nm, p);
     if (!name || (p % 2 == 1 && !bias)) continue;
     attn_tensor t;
-    if (attn_mha_param_view(ctx, grads, (attn_mha_param)p, &t))
+    if (attn_mha_param_view(ctx, &t, grads, (attn_mha_param)p))
       return cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
     if ((r = grad_add(f, prefix, name, &t, 0))) return r;
   }
@@ -137,6 +137,7 @@ int cmd_mha(int argc, char **argv) {
   attn_mha *mha = NULL, *grads = NULL;
   attn_mha_saved *saved = NULL;
   attn_tensor x = {0}, key = {0}, value = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
+  attn_tensor *wp = NULL; /* &w once --weights-out asks for it */
   attn_tensor g = {0}, dx = {0}, dkey = {0}, dvalue = {0}, slopes = {0}, sinks = {0};
   grad_file gf = {0};
   cli_outputs outs;
@@ -166,17 +167,17 @@ int cmd_mha(int argc, char **argv) {
   const int64_t B = x.shape[0], Nq = x.shape[1], Nk = cross ? key.shape[1] : Nq;
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  o.causal = causal;
-  o.dropout_p = dropout;
-  o.dropout_seed = seed;
-  o.window = window;
-  o.softcap = softcap;
+  o.attn.causal = causal;
+  o.attn.dropout_p = dropout;
+  o.attn.dropout_seed = seed;
+  o.attn.window = window;
+  o.attn.softcap = softcap;
   if ((r = cli_load_head_options(ctx, &a, heads, &slopes, &sinks))) goto done;
-  o.alibi_slopes = cli_has(&a, "--alibi") ? &slopes : NULL;
-  o.sinks = cli_has(&a, "--sinks") ? &sinks : NULL;
+  o.attn.alibi_slopes = cli_has(&a, "--alibi") ? &slopes : NULL;
+  o.attn.sinks = cli_has(&a, "--sinks") ? &sinks : NULL;
   if (cli_has(&a, "--mask")) {
     if ((r = cli_load_array(ctx, &mask, cli_get(&a, "--mask"), "--mask", 0)) ||
-        (r = cli_mask_mode_for(&a, &mask, ATTN_MASK_MASKED, &o.mask_mode)))
+        (r = cli_mask_mode_for(&a, &mask, ATTN_MASK_MASKED, &o.attn.mask_mode)))
       goto done;
     /* nn.MultiheadAttention's 3-D mask is [B*H, Nq, Nk]: view it as [B, H, Nq, Nk] */
     if (mask.rank == 3 && mask.shape[0] == B * heads && heads > 1) {
@@ -186,11 +187,11 @@ int cmd_mha(int argc, char **argv) {
       mask.shape[1] = heads; mask.strides[1] = mask.strides[0];
       mask.shape[0] = B; mask.strides[0] = mask.strides[0] * heads;
     }
-    o.mask = &mask;
+    o.attn.mask = &mask;
   }
   if (cli_has(&a, "--key-padding")) {
     if ((r = cli_load_array(ctx, &kpm, cli_get(&a, "--key-padding"), "--key-padding", 0))) goto done;
-    o.key_padding = &kpm;
+    o.attn.key_padding = &kpm;
   }
   if (train && ((r = cli_load_array(ctx, &g, cli_get(&a, "--grad-out"), "--grad-out", 1)) ||
                 (r = cli_want_rank(&g, 3, "--grad-out", "[B, Nq, E]"))))
@@ -208,15 +209,15 @@ int cmd_mha(int argc, char **argv) {
     o.average_weights = cli_has(&a, "--average-weights");
     int64_t ws4[4] = {B, heads, Nq, Nk}, ws3[3] = {B, Nq, Nk};
     if ((r = cli_alloc_f32(ctx, &w, o.average_weights ? 3 : 4, o.average_weights ? ws3 : ws4))) goto done;
-    o.weights = &w;
+    wp = &w;
   }
   if (!train) {
-    if (attn_mha_forward(ctx, mha, &out, &x, cross ? &key : NULL, cross ? &value : NULL, &o)) {
+    if (attn_mha_forward(ctx, mha, &out, wp, &x, cross ? &key : NULL, cross ? &value : NULL, &o)) {
       r = cli_fail(CLI_EXIT_FAIL, "mha: %s", attn_ctx_error(ctx));
       goto done;
     }
   } else {
-    if (attn_mha_forward_save(ctx, mha, &out, &x, cross ? &key : NULL, cross ? &value : NULL, &o, &saved)) {
+    if (attn_mha_forward_save(ctx, mha, &out, wp, &saved, &x, cross ? &key : NULL, cross ? &value : NULL, &o)) {
       r = cli_fail(CLI_EXIT_FAIL, "mha: %s", attn_ctx_error(ctx));
       goto done;
     }
@@ -227,7 +228,7 @@ int cmd_mha(int argc, char **argv) {
       r = cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
       goto done;
     }
-    if (attn_mha_backward(ctx, mha, saved, &g, &dx, cross ? &dkey : NULL, cross ? &dvalue : NULL, grads)) {
+    if (attn_mha_backward(ctx, mha, &dx, cross ? &dkey : NULL, cross ? &dvalue : NULL, grads, saved, &g)) {
       r = cli_fail(CLI_EXIT_FAIL, "mha backward: %s", attn_ctx_error(ctx));
       goto done;
     }
@@ -235,7 +236,7 @@ int cmd_mha(int argc, char **argv) {
         (cross && ((r = grad_add(&gf, "", "key", &dkey, 0)) || (r = grad_add(&gf, "", "value", &dvalue, 0)))))
       goto done;
   }
-  if ((r = cli_write_npy(ctx, &outs, "--out", &out)) || (o.weights && (r = cli_write_npy(ctx, &outs, "--weights-out", &w))) ||
+  if ((r = cli_write_npy(ctx, &outs, "--out", &out)) || (wp && (r = cli_write_npy(ctx, &outs, "--weights-out", &w))) ||
       (train && (r = cli_write_safetensors(ctx, &outs, "--grads-out", gf.n, (const char *const *)gf.name, gf.t))) ||
       (r = cli_outputs_commit(&outs)))
     goto done;

@@ -115,6 +115,7 @@ int cmd_sdpa(int argc, char **argv) {
   attn_ctx *ctx = NULL;
   if ((r = cli_setup_ctx(&ctx, &a))) return r;
   attn_tensor q = {0}, k = {0}, v = {0}, mask = {0}, kpm = {0}, out = {0}, w = {0};
+  attn_tensor *wp = NULL; /* &w once --weights-out asks for it */
   attn_tensor g = {0}, lse = {0}, dq = {0}, dk = {0}, dv = {0}, mg = {0}, dm = {0};
   attn_tensor slopes = {0}, sinks = {0}, ds = {0};
   cli_outputs outs;
@@ -158,13 +159,10 @@ int cmd_sdpa(int argc, char **argv) {
   if (cli_has(&a, "--weights-out")) {
     int64_t wshape[4] = {q.shape[0], q.shape[1], q.shape[2], k.shape[2]};
     if ((r = cli_alloc_f32(ctx, &w, 4, wshape))) goto done;
-    o.weights = &w;
+    wp = &w;
   }
-  if (backward) {
-    if ((r = cli_alloc_f32(ctx, &lse, 3, q.shape))) goto done;
-    o.lse = &lse;
-  }
-  if (attn_sdpa(ctx, &out, &q, &k, &v, &o)) {
+  if (backward && (r = cli_alloc_f32(ctx, &lse, 3, q.shape))) goto done;
+  if (attn_sdpa(ctx, &out, backward ? &lse : NULL, wp, &q, &k, &v, &o)) {
     r = cli_fail(CLI_EXIT_FAIL, "sdpa: %s", attn_ctx_error(ctx));
     goto done;
   }
@@ -175,18 +173,14 @@ int cmd_sdpa(int argc, char **argv) {
         (r = cli_alloc_f32(ctx, &dv, 4, v.shape)) || (want_dm && (r = cli_alloc_f32(ctx, &mg, 4, mshape))) ||
         (want_ds && (r = cli_alloc_f32(ctx, &ds, 1, sinks.shape))))
       goto done;
-    attn_sdpa_opts ob = o;
-    ob.weights = NULL;
-    ob.lse = NULL;
-    ob.mask_grad = want_dm ? &mg : NULL;
-    ob.sinks_grad = want_ds ? &ds : NULL;
-    if (attn_sdpa_backward(ctx, &dq, &dk, &dv, &g, &q, &k, &v, &out, &lse, &ob)) {
+    if (attn_sdpa_backward(ctx, &dq, &dk, &dv, want_dm ? &mg : NULL, want_ds ? &ds : NULL, &g, &q, &k, &v, &out, &lse,
+                           &o)) {
       r = cli_fail(CLI_EXIT_FAIL, "sdpa backward: %s", attn_ctx_error(ctx));
       goto done;
     }
     if (want_dm && (r = reduce_mask_grad(ctx, &dm, &mg, &mask))) goto done;
   }
-  if ((r = cli_write_npy(ctx, &outs, "--out", &out)) || (o.weights && (r = cli_write_npy(ctx, &outs, "--weights-out", &w))) ||
+  if ((r = cli_write_npy(ctx, &outs, "--out", &out)) || (wp && (r = cli_write_npy(ctx, &outs, "--weights-out", &w))) ||
       (want_dq && (r = cli_write_npy(ctx, &outs, "--dq-out", &dq))) ||
       (want_dk && (r = cli_write_npy(ctx, &outs, "--dk-out", &dk))) ||
       (want_dv && (r = cli_write_npy(ctx, &outs, "--dv-out", &dv))) ||

@@ -38,8 +38,7 @@ class KVCache:
         self._h = None
         self._ctx.set_threads(threads)
         cfg = _capi.KvCacheConfig()
-        _capi.lib.attn_kv_cache_config_init(ctypes.byref(cfg), int(batch), int(capacity), int(kv_heads),
-                                            int(head_dim))
+        _capi.init(cfg, int(batch), int(capacity), int(kv_heads), int(head_dim))
         cfg.v_head_dim = int(v_head_dim or 0)
         cfg.dtype = _cache_dtype(dtype)
         h = ctypes.c_void_p()
@@ -97,17 +96,17 @@ class KVCache:
         B, Hq, Nq = (int(n) for n in qa.shape[:3])
         out = np.empty((B, Hq, Nq, self.v_head_dim), np.float32)
         o = _capi.SdpaOpts()
-        _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
+        _capi.init(o)
         if scale is not None:
             o.scale = float(scale)
-        lse = None
+        lse = lt = None
         if return_lse:
             lse = np.empty((B, Hq, Nq), np.float32)
             lt = _tensor(lse)
-            o.lse = ctypes.pointer(lt)
         ot, qt = _tensor(out), _tensor(qa)
         with self._lock:
             self._ctx.check(_capi.lib.attn_kv_cache_attend(self._ctx.h, self._handle(), ctypes.byref(ot),
+                                                           None if lt is None else ctypes.byref(lt),
                                                            ctypes.byref(qt), ctypes.byref(o)))
         if return_lse:
             return _wrap(out, like_torch), _wrap(lse, like_torch)
@@ -131,8 +130,8 @@ class KVCache:
     def _row(self, row):
         kt, vt = _capi.Tensor(), _capi.Tensor()
         with self._lock:
-            self._ctx.check(_capi.lib.attn_kv_cache_view(self._ctx.h, self._handle(), int(row), ctypes.byref(kt),
-                                                         ctypes.byref(vt)))
+            self._ctx.check(_capi.lib.attn_kv_cache_view(self._ctx.h, ctypes.byref(kt), ctypes.byref(vt),
+                                                         self._handle(), int(row)))
             return _stored_to_f32(kt), _stored_to_f32(vt)  # copied under the lock: the views die on append
 
     def keys(self, row):

@@ -28,28 +28,31 @@ class Tensor(ctypes.Structure):
     ]
 
 
+# The options and config structs begin with size_t size: the library reads
+# only the first `size` bytes, so a mirror set up by init() below (size =
+# ctypes.sizeof of the mirror) works with any library at least as new.
 class SdpaOpts(ctypes.Structure):
+    _init_ = "attn_sdpa_opts_init"
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("scale", ctypes.c_double),
         ("causal", _c_enum),
         ("mask", ctypes.POINTER(Tensor)),
         ("mask_mode", _c_enum),
         ("key_padding", ctypes.POINTER(Tensor)),
-        ("weights", ctypes.POINTER(Tensor)),
-        ("lse", ctypes.POINTER(Tensor)),
         ("dropout_p", ctypes.c_double),
         ("dropout_seed", ctypes.c_uint64),
-        ("mask_grad", ctypes.POINTER(Tensor)),
         ("window", ctypes.c_int64),
         ("softcap", ctypes.c_double),
         ("alibi_slopes", ctypes.POINTER(Tensor)),
         ("sinks", ctypes.POINTER(Tensor)),
-        ("sinks_grad", ctypes.POINTER(Tensor)),
     ]
 
 
 class MhaConfig(ctypes.Structure):
+    _init_ = "attn_mha_config_init"
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("embed_dim", ctypes.c_int64),
         ("num_heads", ctypes.c_int64),
         ("num_kv_heads", ctypes.c_int64),
@@ -60,7 +63,9 @@ class MhaConfig(ctypes.Structure):
 
 
 class KvCacheConfig(ctypes.Structure):
+    _init_ = "attn_kv_cache_config_init"
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("batch", ctypes.c_int64),
         ("capacity", ctypes.c_int64),
         ("kv_heads", ctypes.c_int64),
@@ -71,19 +76,12 @@ class KvCacheConfig(ctypes.Structure):
 
 
 class MhaOpts(ctypes.Structure):
+    _init_ = "attn_mha_opts_init"
+    _nested_ = "attn"  # a sized struct inside: the library reads it by its own size
     _fields_ = [
-        ("causal", _c_enum),
-        ("mask", ctypes.POINTER(Tensor)),
-        ("mask_mode", _c_enum),
-        ("key_padding", ctypes.POINTER(Tensor)),
-        ("weights", ctypes.POINTER(Tensor)),
+        ("size", ctypes.c_size_t),
+        ("attn", SdpaOpts),
         ("average_weights", ctypes.c_int),
-        ("dropout_p", ctypes.c_double),
-        ("dropout_seed", ctypes.c_uint64),
-        ("window", ctypes.c_int64),
-        ("softcap", ctypes.c_double),
-        ("alibi_slopes", ctypes.POINTER(Tensor)),
-        ("sinks", ctypes.POINTER(Tensor)),
     ]
 
 
@@ -132,9 +130,11 @@ _protos = {
     "attn_tensor_view": (Tensor, [_P, _c_enum, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]),
     "attn_sdpa_opts_init": (None, [ctypes.POINTER(SdpaOpts)]),
     "attn_alibi_slopes": (ctypes.c_int, [ctypes.POINTER(ctypes.c_float), ctypes.c_int64]),
-    "attn_sdpa": (_st, [_P, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
-    # dq, dk, dv, dout, q, k, v, out, lse, opts
-    "attn_sdpa_backward": (_st, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    # ctx, out, lse, weights, q, k, v, opts
+    "attn_sdpa": (_st, [_P, _PT, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    # ctx, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts
+    "attn_sdpa_backward": (_st, [_P, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT, _PT,
+                                 ctypes.POINTER(SdpaOpts)]),
     "attn_mha_config_init": (None, [ctypes.POINTER(MhaConfig), ctypes.c_int64, ctypes.c_int64]),
     "attn_mha_create": (_st, [_P, ctypes.POINTER(_P), ctypes.POINTER(MhaConfig)]),
     "attn_mha_destroy": (None, [_P]),
@@ -143,13 +143,15 @@ _protos = {
     "attn_mha_create_from_safetensors": (_st, [_P, ctypes.POINTER(_P), ctypes.c_char_p, ctypes.c_char_p,
                                                ctypes.c_int64, ctypes.c_int64]),
     "attn_mha_opts_init": (None, [ctypes.POINTER(MhaOpts)]),
-    "attn_mha_forward": (_st, [_P, _P, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
-    "attn_mha_param_view": (_st, [_P, _P, ctypes.c_int, _PT]),
-    # ctx, mha, out, query, key, value, opts, saved**
-    "attn_mha_forward_save": (_st, [_P, _P, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts), ctypes.POINTER(_P)]),
+    # ctx, mha, out, weights, query, key, value, opts
+    "attn_mha_forward": (_st, [_P, _P, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
+    # ctx, out, mha, which
+    "attn_mha_param_view": (_st, [_P, _PT, _P, ctypes.c_int]),
+    # ctx, mha, out, weights, saved**, query, key, value, opts
+    "attn_mha_forward_save": (_st, [_P, _P, _PT, _PT, ctypes.POINTER(_P), _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
     "attn_mha_saved_free": (None, [_P]),
-    # ctx, mha, saved, dout, dquery, dkey, dvalue, grads
-    "attn_mha_backward": (_st, [_P, _P, _P, _PT, _PT, _PT, _PT, _P]),
+    # ctx, mha, dquery, dkey, dvalue, grads, saved, dout
+    "attn_mha_backward": (_st, [_P, _P, _PT, _PT, _PT, _P, _P, _PT]),
     "attn_kv_cache_config_init": (None, [ctypes.POINTER(KvCacheConfig), ctypes.c_int64, ctypes.c_int64,
                                          ctypes.c_int64, ctypes.c_int64]),
     "attn_kv_cache_create": (_st, [_P, ctypes.POINTER(_P), ctypes.POINTER(KvCacheConfig)]),
@@ -158,11 +160,12 @@ _protos = {
     "attn_kv_cache_length": (ctypes.c_int64, [_P, ctypes.c_int64]),
     # ctx, cache, k, v, n_new (int64[B] or NULL)
     "attn_kv_cache_append": (_st, [_P, _P, _PT, _PT, ctypes.POINTER(ctypes.c_int64)]),
-    # ctx, cache, out, q, opts
-    "attn_kv_cache_attend": (_st, [_P, _P, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
+    # ctx, cache, out, lse, q, opts
+    "attn_kv_cache_attend": (_st, [_P, _P, _PT, _PT, _PT, ctypes.POINTER(SdpaOpts)]),
     "attn_kv_cache_truncate": (_st, [_P, _P, ctypes.c_int64, ctypes.c_int64]),
     "attn_kv_cache_copy_row": (_st, [_P, _P, ctypes.c_int64, ctypes.c_int64]),
-    "attn_kv_cache_view": (_st, [_P, _P, ctypes.c_int64, _PT, _PT]),
+    # ctx, k, v, cache, row
+    "attn_kv_cache_view": (_st, [_P, _PT, _PT, _P, ctypes.c_int64]),
     # ctx, mha, cache, out, x, opts
     "attn_mha_forward_cached": (_st, [_P, _P, _P, _PT, _PT, ctypes.POINTER(MhaOpts)]),
 }
@@ -172,23 +175,39 @@ for _name, (_res, _args) in _protos.items():
     _f.argtypes = _args
 
 
-def c_struct_size(init, *args):
-    """The size the library gives an options struct: its *_init memsets the
-    whole struct, so count the bytes it changes in a sentinel-filled buffer."""
-    buf = (ctypes.c_ubyte * 4096)(*([0xA5] * 4096))
+_SCRATCH = 4096  # more than any of the library's structs
+
+
+def _library_struct(struct, *args):
+    """The bytes of the library's own defaults for struct (its *_init run on
+    a scratch buffer: the library's struct may be larger than the mirror)."""
+    init = getattr(lib, struct._init_)
+    buf = (ctypes.c_ubyte * _SCRATCH)()
     init(ctypes.cast(buf, init.argtypes[0]), *args)
-    n = 4096
-    while n > 0 and buf[n - 1] == 0xA5:
-        n -= 1
-    return n
+    n = ctypes.c_size_t.from_buffer(buf).value
+    if not 0 < n <= _SCRATCH:
+        raise ImportError(f"{library_path}: {struct._init_} sets size {n}: not a libattn this binding knows")
+    return bytes(buf[:n])
 
 
-# A library whose structs differ from these mirrors would read and write past
-# them: refuse it (a stale build, or a binding older than the header).
-for _struct, _init, _args in ((SdpaOpts, lib.attn_sdpa_opts_init, ()), (MhaOpts, lib.attn_mha_opts_init, ()),
-                              (MhaConfig, lib.attn_mha_config_init, (8, 2)),
-                              (KvCacheConfig, lib.attn_kv_cache_config_init, (1, 2, 3, 4))):
-    _got = c_struct_size(_init, *_args)
-    if _got != ctypes.sizeof(_struct):
-        raise ImportError(f"{library_path}: {_struct.__name__} is {_got} bytes in the library, "
-                          f"{ctypes.sizeof(_struct)} in this binding: rebuild the library or update the binding")
+def _fill(s, raw):
+    """Mirror s from raw, the library's struct of the same kind (its size first)."""
+    nested = getattr(type(s), "_nested_", None)
+    if nested is None:
+        ctypes.memmove(ctypes.addressof(s), raw, min(len(raw), ctypes.sizeof(s)))
+    else:  # the fields after the nested struct start where the library's nested struct ends
+        at = getattr(type(s), nested).offset
+        inner = getattr(s, nested)
+        inner_n = ctypes.c_size_t.from_buffer_copy(raw, at).value
+        _fill(inner, raw[at:at + inner_n])
+        tail = at + ctypes.sizeof(inner)
+        ctypes.memmove(ctypes.addressof(s) + tail, raw[at + inner_n:], min(len(raw) - at - inner_n,
+                                                                          ctypes.sizeof(s) - tail))
+    s.size = ctypes.sizeof(s)
+
+
+def init(s, *args):
+    """s (a mirror above) = the library's defaults (its *_init with args),
+    with s.size the mirror's own size, which is what the library reads."""
+    _fill(s, _library_struct(type(s), *args))
+    return s

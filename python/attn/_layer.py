@@ -31,7 +31,7 @@ class MultiheadAttention:
         self._ctx.set_threads(threads)
         if _handle is None:
             cfg = _capi.MhaConfig()
-            _capi.lib.attn_mha_config_init(ctypes.byref(cfg), int(embed_dim), int(num_heads))
+            _capi.init(cfg, int(embed_dim), int(num_heads))
             cfg.num_kv_heads = int(num_kv_heads or 0)
             cfg.kdim = int(kdim or 0)
             cfg.vdim = int(vdim or 0)
@@ -80,7 +80,7 @@ class MultiheadAttention:
         """attn_mha_opts for the masks of one call, and the arrays/structs it points to."""
         H = self.num_heads
         opts = _capi.MhaOpts()
-        _capi.lib.attn_mha_opts_init(ctypes.byref(opts))
+        _capi.init(opts)
         keep = []
         masks = []  # additive float masks to combine, [B or 1, H or 1, L or 1, S]
         if attn_mask is not None:
@@ -90,7 +90,7 @@ class MultiheadAttention:
             m = _to4(m)
             masks.append(m)
         elif is_causal:
-            opts.causal = _capi.CAUSAL_TOP_LEFT  # PyTorch's hint: the mask, if given, is the causal one
+            opts.attn.causal = _capi.CAUSAL_TOP_LEFT  # PyTorch's hint: the mask, if given, is the causal one
         if key_padding_mask is not None:
             kp = _to_numpy(key_padding_mask, "key_padding_mask", "mask")
             if kp.ndim == 1:
@@ -98,7 +98,7 @@ class MultiheadAttention:
             if kp.dtype == np.bool_:
                 kpt = _tensor(kp)
                 keep += [kp, kpt]
-                opts.key_padding = ctypes.pointer(kpt)
+                opts.attn.key_padding = ctypes.pointer(kpt)
             else:  # a float key padding mask is additive: fold it into the mask
                 masks.append(kp[:, None, None, :])
         if mask_mode is not None and len(masks) != 1:
@@ -112,8 +112,8 @@ class MultiheadAttention:
         if masks:
             mt = _tensor(m)
             keep += [m, mt]
-            opts.mask = ctypes.pointer(mt)
-            opts.mask_mode = _mask_mode(mask_mode, m, _capi.MASK_MASKED)
+            opts.attn.mask = ctypes.pointer(mt)
+            opts.attn.mask_mode = _mask_mode(mask_mode, m, _capi.MASK_MASKED)
         return opts, keep
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -129,18 +129,18 @@ class MultiheadAttention:
         v, _ = self._batch_major(value, "value")
         B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
-        weights = None
+        weights = wt = None
         if need_weights:
             weights = np.empty((B, L, S) if average_attn_weights else (B, H, L, S), np.float32)
             wt = _tensor(weights)
             keep.append(wt)
-            opts.weights = ctypes.pointer(wt)
             opts.average_weights = 1 if average_attn_weights else 0
         out = np.empty((B, L, self.embed_dim) if self.batch_first or unbatched else (L, B, self.embed_dim), np.float32)
         ob = out if self.batch_first or unbatched else out.transpose(1, 0, 2)
         ot, qt, kt, vt = _tensor(ob), _tensor(q), _tensor(k), _tensor(v)
         with self._lock:
-            self._ctx.check(_capi.lib.attn_mha_forward(self._ctx.h, self._h, ctypes.byref(ot), ctypes.byref(qt),
+            self._ctx.check(_capi.lib.attn_mha_forward(self._ctx.h, self._h, ctypes.byref(ot),
+                                                       None if wt is None else ctypes.byref(wt), ctypes.byref(qt),
                                                        ctypes.byref(kt), ctypes.byref(vt), ctypes.byref(opts)))
         if unbatched:
             out = out[0]
@@ -180,7 +180,7 @@ class MultiheadAttention:
         B, n = xb.shape[0], xb.shape[1]
         out, ob = self._user_layout((B, n, self.embed_dim), unbatched)
         opts = _capi.MhaOpts()
-        _capi.lib.attn_mha_opts_init(ctypes.byref(opts))
+        _capi.init(opts)
         ot, xt = _tensor(ob), _tensor(xb)
         # layer lock, then cache lock: KVCache methods take only the latter, so no cycle
         with self._lock, cache._lock:
@@ -229,16 +229,15 @@ class MultiheadAttention:
         with self._lock:
             try:
                 c.check(_capi.lib.attn_mha_create(c.h, ctypes.byref(grads), _capi.lib.attn_mha_get_config(self._h)))
-                c.check(_capi.lib.attn_mha_forward_save(c.h, self._h, ref(ts[0]), ref(ts[1]),
-                                                        None if self_attn else ref(ts[2]),
-                                                        None if self_attn else ref(ts[3]), ctypes.byref(opts),
-                                                        ctypes.byref(saved)))
-                c.check(_capi.lib.attn_mha_backward(c.h, self._h, saved, ref(ts[4]), ref(ts[5]), ref(dkt), ref(dvt),
-                                                    grads))
+                c.check(_capi.lib.attn_mha_forward_save(c.h, self._h, ref(ts[0]), None, ctypes.byref(saved),
+                                                        ref(ts[1]), None if self_attn else ref(ts[2]),
+                                                        None if self_attn else ref(ts[3]), ctypes.byref(opts)))
+                c.check(_capi.lib.attn_mha_backward(c.h, self._h, ref(ts[5]), ref(dkt), ref(dvt), grads, saved,
+                                                    ref(ts[4])))
                 p = {}
                 for which in range(8):
                     t = _capi.Tensor()
-                    if _capi.lib.attn_mha_param_view(c.h, grads, which, ctypes.byref(t)) != 0:
+                    if _capi.lib.attn_mha_param_view(c.h, ctypes.byref(t), grads, which) != 0:
                         continue  # a bias of a layer without biases
                     n = int(np.prod([t.shape[i] for i in range(t.rank)]))
                     flat = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)), (n,))

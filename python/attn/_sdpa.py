@@ -44,7 +44,7 @@ class _SdpaCall:
         self.B, self.H = self.q4.shape[0], self.q4.shape[1]
         self.Dv = self.v4.shape[3]
         o = self.opts = _capi.SdpaOpts()
-        _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
+        _capi.init(o)
         if scale is not None:
             o.scale = float(scale)
         if is_causal:
@@ -89,10 +89,11 @@ class _SdpaCall:
             o.dropout_seed = (int(np.random.randint(0, 2**63, dtype=np.int64)) if dropout_seed is None
                               else int(dropout_seed))
 
-    def out_ptr(self, attr, a):
+    def out_ptr(self, a):
+        """An optional output argument viewing array a (kept alive with this call)."""
         t = _tensor(a)
         self.keep += [a, t]
-        setattr(self.opts, attr, ctypes.pointer(t))
+        return ctypes.byref(t)
 
     def unbatch(self, a):
         """[B, H, ...] back to the caller's leading dims."""
@@ -108,18 +109,18 @@ def _unbroadcast(g, shape):
 
 def _sdpa_forward(c, want_weights, want_lse, threads):
     out = np.empty((c.B, c.H, c.L, c.Dv), np.float32)
-    weights = lse = None
+    weights = lse = weights_arg = lse_arg = None
     if want_weights:
         weights = np.empty((c.B, c.H, c.L, c.S), np.float32)
-        c.out_ptr("weights", weights)
+        weights_arg = c.out_ptr(weights)
     if want_lse:
         lse = np.empty((c.B, c.H, c.L), np.float32)
-        c.out_ptr("lse", lse)
+        lse_arg = c.out_ptr(lse)
     ot, qt, kt, vt = _tensor(out), _tensor(c.q4), _tensor(c.k4), _tensor(c.v4)
     x = _ctx()
     x.set_threads(threads)
-    x.check(_capi.lib.attn_sdpa(x.h, ctypes.byref(ot), ctypes.byref(qt), ctypes.byref(kt), ctypes.byref(vt),
-                                ctypes.byref(c.opts)))
+    x.check(_capi.lib.attn_sdpa(x.h, ctypes.byref(ot), lse_arg, weights_arg, ctypes.byref(qt), ctypes.byref(kt),
+                                ctypes.byref(vt), ctypes.byref(c.opts)))
     return out, weights, lse
 
 
@@ -132,16 +133,17 @@ def _sdpa_backward(c, dout, out, lse, want_mask_grad, threads):
     dq = np.empty(c.q4.shape, np.float32)
     dk = np.empty(c.k4.shape, np.float32)
     dv = np.empty(c.v4.shape, np.float32)
-    mg = None
+    mg = mg_arg = None
     if want_mask_grad:
         if c.mask_shape is None or c.opts.mask_mode != _capi.MASK_ADDITIVE:
             raise ValueError("a mask gradient needs a float (additive) attn_mask")
         mg = np.empty((c.B, c.H, c.L, c.S), np.float32)
-        c.out_ptr("mask_grad", mg)
+        mg_arg = c.out_ptr(mg)
     ts = [_tensor(a) for a in (dq, dk, dv, d4, c.q4, c.k4, c.v4, o4, l3)]
     x = _ctx()
     x.set_threads(threads)
-    x.check(_capi.lib.attn_sdpa_backward(x.h, *(ctypes.byref(t) for t in ts), ctypes.byref(c.opts)))
+    args = [ctypes.byref(t) for t in ts]
+    x.check(_capi.lib.attn_sdpa_backward(x.h, *args[:3], mg_arg, None, *args[3:], ctypes.byref(c.opts)))
     dmask = None
     if mg is not None:
         dmask = np.ascontiguousarray(_unbroadcast(c.unbatch(mg), c.mask_shape), np.float32)

@@ -137,17 +137,15 @@ def layout():
     o.causal = 77
     o.dropout_seed = 99
     _capi.lib.attn_sdpa_opts_init(ctypes.byref(o))
-    assert math.isnan(o.scale) and o.causal == 0 and not o.mask and not o.weights and o.dropout_p == 0.0
-    assert o.dropout_seed == 0 and not o.mask_grad
+    assert math.isnan(o.scale) and o.causal == 0 and not o.mask and o.dropout_p == 0.0
+    assert o.dropout_seed == 0
     mo = _capi.MhaOpts()
-    mo.mask_mode = 9
+    mo.attn.mask_mode = 9
     _capi.lib.attn_mha_opts_init(ctypes.byref(mo))
-    assert mo.mask_mode == _capi.MASK_MASKED and mo.average_weights in (0, 1)
-    # the mirrors are as large as the library's structs (their *_init memsets them whole)
-    for st, init, args in ((_capi.SdpaOpts, _capi.lib.attn_sdpa_opts_init, ()),
-                           (_capi.MhaOpts, _capi.lib.attn_mha_opts_init, ()),
-                           (_capi.MhaConfig, _capi.lib.attn_mha_config_init, (8, 2))):
-        assert _capi.c_struct_size(init, *args) == ctypes.sizeof(st), st.__name__
+    assert mo.attn.mask_mode == _capi.MASK_MASKED and mo.average_weights in (0, 1)
+    # the mirrors are as large as the library's structs (their *_init sets size to their sizeof)
+    for st, args in ((_capi.SdpaOpts, ()), (_capi.MhaOpts, ()), (_capi.MhaConfig, (8, 2))):
+        assert len(_capi._library_struct(st, *args)) == ctypes.sizeof(st), st.__name__
     m = attn.MultiheadAttention(8, 2, kdim=6, vdim=5, num_kv_heads=1, bias=False)
     assert (m.embed_dim, m.num_heads, m.num_kv_heads, m.kdim, m.vdim, m.bias) == (8, 2, 1, 6, 5, False)
     return 0.0

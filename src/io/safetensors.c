@@ -722,7 +722,7 @@ const char *attn_safetensors_name(const attn_safetensors *st, int64_t index) {
   return st->e[index].name;
 }
 
-attn_status attn_safetensors_get(attn_ctx *ctx, const attn_safetensors *st, const char *name, attn_tensor *out) {
+attn_status attn_safetensors_get(attn_ctx *ctx, attn_tensor *out, const attn_safetensors *st, const char *name) {
   ATTN__ENTER(ctx);
   if (!st || !name || !out) return attn__fail(ctx, ATTN_E_INVALID, "attn_safetensors_get: null argument");
   const st_entry *e;

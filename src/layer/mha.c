@@ -1,9 +1,11 @@
-/* The multi-head attention layer: projections, head split, SDPA, merge, output projection.
+/* The multi-head attention layer: projections, head split, SDPA, merge, output projection
+ * (the forward in four steps: project, attend, project_out, save).
  *
  * Heads are split and merged by strides, not copies: the projected Q of
  * [B, N, H*D] is viewed as [B, H, N, D], and SDPA writes straight into a
  * [B, N, H*D] buffer viewed the same way. */
 #include "mha_internal.h"
+#include "../logit.h"
 #include "../io/io.h"
 
 #include <stdio.h>
@@ -15,6 +17,7 @@ static const char *param_label[ATTN_MHA_NUM_PARAMS] = {"q weight", "q bias", "k 
 void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_heads) {
   if (!cfg) return;
   memset(cfg, 0, sizeof *cfg);
+  cfg->size = sizeof *cfg;
   cfg->embed_dim = embed_dim;
   cfg->num_heads = num_heads;
   cfg->bias = 1;
@@ -23,14 +26,19 @@ void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_h
 void attn_mha_opts_init(attn_mha_opts *opts) {
   if (!opts) return;
   memset(opts, 0, sizeof *opts);
-  opts->mask_mode = ATTN_MASK_MASKED;
+  opts->size = sizeof *opts;
+  attn_sdpa_opts_init(&opts->attn);
+  opts->attn.mask_mode = ATTN_MASK_MASKED;
 }
 
 attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg) {
   ATTN__ENTER(ctx);
   if (!out || !cfg) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_create: null argument");
   *out = NULL;
-  attn_mha_config c = *cfg;
+  attn_mha_config c;
+  attn_mha_config_init(&c, 0, 0);
+  attn_status st = attn__read_sized(ctx, &c, sizeof c, cfg, "cfg", "attn_mha_config_init");
+  if (st) return st;
   if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
   if (c.kdim == 0) c.kdim = c.embed_dim;
   if (c.vdim == 0) c.vdim = c.embed_dim;
@@ -95,7 +103,7 @@ static attn_tensor param_tensor(attn_mha *m, int which) {
   return attn_tensor_view(m->param[which], ATTN_F32, m->cols[which] ? 2 : 1, shape);
 }
 
-attn_status attn_mha_param_view(attn_ctx *ctx, attn_mha *mha, attn_mha_param which, attn_tensor *out) {
+attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, attn_mha_param which) {
   ATTN__ENTER(ctx);
   if (!mha || !out) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_param_view: null argument");
   if ((int)which < 0 || which >= ATTN_MHA_NUM_PARAMS)
@@ -244,8 +252,8 @@ static attn_status st_naming(attn_ctx *ctx, const attn_safetensors *st, const ch
   return ATTN_OK;
 }
 
-attn_status attn_mha_detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix,
-                                   attn_mha_naming *naming) {
+attn_status attn_mha_detect_naming(attn_ctx *ctx, attn_mha_naming *naming, const attn_safetensors *st,
+                                   const char *prefix) {
   ATTN__ENTER(ctx);
   if (!naming) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_detect_naming: naming is NULL");
   *naming = ATTN_MHA_NAMING_NONE;
@@ -570,23 +578,255 @@ static void average_heads(attn_tensor *out, const attn_tensor *w) {
       }
 }
 
-attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
-                             const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts) {
+attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts) {
+  attn_mha_opts_init(dst);
+  if (!opts) return ATTN_OK;
+  /* attn holds its own size: what follows it in the caller's struct starts where the caller's attn ends */
+  const size_t at = offsetof(attn_mha_opts, attn), head = at + sizeof opts->attn.size;
+  if (opts->size == 0) return attn__fail(ctx, ATTN_E_INVALID, "opts.size is 0: initialise with attn_mha_opts_init");
+  if (opts->size < head || opts->attn.size > opts->size - at)
+    return attn__fail(ctx, ATTN_E_INVALID,
+                      "opts.size is %zu and opts.attn.size %zu: not the sizes of any version of attn_mha_opts (%zu "
+                      "and %zu in this libattn): initialise with attn_mha_opts_init",
+                      opts->size, opts->attn.size, sizeof *dst, sizeof dst->attn);
+  attn_status st = attn__read_sized(ctx, &dst->attn, sizeof dst->attn, &opts->attn, "opts.attn", "attn_mha_opts_init");
+  if (st) return st;
+  const size_t tail = at + sizeof dst->attn, caller_tail = at + opts->attn.size;
+  if (opts->size - caller_tail > sizeof *dst - tail)
+    return attn__fail(ctx, ATTN_E_INVALID,
+                      "opts.size is %zu, more than any version of attn_mha_opts with a %zu-byte attn (this libattn: "
+                      "%zu); built against a newer attn.h?",
+                      opts->size, opts->attn.size, sizeof *dst);
+  memcpy((char *)dst + tail, (const char *)opts + caller_tail, opts->size - caller_tail);
+  return ATTN_OK;
+}
+
+/* ---- the forward, step by step: project, attend, project out, save ---------------- */
+/* One forward's buffers, in the path's type (double when ref, else float);
+ * M = B * Nq query rows, Mk = B * Nk key rows. Each is owned here until save
+ * hands it to a saved state; fwd_free frees what is left. */
+typedef struct fwd {
+  int ref, fused, keep; /* fused: self-attention in fp32, Q, K and V side by side in Q's rows */
+  int64_t B, Nq, Nk;
+  void *Q, *K, *V;      /* [M, E] rows ldq apart, [Mk, Hk*D] rows ldkv apart; fused: K, V point into Q */
+  int64_t ldq, ldkv;
+  float *own_q, *own_k, *own_v; /* fp32 copies of the inputs (gathered, or kept for the backward) */
+  const float *xq, *xk, *xv;    /* the fp32 inputs' contiguous rows: own_* or the caller's */
+  double *cq, *ck, *cv;         /* float64 copies, kept for the backward; may share a buffer */
+  void *A;              /* [M, E]: attention's output, heads side by side */
+  size_t nA;            /* its bytes */
+  void *L;              /* [B, H, Nq]: attention's lse, kept for the backward (else NULL) */
+  void *own_opt[ATTN__SDPA_OPT_TENSORS]; /* the saved copies of the options' tensors */
+} fwd;
+
+static void fwd_free(fwd *f) {
+  for (int i = 0; i < ATTN__SDPA_OPT_TENSORS; i++) attn__aligned_free(f->own_opt[i]);
+  attn__aligned_free(f->own_q);
+  attn__aligned_free(f->own_k);
+  attn__aligned_free(f->own_v);
+  if (f->ck != f->cq) attn__aligned_free(f->ck);
+  if (f->cv != f->cq && f->cv != f->ck) attn__aligned_free(f->cv);
+  attn__aligned_free(f->cq);
+  if (!f->fused) {
+    attn__aligned_free(f->K);
+    attn__aligned_free(f->V);
+  }
+  attn__aligned_free(f->Q);
+  attn__aligned_free(f->A);
+  attn__aligned_free(f->L);
+}
+
+/* f->Q [M, E] = query Wq^T + bq, f->K [Mk, Hk*D] = key Wk^T + bk, f->V alike:
+ * query [B, Nq, E], key [B, Nk, kdim], value [B, Nk, vdim] (key and value may be query). */
+static attn_status project(attn_ctx *ctx, fwd *f, const attn_mha *mha, const attn_tensor *query,
+                           const attn_tensor *key, const attn_tensor *value) {
+  const attn_mha_config *c = &mha->cfg;
+  const int64_t E = c->embed_dim, kv = mha->kv_dim, B = f->B, Nq = f->Nq, Nk = f->Nk;
+  const float *const *P = (const float *const *)mha->param;
+  const int th = attn__threads(ctx);
+  if (f->fused) {
+    f->xq = f->xk = f->xv = rows_of(query, &f->own_q, f->keep);
+    if (!f->xq) return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
+    attn__mha_qkv(ctx, f->Q, f->xq, mha, B * Nq);
+    return ATTN_OK;
+  }
+  if (f->ref) {
+    attn_tensor vq, vk, vv;
+    const attn_tensor *tq = query, *tk = key, *tv = value;
+    if (f->keep) { /* project from double copies, which the backward reads */
+      f->cq = rows_f64(query);
+      f->ck = key == query ? f->cq : rows_f64(key);
+      f->cv = value == query ? f->cq : (value == key ? f->ck : rows_f64(value));
+      if (!f->cq || !f->ck || !f->cv)
+        return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
+      vq = rows_view(f->cq, ATTN_F64, B, Nq, E);
+      vk = rows_view(f->ck, ATTN_F64, B, Nk, c->kdim);
+      vv = rows_view(f->cv, ATTN_F64, B, Nk, c->vdim);
+      tq = &vq, tk = &vk, tv = &vv;
+    }
+    linear_ref(th, f->Q, tq, B * Nq, P[ATTN_MHA_Q_WEIGHT], P[ATTN_MHA_Q_BIAS], E, E);
+    linear_ref(th, f->K, tk, B * Nk, P[ATTN_MHA_K_WEIGHT], P[ATTN_MHA_K_BIAS], kv, c->kdim);
+    linear_ref(th, f->V, tv, B * Nk, P[ATTN_MHA_V_WEIGHT], P[ATTN_MHA_V_BIAS], kv, c->vdim);
+    return ATTN_OK;
+  }
+  f->xq = rows_of(query, &f->own_q, f->keep);
+  f->xk = key == query ? f->xq : rows_of(key, &f->own_k, f->keep);
+  f->xv = value == query ? f->xq : (value == key ? f->xk : rows_of(value, &f->own_v, f->keep));
+  if (!f->xq || !f->xk || !f->xv)
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
+  attn__sgemm_nt(ctx, B * Nq, E, E, f->xq, E, P[ATTN_MHA_Q_WEIGHT], E, f->Q, E, P[ATTN_MHA_Q_BIAS]);
+  attn__sgemm_nt(ctx, B * Nk, kv, c->kdim, f->xk, c->kdim, P[ATTN_MHA_K_WEIGHT], c->kdim, f->K, kv,
+                 P[ATTN_MHA_K_BIAS]);
+  attn__sgemm_nt(ctx, B * Nk, kv, c->vdim, f->xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, f->V, kv,
+                 P[ATTN_MHA_V_BIAS]);
+  return ATTN_OK;
+}
+
+/* A [M, E] (head h in columns h*D ..) = SDPA of f's Q, K, V head by head under o;
+ * lse [B, H, Nq] (or NULL); weights (or NULL) [B, H, Nq, Nk], or [B, Nq, Nk]
+ * averaged over heads when average. */
+static attn_status attend(attn_ctx *ctx, void *A, void *lse, attn_tensor *weights, const fwd *f,
+                          const attn_mha *mha, const attn_sdpa_opts *o, int average) {
+  const int64_t H = mha->cfg.num_heads, Hk = mha->cfg.num_kv_heads, D = mha->head_dim;
+  const int64_t B = f->B, Nq = f->Nq, Nk = f->Nk;
+  const attn_dtype dt = f->ref ? ATTN_F64 : ATTN_F32;
+  attn_tensor qh = attn__heads_view(f->Q, dt, B, Nq, H, D, f->ldq), ah = heads_view(A, dt, B, Nq, H, D);
+  attn_tensor kh = attn__heads_view(f->K, dt, B, Nk, Hk, D, f->ldkv);
+  attn_tensor vh = attn__heads_view(f->V, dt, B, Nk, Hk, D, f->ldkv);
+  int64_t ls[3] = {B, H, Nq};
+  attn_tensor lt = attn_tensor_view(lse, dt, 3, ls), wbuf = {0}, *w = weights;
+  attn_status st;
+  if (weights && average) { /* SDPA gives every head's; the layer averages them */
+    int64_t ws[4] = {B, H, Nq, Nk};
+    if ((st = attn_tensor_alloc(ctx, &wbuf, dt, 4, ws))) return st;
+    w = &wbuf;
+  }
+  st = f->ref ? attn_sdpa_ref(ctx, &ah, lse ? &lt : NULL, w, &qh, &kh, &vh, o)
+              : attn_sdpa(ctx, &ah, lse ? &lt : NULL, w, &qh, &kh, &vh, o);
+  if (!st && w == &wbuf) average_heads(weights, &wbuf);
+  attn_tensor_free(&wbuf);
+  return st;
+}
+
+/* out [B, Nq, E] (any strides; f64 on the float64 path) = f->A [M, E] Wo^T + bo. */
+static attn_status project_out(attn_ctx *ctx, attn_tensor *out, const fwd *f, const attn_mha *mha) {
+  const int64_t E = mha->cfg.embed_dim, B = f->B, Nq = f->Nq;
+  if (!f->ref) return attn__mha_out(ctx, out, f->A, mha, B, Nq, f->keep ? NULL : f->Q);
+  double *y = attn__aligned_alloc(f->nA); /* the rows in double, then stored as out's dtype */
+  if (!y) return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate the output rows");
+  attn_tensor a3 = rows_view(f->A, ATTN_F64, B, Nq, E);
+  linear_ref(attn__threads(ctx), y, &a3, B * Nq, mha->param[ATTN_MHA_O_WEIGHT], mha->param[ATTN_MHA_O_BIAS], E, E);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t n = 0; n < Nq; n++)
+      for (int64_t e = 0; e < E; e++)
+        attn__store(out->data, out->dtype, b * out->strides[0] + n * out->strides[1] + e * out->strides[2],
+                    y[(b * Nq + n) * E + e]);
+  attn__aligned_free(y);
+  return ATTN_OK;
+}
+
+/* sv takes every buffer of f the backward reads (f keeps none of them), and
+ * copies of the tensors o points at, which its own options then point at:
+ * the backward must not depend on the caller's buffers. */
+static attn_status save(attn_ctx *ctx, attn_mha_saved *sv, fwd *f, const attn_sdpa_opts *o) {
+  attn_sdpa_opts caller = *o;
+  const attn_tensor **from[ATTN__SDPA_OPT_TENSORS], **to[ATTN__SDPA_OPT_TENSORS];
+  attn__sdpa_opt_tensors(&caller, from);
+  attn__sdpa_opt_tensors(&sv->attn, to);
+  for (int i = 0; i < ATTN__SDPA_OPT_TENSORS; i++) {
+    if (!*from[i]) continue;
+    attn_status st = save_view(ctx, *from[i], &sv->opt_copy[i], &f->own_opt[i], attn__sdpa_opt_tensor_names[i]);
+    if (st) return st;
+    *to[i] = &sv->opt_copy[i];
+  }
+  if (f->ref) {
+    sv->xq = f->cq; sv->xk = f->ck; sv->xv = f->cv;
+  } else {
+    sv->xq = f->xq; sv->xk = f->xk; sv->xv = f->xv;
+  }
+  sv->q = f->Q; sv->k = f->K; sv->v = f->V;
+  sv->ldq = f->ldq; sv->ldkv = f->ldkv;
+  sv->a = f->A;
+  sv->lse = f->L;
+  void *bufs[] = {f->own_q, f->own_k, f->own_v, f->cq, f->ck != f->cq ? f->ck : NULL,
+                  (f->cv != f->cq && f->cv != f->ck) ? f->cv : NULL, f->Q, f->fused ? NULL : f->K,
+                  f->fused ? NULL : f->V, f->A, f->L};
+  _Static_assert(sizeof bufs / sizeof bufs[0] + ATTN__SDPA_OPT_TENSORS == ATTN__MHA_SAVED_BUFS,
+                 "owned[] must hold every buffer of this list and every option copy");
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) sv->owned[sv->n_owned++] = bufs[i];
+  for (int i = 0; i < ATTN__SDPA_OPT_TENSORS; i++)
+    if (f->own_opt[i]) sv->owned[sv->n_owned++] = f->own_opt[i];
+  const int fused = f->fused;
+  memset(f, 0, sizeof *f); /* all of it is the saved state's now */
+  f->fused = fused;
+  return ATTN_OK;
+}
+
+/* ---- what the forward and the cached step share --------------------------------- */
+void attn__mha_qkv(const attn_ctx *ctx, void *QKV, const float *X, const attn_mha *mha, int64_t M) {
+  const int64_t E = mha->cfg.embed_dim, ld = E + 2 * mha->kv_dim;
+  attn__sgemm_nt(ctx, M, ld, E, X, E, mha->param[ATTN_MHA_Q_WEIGHT], E, QKV, ld,
+                 mha->param[ATTN_MHA_Q_BIAS]);
+}
+
+attn_status attn__mha_out(attn_ctx *ctx, attn_tensor *out, const float *A, const attn_mha *mha,
+                          int64_t B, int64_t N, void *scratch) {
+  const int64_t E = mha->cfg.embed_dim;
+  const int contiguous = out->strides[2] == 1 && out->strides[1] == E && (out->strides[0] == N * E || B == 1);
+  float *y = contiguous ? out->data : scratch;
+  if (!y && !(y = attn__aligned_alloc((size_t)(B * N * E) * sizeof(float))))
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate the output rows");
+  attn__sgemm_nt(ctx, B * N, E, E, A, E, mha->param[ATTN_MHA_O_WEIGHT], E, y, E,
+                 mha->param[ATTN_MHA_O_BIAS]);
+  if (!contiguous)
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t e = 0; e < E; e++)
+          ((float *)out->data)[b * out->strides[0] + n * out->strides[1] + e * out->strides[2]] =
+              y[(b * N + n) * E + e];
+  if (y != out->data && y != scratch) attn__aligned_free(y);
+  return ATTN_OK;
+}
+
+/* An empty batch or no query never reaches attention, which must refuse the
+ * same options all the same: SDPA's checks on stand-in views of the shapes it
+ * would get (stride 0 everywhere: nothing is read, no extent can overflow). */
+static attn_status check_unrun_attention(attn_ctx *ctx, const attn_mha *mha, const attn_sdpa_opts *o, int64_t B,
+                                         int64_t Nq, int64_t Nk, int ref) {
+  static const double stand_in; /* data of the views; never read */
+  const int64_t H = mha->cfg.num_heads, Hk = mha->cfg.num_kv_heads, D = mha->head_dim;
+  const int64_t dims[4][4] = {{B, H, Nq, D}, {B, Hk, Nk, D}, {B, Hk, Nk, D}, {B, H, Nq, D}};
+  attn_tensor t[4]; /* q, k, v, out */
+  for (int i = 0; i < 4; i++) {
+    memset(&t[i], 0, sizeof t[i]);
+    t[i].data = (void *)&stand_in;
+    t[i].dtype = ref ? ATTN_F64 : ATTN_F32;
+    t[i].rank = 4;
+    memcpy(t[i].shape, dims[i], sizeof dims[i]);
+  }
+  attn__sdpa p;
+  return attn__sdpa_prepare(ctx, &p, &t[3], NULL, NULL, &t[0], &t[1], &t[2], o, !ref);
+}
+
+attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                             const attn_tensor *query, const attn_tensor *key, const attn_tensor *value,
+                             const attn_mha_opts *opts) {
   ATTN__ENTER(ctx);
-  return attn__mha_forward(ctx, mha, out, query, key, value, opts, NULL);
+  return attn__mha_forward(ctx, mha, out, weights, NULL, query, key, value, opts);
 }
 
 /* The forward; with saved, it also keeps (instead of freeing) copies of the
  * inputs, the projections, the attention output A and SDPA's lse. */
-attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
-                              const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts,
-                              attn_mha_saved **saved) {
+attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                              attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
+                              const attn_tensor *value, const attn_mha_opts *opts) {
   if (saved) *saved = NULL;
   if (!mha) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward: layer is NULL");
   const attn_kernel kern = attn_ctx_kernel(ctx);
   const int ref = kern == ATTN_KERNEL_REF;
   const attn_mha_config *c = &mha->cfg;
-  const int64_t E = c->embed_dim, H = c->num_heads, Hk = c->num_kv_heads, D = mha->head_dim;
+  const int64_t E = c->embed_dim, H = c->num_heads;
   attn_status st;
   if ((st = check_input(ctx, query, "query", -1, E, ref))) return st;
   const int64_t B = query->shape[0], Nq = query->shape[1];
@@ -609,13 +849,11 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
   if (out->shape[0] != B || out->shape[1] != Nq || out->shape[2] != E)
     return attn__fail(ctx, ATTN_E_SHAPE, "out must be [B, Nq, E] = [%lld, %lld, %lld]", (long long)B, (long long)Nq,
                       (long long)E);
-  attn_mha_opts defaults;
-  if (!opts) {
-    attn_mha_opts_init(&defaults);
-    opts = &defaults;
-  }
-  if (opts->weights) {
-    const attn_tensor *w = opts->weights;
+  attn_mha_opts given; /* a caller's older, shorter struct gets the defaults for the rest */
+  if ((st = attn__read_mha_opts(ctx, &given, opts))) return st;
+  opts = &given;
+  if (weights) {
+    const attn_tensor *w = weights;
     const int want = opts->average_weights ? 3 : 4;
     if ((st = attn__check_tensor(ctx, w, "weights", want)) || (st = attn__check_writable(ctx, w, "weights"))) return st;
     const int ok = opts->average_weights
@@ -628,12 +866,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     if (w->dtype != ATTN_F32 && !(ref && w->dtype == ATTN_F64))
       return attn__fail(ctx, ATTN_E_DTYPE, "weights must be f32, got %s", attn_dtype_name(w->dtype));
   }
-  /* SDPA checks it too, but an empty batch never reaches SDPA */
-  if (!isfinite(opts->dropout_p) || opts->dropout_p < 0 || opts->dropout_p >= 1)
-    return attn__fail(ctx, ATTN_E_INVALID, "dropout_p must be in [0, 1), got %g", opts->dropout_p);
-  if (opts->window < 0) return attn__fail(ctx, ATTN_E_INVALID, "window must be >= 0 (0 = off), got %lld", (long long)opts->window);
-  if (!(opts->softcap >= 0) || !isfinite(opts->softcap))
-    return attn__fail(ctx, ATTN_E_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", opts->softcap);
+  if ((B == 0 || Nq == 0) && (st = check_unrun_attention(ctx, mha, &opts->attn, B, Nq, Nk, ref))) return st;
 
   attn_mha_saved *sv = NULL;
   if (saved) {
@@ -642,29 +875,33 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
     sv->ref = ref;
     sv->self = self;
     sv->B = B; sv->Nq = Nq; sv->Nk = Nk;
-    sv->opts = *opts;
-    sv->opts.weights = NULL;
-    sv->opts.average_weights = 0;
+    sv->attn = opts->attn;
     /* set to the saved state's own copies once attention has checked them */
-    sv->opts.mask = sv->opts.key_padding = sv->opts.alibi_slopes = sv->opts.sinks = NULL;
+    const attn_tensor **slot[ATTN__SDPA_OPT_TENSORS];
+    attn__sdpa_opt_tensors(&sv->attn, slot);
+    for (int i = 0; i < ATTN__SDPA_OPT_TENSORS; i++) *slot[i] = NULL;
   }
   if (B == 0 || Nq == 0) { /* nothing to compute; the backward gives zero gradients */
     if (saved) *saved = sv;
     return ATTN_OK;
   }
 
-  const int keep = saved != NULL;
-  const attn_dtype dt = ref ? ATTN_F64 : ATTN_F32;
+  fwd f;
+  memset(&f, 0, sizeof f);
+  f.ref = ref;
+
+  f.keep = saved != NULL;
+  f.B = B, f.Nq = Nq, f.Nk = Nk;
+  /* Self-attention in fp32: q, k, v in one GEMM against the packed weights. */
+  f.fused = !ref && key == query && value == query && c->kdim == E && c->vdim == E;
   const size_t es = ref ? sizeof(double) : sizeof(float);
   const int64_t kv = mha->kv_dim;
-  /* Self-attention in fp32: q, k, v in one GEMM against the packed weights. */
-  const int fused = !ref && key == query && value == query && c->kdim == E && c->vdim == E;
   /* Every buffer's size before any is allocated: broadcast (stride 0) inputs
    * may claim more positions than a buffer of their projections could hold.
    * nX bounds the copies of the inputs (rows_of, rows_f64). */
-  size_t nQ, nA, nKV = 0, nL = 0, nX;
-  if (attn__alloc_size(B, Nq, fused ? E + 2 * kv : E, es, &nQ) || attn__alloc_size(B, Nq, E, es, &nA) ||
-      (!fused && attn__alloc_size(B, Nk, kv, es, &nKV)) || (keep && attn__alloc_size(B, H, Nq, es, &nL)) ||
+  size_t nQ, nKV = 0, nL = 0, nX;
+  if (attn__alloc_size(B, Nq, f.fused ? E + 2 * kv : E, es, &nQ) || attn__alloc_size(B, Nq, E, es, &f.nA) ||
+      (!f.fused && attn__alloc_size(B, Nk, kv, es, &nKV)) || (f.keep && attn__alloc_size(B, H, Nq, es, &nL)) ||
       attn__alloc_size(B, Nq, E, es, &nX) || attn__alloc_size(B, Nk, c->kdim, es, &nX) ||
       attn__alloc_size(B, Nk, c->vdim, es, &nX)) {
     free(sv);
@@ -673,173 +910,22 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, co
                       "%lld k/v features) are too large to allocate",
                       (long long)B, (long long)Nq, (long long)Nk, (long long)E, (long long)kv);
   }
-  void *Q = attn__aligned_alloc(nQ), *A = attn__aligned_alloc(nA);
-  void *K = fused ? Q : attn__aligned_alloc(nKV);
-  void *V = fused ? Q : attn__aligned_alloc(nKV);
-  void *L = keep ? attn__aligned_alloc(nL) : NULL; /* lse, for the backward */
-  void *Y = NULL; /* the out projection's rows, when they cannot go to out directly */
-  void *own_opt[4] = {NULL, NULL, NULL, NULL}; /* the saved copies of mask, key padding, slopes, sinks */
-  attn_tensor wbuf = {0};
-  int have_wbuf = 0;
-  float *own_q = NULL, *own_k = NULL, *own_v = NULL; /* fp32 copies of the inputs */
-  double *cq = NULL, *ck = NULL, *cv = NULL;         /* float64 copies, kept for the backward */
-  const float *xq = NULL, *xk = NULL, *xv = NULL;
-  st = ATTN_OK;
-  if (!Q || !K || !V || !A || (keep && !L)) {
+  f.Q = attn__aligned_alloc(nQ);
+  f.A = attn__aligned_alloc(f.nA);
+  f.K = f.fused ? (f.Q ? (char *)f.Q + (size_t)E * es : NULL) : attn__aligned_alloc(nKV);
+  f.V = f.fused ? (f.Q ? (char *)f.Q + (size_t)(E + kv) * es : NULL) : attn__aligned_alloc(nKV);
+  f.L = f.keep ? attn__aligned_alloc(nL) : NULL;
+  f.ldq = f.fused ? E + 2 * kv : E;
+  f.ldkv = f.fused ? E + 2 * kv : kv;
+  if (!f.Q || !f.K || !f.V || !f.A || (f.keep && !f.L))
     st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate activations");
-    goto done;
-  }
-  const float *const *P = (const float *const *)mha->param;
-  if (fused) {
-    xq = xk = xv = rows_of(query, &own_q, keep);
-    if (!xq) {
-      st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
-      goto done;
-    }
-    attn__sgemm_nt(ctx, B * Nq, E + 2 * kv, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E + 2 * kv,
-                   P[ATTN_MHA_Q_BIAS]);
-  } else if (ref) {
-    attn_tensor vq, vk, vv;
-    const attn_tensor *tq = query, *tk = key, *tv = value;
-    if (keep) { /* project from double copies, which the backward reads */
-      cq = rows_f64(query);
-      ck = key == query ? cq : rows_f64(key);
-      cv = value == query ? cq : (value == key ? ck : rows_f64(value));
-      if (!cq || !ck || !cv) {
-        st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
-        goto done;
-      }
-      vq = rows_view(cq, ATTN_F64, B, Nq, E);
-      vk = rows_view(ck, ATTN_F64, B, Nk, c->kdim);
-      vv = rows_view(cv, ATTN_F64, B, Nk, c->vdim);
-      tq = &vq, tk = &vk, tv = &vv;
-    }
-    linear_ref(attn__threads(ctx), Q, tq, B * Nq, P[ATTN_MHA_Q_WEIGHT], P[ATTN_MHA_Q_BIAS], E, E);
-    linear_ref(attn__threads(ctx), K, tk, B * Nk, P[ATTN_MHA_K_WEIGHT], P[ATTN_MHA_K_BIAS], kv, c->kdim);
-    linear_ref(attn__threads(ctx), V, tv, B * Nk, P[ATTN_MHA_V_WEIGHT], P[ATTN_MHA_V_BIAS], kv, c->vdim);
-  } else {
-    xq = rows_of(query, &own_q, keep);
-    xk = key == query ? xq : rows_of(key, &own_k, keep);
-    xv = value == query ? xq : (value == key ? xk : rows_of(value, &own_v, keep));
-    if (!xq || !xk || !xv) {
-      st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
-      goto done;
-    }
-    attn__sgemm_nt(ctx, B * Nq, E, E, xq, E, P[ATTN_MHA_Q_WEIGHT], E, Q, E, P[ATTN_MHA_Q_BIAS]);
-    attn__sgemm_nt(ctx, B * Nk, kv, c->kdim, xk, c->kdim, P[ATTN_MHA_K_WEIGHT], c->kdim, K, kv, P[ATTN_MHA_K_BIAS]);
-    attn__sgemm_nt(ctx, B * Nk, kv, c->vdim, xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, V, kv, P[ATTN_MHA_V_BIAS]);
-  }
-
-  const int64_t ldq = fused ? E + 2 * kv : E, ldkv = fused ? E + 2 * kv : kv;
-  void *Kp = fused ? (void *)((float *)Q + E) : K, *Vp = fused ? (void *)((float *)Q + E + kv) : V;
-  attn_tensor qh = attn__heads_view(Q, dt, B, Nq, H, D, ldq), kh = attn__heads_view(Kp, dt, B, Nk, Hk, D, ldkv);
-  attn_tensor vh = attn__heads_view(Vp, dt, B, Nk, Hk, D, ldkv), ah = heads_view(A, dt, B, Nq, H, D);
-  attn_tensor lse = {0};
-  if (keep) {
-    int64_t ls[3] = {B, H, Nq};
-    lse = attn_tensor_view(L, dt, 3, ls);
-  }
-  attn_sdpa_opts so;
-  attn_sdpa_opts_init(&so);
-  so.causal = opts->causal;
-  so.mask = opts->mask;
-  so.mask_mode = opts->mask_mode;
-  so.key_padding = opts->key_padding;
-  so.dropout_p = opts->dropout_p;
-  so.dropout_seed = opts->dropout_seed;
-  so.window = opts->window;
-  so.softcap = opts->softcap;
-  so.alibi_slopes = opts->alibi_slopes;
-  so.sinks = opts->sinks;
-  so.lse = keep ? &lse : NULL;
-  if (opts->weights && opts->average_weights) {
-    int64_t ws[4] = {B, H, Nq, Nk};
-    if ((st = attn_tensor_alloc(ctx, &wbuf, dt, 4, ws))) goto done;
-    have_wbuf = 1;
-    so.weights = &wbuf;
-  } else {
-    so.weights = opts->weights;
-  }
-  st = ref ? attn_sdpa_ref(ctx, &ah, &qh, &kh, &vh, &so) : attn_sdpa(ctx, &ah, &qh, &kh, &vh, &so);
-  if (st) goto done;
-  if (have_wbuf) average_heads(opts->weights, &wbuf);
-  if (keep) { /* the backward must not depend on the caller's buffers */
-    const attn_tensor *from[4] = {opts->mask, opts->key_padding, opts->alibi_slopes, opts->sinks};
-    attn_tensor *to[4] = {&sv->mask, &sv->key_padding, &sv->alibi_slopes, &sv->sinks};
-    const attn_tensor **in_opts[4] = {&sv->opts.mask, &sv->opts.key_padding, &sv->opts.alibi_slopes, &sv->opts.sinks};
-    static const char *const what[4] = {"the mask", "the key padding", "the ALiBi slopes", "the sinks"};
-    for (int i = 0; i < 4; i++) {
-      if (!from[i]) continue;
-      if ((st = save_view(ctx, from[i], to[i], &own_opt[i], what[i]))) goto done;
-      *in_opts[i] = to[i];
-    }
-  }
-
-  const float *Wo = P[ATTN_MHA_O_WEIGHT], *bo = P[ATTN_MHA_O_BIAS];
-  const int contiguous = out->strides[2] == 1 && out->strides[1] == E && (out->strides[0] == Nq * E || B == 1);
-  if (ref || !contiguous) {
-    /* Q is free now, unless it is kept */
-    if (keep && !(Y = attn__aligned_alloc(nA))) {
-      st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate the output rows");
-      goto done;
-    }
-    if (!keep) Y = Q;
-  }
-  if (ref) {
-    attn_tensor a3 = rows_view(A, ATTN_F64, B, Nq, E);
-    double *y = Y;
-    linear_ref(attn__threads(ctx), y, &a3, B * Nq, Wo, bo, E, E);
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t n = 0; n < Nq; n++)
-        for (int64_t e = 0; e < E; e++)
-          attn__store(out->data, out->dtype, b * out->strides[0] + n * out->strides[1] + e * out->strides[2],
-                      y[(b * Nq + n) * E + e]);
-  } else {
-    float *y = contiguous ? out->data : Y;
-    attn__sgemm_nt(ctx, B * Nq, E, E, A, E, Wo, E, y, E, bo);
-    if (!contiguous)
-      for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < Nq; n++)
-          for (int64_t e = 0; e < E; e++)
-            ((float *)out->data)[b * out->strides[0] + n * out->strides[1] + e * out->strides[2]] = y[(b * Nq + n) * E + e];
-  }
-  if (keep) { /* hand every buffer the backward reads to the saved state */
-    if (ref) {
-      sv->xq = cq; sv->xk = ck; sv->xv = cv;
-    } else {
-      sv->xq = xq; sv->xk = xk; sv->xv = xv;
-    }
-    sv->q = Q; sv->k = Kp; sv->v = Vp;
-    sv->ldq = ldq; sv->ldkv = ldkv;
-    sv->a = A;
-    sv->lse = L;
-    void *bufs[] = {own_q, own_k, own_v, cq, ck != cq ? ck : NULL, (cv != cq && cv != ck) ? cv : NULL,
-                    Q, K != Q ? K : NULL, V != Q ? V : NULL, A, L, own_opt[0], own_opt[1], own_opt[2], own_opt[3]};
-    _Static_assert(sizeof bufs / sizeof bufs[0] == ATTN__MHA_SAVED_BUFS, "owned[] must hold every buffer of this list");
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-      if (bufs[i]) sv->owned[sv->n_owned++] = bufs[i];
+  else if (!(st = project(ctx, &f, mha, query, key, value)) &&
+           !(st = attend(ctx, f.A, f.L, weights, &f, mha, &opts->attn, opts->average_weights)) &&
+           !(st = project_out(ctx, out, &f, mha)) && saved && !(st = save(ctx, sv, &f, &opts->attn))) {
     *saved = sv;
     sv = NULL;
-    Q = K = V = A = L = NULL;
-    own_q = own_k = own_v = NULL;
-    cq = ck = cv = NULL;
-    memset(own_opt, 0, sizeof own_opt);
   }
-done:
-  for (int i = 0; i < 4; i++) attn__aligned_free(own_opt[i]);
-  if (have_wbuf) attn_tensor_free(&wbuf);
-  if (Y != Q) attn__aligned_free(Y);
-  attn__aligned_free(own_q);
-  attn__aligned_free(own_k);
-  attn__aligned_free(own_v);
-  if (ck != cq) attn__aligned_free(ck);
-  if (cv != cq && cv != ck) attn__aligned_free(cv);
-  attn__aligned_free(cq);
-  if (K != Q) attn__aligned_free(K);
-  if (V != Q) attn__aligned_free(V);
-  attn__aligned_free(Q);
-  attn__aligned_free(A);
-  attn__aligned_free(L);
+  fwd_free(&f);
   free(sv);
   return st;
 }

@@ -22,20 +22,20 @@
  * results are bitwise the same for any thread count.
  *
  * Lifetimes: the saved state owns copies of everything it needs, the
- * forward's mask, key padding, ALiBi slopes and sinks included (compact: what
- * the caller broadcast stays broadcast). The backward also reads the layer's
+ * tensors of the forward's attention options included (compact: what the
+ * caller broadcast stays broadcast). The backward also reads the layer's
  * current parameters, which must be those the forward used. */
 #include "mha_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-attn_status attn_mha_forward_save(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
-                                  const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts,
-                                  attn_mha_saved **saved) {
+attn_status attn_mha_forward_save(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                                  attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
+                                  const attn_tensor *value, const attn_mha_opts *opts) {
   ATTN__ENTER(ctx);
   if (!saved) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward_save: saved is NULL");
-  return attn__mha_forward(ctx, mha, out, query, key, value, opts, saved);
+  return attn__mha_forward(ctx, mha, out, weights, saved, query, key, value, opts);
 }
 
 void attn_mha_saved_free(attn_mha_saved *saved) {
@@ -221,8 +221,8 @@ static attn_status check_rows(attn_ctx *ctx, const attn_tensor *t, const char *w
 }
 
 /* ---- the backward ----------------------------------------------------------------- */
-attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_saved *saved, const attn_tensor *dout,
-                              attn_tensor *dquery, attn_tensor *dkey, attn_tensor *dvalue, attn_mha *grads) {
+attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery, attn_tensor *dkey, attn_tensor *dvalue,
+                              attn_mha *grads, const attn_mha_saved *saved, const attn_tensor *dout) {
   ATTN__ENTER(ctx);
   if (!mha) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_backward: layer is NULL");
   if (!saved)
@@ -317,20 +317,8 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, const attn_mha_saved
     attn_tensor dkh = attn__heads_view(dK, dt, B, Nk, Hk, D, ldkv), dvh = attn__heads_view(dV, dt, B, Nk, Hk, D, ldkv);
     int64_t ls[3] = {B, H, Nq};
     attn_tensor lse = attn_tensor_view((void *)saved->lse, dt, 3, ls);
-    attn_sdpa_opts so;
-    attn_sdpa_opts_init(&so);
-    so.causal = saved->opts.causal;
-    so.mask = saved->opts.mask;
-    so.mask_mode = saved->opts.mask_mode;
-    so.key_padding = saved->opts.key_padding;
-    so.dropout_p = saved->opts.dropout_p;
-    so.dropout_seed = saved->opts.dropout_seed;
-    so.window = saved->opts.window;
-    so.softcap = saved->opts.softcap;
-    so.alibi_slopes = saved->opts.alibi_slopes;
-    so.sinks = saved->opts.sinks;
-    st = ref ? attn_sdpa_backward_ref(ctx, &dqh, &dkh, &dvh, &dah, &qh, &kh, &vh, &oh, &lse, &so)
-             : attn_sdpa_backward(ctx, &dqh, &dkh, &dvh, &dah, &qh, &kh, &vh, &oh, &lse, &so);
+    st = ref ? attn_sdpa_backward_ref(ctx, &dqh, &dkh, &dvh, NULL, NULL, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn)
+             : attn_sdpa_backward(ctx, &dqh, &dkh, &dvh, NULL, NULL, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn);
     if (st) {
       char msg[ATTN__MSG_LEN];
       snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));

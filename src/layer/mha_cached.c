@@ -32,9 +32,11 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
                       "layer and input (batch %lld, kv heads %lld, head dim %lld)",
                       (long long)kc->batch, (long long)kc->kv_heads, (long long)kc->head_dim,
                       (long long)kc->v_head_dim, (long long)B, (long long)Hk, (long long)D);
-  if (opts && (opts->mask || opts->key_padding || opts->weights || opts->dropout_p != 0))
-    return attn__fail(ctx, ATTN_E_INVALID,
-                      "attn_mha_forward_cached: masks, key padding, weights and dropout are not taken here");
+  attn_mha_opts given;
+  attn_sdpa_opts so; /* refused before anything is appended */
+  if ((st = attn__read_mha_opts(ctx, &given, opts)) ||
+      (st = attn__cached_opts(ctx, &so, &given.attn, "attn_mha_forward_cached")))
+    return st;
   const int64_t ld = E + 2 * kv;
   size_t nX, nQKV; /* a broadcast x may claim more tokens than a buffer can hold */
   if (attn__alloc_size(B, n, E, sizeof(float), &nX) || attn__alloc_size(B, n, ld, sizeof(float), &nQKV))
@@ -54,9 +56,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
     for (int64_t t = 0; t < n; t++)
       for (int64_t e = 0; e < E; e++)
         X[(b * n + t) * E + e] = ((const float *)x->data)[b * x->strides[0] + t * x->strides[1] + e * x->strides[2]];
-  /* the q, k and v weights (and biases) lie one after the other: one GEMM */
-  const float *const *P = (const float *const *)mha->param;
-  attn__sgemm_nt(ctx, M, ld, E, X, E, P[ATTN_MHA_Q_WEIGHT], E, QKV, ld, P[ATTN_MHA_Q_BIAS]);
+  attn__mha_qkv(ctx, QKV, X, mha, M);
   attn_tensor qh = attn__heads_view(QKV, ATTN_F32, B, n, H, D, ld);
   attn_tensor kh = attn__heads_view(QKV + E, ATTN_F32, B, n, Hk, D, ld);
   attn_tensor vh = attn__heads_view(QKV + E + kv, ATTN_F32, B, n, Hk, D, ld);
@@ -67,26 +67,14 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
     st = attn__fail(ctx, st, "attn_mha_forward_cached: %s", msg);
     goto done;
   }
-  attn_sdpa_opts so;
-  attn_sdpa_opts_init(&so);
-  if (opts) {
-    so.window = opts->window;
-    so.softcap = opts->softcap;
-    so.alibi_slopes = opts->alibi_slopes;
-    so.sinks = opts->sinks;
-  }
-  if ((st = attn_kv_cache_attend(ctx, cache, &ah, &qh, &so))) {
+  if ((st = attn_kv_cache_attend(ctx, cache, &ah, NULL, &qh, &so))) {
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
     /* the step failed: take its tokens back out so the cache is as it was */
     for (int64_t b = 0; b < B; b++) attn_kv_cache_truncate(ctx, cache, b, attn_kv_cache_length(cache, b) - n);
     st = attn__fail(ctx, st, "attn_mha_forward_cached: %s", msg);
     goto done;
   }
-  attn__sgemm_nt(ctx, M, E, E, A, E, P[ATTN_MHA_O_WEIGHT], E, Y, E, P[ATTN_MHA_O_BIAS]);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t t = 0; t < n; t++)
-      for (int64_t e = 0; e < E; e++)
-        ((float *)out->data)[b * out->strides[0] + t * out->strides[1] + e * out->strides[2]] = Y[(b * n + t) * E + e];
+  st = attn__mha_out(ctx, out, A, mha, B, n, Y);
 done:
   attn__aligned_free(X);
   attn__aligned_free(QKV);

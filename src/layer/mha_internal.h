@@ -4,6 +4,7 @@
 #define ATTN_LAYER_MHA_INTERNAL_H
 
 #include "../internal.h"
+#include "../opts.h"
 
 struct attn_mha {
   attn_mha_config cfg;
@@ -14,8 +15,9 @@ struct attn_mha {
 };
 
 /* The length of the list of buffers attn__mha_forward hands to the saved
- * state, which a static assertion there ties to this. */
-#define ATTN__MHA_SAVED_BUFS 15
+ * state (11 activations and copies of the inputs, then the copies of the
+ * attention options' tensors), which a static assertion there ties to this. */
+#define ATTN__MHA_SAVED_BUFS (11 + ATTN__SDPA_OPT_TENSORS)
 
 /* What attn_mha_forward_save keeps for attn_mha_backward. Every buffer is
  * contiguous and owned; its element type is double when `ref` (the forward ran
@@ -30,21 +32,33 @@ struct attn_mha_saved {
   int64_t ldq, ldkv;
   const void *a;            /* [M, E]: the attention output before the out projection (SDPA's out) */
   const void *lse;          /* [B, H, Nq]: SDPA's log-sum-exp */
-  /* The forward's options, weights cleared. mask, key_padding, alibi_slopes
-   * and sinks point at the views below, of the saved state's own compact
-   * copies (a dimension the caller broadcast stays broadcast, not expanded):
-   * the caller's buffers may go once the forward returns. */
-  attn_mha_opts opts;
-  attn_tensor mask, key_padding, alibi_slopes, sinks;
+  /* The forward's attention options. Their tensors point at opt_copy, views
+   * of the saved state's own compact copies (a dimension the caller broadcast
+   * stays broadcast, not expanded): the caller's buffers may go once the
+   * forward returns. */
+  attn_sdpa_opts attn;
+  attn_tensor opt_copy[ATTN__SDPA_OPT_TENSORS];
   void *owned[ATTN__MHA_SAVED_BUFS];
   int n_owned;
 };
 
 /* attn_mha_forward's body. saved NULL: a plain forward. Otherwise *saved gets
  * a new attn_mha_saved on success (NULL on failure). Does not clear ctx. */
-attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, const attn_tensor *query,
-                              const attn_tensor *key, const attn_tensor *value, const attn_mha_opts *opts,
-                              attn_mha_saved **saved);
+attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                              attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
+                              const attn_tensor *value, const attn_mha_opts *opts);
+
+/* A caller's attn_mha_opts (NULL: the defaults) into *dst, each of its two
+ * sizes honoured as attn__read_sized does (opts.h). */
+attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts);
+
+/* The fp32 projections the forward and the cached step share:
+ * QKV [M, E + 2 Hk D] (Q, K, V side by side) = X [M, E] . [Wq; Wk; Wv]^T + [bq; bk; bv]. */
+void attn__mha_qkv(const attn_ctx *ctx, void *QKV, const float *X, const attn_mha *mha, int64_t M);
+/* out [B, N, E] (f32, any strides) = A [B*N, E] . Wo^T + bo; the rows go
+ * through scratch ([B*N, E] floats; NULL: allocated) unless out is contiguous. */
+attn_status attn__mha_out(attn_ctx *ctx, attn_tensor *out, const float *A, const attn_mha *mha,
+                          int64_t B, int64_t N, void *scratch);
 
 /* [B, N, ld] rows (the first H*D columns) viewed as [B, H, N, D]. */
 static inline attn_tensor attn__heads_view(void *data, attn_dtype dt, int64_t B, int64_t N, int64_t H, int64_t D,

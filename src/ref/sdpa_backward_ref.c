@@ -183,12 +183,13 @@ attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn
 }
 
 attn_status attn_sdpa_backward_ref(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
-                                   const attn_tensor *dout, const attn_tensor *q, const attn_tensor *k,
-                                   const attn_tensor *v, const attn_tensor *out, const attn_tensor *lse,
-                                   const attn_sdpa_opts *opts) {
+                                   attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *dout,
+                                   const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                   const attn_tensor *out, const attn_tensor *lse, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
   attn__sdpa p;
-  attn_status st = attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, dout, q, k, v, out, lse, opts, 0);
+  attn_status st =
+      attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts, 0);
   if (st) return st;
   return attn__sdpa_backward_run_ref(ctx, &p, dq, dk, dv, dout, out, lse);
 }

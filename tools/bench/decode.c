@@ -76,7 +76,7 @@ static int run_decode(void *arg) {
   decode_case *c = arg;
   const int i = c->next;
   c->next = (c->next + 1) % c->copies;
-  return attn_sdpa(c->ctx, &c->out, &c->q, &c->k[i], &c->v[i], &c->o);
+  return attn_sdpa(c->ctx, &c->out, NULL, NULL, &c->q, &c->k[i], &c->v[i], &c->o);
 }
 
 /* Fills a tensor of f32, f16 or bf16 with fixed-seed uniform values in (-1, 1);
@@ -112,7 +112,7 @@ static double decode_oracle(decode_case *c, int64_t group) {
   const int64_t rs[4] = {1, group, out.shape[2], out.shape[3]};
   attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 4, rs);
   double err = NAN;
-  if (attn_sdpa_ref(c->ctx, &tr, &q, &k, &v, &c->o) == ATTN_OK) {
+  if (attn_sdpa_ref(c->ctx, &tr, NULL, NULL, &q, &k, &v, &c->o) == ATTN_OK) {
     double num = 0, den = 0;
     for (int64_t h = 0; h < group; h++)
       for (int64_t i = 0; i < out.shape[2]; i++)

@@ -17,7 +17,7 @@ typedef struct mha_case {
 
 static int run_mha(void *arg) {
   mha_case *c = arg;
-  return attn_mha_forward(c->ctx, c->mha, &c->out, &c->x, NULL, NULL, NULL);
+  return attn_mha_forward(c->ctx, c->mha, &c->out, NULL, &c->x, NULL, NULL, NULL);
 }
 
 /* The float64 layer on all batches, on batch 0, or on batch 0's last query rows
@@ -64,7 +64,7 @@ static int mha_oracle(mha_case *c, report *rep) {
     return cli_fail(CLI_EXIT_FAIL, "oracle: out of memory");
   }
   const double t0 = cli_now();
-  if (attn_mha_forward(rctx, c->mha, &ref, &xs, cross ? &kv : NULL, cross ? &kv : NULL, NULL)) {
+  if (attn_mha_forward(rctx, c->mha, &ref, NULL, &xs, cross ? &kv : NULL, cross ? &kv : NULL, NULL)) {
     ret = cli_fail(CLI_EXIT_FAIL, "oracle: %s", attn_ctx_error(rctx));
   } else {
     rep->oracle_s = cli_now() - t0;
@@ -119,7 +119,7 @@ int cmd_bench_mha(int argc, char **argv) {
   double param_bytes = 0;
   for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
-    if (attn_mha_param_view(ctx, c.mha, (attn_mha_param)p, &t)) continue; /* no such bias */
+    if (attn_mha_param_view(ctx, &t, c.mha, (attn_mha_param)p)) continue; /* no such bias */
     bench_fill(t.data, attn_tensor_numel(&t), 100 + (uint64_t)p, (float)(1.0 / sqrt((double)E))); /* nn.Linear's range */
     param_bytes += 4.0 * (double)attn_tensor_numel(&t);
   }

@@ -13,25 +13,24 @@ typedef struct sdpa_case {
   attn_ctx *ctx;
   attn_tensor q, k, v, out;
   attn_sdpa_opts o;
-  /* --backward: o_lse is o with lse set */
-  attn_tensor lse, dout, dq, dk, dv;
-  attn_sdpa_opts o_lse;
+  attn_tensor lse, dout, dq, dk, dv; /* --backward */
   attn_tensor kpm; /* --padding: [B, Nk] */
 } sdpa_case;
 
 static int run_sdpa(void *arg) {
   sdpa_case *c = arg;
-  return attn_sdpa(c->ctx, &c->out, &c->q, &c->k, &c->v, &c->o);
+  return attn_sdpa(c->ctx, &c->out, NULL, NULL, &c->q, &c->k, &c->v, &c->o);
 }
 
 static int run_sdpa_backward(void *arg) {
   sdpa_case *c = arg;
-  return attn_sdpa_backward(c->ctx, &c->dq, &c->dk, &c->dv, &c->dout, &c->q, &c->k, &c->v, &c->out, &c->lse, &c->o);
+  return attn_sdpa_backward(c->ctx, &c->dq, &c->dk, &c->dv, NULL, NULL, &c->dout, &c->q, &c->k, &c->v, &c->out, &c->lse,
+                            &c->o);
 }
 
 static int run_sdpa_fwd_bwd(void *arg) {
   sdpa_case *c = arg;
-  int st = attn_sdpa(c->ctx, &c->out, &c->q, &c->k, &c->v, &c->o_lse);
+  int st = attn_sdpa(c->ctx, &c->out, &c->lse, NULL, &c->q, &c->k, &c->v, &c->o);
   return st ? st : run_sdpa_backward(c);
 }
 
@@ -94,7 +93,7 @@ static int sdpa_oracle(sdpa_case *c, report *rep, double pairs_per_head) {
   int64_t rs[4] = {q.shape[0], q.shape[1], n, Dv};
   if (attn_tensor_alloc(c->ctx, &ref, ATTN_F64, 4, rs)) return cli_fail(CLI_EXIT_FAIL, "oracle: out of memory");
   const double t0 = cli_now();
-  if (attn_sdpa_ref(c->ctx, &ref, &q, &k, &v, &o)) {
+  if (attn_sdpa_ref(c->ctx, &ref, NULL, NULL, &q, &k, &v, &o)) {
     attn_tensor_free(&ref);
     return cli_fail(CLI_EXIT_FAIL, "oracle: %s", attn_ctx_error(c->ctx));
   }
@@ -171,10 +170,9 @@ static int sdpa_backward_oracle(sdpa_case *c, report *rep, double pairs_per_head
     ob.key_padding = &kp;
   }
   o = ob;
-  o.lse = &lse;
   const double t0 = cli_now();
-  if (attn_sdpa_ref(c->ctx, &out, &q, &k, &v, &o) ||
-      attn_sdpa_backward_ref(c->ctx, &dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &ob)) {
+  if (attn_sdpa_ref(c->ctx, &out, &lse, NULL, &q, &k, &v, &o) ||
+      attn_sdpa_backward_ref(c->ctx, &dq, &dk, &dv, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &ob)) {
     r = cli_fail(CLI_EXIT_FAIL, "backward oracle: %s", attn_ctx_error(c->ctx));
     goto done;
   }
@@ -281,8 +279,6 @@ int cmd_bench_sdpa(int argc, char **argv) {
     }
     bench_fill(c.dout.data, attn_tensor_numel(&c.dout), 5, 1.0f);
     bench_fill(c.dq.data, attn_tensor_numel(&c.dq), 6, 1.0f); /* as out: a skipped row cannot look right */
-    c.o_lse = c.o;
-    c.o_lse.lse = &c.lse;
   }
 
   if ((r = bench_time_runs(run_sdpa, &c, repeat, &rep.t))) {
