@@ -1,4 +1,4 @@
-/* Hidden keys are never read (internal.h defines the hidden set): a key that
+/* Hidden keys are never read (src/logit.h defines the hidden set): a key that
  * the causal bound, the window, the key padding or the mask hides from every
  * row holds NaN, +Inf or -Inf in K and V here, and out, weights, lse and every
  * gradient must equal the float64 oracle's on clean inputs. Run once per

@@ -168,7 +168,7 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, fwd_scra
     if (s->t[t].kend > kmax) kmax = s->t[t].kend;
     if (s->t[t].kbeg < kmin) kmin = s->t[t].kbeg;
   }
-  /* key blocks wholly before every row's band are never visited: a sliding window costs O(N W) */
+  /* key blocks wholly before every row's band are never visited: a narrow band costs O(N x its width) */
   for (int64_t j0 = kmin / nr * nr; j0 < kmax; j0 += nr) {
     for (int t = 0; t < count; t++) {
       tile_state *ts = &s->t[t];

@@ -1,4 +1,5 @@
 /* File helpers shared by the .npy and safetensors code: see file.h. */
+#include "internal.h"
 #include "file.h"
 
 #include <errno.h>

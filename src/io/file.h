@@ -4,7 +4,7 @@
 #ifndef ATTN_IO_FILE_H
 #define ATTN_IO_FILE_H
 
-#include "internal.h"
+#include "attn.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -5,7 +5,7 @@
 #ifndef ATTN_IO_IO_H
 #define ATTN_IO_IO_H
 
-#include "internal.h"
+#include "attn.h"
 
 #include <stddef.h>
 
@@ -35,6 +35,7 @@ int attn__safetensors_info(const attn_safetensors *st, const char *name, attn__s
 /* Reads tensor name into a new buffer, *owned (free with attn__aligned_free),
  * and views it in *out; the handle keeps nothing, unlike attn_safetensors_get.
  * Statuses and messages as attn_safetensors_get's. */
+void attn__aligned_free(void *p); /* core.c; declared here too so that io.h stands alone */
 attn_status attn__safetensors_read(attn_ctx *ctx, const attn_safetensors *st, const char *name, attn_tensor *out,
                                    void **owned);
 

@@ -1,6 +1,7 @@
 /* .npy files (format 1.0-3.0): a magic string, a Python-literal header dict,
  * then the raw C-order data. Files are treated as hostile: every length is
  * checked against the file's real size before anything is allocated. */
+#include "internal.h"
 #include "file.h"
 #include "io.h"
 

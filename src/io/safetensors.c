@@ -16,6 +16,7 @@
  * Dtypes with no attn_dtype (I32, F8_E4M3, ...) do not make the file
  * unreadable: such tensors are listed and, where their element size is known,
  * size-checked; attn_safetensors_get refuses them with ATTN_E_DTYPE. */
+#include "internal.h"
 #include "file.h"
 #include "io.h"
 
