@@ -169,7 +169,7 @@ static void namings(attn_ctx *ctx) {
       }
       names[8] = "model.embed.weight";
       ts[8] = Wq;
-      snprintf(path, sizeof path, "%s/test_mha_llama.safetensors", tmpdir());
+      snprintf(path, sizeof path, "%s/test_mha_llama_%ld.safetensors", tmpdir(), (long)getpid());
       CHECK_OK(ctx, attn_safetensors_write(ctx, path, 9, names, ts));
       CHECK_OK(ctx, attn_mha_load_safetensors(ctx, m, path, "model.layers.0.attn."));
       attn_mha *m2;
@@ -189,7 +189,7 @@ static void namings(attn_ctx *ctx) {
       attn_tensor ts[4] = {attn_tensor_view(pd, ATTN_F64, 2, sp), attn_tensor_view(pbd, ATTN_F64, 1, spb),
                            attn_tensor_view(wod, ATTN_F64, 2, sw), attn_tensor_view(bod, ATTN_F64, 1, sb)};
       const char *names[4] = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"};
-      snprintf(path, sizeof path, "%s/test_mha_torch.safetensors", tmpdir());
+      snprintf(path, sizeof path, "%s/test_mha_torch_%ld.safetensors", tmpdir(), (long)getpid());
       CHECK_OK(ctx, attn_safetensors_write(ctx, path, 4, names, ts));
       CHECK_OK(ctx, attn_mha_load_safetensors(ctx, m, path, NULL));
       /* a file missing a tensor is a clear error */
@@ -246,7 +246,7 @@ static void write_hostile(attn_ctx *ctx, int64_t krows, int64_t kcols) {
   attn_tensor ts[4] = {attn_tensor_view(w, ATTN_F32, 2, sw), attn_tensor_view(w, ATTN_F32, 2, sk),
                        attn_tensor_view(w, ATTN_F32, 2, sk), attn_tensor_view(w, ATTN_F32, 2, sw)};
   const char *names[4] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"};
-  snprintf(hostile_path, sizeof hostile_path, "%s/test_mha_hostile.safetensors", tmpdir());
+  snprintf(hostile_path, sizeof hostile_path, "%s/test_mha_hostile_%ld.safetensors", tmpdir(), (long)getpid());
   CHECK_OK(ctx, attn_safetensors_write(ctx, hostile_path, 4, names, ts));
 }
 
@@ -298,7 +298,7 @@ static void handle_api(attn_ctx *ctx) {
   static float buf[4096];
   tu_fill_f32(&r, buf, 4096, 0.5);
   char path[512];
-  snprintf(path, sizeof path, "%s/test_mha_handle.safetensors", tmpdir());
+  snprintf(path, sizeof path, "%s/test_mha_handle_%ld.safetensors", tmpdir(), (long)getpid());
   /* nn.MultiheadAttention with kdim/vdim: separate weights, packed biases; GQA rows */
   int64_t sq[2] = {E, E}, sk[2] = {KV, KD}, sv[2] = {KV, VD}, sb[1] = {E + 2 * KV}, so[1] = {E};
   attn_tensor ts[7] = {attn_tensor_view(buf, ATTN_F32, 2, sq), attn_tensor_view(buf + 100, ATTN_F32, 2, sk),
