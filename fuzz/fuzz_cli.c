@@ -1,4 +1,4 @@
-/* libFuzzer harness for the attn command line (tools/attn.c): the input is an
+/* libFuzzer harness for the attn command line (tools/main.c and the command files): the input is an
  * argument list, tokens separated by NUL bytes, the first one the command.
  * Each run happens in a private directory of small valid fixtures (q/k/v
  * arrays, a layer's parameters, weights, tokens, a pre-existing "precious"
