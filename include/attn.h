@@ -119,7 +119,7 @@ ATTN_API int attn_kernel_supported(attn_kernel kernel);
  * work: its phases, the items of each, and whether they went to threads in
  * static ranges or on demand. "" before any; valid until the next call. For
  * tuning and bug reports: the wording may change between versions. */
-ATTN_API const char *attn_ctx_plan(const attn_ctx *ctx);
+ATTN_API const char *attn_ctx_plan(attn_ctx *ctx);
 /* The message of the last failed call on ctx ("" if none). Valid until the next call. */
 ATTN_API const char *attn_ctx_error(const attn_ctx *ctx);
 

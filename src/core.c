@@ -17,8 +17,6 @@
 #endif
 #endif
 
-#define ATTN__STR2(x) #x
-#define ATTN__STR(x) ATTN__STR2(x)
 
 unsigned attn_version(void) { return ATTN_VERSION_HEX; }
 
@@ -198,7 +196,11 @@ attn_kernel attn_ctx_kernel(const attn_ctx *ctx) {
 
 const char *attn_ctx_error(const attn_ctx *ctx) { return ctx ? ctx->msg : ""; }
 
-const char *attn_ctx_plan(const attn_ctx *ctx) { return ctx ? ctx->plan : ""; }
+const char *attn_ctx_plan(attn_ctx *ctx) {
+  if (!ctx) return "";
+  attn__plan_format(&ctx->last_plan, ctx->plan, sizeof ctx->plan);
+  return ctx->plan;
+}
 
 /* ---- tensors ----------------------------------------------------------------- */
 size_t attn_dtype_size(attn_dtype dtype) {

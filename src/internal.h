@@ -10,6 +10,8 @@
 #include <string.h>
 
 #define ATTN__MSG_LEN 512
+#define ATTN__STR2(x) #x
+#define ATTN__STR(x) ATTN__STR2(x) /* a macro's value as a string */
 
 /* What a context's calls run, resolved once (attn__dispatch_fill) when the
  * context is made and whenever its kernel or decode switch changes, so that no
@@ -26,6 +28,19 @@ typedef struct attn__dispatch {
  * the portable sets serve REF, whose projections run in fp32) and the decode switch. */
 void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned supported, int decode_enabled);
 
+/* What attn__schedule ran last (engine/schedule.c formats it for attn_ctx_plan). */
+#define ATTN__PLAN_PHASES 8
+typedef struct attn__plan {
+  const char *what; /* a format of up to four long long args; NULL before any call */
+  long long args[4];
+  int threads, nphases;
+  int64_t rounds;
+  const char *name[ATTN__PLAN_PHASES];
+  int64_t items[ATTN__PLAN_PHASES];
+  int on_demand[ATTN__PLAN_PHASES];
+} attn__plan;
+void attn__plan_format(const attn__plan *plan, char *dst, size_t n);
+
 struct attn_ctx {
   int threads;          /* 0 = OpenMP default */
   attn_kernel kernel;   /* as set (AUTO allowed) */
@@ -34,7 +49,8 @@ struct attn_ctx {
   int decode;           /* as set: attn_ctx_set_decode, or ATTN_DECODE=0 at create */
   attn__dispatch dispatch; /* kernel (or env_kernel for AUTO) and decode, resolved */
   char msg[ATTN__MSG_LEN];
-  char plan[2 * ATTN__MSG_LEN]; /* the work list of the last scheduled call (attn_ctx_plan) */
+  attn__plan last_plan;       /* the work list of the last scheduled call, as numbers */
+  char plan[2 * ATTN__MSG_LEN]; /* ... formatted by attn_ctx_plan */
   void *work;           /* workspace: see attn__workspace */
   size_t work_bytes;     /* its size; also says how it was made (attn_ctx_trim) */
 };

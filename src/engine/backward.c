@@ -479,10 +479,9 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   const attn__job job = {&j, (j.pairs + n - 1) / n, phases, (int)(sizeof phases / sizeof phases[0]),
                          bwd_scratch_layout(NULL, mr, nr, p->D, p->Dv), bwd_scratch_init};
   const int threads = attn__threads(ctx);
-  char what[160];
-  snprintf(what, sizeof what, "attn_sdpa_backward (%lld kv heads per round, %lld key chunks x %lld query splits each)",
-           (long long)n, (long long)j.C, (long long)j.R);
-  attn_status st = attn__schedule(ctx, what, threads, &job);
+  const long long args[4] = {(long long)n, (long long)j.C, (long long)j.R, 0};
+  attn_status st = attn__schedule(ctx, "attn_sdpa_backward (%lld kv heads per round, %lld key chunks x %lld query splits each)",
+                                  args, threads, &job);
   if (st) return st;
   if (p->sinks_grad) sinks_grad(p, dout, out, lse);
   return ATTN_OK;

@@ -246,8 +246,7 @@ attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p) {
   const int threads = attn__threads_for(ctx, (double)j.pairs * (double)j.R * (double)p->Nk * (double)(p->D + p->Dv));
   static const attn__phase phases[] = {{"kv_chunks", chunk_items, chunk_run, 1}, {"merge_rows", merge_items, merge_run, 0}};
   const attn__job job = {&j, 1, phases, 2, dec_layout(NULL, j.R, p->D, p->Dv), dec_scratch_init};
-  char what[160];
-  snprintf(what, sizeof what, "attn_sdpa decode (%lld rows x %lld kv heads, %lld chunks of %d keys each, %lld query rows per kv head)",
-           (long long)p->B, (long long)p->Hk, (long long)j.nchunks, ATTN__DEC_CHUNK, (long long)j.R);
-  return attn__schedule(ctx, what, threads, &job);
+  const long long args[4] = {(long long)p->B, (long long)p->Hk, (long long)j.nchunks, (long long)j.R};
+  return attn__schedule(ctx, "attn_sdpa decode (%lld rows x %lld kv heads, %lld chunks of " ATTN__STR(ATTN__DEC_CHUNK)
+                        " keys each, %lld query rows per kv head)", args, threads, &job);
 }

@@ -316,8 +316,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
                                        {"query_blocks", tiles_items, tiles_run, 1}};
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
                          scratch_bytes(mr, nr, p->D, p->Dv), fwd_scratch_init};
-  char what[160];
-  snprintf(what, sizeof what, "attn_sdpa forward (%lld kv heads per round, query blocks of %d x %d rows)",
-           (long long)j.per_round, j.qb, mr);
-  return attn__schedule(ctx, what, threads, &job);
+  const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, 0};
+  return attn__schedule(ctx, "attn_sdpa forward (%lld kv heads per round, query blocks of %lld x %lld rows)", args,
+                        threads, &job);
 }

@@ -2,6 +2,7 @@
 #include "schedule.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -9,25 +10,34 @@
 
 int attn__threads_for(const attn_ctx *ctx, double flops) { return flops < 1e6 ? 1 : attn__threads(ctx); }
 
-/* "forward on 2 threads, 1 round: pack_k 32 static, tiles 96 on demand" */
-static void describe(attn_ctx *ctx, const char *what, int threads, const attn__job *job) {
-  char *d = ctx->plan;
-  const size_t n = sizeof ctx->plan;
-  size_t used = (size_t)snprintf(d, n, "%s on %d thread%s, %lld round%s:", what, threads, threads == 1 ? "" : "s",
-                                  (long long)job->rounds, job->rounds == 1 ? "" : "s");
+static void record(attn_ctx *ctx, const char *what, const long long args[4], int threads, const attn__job *job) {
+  attn__plan *pl = &ctx->last_plan;
+  pl->what = what;
+  memcpy(pl->args, args, sizeof pl->args);
+  pl->threads = threads;
+  pl->rounds = job->rounds;
+  pl->nphases = job->nphases < ATTN__PLAN_PHASES ? job->nphases : ATTN__PLAN_PHASES;
+  for (int k = 0; k < pl->nphases; k++) { /* the first round is the largest: the others hold as many kv heads or fewer */
+    pl->name[k] = job->phases[k].name;
+    pl->items[k] = job->rounds ? job->phases[k].items(job->arg, 0) : 0;
+    pl->on_demand[k] = job->phases[k].on_demand;
+  }
+}
+
+/* "attn_sdpa forward (...) on 2 threads, 1 round: pack_k 32 items (static ranges); ..." */
+void attn__plan_format(const attn__plan *pl, char *d, size_t n) {
+  d[0] = '\0';
+  if (!pl->what) return;
+  size_t used = (size_t)snprintf(d, n, pl->what, pl->args[0], pl->args[1], pl->args[2], pl->args[3]);
+  if (used < n)
+    used += (size_t)snprintf(d + used, n - used, " on %d thread%s, %lld round%s:", pl->threads,
+                             pl->threads == 1 ? "" : "s", (long long)pl->rounds, pl->rounds == 1 ? "" : "s");
   int shown = 0;
-  for (int k = 0; k < job->nphases && used < n; k++) {
-    const attn__phase *ph = &job->phases[k];
-    int64_t total = 0, most = 0;
-    for (int64_t r = 0; r < job->rounds; r++) {
-      const int64_t items = ph->items(job->arg, r);
-      total += items;
-      most = items > most ? items : most;
-    }
-    if (!total) continue;
-    used += (size_t)snprintf(d + used, n - used, "%s %s %lld item%s%s (%s)", shown++ ? ";" : "", ph->name,
-                             (long long)most, most == 1 ? "" : "s", job->rounds > 1 ? " per round" : "",
-                             ph->on_demand ? "on demand" : "static ranges");
+  for (int k = 0; k < pl->nphases && used < n; k++) {
+    if (!pl->items[k]) continue;
+    used += (size_t)snprintf(d + used, n - used, "%s %s %lld item%s%s (%s)", shown++ ? ";" : "", pl->name[k],
+                             (long long)pl->items[k], pl->items[k] == 1 ? "" : "s", pl->rounds > 1 ? " per round" : "",
+                             pl->on_demand[k] ? "on demand" : "static ranges");
   }
 }
 
@@ -37,9 +47,9 @@ static void static_range(int64_t items, int t, int T, int64_t *first, int64_t *l
   *last = items * (t + 1) / T;
 }
 
-attn_status attn__schedule(attn_ctx *ctx, const char *what, int threads, const attn__job *job) {
+attn_status attn__schedule(attn_ctx *ctx, const char *what, const long long args[4], int threads, const attn__job *job) {
   threads = threads < 1 ? 1 : threads;
-  describe(ctx, what, threads, job);
+  record(ctx, what, args, threads, job);
   int failed = 0;
 #pragma omp parallel num_threads(threads)
   {
@@ -73,7 +83,6 @@ attn_status attn__schedule(attn_ctx *ctx, const char *what, int threads, const a
       }
     attn__aligned_free(scratch);
   }
-  if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "%s: cannot allocate %zu bytes of scratch per thread", what,
-                                job->scratch_bytes);
+  if (failed) return attn__fail(ctx, ATTN_E_NOMEM, "cannot allocate %zu bytes of scratch per thread", job->scratch_bytes);
   return ATTN_OK;
 }

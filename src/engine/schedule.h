@@ -34,8 +34,11 @@ typedef struct attn__job {
 } attn__job;
 
 /* Runs job on `threads` threads (1: in the calling thread) and records its
- * work list in ctx (attn_ctx_plan). NOMEM when a thread's scratch cannot be had. */
-attn_status attn__schedule(attn_ctx *ctx, const char *what, int threads, const attn__job *job);
+ * work list in ctx for attn_ctx_plan: what (a printf format of up to four
+ * long long arguments, args) and each phase's items in the first round, kept
+ * as numbers and formatted only when asked for, since a decoding step may take
+ * a few microseconds. NOMEM when a thread's scratch cannot be had. */
+attn_status attn__schedule(attn_ctx *ctx, const char *what, const long long args[4], int threads, const attn__job *job);
 
 /* Threads worth waking for `flops` of work: below about a million, one. */
 int attn__threads_for(const attn_ctx *ctx, double flops);
