@@ -224,13 +224,16 @@ static void zero_f32(attn_tensor *t) {
  * R query splits: item (c, r) takes key blocks c, c + C, ... against query
  * tiles r, r + R, ... (interleaved, so a causal mask leaves the items nearly
  * even). dQ sums over chunks and dK, dV over splits, each in a later phase in
- * index order. Kv heads are packed in rounds that fit PACK_BUDGET (at least
- * one); C and R come from the shape alone (enough items for 64 threads over
- * the kv heads of a round, at most 8 x 8 per head), so no thread count
- * changes a sum. */
+ * index order. C and R come from the shape alone (4 items per kv head with
+ * 8 kv heads or more, else enough for 64 threads, at most 8 x 8 per head), so
+ * no thread count changes a sum. Kv heads are packed in rounds. */
+#ifndef GRID_ITEMS
 #define GRID_ITEMS 64
+#endif
 #define GRID_MAX 8
-#define PACK_BUDGET ((int64_t)32 << 20)
+#ifndef PACK_BUDGET
+#define PACK_BUDGET ((int64_t)2 << 20)
+#endif
 
 typedef struct bwd_job {
   const attn__sdpa *p;
@@ -435,22 +438,27 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   j.vt_size = j.nblk * nr * (p->Dv > 0 ? p->Dv : 1);
   j.kr_size = j.k_unit ? 0 : p->Nk * p->D;
   j.rows_size = p->group * j.nqp * (p->D + p->Dv + 2);
-  /* kv heads per round before the grid's partials, hence the items each needs;
-   * the partials then count in the round's budget too */
-  const size_t packed = attn__bytes(1, j.kt_size + j.vt_size + j.kr_size + j.rows_size, 1, sizeof(float));
-  const int64_t fit = packed >= (size_t)PACK_BUDGET ? 1 : (int64_t)((size_t)PACK_BUDGET / (packed ? packed : 1));
-  const int64_t in_flight = fit < j.pairs ? fit : j.pairs;
-  const int64_t need = (GRID_ITEMS + in_flight - 1) / in_flight; /* items per kv head */
+  /* items per kv head: 4 (0.1's chunks) with 8 kv heads or more, else
+   * enough for GRID_ITEMS threads; chunks first, query splits only where
+   * chunks cannot make the items (their dK, dV partials cost more) */
+  const int64_t need = j.pairs >= 8 ? 4 : (GRID_ITEMS + j.pairs - 1) / j.pairs;
   j.C = need < GRID_MAX ? need : GRID_MAX;
   j.C = j.C < j.nblk ? j.C : j.nblk;
-  j.R = (need + j.C - 1) / j.C;
+  j.R = need > j.C ? (need + j.C - 1) / j.C : 1;
   j.R = j.R < GRID_MAX ? j.R : GRID_MAX;
   j.R = j.R < j.ntiles ? j.R : j.ntiles;
+  const size_t packed = attn__bytes(1, j.kt_size + j.vt_size + j.kr_size + j.rows_size, 1, sizeof(float));
   j.dq_size = j.C * p->group * j.nqp * Dp;
   j.dkv_size = j.R > 1 ? j.R * p->Nk * (p->D + p->Dv) : 0;
   /* saturating sizes: broadcast views may claim more than memory holds (attn__workspace refuses those) */
   const size_t per_pair = packed + attn__bytes(1, j.dq_size + j.dkv_size, 1, sizeof(float));
-  j.per_round = per_pair > (size_t)PACK_BUDGET ? 1 : (int64_t)((size_t)PACK_BUDGET / (per_pair ? per_pair : 1));
+  /* kv heads per round: enough items for twice the threads, or what fits
+   * PACK_BUDGET if that is more, so that on few threads what a round packs is
+   * still in cache when its items read it (rounds change no sum) */
+  const int64_t threads = attn__threads(ctx);
+  const int64_t for_threads = (2 * threads + j.C * j.R - 1) / (j.C * j.R);
+  const int64_t fit = per_pair >= (size_t)PACK_BUDGET ? 1 : (int64_t)((size_t)PACK_BUDGET / (per_pair ? per_pair : 1));
+  j.per_round = for_threads > fit ? for_threads : fit;
   j.per_round = j.per_round < 1 ? 1 : j.per_round > j.pairs ? j.pairs : j.per_round;
   const int64_t n = j.per_round;
   const size_t kt_b = attn__bytes(n, j.kt_size, 1, sizeof(float)), vt_b = attn__bytes(n, j.vt_size, 1, sizeof(float));
@@ -478,10 +486,9 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
       {"sum_dk_dv", reduce_dkv_items, reduce_dkv_run, 0}};
   const attn__job job = {&j, (j.pairs + n - 1) / n, phases, (int)(sizeof phases / sizeof phases[0]),
                          bwd_scratch_layout(NULL, mr, nr, p->D, p->Dv), bwd_scratch_init};
-  const int threads = attn__threads(ctx);
   const long long args[4] = {(long long)n, (long long)j.C, (long long)j.R, 0};
   attn_status st = attn__schedule(ctx, "attn_sdpa_backward (%lld kv heads per round, %lld key chunks x %lld query splits each)",
-                                  args, threads, &job);
+                                  args, (int)threads, &job);
   if (st) return st;
   if (p->sinks_grad) sinks_grad(p, dout, out, lse);
   return ATTN_OK;
