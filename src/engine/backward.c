@@ -357,23 +357,29 @@ static int64_t reduce_dq_items(const void *arg, int64_t round) {
   return bwd_round_pairs(j, round) * j->p->group * j->p->Nq;
 }
 
-/* dq = scale * the chunks' partials, summed in chunk order */
+/* dq = scale * the chunks' partials, summed in chunk order (64 columns at a
+ * time, so that the sums vectorise; each element still adds c = 0, 1, ...) */
 static void reduce_dq_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const bwd_job *j = arg;
   const attn__sdpa *p = j->p;
   const float scale = (float)p->scale;
-  const int64_t per_slot = p->group * p->Nq;
+  const int64_t per_slot = p->group * p->Nq, D = p->D, C = j->C, cstride = p->group * j->nqp * D;
+  const attn_tensor *dq = j->dq;
+  const int64_t sd = dq->strides[3];
   for (int64_t w = first; w < last; w++) {
     const int64_t slot = w / per_slot, hs = (w % per_slot) / p->Nq, i = w % p->Nq;
     const int64_t bg = round * j->per_round + slot, b = bg / p->Hk, h = (bg % p->Hk) * p->group + hs;
-    const float *part = j->dQp + slot * j->dq_size + (hs * j->nqp + i) * p->D;
-    const int64_t cstride = p->group * j->nqp * p->D;
-    float *qd = (float *)j->dq->data + b * j->dq->strides[0] + h * j->dq->strides[1] + i * j->dq->strides[2];
-    for (int64_t d = 0; d < p->D; d++) {
-      float acc = 0;
-      for (int64_t c = 0; c < j->C; c++) acc += part[c * cstride + d];
-      qd[d * j->dq->strides[3]] = acc * scale;
+    const float *part = j->dQp + slot * j->dq_size + (hs * j->nqp + i) * D;
+    float *qd = (float *)dq->data + b * dq->strides[0] + h * dq->strides[1] + i * dq->strides[2];
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      const int n = D - d0 < 64 ? (int)(D - d0) : 64;
+      float acc[64] = {0};
+      for (int64_t c = 0; c < C; c++) {
+        const float *pc = part + c * cstride + d0;
+        for (int e = 0; e < n; e++) acc[e] += pc[e];
+      }
+      for (int e = 0; e < n; e++) qd[(d0 + e) * sd] = acc[e] * scale;
     }
   }
 }
