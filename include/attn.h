@@ -74,7 +74,7 @@ ATTN_API const char *attn_strerror(attn_status status);
 typedef struct attn_ctx attn_ctx;
 
 /* Which implementation computes attention. AUTO picks the fastest this CPU
- * runs; the environment variable ATTN_KERNEL (ref, c, avx2, avx512) overrides
+ * runs; the environment variable ATTN_KERNEL (ref, c, avx2, avx512, avx512bf16) overrides
  * AUTO (an unknown or unsupported name is ignored). Asking for an instruction
  * set the CPU lacks is an error. */
 typedef enum attn_kernel {
@@ -82,8 +82,39 @@ typedef enum attn_kernel {
   ATTN_KERNEL_REF = 1,    /* float64 oracle: slow, plain, the yardstick */
   ATTN_KERNEL_C = 2,      /* portable C, fp32: any CPU */
   ATTN_KERNEL_AVX2 = 3,   /* x86-64 AVX2 + FMA */
-  ATTN_KERNEL_AVX512 = 4  /* x86-64 AVX-512 (F, DQ, BW, VL) */
+  ATTN_KERNEL_AVX512 = 4, /* x86-64 AVX-512 (F, DQ, BW, VL) */
+  ATTN_KERNEL_AVX512_BF16 = 5 /* AVX-512 for fp32, and vdpbf16ps (AVX512-BF16) tiles for bf16 */
 } attn_kernel;
+
+/* What precision computes attention, by the dtype of q, k and v.
+ *
+ *   DEFAULT  f32 inputs: every step in fp32.
+ *            bf16 inputs: as PyTorch computes them (its CPU flash attention):
+ *              q.k and p.v as bf16 products (exact in fp32) summed in fp32,
+ *              the scale, options and softmax in fp32, and the probabilities
+ *              rounded to bf16 for p.v. Runs on the AVX512-BF16 tiles where
+ *              the context's kernel has them (ATTN_KERNEL_AVX512_BF16); on
+ *              other kernels, and for decode-sized problems (a few query rows
+ *              per kv head), bf16 is widened and every step is fp32, which
+ *              is at least as accurate.
+ *            f16 inputs: widened to fp32 (f16 products are exact in fp32, so
+ *              this is PyTorch's half-precision product, summed in fp32, with
+ *              the probabilities kept in fp32: at least as accurate as its f16).
+ *            Mixed dtypes: widened to fp32.
+ *   FP32     every input widened to fp32 and every step in fp32: 0.2's
+ *            behaviour, for whoever wants the most accurate answer.
+ *   BF16     opt-in (PyTorch's set_float32_matmul_precision("medium")): f32
+ *            inputs, and bf16 ones, are rounded to bf16 (to nearest even) for
+ *            q.k and p.v and then computed as bf16 inputs are by DEFAULT. f16
+ *            inputs are never rounded to bf16 (they would lose bits): they
+ *            stay as DEFAULT computes them.
+ * Outside these rules no input loses precision: f32 inputs are rounded only
+ * under BF16. The backward and the oracle always run in fp32 / float64. */
+typedef enum attn_precision {
+  ATTN_PRECISION_DEFAULT = 0,
+  ATTN_PRECISION_FP32 = 1,
+  ATTN_PRECISION_BF16 = 2
+} attn_precision;
 
 /* The environment (ATTN_KERNEL, ATTN_DECODE) is read here, once: a context's
  * choices never change under a later setenv. */
@@ -111,6 +142,11 @@ ATTN_API attn_kernel attn_ctx_kernel(const attn_ctx *ctx);
 ATTN_API attn_status attn_ctx_set_decode(attn_ctx *ctx, int enabled);
 /* 1 when the decode kernel may be used, else 0. NULL: 1 (the default). */
 ATTN_API int attn_ctx_decode(const attn_ctx *ctx);
+/* The precision policy of the context's forward calls (see attn_precision);
+ * DEFAULT, or ATTN_PRECISION (default, fp32, bf16) when the context was made. */
+ATTN_API attn_status attn_ctx_set_precision(attn_ctx *ctx, attn_precision precision);
+ATTN_API attn_precision attn_ctx_precision(const attn_ctx *ctx);
+ATTN_API const char *attn_precision_name(attn_precision precision);
 ATTN_API const char *attn_kernel_name(attn_kernel kernel);
 /* Nonzero when this CPU (and this build) can run kernel. Asks the CPU on every
  * call (CPUID is slow inside VMs); a context asks once, when it is created. */

@@ -52,14 +52,14 @@ attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...) 
 /* Bit k: kernel k runs on this CPU and build (CPUID, slow in a VM: once per context). */
 static unsigned supported_kernels(void) {
   unsigned supported = 0;
-  for (int k = ATTN_KERNEL_AUTO; k <= ATTN_KERNEL_AVX512; k++)
+  for (int k = ATTN_KERNEL_AUTO; k <= ATTN__KERNEL_LAST; k++)
     if (attn_kernel_supported((attn_kernel)k)) supported |= 1u << k;
   return supported;
 }
 
 static void refresh_dispatch(attn_ctx *c) {
   const attn_kernel wanted = c->kernel != ATTN_KERNEL_AUTO ? c->kernel : c->env_kernel;
-  attn__dispatch_fill(&c->dispatch, wanted, c->supported, c->decode);
+  attn__dispatch_fill(&c->dispatch, wanted, c->supported, c->decode, c->precision);
 }
 
 attn_status attn_ctx_create(attn_ctx **out) {
@@ -73,10 +73,13 @@ attn_status attn_ctx_create(attn_ctx **out) {
    * unknown or unsupported ATTN_KERNEL leaves the automatic choice. */
   const char *env = getenv("ATTN_KERNEL");
   c->env_kernel = ATTN_KERNEL_AUTO;
-  for (int k = ATTN_KERNEL_REF; env && k <= ATTN_KERNEL_AVX512; k++)
+  for (int k = ATTN_KERNEL_REF; env && k <= ATTN__KERNEL_LAST; k++)
     if (!strcmp(env, attn_kernel_name((attn_kernel)k)) && ((c->supported >> k) & 1)) c->env_kernel = (attn_kernel)k;
   const char *dec = getenv("ATTN_DECODE");
   c->decode = !(dec && strcmp(dec, "0") == 0);
+  const char *prec = getenv("ATTN_PRECISION");
+  for (int k = ATTN_PRECISION_DEFAULT; prec && k <= ATTN_PRECISION_BF16; k++)
+    if (!strcmp(prec, attn_precision_name((attn_precision)k))) c->precision = (attn_precision)k;
   refresh_dispatch(c);
   return ATTN_OK;
 }
@@ -145,7 +148,7 @@ int attn__threads(const attn_ctx *ctx) {
 
 attn_status attn_ctx_set_kernel(attn_ctx *ctx, attn_kernel kernel) {
   ATTN__ENTER(ctx);
-  if ((int)kernel < ATTN_KERNEL_AUTO || kernel > ATTN_KERNEL_AVX512)
+  if ((int)kernel < ATTN_KERNEL_AUTO || kernel > ATTN__KERNEL_LAST)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown kernel %d", (int)kernel);
   if (!((ctx->supported >> kernel) & 1))
     return attn__fail(ctx, ATTN_E_UNSUPPORTED, "kernel %s is not supported by this CPU or build", attn_kernel_name(kernel));
@@ -163,6 +166,26 @@ attn_status attn_ctx_set_decode(attn_ctx *ctx, int enabled) {
 
 int attn_ctx_decode(const attn_ctx *ctx) { return ctx ? ctx->dispatch.decode_enabled : 1; }
 
+attn_status attn_ctx_set_precision(attn_ctx *ctx, attn_precision precision) {
+  ATTN__ENTER(ctx);
+  if ((int)precision < ATTN_PRECISION_DEFAULT || precision > ATTN_PRECISION_BF16)
+    return attn__fail(ctx, ATTN_E_INVALID, "unknown precision %d", (int)precision);
+  ctx->precision = precision;
+  refresh_dispatch(ctx);
+  return ATTN_OK;
+}
+
+attn_precision attn_ctx_precision(const attn_ctx *ctx) { return ctx ? ctx->dispatch.precision : ATTN_PRECISION_DEFAULT; }
+
+const char *attn_precision_name(attn_precision precision) {
+  switch (precision) {
+    case ATTN_PRECISION_DEFAULT: return "default";
+    case ATTN_PRECISION_FP32: return "fp32";
+    case ATTN_PRECISION_BF16: return "bf16";
+  }
+  return "unknown";
+}
+
 const char *attn_kernel_name(attn_kernel kernel) {
   switch (kernel) {
     case ATTN_KERNEL_AUTO: return "auto";
@@ -170,6 +193,7 @@ const char *attn_kernel_name(attn_kernel kernel) {
     case ATTN_KERNEL_C: return "c";
     case ATTN_KERNEL_AVX2: return "avx2";
     case ATTN_KERNEL_AVX512: return "avx512";
+    case ATTN_KERNEL_AVX512_BF16: return "avx512bf16";
   }
   return "unknown";
 }
@@ -177,7 +201,7 @@ const char *attn_kernel_name(attn_kernel kernel) {
 int attn_kernel_supported(attn_kernel kernel) {
   switch (kernel) {
     case ATTN_KERNEL_AUTO: case ATTN_KERNEL_REF: case ATTN_KERNEL_C: return 1;
-    case ATTN_KERNEL_AVX2: case ATTN_KERNEL_AVX512:
+    case ATTN_KERNEL_AVX2: case ATTN_KERNEL_AVX512: case ATTN_KERNEL_AVX512_BF16:
 #ifdef ATTN_HAVE_X86_KERNELS
       return attn__cpu_has(kernel);
 #else
@@ -190,7 +214,7 @@ int attn_kernel_supported(attn_kernel kernel) {
 attn_kernel attn_ctx_kernel(const attn_ctx *ctx) {
   if (ctx) return ctx->dispatch.kernel;
   attn__dispatch d;
-  attn__dispatch_fill(&d, ATTN_KERNEL_AUTO, supported_kernels(), 1);
+  attn__dispatch_fill(&d, ATTN_KERNEL_AUTO, supported_kernels(), 1, ATTN_PRECISION_DEFAULT);
   return d.kernel;
 }
 
@@ -496,10 +520,3 @@ uint16_t attn__f32_to_f16(float f) {
   return sign | (uint16_t)q;
 }
 
-uint16_t attn__f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet nan */
-  u += 0x7fffu + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}

@@ -28,4 +28,13 @@ static inline float attn__bf16_to_f32(uint16_t b) {
   return f;
 }
 
+/* To nearest even; NaN stays a (quiet) NaN. Inline: the bf16 tiles' packing rounds f32 inputs with it. */
+static inline uint16_t attn__f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+
 #endif

@@ -21,12 +21,17 @@ typedef struct attn__dispatch {
   const struct attn__cpu_kernels *attention;      /* the blocked kernel's tiles (src/cpu/kernels.h) */
   const struct attn__decode_kernels *decode;      /* the decode kernel's blocks (src/cpu/kernels.h) */
   const struct attn__sgemm_kernel *gemm;          /* the projections' GEMM (src/cpu/gemm.h) */
+  const struct attn__half_kernels *half;          /* bf16 tiles of the blocked kernel, or NULL (src/cpu/kernels.h) */
   int decode_enabled;                             /* 0: decode-sized problems go through the blocked kernel */
+  attn_precision precision;                       /* the policy of attn.h's attn_precision */
 } attn__dispatch;
+
+#define ATTN__KERNEL_LAST ATTN_KERNEL_AVX512_BF16
 
 /* The table for kernel (AUTO: the fastest in supported, bit k for kernel k;
  * the portable sets serve REF, whose projections run in fp32) and the decode switch. */
-void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned supported, int decode_enabled);
+void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned supported, int decode_enabled,
+                         attn_precision precision);
 
 /* What attn__schedule ran last (engine/schedule.c formats it for attn_ctx_plan). */
 #define ATTN__PLAN_PHASES 8
@@ -47,6 +52,7 @@ struct attn_ctx {
   attn_kernel env_kernel; /* ATTN_KERNEL when the context was made (a supported name), else AUTO */
   unsigned supported;   /* bit k: kernel k runs here; asked once, as CPUID is slow in a VM */
   int decode;           /* as set: attn_ctx_set_decode, or ATTN_DECODE=0 at create */
+  attn_precision precision; /* as set: attn_ctx_set_precision, or ATTN_PRECISION at create */
   attn__dispatch dispatch; /* kernel (or env_kernel for AUTO) and decode, resolved */
   char msg[ATTN__MSG_LEN];
   attn__plan last_plan;       /* the work list of the last scheduled call, as numbers */
@@ -89,7 +95,6 @@ int attn__threads(const attn_ctx *ctx);
 
 /* ---- half-precision conversion (round to nearest even) --------------------- */
 uint16_t attn__f32_to_f16(float f);
-uint16_t attn__f32_to_bf16(float f);
 
 /* Element (at element offset off) of a float or bool tensor, as double. */
 static inline double attn__load(const void *data, attn_dtype dt, int64_t off) {

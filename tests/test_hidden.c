@@ -6,10 +6,17 @@
  * skipped), through the blocked kernel and the decode kernel, on 1 and 3
  * threads, then through the KV cache (a poisoned tail past each row's length)
  * and the layer (NaN in the padded rows of key and value). The hidden set is
- * written out again here, independently of the library's definition. */
+ * written out again here, independently of the library's definition.
+ * With avx512bf16 the forward runs on the bf16 tiles (precision BF16, inputs
+ * already bf16 values so the oracle sees what the tiles see); its out is held
+ * to the bf16 bound, and its backward (fp32, as avx512's) is not repeated. */
 #include "testutil.h"
 
 enum { MAX_CASES = 400 };
+
+static int half_tiles; /* the kernel under test is avx512bf16: forward on the bf16 tiles */
+/* out's rel L2 error bound on the bf16 tiles: the probabilities rounded to bf16 (2^-9) */
+#define HALF_OUT_TOL 1e-2
 
 typedef struct hcase {
   int64_t B, Hq, Hk, Nq, Nk, D, Dv;
@@ -95,6 +102,9 @@ static void build(problem *P, const hcase *c, tu_rng *r) {
   tu_fill_f32(r, P->k, nk, 1.5);
   tu_fill_f32(r, P->v, nv, 1);
   tu_fill_f32(r, P->dout, c->B * c->Hq * c->Nq * c->Dv, 1);
+  for (int64_t e = 0; half_tiles && e < nq; e++) P->q[e] = tu_round_through(P->q[e], ATTN_BF16);
+  for (int64_t e = 0; half_tiles && e < nk; e++) P->k[e] = tu_round_through(P->k[e], ATTN_BF16);
+  for (int64_t e = 0; half_tiles && e < nv; e++) P->v[e] = tu_round_through(P->v[e], ATTN_BF16);
   P->mask = arena_alloc(a, sizeof(double) * (nm ? nm : 1));
   /* the mask hides whole columns of a row (as padding does) and scattered entries */
   for (int64_t e = 0; e < nm; e++) {
@@ -232,9 +242,17 @@ static void run_case(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed, 
   const int exact = attn_ctx_kernel(ctx) == ATTN_KERNEL_REF;
   const double tol = exact ? 2e-7 : 2e-5;
   double e;
-  CHECK(agrees(&to, ro, no, tol, &e), "%s %s: out rel err %.3g or a non-finite value", path, desc, e);
+  CHECK(agrees(&to, ro, no, half_tiles ? HALF_OUT_TOL : tol, &e), "%s %s: out rel err %.3g or a non-finite value", path,
+        desc, e);
   CHECK(agrees(&tl, rl, nl, tol, &e), "%s %s: lse rel err %.3g or a non-finite value", path, desc, e);
   if (c->weights) CHECK(agrees(&tw, rw, nw, tol, &e), "%s %s: weights rel err %.3g", path, desc, e);
+  if (half_tiles) {
+    /* the blocked path must have run the bf16 tiles, else this kernel was not tested */
+    CHECK(attn_ctx_decode(ctx) || strstr(attn_ctx_plan(ctx), "bf16 tiles"),
+          "%s %s: the blocked forward did not run the bf16 tiles: %s", path, desc, attn_ctx_plan(ctx));
+    arena_free(a);
+    return;
+  }
 
   /* the backward from this forward's out and lse, against the oracle's backward on clean inputs */
   const int64_t nq = c->B * c->Hq * c->Nq * c->D, nk = c->B * c->Hk * c->Nk * c->D, nv = c->B * c->Hk * c->Nk * c->Dv;
@@ -433,6 +451,8 @@ int main(int argc, char **argv) {
   attn_ctx_create(&ctx[1]);          /* always the blocked kernel */
   CHECK_OK(ctx[1], attn_ctx_set_decode(ctx[1], 0));
   for (int i = 0; i < 2; i++) CHECK_OK(ctx[i], attn_ctx_set_kernel(ctx[i], kern));
+  half_tiles = kern == ATTN_KERNEL_AVX512_BF16;
+  for (int i = 0; i < 2 && half_tiles; i++) CHECK_OK(ctx[i], attn_ctx_set_precision(ctx[i], ATTN_PRECISION_BF16));
   const char *paths[2] = {"decode-or-blocked", "blocked"};
   tu_rng r = {2026};
   int64_t dead = 0;
@@ -456,6 +476,7 @@ int main(int argc, char **argv) {
   /* the cases must exercise what they claim to */
   CHECK(dead > 1000, "only %lld poisoned keys over all cases", (long long)dead);
   printf("%lld poisoned key rows over %d cases\n", (long long)dead, ncases);
+  for (int i = 0; i < 2; i++) CHECK_OK(ctx[i], attn_ctx_set_precision(ctx[i], ATTN_PRECISION_DEFAULT));
   kv_cache_tail(ctx[0], oracle, kname);
   kv_cache_tail(ctx[1], oracle, kname);
   layer_padding(ctx[0], kname);

@@ -123,6 +123,7 @@ _protos = {
     "attn_ctx_create": (_st, [ctypes.POINTER(_P)]),
     "attn_ctx_destroy": (None, [_P]),
     "attn_ctx_set_threads": (_st, [_P, ctypes.c_int]),
+    "attn_ctx_set_precision": (_st, [_P, ctypes.c_int]),
     "attn_ctx_threads": (ctypes.c_int, [_P]),
     "attn_ctx_error": (ctypes.c_char_p, [_P]),
     "attn_ctx_kernel": (ctypes.c_int, [_P]),

@@ -33,6 +33,14 @@ class _Ctx:
     def set_threads(self, threads):
         self.check(_capi.lib.attn_ctx_set_threads(self.h, 0 if threads is None else int(threads)))
 
+    PRECISIONS = {"default": 0, "fp32": 1, "bf16": 2}  # attn.h's attn_precision
+
+    def set_precision(self, precision):
+        name = "default" if precision is None else precision
+        if name not in self.PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(self.PRECISIONS)}, got {precision!r}")
+        self.check(_capi.lib.attn_ctx_set_precision(self.h, self.PRECISIONS[name]))
+
     def __repr__(self):
         if self.h is None:
             return "_Ctx(destroyed)"

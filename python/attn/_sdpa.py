@@ -107,7 +107,7 @@ def _unbroadcast(g, shape):
     return g.sum(axis=axes, keepdims=True) if axes else g
 
 
-def _sdpa_forward(c, want_weights, want_lse, threads):
+def _sdpa_forward(c, want_weights, want_lse, threads, precision=None):
     out = np.empty((c.B, c.H, c.L, c.Dv), np.float32)
     weights = lse = weights_arg = lse_arg = None
     if want_weights:
@@ -119,6 +119,7 @@ def _sdpa_forward(c, want_weights, want_lse, threads):
     ot, qt, kt, vt = _tensor(out), _tensor(c.q4), _tensor(c.k4), _tensor(c.v4)
     x = _ctx()
     x.set_threads(threads)
+    x.set_precision(precision)
     x.check(_capi.lib.attn_sdpa(x.h, ctypes.byref(ot), lse_arg, weights_arg, ctypes.byref(qt), ctypes.byref(kt),
                                 ctypes.byref(vt), ctypes.byref(c.opts)))
     return out, weights, lse
@@ -172,7 +173,7 @@ def _autograd_fn():
         def forward(fctx, q, k, v, attn_mask, kw):
             c = _SdpaCall(q, k, v, attn_mask, halves=True, **kw["call"])
             kw["call"]["dropout_seed"] = int(c.opts.dropout_seed)  # the backward regenerates the same dropout
-            out, weights, lse = _sdpa_forward(c, kw["return_weights"], True, kw["threads"])
+            out, weights, lse = _sdpa_forward(c, kw["return_weights"], True, kw["threads"], kw["precision"])
             o = torch.from_numpy(c.unbatch(out))
             l_ = torch.from_numpy(c.unbatch(lse))
             fctx.save_for_backward(q, k, v, attn_mask if torch.is_tensor(attn_mask) else None, o, l_)
@@ -207,13 +208,18 @@ def _autograd_fn():
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, key_padding_mask=None, causal_align="top-left",
                                  mask_mode=None, return_weights=False, return_lse=False, threads=None,
-                                 dropout_seed=None, window=None, softcap=None, alibi=None, sinks=None):
+                                 dropout_seed=None, window=None, softcap=None, alibi=None, sinks=None,
+                                 precision=None):
     """Like torch.nn.functional.scaled_dot_product_attention, on CPU.
 
     q [..., L, D], k [..., S, D], v [..., S, Dv] with up to two leading dims
     ([B, H] or [H]). float32, float16 (NumPy or torch) and torch bfloat16
-    inputs are read in place through their strides (halves are widened inside
-    the library); float64 is cast to float32 (a copy). The backward pass takes
+    inputs are read in place through their strides; float64 is cast to float32
+    (a copy). precision (attn.h's attn_precision): None or 'default' computes
+    bfloat16 inputs as PyTorch does (bf16 products, fp32 sums and softmax, the
+    probabilities rounded to bf16 for p.v) where the CPU has AVX512-BF16, and
+    everything else in fp32; 'fp32' widens every input; 'bf16' also rounds
+    float32 inputs to bf16 (PyTorch's matmul precision "medium"). The backward pass takes
     float32, so halves that require grad are widened for it. The result is float32, a
     NumPy array or a torch tensor like q. Differences from PyTorch: a query
     row whose keys are all masked gives zeros, not NaN.
@@ -234,11 +240,12 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                 mask_mode=mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks)
     if _wants_autograd(q, k, v, attn_mask):
         res = _autograd_fn().apply(q, k, v, attn_mask, dict(call=call, return_weights=return_weights,
-                                                            return_lse=return_lse, threads=threads))
+                                                            return_lse=return_lse, threads=threads,
+                                                            precision=precision))
         return res[0] if len(res) == 1 else res
     like_torch = _is_torch(q)
     c = _SdpaCall(q, k, v, attn_mask, halves=True, **call)
-    out, weights, lse = _sdpa_forward(c, return_weights, return_lse, threads)
+    out, weights, lse = _sdpa_forward(c, return_weights, return_lse, threads, precision)
     res = [_wrap(c.unbatch(out), like_torch)]
     if return_weights:
         res.append(_wrap(c.unbatch(weights), like_torch))

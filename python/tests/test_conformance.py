@@ -58,14 +58,18 @@ def rel(a, b):
 
 
 def case(family, name, fn):
+    """fn returns the error, or (error, its bound) where TOL is not the bound."""
     global passed, failed
+    bound = TOL
     try:
-        err = float(fn())
-        ok = err <= TOL
+        res = fn()
+        err, bound = (float(res[0]), float(res[1])) if isinstance(res, tuple) else (float(res), TOL)
+        ok = err <= bound
     except Exception as e:  # a crash of one case is a failure, not the end of the run
         err, ok = float("nan"), False
         name += f" [{type(e).__name__}: {e}]"
-    print(f"{'PASS' if ok else 'FAIL'} {family}: {name}: rel err {err:.3g}")
+    extra = f" (bound {bound:.3g})" if bound != TOL else ""
+    print(f"{'PASS' if ok else 'FAIL'} {family}: {name}: rel err {err:.3g}{extra}")
     w = worst.get(family, 0.0)
     worst[family] = err if (math.isnan(err) or err > w) else w
     if ok:
@@ -347,7 +351,7 @@ else:
             raise AssertionError("a complex tensor was accepted")
         except TypeError:
             pass
-        ob = attn.scaled_dot_product_attention(q.bfloat16(), kb.bfloat16(), v.bfloat16())  # widened (a copy)
+        ob = attn.scaled_dot_product_attention(q.bfloat16(), kb.bfloat16(), v.bfloat16(), precision="fp32")  # widened
         rb = F.scaled_dot_product_attention(q.bfloat16().double(), kb.bfloat16().double(), v.bfloat16().double())
         return max(rel(o, r), rel(ob, rb))
 
@@ -790,6 +794,50 @@ case(OPT, "softcap 2", lambda: options_case(softcap=2.0))
 case(OPT, "ALiBi, the paper's slopes", lambda: options_case(alibi=True))
 case(OPT, "sinks", lambda: options_case(sinks=True))
 case(OPT, "all four", lambda: options_case(window=7, softcap=3.0, alibi=True, sinks=True))
+
+
+# ---- half precision: our error beside PyTorch's, both against float64 on the same rounded inputs ----
+def half_case(dtype, B, H, Hk, L, S, D, causal=False, kpm=False, window=None, softcap=None):
+    """Ours (the context's default precision: bf16 tiles where the CPU has them) against
+    PyTorch's SDPA in the same dtype; the bound is PyTorch's own error (its out in dtype)."""
+    q, k, v = (torch.from_numpy(randn(B, h, n, D)).to(dtype) for h, n in ((H, L), (Hk, S), (Hk, S)))
+    mask = None
+    kp = None
+    if kpm:
+        kp = torch.zeros(B, S, dtype=torch.bool)
+        kp[:, S - S // 4:] = True
+        mask = ~kp[:, None, None, :]
+    if window is not None:
+        i, j = torch.arange(L)[:, None], torch.arange(S)[None, :]
+        band = (j <= i) & (j > i - window)
+        mask = band if mask is None else mask & band
+    ours = attn.scaled_dot_product_attention(q, k, v, is_causal=causal and window is None, enable_gqa=H != Hk,
+                                             key_padding_mask=kp, window=window, softcap=softcap)
+
+    def torch_sdpa(q, k, v):
+        if softcap is not None:  # the logits' cap, written out: PyTorch's SDPA has none
+            kk = k.repeat_interleave(H // Hk, 1) if H != Hk else k
+            vv = v.repeat_interleave(H // Hk, 1) if H != Hk else v
+            s = q @ kk.transpose(-1, -2) / math.sqrt(D)
+            s = softcap * torch.tanh(s / softcap)
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            return torch.softmax(s.float(), -1).to(q.dtype) @ vv
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                              enable_gqa=H != Hk)
+    theirs = torch_sdpa(q, k, v)
+    ref = torch_sdpa(q.double(), k.double(), v.double())
+    return rel(ours, ref), rel(theirs.double(), ref)
+
+
+if torch is not None:
+    HALF = "half precision"
+    for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "f16")):
+        case(HALF, f"{name}: H8 N256 D64, no worse than PyTorch {name} SDPA", lambda dt=dt: half_case(dt, 1, 8, 8, 256, 256, 64))
+        case(HALF, f"{name}: causal H4 N300 D128", lambda dt=dt: half_case(dt, 1, 4, 4, 300, 300, 128, causal=True))
+        case(HALF, f"{name}: GQA 8/2 N200 S333 D80, key padding", lambda dt=dt: half_case(dt, 2, 8, 2, 200, 333, 80, kpm=True))
+        case(HALF, f"{name}: window 40, softcap 30, N190 D64",
+             lambda dt=dt: half_case(dt, 1, 4, 4, 190, 190, 64, window=40, softcap=30.0))
 
 print("worst relative error per family:")
 for fam, err in worst.items():

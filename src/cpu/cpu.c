@@ -24,9 +24,12 @@ int attn__cpu_has(attn_kernel isa) {
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
   const int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1,
             avx512vl = (b >> 31) & 1;
+  const int avx512 = zmm_os && avx512f && avx512dq && avx512bw && avx512vl;
   switch (isa) {
     case ATTN_KERNEL_AVX2: return ymm_os && avx2 && fma && f16c;
-    case ATTN_KERNEL_AVX512: return zmm_os && avx512f && avx512dq && avx512bw && avx512vl;
+    case ATTN_KERNEL_AVX512: return avx512;
+    case ATTN_KERNEL_AVX512_BF16: /* CPUID.(7,1):EAX bit 5 */
+      return avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
     default: return 1;
   }
 }

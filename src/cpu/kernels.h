@@ -58,10 +58,36 @@ typedef struct attn__cpu_kernels {
   void (*pt_acc)(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C);
 } attn__cpu_kernels;
 
+/* Half-precision tiles: bf16 products accumulated in fp32 (vdpbf16ps and the
+ * like), on the same MR x NR tile and the same fp32 softmax as `base`. The
+ * framework packs every operand as bf16 pairs along the sum's index:
+ *   Qh is (MR, D2) pairs:  Qh[2 (r D2 + t) + e] = q[r][2t + e], unscaled; rows
+ *                          past Nq and an odd D's last pair's upper half are 0
+ *   Kh is (D2, NR) pairs:  Kh[2 (t NR + j) + e] = k[j][2t + e]; keys past Nk are 0
+ *   Vh is (., Dv) pairs:   Vh[2 (j2 Dv + c) + e] = v[2 j2 + e][c] for one key
+ *                          block, 64-byte aligned; keys past Nk are 0
+ * qk: S = scale * (Q . K) for the first nkeys keys (columns past them finite).
+ * pv: O[r][:] = O[r][:] * alpha[r] + sum_{j < nkeys} bf16(P[r][j]) * V[j][:]:
+ *     the probabilities are rounded to bf16 as PyTorch rounds them for P.V.
+ *     Keys at or past nkeys are never read into O, nor (with sparse) keys whose
+ *     P is 0, as in attn__cpu_kernels.pv (their V may hold Inf or NaN). */
+typedef struct attn__half_kernels {
+  const char *name;
+  const struct attn__cpu_kernels *base; /* softmax, exp_shift */
+  int mr, nr; /* the tile it was written for: base's, or this set is not used */
+  void (*qk)(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale);
+  void (*pv)(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse);
+} attn__half_kernels;
+/* The half tiles a blocked forward of p runs on, or NULL for fp32 ones (engine/dispatch.c). */
+struct attn__dispatch;
+struct attn__sdpa;
+const attn__half_kernels *attn__dispatch_half(const struct attn__dispatch *d, const struct attn__sdpa *p);
+
 extern const attn__cpu_kernels attn__kernels_c;
 #ifdef ATTN_HAVE_X86_KERNELS
 extern const attn__cpu_kernels attn__kernels_avx2;
 extern const attn__cpu_kernels attn__kernels_avx512;
+extern const attn__half_kernels attn__half_kernels_avx512bf16;
 #endif
 /* The decode contract (decode.c streams the keys and values of a few query
  * rows in place, unpacked; see there). A block is at most ATTN__DEC_NB keys:

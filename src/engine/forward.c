@@ -4,7 +4,9 @@
  * into rows if it is not unit-stride), then every tile of MR query rows of
  * every query head in the group streams over the key blocks with an online
  * softmax, so no Nq x Nk matrix exists unless weights are asked for. Tiles
- * are independent, so results do not depend on the thread count. */
+ * are independent, so results do not depend on the thread count.
+ * With half tiles (attn__dispatch_half: bf16 products, fp32 sums) q, k and v
+ * are packed as bf16 pairs instead, and only the tiles' qk and pv change. */
 #include "../internal.h"
 #include "../logit.h"
 #include "../cpu/kernels.h"
@@ -20,6 +22,7 @@
 
 typedef struct tile_state {
   float *Q, *O, *m, *l, *alpha;
+  uint16_t *Qh; /* the half tiles' queries, as bf16 pairs, where Q would be */
   int64_t i0, kend, kbeg; /* keys [kbeg, kend) hold every key a row of the tile may see */
   int rows;
 } tile_state;
@@ -50,6 +53,7 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t D, int
   for (int t = 0; t < QB_MAX; t++, b += q + o + st) {
     tile_state *ts = &s->t[t];
     ts->Q = b;
+    ts->Qh = (uint16_t *)b; /* MR (D + 1) halves fit in MR D floats */
     ts->O = b + q;
     ts->m = b + q + o;
     ts->l = ts->m + ATTN__STAT_LANES;
@@ -57,23 +61,59 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t D, int
   }
 }
 
+/* The forward's work list: per round, `per_round` kv heads (b, g) are packed
+ * (K transposed into key blocks, V into rows when it is not unit-stride f32;
+ * with half tiles both as bf16 pairs), then every query block of every query
+ * head of those kv heads is an item. Packed sizes are in bytes per kv head. */
+typedef struct fwd_job {
+  const attn__sdpa *p;
+  const attn__cpu_kernels *kn;
+  const attn__half_kernels *hk; /* NULL: fp32 tiles */
+  int64_t nblocks, ntiles, pairs, per_round, kt_bytes, vp_bytes, nqblk, per_pair, D2;
+  int qb, v_unit;
+  char *Kp, *Vp;
+} fwd_job;
+
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too. */
-static attn__tile_mask logits_tile(const attn__cpu_kernels *kn, const attn__sdpa *p, fwd_scratch *s, const tile_state *ts,
-                             const float *Kt, int64_t b, int64_t h, int64_t j0) {
-  const int mr = kn->mr, nr = kn->nr;
+static attn__tile_mask logits_tile(const fwd_job *j, fwd_scratch *s, const tile_state *ts, const char *Kp, int64_t b,
+                                   int64_t h, int64_t j0) {
+  const attn__sdpa *p = j->p;
+  const int mr = j->kn->mr, nr = j->kn->nr;
   const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, ts->i0, ts->rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
   /* keys past the tile's last visible one (Nk, or the band's end of its last row) need no dot products */
-  kn->qk(s->S, ts->Q, Kt + j0 * p->D, p->D, ts->kend - j0 < nr ? ts->kend - j0 : nr);
+  const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr;
+  if (j->hk) j->hk->qk(s->S, ts->Qh, (const uint16_t *)Kp + j0 * 2 * j->D2, j->D2, nk, (float)p->scale);
+  else j->kn->qk(s->S, ts->Q, (const float *)Kp + j0 * p->D, p->D, nk);
   attn__logit_tile(p, s->S, NULL, nr, ts->rows, nr, tm, s->Mb);
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
   return tm;
 }
 
-/* Loads the tile's queries (scaled) and clears its running statistics. */
-static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_state *ts, int64_t b, int64_t h,
-                       int64_t i0, int rows) {
-  const int mr = kn->mr;
+/* dst[0..n) = elements off, off + stride, ... of an f32 or bf16 buffer as bf16
+ * (f32 rounded to nearest even), then zeros up to dst[pad): one loop per case, so each vectorises. */
+static void load_bf16(uint16_t *restrict dst, const void *src, attn_dtype dt, int64_t off, int64_t stride, int64_t n,
+                      int64_t pad) {
+  if (dt == ATTN_BF16 && stride == 1) {
+    memcpy(dst, (const uint16_t *)src + off, (size_t)n * 2);
+  } else if (dt == ATTN_BF16) {
+    const uint16_t *s = (const uint16_t *)src + off;
+    for (int64_t e = 0; e < n; e++) dst[e] = s[e * stride];
+  } else {
+    const float *s = (const float *)src + off;
+    for (int64_t e = 0; e < n; e++) dst[e] = attn__f32_to_bf16(s[e * stride]);
+  }
+  for (int64_t e = n; e < pad; e++) dst[e] = 0;
+}
+
+static inline uint16_t bf16_at(const void *src, attn_dtype dt, int64_t off) {
+  return dt == ATTN_BF16 ? ((const uint16_t *)src)[off] : attn__f32_to_bf16(((const float *)src)[off]);
+}
+
+/* Loads the tile's queries (scaled; as bf16 pairs, unscaled, for half tiles) and clears its running statistics. */
+static void tile_begin(const fwd_job *j, tile_state *ts, int64_t b, int64_t h, int64_t i0, int rows) {
+  const attn__sdpa *p = j->p;
+  const int mr = j->kn->mr;
   const int64_t D = p->D;
   const attn_tensor *q = &p->q;
   const float scale = (float)p->scale;
@@ -81,7 +121,11 @@ static void tile_begin(const attn__cpu_kernels *kn, const attn__sdpa *p, tile_st
   ts->rows = rows;
   ts->kend = attn__key_end(p, b, i0 + rows - 1); /* the last row's band ends last */
   ts->kbeg = attn__key_begin(p, b, i0);        /* the first row's starts first */
-  for (int r = 0; r < mr; r++) {
+  for (int r = 0; r < mr && j->hk; r++) {
+    const int64_t off = b * q->strides[0] + h * q->strides[1] + (i0 + r) * q->strides[2];
+    load_bf16(ts->Qh + (int64_t)r * 2 * j->D2, q->data, q->dtype, off, q->strides[3], r < rows ? D : 0, 2 * j->D2);
+  }
+  for (int r = 0; r < mr && !j->hk; r++) {
     float *dst = ts->Q + (int64_t)r * D;
     if (r < rows) {
       const int64_t off = b * q->strides[0] + h * q->strides[1] + (i0 + r) * q->strides[2];
@@ -121,14 +165,15 @@ static void tile_end(const attn__sdpa *p, const tile_state *ts, int64_t b, int64
 }
 
 /* Second pass for requested weights: the normalised probabilities need the final max and sum. */
-static void tile_weights(const attn__cpu_kernels *kn, const attn__sdpa *p, fwd_scratch *s, const tile_state *ts,
-                         const float *Kt, int64_t b, int64_t h) {
-  const int nr = kn->nr;
+static void tile_weights(const fwd_job *j, fwd_scratch *s, const tile_state *ts, const char *Kp, int64_t b,
+                         int64_t h) {
+  const attn__sdpa *p = j->p;
+  const int nr = j->kn->nr;
   const attn_tensor *w = p->weights;
   float *wd = w->data;
   for (int64_t j0 = 0; j0 < p->Nk; j0 += nr) {
     const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-    const int open = j0 < ts->kend && j0 + nr > ts->kbeg && logits_tile(kn, p, s, ts, Kt, b, h, j0) != ATTN__TILE_CLOSED;
+    const int open = j0 < ts->kend && j0 + nr > ts->kbeg && logits_tile(j, s, ts, Kp, b, h, j0) != ATTN__TILE_CLOSED;
     for (int r = 0; r < ts->rows; r++) {
       float *dst = wd + b * w->strides[0] + h * w->strides[1] + (ts->i0 + r) * w->strides[2];
       const float l = ts->l[r], mx = ts->m[r];
@@ -158,13 +203,15 @@ static void dropout_tile(const attn__sdpa *p, float *P, int nr, int64_t b, int64
 }
 
 // Query block: `count` tiles of MR rows from row i0 of head h, against the packed keys of its kv head.
-static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, fwd_scratch *s, const float *Kt, const float *V,
-                      int64_t ldv, int64_t b, int64_t h, int64_t i0, int count) {
+static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const void *V, int64_t ldv, int64_t b,
+                      int64_t h, int64_t i0, int count) {
+  const attn__sdpa *p = j->p;
+  const attn__cpu_kernels *kn = j->kn;
   const int mr = kn->mr, nr = kn->nr;
   int64_t kmax = 0, kmin = p->Nk;
   for (int t = 0; t < count; t++) {
     const int64_t r0 = i0 + (int64_t)t * mr;
-    tile_begin(kn, p, &s->t[t], b, h, r0, (int)(p->Nq - r0 < mr ? p->Nq - r0 : mr));
+    tile_begin(j, &s->t[t], b, h, r0, (int)(p->Nq - r0 < mr ? p->Nq - r0 : mr));
     if (s->t[t].kend > kmax) kmax = s->t[t].kend;
     if (s->t[t].kbeg < kmin) kmin = s->t[t].kbeg;
   }
@@ -173,17 +220,18 @@ static void run_block(const attn__cpu_kernels *kn, const attn__sdpa *p, fwd_scra
     for (int t = 0; t < count; t++) {
       tile_state *ts = &s->t[t];
       if (j0 >= ts->kend || j0 + nr <= ts->kbeg) continue;
-      const attn__tile_mask tm = logits_tile(kn, p, s, ts, Kt, b, h, j0);
+      const attn__tile_mask tm = logits_tile(j, s, ts, Kp, b, h, j0);
       if (tm == ATTN__TILE_CLOSED) continue;
       const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr; /* P is 0 past the tile's last visible key */
       kn->softmax(s->S, ts->m, ts->l, ts->alpha);
       if (p->dropout_p > 0) dropout_tile(p, s->S, nr, b, h, ts->i0, ts->rows, j0);
-      kn->pv(ts->O, ts->alpha, s->S, V + j0 * ldv, ldv, p->Dv, nk, tm == ATTN__TILE_MIXED);
+      if (j->hk) j->hk->pv(ts->O, ts->alpha, s->S, (const uint16_t *)V + j0 * p->Dv, p->Dv, nk, tm == ATTN__TILE_MIXED);
+      else kn->pv(ts->O, ts->alpha, s->S, (const float *)V + j0 * ldv, ldv, p->Dv, nk, tm == ATTN__TILE_MIXED);
     }
   }
   for (int t = 0; t < count; t++) {
     tile_end(p, &s->t[t], b, h);
-    if (p->weights) tile_weights(kn, p, s, &s->t[t], Kt, b, h);
+    if (p->weights) tile_weights(j, s, &s->t[t], Kp, b, h);
   }
 }
 
@@ -199,21 +247,34 @@ void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, 
   }
 }
 
+/* Kh block blk (D2, NR) of kv head (b, g) as bf16 pairs (kernels.h's half tiles), zero past key Nk. */
+static void pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr,
+                             int64_t Nk, int64_t D, int64_t D2) {
+  uint32_t *o = (uint32_t *)(dst + blk * nr * 2 * D2);
+  const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
+  const int64_t sd = t->strides[3];
+  for (int jj = 0; jj < nr; jj++) {
+    const int64_t off = b * t->strides[0] + g * t->strides[1] + (blk * nr + jj) * t->strides[2];
+    if (jj >= n) {
+      for (int64_t p = 0; p < D2; p++) o[p * nr + jj] = 0;
+    } else if (t->dtype == ATTN_BF16 && sd == 1) { /* a key's pairs are 32-bit words of its row */
+      const uint16_t *row = (const uint16_t *)t->data + off;
+      for (int64_t p = 0; p < D / 2; p++) memcpy(&o[p * nr + jj], row + 2 * p, 4);
+      if (D & 1) o[(D2 - 1) * nr + jj] = row[D - 1];
+    } else {
+      for (int64_t p = 0; p < D2; p++) {
+        const uint32_t lo = bf16_at(t->data, t->dtype, off + 2 * p * sd);
+        const uint32_t hi = 2 * p + 1 < D ? bf16_at(t->data, t->dtype, off + (2 * p + 1) * sd) : 0;
+        o[p * nr + jj] = lo | hi << 16;
+      }
+    }
+  }
+}
+
 /* Packed keys (and values) of this many bytes per round at most: enough kv
  * heads per round to keep every thread busy at small N, few enough to stay
  * far below the inputs' size at large N. */
 #define PACK_BUDGET ((int64_t)8 << 20)
-
-/* The forward's work list: per round, `per_round` kv heads (b, g) are packed
- * (K transposed into key blocks, V into rows when it is not unit-stride f32),
- * then every query block of every query head of those kv heads is an item. */
-typedef struct fwd_job {
-  const attn__sdpa *p;
-  const attn__cpu_kernels *kn;
-  int64_t nblocks, ntiles, pairs, per_round, kt_size, vp_size, nqblk, per_pair;
-  int qb, v_unit;
-  float *Kt, *Vp;
-} fwd_job;
 
 static int64_t round_pairs(const fwd_job *j, int64_t round) {
   const int64_t first = round * j->per_round;
@@ -225,32 +286,57 @@ static int64_t pack_k_items(const void *arg, int64_t round) {
   return round_pairs(j, round) * j->nblocks;
 }
 
-// Kt[slot] (nblocks, D, NR) for items w = slot * nblocks + key block.
+// Kp[slot] (nblocks, D, NR) floats, or (nblocks, D2, NR) bf16 pairs, for items w = slot * nblocks + key block.
 static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const fwd_job *j = arg;
   const attn__sdpa *p = j->p;
   for (int64_t w = first; w < last; w++) {
     const int64_t bg = round * j->per_round + w / j->nblocks;
-    attn__pack_block_t(j->Kt + (w / j->nblocks) * j->kt_size, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr,
-                       p->Nk, p->D);
+    void *dst = j->Kp + (w / j->nblocks) * j->kt_bytes;
+    if (j->hk)
+      pack_block_pairs(dst, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr, p->Nk, p->D, j->D2);
+    else
+      attn__pack_block_t(dst, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr, p->Nk, p->D);
   }
 }
 
+/* Key pairs of V per kv head, for half tiles: Vh (ceil(Nk / 2), Dv) pairs. */
+static int64_t key_pairs(const attn__sdpa *p) { return (p->Nk + 1) / 2; }
+
 static int64_t pack_v_items(const void *arg, int64_t round) {
   const fwd_job *j = arg;
+  if (j->hk) return round_pairs(j, round) * key_pairs(j->p);
   return j->v_unit ? 0 : round_pairs(j, round) * j->p->Nk;
 }
 
-// Vp[slot] (Nk, Dv) f32 rows for items w = slot * Nk + key.
+// Vp[slot] (Nk, Dv) f32 rows for items w = slot * Nk + key; half tiles: key pairs w = slot * pairs + j2.
 static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const fwd_job *j = arg;
   const attn__sdpa *p = j->p;
-  for (int64_t w = first; w < last; w++) {
+  const attn_tensor *v = &p->v;
+  for (int64_t w = first; w < last && j->hk; w++) {
+    const int64_t np = key_pairs(p), bg = round * j->per_round + w / np, j2 = w % np;
+    uint16_t *dst = (uint16_t *)(j->Vp + (w / np) * j->vp_bytes) + 2 * j2 * p->Dv;
+    const int64_t off = (bg / p->Hk) * v->strides[0] + (bg % p->Hk) * v->strides[1] + 2 * j2 * v->strides[2];
+    const int64_t sd = v->strides[3], s2 = v->strides[2];
+    const int second = 2 * j2 + 1 < p->Nk;
+    if (v->dtype == ATTN_BF16 && sd == 1 && second) {
+      const uint16_t *r0 = (const uint16_t *)v->data + off, *r1 = r0 + s2;
+      for (int64_t c = 0; c < p->Dv; c++) dst[2 * c] = r0[c], dst[2 * c + 1] = r1[c];
+    } else {
+      for (int64_t c = 0; c < p->Dv; c++) {
+        dst[2 * c] = bf16_at(v->data, v->dtype, off + c * sd);
+        dst[2 * c + 1] = second ? bf16_at(v->data, v->dtype, off + s2 + c * sd) : 0;
+      }
+    }
+  }
+  for (int64_t w = first; w < last && !j->hk; w++) {
     const int64_t bg = round * j->per_round + w / p->Nk, jk = w % p->Nk;
     const int64_t off = (bg / p->Hk) * p->v.strides[0] + (bg % p->Hk) * p->v.strides[1] + jk * p->v.strides[2];
-    attn__widen_strided(j->Vp + (w / p->Nk) * j->vp_size + jk * p->Dv, p->v.data, p->v.dtype, off, p->v.strides[3], p->Dv);
+    attn__widen_strided((float *)(j->Vp + (w / p->Nk) * j->vp_bytes) + jk * p->Dv, p->v.data, p->v.dtype, off,
+                        p->v.strides[3], p->Dv);
   }
 }
 
@@ -268,10 +354,10 @@ static void tiles_run(const void *arg, void *scratch, int64_t round, int64_t fir
     const int64_t slot = it / j->per_pair, rest = it % j->per_pair, bg = round * j->per_round + slot;
     const int64_t b = bg / p->Hk, g = bg % p->Hk;
     const int64_t blk = j->nqblk - 1 - rest % j->nqblk, h = g * p->group + rest / j->nqblk;
-    const float *V = j->v_unit ? (const float *)p->v.data + b * p->v.strides[0] + g * p->v.strides[1]
-                               : j->Vp + slot * j->vp_size;
+    const void *V = j->v_unit ? (const void *)((const float *)p->v.data + b * p->v.strides[0] + g * p->v.strides[1])
+                              : (const void *)(j->Vp + slot * j->vp_bytes);
     const int64_t ldv = j->v_unit ? p->v.strides[2] : p->Dv, left = j->ntiles - blk * j->qb;
-    run_block(j->kn, p, s, j->Kt + slot * j->kt_size, V, ldv, b, h, blk * j->qb * j->kn->mr,
+    run_block(j, s, j->Kp + slot * j->kt_bytes, V, ldv, b, h, blk * j->qb * j->kn->mr,
               (int)(left < j->qb ? left : j->qb));
   }
 }
@@ -282,21 +368,28 @@ static void fwd_scratch_init(const void *arg, void *scratch) {
 }
 
 attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
-  const attn__cpu_kernels *kn = ctx->dispatch.attention;
+  const attn__half_kernels *hk = attn__dispatch_half(&ctx->dispatch, p);
+  const attn__cpu_kernels *kn = hk ? hk->base : ctx->dispatch.attention;
   const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
-  fwd_job j = {p, kn, 0, 0, 0, 0, 0, 0, 0, 0, QB_MAX, 0, NULL, NULL};
+  fwd_job j = {p, kn, hk, 0, 0, 0, 0, 0, 0, 0, 0, (p->D + 1) / 2, QB_MAX, 0, NULL, NULL};
   j.nblocks = (p->Nk + nr - 1) / nr;
   j.ntiles = (p->Nq + mr - 1) / mr;
-  j.v_unit = p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1);
+  j.v_unit = !hk && p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1);
   /* one kv head's packed keys and values: a broadcast k or v may claim more than memory holds */
-  if (attn__bytes(j.nblocks, nr, p->D, sizeof(float)) + attn__bytes(p->Nk, p->Dv, 1, sizeof(float)) > ATTN__SIZE_LIMIT)
+  if (attn__bytes(j.nblocks, nr, p->D + 1, sizeof(float)) + attn__bytes(p->Nk + 1, p->Dv, 1, sizeof(float)) >
+      ATTN__SIZE_LIMIT)
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: Nk = %lld keys of %lld + %lld floats are too many to pack",
                       (long long)p->Nk, (long long)p->D, (long long)p->Dv);
-  j.kt_size = j.nblocks * nr * p->D;
-  j.vp_size = j.v_unit ? 0 : p->Nk * p->Dv;
+  if (hk) {
+    j.kt_bytes = j.nblocks * nr * 2 * j.D2 * 2;
+    j.vp_bytes = (key_pairs(p) * 2 * p->Dv * 2 + 63) / 64 * 64;
+  } else {
+    j.kt_bytes = j.nblocks * nr * p->D * (int64_t)sizeof(float);
+    j.vp_bytes = j.v_unit ? 0 : p->Nk * p->Dv * (int64_t)sizeof(float);
+  }
   j.pairs = p->B * p->Hk;
-  j.per_round = PACK_BUDGET / (int64_t)sizeof(float) / (j.kt_size + j.vp_size + 1);
+  j.per_round = PACK_BUDGET / (j.kt_bytes + j.vp_bytes + 1);
   j.per_round = j.per_round < 1 ? 1 : j.per_round > j.pairs ? j.pairs : j.per_round;
   const int threads = attn__threads_for(ctx, (double)p->B * (double)p->Hq * (double)p->Nq * (double)p->Nk *
                                                  (double)(p->D + p->Dv));
@@ -305,18 +398,20 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   while (j.qb > 1 && j.per_round * p->group * ((j.ntiles + j.qb - 1) / j.qb) < 4 * threads) j.qb /= 2;
   j.nqblk = (j.ntiles + j.qb - 1) / j.qb;
   j.per_pair = p->group * j.nqblk;
-  const size_t kt_bytes = attn__bytes(j.per_round, j.kt_size, 1, sizeof(float));
-  const size_t vp_bytes = attn__bytes(j.per_round, j.vp_size, 1, sizeof(float));
+  const size_t kt_bytes = attn__bytes(j.per_round, j.kt_bytes, 1, 1);
+  const size_t vp_bytes = attn__bytes(j.per_round, j.vp_bytes, 1, 1);
   char *ws = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vp_bytes));
   if (!ws) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate packed keys for Nk = %lld", (long long)p->Nk);
-  j.Kt = attn__carve(&ws, kt_bytes);
-  j.Vp = j.v_unit ? NULL : attn__carve(&ws, vp_bytes);
+  j.Kp = attn__carve(&ws, kt_bytes);
+  j.Vp = j.vp_bytes ? attn__carve(&ws, vp_bytes) : NULL;
   static const attn__phase phases[] = {{"pack_k", pack_k_items, pack_k_run, 0},
                                        {"pack_v", pack_v_items, pack_v_run, 0},
                                        {"query_blocks", tiles_items, tiles_run, 1}};
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
                          scratch_bytes(mr, nr, p->D, p->Dv), fwd_scratch_init};
   const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, 0};
-  return attn__schedule(ctx, "attn_sdpa forward (%lld kv heads per round, query blocks of %lld x %lld rows)", args,
-                        threads, &job);
+  return attn__schedule(ctx,
+                        hk ? "attn_sdpa forward, bf16 tiles (%lld kv heads per round, query blocks of %lld x %lld rows)"
+                           : "attn_sdpa forward (%lld kv heads per round, query blocks of %lld x %lld rows)",
+                        args, threads, &job);
 }

@@ -110,6 +110,24 @@ __attribute__((target("avx512f"))) static float fma_chains_avx512(long long iter
   return _mm512_reduce_add_ps(s);
 }
 
+/* vdpbf16ps: 16 lanes of two bf16 products added to fp32, 4 flops per lane. */
+__attribute__((target("avx512f,avx512bf16"))) static float bf16_dot_chains(long long iters, float a) {
+  const __m512bh va = _mm512_cvtne2ps_pbh(_mm512_set1_ps(a), _mm512_set1_ps(a));
+#define DECL(i) __m512 c##i = _mm512_set1_ps(1.0f + 0.001f * (float)(i));
+  STEP16(DECL)
+#undef DECL
+  for (long long n = 0; n < iters; n++) {
+#define STEP(i) c##i = _mm512_dpbf16_ps(c##i, va, va);
+    STEP16(STEP)
+#undef STEP
+  }
+  __m512 s = _mm512_setzero_ps();
+#define SUM(i) s = _mm512_add_ps(s, c##i);
+  STEP16(SUM)
+#undef SUM
+  return _mm512_reduce_add_ps(s);
+}
+
 #define PEAK256_ACC 12
 __attribute__((target("avx2,fma"))) static float fma_chains_avx2(long long iters, float a, float b) {
   const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
@@ -148,7 +166,7 @@ static float fma_chains_scalar(long long iters, float a, float b) {
   return s;
 }
 
-static const char *const peak_isa_name[] = {"scalar", "avx2+fma", "avx512f"};
+static const char *const peak_isa_name[] = {"scalar", "avx2+fma", "avx512f", "avx512bf16"};
 
 /* The widest FMA this CPU runs: what the library's dispatcher says, and on x86
  * also the compiler's CPU check (which also asks the OS), so a build of the
@@ -183,7 +201,8 @@ static double peak_pass(peak_isa isa, int threads, long long iters) {
   {
     float r;
 #if defined(__x86_64__)
-    if (isa == PEAK_AVX512) r = fma_chains_avx512(iters, a, b);
+    if (isa == PEAK_AVX512_BF16) r = bf16_dot_chains(iters, b);
+    else if (isa == PEAK_AVX512) r = fma_chains_avx512(iters, a, b);
     else if (isa == PEAK_AVX2) r = fma_chains_avx2(iters, a, b);
     else
 #endif
@@ -196,12 +215,11 @@ static double peak_pass(peak_isa isa, int threads, long long iters) {
 }
 
 /* GFLOP/s of threads threads doing fp32 FMAs: ~0.2 s passes, the best of 3. */
-double bench_measure_peak(int threads, peak_isa *isa_out) {
-  const peak_isa isa = choose_peak_isa();
-  *isa_out = isa;
-  const int lanes = isa == PEAK_AVX512 ? 16 : isa == PEAK_AVX2 ? 8 : 1;
+static double measure_peak(int threads, peak_isa isa) {
+  /* flops per lane and step: an FMA's 2, vdpbf16ps's 4 */
+  const int lanes = isa == PEAK_AVX512_BF16 ? 32 : isa == PEAK_AVX512 ? 16 : isa == PEAK_AVX2 ? 8 : 1;
 #if defined(__x86_64__)
-  const int acc = isa == PEAK_AVX512 ? PEAK512_ACC : isa == PEAK_AVX2 ? PEAK256_ACC : PEAK_SCALAR_ACC;
+  const int acc = isa >= PEAK_AVX512 ? PEAK512_ACC : isa == PEAK_AVX2 ? PEAK256_ACC : PEAK_SCALAR_ACC;
 #else
   const int acc = PEAK_SCALAR_ACC;
 #endif
@@ -220,6 +238,15 @@ double bench_measure_peak(int threads, peak_isa *isa_out) {
     if (g > best) best = g;
   }
   return best;
+}
+
+double bench_measure_peak(int threads, peak_isa *isa_out) {
+  *isa_out = choose_peak_isa();
+  return measure_peak(threads, *isa_out);
+}
+
+double bench_measure_bf16_peak(int threads) {
+  return attn_kernel_supported(ATTN_KERNEL_AVX512_BF16) ? measure_peak(threads, PEAK_AVX512_BF16) : 0;
 }
 
 /* ---- limits and the command line ------------------------------------------------------ */
@@ -309,6 +336,24 @@ int bench_need_int(cli_args *a, const char *op, const char *name, long long hi, 
   return cli_int(a, name, 1, hi, out);
 }
 
+int bench_dtype(cli_args *a, attn_dtype *dt) {
+  const char *ds = cli_get(a, "--dtype");
+  *dt = ATTN_F32;
+  if (!ds || !strcmp(ds, "f32")) return 0;
+  if (!strcmp(ds, "f16")) *dt = ATTN_F16;
+  else if (!strcmp(ds, "bf16")) *dt = ATTN_BF16;
+  else return cli_fail(CLI_EXIT_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", cli_show(ds));
+  return 0;
+}
+
+int bench_precision(cli_args *a, attn_ctx *ctx) {
+  const char *ps = cli_get(a, "--precision");
+  for (int k = ATTN_PRECISION_DEFAULT; ps && k <= ATTN_PRECISION_BF16; k++)
+    if (!strcmp(ps, attn_precision_name((attn_precision)k))) return attn_ctx_set_precision(ctx, (attn_precision)k) ? 1 : 0;
+  if (ps) return cli_fail(CLI_EXIT_USAGE, "--precision wants default, fp32 or bf16, got '%s'", cli_show(ps));
+  return 0;
+}
+
 /* ---- the report ------------------------------------------------------------------------ */
 void bench_print_report(const report *r, int json) {
   const double gflops = r->gflop / r->t.median_s, frac = gflops / r->peak_gflops;
@@ -318,6 +363,7 @@ void bench_print_report(const report *r, int json) {
     if (r->embed) printf("\"embed\":%lld,", r->embed);
     printf("\"causal\":%s,\"causal_align\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",",
            strcmp(r->causal, "none") ? "true" : "false", r->causal, r->threads, r->kernel);
+    if (r->dtype) printf("\"dtype\":\"%s\",\"precision\":\"%s\",\"tiles\":\"%s\",", r->dtype, r->precision, r->tiles);
     bench_json_num("median_s", r->t.median_s, 0);
     bench_json_num("min_s", r->t.min_s, 0);
     printf("\"repeats\":%lld,\"warmups\":%d,", r->t.repeats, r->t.warmups);
@@ -362,13 +408,14 @@ void bench_print_report(const report *r, int json) {
              r->kv_seq, r->dim, r->causal);
     else
       printf("mha B=%lld N=%lld E=%lld H=%lld (D=%lld)", r->batch, r->seq, r->embed, r->heads, r->dim);
+    if (r->dtype) printf(" | %s inputs, precision %s, %s tiles", r->dtype, r->precision, r->tiles);
     printf(" | kernel %s, %d threads | median %.4g ms of %lld (min %.4g ms) | %.2f GFLOP/s", r->kernel, r->threads,
            r->t.median_s * 1e3, r->t.repeats, r->t.min_s * 1e3, gflops);
     if (r->proj_gflop > 0)
       printf(" (%.4g GFLOP: attention %.4g + projections %.4g)", r->gflop, r->attn_gflop, r->proj_gflop);
     else
       printf(" (%.4g GFLOP, visible pairs only)", r->gflop);
-    printf(" | %.1f%% of measured peak %.1f GFLOP/s (%s FMA, %d threads)", 100 * frac, r->peak_gflops,
+    printf(" | %.1f%% of measured peak %.1f GFLOP/s (%s, %d threads)", 100 * frac, r->peak_gflops,
            peak_isa_name[r->isa], r->threads);
     printf(" | peak RSS %.1f MiB (inputs+outputs %.1f MiB)", r->rss_mib, r->io_mib);
     if (isfinite(r->oracle_err)) printf(" | oracle rel L2 %.2e on %s", r->oracle_err, r->subset);

@@ -79,9 +79,12 @@ int bench_time_runs(bench_fn fn, void *arg, long long repeat, timing *t);
 double bench_min_runs(long long repeat);
 
 /* ---- limits of the machine ---- */
-typedef enum peak_isa { PEAK_SCALAR, PEAK_AVX2, PEAK_AVX512 } peak_isa;
+typedef enum peak_isa { PEAK_SCALAR, PEAK_AVX2, PEAK_AVX512, PEAK_AVX512_BF16 } peak_isa;
 /* GFLOP/s of threads threads doing fp32 FMAs with the widest FMA this CPU runs (*isa). */
 double bench_measure_peak(int threads, peak_isa *isa);
+/* GFLOP/s of threads threads doing vdpbf16ps (4 flops per fp32 lane), the
+ * unit of the bf16 tiles; 0 where the CPU or build lacks it. */
+double bench_measure_bf16_peak(int threads);
 /* The process's peak resident set so far, MiB. */
 double bench_peak_rss_mib(void);
 
@@ -115,6 +118,8 @@ typedef struct report {
   const char *causal; /* "none", "top-left", "bottom-right" */
   int threads;
   const char *kernel;
+  const char *dtype, *precision; /* of q, k, v (and the layer's parameters); the context's policy */
+  const char *tiles;              /* what the forward ran on: "fp32", "bf16" */
   timing t;
   double gflop, attn_gflop, proj_gflop;
   double peak_gflops;
@@ -133,6 +138,10 @@ typedef struct report {
 #define BWD_FLOP_FACTOR 2.5
 #define FWD_BWD_FLOP_FACTOR 3.5
 
+/* --dtype (f32, f16, bf16; default f32) and --precision (attn_precision's
+ * names; default: the context's), both optional. */
+int bench_dtype(cli_args *a, attn_dtype *dt);
+int bench_precision(cli_args *a, attn_ctx *ctx);
 /* One line of text, or one JSON object with --json. */
 void bench_print_report(const report *r, int json);
 

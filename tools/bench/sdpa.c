@@ -46,7 +46,7 @@ static int64_t causal_end(attn_causal c, int64_t i, int64_t Nq, int64_t Nk) {
 /* A view of rows [r0, r0 + n) of (batch 0, head 0) of a [B, H, N, D] tensor. */
 static attn_tensor head0_rows(const attn_tensor *t, int64_t r0, int64_t n) {
   attn_tensor s = *t;
-  s.data = (float *)t->data + r0 * t->strides[2];
+  s.data = (char *)t->data + r0 * t->strides[2] * (int64_t)attn_dtype_size(t->dtype);
   s.shape[0] = 1;
   s.shape[1] = 1;
   s.shape[2] = n;
@@ -190,12 +190,16 @@ done:
 int cmd_bench_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--heads", "--kv-heads", "--seq", "--kv-seq", "--dim",
                                       "--threads", "--repeat", "--kernel", "--window", "--max-gflop",
-                                      "--padding", NULL};
+                                      "--padding", "--dtype", "--precision", NULL};
   static const char *const switches[] = {"--causal", "--json", "--backward", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
   const int backward = cli_has(&a, "--backward");
+  attn_dtype dt;
+  if ((r = bench_dtype(&a, &dt))) return r;
+  if (backward && dt != ATTN_F32)
+    return cli_fail(CLI_EXIT_USAGE, "--backward takes --dtype f32 (the backward pass reads f32 inputs)");
   double padding = 0; /* the fraction of each row's keys, at its end, hidden by key_padding */
   if ((r = cli_double(&a, "--padding", &padding))) return r;
   if (!(padding >= 0 && padding < 1))
@@ -232,10 +236,15 @@ int cmd_bench_sdpa(int argc, char **argv) {
     return r;
   const double qn = (double)B * H * N * D, kn = (double)B * G * M * D;
   /* q, k, v, out; with --backward also dout, dq, dk, dv and lse */
-  const double io_bytes = 4.0 * (2 * qn + 2 * kn) * (backward ? 2 : 1) + (backward ? 4.0 * B * H * N : 0);
+  const double io_bytes = ((double)attn_dtype_size(dt) * (qn + 2 * kn) + 4.0 * qn) * (backward ? 2 : 1) +
+                          (backward ? 4.0 * B * H * N : 0);
   if ((r = bench_check_fits(io_bytes))) return r;
   attn_ctx *ctx;
   if ((r = bench_ctx(&a, &ctx))) return r;
+  if ((r = bench_precision(&a, ctx))) {
+    attn_ctx_destroy(ctx);
+    return r;
+  }
 
   sdpa_case c;
   memset(&c, 0, sizeof c);
@@ -269,6 +278,18 @@ int cmd_bench_sdpa(int argc, char **argv) {
           ((float *)c.k.data)[(row * M + j) * D + d] = ((float *)c.v.data)[(row * M + j) * D + d] = NAN;
     c.o.key_padding = &c.kpm;
   }
+  if (dt != ATTN_F32) { /* the same values rounded to dt (the oracle reads them as stored) */
+    attn_tensor *in[3] = {&c.q, &c.k, &c.v};
+    for (int i = 0; i < 3; i++) {
+      attn_tensor h;
+      if (attn_tensor_alloc(ctx, &h, dt, 4, in[i]->shape) || attn_tensor_copy(ctx, &h, in[i])) {
+        r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
+        goto done;
+      }
+      attn_tensor_free(in[i]);
+      *in[i] = h;
+    }
+  }
   if (backward) {
     int64_t ls[3] = {B, H, N};
     if (attn_tensor_alloc(ctx, &c.lse, ATTN_F32, 3, ls) || attn_tensor_alloc(ctx, &c.dout, ATTN_F32, 4, qs) ||
@@ -286,6 +307,7 @@ int cmd_bench_sdpa(int argc, char **argv) {
                                                                                         : attn_ctx_error(ctx));
     goto done;
   }
+  rep.tiles = strstr(attn_ctx_plan(ctx), "bf16 tiles") ? "bf16" : "fp32"; /* what the forward ran on */
   /* forward (with lse) + backward first: it leaves the out and lse the backward alone then reads */
   if (backward && ((r = bench_time_runs(run_sdpa_fwd_bwd, &c, repeat, &rep.tfb)) ||
                    (r = bench_time_runs(run_sdpa_backward, &c, repeat, &rep.tb)))) {
@@ -302,7 +324,13 @@ int cmd_bench_sdpa(int argc, char **argv) {
   rep.threads = attn_ctx_threads(ctx);
   rep.kernel = attn_kernel_name(attn_ctx_kernel(ctx));
   rep.attn_gflop = rep.gflop = fwd_gflop;
+  rep.dtype = attn_dtype_name(dt);
+  rep.precision = attn_precision_name(attn_ctx_precision(ctx));
   rep.peak_gflops = bench_measure_peak(rep.threads, &rep.isa);
+  if (!strcmp(rep.tiles, "bf16")) { /* the unit the tiles ran on */
+    rep.peak_gflops = bench_measure_bf16_peak(rep.threads);
+    rep.isa = PEAK_AVX512_BF16;
+  }
   if ((r = sdpa_oracle(&c, &rep, pairs))) goto done;
   if (backward && (r = sdpa_backward_oracle(&c, &rep, pairs))) goto done;
   bench_print_report(&rep, cli_has(&a, "--json"));

@@ -1,0 +1,121 @@
+/* AVX512-BF16 tiles for kernels.h's attn__half_kernels (compiled with the
+ * AVX-512 flags and -mavx512bf16; called only when the CPU has it).
+ *
+ * vdpbf16ps multiplies 16 lanes of bf16 pairs and adds both products to fp32
+ * lanes: twice the products of an fp32 FMA per instruction, and on Zen 4/5 at
+ * the same issue rate. Both products are exact in fp32 (8-bit mantissas), so
+ * the only roundings are the fp32 sums', as in PyTorch's bf16 GEMMs. Inputs
+ * that are bf16 subnormals count as zero (the instruction's DAZ).
+ * The tile is the fp32 set's (MR = 6 rows x NR = 64 keys), whose softmax it shares.
+ *   qk: one pass over the 64 keys, 24 accumulators (or 32 keys, 12, for a
+ *       short last block); per pair of dims, four loads of Kh and 24
+ *       vdpbf16ps with each query pair broadcast once.
+ *   pv: P rounded to bf16 pairs once per tile; output columns in chunks of 64,
+ *       24 accumulators; per pair of keys, four loads of Vh and 24 vdpbf16ps. */
+#include "../kernels.h"
+
+#include <immintrin.h>
+
+#define MR 6
+#define NR 64
+#define NV (NR / 16)
+#define CW 4 /* zmm of output columns per chunk in pv */
+
+static inline __m512 dot2(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+/* PW zmm of keys per pass (2 or 4): MR x PW accumulators in registers. */
+static inline __attribute__((always_inline)) void qk_pass(float *S, const uint32_t *q, const uint16_t *Kh, int64_t D2,
+                                                          int v0, const int PW, __m512 sv) {
+  __m512 a[MR][4];
+  for (int r = 0; r < MR; r++)
+    for (int w = 0; w < PW; w++) a[r][w] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < D2; t++) {
+    const uint16_t *kr = Kh + 2 * (t * NR + 16 * v0);
+    __m512i k[4];
+    for (int w = 0; w < PW; w++) k[w] = _mm512_load_si512(kr + 32 * w);
+    for (int r = 0; r < MR; r++) {
+      const __m512i qv = _mm512_set1_epi32((int)q[r * D2 + t]);
+      for (int w = 0; w < PW; w++) a[r][w] = dot2(a[r][w], qv, k[w]);
+    }
+  }
+  for (int r = 0; r < MR; r++)
+    for (int w = 0; w < PW; w++) _mm512_store_ps(S + r * NR + 16 * (v0 + w), _mm512_mul_ps(a[r][w], sv));
+}
+
+static void qk_bf16(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale) {
+  const uint32_t *q = (const uint32_t *)Qh;
+  const __m512 sv = _mm512_set1_ps(scale);
+  if (nkeys > 32) { /* one pass over every key: each query pair is broadcast once */
+    qk_pass(S, q, Kh, D2, 0, 4, sv);
+    return;
+  }
+  qk_pass(S, q, Kh, D2, 0, 2, sv);
+  for (int r = 0; r < MR; r++) /* past the last key: nothing to compute, but finite */
+    for (int v = 2; v < NV; v++) _mm512_store_ps(S + r * NR + 16 * v, _mm512_setzero_ps());
+}
+
+static inline __mmask16 lanes16(int64_t n) {
+  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* SPARSE: a pair's half whose probability is zero (or a bf16 subnormal, which
+ * the instruction reads as zero) takes its V half as 0 too, per row, so a hidden
+ * key's Inf or NaN never meets it (0 * Inf would be NaN). */
+static inline __attribute__((always_inline)) void pv_bf16_t(float *O, const float *alpha, const float *P,
+                                                            const uint16_t *Vh, int64_t Dv, int64_t nkeys,
+                                                            const int SPARSE) {
+  /* P as bf16 pairs, row r's pair j2 at pb[r][j2]; a lone last key's partner is 0 */
+  uint32_t pb[MR][NR / 2] __attribute__((aligned(64)));
+  uint32_t keep[SPARSE ? MR : 1][NR / 2] __attribute__((aligned(64)));
+  const int64_t npairs = (nkeys + 1) / 2;
+  const uint64_t live = nkeys >= NR ? ~0ull : (1ull << nkeys) - 1; /* bit j: key j is read */
+  for (int r = 0; r < MR; r++)
+    for (int v = 0; v < NV; v += 2) {
+      const __m512i b = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(P + r * NR + 16 * v + 16),
+                                                     _mm512_load_ps(P + r * NR + 16 * v));
+      const __mmask32 in = (__mmask32)(live >> (16 * v)); /* bf16 lanes 16v .. 16v + 31 */
+      _mm512_store_si512(&pb[r][8 * v], _mm512_maskz_mov_epi16(in, b));
+      if (SPARSE) /* all ones where the exponent is nonzero (normal, Inf or NaN) */
+        _mm512_store_si512(&keep[r][8 * v],
+                           _mm512_movm_epi16(_mm512_test_epi16_mask(b, _mm512_set1_epi16(0x7f80)) & in));
+    }
+  /* the lone last key of an odd count: its partner's V half is not to be read */
+  const __m512i odd_keep = _mm512_set1_epi32(0x0000ffff);
+  for (int64_t c0 = 0; c0 < Dv; c0 += 16 * CW) {
+    __mmask16 mk[CW];
+    for (int w = 0; w < CW; w++) mk[w] = lanes16(Dv - c0 - 16 * w);
+    __m512 o[MR][CW];
+    for (int r = 0; r < MR; r++) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      for (int w = 0; w < CW; w++) o[r][w] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w), a);
+    }
+    for (int64_t j2 = 0; j2 < npairs; j2++) {
+      const uint16_t *vr = Vh + 2 * (j2 * Dv + c0);
+      __m512i vv[CW];
+      for (int w = 0; w < CW; w++) vv[w] = _mm512_maskz_loadu_epi32(mk[w], vr + 32 * w);
+      if (2 * j2 + 1 == nkeys)
+        for (int w = 0; w < CW; w++) vv[w] = _mm512_and_si512(vv[w], odd_keep);
+      for (int r = 0; r < MR; r++) {
+        const __m512i p = _mm512_set1_epi32((int)pb[r][j2]);
+        if (SPARSE) {
+          const __m512i kp = _mm512_set1_epi32((int)keep[r][j2]);
+          for (int w = 0; w < CW; w++) o[r][w] = dot2(o[r][w], p, _mm512_and_si512(vv[w], kp));
+        } else {
+          for (int w = 0; w < CW; w++) o[r][w] = dot2(o[r][w], p, vv[w]);
+        }
+      }
+    }
+    for (int r = 0; r < MR; r++)
+      for (int w = 0; w < CW; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);
+  }
+}
+
+static void pv_bf16(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys,
+                    int sparse) {
+  if (sparse) pv_bf16_t(O, alpha, P, Vh, Dv, nkeys, 1);
+  else pv_bf16_t(O, alpha, P, Vh, Dv, nkeys, 0);
+}
+
+const attn__half_kernels attn__half_kernels_avx512bf16 = {"avx512bf16", &attn__kernels_avx512, MR, NR, qk_bf16, pv_bf16};

@@ -1,0 +1,263 @@
+/* The precision policy (attn.h's attn_precision) and the half-precision tiles.
+ *
+ *   test_half policy      on any CPU: the API, and that no input loses
+ *                         precision outside the rules (f32 under DEFAULT, any
+ *                         dtype under FP32, f16 always) on every kernel here
+ *   test_half avx512bf16  the bf16 tiles (skipped where the CPU lacks them):
+ *                         bf16 inputs, and f32 inputs under BF16, against the
+ *                         float64 oracle on the same (rounded) inputs with the
+ *                         documented bound; out exactly as the policy says
+ *                         (probabilities rounded to bf16 for p.v), checked on
+ *                         one-block problems against a float64 emulation of
+ *                         that rounding; 1 and 3 threads; poisoned outputs.
+ * Hidden keys holding NaN/Inf on these tiles: test_hidden avx512bf16. */
+#include "testutil.h"
+
+/* out's rel L2 bound on the bf16 tiles, the documented one (README, attn.h):
+ * the probabilities' rounding to bf16 (relative 2^-9 each) dominates. */
+#define BF16_OUT_BOUND 1e-2
+#define F32_TOL 2e-5 /* the fp32 kernels' bound in test_sdpa */
+
+typedef struct hcase {
+  int64_t B, Hq, Hk, Nq, Nk, D, Dv;
+  attn_causal causal;
+  int64_t window;
+  double softcap;
+  int alibi, sinks, kpm, weights;
+} hcase;
+
+typedef struct prob {
+  arena a;
+  attn_tensor q, k, v;     /* in the case's dtype */
+  attn_tensor tkpm, tslopes, tsinks;
+  attn_sdpa_opts o;
+} prob;
+
+static void make(prob *P, const hcase *c, attn_dtype dt, tu_rng *r) {
+  memset(P, 0, sizeof *P);
+  arena *a = &P->a;
+  const int64_t sq[4] = {c->B, c->Hq, c->Nq, c->D}, sk[4] = {c->B, c->Hk, c->Nk, c->D}, sv[4] = {c->B, c->Hk, c->Nk, c->Dv};
+  const int64_t *shapes[3] = {sq, sk, sv};
+  attn_tensor *ts[3] = {&P->q, &P->k, &P->v};
+  for (int i = 0; i < 3; i++) {
+    const int64_t n = shapes[i][0] * shapes[i][1] * shapes[i][2] * shapes[i][3];
+    void *d = arena_alloc(a, (size_t)(n ? n : 1) * attn_dtype_size(dt));
+    for (int64_t e = 0; e < n; e++) tu_store_float(d, dt, e, (i == 2 ? 1.0 : 1.5) * tu_uniform(r));
+    *ts[i] = attn_tensor_view(d, dt, 4, shapes[i]);
+  }
+  attn_sdpa_opts_init(&P->o);
+  P->o.causal = c->causal;
+  P->o.window = c->window;
+  P->o.softcap = c->softcap;
+  const int64_t s2[2] = {c->B, c->Nk}, s1[1] = {c->Hq};
+  if (c->kpm) {
+    uint8_t *m = arena_alloc(a, (size_t)(c->B * c->Nk + 1));
+    for (int64_t e = 0; e < c->B * c->Nk; e++) m[e] = e % c->Nk >= c->Nk - 1 - (e / c->Nk) * 3;
+    P->tkpm = attn_tensor_view(m, ATTN_BOOL, 2, s2);
+    P->o.key_padding = &P->tkpm;
+  }
+  float *sl = arena_alloc(a, sizeof(float) * (size_t)c->Hq), *sk2 = arena_alloc(a, sizeof(float) * (size_t)c->Hq);
+  attn_alibi_slopes(sl, c->Hq);
+  tu_fill_f32(r, sk2, c->Hq, 1);
+  P->tslopes = attn_tensor_view(sl, ATTN_F32, 1, s1);
+  P->tsinks = attn_tensor_view(sk2, ATTN_F32, 1, s1);
+  if (c->alibi) P->o.alibi_slopes = &P->tslopes;
+  if (c->sinks) P->o.sinks = &P->tsinks;
+}
+
+static hcase random_case(tu_rng *r, int one_block) {
+  hcase c;
+  memset(&c, 0, sizeof c);
+  c.B = tu_int(r, 1, 2);
+  c.Hk = tu_int(r, 1, 2);
+  c.Hq = c.Hk * tu_int(r, 1, 3);
+  c.Nq = tu_int(r, 9, one_block ? 40 : 140); /* past the decode kernel's size: the blocked forward */
+  c.Nk = one_block ? tu_int(r, 1, 64) : tu_int(r, 1, 300);
+  const int64_t dims[] = {1, 7, 16, 33, 64, 80, 128};
+  c.D = dims[tu_int(r, 0, 6)];
+  c.Dv = tu_int(r, 0, 2) ? c.D : dims[tu_int(r, 0, 6)];
+  c.causal = (attn_causal)tu_int(r, 0, 2);
+  c.window = tu_int(r, 0, 4) == 0 ? tu_int(r, 1, 50) : 0;
+  c.softcap = tu_int(r, 0, 3) == 0 ? 3.0 : 0;
+  c.alibi = tu_int(r, 0, 3) == 0;
+  c.sinks = !one_block && tu_int(r, 0, 3) == 0; /* a sink starts the running max: not the emulation's */
+  c.kpm = tu_int(r, 0, 2) == 0;
+  c.weights = tu_int(r, 0, 2) == 0;
+  return c;
+}
+
+static void describe(char *buf, size_t n, const hcase *c, int seed) {
+  snprintf(buf, n, "case %d: B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld Dv%lld causal %d window %lld softcap %g alibi %d "
+                   "sinks %d kpm %d", seed, (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Nq,
+           (long long)c->Nk, (long long)c->D, (long long)c->Dv, (int)c->causal, (long long)c->window, c->softcap,
+           c->alibi, c->sinks, c->kpm);
+}
+
+/* Relative L2 of got (f32) against want, and whether got is non-finite where want is finite. */
+static double err_vs(const float *got, const double *want, int64_t n, int *bad) {
+  double num = 0, den = 0;
+  for (int64_t e = 0; e < n; e++) {
+    if (isfinite(want[e]) && !isfinite(got[e])) *bad = 1;
+    if (!isfinite(want[e])) continue; /* -inf lse of a row with nothing visible: compared below */
+    num += (got[e] - want[e]) * (got[e] - want[e]);
+    den += want[e] * want[e];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* out of one-block problems as the policy defines it: p = exp(s - max s), each
+ * rounded to bf16 for p.v, the sum taken from the unrounded p; from the oracle's
+ * weights (w = p / sum p, so p = w / max w) and the bf16 values of v. */
+static void emulate(double *out, const double *w, const attn_tensor *v, const hcase *c) {
+  const int64_t G = c->Hq / c->Hk;
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t h = 0; h < c->Hq; h++)
+      for (int64_t i = 0; i < c->Nq; i++) {
+        const double *wr = w + ((b * c->Hq + h) * c->Nq + i) * c->Nk;
+        double mx = 0, l = 0;
+        for (int64_t j = 0; j < c->Nk; j++) mx = wr[j] > mx ? wr[j] : mx;
+        double *o = out + ((b * c->Hq + h) * c->Nq + i) * c->Dv;
+        for (int64_t d = 0; d < c->Dv; d++) o[d] = 0;
+        if (mx == 0) continue; /* nothing visible: 0 */
+        for (int64_t j = 0; j < c->Nk; j++) {
+          const double p = wr[j] / mx, pr = tu_bf16_to_f32(tu_f32_to_bf16((float)p));
+          l += p;
+          if (pr == 0) continue;
+          const uint16_t *vr = (const uint16_t *)v->data + ((b * c->Hk + h / G) * c->Nk + j) * c->Dv;
+          for (int64_t d = 0; d < c->Dv; d++) o[d] += pr * tu_bf16_to_f32(vr[d]);
+        }
+        for (int64_t d = 0; d < c->Dv; d++) o[d] /= l;
+      }
+}
+
+/* One case through ctx (its kernel and precision as set), against the oracle on the same inputs.
+ * tiles: 1 when the bf16 tiles must run (then out is held to BF16_OUT_BOUND), 0 when they must not. */
+static void run(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, attn_dtype dt, int seed, int tiles, int one_block,
+                const char *what) {
+  tu_rng r = {(uint64_t)seed * 104729u + 7};
+  prob P;
+  make(&P, c, dt, &r);
+  char desc[300];
+  describe(desc, sizeof desc, c, seed);
+  arena *a = &P.a;
+  const int64_t no = c->B * c->Hq * c->Nq * c->Dv, nl = c->B * c->Hq * c->Nq, nw = nl * c->Nk;
+  const int64_t so[4] = {c->B, c->Hq, c->Nq, c->Dv}, sl[3] = {c->B, c->Hq, c->Nq}, sw[4] = {c->B, c->Hq, c->Nq, c->Nk};
+  double *ro = arena_alloc(a, sizeof(double) * (size_t)(no + 1)), *rl = arena_alloc(a, sizeof(double) * (size_t)(nl + 1));
+  double *rw = arena_alloc(a, sizeof(double) * (size_t)(nw + 1));
+  attn_tensor tro = attn_tensor_view(ro, ATTN_F64, 4, so), trl = attn_tensor_view(rl, ATTN_F64, 3, sl);
+  attn_tensor trw = attn_tensor_view(rw, ATTN_F64, 4, sw);
+  /* the oracle on what the tiles read: f32 inputs rounded to bf16 when the tiles round them */
+  attn_tensor oq = P.q, ok = P.k, ov = P.v;
+  if (tiles && dt == ATTN_F32) {
+    attn_tensor *in[3] = {&oq, &ok, &ov};
+    for (int i = 0; i < 3; i++) {
+      const int64_t n = attn_tensor_numel(in[i]);
+      float *d = arena_alloc(a, sizeof(float) * (size_t)(n + 1));
+      for (int64_t e = 0; e < n; e++) d[e] = tu_round_through(((const float *)in[i]->data)[e], ATTN_BF16);
+      *in[i] = attn_tensor_view(d, ATTN_F32, 4, in[i]->shape);
+    }
+  }
+  CHECK_OK(oracle, attn_sdpa_ref(oracle, &tro, &trl, &trw, &oq, &ok, &ov, &P.o));
+  float *out = arena_alloc(a, sizeof(float) * (size_t)(no + 1)), *lse = arena_alloc(a, sizeof(float) * (size_t)(nl + 1));
+  float *w = arena_alloc(a, sizeof(float) * (size_t)(nw + 1));
+  tu_poison_f32(out, no), tu_poison_f32(lse, nl), tu_poison_f32(w, nw);
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, so), tl = attn_tensor_view(lse, ATTN_F32, 3, sl);
+  attn_tensor tw = attn_tensor_view(w, ATTN_F32, 4, sw);
+  const attn_status st = attn_sdpa(ctx, &to, &tl, c->weights ? &tw : NULL, &P.q, &P.k, &P.v, &P.o);
+  CHECK(st == ATTN_OK, "%s %s: %s", what, desc, attn_ctx_error(ctx));
+  if (st == ATTN_OK) {
+    const int ran = strstr(attn_ctx_plan(ctx), "bf16 tiles") != NULL;
+    CHECK(ran == tiles, "%s %s: the bf16 tiles %s, plan: %s", what, desc, ran ? "ran" : "did not run", attn_ctx_plan(ctx));
+    int bad = 0;
+    const double eo = err_vs(out, ro, no, &bad), el = err_vs(lse, rl, nl, &bad);
+    for (int64_t e = 0; e < nl; e++) bad |= (rl[e] == -INFINITY) != (lse[e] == -INFINITY);
+    CHECK(!bad && eo <= (tiles ? BF16_OUT_BOUND : F32_TOL), "%s %s: out rel L2 %.3g (or a non-finite value)", what, desc, eo);
+    /* the logits and the softmax's sums stay fp32 on the tiles: lse and weights keep fp32's bound */
+    CHECK(el <= F32_TOL, "%s %s: lse rel L2 %.3g", what, desc, el);
+    if (c->weights) {
+      const double ew = err_vs(w, rw, nw, &bad);
+      CHECK(!bad && ew <= F32_TOL, "%s %s: weights rel L2 %.3g", what, desc, ew);
+    }
+    if (tiles && one_block && dt == ATTN_BF16) {
+      double *em = arena_alloc(a, sizeof(double) * (size_t)(no + 1));
+      emulate(em, rw, &P.v, c);
+      bad = 0;
+      const double ee = err_vs(out, em, no, &bad);
+      /* fp32 sums and logits only: far inside the rounding's own 2^-9 */
+      CHECK(!bad && ee <= 1e-4, "%s %s: out rel L2 %.3g from the policy's rounding (oracle: %.3g)", what, desc, ee, eo);
+    }
+  }
+  arena_free(a);
+}
+
+static int policy(void) {
+  attn_ctx *ctx, *oracle;
+  attn_ctx_create(&ctx);
+  attn_ctx_create(&oracle);
+  CHECK(attn_ctx_precision(ctx) == ATTN_PRECISION_DEFAULT || getenv("ATTN_PRECISION"), "default precision");
+  CHECK_ERR(ctx, attn_ctx_set_precision(ctx, (attn_precision)7), ATTN_E_INVALID, "unknown precision");
+  CHECK(attn_ctx_precision(NULL) == ATTN_PRECISION_DEFAULT, "NULL context: DEFAULT");
+  CHECK(!strcmp(attn_precision_name(ATTN_PRECISION_BF16), "bf16") && !strcmp(attn_precision_name(ATTN_PRECISION_FP32), "fp32") &&
+            !strcmp(attn_precision_name(ATTN_PRECISION_DEFAULT), "default"), "precision names");
+  /* no input loses precision outside the rules, on every kernel this CPU runs */
+  tu_rng r = {77};
+  for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AVX512_BF16; k++) {
+    if (!attn_kernel_supported((attn_kernel)k)) continue;
+    CHECK_OK(ctx, attn_ctx_set_kernel(ctx, (attn_kernel)k));
+    for (int seed = 0; seed < 12; seed++) {
+      const hcase c = random_case(&r, 0);
+      char what[96];
+      snprintf(what, sizeof what, "%s, f32 under default", attn_kernel_name((attn_kernel)k));
+      CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+      run(ctx, oracle, &c, ATTN_F32, seed, 0, 0, what);
+      snprintf(what, sizeof what, "%s, f16 under bf16", attn_kernel_name((attn_kernel)k));
+      CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_BF16));
+      run(ctx, oracle, &c, ATTN_F16, seed, 0, 0, what); /* f16 is never rounded to bf16 */
+      snprintf(what, sizeof what, "%s, bf16 under fp32", attn_kernel_name((attn_kernel)k));
+      CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32));
+      run(ctx, oracle, &c, ATTN_BF16, seed, 0, 0, what);
+      if (k != ATTN_KERNEL_AVX512_BF16) { /* kernels without bf16 tiles widen bf16 under every policy */
+        snprintf(what, sizeof what, "%s, bf16 under default", attn_kernel_name((attn_kernel)k));
+        CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+        run(ctx, oracle, &c, ATTN_BF16, seed, 0, 0, what);
+      }
+    }
+  }
+  attn_ctx_destroy(ctx);
+  attn_ctx_destroy(oracle);
+  return tu_finish("test_half policy");
+}
+
+int main(int argc, char **argv) {
+  const char *kname = argc > 1 ? argv[1] : "policy";
+  if (!strcmp(kname, "policy")) return policy();
+  const attn_kernel kern = tu_kernel_or_skip(kname);
+  if (kern != ATTN_KERNEL_AVX512_BF16) {
+    fprintf(stderr, "test_half: %s has no half-precision tiles\n", kname);
+    return 2;
+  }
+  attn_ctx *ctx, *oracle;
+  attn_ctx_create(&ctx);
+  attn_ctx_create(&oracle);
+  attn_ctx_set_threads(oracle, 2);
+  CHECK_OK(ctx, attn_ctx_set_kernel(ctx, kern));
+  CHECK_OK(ctx, attn_ctx_set_decode(ctx, 0)); /* small cases too: the blocked forward, where the tiles are */
+  tu_rng r = {2027};
+  for (int seed = 0; seed < 60; seed++) {
+    const int one_block = seed % 2 == 0;
+    const hcase c = random_case(&r, one_block);
+    for (int threads = 1; threads <= 3; threads += 2) {
+      attn_ctx_set_threads(ctx, threads);
+      char what[64];
+      snprintf(what, sizeof what, "bf16 inputs, %d threads", threads);
+      CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+      run(ctx, oracle, &c, ATTN_BF16, seed, 1, one_block, what);
+      snprintf(what, sizeof what, "f32 inputs under bf16, %d threads", threads);
+      CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_BF16));
+      run(ctx, oracle, &c, ATTN_F32, seed, 1, 0, what);
+    }
+  }
+  attn_ctx_destroy(ctx);
+  attn_ctx_destroy(oracle);
+  return tu_finish("test_half avx512bf16");
+}
