@@ -7,6 +7,9 @@ Then the backward table: `attn bench sdpa --backward` (forward with lse, then
 attn_sdpa_backward) beside PyTorch's F.scaled_dot_product_attention and the unfused
 path under autograd (forward, then .backward(G)), and our peak memory at N=16384;
 written between <!-- backward:begin --> and <!-- backward:end --> (appended when absent).
+Then the half-precision table: `attn bench sdpa --dtype f32|bf16|f16` beside PyTorch's
+SDPA on tensors of the same dtype, with the matching units' peaks (ours and peak.c's);
+written between <!-- half:begin --> and <!-- half:end --> (labels start with "half").
 
     scripts/bench_grid.py [--attn PATH] [--threads 2] [--torch-python PY | --no-torch]
                           [--case-budget 90] [--only REGEX] [--out BENCHMARKS.md] [--dry-run]
@@ -46,6 +49,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- grid:begin -->", "<!-- grid:end -->"
 BWD_BEGIN, BWD_END = "<!-- backward:begin -->", "<!-- backward:end -->"
+HALF_BEGIN, HALF_END = "<!-- half:begin -->", "<!-- half:end -->"
+HALF_DTYPES = ("f32", "bf16", "f16")
+TORCH_DTYPE = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 BWD_FACTOR, FWD_BWD_FACTOR = 2.5, 3.5  # the backward's flops and forward+backward's, in forwards (as attn bench)
 SCORES_LIMIT = 4 << 30  # bytes of one score matrix the unfused path may allocate
 
@@ -110,6 +116,8 @@ for line in sys.stdin:
             if c["op"] == "sdpa":
                 B, H, G, N, M, D = c["batch"], c["heads"], c["kv_heads"], c["seq"], c["kv_seq"], c["dim"]
                 q, k, v = rand(B, H, N, D, gen=gen), rand(B, G, M, D, gen=gen), rand(B, G, M, D, gen=gen)
+                dt = getattr(torch, c.get("torch_dtype", "float32"))
+                q, k, v = q.to(dt), k.to(dt), v.to(dt)
                 causal = c["causal"]
                 keep = None  # --padding: a key-padding mask, True = attend, as PyTorch's bool attn_mask reads
                 if c.get("padding"):
@@ -209,6 +217,19 @@ def backward_grid(T, first_id):
     return cs
 
 
+def half_grid(T, first_id):
+    """The issue's half-precision cases, each run in f32, bf16 and f16 (ours and PyTorch's)."""
+    cs = [sdpa_case("half B1 H8 N2048 D64", 1, 8, 2048, 64, group="half"),
+          sdpa_case("half B1 H4 N2048 D128", 1, 4, 2048, 128, group="half"),
+          sdpa_case("half causal B1 H8 N2048 D64", 1, 8, 2048, 64, causal=True, group="half"),
+          sdpa_case("half B1 H8 N4096 D64", 1, 8, 4096, 64, group="half"),
+          sdpa_case("half GQA B1 H32 G8 N2048 D128", 1, 32, 2048, 128, G=8, group="half")]
+    for i, c in enumerate(cs):
+        c["id"] = first_id + i
+        c["threads"] = T
+    return cs
+
+
 def case_gflop(c):
     """The same count as attn bench: 4*D per visible (query, key) pair (+ the projections for mha)."""
     if c["op"] == "mha":
@@ -264,6 +285,8 @@ def run_attn(attn, c, timeout):
             cmd += ["--padding", repr(c["padding"])]
         if c.get("backward"):
             cmd += ["--backward"]
+        if c.get("dtype"):
+            cmd += ["--dtype", c["dtype"]]
     else:
         cmd += ["--embed", str(c["embed"])]
     cmd += ["--threads", str(c["threads"]), "--json"]
@@ -383,6 +406,9 @@ def find_torch_python(arg):
     return None
 
 
+BF16_PEAKS = {}  # peak.c's vdpbf16ps GFLOP/s per thread count, where the CPU has it
+
+
 def run_peak_c():
     """Builds and runs ../shared/tools/peak.c: {threads: fma_gflops}, its lines, and a note."""
     src = os.path.join(os.path.dirname(ROOT), "shared", "tools", "peak.c")
@@ -404,6 +430,8 @@ def run_peak_c():
             if ln.startswith("{"):
                 j = json.loads(ln)
                 peaks[j["threads"]] = j["fma_gflops"]
+                if j.get("bf16_dot_gflops"):
+                    BF16_PEAKS[j["threads"]] = j["bf16_dot_gflops"]
                 lines.append(ln)
         return peaks, lines, None
     finally:
@@ -814,6 +842,69 @@ def run_cases(cases, attn, worker, args, plan_ours, plan_torch, ours, theirs):
             log("%-36s torch: sdpa %s, unfused %s" % ("", torch_cell(t, "sdpa", tgf), torch_cell(t, "unfused", tgf)))
 
 
+def run_half_cases(cases, attn, worker, args, ours, theirs):
+    """Each case in f32, bf16 and f16, ours then PyTorch's, into ours/theirs[(id, dtype)]."""
+    for c in cases:
+        gf = case_gflop(c)
+        for dt in HALF_DTYPES:
+            r = run_attn(attn, dict(c, dtype=dt), 3 * args.case_budget + 60)
+            ours[(c["id"], dt)] = r
+            line = "%-36s ours %-4s: %s" % (c["label"], dt, ("%.1f GFLOP/s on %s tiles" % (r["gflops"], r.get("tiles")))
+                                              if "gflops" in r else r.get("error"))
+            if worker:
+                t = worker.run(dict(c, torch_dtype=TORCH_DTYPE[dt], unfused_skip="n/a"), 2 * (3 * args.case_budget + 60))
+                theirs[(c["id"], dt)] = t
+                line += ", torch %s" % torch_cell(t, "sdpa", gf)
+            log(line)
+
+
+def render_half(cases, ours, theirs, peaks, info):
+    out = [HALF_BEGIN, ""]
+    out.append("Command: `%s`  " % info["command"])
+    out.append("Date: %s  " % info["date"])
+    out.append("CPU: %s  " % info["cpu"])
+    out.append("libattn: `%s`; PyTorch: %s  " % (info["version"], info["torch"]))
+    out.append("Load average (1, 5, 15 min) before: %s, after: %s; half table wall time %.0f s" %
+               (info["half_load_before"], info["half_load_after"], info["half_wall"]))
+    out.append("")
+    T = info["threads"]
+    bp = BF16_PEAKS.get(T)
+    out.append("Outside yardstick (`../shared/tools/peak.c`, same run), %d threads: fp32 FMA %s GFLOP/s, AVX512-BF16 "
+               "`vdpbf16ps` %s GFLOP/s." % (T, fmt(peaks.get(T)), fmt(bp) if bp else "absent on this CPU"))
+    out.append("")
+    out.append("Forward SDPA, %d threads, inputs q, k, v in the column's dtype (ours: `attn bench sdpa --dtype`, out in "
+               "f32, the context's default precision; PyTorch: `F.scaled_dot_product_attention` on tensors of that "
+               "dtype, out in that dtype). Which tiles ours ran on is in the column (bf16: the AVX512-BF16 tiles; "
+               "fp32: widened). GFLOP/s count the visible pairs as the grid does. Fractions: ours bf16 over our own "
+               "`vdpbf16ps` probe and over peak.c's `bf16_dot_gflops`. Error: ours against the float64 oracle on the "
+               "same rounded inputs (the grid's subset)." % T)
+    out.append("")
+    out.append("| case | ours f32 | ours bf16 | ours f16 | PyTorch f32 | PyTorch bf16 | PyTorch f16 | ours bf16 / PyTorch "
+               "bf16 | ours bf16 / ours f32 | ours f16 / PyTorch f16 | ours f16 / ours f32 | bf16 fraction of our "
+               "probe | of peak.c's | ours bf16 error |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for c in cases:
+        gf = case_gflop(c)
+        g = {dt: gflops_of(ours.get((c["id"], dt))) for dt in HALF_DTYPES}
+        tg = {dt: torch_gflops(theirs.get((c["id"], dt)), "sdpa", gf) for dt in HALF_DTYPES}
+        rb = ours.get((c["id"], "bf16")) or {}
+        def cell(dt):
+            r = ours.get((c["id"], dt)) or {}
+            if g[dt] is None:
+                return "error: " + r["error"] if "error" in r else "—"
+            return "%.1f (%s)" % (g[dt], r.get("tiles", "?"))
+        err = "%.1e" % rb["oracle_rel_l2"] if rb.get("oracle_rel_l2") is not None else "—"
+        frac = "%.3f" % (g["bf16"] / rb["peak_gflops"]) if g["bf16"] and rb.get("peak_isa") == "avx512bf16" else "—"
+        out.append("| %s [%.3g GFLOP] | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            c["label"][len("half "):], gf, cell("f32"), cell("bf16"), cell("f16"),
+            fmt(tg["f32"]), fmt(tg["bf16"]), fmt(tg["f16"]), fmt(ratio(g["bf16"], tg["bf16"]), "%.2f×"),
+            fmt(ratio(g["bf16"], g["f32"]), "%.2f×"), fmt(ratio(g["f16"], tg["f16"]), "%.2f×"),
+            fmt(ratio(g["f16"], g["f32"]), "%.2f×"), frac, fmt(ratio(g["bf16"], bp), "%.3f"), err))
+    out.append("")
+    out.append(HALF_END)
+    return "\n".join(out)
+
+
 def rerun_contended(cases, attn, args, ours, peaks):
     """Reruns once each case whose measured peak fell below CONTENDED of the run's best; keeps the less disturbed."""
     retried = 0
@@ -859,6 +950,7 @@ def main():
 
     cases = grid(args.threads)
     cases += backward_grid(args.threads, len(cases))
+    cases += half_grid(args.threads, len(cases))
     if args.only:
         cases = [c for c in cases if re.search(args.only, c["label"])]
     if args.dry_run:
@@ -868,8 +960,9 @@ def main():
                                                       c["threads"]) +
                   ("  vs baseline, %d pairs" % args.pairs if args.baseline else ""))
         return 0
-    grid_cases = [c for c in cases if not c.get("backward")]
+    grid_cases = [c for c in cases if not c.get("backward") and c["group"] != "half"]
     bwd_cases = [c for c in cases if c.get("backward")]
+    half_cases = [c for c in cases if c["group"] == "half"]
 
     attn = args.attn
     if attn is None:  # (re)build the tool from this tree: incremental, and never a stale binary
@@ -921,7 +1014,12 @@ def main():
         run_cases(bwd_cases, attn, worker, args, plan_ours, plan_torch, ours, theirs)
         info["bwd_retried"] = rerun_contended(bwd_cases, attn, args, ours, peaks)
     info["bwd_wall"] = time.time() - t_bwd
-    info["bwd_load_after"] = loadavg()
+    info["bwd_load_after"] = info["half_load_before"] = loadavg()
+    t_half = time.time()
+    if half_cases:
+        run_half_cases(half_cases, attn, worker, args, ours, theirs)
+    info["half_wall"] = time.time() - t_half
+    info["half_load_after"] = loadavg()
     if worker:
         worker.close()
     if grid_cases:
@@ -929,8 +1027,11 @@ def main():
     if bwd_cases:
         write_markdown(args.out, render_backward(bwd_cases, ours, theirs, peaks, peak_lines, peak_note, info),
                        BWD_BEGIN, BWD_END)
+    if half_cases:
+        write_markdown(args.out, render_half(half_cases, ours, theirs, peaks, info), HALF_BEGIN, HALF_END)
     log("wrote %s (%s; %.0f s)" % (args.out, " and ".join(
-        n for n, cs in (("the grid", grid_cases), ("the backward table", bwd_cases)) if cs), time.time() - t_start))
+        n for n, cs in (("the grid", grid_cases), ("the backward table", bwd_cases), ("the half table", half_cases))
+        if cs), time.time() - t_start))
     return 0
 
 

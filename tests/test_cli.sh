@@ -130,6 +130,13 @@ differ "$T/obf.npy" $D/out.npy
 expect 0 "" -- sdpa $SQKV --out "$T/o32.npy" --kv-dtype f32
 close "$T/o32.npy" $D/out.npy 1e-6
 expect 2 "$T/never_o.npy" -- sdpa $SQKV --out "$T/never_o.npy" --kv-dtype f8
+# --precision reaches the context (test_half checks what each policy computes): bf16 is close to the f32
+# answer (this case is decode-sized, which stays fp32), fp32 is the f32 answer, a wrong name is refused
+expect 0 "" -- sdpa $SQKV --out "$T/opb.npy" --precision bf16
+close "$T/opb.npy" $D/out.npy 3e-2
+expect 0 "" -- sdpa $SQKV --out "$T/opf.npy" --precision fp32
+close "$T/opf.npy" $D/out.npy 1e-6
+expect 2 "$T/never_o.npy" -- sdpa $SQKV --out "$T/never_o.npy" --precision f8
 
 # --- mha on the goldens ---
 expect 0 "" -- mha --params $G/mha_seed/params.safetensors --heads "$(sed -n 's/^heads=//p' $G/mha_seed/case.txt)" --query $G/mha_seed/x.npy --out "$T/o.npy" --weights-out "$T/w.npy"

@@ -209,8 +209,14 @@ int cli_setup_ctx(attn_ctx **ctx, cli_args *a) {
   long long threads = 0;
   int r = cli_int(a, "--threads", 0, 4096, &threads);
   if (r) return r;
+  const char *ps = cli_get(a, "--precision");
+  int precision = ps ? -1 : ATTN_PRECISION_DEFAULT;
+  for (int k = ATTN_PRECISION_DEFAULT; ps && k <= ATTN_PRECISION_BF16; k++)
+    if (!strcmp(ps, attn_precision_name((attn_precision)k))) precision = k;
+  if (precision < 0) return cli_fail(CLI_EXIT_USAGE, "--precision wants default, fp32 or bf16, got '%s'", cli_show(ps));
   if (attn_ctx_create(ctx)) return cli_fail(CLI_EXIT_FAIL, "out of memory");
   attn_ctx_set_threads(*ctx, (int)threads);
+  if (ps) attn_ctx_set_precision(*ctx, (attn_precision)precision);
   return 0;
 }
 

@@ -17,13 +17,14 @@ static const struct {
      "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--key-padding KP.npy]\n"
      "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
      "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
-     "            [--kv-dtype f32|f16|bf16]\n"
+     "            [--kv-dtype f32|f16|bf16] [--precision default|fp32|bf16]\n"
      "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
      "             [--sinks-grad-out DS.npy]]\n"},
     {"mha", NULL,
      "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
      "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
      "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
+     "            [--precision default|fp32|bf16]\n"
      "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
      "            [--grad-out G.npy --grads-out GRADS.safetensors]\n"},
     {"map", NULL,
@@ -33,7 +34,8 @@ static const struct {
      "            every head's attention weights as heatmaps in a PNG (one token per line in T.txt)\n"},
     {"bench", "sdpa",
      "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]\n"
-     "            [--padding F] [--backward] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"
+     "            [--padding F] [--backward] [--dtype f32|bf16|f16] [--precision P] [--threads T] [--repeat R]\n"
+     "            [--kernel K] [--max-gflop F] [--json]\n"
      "            (--padding F: the last fraction F of every row's keys is key padding, and holds NaN)\n"},
     {"bench", "mha",
      "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel K]\n"
@@ -54,7 +56,9 @@ static const char notes_data[] =
     "--dropout P: training-mode dropout on the attention probabilities (seed S, default 0).\n"
     "--window W: query i' sees keys i'-W < j <= i' (causal implied); --softcap C: logits C*tanh(logits/C);\n"
     "--alibi: the ALiBi paper's slopes per query head; --sinks S.npy: one sink logit per query head [H].\n"
-    "--kv-dtype: k and v rounded to f16 or bf16 (and read stored so) before attention.\n";
+    "--kv-dtype: k and v rounded to f16 or bf16 (and read stored so) before attention.\n"
+    "--precision: attn.h's attn_precision. default: bf16 inputs as PyTorch computes them (bf16 products on\n"
+    "  AVX512-BF16), everything else fp32; fp32: every input widened; bf16: f32 inputs rounded to bf16 too.\n";
 static const char notes_outputs[] =
     "Outputs are written to temporary files beside them and renamed into place only when every one was\n"
     "written: a failed command changes no existing file. An output may not name an input; a symbolic link\n"

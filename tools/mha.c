@@ -104,7 +104,7 @@ int cmd_mha(int argc, char **argv) {
   static const char *const known[] = {"--params", "--prefix", "--heads", "--kv-heads", "--query", "--key",
                                       "--value", "--out", "--mask", "--mask-mode", "--key-padding",
                                       "--weights-out", "--threads", "--grad-out", "--grads-out", "--dropout",
-                                      "--seed", "--window", "--softcap", "--sinks", NULL};
+                                      "--seed", "--window", "--softcap", "--sinks", "--precision", NULL};
   static const char *const switches[] = {"--causal", "--average-weights", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--grads-out", NULL};
   static const char *const in_flags[] = {"--params", "--query", "--key", "--value", "--mask", "--key-padding",

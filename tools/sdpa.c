@@ -67,7 +67,7 @@ int cmd_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--q", "--k", "--v", "--out", "--mask", "--mask-mode", "--scale",
                                       "--weights-out", "--threads", "--key-padding", "--grad-out", "--dq-out",
                                       "--dk-out", "--dv-out", "--mask-grad-out", "--dropout", "--seed",
-                                      "--window", "--softcap", "--sinks", "--sinks-grad-out", "--kv-dtype", NULL};
+                                      "--window", "--softcap", "--sinks", "--sinks-grad-out", "--kv-dtype", "--precision", NULL};
   static const char *const switches[] = {"--causal", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--dq-out", "--dk-out", "--dv-out",
                                           "--mask-grad-out", "--sinks-grad-out", NULL};

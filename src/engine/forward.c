@@ -69,6 +69,7 @@ typedef struct fwd_job {
   const attn__sdpa *p;
   const attn__cpu_kernels *kn;
   const attn__half_kernels *hk; /* NULL: fp32 tiles */
+  void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n); /* the kernel set's, in registers */
   int64_t nblocks, ntiles, pairs, per_round, kt_bytes, vp_bytes, nqblk, per_pair, D2;
   int qb, v_unit;
   char *Kp, *Vp;
@@ -247,6 +248,27 @@ void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, 
   }
 }
 
+/* attn__pack_block_t for f16/bf16 keys with unit-stride rows: each key's row
+ * widened by the kernel set's vector conversion (in chunks), then written to
+ * its column of Kt; the strided gather of attn__pack_block_t widens one
+ * element at a time in portable code. */
+static void pack_block_widened(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
+                               int64_t F, void (*widen)(float *, const void *, attn_dtype, int64_t)) {
+  enum { CHUNK = 256 };
+  float row[CHUNK];
+  float *o = dst + blk * nr * F;
+  const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
+  const size_t es = attn_dtype_size(t->dtype);
+  for (int jj = 0; jj < nr; jj++) {
+    const int64_t off = b * t->strides[0] + g * t->strides[1] + (blk * nr + jj) * t->strides[2];
+    for (int64_t f0 = 0; f0 < F; f0 += CHUNK) {
+      const int64_t m = F - f0 < CHUNK ? F - f0 : CHUNK;
+      if (jj < n) widen(row, (const char *)t->data + (off + f0) * (int64_t)es, t->dtype, m);
+      for (int64_t f = 0; f < m; f++) o[(f0 + f) * nr + jj] = jj < n ? row[f] : 0.0f;
+    }
+  }
+}
+
 /* Kh block blk (D2, NR) of kv head (b, g) as bf16 pairs (kernels.h's half tiles), zero past key Nk. */
 static void pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr,
                              int64_t Nk, int64_t D, int64_t D2) {
@@ -296,6 +318,8 @@ static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t fi
     void *dst = j->Kp + (w / j->nblocks) * j->kt_bytes;
     if (j->hk)
       pack_block_pairs(dst, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr, p->Nk, p->D, j->D2);
+    else if (p->k.dtype != ATTN_F32 && p->k.strides[3] == 1)
+      pack_block_widened(dst, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr, p->Nk, p->D, j->widen);
     else
       attn__pack_block_t(dst, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr, p->Nk, p->D);
   }
@@ -335,8 +359,11 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
   for (int64_t w = first; w < last && !j->hk; w++) {
     const int64_t bg = round * j->per_round + w / p->Nk, jk = w % p->Nk;
     const int64_t off = (bg / p->Hk) * p->v.strides[0] + (bg % p->Hk) * p->v.strides[1] + jk * p->v.strides[2];
-    attn__widen_strided((float *)(j->Vp + (w / p->Nk) * j->vp_bytes) + jk * p->Dv, p->v.data, p->v.dtype, off,
-                        p->v.strides[3], p->Dv);
+    float *dst = (float *)(j->Vp + (w / p->Nk) * j->vp_bytes) + jk * p->Dv;
+    if (p->v.strides[3] == 1)
+      j->widen(dst, (const char *)p->v.data + off * (int64_t)attn_dtype_size(p->v.dtype), p->v.dtype, p->Dv);
+    else
+      attn__widen_strided(dst, p->v.data, p->v.dtype, off, p->v.strides[3], p->Dv);
   }
 }
 
@@ -372,7 +399,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   const attn__cpu_kernels *kn = hk ? hk->base : ctx->dispatch.attention;
   const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
-  fwd_job j = {p, kn, hk, 0, 0, 0, 0, 0, 0, 0, 0, (p->D + 1) / 2, QB_MAX, 0, NULL, NULL};
+  fwd_job j = {p, kn, hk, ctx->dispatch.decode->widen, 0, 0, 0, 0, 0, 0, 0, 0, (p->D + 1) / 2, QB_MAX, 0, NULL, NULL};
   j.nblocks = (p->Nk + nr - 1) / nr;
   j.ntiles = (p->Nq + mr - 1) / mr;
   j.v_unit = !hk && p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1);
