@@ -303,7 +303,9 @@ ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor 
  *   mask_grad (or NULL) f32 [B, Hq, Nq, Nk], the gradient of an ADDITIVE mask
  *   (sum it over the dimensions the mask broadcast along);
  *   sinks_grad (or NULL) f32 [Hq], dL/dsinks (summed over batch and rows);
- *   q, k, v, dout, out and lse are f32 here (f16/bf16 inputs are forward-only)
+ *   q, k, v, dout and out are f32, f16 or bf16 (halves are widened into f32
+ *   copies, O(N D) each, and every step is fp32 whatever the precision policy);
+ *   lse is f32
  *   dout, out [B, Hq, Nq, Dv] and lse [B, Hq, Nq] come from the forward call,
  *   made with the same q, k, v and opts (mask, causal, scale, dropout); the
  *   weights are not needed: scores are recomputed tile by tile.

@@ -29,11 +29,11 @@ static attn_status check_float_dtype(attn_ctx *ctx, const attn_tensor *t, const 
                     out ? (f32_only ? "f32" : "f32 or f64") : (f32_only ? "f32, f16 or bf16" : "f32, f64, f16 or bf16"));
 }
 
-/* The fp32 backward reads its inputs in place: f32 only. */
+/* The fp32 backward reads its inputs in place: f32 (halves were widened before, f64 is refused). */
 static attn_status check_f32(attn_ctx *ctx, const attn_tensor *t, const char *what) {
   if (t->dtype == ATTN_F32) return ATTN_OK;
-  return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; the backward pass takes f32 (f16/bf16 inputs are forward-only)",
-                    what, attn_dtype_name(t->dtype));
+  return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; the backward pass takes f32, f16 or bf16", what,
+                    attn_dtype_name(t->dtype));
 }
 
 /* An f32 [Hq] option (ALiBi slopes, sinks, their gradient), or NULL. */
@@ -228,12 +228,39 @@ attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor *lse, att
   return attn__sdpa_run_ref(ctx, &p);
 }
 
+/* The fp32 backward reads its inputs in place, as f32: f16/bf16 ones (bf16
+ * training) are widened into f32 copies first, O(N D) each, and the call then
+ * computes in fp32 (at least as accurate as a half-precision backward). */
+static attn_status backward_widened(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
+                                    attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *in[5],
+                                    const attn_tensor *lse, const attn_sdpa_opts *opts) {
+  static const char *const names[5] = {"dout", "q", "k", "v", "out"};
+  attn_tensor wide[5];
+  const attn_tensor *use[5];
+  attn_status st = ATTN_OK;
+  for (int i = 0; i < 5; i++) wide[i].data = NULL, use[i] = in[i];
+  for (int i = 0; i < 5 && !st; i++) {
+    if (!in[i] || (in[i]->dtype != ATTN_F16 && in[i]->dtype != ATTN_BF16)) continue;
+    if (!(st = attn__check_tensor(ctx, in[i], names[i], 4)) && !(st = attn_tensor_alloc(ctx, &wide[i], ATTN_F32, 4, in[i]->shape)))
+      st = attn_tensor_copy(ctx, &wide[i], in[i]);
+    use[i] = &wide[i];
+  }
+  if (!st) st = attn_sdpa_backward(ctx, dq, dk, dv, mask_grad, sinks_grad, use[0], use[1], use[2], use[3], use[4], lse, opts);
+  for (int i = 0; i < 5; i++)
+    if (wide[i].data) attn_tensor_free(&wide[i]);
+  return st;
+}
+
 attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv, attn_tensor *mask_grad,
                                attn_tensor *sinks_grad, const attn_tensor *dout, const attn_tensor *q,
                                const attn_tensor *k, const attn_tensor *v, const attn_tensor *out,
                                const attn_tensor *lse, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
   const int ref = ctx->dispatch.kernel == ATTN_KERNEL_REF;
+  const attn_tensor *in[5] = {dout, q, k, v, out};
+  for (int i = 0; i < 5 && !ref; i++)
+    if (in[i] && (in[i]->dtype == ATTN_F16 || in[i]->dtype == ATTN_BF16))
+      return backward_widened(ctx, dq, dk, dv, mask_grad, sinks_grad, in, lse, opts);
   attn__sdpa p;
   attn_status st =
       attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts, !ref);

@@ -2,7 +2,9 @@
  *
  *   test_half policy      on any CPU: the API, and that no input loses
  *                         precision outside the rules (f32 under DEFAULT, any
- *                         dtype under FP32, f16 always) on every kernel here
+ *                         dtype under FP32, f16 always) on every kernel here;
+ *                         the backward on f16/bf16 inputs is the backward on
+ *                         their values in f32, bitwise
  *   test_half avx512bf16  the bf16 tiles (skipped where the CPU lacks them):
  *                         bf16 inputs, and f32 inputs under BF16, against the
  *                         float64 oracle on the same (rounded) inputs with the
@@ -190,6 +192,47 @@ static void run(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, attn_dtype dt, 
   arena_free(a);
 }
 
+/* The backward on f16/bf16 inputs is the backward on their f32 values, bitwise (it widens them). */
+static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int seed) {
+  tu_rng r = {(uint64_t)seed * 31u + 5};
+  prob H, F;
+  make(&H, c, dt, &r);
+  r.s = (uint64_t)seed * 31u + 5;
+  make(&F, c, ATTN_F32, &r); /* the same draws, not rounded: replace by the halves' values */
+  attn_tensor *hs[3] = {&H.q, &H.k, &H.v}, *fs[3] = {&F.q, &F.k, &F.v};
+  for (int i = 0; i < 3; i++)
+    for (int64_t e = 0; e < attn_tensor_numel(hs[i]); e++)
+      ((float *)fs[i]->data)[e] = dt == ATTN_F16 ? tu_f16_to_f32(((uint16_t *)hs[i]->data)[e])
+                                                 : tu_bf16_to_f32(((uint16_t *)hs[i]->data)[e]);
+  arena *a = &F.a;
+  const int64_t no = c->B * c->Hq * c->Nq * c->Dv, nl = c->B * c->Hq * c->Nq;
+  const int64_t nq = c->B * c->Hq * c->Nq * c->D, nk = c->B * c->Hk * c->Nk * c->D, nv = c->B * c->Hk * c->Nk * c->Dv;
+  const int64_t so[4] = {c->B, c->Hq, c->Nq, c->Dv}, sl[3] = {c->B, c->Hq, c->Nq};
+  float *out = arena_alloc(a, sizeof(float) * (size_t)(no + 1)), *lse = arena_alloc(a, sizeof(float) * (size_t)(nl + 1));
+  float *dout = arena_alloc(a, sizeof(float) * (size_t)(no + 1));
+  tu_fill_f32(&r, dout, no, 1);
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, so), tl = attn_tensor_view(lse, ATTN_F32, 3, sl);
+  attn_tensor tdo = attn_tensor_view(dout, ATTN_F32, 4, so);
+  CHECK_OK(ctx, attn_sdpa(ctx, &to, &tl, NULL, &F.q, &F.k, &F.v, &F.o));
+  float *g[2][3];
+  attn_tensor tg[2][3];
+  const int64_t n3[3] = {nq, nk, nv};
+  for (int w = 0; w < 2; w++)
+    for (int i = 0; i < 3; i++) {
+      g[w][i] = arena_alloc(a, sizeof(float) * (size_t)(n3[i] + 1));
+      tu_poison_f32(g[w][i], n3[i]);
+      tg[w][i] = attn_tensor_view(g[w][i], ATTN_F32, 4, (i == 0 ? &H.q : i == 1 ? &H.k : &H.v)->shape);
+    }
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[0][0], &tg[0][1], &tg[0][2], NULL, NULL, &tdo, &H.q, &H.k, &H.v, &to, &tl, &H.o));
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[1][0], &tg[1][1], &tg[1][2], NULL, NULL, &tdo, &F.q, &F.k, &F.v, &to, &tl, &F.o));
+  int same = 1;
+  for (int i = 0; i < 3; i++) same &= memcmp(g[0][i], g[1][i], sizeof(float) * (size_t)n3[i]) == 0;
+  CHECK(same, "%s: backward on %s inputs differs from the backward on their f32 values (case %d)",
+        attn_kernel_name(attn_ctx_kernel(ctx)), attn_dtype_name(dt), seed);
+  arena_free(&H.a);
+  arena_free(&F.a);
+}
+
 static int policy(void) {
   attn_ctx *ctx, *oracle;
   attn_ctx_create(&ctx);
@@ -216,6 +259,8 @@ static int policy(void) {
       snprintf(what, sizeof what, "%s, bf16 under fp32", attn_kernel_name((attn_kernel)k));
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32));
       run(ctx, oracle, &c, ATTN_BF16, seed, 0, 0, what);
+      CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+      backward_halves(ctx, &c, seed % 2 ? ATTN_BF16 : ATTN_F16, seed);
       if (k != ATTN_KERNEL_AVX512_BF16) { /* kernels without bf16 tiles widen bf16 under every policy */
         snprintf(what, sizeof what, "%s, bf16 under default", attn_kernel_name((attn_kernel)k));
         CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
