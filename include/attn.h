@@ -270,14 +270,15 @@ ATTN_API attn_status attn_alibi_slopes(float *slopes, int64_t heads);
 ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
 
 /* out[b,h,i,:] = sum_j softmax_j(scale * q[b,h,i,:].k[b,g,j,:] + mask) v[b,g,j,:]
- *   out is [B, Hq, Nq, Dv] f32     q is [B, Hq, Nq, D]
+ *   out is [B, Hq, Nq, Dv]         q is [B, Hq, Nq, D]
  *   k   is [B, Hk, Nk, D]          v is [B, Hk, Nk, Dv]
  * Optional outputs (NULL: not computed):
  *   lse     f32 [B, Hq, Nq], the log-sum-exp of the scaled, masked logits
  *           (what attn_sdpa_backward needs);
  *   weights f32 [B, Hq, Nq, Nk], the probabilities applied to v (after dropout).
- * q, k and v are each f32, f16 or bf16 (halves are widened to f32 as they are
- * read; every sum is in f32); weights and lse are f32.
+ * q, k and v are each f32, f16 or bf16, computed as the context's precision
+ * policy says (attn_precision: every sum is in f32); out is f32, f16 or bf16
+ * (the f32 result rounded to nearest even); weights and lse are f32.
  * Grouped-query attention: Hq = G * Hk, query head h reads kv head g = h / G
  * (Hk = 1 is multi-query attention). Any strides: pass permuted views for
  * batch-first data. A row whose every key is masked gives zeros in out and

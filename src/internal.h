@@ -120,6 +120,13 @@ static inline void attn__store(void *data, attn_dtype dt, int64_t off, double x)
   }
 }
 
+/* Element off of an f32, f16 or bf16 output set to x (rounded to nearest even for halves). */
+static inline void attn__store_f32(void *data, attn_dtype dt, int64_t off, float x) {
+  if (dt == ATTN_F32) ((float *)data)[off] = x;
+  else if (dt == ATTN_BF16) ((uint16_t *)data)[off] = attn__f32_to_bf16(x);
+  else ((uint16_t *)data)[off] = attn__f32_to_f16(x);
+}
+
 /* Element off of an f32, f16 or bf16 tensor, as f32: how the fp32 kernels widen halves. */
 static inline float attn__load_f32(const void *data, attn_dtype dt, int64_t off) {
   if (dt == ATTN_F32) return ((const float *)data)[off];

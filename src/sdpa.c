@@ -19,14 +19,18 @@ static int dims_equal(const attn_tensor *t, int64_t a, int64_t b, int64_t c, int
 }
 
 /* f32_only (the fp32 kernels): outputs f32, inputs f32, f16 or bf16 (widened as they
- * are packed). Otherwise (the oracle): outputs f32 or f64, inputs any float. */
+ * are packed). Otherwise (the oracle): outputs f32 or f64, inputs any float.
+ * out (out = 2) may also be f16 or bf16 on either: the f32 result, rounded. */
 static attn_status check_float_dtype(attn_ctx *ctx, const attn_tensor *t, const char *what, int f32_only, int out) {
   const attn_dtype dt = t->dtype;
-  const int ok = out ? (dt == ATTN_F32 || (!f32_only && dt == ATTN_F64))
+  const int half = dt == ATTN_F16 || dt == ATTN_BF16;
+  const int ok = out ? (dt == ATTN_F32 || (!f32_only && dt == ATTN_F64) || (out == 2 && half))
                      : (attn__is_float(dt) && (!f32_only || dt != ATTN_F64));
   if (ok) return ATTN_OK;
   return attn__fail(ctx, ATTN_E_DTYPE, "%s has dtype %s; this call takes %s", what, attn_dtype_name(dt),
-                    out ? (f32_only ? "f32" : "f32 or f64") : (f32_only ? "f32, f16 or bf16" : "f32, f64, f16 or bf16"));
+                    out == 2 ? (f32_only ? "f32, f16 or bf16" : "f32, f64, f16 or bf16")
+                    : out    ? (f32_only ? "f32" : "f32 or f64")
+                             : (f32_only ? "f32, f16 or bf16" : "f32, f64, f16 or bf16"));
 }
 
 /* The fp32 backward reads its inputs in place: f32 (halves were widened before, f64 is refused). */
@@ -65,7 +69,7 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, a
       (st = attn__check_tensor(ctx, v, "v", 4)) || (st = attn__check_tensor(ctx, out, "out", 4)))
     return st;
   if ((st = check_float_dtype(ctx, q, "q", f32_only, 0)) || (st = check_float_dtype(ctx, k, "k", f32_only, 0)) ||
-      (st = check_float_dtype(ctx, v, "v", f32_only, 0)) || (st = check_float_dtype(ctx, out, "out", f32_only, 1)))
+      (st = check_float_dtype(ctx, v, "v", f32_only, 0)) || (st = check_float_dtype(ctx, out, "out", f32_only, 2)))
     return st;
   p->B = q->shape[0]; p->Hq = q->shape[1]; p->Nq = q->shape[2]; p->D = q->shape[3];
   p->Hk = k->shape[1]; p->Nk = k->shape[2]; p->Dv = v->shape[3];

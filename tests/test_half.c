@@ -233,6 +233,29 @@ static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int se
   arena_free(&F.a);
 }
 
+/* out in f16 or bf16 is the f32 out rounded to nearest even, bitwise, on the blocked and the decode paths. */
+static void half_out(attn_ctx *ctx, const hcase *c, attn_dtype in_dt, attn_dtype out_dt, int seed) {
+  tu_rng r = {(uint64_t)seed * 77u + 3};
+  prob P;
+  make(&P, c, in_dt, &r);
+  arena *a = &P.a;
+  const int64_t no = c->B * c->Hq * c->Nq * c->Dv, so[4] = {c->B, c->Hq, c->Nq, c->Dv};
+  float *o32 = arena_alloc(a, sizeof(float) * (size_t)(no + 1));
+  uint16_t *oh = arena_alloc(a, sizeof(uint16_t) * (size_t)(no + 1));
+  tu_poison_f32(o32, no);
+  for (int64_t e = 0; e < no; e++) oh[e] = 0x7fc1; /* a NaN in either half type */
+  attn_tensor t32 = attn_tensor_view(o32, ATTN_F32, 4, so), th = attn_tensor_view(oh, out_dt, 4, so);
+  CHECK_OK(ctx, attn_sdpa(ctx, &t32, NULL, NULL, &P.q, &P.k, &P.v, &P.o));
+  CHECK_OK(ctx, attn_sdpa(ctx, &th, NULL, NULL, &P.q, &P.k, &P.v, &P.o));
+  int64_t wrong = 0;
+  for (int64_t e = 0; e < no; e++)
+    wrong += oh[e] != (out_dt == ATTN_BF16 ? tu_f32_to_bf16(o32[e]) : tu_f32_to_f16(o32[e]));
+  CHECK(wrong == 0, "%s, %s in, %s out (decode %d): %lld of %lld elements are not the f32 out rounded (case %d)",
+        attn_kernel_name(attn_ctx_kernel(ctx)), attn_dtype_name(in_dt), attn_dtype_name(out_dt), attn_ctx_decode(ctx),
+        (long long)wrong, (long long)no, seed);
+  arena_free(a);
+}
+
 static int policy(void) {
   attn_ctx *ctx, *oracle;
   attn_ctx_create(&ctx);
@@ -261,6 +284,14 @@ static int policy(void) {
       run(ctx, oracle, &c, ATTN_BF16, seed, 0, 0, what);
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
       backward_halves(ctx, &c, seed % 2 ? ATTN_BF16 : ATTN_F16, seed);
+      hcase small = c; /* few query rows per kv head: the decode kernel */
+      small.Nq = 1 + seed % 2;
+      small.Hq = small.Hk * (1 + seed % 3);
+      for (int dec = 0; dec < 2; dec++) {
+        CHECK_OK(ctx, attn_ctx_set_decode(ctx, dec));
+        half_out(ctx, dec ? &small : &c, seed % 2 ? ATTN_BF16 : ATTN_F16, seed % 3 ? ATTN_BF16 : ATTN_F16, seed);
+      }
+      CHECK_OK(ctx, attn_ctx_set_decode(ctx, 1));
       if (k != ATTN_KERNEL_AVX512_BF16) { /* kernels without bf16 tiles widen bf16 under every policy */
         snprintf(what, sizeof what, "%s, bf16 under default", attn_kernel_name((attn_kernel)k));
         CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));

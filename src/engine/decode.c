@@ -165,21 +165,26 @@ static void merge_row(const attn__sdpa *p, const float *parts, int64_t nchunks, 
     if (isnan(mc) || mc > M) M = mc;
   }
   const attn_tensor *o = &p->out;
-  float *dst = (float *)o->data + b * o->strides[0] + h * o->strides[1] + i * o->strides[2];
+  const int64_t off = b * o->strides[0] + h * o->strides[1] + i * o->strides[2];
   float L = sink == -INFINITY ? 0.0f : expf(sink - M);
-  for (int64_t cc = 0; cc < Dv; cc++) dst[cc * o->strides[3]] = 0.0f;
-  if (M != -INFINITY) {
-    for (int64_t c = 0; c < nchunks; c++) {
-      const float *pc = parts + c * stride;
-      const float mc = pc[R * Dv + r];
-      if (mc == -INFINITY) continue; /* a chunk this row sees nothing of */
-      const float w = expf(mc - M);
-      L += pc[R * (Dv + 1) + r] * w;
-      for (int64_t cc = 0; cc < Dv; cc++) dst[cc * o->strides[3]] += pc[r * Dv + cc] * w;
-    }
+  for (int64_t c = 0; c < nchunks && M != -INFINITY; c++) {
+    const float mc = parts[c * stride + R * Dv + r];
+    if (mc != -INFINITY) L += parts[c * stride + R * (Dv + 1) + r] * expf(mc - M); /* -inf: a chunk this row sees nothing of */
   }
   const float inv = L == 0 ? 0.0f : 1.0f / L; /* L = 0 only when every key is masked and there is no sink */
-  for (int64_t cc = 0; cc < Dv; cc++) dst[cc * o->strides[3]] *= inv;
+  /* out by blocks of columns, each summed over the chunks in chunk order from 0, then scaled */
+  for (int64_t c0 = 0; c0 < Dv; c0 += 64) {
+    const int n = Dv - c0 < 64 ? (int)(Dv - c0) : 64;
+    float acc[64] = {0};
+    for (int64_t c = 0; c < nchunks && M != -INFINITY; c++) {
+      const float *pc = parts + c * stride;
+      const float mc = pc[R * Dv + r];
+      if (mc == -INFINITY) continue;
+      const float w = expf(mc - M);
+      for (int e = 0; e < n; e++) acc[e] += pc[r * Dv + c0 + e] * w;
+    }
+    for (int e = 0; e < n; e++) attn__store_f32(o->data, o->dtype, off + (c0 + e) * o->strides[3], acc[e] * inv);
+  }
   if (p->lse) {
     const attn_tensor *lt = p->lse;
     ((float *)lt->data)[b * lt->strides[0] + h * lt->strides[1] + i * lt->strides[2]] =

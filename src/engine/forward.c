@@ -151,12 +151,16 @@ static void tile_begin(const fwd_job *j, tile_state *ts, int64_t b, int64_t h, i
 static void tile_end(const attn__sdpa *p, const tile_state *ts, int64_t b, int64_t h) {
   const int64_t Dv = p->Dv;
   const attn_tensor *o = &p->out;
-  float *od = o->data;
   for (int r = 0; r < ts->rows; r++) {
     const float l = ts->l[r];
     const float inv = l == 0 ? 0.0f : 1.0f / l; /* l = 0 only when every key is masked */
-    float *dst = od + b * o->strides[0] + h * o->strides[1] + (ts->i0 + r) * o->strides[2];
-    for (int64_t c = 0; c < Dv; c++) dst[c * o->strides[3]] = ts->O[r * Dv + c] * inv;
+    const int64_t off = b * o->strides[0] + h * o->strides[1] + (ts->i0 + r) * o->strides[2];
+    if (o->dtype == ATTN_F32) {
+      float *dst = (float *)o->data + off;
+      for (int64_t c = 0; c < Dv; c++) dst[c * o->strides[3]] = ts->O[r * Dv + c] * inv;
+    } else { /* out in the inputs' half type: the f32 value, rounded */
+      for (int64_t c = 0; c < Dv; c++) attn__store_f32(o->data, o->dtype, off + c * o->strides[3], ts->O[r * Dv + c] * inv);
+    }
     if (p->lse) {
       const attn_tensor *lt = p->lse;
       ((float *)lt->data)[b * lt->strides[0] + h * lt->strides[1] + (ts->i0 + r) * lt->strides[2]] =
