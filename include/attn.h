@@ -325,6 +325,69 @@ ATTN_API attn_status attn_sdpa_backward_ref(attn_ctx *ctx, attn_tensor *dq, attn
  * generator (Philox-4x32-10), the same in every kernel and on every machine. */
 ATTN_API int attn_dropout_keep(uint64_t seed, double p, int64_t b, int64_t h, int64_t i, int64_t j);
 
+/* ---- rotary position embeddings (RoPE) ----------------------------------------- */
+/* Rotates pairs of each head's first r dims (r = rotary_dim) by angles that
+ * grow with the token's position p: pair i (0 <= i < r/2) turns by p * f_i,
+ *   out_a = x_a cos(p f_i) - x_b sin(p f_i),  out_b = x_b cos(p f_i) + x_a sin(p f_i),
+ * both times the attention factor m (1 but for YaRN); dims r..D-1 pass unchanged.
+ * The pair (a, b) is (i, i + r/2) in the HALF layout (GPT-NeoX, Llama: the
+ * rotate_half of Hugging Face) and (2i, 2i + 1) in INTERLEAVED (GPT-J).
+ * Frequencies, with d = r and base theta: f_i = theta^(-2i/d), then by scaling
+ *   DEFAULT  as is
+ *   LINEAR   f_i / factor (positions interpolated)
+ *   DYNAMIC  NTK-aware: theta becomes theta ((factor L / P) - (factor - 1))^(d / (d - 2))
+ *            when L > P (P = original_max_position, L = seq_len or the
+ *            call's largest position + 1), else DEFAULT
+ *   LLAMA3   by wavelength w_i = 2 pi / f_i: w_i > P / low_freq_factor: f_i / factor;
+ *            w_i < P / high_freq_factor: f_i; between: (1 - s) f_i / factor + s f_i
+ *            with s = (P / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor)
+ *   YARN     f_i = f_i / factor (1 - e_i) + f_i e_i, where e_i = 1 - ramp(i) and ramp
+ *            climbs linearly from 0 at lo to 1 at hi (lo = floor(c(beta_fast)),
+ *            hi = ceil(c(beta_slow)), clamped to [0, d - 1], hi = lo + 0.001 if
+ *            equal; c(n) = d ln(P / (2 pi n)) / (2 ln theta)); m = attention_factor,
+ *            by default 0.1 ln(factor) + 1 (1 when factor <= 1).
+ * Angles and their cos and sin are computed in double, then the rotation in f32. */
+typedef enum attn_rope_layout {
+  ATTN_ROPE_HALF = 0,       /* pairs (i, i + r/2) */
+  ATTN_ROPE_INTERLEAVED = 1 /* pairs (2i, 2i + 1) */
+} attn_rope_layout;
+
+typedef enum attn_rope_scaling {
+  ATTN_ROPE_DEFAULT = 0,
+  ATTN_ROPE_LINEAR = 1,
+  ATTN_ROPE_DYNAMIC = 2,
+  ATTN_ROPE_LLAMA3 = 3,
+  ATTN_ROPE_YARN = 4
+} attn_rope_scaling;
+
+typedef struct attn_rope_opts {
+  size_t size;                   /* sizeof(attn_rope_opts), set by attn_rope_opts_init */
+  int64_t rotary_dim;            /* r: even, 2..D; 0 = D (partial rotary: GPT-NeoX, Phi) */
+  attn_rope_layout layout;       /* HALF */
+  double theta;                  /* base, > 1: 10000 */
+  attn_rope_scaling scaling;     /* DEFAULT */
+  double factor;                 /* LINEAR, DYNAMIC, LLAMA3, YARN: > 0 (1) */
+  int64_t original_max_position; /* DYNAMIC, LLAMA3, YARN: the pretraining context P (> 0) */
+  double low_freq_factor, high_freq_factor; /* LLAMA3: 1 and 4; high > low > 0 */
+  double beta_fast, beta_slow;   /* YARN: 32 and 1 */
+  double attention_factor;       /* YARN's m; NAN (the default) = 0.1 ln(factor) + 1 */
+  int64_t seq_len;               /* DYNAMIC's L; 0 = the call's largest position + 1 */
+  /* Positions [B, N] (row-major int64), one per token, or NULL: token n of
+   * every row sits at position_offset + n. Negative positions are refused. */
+  const int64_t *positions;
+  int64_t position_offset;
+  int transpose;                 /* nonzero: apply the transposed rotation (the backward:
+                                    dL/dx = rope(dL/dout) with transpose set) */
+} attn_rope_opts;
+
+ATTN_API void attn_rope_opts_init(attn_rope_opts *opts);
+/* out = RoPE(x): x and out are [B, H, N, D] (heads of q or k; position per
+ * (b, n)), f32, f16 or bf16, any strides; out may be x itself (in place) but
+ * must not otherwise overlap it. */
+ATTN_API attn_status attn_rope(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_rope_opts *opts);
+/* The float64 oracle: the same frequencies, every step in double; out may be f64. */
+ATTN_API attn_status attn_rope_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_rope_opts *opts);
+
 /* ---- KV cache: incremental decoding ------------------------------------------- */
 /* The keys and values of one attention layer's past tokens, for B sequences
  * (rows) that may each hold a different number of tokens. Storage is

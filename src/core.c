@@ -389,7 +389,7 @@ static void copy__store(char *p, attn_dtype dt, double x) {
 }
 
 /* The byte range [lo, hi) that t's elements occupy (t checked, not empty). */
-static void copy__extent(const attn_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+void attn__extent(const attn_tensor *t, uintptr_t *lo, uintptr_t *hi) {
   int64_t neg = 0, pos = 0;
   for (int i = 0; i < t->rank; i++) {
     const int64_t reach = (t->shape[i] - 1) * t->strides[i];
@@ -448,8 +448,8 @@ attn_status attn_tensor_copy(attn_ctx *ctx, attn_tensor *dst, const attn_tensor 
   if (!same) return attn__fail(ctx, ATTN_E_SHAPE, "attn_tensor_copy: dst and src have different shapes");
   if (attn_tensor_numel(src) == 0) return ATTN_OK;
   uintptr_t slo, shi, dlo, dhi;
-  copy__extent(src, &slo, &shi);
-  copy__extent(dst, &dlo, &dhi);
+  attn__extent(src, &slo, &shi);
+  attn__extent(dst, &dlo, &dhi);
   if (slo < dhi && dlo < shi) return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_copy: dst overlaps src");
   if (dst->dtype == ATTN_U8 && attn__is_float(src->dtype) && copy__walk(dst, src, copy__out_of_u8))
     return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_copy: a value of src rounds outside u8's 0..255 (or is NaN)");

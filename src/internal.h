@@ -160,6 +160,8 @@ void attn__format_shape(char *buf, size_t n, const attn_tensor *t);
 attn_status attn__check_head_vector(attn_ctx *ctx, const attn_tensor *t, const char *what, int64_t Hq, int out);
 /* Checks a tensor argument: non-null data (unless empty), rank, sane shape. */
 attn_status attn__check_tensor(attn_ctx *ctx, const attn_tensor *t, const char *what, int rank);
+/* The bytes [lo, hi) a non-empty tensor's elements lie in (for overlap checks). */
+void attn__extent(const attn_tensor *t, uintptr_t *lo, uintptr_t *hi);
 /* An output must not alias itself through a zero stride (threads would write one element at once). */
 attn_status attn__check_writable(attn_ctx *ctx, const attn_tensor *t, const char *what);
 

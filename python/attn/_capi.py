@@ -85,6 +85,33 @@ class MhaOpts(ctypes.Structure):
     ]
 
 
+class RopeOpts(ctypes.Structure):
+    _init_ = "attn_rope_opts_init"
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("rotary_dim", ctypes.c_int64),
+        ("layout", _c_enum),
+        ("theta", ctypes.c_double),
+        ("scaling", _c_enum),
+        ("factor", ctypes.c_double),
+        ("original_max_position", ctypes.c_int64),
+        ("low_freq_factor", ctypes.c_double),
+        ("high_freq_factor", ctypes.c_double),
+        ("beta_fast", ctypes.c_double),
+        ("beta_slow", ctypes.c_double),
+        ("attention_factor", ctypes.c_double),
+        ("seq_len", ctypes.c_int64),
+        ("positions", ctypes.POINTER(ctypes.c_int64)),
+        ("position_offset", ctypes.c_int64),
+        ("transpose", ctypes.c_int),
+    ]
+
+
+# attn_rope_layout and attn_rope_scaling
+ROPE_LAYOUTS = {"half": 0, "interleaved": 1}
+ROPE_SCALINGS = {None: 0, "default": 0, "linear": 1, "dynamic": 2, "llama3": 3, "yarn": 4}
+
+
 def _candidates():
     here = pathlib.Path(__file__).resolve().parent
     # 1. the copy installed into the package by `pip install`
@@ -169,6 +196,9 @@ _protos = {
     "attn_kv_cache_view": (_st, [_P, _PT, _PT, _P, ctypes.c_int64]),
     # ctx, mha, cache, out, x, opts
     "attn_mha_forward_cached": (_st, [_P, _P, _P, _PT, _PT, ctypes.POINTER(MhaOpts)]),
+    "attn_rope_opts_init": (None, [ctypes.POINTER(RopeOpts)]),
+    # ctx, out, x, opts
+    "attn_rope": (_st, [_P, _PT, _PT, ctypes.POINTER(RopeOpts)]),
 }
 for _name, (_res, _args) in _protos.items():
     _f = getattr(lib, _name)

@@ -4,7 +4,9 @@
 Case families: scaled_dot_product_attention forward (shapes, layouts, masks,
 GQA), its backward (torch autograd through attn's Function and the plain
 attn.sdpa_backward, against torch autograd), nn.MultiheadAttention, the seed
-module (written below in torch), file loading, errors, plots. Prints one line
+module (written below in torch), file loading, errors, plots, half precision
+beside PyTorch's own bf16/f16, and attn.rope against transformers' rotary code
+(when transformers is importable). Prints one line
 per case and the worst relative L2 error of each family; exits 1 on any
 failure. Without torch (or with ATTN_TEST_NO_TORCH=1) the NumPy float64
 reference cases still run, then the suite exits 77 (skipped) if they pass.
@@ -838,6 +840,64 @@ if torch is not None:
         case(HALF, f"{name}: GQA 8/2 N200 S333 D80, key padding", lambda dt=dt: half_case(dt, 2, 8, 2, 200, 333, 80, kpm=True))
         case(HALF, f"{name}: window 40, softcap 30, N190 D64",
              lambda dt=dt: half_case(dt, 1, 4, 4, 190, 190, 64, window=40, softcap=30.0))
+
+
+# ---- rotary embeddings: attn.rope against transformers' own rotary code ----------------
+def hf_rope_case(rope_parameters, ours_kw, N=40, D=64, max_positions=2048, partial=None, positions=None):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+    cfg = LlamaConfig(hidden_size=4 * D, num_attention_heads=4, head_dim=D, rope_parameters=rope_parameters,
+                      max_position_embeddings=max_positions)
+    if partial is not None:
+        cfg.partial_rotary_factor = partial
+    q = torch.from_numpy(randn(2, 4, N, D))
+    pos = torch.arange(N).expand(2, N) if positions is None else positions
+    cos, sin = LlamaRotaryEmbedding(cfg)(q, pos)
+    r = cos.shape[-1]
+    want, _ = apply_rotary_pos_emb(q[..., :r], q[..., :r], cos, sin)
+    want = torch.cat([want, q[..., r:]], -1)
+    return rel(attn.rope(q, pos, rotary_dim=r, **ours_kw), want.double())
+
+
+def gptj_rope_case():
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb, create_sinusoidal_positions
+    N, D, r = 33, 64, 32
+    x = torch.from_numpy(randn(2, N, 4, r))  # GPT-J's [B, N, H, rotary] layout
+    sincos = create_sinusoidal_positions(N, r)[torch.arange(N)][None]
+    sin, cos = torch.split(sincos, r // 2, dim=-1)
+    want = apply_rotary_pos_emb(x, sin, cos).transpose(1, 2)
+    return rel(attn.rope(x.transpose(1, 2), layout="interleaved"), want.double())
+
+
+try:
+    import transformers  # noqa: F401
+    have_transformers = torch is not None
+except ImportError:
+    have_transformers = False
+if have_transformers:
+    ROPE = "rope vs transformers"
+    case(ROPE, "Llama default, theta 10000", lambda: (hf_rope_case({"rope_type": "default", "rope_theta": 10000.0}, {}), 1e-4))
+    case(ROPE, "linear x4", lambda: (hf_rope_case({"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+                                                  dict(scaling="linear", factor=4.0)), 1e-4))
+    case(ROPE, "dynamic NTK x2, N 40 past P 16",
+         lambda: (hf_rope_case({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+                               dict(scaling="dynamic", factor=2.0, original_max_position=16), max_positions=16), 1e-4))
+    case(ROPE, "llama3 x8, theta 5e5",
+         lambda: (hf_rope_case({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                               dict(theta=500000.0, scaling="llama3", factor=8.0, original_max_position=64)), 1e-4))
+    case(ROPE, "yarn x4",
+         lambda: (hf_rope_case({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                "original_max_position_embeddings": 64},
+                               dict(scaling="yarn", factor=4.0, original_max_position=64), max_positions=256), 1e-4))
+    case(ROPE, "partial rotary 0.5 (GPT-NeoX, Phi)",
+         lambda: (hf_rope_case({"rope_type": "default", "rope_theta": 10000.0}, {}, partial=0.5), 1e-4))
+    case(ROPE, "left-padded positions per row",
+         lambda: (hf_rope_case({"rope_type": "default", "rope_theta": 10000.0}, {}, N=12,
+                               positions=torch.tensor([[0] * 4 + list(range(8)), list(range(100, 112))])), 1e-4))
+    case(ROPE, "interleaved pairs (GPT-J), rotary 32 of 64", lambda: (gptj_rope_case(), 1e-4))
+else:
+    print("(transformers not importable: the rope-vs-transformers cases were not run)")
 
 print("worst relative error per family:")
 for fam, err in worst.items():

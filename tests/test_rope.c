@@ -1,0 +1,267 @@
+/* attn_rope and attn_rope_ref against the formulas of attn.h, written out again
+ * here in double: every layout, partial rotary, every scaling, explicit and
+ * implicit positions, strided and in-place views, half outputs, 1 and 3
+ * threads, poisoned outputs; the transposed rotation (the backward) as the
+ * adjoint; and the refusals, which must leave out untouched. */
+#include "testutil.h"
+
+#define PI2 6.283185307179586476925286766559
+
+/* f_i of pair i for opts, L the largest position + 1; *m the attention factor. */
+static double freq_of(const attn_rope_opts *o, int64_t r, int64_t L, int64_t i, double *m) {
+  const double d = (double)r, P = (double)o->original_max_position, fac = o->factor;
+  double base = o->theta;
+  *m = 1;
+  if (o->scaling == ATTN_ROPE_DYNAMIC) {
+    const double len = (double)(o->seq_len ? o->seq_len : L);
+    if (len > P) base = base * pow(fac * len / P - fac + 1, d / (d - 2));
+  }
+  const double f = 1.0 / pow(base, 2.0 * (double)i / d);
+  switch (o->scaling) {
+    case ATTN_ROPE_LINEAR: return f / fac;
+    case ATTN_ROPE_LLAMA3: {
+      const double wave = PI2 / f;
+      if (wave < P / o->high_freq_factor) return f;
+      if (wave > P / o->low_freq_factor) return f / fac;
+      const double s = (P / wave - o->low_freq_factor) / (o->high_freq_factor - o->low_freq_factor);
+      return (1 - s) * f / fac + s * f;
+    }
+    case ATTN_ROPE_YARN: {
+      const double cfast = d * log(P / (o->beta_fast * PI2)) / (2 * log(base));
+      const double cslow = d * log(P / (o->beta_slow * PI2)) / (2 * log(base));
+      const double lo = fmax(floor(cfast), 0.0);
+      double hi = fmin(ceil(cslow), d - 1);
+      if (hi == lo) hi = lo + 0.001;
+      const double t = fmin(fmax(((double)i - lo) / (hi - lo), 0.0), 1.0); /* 0: extrapolate, 1: interpolate */
+      *m = isnan(o->attention_factor) ? (fac > 1 ? 1 + 0.1 * log(fac) : 1) : o->attention_factor;
+      return f * (1 - t) + f / fac * t;
+    }
+    default: return f;
+  }
+}
+
+typedef struct rcase {
+  int64_t B, H, N, D;
+  attn_rope_opts o;
+  int explicit_pos, permuted, in_place;
+  attn_dtype out_dt;
+} rcase;
+
+/* want [B, H, N, D] (contiguous) of x (contiguous doubles) */
+static void reference(double *want, const double *x, const rcase *c, const int64_t *pos) {
+  const int64_t r = c->o.rotary_dim ? c->o.rotary_dim : c->D;
+  int64_t L = 0;
+  for (int64_t e = 0; e < c->B * c->N; e++) L = pos[e] + 1 > L ? pos[e] + 1 : L;
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t h = 0; h < c->H; h++)
+      for (int64_t n = 0; n < c->N; n++) {
+        const double *xr = x + ((b * c->H + h) * c->N + n) * c->D;
+        double *wr = want + ((b * c->H + h) * c->N + n) * c->D;
+        for (int64_t d = 0; d < c->D; d++) wr[d] = xr[d];
+        for (int64_t i = 0; i < r / 2; i++) {
+          double m;
+          const double ang = (double)pos[b * c->N + n] * freq_of(&c->o, r, L, i, &m);
+          const int64_t a = c->o.layout == ATTN_ROPE_HALF ? i : 2 * i, bb = c->o.layout == ATTN_ROPE_HALF ? i + r / 2 : 2 * i + 1;
+          const double s = c->o.transpose ? -sin(ang) : sin(ang);
+          wr[a] = m * (xr[a] * cos(ang) - xr[bb] * s);
+          wr[bb] = m * (xr[bb] * cos(ang) + xr[a] * s);
+        }
+      }
+}
+
+static rcase random_case(tu_rng *r) {
+  rcase c;
+  memset(&c, 0, sizeof c);
+  c.B = tu_int(r, 1, 2), c.H = tu_int(r, 1, 3), c.N = tu_int(r, 1, 40);
+  const int64_t dims[] = {2, 4, 6, 16, 33, 64, 80, 128};
+  c.D = dims[tu_int(r, 0, 7)];
+  attn_rope_opts_init(&c.o);
+  const int64_t evenD = c.D & ~(int64_t)1;
+  c.o.rotary_dim = tu_int(r, 0, 2) == 0 ? 2 * tu_int(r, 1, evenD / 2) : (c.D % 2 ? evenD : 0);
+  c.o.layout = (attn_rope_layout)tu_int(r, 0, 1);
+  c.o.theta = tu_int(r, 0, 1) ? 10000.0 : 500000.0;
+  c.o.scaling = (attn_rope_scaling)tu_int(r, 0, 4);
+  c.o.factor = 1 + 7 * (tu_uniform(r) + 1) / 2;
+  c.o.original_max_position = tu_int(r, 8, 64);
+  c.o.seq_len = tu_int(r, 0, 2) == 0 ? tu_int(r, 1, 200) : 0;
+  if (c.o.scaling == ATTN_ROPE_DYNAMIC && (c.o.rotary_dim ? c.o.rotary_dim : c.D) < 4) c.o.rotary_dim = c.D = 4;
+  if (c.o.scaling == ATTN_ROPE_YARN && tu_int(r, 0, 1)) c.o.attention_factor = 1.25;
+  c.o.position_offset = tu_int(r, 0, 2) ? 0 : tu_int(r, 1, 5000);
+  c.o.transpose = tu_int(r, 0, 3) == 0;
+  c.explicit_pos = tu_int(r, 0, 1);
+  c.permuted = tu_int(r, 0, 1);
+  c.in_place = tu_int(r, 0, 2) == 0;
+  const attn_dtype outs[3] = {ATTN_F32, ATTN_BF16, ATTN_F16};
+  c.out_dt = c.in_place ? ATTN_F32 : outs[tu_int(r, 0, 4) / 3 ? tu_int(r, 1, 2) : 0];
+  return c;
+}
+
+/* A [B, H, N, D] view over physical [B, N, H, D] memory when permuted. */
+static attn_tensor view(void *data, attn_dtype dt, const rcase *c) {
+  const int64_t shape[4] = {c->B, c->H, c->N, c->D};
+  attn_tensor t = attn_tensor_view(data, dt, 4, shape);
+  if (c->permuted) {
+    t.strides[0] = c->N * c->H * c->D, t.strides[1] = c->D, t.strides[2] = c->H * c->D, t.strides[3] = 1;
+  }
+  return t;
+}
+
+static int64_t phys(const rcase *c, int64_t b, int64_t h, int64_t n, int64_t d) {
+  return c->permuted ? ((b * c->N + n) * c->H + h) * c->D + d : ((b * c->H + h) * c->N + n) * c->D + d;
+}
+
+static void run_case(attn_ctx *ctx, attn_ctx *oracle, const rcase *c, int seed) {
+  tu_rng r = {(uint64_t)seed * 9973u + 1};
+  const int64_t n = c->B * c->H * c->N * c->D;
+  float *x = malloc(sizeof(float) * (size_t)n);
+  double *xd = malloc(sizeof(double) * (size_t)n), *want = malloc(sizeof(double) * (size_t)n);
+  int64_t *pos = malloc(sizeof(int64_t) * (size_t)(c->B * c->N));
+  for (int64_t e = 0; e < c->B * c->N; e++)
+    pos[e] = c->explicit_pos ? tu_int(&r, 0, 3) == 0 ? tu_int(&r, 0, 100000) : tu_int(&r, 0, 300) : c->o.position_offset + e % c->N;
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t h = 0; h < c->H; h++)
+      for (int64_t t = 0; t < c->N; t++)
+        for (int64_t d = 0; d < c->D; d++) {
+          const float v = (float)tu_uniform(&r);
+          x[phys(c, b, h, t, d)] = v;
+          xd[((b * c->H + h) * c->N + t) * c->D + d] = v;
+        }
+  attn_rope_opts o = c->o;
+  if (c->explicit_pos) o.positions = pos;
+  reference(want, xd, c, pos);
+  char desc[200];
+  snprintf(desc, sizeof desc, "case %d: B%lld H%lld N%lld D%lld r%lld layout %d scaling %d transpose %d permuted %d "
+                              "in place %d out %s", seed, (long long)c->B, (long long)c->H, (long long)c->N,
+           (long long)c->D, (long long)o.rotary_dim, (int)o.layout, (int)o.scaling, o.transpose, c->permuted,
+           c->in_place, attn_dtype_name(c->out_dt));
+  /* the oracle, in f64 */
+  double *od = malloc(sizeof(double) * (size_t)n);
+  for (int64_t e = 0; e < n; e++) od[e] = NAN;
+  attn_tensor tx = view(x, ATTN_F32, c), tod = view(od, ATTN_F64, c);
+  CHECK_OK(oracle, attn_rope_ref(oracle, &tod, &tx, &o));
+  double *got = tu_to_f64(&tod);
+  double e = tu_rel_l2(got, want, n);
+  CHECK(e <= 1e-10 && !tu_count_nan(got, n), "%s: oracle rel L2 %.3g", desc, e); /* angles up to 1e5 rad */
+  free(got);
+  /* the kernel */
+  const size_t es = attn_dtype_size(c->out_dt);
+  void *outb = c->in_place ? (void *)x : malloc(es * (size_t)n);
+  if (!c->in_place) memset(outb, 0xff, es * (size_t)n); /* NaN in every dtype */
+  attn_tensor tout = view(outb, c->out_dt, c);
+  const attn_status st = attn_rope(ctx, &tout, &tx, &o);
+  CHECK(st == ATTN_OK, "%s: %s", desc, attn_ctx_error(ctx));
+  if (st == ATTN_OK) {
+    got = malloc(sizeof(double) * (size_t)n);
+    for (int64_t b = 0; b < c->B; b++)
+      for (int64_t h = 0; h < c->H; h++)
+        for (int64_t t = 0; t < c->N; t++)
+          for (int64_t d = 0; d < c->D; d++) {
+            const int64_t p = phys(c, b, h, t, d);
+            got[((b * c->H + h) * c->N + t) * c->D + d] =
+                c->out_dt == ATTN_F32 ? ((float *)outb)[p]
+                : c->out_dt == ATTN_BF16 ? tu_bf16_to_f32(((uint16_t *)outb)[p]) : tu_f16_to_f32(((uint16_t *)outb)[p]);
+          }
+    e = tu_rel_l2(got, want, n);
+    const double tol = c->out_dt == ATTN_F32 ? 1e-6 : c->out_dt == ATTN_F16 ? 1e-3 : 8e-3; /* the output's rounding */
+    CHECK(e <= tol && !tu_count_nan(got, n), "%s: rel L2 %.3g", desc, e);
+    free(got);
+  }
+  if (!c->in_place) free(outb);
+  free(x), free(xd), free(want), free(pos), free(od);
+}
+
+/* <rope(x), y> = <x, rope^T(y)>: the transposed rotation is the backward of the rotation. */
+static void adjoint(attn_ctx *ctx, tu_rng *r) {
+  for (int k = 0; k < 20; k++) {
+    rcase c = random_case(r);
+    c.permuted = 0;
+    c.o.transpose = 0;
+    const int64_t n = c.B * c.H * c.N * c.D, s4[4] = {c.B, c.H, c.N, c.D};
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    float *rx = malloc(sizeof(float) * (size_t)n), *ry = malloc(sizeof(float) * (size_t)n);
+    tu_fill_f32(r, x, n, 1), tu_fill_f32(r, y, n, 1);
+    attn_tensor tx = attn_tensor_view(x, ATTN_F32, 4, s4), ty = attn_tensor_view(y, ATTN_F32, 4, s4);
+    attn_tensor trx = attn_tensor_view(rx, ATTN_F32, 4, s4), try_ = attn_tensor_view(ry, ATTN_F32, 4, s4);
+    attn_rope_opts o = c.o;
+    CHECK_OK(ctx, attn_rope(ctx, &trx, &tx, &o));
+    o.transpose = 1;
+    CHECK_OK(ctx, attn_rope(ctx, &try_, &ty, &o));
+    double a = 0, b = 0, scale = 0;
+    for (int64_t e = 0; e < n; e++) {
+      a += (double)rx[e] * y[e];
+      b += (double)x[e] * ry[e];
+      scale += fabs((double)rx[e] * y[e]);
+    }
+    CHECK(fabs(a - b) <= 1e-5 * scale, "adjoint %d (scaling %d, layout %d): <Rx, y> = %.9g, <x, R^T y> = %.9g", k,
+          (int)o.scaling, (int)o.layout, a, b);
+    free(x), free(y), free(rx), free(ry);
+  }
+}
+
+/* Refusals: a clear status, and out untouched. */
+static void errors(attn_ctx *ctx) {
+  float x[2 * 3 * 4], out[2 * 3 * 4];
+  const int64_t s4[4] = {1, 2, 3, 4};
+  for (int i = 0; i < 24; i++) x[i] = (float)i, out[i] = -7.0f;
+  attn_tensor tx = attn_tensor_view(x, ATTN_F32, 4, s4), to = attn_tensor_view(out, ATTN_F32, 4, s4);
+  attn_rope_opts o;
+#define REFUSED(what, want, needle)                                                            \
+  do {                                                                                         \
+    CHECK_ERR(ctx, attn_rope(ctx, &to, &tx, &o), want, needle);                                \
+    int kept = 1;                                                                              \
+    for (int i = 0; i < 24; i++) kept &= out[i] == -7.0f;                                      \
+    CHECK(kept, "%s: out was written by a refused call", what);                                \
+  } while (0)
+  attn_rope_opts_init(&o); o.rotary_dim = 3; REFUSED("odd rotary_dim", ATTN_E_INVALID, "rotary_dim");
+  attn_rope_opts_init(&o); o.rotary_dim = 6; REFUSED("rotary_dim > D", ATTN_E_INVALID, "rotary_dim");
+  attn_rope_opts_init(&o); o.theta = 1.0; REFUSED("theta 1", ATTN_E_INVALID, "theta");
+  attn_rope_opts_init(&o); o.theta = NAN; REFUSED("theta NaN", ATTN_E_INVALID, "theta");
+  attn_rope_opts_init(&o); o.scaling = ATTN_ROPE_LINEAR; o.factor = 0; REFUSED("factor 0", ATTN_E_INVALID, "factor");
+  attn_rope_opts_init(&o); o.scaling = ATTN_ROPE_YARN; REFUSED("yarn without P", ATTN_E_INVALID, "original_max_position");
+  attn_rope_opts_init(&o); o.scaling = ATTN_ROPE_LLAMA3; o.original_max_position = 8; o.high_freq_factor = 0.5;
+  REFUSED("llama3 factors", ATTN_E_INVALID, "low_freq_factor");
+  attn_rope_opts_init(&o); o.scaling = (attn_rope_scaling)9; REFUSED("unknown scaling", ATTN_E_INVALID, "scaling");
+  attn_rope_opts_init(&o); o.layout = (attn_rope_layout)5; REFUSED("unknown layout", ATTN_E_INVALID, "layout");
+  int64_t pos[3] = {0, -1, 2};
+  attn_rope_opts_init(&o); o.positions = pos; REFUSED("negative position", ATTN_E_INVALID, "position");
+  attn_rope_opts_init(&o); o.position_offset = -5; REFUSED("negative offset", ATTN_E_INVALID, "position");
+  attn_rope_opts_init(&o);
+  attn_tensor shifted = attn_tensor_view(x + 1, ATTN_F32, 4, s4);
+  CHECK_ERR(ctx, attn_rope(ctx, &shifted, &tx, &o), ATTN_E_INVALID, "overlaps");
+  const int64_t s4b[4] = {1, 2, 3, 2};
+  attn_tensor small = attn_tensor_view(out, ATTN_F32, 4, s4b);
+  CHECK_ERR(ctx, attn_rope(ctx, &small, &tx, &o), ATTN_E_SHAPE, "shape");
+  double xd[24];
+  attn_tensor t64 = attn_tensor_view(xd, ATTN_F64, 4, s4);
+  CHECK_ERR(ctx, attn_rope(ctx, &to, &t64, &o), ATTN_E_DTYPE, "f32, f16 or bf16");
+  attn_rope_opts old;
+  attn_rope_opts_init(&old);
+  old.size = 7; /* not a size any version had */
+  CHECK_ERR(ctx, attn_rope(ctx, &to, &tx, &old), ATTN_E_INVALID, "attn_rope_opts_init");
+  /* in place is allowed, and position 0 is the identity */
+  attn_rope_opts_init(&o);
+  o.positions = (const int64_t[3]){0, 0, 0};
+  float y[24];
+  memcpy(y, x, sizeof y);
+  attn_tensor ty = attn_tensor_view(y, ATTN_F32, 4, s4);
+  CHECK_OK(ctx, attn_rope(ctx, &ty, &ty, &o));
+  CHECK(!memcmp(x, y, sizeof y), "position 0 is not the identity");
+#undef REFUSED
+}
+
+int main(void) {
+  attn_ctx *ctx, *oracle;
+  attn_ctx_create(&ctx);
+  attn_ctx_create(&oracle);
+  tu_rng r = {515};
+  for (int seed = 0; seed < 300; seed++) {
+    const rcase c = random_case(&r);
+    attn_ctx_set_threads(ctx, seed % 2 ? 3 : 1);
+    run_case(ctx, oracle, &c, seed);
+  }
+  adjoint(ctx, &r);
+  errors(ctx);
+  attn_ctx_destroy(ctx);
+  attn_ctx_destroy(oracle);
+  return tu_finish("test_rope");
+}
