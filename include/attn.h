@@ -404,6 +404,12 @@ typedef struct attn_kv_cache_config {
   int64_t head_dim;   /* D of the keys */
   int64_t v_head_dim; /* Dv of the values; 0 = D */
   attn_dtype dtype;   /* storage: ATTN_F32, ATTN_F16 or ATTN_BF16 */
+  /* Rotary embeddings (NULL: none; the cache keeps a copy): keys are rotated
+   * once, on append, at their positions (row b's length + i), and queries on
+   * attend at theirs (len_b - Nq + i), so the cache holds rotated keys and a
+   * step needs no position from the caller. positions must be NULL,
+   * position_offset 0 and transpose 0. */
+  const attn_rope_opts *rope;
 } attn_kv_cache_config;
 
 /* batch, capacity, kv_heads, head_dim as given; Dv = D; f32 storage. */
@@ -420,7 +426,7 @@ ATTN_API int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t b);
 ATTN_API attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn_tensor *k,
                                           const attn_tensor *v, const int64_t *n_new);
 /* Attention of new queries over every cached token of their row:
- *   out is [B, Hq, Nq, Dv] f32, q is [B, Hq, Nq, D] (f32, f16 or bf16), Hq a multiple of Hk.
+ *   out is [B, Hq, Nq, Dv] (f32, f16 or bf16), q is [B, Hq, Nq, D] (f32, f16 or bf16), Hq a multiple of Hk.
  * Query i of row b is the token at position len_b - Nq + i (the row's last Nq
  * tokens, bottom-right causal), so append first, then attend. lse (or NULL)
  * is f32 [B, Hq, Nq], as in attn_sdpa. opts may set scale, window (only the

@@ -12,7 +12,8 @@
 #include <stdlib.h>
 
 struct attn_kv_cache {
-  attn_kv_cache_config cfg; /* Dv resolved */
+  attn_kv_cache_config cfg; /* Dv resolved; rope points at the copy below */
+  attn_rope_opts rope;      /* the caller's, when cfg.rope is set */
   void *k, *v;              /* [B, Hk, capacity, D] and [B, Hk, capacity, Dv] in cfg.dtype */
   int64_t *len;             /* [B] tokens per row */
 };
@@ -47,6 +48,22 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_
   if (c.dtype != ATTN_F32 && c.dtype != ATTN_F16 && c.dtype != ATTN_BF16)
     return attn__fail(ctx, ATTN_E_DTYPE, "attn_kv_cache_create: storage must be f32, f16 or bf16, got %s",
                       attn_dtype_name(c.dtype));
+  attn_rope_opts rope;
+  attn_rope_opts_init(&rope);
+  if (c.rope) {
+    if ((st = attn__read_sized(ctx, &rope, sizeof rope, c.rope, "cfg.rope", "attn_rope_opts_init"))) return st;
+    if (rope.positions || rope.position_offset || rope.transpose)
+      return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_create: cfg.rope must leave positions, position_offset "
+                                             "and transpose unset (the cache knows each token's position)");
+    /* every other field checked now, on an empty [1, 1, 0, D] view, not at the first append */
+    const int64_t s4[4] = {1, 1, 0, c.head_dim};
+    attn_tensor none = attn_tensor_view(NULL, ATTN_F32, 4, s4);
+    if ((st = attn_rope(ctx, &none, &none, &rope))) {
+      char msg[ATTN__MSG_LEN];
+      snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
+      return attn__fail(ctx, st, "attn_kv_cache_create: cfg.rope: %s", msg);
+    }
+  }
   int64_t rows, nk, nv;
   const int64_t es = (int64_t)attn_dtype_size(c.dtype);
   if (attn__mul_overflows(c.batch, c.kv_heads, &rows) || attn__mul_overflows(rows, c.capacity, &rows) ||
@@ -56,6 +73,8 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_
   attn_kv_cache *kc = calloc(1, sizeof *kc);
   if (kc) {
     kc->cfg = c;
+    kc->rope = rope;
+    kc->cfg.rope = c.rope ? &kc->rope : NULL;
     kc->k = attn__aligned_alloc((size_t)nk);
     kc->v = attn__aligned_alloc((size_t)nv);
     kc->len = calloc((size_t)c.batch, sizeof(int64_t));
@@ -127,6 +146,28 @@ static void copy_tokens(attn_tensor *dst, const attn_tensor *src, int64_t b, int
     }
 }
 
+/* *out (f32, allocated here) = x [B, *, n, D] rotated by the cache's RoPE at the
+ * positions its tokens take: appended after each row's tokens (queries: 0), or
+ * for queries the row's last n (queries: 1; positions before 0, of rows holding
+ * fewer than n tokens, see nothing anyway and are taken as 0). */
+static attn_status rotate(attn_ctx *ctx, attn_tensor *out, const attn_kv_cache *cache, const attn_tensor *x, int64_t n,
+                          int queries) {
+  const int64_t B = cache->cfg.batch;
+  int64_t *pos = malloc(sizeof(int64_t) * (size_t)(B * n + 1));
+  if (!pos) return attn__fail(ctx, ATTN_E_NOMEM, "attn_kv_cache: out of memory for positions");
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t p = queries ? cache->len[b] - n + i : cache->len[b] + i;
+      pos[b * n + i] = p < 0 ? 0 : p;
+    }
+  attn_rope_opts ro = cache->rope;
+  ro.positions = pos;
+  attn_status st = attn_tensor_alloc(ctx, out, ATTN_F32, 4, x->shape);
+  if (!st && (st = attn_rope(ctx, out, x, &ro))) attn_tensor_free(out);
+  free(pos);
+  return st;
+}
+
 attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn_tensor *k, const attn_tensor *v,
                                  const int64_t *n_new) {
   ATTN__ENTER(ctx);
@@ -146,14 +187,17 @@ attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn
                         "attn_kv_cache_append: row %lld holds %lld of %lld tokens; %lld more do not fit (nothing appended)",
                         (long long)b, (long long)cache->len[b], (long long)c->capacity, (long long)m);
   }
+  attn_tensor rotated;
+  if (c->rope && (st = rotate(ctx, &rotated, cache, k, n, 0))) return st;
   for (int64_t b = 0; b < c->batch; b++) {
     const int64_t m = n_new ? n_new[b] : n;
     attn_tensor kd = row_view(cache, cache->k, c->head_dim, b, c->capacity);
     attn_tensor vd = row_view(cache, cache->v, c->v_head_dim, b, c->capacity);
-    copy_tokens(&kd, k, b, cache->len[b], m);
+    copy_tokens(&kd, c->rope ? &rotated : k, b, cache->len[b], m);
     copy_tokens(&vd, v, b, cache->len[b], m);
     cache->len[b] += m;
   }
+  if (c->rope) attn_tensor_free(&rotated);
   return ATTN_OK;
 }
 
@@ -181,6 +225,9 @@ static attn_status attend_batch(attn_ctx *ctx, const attn_kv_cache *cache, attn_
   return attn__sdpa_run_decode(ctx, &p);
 }
 
+static attn_status attend_rows(attn_ctx *ctx, const attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
+                               const attn_tensor *q, const attn_sdpa_opts *opts);
+
 attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
                                  const attn_tensor *q, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
@@ -203,6 +250,20 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
                                 (long long)lse->shape[0], (long long)c->batch);
   attn_sdpa_opts o;
   if ((st = attn__cached_opts(ctx, &o, opts, "attn_kv_cache_attend"))) return st;
+  if (!c->rope) return attend_rows(ctx, cache, out, lse, q, &o);
+  attn_tensor rotated;
+  if ((st = rotate(ctx, &rotated, cache, q, q->shape[2], 1))) return st;
+  st = attend_rows(ctx, cache, out, lse, &rotated, &o);
+  attn_tensor_free(&rotated);
+  return st;
+}
+
+/* The batch in one decode call, or row by row through attn_sdpa. */
+static attn_status attend_rows(attn_ctx *ctx, const attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
+                               const attn_tensor *q, const attn_sdpa_opts *opts) {
+  const attn_kv_cache_config *c = &cache->cfg;
+  attn_sdpa_opts o = *opts;
+  attn_status st;
   if ((st = attend_batch(ctx, cache, out, lse, q, &o)) != ATTN_E_UNSUPPORTED) return st;
   ctx->msg[0] = '\0';
   for (int64_t b = 0; b < c->batch; b++) {

@@ -249,6 +249,107 @@ static void errors(attn_ctx *ctx) {
 #undef REFUSED
 }
 
+/* The KV cache with RoPE: keys rotated on append, queries on attend, against
+ * the oracle on the whole sequence of each row rotated at positions 0..len-1. */
+static void kv_cache(attn_ctx *ctx, attn_ctx *oracle, attn_dtype storage) {
+  enum { B = 3, Hk = 2, Hq = 4, D = 16, T = 40 };
+  tu_rng r = {99};
+  float *K = malloc(sizeof(float) * B * Hk * T * D), *V = malloc(sizeof(float) * B * Hk * T * D);
+  float *Q = malloc(sizeof(float) * B * Hq * T * D);
+  tu_fill_f32(&r, K, B * Hk * T * D, 1), tu_fill_f32(&r, V, B * Hk * T * D, 1), tu_fill_f32(&r, Q, B * Hq * T * D, 1);
+  for (int64_t e = 0; e < B * Hk * T * D; e++) K[e] = tu_round_through(K[e], storage), V[e] = tu_round_through(V[e], storage);
+  attn_rope_opts ro;
+  attn_rope_opts_init(&ro);
+  ro.rotary_dim = 8, ro.scaling = ATTN_ROPE_LLAMA3, ro.factor = 4, ro.original_max_position = 16, ro.theta = 50000;
+  attn_kv_cache_config kc;
+  attn_kv_cache_config_init(&kc, B, T, Hk, D);
+  kc.dtype = storage;
+  kc.rope = &ro;
+  attn_kv_cache *cache = NULL;
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &kc));
+  if (!cache) return;
+  CHECK(attn_kv_cache_get_config(cache)->rope && attn_kv_cache_get_config(cache)->rope->factor == 4, "the cache's rope");
+  const int64_t first[B] = {5, 1, 12}; /* a prefill of each row's own length, then steps of n tokens for all */
+  int64_t len[B] = {0, 0, 0};
+  double worst = 0;
+  for (int step = 0; step < 8; step++) {
+    const int64_t n = step == 0 ? 12 : 1 + step % 3, Nq = n;
+    int64_t nn[B];
+    for (int b = 0; b < B; b++) nn[b] = step == 0 ? first[b] : n;
+    /* the new tokens of each row, [B, Hk, n, D] (rows past their count: zeros, unused) */
+    float *kn = calloc((size_t)(B * Hk * n * D), sizeof(float)), *vn = calloc((size_t)(B * Hk * n * D), sizeof(float));
+    for (int b = 0; b < B; b++)
+      for (int g = 0; g < Hk; g++)
+        for (int64_t i = 0; i < nn[b]; i++)
+          for (int d = 0; d < D; d++) {
+            kn[((b * Hk + g) * n + i) * D + d] = K[((b * Hk + g) * T + len[b] + i) * D + d];
+            vn[((b * Hk + g) * n + i) * D + d] = V[((b * Hk + g) * T + len[b] + i) * D + d];
+          }
+    const int64_t s4n[4] = {B, Hk, n, D};
+    attn_tensor tk = attn_tensor_view(kn, ATTN_F32, 4, s4n), tv = attn_tensor_view(vn, ATTN_F32, 4, s4n);
+    CHECK_OK(ctx, attn_kv_cache_append(ctx, cache, &tk, &tv, nn));
+    for (int b = 0; b < B; b++) len[b] += nn[b];
+    /* queries: the last Nq tokens of each row */
+    float *qn = calloc((size_t)(B * Hq * Nq * D), sizeof(float)), *out = malloc(sizeof(float) * B * Hq * Nq * D);
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < Hq; h++)
+        for (int64_t i = 0; i < Nq; i++)
+          for (int d = 0; d < D && len[b] - Nq + i >= 0; d++)
+            qn[((b * Hq + h) * Nq + i) * D + d] = Q[((b * Hq + h) * T + len[b] - Nq + i) * D + d];
+    tu_poison_f32(out, B * Hq * Nq * D);
+    const int64_t s4q[4] = {B, Hq, Nq, D};
+    attn_tensor tq = attn_tensor_view(qn, ATTN_F32, 4, s4q), to = attn_tensor_view(out, ATTN_F32, 4, s4q);
+    CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, NULL, &tq, NULL));
+    for (int b = 0; b < B; b++) {
+      if (len[b] < Nq) continue; /* rows without Nq tokens: queries before position 0 */
+      /* the oracle: row b's whole sequence so far, rotated at 0..len-1, queries at theirs */
+      const int64_t L = len[b], sk[4] = {1, Hk, L, D}, sq[4] = {1, Hq, Nq, D};
+      double *kr = malloc(sizeof(double) * Hk * L * D), *qr = malloc(sizeof(double) * Hq * Nq * D);
+      double *want = malloc(sizeof(double) * Hq * Nq * D);
+      attn_tensor kin = attn_tensor_view(K + (size_t)b * Hk * T * D, ATTN_F32, 4, sk);
+      kin.strides[1] = T * D; /* [1, Hk, L, D] of the [Hk, T, D] block */
+      attn_tensor vin = kin;
+      vin.data = V + (size_t)b * Hk * T * D;
+      attn_tensor qin = attn_tensor_view(Q + ((size_t)b * Hq * T + (size_t)(L - Nq)) * D, ATTN_F32, 4, sq);
+      qin.strides[1] = T * D;
+      attn_tensor tkr = attn_tensor_view(kr, ATTN_F64, 4, sk), tqr = attn_tensor_view(qr, ATTN_F64, 4, sq);
+      attn_tensor tw = attn_tensor_view(want, ATTN_F64, 4, sq);
+      attn_rope_opts o = ro;
+      CHECK_OK(oracle, attn_rope_ref(oracle, &tkr, &kin, &o));
+      o.position_offset = L - Nq;
+      CHECK_OK(oracle, attn_rope_ref(oracle, &tqr, &qin, &o));
+      attn_sdpa_opts so;
+      attn_sdpa_opts_init(&so);
+      so.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+      CHECK_OK(oracle, attn_sdpa_ref(oracle, &tw, NULL, NULL, &tqr, &tkr, &vin, &so));
+      double num = 0, den = 0;
+      for (int64_t e = 0; e < Hq * Nq * D; e++) {
+        const double gv = out[(size_t)b * Hq * Nq * D + e];
+        num += (gv - want[e]) * (gv - want[e]), den += want[e] * want[e];
+      }
+      const double err = sqrt(num / den);
+      worst = err > worst ? err : worst;
+      free(kr), free(qr), free(want);
+    }
+    free(kn), free(vn), free(qn), free(out);
+  }
+  /* bf16 storage rounds the rotated keys */
+  CHECK(worst <= (storage == ATTN_F32 ? 1e-5 : 3e-3), "kv cache with rope, %s storage: rel L2 %.3g",
+        attn_dtype_name(storage), worst);
+  printf("kv cache with rope, %s storage: worst rel L2 %.3g\n", attn_dtype_name(storage), worst);
+  /* refusals */
+  attn_rope_opts bad = ro;
+  bad.position_offset = 3;
+  kc.rope = &bad;
+  attn_kv_cache *none = NULL;
+  CHECK_ERR(ctx, attn_kv_cache_create(ctx, &none, &kc), ATTN_E_INVALID, "position_offset");
+  bad = ro;
+  bad.rotary_dim = 18;
+  CHECK_ERR(ctx, attn_kv_cache_create(ctx, &none, &kc), ATTN_E_INVALID, "rotary_dim");
+  attn_kv_cache_destroy(cache);
+  free(K), free(V), free(Q);
+}
+
 int main(void) {
   attn_ctx *ctx, *oracle;
   attn_ctx_create(&ctx);
@@ -261,6 +362,8 @@ int main(void) {
   }
   adjoint(ctx, &r);
   errors(ctx);
+  kv_cache(ctx, oracle, ATTN_F32);
+  kv_cache(ctx, oracle, ATTN_BF16);
   attn_ctx_destroy(ctx);
   attn_ctx_destroy(oracle);
   return tu_finish("test_rope");

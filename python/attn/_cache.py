@@ -6,6 +6,7 @@ import numpy as np
 
 from . import _capi
 from ._context import _Ctx
+from ._rope import rope_opts
 from ._tensors import _is_torch, _stored_to_f32, _tensor, _to_numpy, _wrap
 
 
@@ -29,10 +30,13 @@ class KVCache:
     append, widened to float32 on attend). Use append() then attend() each
     step; close() (or a with block) frees the storage now rather than at
     garbage collection. Errors raise AttnError with the library's message;
-    a failed append changes nothing.
+    a failed append changes nothing. rope: a dict of attn.rope's keywords
+    (theta, scaling, factor, ...): keys are rotated on append at their
+    positions, queries on attend at theirs.
     """
 
-    def __init__(self, batch, capacity, kv_heads, head_dim, v_head_dim=None, dtype="float32", *, threads=None):
+    def __init__(self, batch, capacity, kv_heads, head_dim, v_head_dim=None, dtype="float32", *, threads=None,
+                 rope=None):
         self._ctx = _Ctx()  # one context per cache, guarded by a lock (calls on a context must not overlap)
         self._lock = threading.Lock()
         self._h = None
@@ -41,6 +45,9 @@ class KVCache:
         _capi.init(cfg, int(batch), int(capacity), int(kv_heads), int(head_dim))
         cfg.v_head_dim = int(v_head_dim or 0)
         cfg.dtype = _cache_dtype(dtype)
+        if rope is not None:
+            self._rope = rope_opts(**rope)  # read by the library when the cache is made (it keeps a copy)
+            cfg.rope = ctypes.pointer(self._rope)
         h = ctypes.c_void_p()
         self._ctx.check(_capi.lib.attn_kv_cache_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))
         self._h = h

@@ -62,29 +62,6 @@ class MhaConfig(ctypes.Structure):
     ]
 
 
-class KvCacheConfig(ctypes.Structure):
-    _init_ = "attn_kv_cache_config_init"
-    _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("batch", ctypes.c_int64),
-        ("capacity", ctypes.c_int64),
-        ("kv_heads", ctypes.c_int64),
-        ("head_dim", ctypes.c_int64),
-        ("v_head_dim", ctypes.c_int64),
-        ("dtype", _c_enum),
-    ]
-
-
-class MhaOpts(ctypes.Structure):
-    _init_ = "attn_mha_opts_init"
-    _nested_ = "attn"  # a sized struct inside: the library reads it by its own size
-    _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("attn", SdpaOpts),
-        ("average_weights", ctypes.c_int),
-    ]
-
-
 class RopeOpts(ctypes.Structure):
     _init_ = "attn_rope_opts_init"
     _fields_ = [
@@ -110,6 +87,30 @@ class RopeOpts(ctypes.Structure):
 # attn_rope_layout and attn_rope_scaling
 ROPE_LAYOUTS = {"half": 0, "interleaved": 1}
 ROPE_SCALINGS = {None: 0, "default": 0, "linear": 1, "dynamic": 2, "llama3": 3, "yarn": 4}
+
+
+class KvCacheConfig(ctypes.Structure):
+    _init_ = "attn_kv_cache_config_init"
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("batch", ctypes.c_int64),
+        ("capacity", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("v_head_dim", ctypes.c_int64),
+        ("dtype", _c_enum),
+        ("rope", ctypes.POINTER(RopeOpts)),
+    ]
+
+
+class MhaOpts(ctypes.Structure):
+    _init_ = "attn_mha_opts_init"
+    _nested_ = "attn"  # a sized struct inside: the library reads it by its own size
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("attn", SdpaOpts),
+        ("average_weights", ctypes.c_int),
+    ]
 
 
 def _candidates():

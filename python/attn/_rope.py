@@ -8,29 +8,14 @@ from ._context import _ctx
 from ._tensors import _is_torch, _tensor, _to4, _to_numpy, _wrap
 
 
-def rope(x, positions=None, *, rotary_dim=None, layout="half", theta=10000.0, scaling=None, factor=1.0,
-         original_max_position=None, low_freq_factor=1.0, high_freq_factor=4.0, beta_fast=32.0, beta_slow=1.0,
-         attention_factor=None, seq_len=None, position_offset=0, transpose=False, threads=None):
-    """Rotary position embeddings of x [..., N, D] (up to two leading dims, [B, H] or [H]), as
-    Hugging Face's apply_rotary_pos_emb computes them, with angles in float64.
-
-    positions: [B, N] or [N] integer positions (default position_offset + 0..N-1).
-    rotary_dim: the first rotary_dim dims rotate (partial rotary; default D).
-    layout: 'half' (GPT-NeoX, Llama: rotate_half) or 'interleaved' (GPT-J).
-    scaling: None, 'linear', 'dynamic', 'llama3' or 'yarn', with the config's fields
-    (factor, original_max_position = original_max_position_embeddings, low/high_freq_factor,
-    beta_fast/slow, attention_factor; seq_len for 'dynamic', default the largest position + 1).
-    transpose=True applies the transposed rotation (the gradient of the rotation).
-    Returns a float32 array or tensor like x."""
+def rope_opts(rotary_dim=None, layout="half", theta=10000.0, scaling=None, factor=1.0, original_max_position=None,
+              low_freq_factor=1.0, high_freq_factor=4.0, beta_fast=32.0, beta_slow=1.0, attention_factor=None,
+              seq_len=None, position_offset=0, transpose=False):
+    """An attn_rope_opts from attn.rope's keywords (positions aside)."""
     if layout not in _capi.ROPE_LAYOUTS:
         raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
     if scaling not in _capi.ROPE_SCALINGS:
         raise ValueError(f"scaling must be None, 'linear', 'dynamic', 'llama3' or 'yarn', got {scaling!r}")
-    like_torch = _is_torch(x)
-    xa = _to_numpy(x, "x", kind="half")
-    x4 = _to4(xa)
-    B, _, N, _ = x4.shape
-    out = np.empty(x4.shape, np.float32)
     o = _capi.init(_capi.RopeOpts())
     o.rotary_dim = int(rotary_dim or 0)
     o.layout = _capi.ROPE_LAYOUTS[layout]
@@ -44,6 +29,28 @@ def rope(x, positions=None, *, rotary_dim=None, layout="half", theta=10000.0, sc
     o.seq_len = int(seq_len or 0)
     o.position_offset = int(position_offset)
     o.transpose = 1 if transpose else 0
+    return o
+
+
+def rope(x, positions=None, *, threads=None, **kw):
+    """Rotary position embeddings of x [..., N, D] (up to two leading dims, [B, H] or [H]), as
+    Hugging Face's apply_rotary_pos_emb computes them, with angles in float64.
+
+    positions: [B, N] or [N] integer positions (default position_offset + 0..N-1).
+    rotary_dim: the first rotary_dim dims rotate (partial rotary; default D).
+    layout: 'half' (GPT-NeoX, Llama: rotate_half) or 'interleaved' (GPT-J).
+    theta: the base (rope_theta).
+    scaling: None, 'linear', 'dynamic', 'llama3' or 'yarn', with the config's fields
+    (factor, original_max_position = original_max_position_embeddings, low/high_freq_factor,
+    beta_fast/slow, attention_factor; seq_len for 'dynamic', default the largest position + 1).
+    transpose=True applies the transposed rotation (the gradient of the rotation).
+    Returns a float32 array or tensor like x."""
+    o = rope_opts(**kw)
+    like_torch = _is_torch(x)
+    xa = _to_numpy(x, "x", kind="half")
+    x4 = _to4(xa)
+    B, _, N, _ = x4.shape
+    out = np.empty(x4.shape, np.float32)
     pos = None
     if positions is not None:
         p = positions.detach().numpy() if _is_torch(positions) else np.asarray(positions)
