@@ -19,6 +19,7 @@
 #include "internal.h"
 #include "file.h"
 #include "io.h"
+#include "json.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,7 +27,6 @@
 #include <unistd.h>
 
 #define ST_HEADER_CAP ((uint64_t)100 << 20)
-#define ST_MAX_DEPTH 64
 
 typedef struct {
   char *name;
@@ -73,286 +73,33 @@ static const struct {
 
 #define st_fail(ctx, status, path, ...) attn__io_fail(ctx, status, "safetensors", path, __VA_ARGS__)
 
-/* Length of the valid UTF-8 sequence at p (no overlongs, no surrogates), or 0. */
-static size_t utf8_len(const unsigned char *p, size_t avail) {
-  unsigned c = p[0];
-  if (c < 0x80) return 1;
-  size_t n;
-  uint32_t cp, min;
-  if ((c & 0xe0) == 0xc0) {
-    n = 2;
-    cp = c & 0x1f;
-    min = 0x80;
-  } else if ((c & 0xf0) == 0xe0) {
-    n = 3;
-    cp = c & 0x0f;
-    min = 0x800;
-  } else if ((c & 0xf8) == 0xf0) {
-    n = 4;
-    cp = c & 0x07;
-    min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (avail < n) return 0;
-  for (size_t i = 1; i < n; i++) {
-    if ((p[i] & 0xc0) != 0x80) return 0;
-    cp = cp << 6 | (p[i] & 0x3f);
-  }
-  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-  return n;
-}
-
-/* ---- a strict JSON parser, just enough for the header ------------------------ */
-typedef struct {
-  const unsigned char *start, *p, *end;
-  attn_ctx *ctx;
-  const char *path;
-} st_json;
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static attn_status jfail(st_json *j, const char *fmt, ...) {
-  char msg[ATTN__MSG_LEN];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  return st_fail(j->ctx, ATTN_E_FORMAT, j->path, "bad header JSON at byte %lld: %s", (long long)(j->p - j->start),
-                 msg);
-}
-
-static void j_ws(st_json *j) {
-  while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
-}
-
-static int j_peek(st_json *j) {
-  j_ws(j);
-  return j->p < j->end ? *j->p : -1;
-}
-
-static attn_status j_expect(st_json *j, int ch) {
-  if (j_peek(j) != ch)
-    return j->p < j->end ? jfail(j, "expected '%c'", ch) : jfail(j, "unexpected end, expected '%c'", ch);
-  j->p++;
-  return ATTN_OK;
-}
-
-static int hex4(const unsigned char *p, uint32_t *v) {
-  uint32_t x = 0;
-  for (int i = 0; i < 4; i++) {
-    unsigned c = p[i];
-    x <<= 4;
-    if (c >= '0' && c <= '9') x |= c - '0';
-    else if (c >= 'a' && c <= 'f') x |= c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') x |= c - 'A' + 10;
-    else return 0;
-  }
-  *v = x;
-  return 1;
-}
-
-/* A string, decoded to UTF-8 into a fresh *out (NUL-terminated, *len bytes
- * which may include NULs from \u0000); out NULL only validates. */
-static attn_status j_string(st_json *j, char **out, size_t *len) {
-  if (j_peek(j) != '"') return jfail(j, j->p < j->end ? "expected a string" : "unexpected end, expected a string");
-  const unsigned char *s = ++j->p, *q = s;
-  while (q < j->end && *q != '"') {
-    if (*q == '\\') q++;
-    else if (*q < 0x20) {
-      j->p = q;
-      return jfail(j, "control character in a string");
-    }
-    if (q < j->end) q++;
-  }
-  if (q >= j->end) return jfail(j, "unterminated string");
-  char *o = NULL;
-  if (out) {
-    o = malloc((size_t)(q - s) + 1); /* decoding never lengthens */
-    if (!o) return st_fail(j->ctx, ATTN_E_NOMEM, j->path, "out of memory");
-  }
-  size_t k = 0;
-  const unsigned char *r = s;
-  while (r < q) {
-    if (*r == '\\') {
-      const unsigned char *esc = r++;
-      char c1 = 0;
-      switch (*r) {
-        case '"': c1 = '"'; break;
-        case '\\': c1 = '\\'; break;
-        case '/': c1 = '/'; break;
-        case 'b': c1 = '\b'; break;
-        case 'f': c1 = '\f'; break;
-        case 'n': c1 = '\n'; break;
-        case 'r': c1 = '\r'; break;
-        case 't': c1 = '\t'; break;
-        case 'u': break;
-        default: j->p = esc; free(o); return jfail(j, "invalid escape in a string");
-      }
-      if (*r != 'u') {
-        if (o) o[k] = c1;
-        k++;
-        r++;
-        continue;
-      }
-      uint32_t cp, lo;
-      if (q - r < 5 || !hex4(r + 1, &cp)) {
-        j->p = esc;
-        free(o);
-        return jfail(j, "invalid \\u escape");
-      }
-      r += 5;
-      if (cp >= 0xd800 && cp <= 0xdbff) {
-        if (q - r < 6 || r[0] != '\\' || r[1] != 'u' || !hex4(r + 2, &lo) || lo < 0xdc00 || lo > 0xdfff) {
-          j->p = esc;
-          free(o);
-          return jfail(j, "unpaired surrogate in a \\u escape");
-        }
-        r += 6;
-        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-      } else if (cp >= 0xdc00 && cp <= 0xdfff) {
-        j->p = esc;
-        free(o);
-        return jfail(j, "unpaired surrogate in a \\u escape");
-      }
-      unsigned char u[4];
-      size_t n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-      static const unsigned char lead[5] = {0, 0x00, 0xc0, 0xe0, 0xf0};
-      for (size_t i = n - 1; i > 0; i--, cp >>= 6) u[i] = (unsigned char)(0x80 | (cp & 0x3f));
-      u[0] = (unsigned char)(lead[n] | cp);
-      if (o) memcpy(o + k, u, n);
-      k += n;
-    } else {
-      size_t n = utf8_len(r, (size_t)(q - r));
-      if (!n) {
-        j->p = r;
-        free(o);
-        return jfail(j, "invalid UTF-8 in a string");
-      }
-      if (o) memcpy(o + k, r, n);
-      k += n;
-      r += n;
-    }
-  }
-  j->p = q + 1;
-  if (o) {
-    o[k] = '\0';
-    *out = o;
-  }
-  if (len) *len = k;
-  return ATTN_OK;
-}
-
-/* A non-negative integer that fits int64 (sizes and offsets). */
-static attn_status j_uint(st_json *j, int64_t *v) {
-  int c = j_peek(j);
-  if (c == '-') return jfail(j, "negative number where a size or offset belongs");
-  if (c < '0' || c > '9') return jfail(j, "expected a non-negative integer");
-  if (c == '0' && j->p + 1 < j->end && j->p[1] >= '0' && j->p[1] <= '9') return jfail(j, "number with a leading zero");
-  int64_t x = 0;
-  while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-    int d = *j->p - '0';
-    if (x > (INT64_MAX - d) / 10) return jfail(j, "integer too large");
-    x = x * 10 + d;
-    j->p++;
-  }
-  if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E'))
-    return jfail(j, "expected an integer, not a fraction");
-  *v = x;
-  return ATTN_OK;
-}
-
-static attn_status j_number(st_json *j) {
-  const unsigned char *p = j->p, *e = j->end;
-  if (p < e && *p == '-') p++;
-  if (p >= e || *p < '0' || *p > '9') return jfail(j, "malformed number");
-  if (*p == '0') p++;
-  else
-    while (p < e && *p >= '0' && *p <= '9') p++;
-  if (p < e && *p == '.') {
-    if (++p >= e || *p < '0' || *p > '9') return jfail(j, "malformed number");
-    while (p < e && *p >= '0' && *p <= '9') p++;
-  }
-  if (p < e && (*p == 'e' || *p == 'E')) {
-    p++;
-    if (p < e && (*p == '+' || *p == '-')) p++;
-    if (p >= e || *p < '0' || *p > '9') return jfail(j, "malformed number");
-    while (p < e && *p >= '0' && *p <= '9') p++;
-  }
-  j->p = p;
-  return ATTN_OK;
-}
-
-static int j_literal(st_json *j, const char *w) {
-  size_t n = strlen(w);
-  if ((size_t)(j->end - j->p) < n || memcmp(j->p, w, n) != 0) return 0;
-  j->p += n;
-  return 1;
-}
-
-/* Validates and skips any value; recursion is bounded by ST_MAX_DEPTH. */
-static attn_status j_skip(st_json *j, int depth) {
-  attn_status st;
-  if (depth > ST_MAX_DEPTH) return jfail(j, "nesting deeper than %d", ST_MAX_DEPTH);
-  int c = j_peek(j);
-  if (c == '{' || c == '[') {
-    const int close = c == '{' ? '}' : ']';
-    j->p++;
-    if (j_peek(j) == close) {
-      j->p++;
-      return ATTN_OK;
-    }
-    for (;;) {
-      if (c == '{') {
-        if ((st = j_string(j, NULL, NULL)) || (st = j_expect(j, ':'))) return st;
-      }
-      if ((st = j_skip(j, depth + 1))) return st;
-      int d = j_peek(j);
-      if (d == ',') {
-        j->p++;
-        continue;
-      }
-      if (d == close) {
-        j->p++;
-        return ATTN_OK;
-      }
-      return jfail(j, "expected ',' or '%c'", close);
-    }
-  }
-  if (c == '"') return j_string(j, NULL, NULL);
-  if (c == '-' || (c >= '0' && c <= '9')) return j_number(j);
-  if (j_literal(j, "true") || j_literal(j, "false") || j_literal(j, "null")) return ATTN_OK;
-  return jfail(j, c < 0 ? "unexpected end, expected a value" : "expected a JSON value");
-}
-
 static int key_is(const char *k, size_t n, const char *w) { return n == strlen(w) && !memcmp(k, w, n); }
 
 /* One tensor's {"dtype": ..., "shape": [...], "data_offsets": [b, e]}; unknown keys are skipped. */
-static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
+static attn_status parse_info(attn__json *j, st_entry *e, const char *shown) {
   attn_status st;
   int have_dtype = 0, have_shape = 0, have_off = 0;
-  if (j_peek(j) != '{') return jfail(j, "tensor '%s': expected an object", shown);
+  if (attn__json_peek(j) != '{') return attn__json_fail(j, "tensor '%s': expected an object", shown);
   j->p++;
-  if (j_peek(j) == '}') j->p++;
+  if (attn__json_peek(j) == '}') j->p++;
   else
     for (;;) {
       char *key;
       size_t klen;
-      if ((st = j_string(j, &key, &klen))) return st;
+      if ((st = attn__json_string(j, &key, &klen))) return st;
       int which = key_is(key, klen, "dtype")          ? 1
                   : key_is(key, klen, "shape")        ? 2
                   : key_is(key, klen, "data_offsets") ? 3
                                                        : 0;
       free(key);
-      if ((st = j_expect(j, ':'))) return st;
+      if ((st = attn__json_expect(j, ':'))) return st;
       if ((which == 1 && have_dtype++) || (which == 2 && have_shape++) || (which == 3 && have_off++))
-        return jfail(j, "tensor '%s': repeated key", shown);
+        return attn__json_fail(j, "tensor '%s': repeated key", shown);
       if (which == 1) {
         char *dt;
         size_t dlen;
-        if (j_peek(j) != '"') return jfail(j, "tensor '%s': \"dtype\" is not a string", shown);
-        if ((st = j_string(j, &dt, &dlen))) return st;
+        if (attn__json_peek(j) != '"') return attn__json_fail(j, "tensor '%s': \"dtype\" is not a string", shown);
+        if ((st = attn__json_string(j, &dt, &dlen))) return st;
         attn__sanitize(e->dtype_name, sizeof e->dtype_name, dt, dlen);
         e->known = 0;
         e->esize = 0;
@@ -364,22 +111,22 @@ static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
           }
         free(dt);
       } else if (which == 2) {
-        if (j_peek(j) != '[') return jfail(j, "tensor '%s': \"shape\" is not an array", shown);
+        if (attn__json_peek(j) != '[') return attn__json_fail(j, "tensor '%s': \"shape\" is not an array", shown);
         j->p++;
         e->rank = 0;
         e->numel = 1;
         e->span = 1;
-        if (j_peek(j) == ']') j->p++;
+        if (attn__json_peek(j) == ']') j->p++;
         else
           for (;;) {
             int64_t d;
-            if ((st = j_uint(j, &d))) return st;
+            if ((st = attn__json_uint(j, &d))) return st;
             if (e->rank < ATTN_MAX_RANK) e->shape[e->rank] = d;
-            if (e->rank == INT32_MAX) return jfail(j, "tensor '%s': absurd rank", shown);
+            if (e->rank == INT32_MAX) return attn__json_fail(j, "tensor '%s': absurd rank", shown);
             e->rank++;
             if (attn__mul_overflows(e->numel, d, &e->numel) || attn__mul_overflows(e->span, d ? d : 1, &e->span))
-              return jfail(j, "tensor '%s': shape is too large (element count overflows)", shown);
-            int c = j_peek(j);
+              return attn__json_fail(j, "tensor '%s': shape is too large (element count overflows)", shown);
+            int c = attn__json_peek(j);
             if (c == ',') {
               j->p++;
               continue;
@@ -388,17 +135,17 @@ static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
               j->p++;
               break;
             }
-            return jfail(j, "tensor '%s': expected ',' or ']' in \"shape\"", shown);
+            return attn__json_fail(j, "tensor '%s': expected ',' or ']' in \"shape\"", shown);
           }
       } else if (which == 3) {
-        if ((st = j_expect(j, '['))) return st;
-        if ((st = j_uint(j, &e->begin)) || (st = j_expect(j, ',')) || (st = j_uint(j, &e->end))) return st;
-        if (j_peek(j) != ']') return jfail(j, "tensor '%s': \"data_offsets\" must hold exactly two integers", shown);
+        if ((st = attn__json_expect(j, '['))) return st;
+        if ((st = attn__json_uint(j, &e->begin)) || (st = attn__json_expect(j, ',')) || (st = attn__json_uint(j, &e->end))) return st;
+        if (attn__json_peek(j) != ']') return attn__json_fail(j, "tensor '%s': \"data_offsets\" must hold exactly two integers", shown);
         j->p++;
-      } else if ((st = j_skip(j, 2))) {
+      } else if ((st = attn__json_skip(j, 2))) {
         return st;
       }
-      int c = j_peek(j);
+      int c = attn__json_peek(j);
       if (c == ',') {
         j->p++;
         continue;
@@ -407,10 +154,10 @@ static attn_status parse_info(st_json *j, st_entry *e, const char *shown) {
         j->p++;
         break;
       }
-      return jfail(j, "tensor '%s': expected ',' or '}'", shown);
+      return attn__json_fail(j, "tensor '%s': expected ',' or '}'", shown);
     }
   if (!have_dtype || !have_shape || !have_off)
-    return jfail(j, "tensor '%s' lacks \"%s\"", shown, !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
+    return attn__json_fail(j, "tensor '%s' lacks \"%s\"", shown, !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
   return ATTN_OK;
 }
 
@@ -426,40 +173,40 @@ static attn_status st_push(attn_ctx *ctx, attn_safetensors *s, const st_entry *e
   return ATTN_OK;
 }
 
-static attn_status parse_header(st_json *j, attn_safetensors *s) {
+static attn_status parse_header(attn__json *j, attn_safetensors *s) {
   attn_status st;
   int have_meta = 0;
-  if (j_peek(j) != '{') return jfail(j, "the header is not a JSON object");
+  if (attn__json_peek(j) != '{') return attn__json_fail(j, "the header is not a JSON object");
   j->p++;
-  if (j_peek(j) == '}') j->p++;
+  if (attn__json_peek(j) == '}') j->p++;
   else
     for (;;) {
       st_entry e;
       memset(&e, 0, sizeof e);
       size_t nlen;
-      if ((st = j_string(j, &e.name, &nlen))) return st;
+      if ((st = attn__json_string(j, &e.name, &nlen))) return st;
       char shown[72];
       attn__sanitize(shown, sizeof shown, e.name, nlen);
-      if ((st = j_expect(j, ':'))) {
+      if ((st = attn__json_expect(j, ':'))) {
         free(e.name);
         return st;
       }
       if (key_is(e.name, nlen, "__metadata__")) {
         free(e.name);
-        if (have_meta++) return jfail(j, "repeated \"__metadata__\"");
-        if (j_peek(j) != '{') return jfail(j, "\"__metadata__\" is not an object");
-        if ((st = j_skip(j, 1))) return st;
+        if (have_meta++) return attn__json_fail(j, "repeated \"__metadata__\"");
+        if (attn__json_peek(j) != '{') return attn__json_fail(j, "\"__metadata__\" is not an object");
+        if ((st = attn__json_skip(j, 1))) return st;
       } else {
         if (strlen(e.name) != nlen) {
           free(e.name);
-          return jfail(j, "a tensor name contains a NUL character");
+          return attn__json_fail(j, "a tensor name contains a NUL character");
         }
         if ((st = parse_info(j, &e, shown)) || (st = st_push(j->ctx, s, &e))) {
           free(e.name);
           return st;
         }
       }
-      int c = j_peek(j);
+      int c = attn__json_peek(j);
       if (c == ',') {
         j->p++;
         continue;
@@ -468,10 +215,10 @@ static attn_status parse_header(st_json *j, attn_safetensors *s) {
         j->p++;
         break;
       }
-      return jfail(j, "expected ',' or '}' after a tensor");
+      return attn__json_fail(j, "expected ',' or '}' after a tensor");
     }
-  j_ws(j);
-  if (j->p != j->end) return jfail(j, "characters after the header object");
+  attn__json_peek(j); /* past trailing white space */
+  if (j->p != j->end) return attn__json_fail(j, "characters after the header object");
   return ATTN_OK;
 }
 
@@ -579,7 +326,7 @@ static attn_status st_open(attn_ctx *ctx, attn_safetensors *s) {
   if (!hdr) return st_fail(ctx, ATTN_E_NOMEM, path, "cannot allocate the %llu-byte header", (unsigned long long)n);
   if (!(st = attn__src_read(ctx, &s->src, 8, hdr, (size_t)n, &got)) && got < n)
     st = st_fail(ctx, ATTN_E_FORMAT, path, "truncated header (the file shrank while being read)");
-  st_json j = {hdr, hdr, hdr + n, ctx, path};
+  attn__json j = {hdr, hdr, hdr + n, ctx, path, "safetensors", "header JSON"};
   s->data_start = 8 + (int64_t)n;
   if (!st && !(st = parse_header(&j, s))) st = validate(ctx, s, size - s->data_start);
   free(hdr);
@@ -815,7 +562,7 @@ static int utf8_valid(const char *s) {
   const unsigned char *p = (const unsigned char *)s;
   size_t n = strlen(s);
   for (size_t i = 0; i < n;) {
-    size_t k = utf8_len(p + i, n - i);
+    size_t k = attn__utf8_len(p + i, n - i);
     if (!k) return 0;
     i += k;
   }
