@@ -388,6 +388,29 @@ ATTN_API attn_status attn_rope(attn_ctx *ctx, attn_tensor *out, const attn_tenso
 /* The float64 oracle: the same frequencies, every step in double; out may be f64. */
 ATTN_API attn_status attn_rope_ref(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_rope_opts *opts);
 
+/* ---- QK-norm: a norm over each head's features ----------------------------------- */
+/* Normalises every row x[b, h, n, :] of F features (a head's q or k, or with
+ * H = 1 a whole projection, as OLMo 2 does), in double, then scales it:
+ *   RMS            y = x / sqrt(mean(x^2) + eps) * w                (Qwen3, OLMo 2)
+ *   RMS_PLUS_ONE   y = x / sqrt(mean(x^2) + eps) * (1 + w)          (Gemma)
+ *   LAYER          y = (x - mean(x)) / sqrt(var(x) + eps) * w + b   (b may be NULL: 0)
+ * x and out are [B, H, N, F] (f32, f16 or bf16; any strides; out may be x
+ * itself), w and b f32 [F]; eps > 0. */
+typedef enum attn_norm_kind {
+  ATTN_NORM_RMS = 0,
+  ATTN_NORM_RMS_PLUS_ONE = 1,
+  ATTN_NORM_LAYER = 2
+} attn_norm_kind;
+
+ATTN_API attn_status attn_head_norm(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
+                                    const attn_tensor *bias, attn_norm_kind kind, double eps);
+/* Its backward, given dout = dL/dout: dx [B, H, N, F] f32 (overwritten; may be
+ * dout itself), dweight and dbias f32 [F] (each may be NULL; overwritten with
+ * the sum over every row, in row order: the same for any thread count). */
+ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, attn_tensor *dweight, attn_tensor *dbias,
+                                             const attn_tensor *dout, const attn_tensor *x, const attn_tensor *weight,
+                                             attn_norm_kind kind, double eps);
+
 /* ---- KV cache: incremental decoding ------------------------------------------- */
 /* The keys and values of one attention layer's past tokens, for B sequences
  * (rows) that may each hold a different number of tokens. Storage is

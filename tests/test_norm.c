@@ -1,0 +1,172 @@
+/* attn_head_norm and its backward against the formulas of attn.h, written out
+ * again here in double, and the backward against central differences of that
+ * forward; every kind, strided and in-place views, half inputs, 1 and 3
+ * threads (bitwise the same parameter gradients), poisoned outputs, refusals. */
+#include "testutil.h"
+
+/* y (F) of row x (F) in double */
+static void norm_row(double *y, const double *x, const double *w, const double *b, int64_t F, attn_norm_kind kind,
+                     double eps) {
+  double mean = 0, var = 0;
+  if (kind == ATTN_NORM_LAYER) {
+    for (int64_t f = 0; f < F; f++) mean += x[f];
+    mean /= (double)F;
+  }
+  for (int64_t f = 0; f < F; f++) var += (x[f] - mean) * (x[f] - mean);
+  var /= (double)F;
+  for (int64_t f = 0; f < F; f++) {
+    const double s = kind == ATTN_NORM_RMS_PLUS_ONE ? 1 + w[f] : w[f];
+    y[f] = (x[f] - mean) / sqrt(var + eps) * s + (b ? b[f] : 0);
+  }
+}
+
+typedef struct ncase {
+  int64_t B, H, N, F;
+  attn_norm_kind kind;
+  double eps;
+  int bias, permuted, in_place;
+  attn_dtype xdt;
+} ncase;
+
+static void run_case(attn_ctx *ctx, const ncase *c, int seed) {
+  tu_rng r = {(uint64_t)seed * 7 + 3};
+  const int64_t rows = c->B * c->H * c->N, n = rows * c->F, s4[4] = {c->B, c->H, c->N, c->F}, s1[1] = {c->F};
+  float *x = malloc(sizeof(float) * (size_t)(n + 1)), *g = malloc(sizeof(float) * (size_t)(n + 1));
+  float *w = malloc(sizeof(float) * (size_t)c->F), *b = malloc(sizeof(float) * (size_t)c->F);
+  for (int64_t e = 0; e < n; e++) x[e] = tu_round_through((float)(2 * tu_uniform(&r) + 0.3), c->xdt);
+  tu_fill_f32(&r, g, n, 1), tu_fill_f32(&r, w, c->F, 1), tu_fill_f32(&r, b, c->F, 0.5);
+  /* x's storage in its dtype, viewed [B, H, N, F] over [B, N, H, F] memory when permuted */
+  const size_t es = attn_dtype_size(c->xdt);
+  void *xs = malloc(es * (size_t)(n + 1));
+  attn_tensor tx = attn_tensor_view(xs, c->xdt, 4, s4);
+  if (c->permuted) tx.strides[1] = c->F, tx.strides[2] = c->H * c->F, tx.strides[0] = c->N * c->H * c->F;
+  double *xd = malloc(sizeof(double) * (size_t)(n + 1)), *want = malloc(sizeof(double) * (size_t)(n + 1));
+  double *wd = malloc(sizeof(double) * (size_t)c->F), *bd = malloc(sizeof(double) * (size_t)c->F);
+  for (int64_t f = 0; f < c->F; f++) wd[f] = w[f], bd[f] = b[f];
+  for (int64_t bb = 0; bb < c->B; bb++)
+    for (int64_t h = 0; h < c->H; h++)
+      for (int64_t t = 0; t < c->N; t++)
+        for (int64_t f = 0; f < c->F; f++) {
+          const int64_t e = ((bb * c->H + h) * c->N + t) * c->F + f;
+          tu_store_float(xs, c->xdt, bb * tx.strides[0] + h * tx.strides[1] + t * tx.strides[2] + f, x[e]);
+          xd[e] = x[e];
+        }
+  for (int64_t row = 0; row < rows; row++)
+    norm_row(want + row * c->F, xd + row * c->F, wd, c->bias ? bd : NULL, c->F, c->kind, c->eps);
+  attn_tensor tw = attn_tensor_view(w, ATTN_F32, 1, s1), tb = attn_tensor_view(b, ATTN_F32, 1, s1);
+  char desc[160];
+  snprintf(desc, sizeof desc, "case %d: B%lld H%lld N%lld F%lld kind %d bias %d permuted %d in place %d %s", seed,
+           (long long)c->B, (long long)c->H, (long long)c->N, (long long)c->F, (int)c->kind, c->bias, c->permuted,
+           c->in_place, attn_dtype_name(c->xdt));
+  /* forward */
+  float *out = malloc(sizeof(float) * (size_t)(n + 1));
+  tu_poison_f32(out, n);
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, s4);
+  const int in_place = c->in_place && c->xdt == ATTN_F32 && !c->permuted;
+  attn_tensor *dst = in_place ? &tx : &to;
+  CHECK_OK(ctx, attn_head_norm(ctx, dst, &tx, &tw, c->bias ? &tb : NULL, c->kind, c->eps));
+  double num = 0, den = 0;
+  int nan = 0;
+  for (int64_t e = 0; e < n; e++) {
+    const double got = in_place ? ((float *)xs)[e] : out[e];
+    nan += isnan(got);
+    num += (got - want[e]) * (got - want[e]), den += want[e] * want[e];
+  }
+  CHECK(!nan && sqrt(num / (den > 0 ? den : 1)) <= 1e-6, "%s: forward rel L2 %.3g", desc, sqrt(num / (den > 0 ? den : 1)));
+  if (in_place) /* restore x for the backward */
+    for (int64_t e = 0; e < n; e++) ((float *)xs)[e] = x[e];
+  /* backward: against central differences of the double forward, for L = sum(g * y) */
+  float *dx = malloc(sizeof(float) * (size_t)(n + 1)), *dw = malloc(sizeof(float) * (size_t)c->F);
+  float *db = malloc(sizeof(float) * (size_t)c->F);
+  tu_poison_f32(dx, n), tu_poison_f32(dw, c->F), tu_poison_f32(db, c->F);
+  attn_tensor tdx = attn_tensor_view(dx, ATTN_F32, 4, s4), tg = attn_tensor_view(g, ATTN_F32, 4, s4);
+  attn_tensor tdw = attn_tensor_view(dw, ATTN_F32, 1, s1), tdb = attn_tensor_view(db, ATTN_F32, 1, s1);
+  CHECK_OK(ctx, attn_head_norm_backward(ctx, &tdx, &tdw, c->kind == ATTN_NORM_LAYER ? &tdb : NULL, &tg, &tx, &tw,
+                                        c->kind, c->eps));
+  double *yp = malloc(sizeof(double) * (size_t)c->F), *ym = malloc(sizeof(double) * (size_t)c->F);
+  const double hstep = 1e-5;
+  double en = 0, ed = 0, wn = 0, wdn = 0, bn = 0, bdn = 0;
+  double *dwf = calloc((size_t)c->F, sizeof(double)), *dbf = calloc((size_t)c->F, sizeof(double));
+  double *ones = malloc(sizeof(double) * (size_t)c->F);
+  for (int64_t f = 0; f < c->F; f++) ones[f] = 1;
+  for (int64_t row = 0; row < rows; row++) {
+    double *xr = xd + row * c->F;
+    const float *gr = g + row * c->F;
+    for (int64_t f = 0; f < c->F; f++) { /* dx */
+      const double keep = xr[f];
+      xr[f] = keep + hstep;
+      norm_row(yp, xr, wd, c->bias ? bd : NULL, c->F, c->kind, c->eps);
+      xr[f] = keep - hstep;
+      norm_row(ym, xr, wd, c->bias ? bd : NULL, c->F, c->kind, c->eps);
+      xr[f] = keep;
+      double fd = 0;
+      for (int64_t k = 0; k < c->F; k++) fd += gr[k] * (yp[k] - ym[k]) / (2 * hstep);
+      const double got = dx[row * c->F + f];
+      en += (got - fd) * (got - fd), ed += fd * fd;
+    }
+    /* xhat (the normalised row: weight 1, no bias), then dL/dw_f = g_f xhat_f and dL/db_f = g_f,
+     * from y = xhat s(w) + b with s' = 1 */
+    norm_row(yp, xr, ones, NULL, c->F, c->kind == ATTN_NORM_LAYER ? ATTN_NORM_LAYER : ATTN_NORM_RMS, c->eps);
+    for (int64_t f = 0; f < c->F; f++) {
+      dwf[f] += gr[f] * yp[f];
+      dbf[f] += gr[f];
+    }
+  }
+  for (int64_t f = 0; f < c->F; f++) {
+    wn += (dw[f] - dwf[f]) * (dw[f] - dwf[f]), wdn += dwf[f] * dwf[f];
+    if (c->kind == ATTN_NORM_LAYER) bn += (db[f] - dbf[f]) * (db[f] - dbf[f]), bdn += dbf[f] * dbf[f];
+  }
+  CHECK(sqrt(en / (ed > 0 ? ed : 1)) <= 1e-4, "%s: dx rel L2 %.3g against central differences", desc, sqrt(en / (ed > 0 ? ed : 1)));
+  CHECK(sqrt(wn / (wdn > 0 ? wdn : 1)) <= 1e-5, "%s: dweight rel L2 %.3g", desc, sqrt(wn / (wdn > 0 ? wdn : 1)));
+  if (c->kind == ATTN_NORM_LAYER) CHECK(sqrt(bn / (bdn > 0 ? bdn : 1)) <= 1e-5, "%s: dbias rel L2 %.3g", desc, sqrt(bn / (bdn > 0 ? bdn : 1)));
+  /* the same gradients, bitwise, on another thread count; and dx written over dout */
+  float *dx2 = malloc(sizeof(float) * (size_t)(n + 1)), *dw2 = malloc(sizeof(float) * (size_t)c->F);
+  memcpy(dx2, g, sizeof(float) * (size_t)n);
+  attn_tensor tdx2 = attn_tensor_view(dx2, ATTN_F32, 4, s4), tdw2 = attn_tensor_view(dw2, ATTN_F32, 1, s1);
+  attn_ctx_set_threads(ctx, attn_ctx_threads(ctx) == 1 ? 3 : 1);
+  CHECK_OK(ctx, attn_head_norm_backward(ctx, &tdx2, &tdw2, NULL, &tdx2, &tx, &tw, c->kind, c->eps));
+  CHECK(!memcmp(dx, dx2, sizeof(float) * (size_t)n) && !memcmp(dw, dw2, sizeof(float) * (size_t)c->F),
+        "%s: the backward differs between thread counts (or in place over dout)", desc);
+  free(x), free(g), free(w), free(b), free(xs), free(xd), free(want), free(wd), free(bd), free(out), free(dx);
+  free(dw), free(db), free(yp), free(ym), free(dwf), free(dbf), free(dx2), free(dw2), free(ones);
+}
+
+static void errors(attn_ctx *ctx) {
+  float x[24], out[24], w[4], b[4];
+  for (int i = 0; i < 24; i++) x[i] = (float)i, out[i] = -7;
+  for (int i = 0; i < 4; i++) w[i] = 1, b[i] = 0;
+  const int64_t s4[4] = {1, 2, 3, 4}, s1[1] = {4}, s3[1] = {3};
+  attn_tensor tx = attn_tensor_view(x, ATTN_F32, 4, s4), to = attn_tensor_view(out, ATTN_F32, 4, s4);
+  attn_tensor tw = attn_tensor_view(w, ATTN_F32, 1, s1), tb = attn_tensor_view(b, ATTN_F32, 1, s1);
+  attn_tensor tw3 = attn_tensor_view(w, ATTN_F32, 1, s3), shifted = attn_tensor_view(x + 2, ATTN_F32, 4, s4);
+  CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw, NULL, ATTN_NORM_RMS, 0), ATTN_E_INVALID, "eps");
+  CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw, NULL, ATTN_NORM_RMS, NAN), ATTN_E_INVALID, "eps");
+  CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw, &tb, ATTN_NORM_RMS, 1e-6), ATTN_E_INVALID, "LAYER");
+  CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw3, NULL, ATTN_NORM_RMS, 1e-6), ATTN_E_SHAPE, "weight");
+  CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw, NULL, (attn_norm_kind)7, 1e-6), ATTN_E_INVALID, "kind");
+  CHECK_ERR(ctx, attn_head_norm(ctx, &shifted, &tx, &tw, NULL, ATTN_NORM_RMS, 1e-6), ATTN_E_INVALID, "overlaps");
+  int untouched = 1;
+  for (int i = 0; i < 24; i++) untouched &= out[i] == -7;
+  CHECK(untouched, "a refused call wrote out");
+}
+
+int main(void) {
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  tu_rng r = {31};
+  const attn_dtype dts[3] = {ATTN_F32, ATTN_BF16, ATTN_F16};
+  for (int seed = 0; seed < 60; seed++) {
+    ncase c;
+    c.B = tu_int(&r, 1, 2), c.H = tu_int(&r, 1, 3), c.N = tu_int(&r, 1, 9), c.F = tu_int(&r, 1, 70);
+    c.kind = (attn_norm_kind)tu_int(&r, 0, 2);
+    c.eps = tu_int(&r, 0, 1) ? 1e-6 : 1e-5;
+    c.bias = c.kind == ATTN_NORM_LAYER && tu_int(&r, 0, 1);
+    c.permuted = tu_int(&r, 0, 1), c.in_place = tu_int(&r, 0, 1);
+    c.xdt = dts[tu_int(&r, 0, 2)];
+    attn_ctx_set_threads(ctx, seed % 2 ? 3 : 1);
+    run_case(ctx, &c, seed);
+  }
+  errors(ctx);
+  attn_ctx_destroy(ctx);
+  return tu_finish("test_norm");
+}
