@@ -9,10 +9,10 @@ from ._capi import library_path
 from ._context import AttnError, version
 from ._layer import MultiheadAttention
 from ._plot import plot_attention
-from ._rope import rope
+from ._rope import head_norm, rope
 from ._sdpa import scaled_dot_product_attention, sdpa_backward
 
 __all__ = ["AttnError", "scaled_dot_product_attention", "sdpa_backward", "MultiheadAttention", "KVCache",
-           "plot_attention", "rope", "version", "library_path"]
+           "plot_attention", "rope", "head_norm", "version", "library_path"]
 
 __version__ = version()  # the loaded library's, so a stale build shows

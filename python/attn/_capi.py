@@ -198,6 +198,8 @@ _protos = {
     # ctx, mha, cache, out, x, opts
     "attn_mha_forward_cached": (_st, [_P, _P, _P, _PT, _PT, ctypes.POINTER(MhaOpts)]),
     "attn_rope_opts_init": (None, [ctypes.POINTER(RopeOpts)]),
+    # ctx, out, x, weight, bias, kind, eps
+    "attn_head_norm": (_st, [_P, _PT, _PT, _PT, _PT, _c_enum, ctypes.c_double]),
     # ctx, out, x, opts
     "attn_rope": (_st, [_P, _PT, _PT, ctypes.POINTER(RopeOpts)]),
 }

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (attn.h's attn_rope) on NumPy arrays and torch tensors."""
+"""Rotary position embeddings and QK-norm (attn.h's attn_rope, attn_head_norm) on NumPy arrays and torch tensors."""
 import ctypes
 
 import numpy as np
@@ -62,4 +62,28 @@ def rope(x, positions=None, *, threads=None, **kw):
     c = _ctx()
     c.set_threads(threads)
     c.check(_capi.lib.attn_rope(c.h, ctypes.byref(ot), ctypes.byref(xt), ctypes.byref(o)))
+    return _wrap(out.reshape(xa.shape), like_torch)
+
+
+_NORM_KINDS = {"rms": 0, "rms_plus_one": 1, "layer": 2}
+
+
+def head_norm(x, weight, bias=None, *, kind="rms", eps=1e-6, threads=None):
+    """QK-norm of x [..., N, F] (up to two leading dims) over its last dim: kind 'rms'
+    (Qwen3, OLMo 2), 'rms_plus_one' (Gemma: x * (1 + weight)) or 'layer' (LayerNorm, bias
+    optional); weight and bias [F]. Statistics in float64. Returns float32 like x."""
+    if kind not in _NORM_KINDS:
+        raise ValueError(f"kind must be one of {sorted(_NORM_KINDS)}, got {kind!r}")
+    like_torch = _is_torch(x)
+    xa = _to_numpy(x, "x", kind="half")
+    x4 = _to4(xa)
+    out = np.empty(x4.shape, np.float32)
+    w = np.ascontiguousarray(_to_numpy(weight, "weight"), np.float32)
+    b = None if bias is None else np.ascontiguousarray(_to_numpy(bias, "bias"), np.float32)
+    ot, xt, wt = _tensor(out), _tensor(x4), _tensor(w)
+    bt = None if b is None else ctypes.byref(_tensor(b))
+    c = _ctx()
+    c.set_threads(threads)
+    c.check(_capi.lib.attn_head_norm(c.h, ctypes.byref(ot), ctypes.byref(xt), ctypes.byref(wt), bt,
+                                     _NORM_KINDS[kind], float(eps)))
     return _wrap(out.reshape(xa.shape), like_torch)

@@ -875,7 +875,7 @@ try:
 except ImportError:
     have_transformers = False
 if have_transformers:
-    ROPE = "rope vs transformers"
+    ROPE = "rope, qk-norm vs transformers"
     case(ROPE, "Llama default, theta 10000", lambda: (hf_rope_case({"rope_type": "default", "rope_theta": 10000.0}, {}), 1e-4))
     case(ROPE, "linear x4", lambda: (hf_rope_case({"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
                                                   dict(scaling="linear", factor=4.0)), 1e-4))
@@ -896,6 +896,21 @@ if have_transformers:
          lambda: (hf_rope_case({"rope_type": "default", "rope_theta": 10000.0}, {}, N=12,
                                positions=torch.tensor([[0] * 4 + list(range(8)), list(range(100, 112))])), 1e-4))
     case(ROPE, "interleaved pairs (GPT-J), rotary 32 of 64", lambda: (gptj_rope_case(), 1e-4))
+
+    def hf_norm_case(cls_path, kind):
+        import importlib
+        mod, name = cls_path.rsplit(".", 1)
+        cls = getattr(importlib.import_module(mod), name)
+        F_ = 64
+        norm = cls(F_, eps=1e-6)
+        with torch.no_grad():
+            norm.weight.copy_(torch.from_numpy(randn(F_)))
+        x = torch.from_numpy(randn(2, 4, 7, F_))
+        return rel(attn.head_norm(x, norm.weight.detach(), kind=kind, eps=1e-6), norm(x).detach().double()), 1e-5
+    case(ROPE, "QK-norm: Qwen3RMSNorm",
+         lambda: hf_norm_case("transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm", "rms"))
+    case(ROPE, "QK-norm: Gemma3RMSNorm (1 + weight)",
+         lambda: hf_norm_case("transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm", "rms_plus_one"))
 else:
     print("(transformers not importable: the rope-vs-transformers cases were not run)")
 

@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import attn  # noqa: E402
 
 API = {"AttnError", "scaled_dot_product_attention", "sdpa_backward", "MultiheadAttention", "KVCache",
-       "plot_attention", "rope", "version", "library_path"}
+       "plot_attention", "rope", "head_norm", "version", "library_path"}
 
 
 def main():
