@@ -411,6 +411,43 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
                                              const attn_tensor *dout, const attn_tensor *x, const attn_tensor *weight,
                                              attn_norm_kind kind, double eps);
 
+/* ---- Hugging Face configs ------------------------------------------------------ */
+/* What a model's config.json (as transformers saves it) says of its attention.
+ * The names of each family are read: hidden_size / n_embd / d_model / dim,
+ * num_attention_heads / n_head / num_heads / n_heads, num_key_value_heads,
+ * head_dim / d_kv, num_hidden_layers / n_layer / num_layers / n_layers; RoPE
+ * from rope_theta (rotary_emb_base) and
+ * rope_scaling (older configs) or rope_parameters (current ones, also per layer
+ * type), partial_rotary_factor, rope_local_base_freq; sliding_window with
+ * layer_types (or Gemma 2's and 3's older patterns, Qwen2's use_sliding_window
+ * and max_window_layers); attn_logit_softcapping; query_pre_attn_scalar;
+ * attention_bias; rms_norm_eps. What the config asks for and libattn lacks (a
+ * RoPE type such as longrope, relative position embeddings in BERT, an
+ * unknown layer type) is ATTN_E_UNSUPPORTED naming the field, never a layer
+ * that silently differs. */
+#define ATTN_HF_MAX_LAYERS 1024
+
+typedef struct attn_hf_config {
+  size_t size;                /* sizeof(attn_hf_config), set by the readers */
+  char model_type[64];        /* "llama", "qwen3", "gemma2", "gpt2", "bert", "t5", ...; "" when absent */
+  int64_t hidden_size, num_heads, num_kv_heads, head_dim, num_layers; /* kv heads, head_dim: derived when absent */
+  double scale;               /* of the logits: query_pre_attn_scalar^(-1/2) (Gemma), 1 (T5), else NAN = 1/sqrt(head_dim) */
+  double softcap;             /* attn_logit_softcapping; 0 = none */
+  int64_t sliding_window;     /* 0 = none; which layers use it: sliding[] */
+  unsigned char sliding[ATTN_HF_MAX_LAYERS]; /* 1: layer L attends within sliding_window */
+  int attention_bias;         /* 1 or 0 as said; -1 when the config does not say (the checkpoint tells) */
+  double norm_eps;            /* rms_norm_eps or layer_norm_eps (QK-norm's); NAN when absent */
+  int rope;                   /* 1: rotary embeddings (opts below; positions NULL) */
+  attn_rope_opts rope_global; /* full-attention layers' */
+  attn_rope_opts rope_local;  /* sliding layers' (Gemma 3's own base); = rope_global otherwise */
+} attn_hf_config;
+
+/* Reads path (a config.json) into *out. */
+ATTN_API attn_status attn_hf_config_read(attn_ctx *ctx, attn_hf_config *out, const char *path);
+/* The same on len bytes of JSON text; name stands for a path in messages. */
+ATTN_API attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, const char *json, size_t len,
+                                          const char *name);
+
 /* ---- KV cache: incremental decoding ------------------------------------------- */
 /* The keys and values of one attention layer's past tokens, for B sequences
  * (rows) that may each hold a different number of tokens. Storage is

@@ -1,0 +1,428 @@
+/* Hugging Face config.json: the attention's shape and options, read with the
+ * strict JSON reader (json.h) from a hostile file: a size cap, every value's
+ * type and range checked, unknown keys skipped, and what libattn lacks
+ * refused by name (attn.h says which names mean what). */
+#include "internal.h"
+#include "file.h"
+#include "io.h"
+#include "json.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define HF_CONFIG_CAP ((int64_t)16 << 20)
+
+enum { UNSET = -1 };
+
+/* One RoPE object (rope_scaling, rope_parameters or one of its layer types), as said. */
+typedef struct hf_rope {
+  int present;
+  char type[32];
+  double theta, factor, low, high, beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim, partial;
+  double original_max;
+} hf_rope;
+
+/* What the file said, before defaults (NAN / UNSET: not said). */
+typedef struct hf_raw {
+  char model_type[64];
+  int64_t hidden, heads, kv_heads, head_dim, layers, sliding_window, max_window_layers, max_pos, pattern, rotary_dim;
+  double theta, partial, local_base, qpas, softcap, eps, multiplier;
+  int attention_bias, use_sliding;
+  hf_rope scaling, global, local;
+  int64_t ntypes;
+  unsigned char types[ATTN_HF_MAX_LAYERS]; /* 1: sliding_attention */
+} hf_raw;
+
+static void rope_unset(hf_rope *r) {
+  memset(r, 0, sizeof *r);
+  r->theta = r->factor = r->low = r->high = r->beta_fast = r->beta_slow = NAN;
+  r->attention_factor = r->mscale = r->mscale_all_dim = r->partial = r->original_max = NAN;
+}
+
+static int key_is(const char *k, const char *w) { return !strcmp(k, w); }
+
+/* The literal w next, after white space (moved past), or 0. */
+static int lit(attn__json *j, const char *w) {
+  attn__json_peek(j);
+  return attn__json_literal(j, w);
+}
+
+/* A number, or null (left as NAN). */
+static attn_status num_or_null(attn__json *j, double *v) {
+  if (attn__json_peek(j) == 'n') {
+    if (!lit(j, "null")) return attn__json_fail(j, "expected a number or null");
+    return ATTN_OK;
+  }
+  return attn__json_double(j, v);
+}
+
+/* An integer in 0..2^40 (sizes, counts, windows), or null (left UNSET). */
+static attn_status int_or_null(attn__json *j, const char *key, int64_t *v) {
+  double x = NAN;
+  attn_status st = num_or_null(j, &x);
+  if (st || isnan(x)) return st;
+  if (x != floor(x) || x < 0 || x > 1099511627776.0)
+    return attn__json_fail(j, "%s must be a non-negative integer, got %g", key, x);
+  *v = (int64_t)x;
+  return ATTN_OK;
+}
+
+static attn_status boolean(attn__json *j, const char *key, int *v) {
+  if (lit(j, "true")) *v = 1;
+  else if (lit(j, "false")) *v = 0;
+  else if (!lit(j, "null")) return attn__json_fail(j, "%s must be true or false", key);
+  return ATTN_OK;
+}
+
+/* A string into buf (cap bytes, NUL-terminated; longer ones are refused), or null (""). */
+static attn_status short_string(attn__json *j, const char *key, char *buf, size_t cap) {
+  if (lit(j, "null")) {
+    buf[0] = '\0';
+    return ATTN_OK;
+  }
+  char *s = NULL;
+  size_t n = 0;
+  attn_status st = attn__json_string(j, &s, &n);
+  if (st) return st;
+  if (n >= cap || strlen(s) != n) {
+    free(s);
+    return attn__json_fail(j, "%s: a string of %zu bytes (at most %zu, no NUL)", key, n, cap - 1);
+  }
+  memcpy(buf, s, n + 1);
+  free(s);
+  return ATTN_OK;
+}
+
+/* The keys of an object in turn: visit(j, key, arg) reads each value. */
+static attn_status each_key(attn__json *j, attn_status (*visit)(attn__json *, const char *, void *), void *arg,
+                            int depth) {
+  attn_status st;
+  if (depth > ATTN__JSON_MAX_DEPTH) return attn__json_fail(j, "nesting deeper than %d", ATTN__JSON_MAX_DEPTH);
+  if ((st = attn__json_expect(j, '{'))) return st;
+  if (attn__json_peek(j) == '}') {
+    j->p++;
+    return ATTN_OK;
+  }
+  for (;;) {
+    char *key = NULL;
+    if ((st = attn__json_string(j, &key, NULL)) || (st = attn__json_expect(j, ':')) || (st = visit(j, key, arg))) {
+      free(key);
+      return st;
+    }
+    free(key);
+    const int c = attn__json_peek(j);
+    if (c == ',') {
+      j->p++;
+      continue;
+    }
+    if (c == '}') {
+      j->p++;
+      return ATTN_OK;
+    }
+    return attn__json_fail(j, "expected ',' or '}'");
+  }
+}
+
+static attn_status rope_key(attn__json *j, const char *k, void *arg) {
+  hf_rope *r = arg;
+  if (key_is(k, "rope_type") || key_is(k, "type")) return short_string(j, k, r->type, sizeof r->type);
+  if (key_is(k, "rope_theta")) return num_or_null(j, &r->theta);
+  if (key_is(k, "factor")) return num_or_null(j, &r->factor);
+  if (key_is(k, "low_freq_factor")) return num_or_null(j, &r->low);
+  if (key_is(k, "high_freq_factor")) return num_or_null(j, &r->high);
+  if (key_is(k, "beta_fast")) return num_or_null(j, &r->beta_fast);
+  if (key_is(k, "beta_slow")) return num_or_null(j, &r->beta_slow);
+  if (key_is(k, "attention_factor")) return num_or_null(j, &r->attention_factor);
+  if (key_is(k, "mscale")) return num_or_null(j, &r->mscale);
+  if (key_is(k, "mscale_all_dim")) return num_or_null(j, &r->mscale_all_dim);
+  if (key_is(k, "partial_rotary_factor")) return num_or_null(j, &r->partial);
+  if (key_is(k, "original_max_position_embeddings")) return num_or_null(j, &r->original_max);
+  if (key_is(k, "truncate")) {
+    int t = 1;
+    attn_status st = boolean(j, k, &t);
+    if (!st && !t) return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "rope truncate = false (YaRN without rounding its band) is not supported");
+    return st;
+  }
+  if (key_is(k, "short_factor") || key_is(k, "long_factor"))
+    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "RoPE %s (longrope) is not supported", k);
+  return attn__json_skip(j, 1);
+}
+
+static attn_status rope_object(attn__json *j, hf_rope *r) {
+  if (lit(j, "null")) return ATTN_OK;
+  r->present = 1;
+  return each_key(j, rope_key, r, 1);
+}
+
+typedef struct {
+  hf_raw *raw;
+  int per_type; /* rope_parameters keyed by layer type */
+} rp_arg;
+
+/* rope_parameters: one RoPE object, or one per layer type. */
+static attn_status rope_parameters_key(attn__json *j, const char *k, void *arg) {
+  rp_arg *a = arg;
+  if (key_is(k, "full_attention")) {
+    a->per_type = 1;
+    return rope_object(j, &a->raw->global);
+  }
+  if (key_is(k, "sliding_attention")) {
+    a->per_type = 1;
+    return rope_object(j, &a->raw->local);
+  }
+  return rope_key(j, k, &a->raw->global);
+}
+
+static attn_status layer_types(attn__json *j, hf_raw *r) {
+  attn_status st;
+  if (lit(j, "null")) return ATTN_OK;
+  if ((st = attn__json_expect(j, '['))) return st;
+  r->ntypes = 0;
+  if (attn__json_peek(j) == ']') {
+    j->p++;
+    return ATTN_OK;
+  }
+  for (;;) {
+    char t[32];
+    if ((st = short_string(j, "layer_types", t, sizeof t))) return st;
+    if (r->ntypes >= ATTN_HF_MAX_LAYERS)
+      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "layer_types: more than %d layers",
+                           ATTN_HF_MAX_LAYERS);
+    if (!strcmp(t, "full_attention")) r->types[r->ntypes++] = 0;
+    else if (!strcmp(t, "sliding_attention")) r->types[r->ntypes++] = 1;
+    else {
+      char shown[40];
+      attn__sanitize(shown, sizeof shown, t, strlen(t));
+      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "layer_types[%lld] = '%s' is not supported",
+                           (long long)r->ntypes, shown);
+    }
+    const int c = attn__json_peek(j);
+    if (c == ',') {
+      j->p++;
+      continue;
+    }
+    if (c == ']') {
+      j->p++;
+      return ATTN_OK;
+    }
+    return attn__json_fail(j, "layer_types: expected ',' or ']'");
+  }
+}
+
+static attn_status top_key(attn__json *j, const char *k, void *arg) {
+  hf_raw *r = arg;
+  if (key_is(k, "model_type")) return short_string(j, k, r->model_type, sizeof r->model_type);
+  if (key_is(k, "hidden_size") || key_is(k, "n_embd") || key_is(k, "d_model") || key_is(k, "dim"))
+    return int_or_null(j, k, &r->hidden);
+  if (key_is(k, "num_attention_heads") || key_is(k, "n_head") || key_is(k, "num_heads") || key_is(k, "n_heads"))
+    return int_or_null(j, k, &r->heads);
+  if (key_is(k, "num_key_value_heads")) return int_or_null(j, k, &r->kv_heads);
+  if (key_is(k, "head_dim") || key_is(k, "d_kv")) return int_or_null(j, k, &r->head_dim);
+  if (key_is(k, "num_hidden_layers") || key_is(k, "n_layer") || key_is(k, "num_layers") || key_is(k, "n_layers"))
+    return int_or_null(j, k, &r->layers);
+  if (key_is(k, "max_position_embeddings") || key_is(k, "n_positions")) return int_or_null(j, k, &r->max_pos);
+  if (key_is(k, "rope_theta") || key_is(k, "rotary_emb_base")) return num_or_null(j, &r->theta);
+  if (key_is(k, "partial_rotary_factor") || key_is(k, "rotary_pct")) return num_or_null(j, &r->partial);
+  if (key_is(k, "rotary_dim")) return int_or_null(j, k, &r->rotary_dim);
+  if (key_is(k, "rope_local_base_freq")) return num_or_null(j, &r->local_base);
+  if (key_is(k, "rope_scaling")) return rope_object(j, &r->scaling);
+  if (key_is(k, "rope_parameters")) {
+    if (lit(j, "null")) return ATTN_OK;
+    rp_arg a = {r, 0};
+    r->global.present = 1;
+    return each_key(j, rope_parameters_key, &a, 1);
+  }
+  if (key_is(k, "sliding_window")) return int_or_null(j, k, &r->sliding_window);
+  if (key_is(k, "layer_types")) return layer_types(j, r);
+  if (key_is(k, "use_sliding_window")) return boolean(j, k, &r->use_sliding);
+  if (key_is(k, "max_window_layers")) return int_or_null(j, k, &r->max_window_layers);
+  if (key_is(k, "sliding_window_pattern")) return int_or_null(j, k, &r->pattern);
+  if (key_is(k, "attn_logit_softcapping")) return num_or_null(j, &r->softcap);
+  if (key_is(k, "query_pre_attn_scalar")) return num_or_null(j, &r->qpas);
+  if (key_is(k, "attention_multiplier")) return num_or_null(j, &r->multiplier);
+  if (key_is(k, "attention_bias")) return boolean(j, k, &r->attention_bias);
+  if (key_is(k, "rms_norm_eps") || key_is(k, "layer_norm_eps") || key_is(k, "layer_norm_epsilon")) return num_or_null(j, &r->eps);
+  if (key_is(k, "position_embedding_type")) {
+    char t[32];
+    attn_status st = short_string(j, k, t, sizeof t);
+    if (!st && t[0] && strcmp(t, "absolute"))
+      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path,
+                           "position_embedding_type '%.20s' is not supported (only absolute)", t);
+    return st;
+  }
+  if (key_is(k, "alibi")) {
+    int a = 0;
+    attn_status st = boolean(j, k, &a);
+    if (!st && a)
+      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path,
+                           "alibi = true is not read from configs (attn_sdpa_opts.alibi_slopes takes it)");
+    return st;
+  }
+  return attn__json_skip(j, 1);
+}
+
+static int family(const char *t, const char *const *list) {
+  for (; *list; list++)
+    if (!strcmp(t, *list)) return 1;
+  return 0;
+}
+
+/* rope opts from one object (its theta falling back to the config's), scaling names checked. */
+static attn_status rope_opts_of(attn__json *j, attn_rope_opts *o, const hf_rope *r, double theta, int64_t max_pos,
+                                const char *which) {
+  attn_rope_opts_init(o);
+  o->theta = !isnan(r->theta) ? r->theta : !isnan(theta) ? theta : 10000.0;
+  const char *t = r->type;
+  if (!t[0] || !strcmp(t, "default")) o->scaling = ATTN_ROPE_DEFAULT;
+  else if (!strcmp(t, "linear")) o->scaling = ATTN_ROPE_LINEAR;
+  else if (!strcmp(t, "dynamic")) o->scaling = ATTN_ROPE_DYNAMIC;
+  else if (!strcmp(t, "llama3")) o->scaling = ATTN_ROPE_LLAMA3;
+  else if (!strcmp(t, "yarn")) o->scaling = ATTN_ROPE_YARN;
+  else {
+    char shown[40];
+    attn__sanitize(shown, sizeof shown, t, strlen(t));
+    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s rope_type '%s' is not supported", which, shown);
+  }
+  if (!isnan(r->factor)) o->factor = r->factor;
+  if (!isnan(r->low)) o->low_freq_factor = r->low;
+  if (!isnan(r->high)) o->high_freq_factor = r->high;
+  if (!isnan(r->beta_fast)) o->beta_fast = r->beta_fast;
+  if (!isnan(r->beta_slow)) o->beta_slow = r->beta_slow;
+  const double om = !isnan(r->original_max) ? r->original_max : (double)max_pos;
+  o->original_max_position = om > 0 && om < 1e15 ? (int64_t)om : 0;
+  if (!isnan(r->attention_factor)) {
+    o->attention_factor = r->attention_factor;
+  } else if (!isnan(r->mscale) && !isnan(r->mscale_all_dim) && o->factor > 1) {
+    /* DeepSeek's form: the ratio of two scaled log factors */
+    o->attention_factor = (0.1 * r->mscale * log(o->factor) + 1) / (0.1 * r->mscale_all_dim * log(o->factor) + 1);
+  }
+  return ATTN_OK;
+}
+
+static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
+  static const char *const rope_families[] = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
+                                              "gemma", "gemma2", "gemma3", "gemma3_text", "phi", "phi3", "gpt_neox",
+                                              "gptj", "olmo", "olmo2", "granite", "stablelm", "cohere", "starcoder2",
+                                              "persimmon", "internlm2", "deepseek_v2", NULL};
+  memset(out, 0, sizeof *out);
+  out->size = sizeof *out;
+  memcpy(out->model_type, r->model_type, sizeof out->model_type);
+  if (r->hidden < 1 || r->heads < 1)
+    return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path,
+                         "the config names no hidden size and head count (hidden_size/n_embd/d_model, "
+                         "num_attention_heads/n_head/num_heads)");
+  out->hidden_size = r->hidden, out->num_heads = r->heads;
+  out->num_kv_heads = r->kv_heads > 0 ? r->kv_heads : r->heads;
+  if (r->head_dim <= 0 && r->hidden % r->heads)
+    return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "hidden size %lld does not divide by %lld heads",
+                         (long long)r->hidden, (long long)r->heads);
+  out->head_dim = r->head_dim > 0 ? r->head_dim : r->hidden / r->heads;
+  if (out->num_heads % out->num_kv_heads)
+    return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "%lld heads do not divide by %lld kv heads",
+                         (long long)out->num_heads, (long long)out->num_kv_heads);
+  out->num_layers = r->layers > 0 ? r->layers : 0;
+  if (out->num_layers > ATTN_HF_MAX_LAYERS)
+    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%lld layers: more than %d",
+                         (long long)out->num_layers, ATTN_HF_MAX_LAYERS);
+  out->scale = !isnan(r->qpas) ? (r->qpas > 0 ? 1.0 / sqrt(r->qpas) : NAN)
+             : !isnan(r->multiplier) ? r->multiplier
+             : !strcmp(r->model_type, "t5") ? 1.0 : NAN;
+  if (!isnan(r->qpas) && !(r->qpas > 0))
+    return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "query_pre_attn_scalar must be > 0");
+  out->softcap = !isnan(r->softcap) ? r->softcap : 0;
+  if (!(out->softcap >= 0) || !isfinite(out->softcap))
+    return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "attn_logit_softcapping must be >= 0");
+  out->attention_bias = r->attention_bias;
+  out->norm_eps = r->eps;
+  /* sliding layers */
+  const int64_t L = out->num_layers;
+  if (r->sliding_window > 0) {
+    out->sliding_window = r->sliding_window;
+    for (int64_t l = 0; l < L; l++) {
+      int s;
+      if (r->ntypes > 0) s = l < r->ntypes && r->types[l];
+      else if (!strcmp(r->model_type, "gemma2")) s = l % 2 == 0;
+      else if (!strcmp(r->model_type, "gemma3") || !strcmp(r->model_type, "gemma3_text"))
+        s = (l + 1) % (r->pattern > 0 ? r->pattern : 6) != 0;
+      else if (!strcmp(r->model_type, "qwen2") || !strcmp(r->model_type, "qwen3")) s = r->use_sliding == 1 && l >= r->max_window_layers;
+      else s = r->use_sliding != 0; /* Mistral and the like: every layer, unless said otherwise */
+      out->sliding[l] = (unsigned char)s;
+    }
+    if (r->ntypes > 0 && r->ntypes != L)
+      return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "layer_types has %lld entries for %lld layers",
+                           (long long)r->ntypes, (long long)L);
+  }
+  /* RoPE */
+  out->rope = r->global.present || r->scaling.present || !isnan(r->theta) || family(r->model_type, rope_families);
+  if (out->rope) {
+    attn_status st;
+    const hf_rope *g = r->global.present ? &r->global : &r->scaling;
+    if ((st = rope_opts_of(j, &out->rope_global, g, r->theta, r->max_pos, "rope"))) return st;
+    if (r->local.present) {
+      if ((st = rope_opts_of(j, &out->rope_local, &r->local, r->theta, r->max_pos, "sliding_attention"))) return st;
+    } else {
+      out->rope_local = out->rope_global;
+      if (!isnan(r->local_base)) { /* Gemma 3: its own base, no scaling, on the sliding layers */
+        attn_rope_opts_init(&out->rope_local);
+        out->rope_local.theta = r->local_base;
+      }
+    }
+    const double partial = !isnan(g->partial) ? g->partial : r->partial;
+    int64_t rd = 0;
+    if (r->rotary_dim > 0) rd = r->rotary_dim;
+    else if (!isnan(partial)) rd = (int64_t)((double)out->head_dim * partial);
+    if (rd && (rd > out->head_dim || rd % 2 || rd < 2))
+      return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "rotary dims %lld of head_dim %lld: want even, 2..head_dim",
+                           (long long)rd, (long long)out->head_dim);
+    out->rope_global.rotary_dim = out->rope_local.rotary_dim = rd == out->head_dim ? 0 : rd;
+    if (!strcmp(r->model_type, "gptj")) out->rope_global.layout = out->rope_local.layout = ATTN_ROPE_INTERLEAVED;
+  }
+  return ATTN_OK;
+}
+
+attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, const char *json, size_t len, const char *name) {
+  ATTN__ENTER(ctx);
+  if (!out || (!json && len)) return attn__fail(ctx, ATTN_E_INVALID, "attn_hf_config_parse: null argument");
+  const char *path = name ? name : "(buffer)";
+  if ((int64_t)len > HF_CONFIG_CAP)
+    return attn__io_fail(ctx, ATTN_E_FORMAT, "config", path, "%zu bytes: more than a config's %lld", len,
+                         (long long)HF_CONFIG_CAP);
+  hf_raw *r = malloc(sizeof *r);
+  if (!r) return attn__fail(ctx, ATTN_E_NOMEM, "attn_hf_config_parse: out of memory");
+  memset(r, 0, sizeof *r);
+  r->hidden = r->heads = r->kv_heads = r->head_dim = r->layers = r->sliding_window = UNSET;
+  r->max_window_layers = r->max_pos = r->pattern = r->rotary_dim = UNSET;
+  r->theta = r->partial = r->local_base = r->qpas = r->softcap = r->eps = r->multiplier = NAN;
+  r->attention_bias = r->use_sliding = UNSET;
+  rope_unset(&r->scaling), rope_unset(&r->global), rope_unset(&r->local);
+  const unsigned char *b = (const unsigned char *)json;
+  attn__json j = {b, b, b + len, ctx, path, "config", "JSON"};
+  if (len >= 3 && b[0] == 0xef && b[1] == 0xbb && b[2] == 0xbf) j.p += 3; /* a UTF-8 byte order mark */
+  attn_status st = attn__json_peek(&j) == '{' ? each_key(&j, top_key, r, 0) : attn__json_fail(&j, "the config is not a JSON object");
+  if (!st && attn__json_peek(&j) != -1) st = attn__json_fail(&j, "characters after the config object");
+  if (!st) st = finish(&j, out, r);
+  free(r);
+  return st;
+}
+
+attn_status attn_hf_config_read(attn_ctx *ctx, attn_hf_config *out, const char *path) {
+  ATTN__ENTER(ctx);
+  if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_hf_config_read: null argument");
+  attn__src src;
+  attn_status st = attn__src_open(ctx, &src, "config", path);
+  if (st) return st;
+  if (src.size > HF_CONFIG_CAP) {
+    attn__src_close(&src);
+    return attn__io_fail(ctx, ATTN_E_FORMAT, "config", path, "%lld bytes: more than a config's %lld",
+                         (long long)src.size, (long long)HF_CONFIG_CAP);
+  }
+  char *buf = malloc((size_t)src.size + 1);
+  size_t got = 0;
+  if (!buf) st = attn__fail(ctx, ATTN_E_NOMEM, "attn_hf_config_read: out of memory");
+  else st = attn__src_read(ctx, &src, 0, buf, (size_t)src.size, &got);
+  attn__src_close(&src);
+  if (!st && got != (size_t)src.size) st = attn__io_fail(ctx, ATTN_E_IO, "config", path, "the file shrank while read");
+  if (!st) st = attn_hf_config_parse(ctx, out, buf, got, path);
+  free(buf);
+  return st;
+}

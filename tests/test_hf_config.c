@@ -1,0 +1,143 @@
+/* attn_hf_config_parse / _read on configs as the Hub holds them (older and
+ * current forms of each family, written out here), and on hostile or
+ * unsupported ones: a clear status naming the field. transformers' own saved
+ * configs are read in the conformance suite (python/tests). */
+#include "testutil.h"
+
+static attn_hf_config parse(attn_ctx *ctx, const char *json, attn_status want, const char *needle) {
+  attn_hf_config c;
+  memset(&c, 0xab, sizeof c);
+  const attn_status st = attn_hf_config_parse(ctx, &c, json, strlen(json), "config.json");
+  CHECK(st == want, "%.60s...: status %d, want %d (%s)", json, (int)st, (int)want, attn_ctx_error(ctx));
+  if (needle) CHECK(strstr(attn_ctx_error(ctx), needle) != NULL, "message '%s' lacks '%s'", attn_ctx_error(ctx), needle);
+  return c;
+}
+
+int main(void) {
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  attn_hf_config c;
+
+  /* Llama 3.1 as on the Hub: rope_theta and rope_scaling with rope_type llama3 */
+  c = parse(ctx, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4096,"
+                 " \"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"num_hidden_layers\": 32,"
+                 " \"rope_theta\": 500000.0, \"max_position_embeddings\": 131072, \"rms_norm_eps\": 1e-05,"
+                 " \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+                 " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}, \"attention_bias\": false,"
+                 " \"torch_dtype\": \"bfloat16\", \"vocab_size\": 128256}",
+            ATTN_OK, NULL);
+  CHECK(!strcmp(c.model_type, "llama") && c.hidden_size == 4096 && c.num_heads == 32 && c.num_kv_heads == 8 &&
+            c.head_dim == 128 && c.num_layers == 32 && isnan(c.scale) && c.softcap == 0 && c.sliding_window == 0 &&
+            c.attention_bias == 0 && c.norm_eps == 1e-5, "llama 3.1: shape");
+  CHECK(c.rope && c.rope_global.scaling == ATTN_ROPE_LLAMA3 && c.rope_global.theta == 500000 &&
+            c.rope_global.factor == 8 && c.rope_global.original_max_position == 8192 &&
+            c.rope_global.high_freq_factor == 4 && c.rope_global.rotary_dim == 0, "llama 3.1: rope");
+
+  /* Mistral: a sliding window on every layer; older "type" key for the scaling */
+  c = parse(ctx, "{\"model_type\": \"mistral\", \"hidden_size\": 512, \"num_attention_heads\": 8,"
+                 " \"num_key_value_heads\": 2, \"num_hidden_layers\": 3, \"sliding_window\": 4096, \"rope_theta\": 1e6,"
+                 " \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}",
+            ATTN_OK, NULL);
+  CHECK(c.sliding_window == 4096 && c.sliding[0] && c.sliding[1] && c.sliding[2] && !c.sliding[3], "mistral: window");
+  CHECK(c.rope_global.scaling == ATTN_ROPE_LINEAR && c.rope_global.factor == 2 && c.rope_global.theta == 1e6, "mistral: rope");
+
+  /* Qwen2: a window only when use_sliding_window, on layers from max_window_layers */
+  c = parse(ctx, "{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"num_hidden_layers\": 4,"
+                 " \"sliding_window\": 128, \"use_sliding_window\": false, \"max_window_layers\": 2}", ATTN_OK, NULL);
+  CHECK(c.sliding_window == 128 && !c.sliding[0] && !c.sliding[3], "qwen2 without use_sliding_window");
+  c = parse(ctx, "{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"num_hidden_layers\": 4,"
+                 " \"sliding_window\": 128, \"use_sliding_window\": true, \"max_window_layers\": 2}", ATTN_OK, NULL);
+  CHECK(!c.sliding[0] && !c.sliding[1] && c.sliding[2] && c.sliding[3], "qwen2 with use_sliding_window");
+
+  /* Gemma 2, older form: even layers slide; the cap and query_pre_attn_scalar */
+  c = parse(ctx, "{\"model_type\": \"gemma2\", \"hidden_size\": 2304, \"num_attention_heads\": 8, \"num_key_value_heads\": 4,"
+                 " \"head_dim\": 256, \"num_hidden_layers\": 4, \"sliding_window\": 4096, \"attn_logit_softcapping\": 50.0,"
+                 " \"query_pre_attn_scalar\": 256, \"final_logit_softcapping\": 30.0}", ATTN_OK, NULL);
+  CHECK(c.head_dim == 256 && c.scale == 1.0 / 16 && c.softcap == 50 && c.sliding[0] && !c.sliding[1] && c.sliding[2] &&
+            c.rope && c.rope_global.theta == 10000, "gemma2");
+
+  /* Gemma 3, older form: every 6th layer full, rope_local_base_freq on the others */
+  c = parse(ctx, "{\"model_type\": \"gemma3_text\", \"hidden_size\": 640, \"num_attention_heads\": 4, \"head_dim\": 256,"
+                 " \"num_hidden_layers\": 7, \"sliding_window\": 512, \"sliding_window_pattern\": 6, \"rope_theta\": 1000000,"
+                 " \"rope_local_base_freq\": 10000, \"query_pre_attn_scalar\": 256, \"rope_scaling\": null}", ATTN_OK, NULL);
+  CHECK(c.sliding[0] && c.sliding[4] && !c.sliding[5] && c.sliding[6] && c.rope_global.theta == 1e6 &&
+            c.rope_local.theta == 1e4, "gemma3: layers and bases");
+
+  /* current form: rope_parameters per layer type, layer_types */
+  c = parse(ctx, "{\"model_type\": \"gemma3_text\", \"hidden_size\": 640, \"num_attention_heads\": 4, \"head_dim\": 256,"
+                 " \"num_hidden_layers\": 3, \"sliding_window\": 512, \"layer_types\": [\"sliding_attention\","
+                 " \"full_attention\", \"sliding_attention\"], \"rope_parameters\": {\"full_attention\": {\"rope_type\":"
+                 " \"linear\", \"factor\": 8.0, \"rope_theta\": 1000000.0}, \"sliding_attention\": {\"rope_type\": \"default\","
+                 " \"rope_theta\": 10000.0}}}", ATTN_OK, NULL);
+  CHECK(c.sliding[0] && !c.sliding[1] && c.sliding[2] && c.rope_global.scaling == ATTN_ROPE_LINEAR &&
+            c.rope_global.factor == 8 && c.rope_local.scaling == ATTN_ROPE_DEFAULT && c.rope_local.theta == 1e4,
+        "gemma3: rope_parameters per layer type");
+
+  /* partial rotary: Phi's factor, GPT-NeoX's rotary_pct, GPT-J's rotary_dim (interleaved) */
+  c = parse(ctx, "{\"model_type\": \"phi\", \"hidden_size\": 2560, \"num_attention_heads\": 32, \"partial_rotary_factor\": 0.4}",
+            ATTN_OK, NULL);
+  CHECK(c.head_dim == 80 && c.rope_global.rotary_dim == 32, "phi: partial rotary");
+  c = parse(ctx, "{\"model_type\": \"gpt_neox\", \"hidden_size\": 512, \"num_attention_heads\": 8, \"rotary_pct\": 0.25,"
+                 " \"rotary_emb_base\": 10000}", ATTN_OK, NULL);
+  CHECK(c.rope_global.rotary_dim == 16 && c.rope_global.layout == ATTN_ROPE_HALF, "gpt-neox: rotary_pct");
+  c = parse(ctx, "{\"model_type\": \"gptj\", \"n_embd\": 4096, \"n_head\": 16, \"n_layer\": 28, \"rotary_dim\": 64}", ATTN_OK, NULL);
+  CHECK(c.hidden_size == 4096 && c.num_layers == 28 && c.rope_global.rotary_dim == 64 &&
+            c.rope_global.layout == ATTN_ROPE_INTERLEAVED, "gpt-j: rotary_dim, interleaved");
+
+  /* YaRN (with DeepSeek's mscale form) and dynamic */
+  c = parse(ctx, "{\"model_type\": \"qwen2\", \"hidden_size\": 256, \"num_attention_heads\": 4,"
+                 " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768,"
+                 " \"mscale\": 1.0, \"mscale_all_dim\": 0.5}}", ATTN_OK, NULL);
+  CHECK(c.rope_global.scaling == ATTN_ROPE_YARN && c.rope_global.original_max_position == 32768 &&
+            fabs(c.rope_global.attention_factor - (0.1 * log(4.0) + 1) / (0.05 * log(4.0) + 1)) < 1e-12, "yarn");
+  c = parse(ctx, "{\"model_type\": \"llama\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"max_position_embeddings\": 2048,"
+                 " \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2.0}}", ATTN_OK, NULL);
+  CHECK(c.rope_global.scaling == ATTN_ROPE_DYNAMIC && c.rope_global.original_max_position == 2048, "dynamic");
+
+  /* no RoPE: GPT-2, BERT, T5 (scale 1, d_kv), DistilBERT's names */
+  c = parse(ctx, "{\"model_type\": \"gpt2\", \"n_embd\": 768, \"n_head\": 12, \"n_layer\": 12, \"n_positions\": 1024}", ATTN_OK, NULL);
+  CHECK(!c.rope && c.head_dim == 64 && c.num_kv_heads == 12, "gpt2");
+  c = parse(ctx, "{\"model_type\": \"t5\", \"d_model\": 512, \"num_heads\": 8, \"d_kv\": 64, \"num_layers\": 6}", ATTN_OK, NULL);
+  CHECK(!c.rope && c.scale == 1 && c.head_dim == 64 && c.num_layers == 6, "t5");
+  c = parse(ctx, "{\"model_type\": \"distilbert\", \"dim\": 768, \"n_heads\": 12, \"n_layers\": 6}", ATTN_OK, NULL);
+  CHECK(!c.rope && c.hidden_size == 768 && c.num_heads == 12 && c.num_layers == 6, "distilbert");
+  c = parse(ctx, "\xef\xbb\xbf{\"model_type\": \"bert\", \"hidden_size\": 768, \"num_attention_heads\": 12,"
+                 " \"position_embedding_type\": \"absolute\", \"layer_norm_eps\": 1e-12}", ATTN_OK, NULL);
+  CHECK(!c.rope && c.norm_eps == 1e-12, "bert (after a byte order mark)");
+
+  /* what libattn lacks: refused, naming the field */
+  parse(ctx, "{\"model_type\": \"phi3\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"rope_scaling\": {\"type\":"
+             " \"longrope\", \"short_factor\": [1.0], \"long_factor\": [2.0]}}", ATTN_E_UNSUPPORTED, "longrope");
+  parse(ctx, "{\"model_type\": \"bert\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+             " \"position_embedding_type\": \"relative_key\"}", ATTN_E_UNSUPPORTED, "position_embedding_type");
+  parse(ctx, "{\"model_type\": \"x\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 1,"
+             " \"sliding_window\": 8, \"layer_types\": [\"chunked_attention\"]}", ATTN_E_UNSUPPORTED, "layer_types[0]");
+  parse(ctx, "{\"model_type\": \"falcon\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"alibi\": true}",
+        ATTN_E_UNSUPPORTED, "alibi");
+  parse(ctx, "{\"model_type\": \"x\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 5000}",
+        ATTN_E_UNSUPPORTED, "layers");
+  /* malformed or inconsistent */
+  parse(ctx, "{\"hidden_size\": 64}", ATTN_E_FORMAT, "head count");
+  parse(ctx, "{\"hidden_size\": 65, \"num_attention_heads\": 4}", ATTN_E_FORMAT, "divide");
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 3}", ATTN_E_FORMAT, "kv heads");
+  parse(ctx, "{\"hidden_size\": -64, \"num_attention_heads\": 4}", ATTN_E_FORMAT, "non-negative integer");
+  parse(ctx, "{\"hidden_size\": 64.5, \"num_attention_heads\": 4}", ATTN_E_FORMAT, "non-negative integer");
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"partial_rotary_factor\": 0.35, \"rope_theta\": 1e4}",
+        ATTN_E_FORMAT, "rotary dims");
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4} x", ATTN_E_FORMAT, "after the config");
+  parse(ctx, "[1, 2]", ATTN_E_FORMAT, "not a JSON object");
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"model_type\": \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",
+        ATTN_E_FORMAT, "model_type");
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"x\": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+             "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}",
+        ATTN_E_FORMAT, "nesting");
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"x\": \"\\ud800\"}", ATTN_E_FORMAT, "surrogate");
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_theta\": 1e999}", ATTN_E_FORMAT, "out of range");
+  char nul[] = "{\"hidden_size\": 64, \"num_attention_heads\": 4}";
+  CHECK(attn_hf_config_parse(ctx, &c, nul, 10, "cut") == ATTN_E_FORMAT, "a cut config is refused");
+  /* files: a missing one, a directory */
+  CHECK_ERR(ctx, attn_hf_config_read(ctx, &c, "/nonexistent/config.json"), ATTN_E_IO, "config.json");
+  CHECK(attn_hf_config_read(ctx, &c, ".") != ATTN_OK, "a directory is refused");
+  attn_ctx_destroy(ctx);
+  return tu_finish("test_hf_config");
+}
