@@ -366,6 +366,16 @@ static float *param(attn_ctx *ctx, attn_mha *m, attn_mha_param p) {
   return attn_mha_param_view(ctx, &t, m, p) ? NULL : t.data;
 }
 
+static double rel_l2_f32(const float *got, const double *want, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t e = 0; e < n; e++) {
+    const double d = (double)got[e] - want[e];
+    num += isnan(d) ? INFINITY : d * d;
+    den += want[e] * want[e];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
 /* The layer's forward composed of public calls on ctx: out [B, Nq, E] =
  * linear(sdpa(linear(q), linear(k), linear(v)), Wo, bo). */
 static void composed(attn_ctx *ctx, float *out, attn_mha *m, const lcase *c, const float *xq, const float *xk,
@@ -385,6 +395,18 @@ static void composed(attn_ctx *ctx, float *out, attn_mha *m, const lcase *c, con
     attn_tensor tb = attn_tensor_view(param(ctx, m, lin[i].b), ATTN_F32, 1, sb), ty = attn_tensor_view(lin[i].y, ATTN_F32, 2, sy);
     CHECK_OK(ctx, attn_linear(ctx, &ty, &tx, &tw, &tb));
   }
+  if (attn_ctx_precision(ctx) == ATTN_PRECISION_BF16) { /* q's projection: bf16 products, not the fp32 GEMM's */
+    double *rounded = malloc((size_t)(Mq * E) * sizeof(double)), *exact = malloc((size_t)(Mq * E) * sizeof(double));
+    if (!rounded || !exact) exit(2);
+    const mat x = {(void *)xq, ATTN_F32, Mq, E, E}, w = {param(ctx, m, ATTN_MHA_Q_WEIGHT), ATTN_F32, E, E, E};
+    reference(rounded, &x, &w, param(ctx, m, ATTN_MHA_Q_BIAS), 1);
+    reference(exact, &x, &w, param(ctx, m, ATTN_MHA_Q_BIAS), 0);
+    const double err = rel_l2_f32(Q, rounded, Mq * E), other = rel_l2_f32(Q, exact, Mq * E);
+    CHECK(err <= GEMM_BOUND && other > 100 * GEMM_BOUND,
+          "q's projection under BF16: rel L2 %.3g against float64 on bf16-rounded operands, %.3g on the f32 ones", err,
+          other);
+    free(rounded), free(exact);
+  }
   /* [B, N, H*D] rows viewed as [B, H, N, D] */
   const int64_t sq[4] = {c->B, c->H, c->Nq, D}, sk[4] = {c->B, c->Hk, c->Nk, D};
   attn_tensor q = attn_tensor_view(Q, ATTN_F32, 4, sq), a = attn_tensor_view(A, ATTN_F32, 4, sq);
@@ -398,16 +420,6 @@ static void composed(attn_ctx *ctx, float *out, attn_mha *m, const lcase *c, con
   attn_tensor tb = attn_tensor_view(param(ctx, m, ATTN_MHA_O_BIAS), ATTN_F32, 1, sb), to = attn_tensor_view(out, ATTN_F32, 2, sa);
   CHECK_OK(ctx, attn_linear(ctx, &to, &ta, &tw, &tb));
   free(Q), free(K), free(V), free(A);
-}
-
-static double rel_l2_f32(const float *got, const double *want, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t e = 0; e < n; e++) {
-    const double d = (double)got[e] - want[e];
-    num += isnan(d) ? INFINITY : d * d;
-    den += want[e] * want[e];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 static void layer_case(const lcase *c, uint64_t seed) {
