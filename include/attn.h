@@ -148,7 +148,7 @@ ATTN_API attn_kernel attn_ctx_kernel(const attn_ctx *ctx);
 ATTN_API attn_status attn_ctx_set_decode(attn_ctx *ctx, int enabled);
 /* 1 when the decode kernel may be used, else 0. NULL: 1 (the default). */
 ATTN_API int attn_ctx_decode(const attn_ctx *ctx);
-/* The precision policy of the context's forward calls (see attn_precision);
+/* The precision policy of the context's forward calls and attn_linear (see attn_precision);
  * DEFAULT, or ATTN_PRECISION (default, fp32, bf16) when the context was made. */
 ATTN_API attn_status attn_ctx_set_precision(attn_ctx *ctx, attn_precision precision);
 ATTN_API attn_precision attn_ctx_precision(const attn_ctx *ctx);
@@ -409,7 +409,8 @@ ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int6
  * . weight [N, K]^T + bias [N] (bias may be NULL), all rank 2 (bias rank 1),
  * any strides (a view whose rows are not unit-stride is gathered first; out
  * must not overlap the inputs). x and weight are f32, f16 or bf16, bias any
- * float dtype (added in fp32), out f32. Bitwise the same for any thread count.
+ * float dtype (taken as f32, f64 rounded, and added in fp32), out f32.
+ * Bitwise the same for any thread count.
  * The products, by the context's precision (attn_precision's rules):
  *   bf16 products summed in fp32 (vdpbf16ps; bf16 subnormals count as zero),
  *     on the context's bf16 GEMM (ATTN_KERNEL_AVX512_BF16 has one):
