@@ -178,7 +178,8 @@ static void gemm_strided(tu_rng *rng, int64_t M, int64_t N, int64_t K, attn_dtyp
     vo.data = os;
     if (v == 0) { /* x stored [K, M] */
       for (int64_t i = 0; i < M; i++)
-        for (int64_t k = 0; k < K; k++) memcpy(xs + (size_t)(k * M + i) * es, (char *)x.data + (size_t)(i * K + k) * es, es);
+        for (int64_t k = 0; k < K; k++)
+          memcpy(xs + (size_t)(k * M + i) * es, (char *)x.data + (size_t)(i * K + k) * es, es);
       vx.data = xs, vx.strides[0] = 1, vx.strides[1] = M;
     } else if (v == 1) { /* weight's elements every other one, the gaps NaN */
       for (int64_t e = 0; e < N * K; e++) {
@@ -187,7 +188,8 @@ static void gemm_strided(tu_rng *rng, int64_t M, int64_t N, int64_t K, attn_dtyp
       }
       vw.data = ws, vw.strides[0] = 2 * K, vw.strides[1] = 2;
     } else if (v == 2) { /* x's rows last to first, out transposed */
-      for (int64_t i = 0; i < M; i++) memcpy(xs + (size_t)((M - 1 - i) * K) * es, (char *)x.data + (size_t)(i * K) * es, (size_t)K * es);
+      for (int64_t i = 0; i < M; i++)
+        memcpy(xs + (size_t)((M - 1 - i) * K) * es, (char *)x.data + (size_t)(i * K) * es, (size_t)K * es);
       vx.data = xs + (size_t)((M - 1) * K) * es, vx.strides[0] = -K;
       vo.strides[0] = 1, vo.strides[1] = M;
     } else { /* bias every third element, out every other */
@@ -391,8 +393,10 @@ static void composed(attn_ctx *ctx, float *out, attn_mha *m, const lcase *c, con
   for (int i = 0; i < 3; i++) {
     const int64_t sx[2] = {lin[i].rows, lin[i].in}, sw[2] = {lin[i].outn, lin[i].in}, sy[2] = {lin[i].rows, lin[i].outn};
     const int64_t sb[1] = {lin[i].outn};
-    attn_tensor tx = attn_tensor_view((void *)lin[i].x, ATTN_F32, 2, sx), tw = attn_tensor_view(param(ctx, m, lin[i].w), ATTN_F32, 2, sw);
-    attn_tensor tb = attn_tensor_view(param(ctx, m, lin[i].b), ATTN_F32, 1, sb), ty = attn_tensor_view(lin[i].y, ATTN_F32, 2, sy);
+    attn_tensor tx = attn_tensor_view((void *)lin[i].x, ATTN_F32, 2, sx);
+    attn_tensor tw = attn_tensor_view(param(ctx, m, lin[i].w), ATTN_F32, 2, sw);
+    attn_tensor tb = attn_tensor_view(param(ctx, m, lin[i].b), ATTN_F32, 1, sb);
+    attn_tensor ty = attn_tensor_view(lin[i].y, ATTN_F32, 2, sy);
     CHECK_OK(ctx, attn_linear(ctx, &ty, &tx, &tw, &tb));
   }
   if (attn_ctx_precision(ctx) == ATTN_PRECISION_BF16) { /* q's projection: bf16 products, not the fp32 GEMM's */
@@ -415,9 +419,11 @@ static void composed(attn_ctx *ctx, float *out, attn_mha *m, const lcase *c, con
   k.strides[0] = v.strides[0] = c->Nk * kv, k.strides[1] = v.strides[1] = D, k.strides[2] = v.strides[2] = kv;
   CHECK_OK(ctx, attn_sdpa(ctx, &a, NULL, NULL, &q, &k, &v, NULL));
   const int64_t sa[2] = {Mq, E}, sb[1] = {E};
-  attn_tensor ta = attn_tensor_view(A, ATTN_F32, 2, sa), tw = attn_tensor_view(param(ctx, m, ATTN_MHA_O_WEIGHT), ATTN_F32, 2, sa);
+  attn_tensor ta = attn_tensor_view(A, ATTN_F32, 2, sa);
+  attn_tensor tw = attn_tensor_view(param(ctx, m, ATTN_MHA_O_WEIGHT), ATTN_F32, 2, sa);
   tw.shape[0] = E;
-  attn_tensor tb = attn_tensor_view(param(ctx, m, ATTN_MHA_O_BIAS), ATTN_F32, 1, sb), to = attn_tensor_view(out, ATTN_F32, 2, sa);
+  attn_tensor tb = attn_tensor_view(param(ctx, m, ATTN_MHA_O_BIAS), ATTN_F32, 1, sb);
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 2, sa);
   CHECK_OK(ctx, attn_linear(ctx, &to, &ta, &tw, &tb));
   free(Q), free(K), free(V), free(A);
 }
@@ -425,7 +431,8 @@ static void composed(attn_ctx *ctx, float *out, attn_mha *m, const lcase *c, con
 static void layer_case(const lcase *c, uint64_t seed) {
   tu_rng rng = {seed};
   const int64_t E = c->E, Mq = c->B * c->Nq, Mk = c->B * c->Nk;
-  attn_ctx *ctx = context(ATTN_KERNEL_AVX512_BF16, ATTN_PRECISION_BF16), *oracle = context(ATTN_KERNEL_REF, ATTN_PRECISION_DEFAULT);
+  attn_ctx *ctx = context(ATTN_KERNEL_AVX512_BF16, ATTN_PRECISION_BF16);
+  attn_ctx *oracle = context(ATTN_KERNEL_REF, ATTN_PRECISION_DEFAULT);
   attn_ctx_set_threads(ctx, 3);
   attn_mha_config cfg;
   attn_mha_config_init(&cfg, E, c->H);
@@ -438,7 +445,8 @@ static void layer_case(const lcase *c, uint64_t seed) {
   fill_params(ctx, m, &rng, 1.0 / sqrt((double)E));
   copy_params_rounded(ctx, mr, m);
   const int64_t nq = Mq * E, nk = Mk * c->kdim, nv = Mk * c->vdim;
-  float *xq = malloc((size_t)nq * sizeof(float)), *xk = malloc((size_t)nk * sizeof(float)), *xv = malloc((size_t)nv * sizeof(float));
+  float *xq = malloc((size_t)nq * sizeof(float)), *xk = malloc((size_t)nk * sizeof(float));
+  float *xv = malloc((size_t)nv * sizeof(float));
   float *out = malloc((size_t)nq * sizeof(float)), *out2 = malloc((size_t)nq * sizeof(float));
   float *comp = malloc((size_t)nq * sizeof(float));
   double *ref = malloc((size_t)nq * sizeof(double));
@@ -511,7 +519,8 @@ static void layer_case(const lcase *c, uint64_t seed) {
 static void layer_cached(void) {
   enum { E = 64, H = 4, B = 2, N = 16 };
   tu_rng rng = {99};
-  attn_ctx *ctx = context(ATTN_KERNEL_AVX512_BF16, ATTN_PRECISION_BF16), *oracle = context(ATTN_KERNEL_REF, ATTN_PRECISION_DEFAULT);
+  attn_ctx *ctx = context(ATTN_KERNEL_AVX512_BF16, ATTN_PRECISION_BF16);
+  attn_ctx *oracle = context(ATTN_KERNEL_REF, ATTN_PRECISION_DEFAULT);
   attn_mha_config cfg;
   attn_mha_config_init(&cfg, E, H);
   attn_mha *m, *mr;
