@@ -107,7 +107,13 @@ typedef enum attn_kernel {
  *            inputs, and bf16 ones, are rounded to bf16 (to nearest even) for
  *            q.k and p.v and then computed as bf16 inputs are by DEFAULT. f16
  *            inputs are never rounded to bf16 (they would lose bits): they
- *            stay as DEFAULT computes them.
+ *            stay as DEFAULT computes them. The layer (attn_mha_forward,
+ *            attn_mha_forward_save, attn_mha_forward_cached) then also runs
+ *            its four projections with bf16 products summed in fp32 (x and
+ *            the weights rounded to bf16, the bias added in fp32) where the
+ *            kernel has a bf16 GEMM (ATTN_KERNEL_AVX512_BF16), and its
+ *            attention on the f32 projections rounded as above.
+ * attn_linear follows the same rules for its x and weight (see there).
  * Outside these rules no input loses precision: f32 inputs are rounded only
  * under BF16. The backward and the oracle always run in fp32 / float64. */
 typedef enum attn_precision {
@@ -142,7 +148,7 @@ ATTN_API attn_kernel attn_ctx_kernel(const attn_ctx *ctx);
 ATTN_API attn_status attn_ctx_set_decode(attn_ctx *ctx, int enabled);
 /* 1 when the decode kernel may be used, else 0. NULL: 1 (the default). */
 ATTN_API int attn_ctx_decode(const attn_ctx *ctx);
-/* The precision policy of the context's forward calls (see attn_precision);
+/* The precision policy of the context's forward calls and attn_linear (see attn_precision);
  * DEFAULT, or ATTN_PRECISION (default, fp32, bf16) when the context was made. */
 ATTN_API attn_status attn_ctx_set_precision(attn_ctx *ctx, attn_precision precision);
 ATTN_API attn_precision attn_ctx_precision(const attn_ctx *ctx);
@@ -532,11 +538,22 @@ typedef enum attn_mha_param {
 ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_heads);
 
 /* The layer's projections on their own (PyTorch Linear): out [M, N] = x [M, K]
- * . weight [N, K]^T + bias [N] (bias may be NULL), all f32 and rank 2, any
- * strides (a view whose rows are not unit-stride is gathered first; out must
- * not overlap the inputs). Computed by the context's fp32 GEMM kernel (the
- * portable one under ATTN_KERNEL_REF), bitwise the same for any thread count;
- * a build with -DATTN_WITH_CBLAS=ON hands the AVX2/AVX-512 cases to its BLAS. */
+ * . weight [N, K]^T + bias [N] (bias may be NULL), all rank 2 (bias rank 1),
+ * any strides (a view whose rows are not unit-stride is gathered first; out
+ * must not overlap the inputs). x and weight are f32, f16 or bf16, bias any
+ * float dtype (taken as f32, f64 rounded, and added in fp32), out f32.
+ * Bitwise the same for any thread count.
+ * The products, by the context's precision (attn_precision's rules):
+ *   bf16 products summed in fp32 (vdpbf16ps; bf16 subnormals count as zero),
+ *     on the context's bf16 GEMM (ATTN_KERNEL_AVX512_BF16 has one):
+ *       DEFAULT  when x and weight are both bf16;
+ *       BF16     when each of x and weight is f32 or bf16 (f32 rounded to
+ *                bf16, nearest even), as PyTorch's "medium" matmul precision;
+ *   otherwise fp32: the context's fp32 GEMM kernel (the portable one under
+ *     ATTN_KERNEL_REF) on halves widened to f32 (exactly): always under FP32,
+ *     for any f16 operand, for f32 mixed with bf16 under DEFAULT, and on
+ *     kernels without a bf16 GEMM. A build with -DATTN_WITH_CBLAS=ON hands the
+ *     fp32 AVX2/AVX-512 cases to its BLAS. */
 ATTN_API attn_status attn_linear(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
                                  const attn_tensor *bias);
 /* Parameters start zeroed. */
@@ -614,7 +631,10 @@ ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
  *   out is [B, Nq, E] f32, query [B, Nq, E], key [B, Nk, kdim], value [B, Nk, vdim]
  *   (batch-first, any strides, f32). key and value NULL: self-attention on query.
  *   weights (or NULL): f32 [B, H, Nq, Nk], or [B, Nq, Nk] with average_weights.
- * With ATTN_KERNEL_REF every step runs in float64 (out, weights may then be f64). */
+ * With ATTN_KERNEL_REF every step runs in float64 (out, weights may then be f64).
+ * Under ATTN_PRECISION_BF16 the projections and the attention take bf16
+ * products (see attn_precision); the backward pass stays fp32 (on the
+ * activations this forward saved). */
 ATTN_API attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
                                       const attn_tensor *query, const attn_tensor *key, const attn_tensor *value,
                                       const attn_mha_opts *opts);

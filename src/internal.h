@@ -21,6 +21,7 @@ typedef struct attn__dispatch {
   const struct attn__cpu_kernels *attention;      /* the blocked kernel's tiles (src/cpu/kernels.h) */
   const struct attn__decode_kernels *decode;      /* the decode kernel's blocks (src/cpu/kernels.h) */
   const struct attn__sgemm_kernel *gemm;          /* the projections' GEMM (src/cpu/gemm.h) */
+  const struct attn__bgemm_kernel *gemm_bf16;     /* its bf16-product variant, or NULL (src/cpu/gemm.h) */
   const struct attn__half_kernels *half;          /* bf16 tiles of the blocked kernel, or NULL (src/cpu/kernels.h) */
   int decode_enabled;                             /* 0: decode-sized problems go through the blocked kernel */
   attn_precision precision;                       /* the policy of attn.h's attn_precision */
@@ -214,6 +215,18 @@ attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p);
  * the same for any thread count. */
 void attn__sgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc, const float *bias);
+
+/* C = A . B^T + bias as attn__sgemm_nt, with bf16 products summed in fp32:
+ * A and B each f32 (rounded to bf16, nearest even) or bf16, rows lda, ldb
+ * elements apart. Only where ctx->dispatch.gemm_bf16 is not NULL; bitwise the
+ * same for any thread count. */
+void attn__bgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const void *A, attn_dtype at, int64_t lda,
+                    const void *B, attn_dtype bt, int64_t ldb, float *C, int64_t ldc, const float *bias);
+
+/* The layer's projections (f32 operands, as attn__sgemm_nt): the bf16 GEMM
+ * under ATTN_PRECISION_BF16 where the context has it, else the fp32 one. */
+void attn__project_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias);
 
 /* Size helpers that refuse overflow: 0 on success. */
 int attn__mul_overflows(int64_t a, int64_t b, int64_t *out);

@@ -557,6 +557,11 @@ expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --repeat 1 --back
 expect 0 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --repeat 1 --max-gflop 1e-3
 expect 2 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-5
 expect 0 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-3
+for p in default fp32 bf16; do
+  expect 0 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-3 --precision $p
+  if grep -q "precision $p" "$T/stdout"; then ok; else bad "bench mha --precision $p: not reported: $(cat "$T/stdout")"; fi
+done
+expect 2 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --precision half
 expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --max-gflop 0
 
 # --- --help and -h: every command's usage on stdout, exit 0, whatever else is given ---

@@ -239,8 +239,12 @@ static void refusals(void) {
   CHECK_ERR(ctx, attn_linear(ctx, &to, &bad, &tw, &tb), ATTN_E_DTYPE, "x is f64");
   bad = attn_tensor_view(d, ATTN_F64, 2, s24);
   CHECK_ERR(ctx, attn_linear(ctx, &bad, &tx, &tw, &tb), ATTN_E_DTYPE, "out is f64");
-  bad = attn_tensor_view(d, ATTN_F16, 1, s4);
-  CHECK_ERR(ctx, attn_linear(ctx, &to, &tx, &tw, &bad), ATTN_E_DTYPE, "bias is f16");
+  bad = attn_tensor_view(d, ATTN_BOOL, 1, s4);
+  CHECK_ERR(ctx, attn_linear(ctx, &to, &tx, &tw, &bad), ATTN_E_DTYPE, "bias is bool");
+  bad = attn_tensor_view(d, ATTN_U8, 2, s23);
+  CHECK_ERR(ctx, attn_linear(ctx, &to, &tx, &bad, &tb), ATTN_E_DTYPE, "weight is u8");
+  bad = attn_tensor_view(d, ATTN_BF16, 2, s24);
+  CHECK_ERR(ctx, attn_linear(ctx, &bad, &tx, &tw, &tb), ATTN_E_DTYPE, "out is bf16");
   bad = attn_tensor_view(w, ATTN_F32, 2, s24); /* [4, 2]: K differs */
   bad.shape[0] = 4, bad.shape[1] = 2;
   CHECK_ERR(ctx, attn_linear(ctx, &to, &tx, &bad, &tb), ATTN_E_SHAPE, "weight must be [N, 3]");

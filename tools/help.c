@@ -39,7 +39,7 @@ static const struct {
      "            (--padding F: the last fraction F of every row's keys is key padding, and holds NaN)\n"},
     {"bench", "mha",
      "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel K]\n"
-     "            [--max-gflop F] [--json]\n"},
+     "            [--precision default|fp32|bf16] [--max-gflop F] [--json]\n"},
     {"bench", "decode",
      "  attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq]\n"
      "            [--dtype f32|f16|bf16] [--compare] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"},

@@ -24,6 +24,9 @@
 #ifndef ATTN_CPU_GEMM_H
 #define ATTN_CPU_GEMM_H
 
+#include "attn.h"
+#include "../half.h"
+
 #include <stdint.h>
 
 typedef void (*attn__sgemm_ukr_fn)(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc,
@@ -45,11 +48,76 @@ typedef struct attn__sgemm_kernel {
 
 /* The portable kernel (gemm.c): plain loops the compiler vectorises. */
 extern const attn__sgemm_kernel attn__sgemm_kernel_c;
+
+/* ---- the bf16 variant: bf16 products summed in fp32 --------------------------
+ * The same framework (engine/gemm.c) and the same properties, with A and B
+ * read as bf16: bf16 inputs as they are, f32 ones rounded to nearest even
+ * (attn__f32_to_bf16). A depth block is always an even number of steps, and
+ * both operands are packed as pairs of consecutive steps, the layout
+ * vdpbf16ps reads (one 32-bit lane = one pair), for pairs t = 0 .. kp-1 of a
+ * block (kp = ceil(kc / 2)):
+ *   Ap[(t * mr + i) * 2 + e] = bf16(A[i][k0 + 2t + e])
+ *   Bp[(t * nr + j) * 2 + e] = bf16(B[j][k0 + 2t + e])
+ * An odd K's last pair has a zero upper half, rows past the edge are zeros;
+ * both 64-byte aligned. The kernel updates one full mr x nr tile of C:
+ *   acc[i][j] = init ? init[j] : C[i * ldc + j]
+ *   for t = 0 .. kp-1:  acc[i][j] = dot2(acc[i][j], Ap pair (t, i), Bp pair (t, j))   (in this order)
+ *   C[i * ldc + j] = acc[i][j]
+ * where dot2 is the instruction's fixed sequence for one lane (vdpbf16ps: the
+ * two products are exact in fp32; each is added with fp32 rounding; bf16
+ * subnormals count as zero). So every element of C is again one chain in k
+ * order from the bias or zero, whatever the blocking or thread count. */
+typedef void (*attn__bgemm_ukr_fn)(int64_t kp, const uint16_t *Ap, const uint16_t *Bp, float *C, int64_t ldc,
+                                   const float *init);
+/* Packs one full micro-panel of r rows (the kernel's mr or nr) of X, an f32
+ * or bf16 matrix (ld elements apart), over kc steps (odd kc: the last pair's
+ * upper half 0), as above. NULL: the framework's portable loop. */
+typedef void (*attn__bgemm_pack_fn)(const void *X, attn_dtype dt, int64_t ld, int64_t kc, uint16_t *P);
+
+typedef struct attn__bgemm_kernel {
+  const char *name;
+  int mr, nr;     /* tile of C; nr <= 64, mr <= 32 */
+  int kc, mc, nc; /* blocking as attn__sgemm_kernel's; kc counts steps (not pairs) and is even */
+  attn__bgemm_ukr_fn ukr;
+  attn__bgemm_pack_fn pack_a, pack_b;
+} attn__bgemm_kernel;
+
+/* The portable packing of one micro-panel of r rows into pairs (the contract
+ * above), rows past `rows` zero: shared by the framework (edge panels) and
+ * the kernels' own pack functions, which inline it under their instruction
+ * set's flags so that the rounding vectorises. */
+static inline void attn__bgemm_pack_pairs(const void *X, attn_dtype dt, int64_t ld, int64_t rows, int64_t kc, int r,
+                                          uint16_t *restrict P) {
+  const int64_t kp = (kc + 1) / 2, even = kc & ~(int64_t)1;
+  for (int i = 0; i < r; i++) {
+    uint16_t *p = P + 2 * i;
+    if (i >= rows) {
+      for (int64_t t = 0; t < kp; t++) p[2 * t * r] = p[2 * t * r + 1] = 0;
+    } else if (dt == ATTN_BF16) {
+      const uint16_t *x = (const uint16_t *)X + i * ld;
+      for (int64_t k = 0; k < even; k += 2) {
+        p[k * r] = x[k];
+        p[k * r + 1] = x[k + 1];
+      }
+      if (kc & 1) p[even * r] = x[even], p[even * r + 1] = 0;
+    } else {
+      const float *x = (const float *)X + i * ld;
+      for (int64_t k = 0; k < even; k += 2) {
+        p[k * r] = attn__f32_to_bf16(x[k]);
+        p[k * r + 1] = attn__f32_to_bf16(x[k + 1]);
+      }
+      if (kc & 1) p[even * r] = attn__f32_to_bf16(x[even]), p[even * r + 1] = 0;
+    }
+  }
+}
+
 #ifdef ATTN_HAVE_X86_KERNELS
 /* 6 x 16 tile in ymm accumulators (avx2/gemm.c). */
 extern const attn__sgemm_kernel attn__sgemm_kernel_avx2;
 /* 12 x 32 tile in zmm accumulators (avx512/gemm.c). */
 extern const attn__sgemm_kernel attn__sgemm_kernel_avx512;
+/* 12 x 32 tile of vdpbf16ps accumulators (avx512/gemm_bf16.c; AVX512-BF16 CPUs only). */
+extern const attn__bgemm_kernel attn__bgemm_kernel_avx512bf16;
 #endif
 
 #endif

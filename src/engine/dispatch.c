@@ -17,6 +17,7 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
   d->decode = &attn__decode_kernels_c;
   d->gemm = &attn__sgemm_kernel_c;
   d->half = NULL;
+  d->gemm_bf16 = NULL;
 #ifdef ATTN_HAVE_X86_KERNELS
   if (kernel == ATTN_KERNEL_AVX2) {
     d->attention = &attn__kernels_avx2;
@@ -28,6 +29,7 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
     d->gemm = &attn__sgemm_kernel_avx512;
     const attn__half_kernels *h = &attn__half_kernels_avx512bf16;
     if (kernel == ATTN_KERNEL_AVX512_BF16 && h->mr == h->base->mr && h->nr == h->base->nr) d->half = h;
+    if (kernel == ATTN_KERNEL_AVX512_BF16) d->gemm_bf16 = &attn__bgemm_kernel_avx512bf16;
   }
 #endif
   d->decode_enabled = decode_enabled != 0;

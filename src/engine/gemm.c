@@ -11,7 +11,11 @@
  * each thread packs what its rectangle needs into its own buffers, so there are
  * no barriers, and each element of C is the same chain of K multiply-adds in k
  * order whatever the thread count, the blocking or the tile's position. So the
- * result is bitwise the same for any thread count (for a given kernel). */
+ * result is bitwise the same for any thread count (for a given kernel).
+ *
+ * The bf16 variant (attn__bgemm_nt, gemm.h's attn__bgemm_kernel) runs on the
+ * same blocking and threads; only the packing (bf16 pairs along k, depth
+ * blocks of an even number of steps) and the microkernel differ. */
 #include "../internal.h"
 #include "../cpu/gemm.h"
 
@@ -88,36 +92,68 @@ static void pack_panels(const float *restrict X, int64_t ld, int64_t rows, int64
 }
 
 /* ---- one thread's rectangle of C ------------------------------------------------ */
+/* The product, and the kernel that computes it: kd (fp32: A and B f32) or
+ * kb (bf16 products: A and B each f32 or bf16). */
 typedef struct gemm_args {
   const attn__sgemm_kernel *kd;
+  const attn__bgemm_kernel *kb;
+  int mr, nr, kc, mc, nc; /* the kernel's */
   int64_t K;
-  const float *A, *B, *bias;
+  const void *A, *B;
+  attn_dtype at, bt;
+  const float *bias;
   int64_t lda, ldb, ldc;
   float *C;
 } gemm_args;
 
 static const float zeros[MAX_NR];
 
+/* Steps a packed micro-panel holds per row for a depth block of kc: bf16
+ * pairs round an odd kc up. */
+static int64_t packed_depth(const gemm_args *g, int64_t kc) { return g->kb ? (kc + 1) / 2 * 2 : kc; }
+static size_t packed_size(const gemm_args *g) { return g->kb ? sizeof(uint16_t) : sizeof(float); }
+
+/* rows x kc of operand X (A or B, as dt) from row row0 and step k0 into
+ * ceil(rows / r) micro-panels at P, as the kernel reads them. */
+static void pack_operand(const gemm_args *g, const void *X, attn_dtype dt, int64_t ld, int64_t row0, int64_t rows,
+                         int64_t k0, int64_t kc, int r, void *P, int is_a) {
+  if (!g->kb) {
+    pack_panels((const float *)X + row0 * ld + k0, ld, rows, kc, r, P, is_a ? g->kd->pack_a : g->kd->pack_b);
+    return;
+  }
+  const attn__bgemm_pack_fn fast = is_a ? g->kb->pack_a : g->kb->pack_b;
+  const size_t es = attn_dtype_size(dt);
+  uint16_t *p = P;
+  for (int64_t q = 0; q < rows; q += r, p += r * packed_depth(g, kc)) {
+    const void *x = (const char *)X + (size_t)((row0 + q) * ld + k0) * es;
+    if (rows - q >= r && fast)
+      fast(x, dt, ld, kc, p);
+    else
+      attn__bgemm_pack_pairs(x, dt, ld, rows - q < r ? rows - q : r, kc, r, p);
+  }
+}
+
 /* Rows [m0, m1) and columns [n0, n1) of C, blocked by (mc, nc, kc) with buffers
- * Abuf (ceil(mc / mr) * mr * kc floats) and Bbuf (ceil(nc / nr) * nr * kc floats). */
+ * Abuf (ceil(mc / mr) * mr * kc packed elements) and Bbuf (ceil(nc / nr) * nr * kc);
+ * kcb is even for bf16 products unless it is all of an odd K. */
 static void gemm_rect(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t mcb, int64_t ncb,
-                      int64_t kcb, float *Abuf, float *Bbuf) {
-  const attn__sgemm_kernel *kd = g->kd;
-  const int mr = kd->mr, nr = kd->nr;
+                      int64_t kcb, void *Abuf, void *Bbuf) {
+  const int mr = g->mr, nr = g->nr;
+  const size_t es = packed_size(g);
   _Alignas(64) float tile[MAX_MR * MAX_NR];
   _Alignas(64) float binit[MAX_NR];
   memset(tile, 0, sizeof tile); /* the lanes of an edge tile past C's edge: computed, never stored */
   for (int64_t jc = n0; jc < n1; jc += ncb) {
     const int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
     for (int64_t pc = 0; pc < g->K; pc += kcb) {
-      const int64_t kc = g->K - pc < kcb ? g->K - pc : kcb;
-      pack_panels(g->B + jc * g->ldb + pc, g->ldb, nc, kc, nr, Bbuf, kd->pack_b);
+      const int64_t kc = g->K - pc < kcb ? g->K - pc : kcb, kstride = packed_depth(g, kc);
+      pack_operand(g, g->B, g->bt, g->ldb, jc, nc, pc, kc, nr, Bbuf, 0);
       for (int64_t ic = m0; ic < m1; ic += mcb) {
         const int64_t mc = m1 - ic < mcb ? m1 - ic : mcb;
-        pack_panels(g->A + ic * g->lda + pc, g->lda, mc, kc, mr, Abuf, kd->pack_a);
+        pack_operand(g, g->A, g->at, g->lda, ic, mc, pc, kc, mr, Abuf, 1);
         for (int64_t jr = 0; jr < nc; jr += nr) {
           const int64_t w = nc - jr < nr ? nc - jr : nr;
-          const float *Bp = Bbuf + jr * kc;
+          const void *Bp = (const char *)Bbuf + (size_t)(jr * kstride) * es;
           const float *init = NULL;
           if (pc == 0) {
             if (!g->bias) {
@@ -131,16 +167,21 @@ static void gemm_rect(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0, in
           }
           for (int64_t ir = 0; ir < mc; ir += mr) {
             const int64_t h = mc - ir < mr ? mc - ir : mr;
-            const float *Ap = Abuf + ir * kc;
-            float *c = g->C + (ic + ir) * g->ldc + jc + jr;
-            if (h == mr && w == nr) {
-              kd->ukr(kc, Ap, Bp, c, g->ldc, init);
-            } else {
+            const void *Ap = (const char *)Abuf + (size_t)(ir * kstride) * es;
+            float *c = g->C + (ic + ir) * g->ldc + jc + jr, *dst = c;
+            int64_t ldd = g->ldc;
+            if (h < mr || w < nr) { /* cut by C's edge: on the private tile */
               if (!init)
                 for (int64_t i = 0; i < h; i++) memcpy(tile + i * nr, c + i * g->ldc, (size_t)w * sizeof(float));
-              kd->ukr(kc, Ap, Bp, tile, nr, init);
-              for (int64_t i = 0; i < h; i++) memcpy(c + i * g->ldc, tile + i * nr, (size_t)w * sizeof(float));
+              dst = tile;
+              ldd = nr;
             }
+            if (g->kb)
+              g->kb->ukr(kstride / 2, Ap, Bp, dst, ldd, init);
+            else
+              g->kd->ukr(kc, Ap, Bp, dst, ldd, init);
+            if (dst == tile)
+              for (int64_t i = 0; i < h; i++) memcpy(c + i * g->ldc, tile + i * nr, (size_t)w * sizeof(float));
           }
         }
       }
@@ -149,34 +190,79 @@ static void gemm_rect(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0, in
 }
 
 /* Without heap buffers (allocation failed): the same arithmetic, one tile of
- * rows and columns at a time, with buffers on the stack. */
+ * rows and columns at a time, with buffers on the stack (an even depth block). */
 #define FALLBACK_KC 128
 
 static void gemm_rect_small(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   _Alignas(64) float abuf[MAX_MR * FALLBACK_KC];
   _Alignas(64) float bbuf[MAX_NR * FALLBACK_KC];
-  gemm_rect(g, m0, m1, n0, n1, g->kd->mr, g->kd->nr, FALLBACK_KC, abuf, bbuf);
+  gemm_rect(g, m0, m1, n0, n1, g->mr, g->nr, FALLBACK_KC, abuf, bbuf);
 }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* The grid of tm x tn rectangles for t threads: the factorisation of t with the
  * least work (multiply-adds plus packing) for the busiest thread. */
-static void choose_grid(int t, int64_t M, int64_t N, int64_t K, const attn__sgemm_kernel *kd, int *tm, int *tn) {
-  const int64_t MT = ceil_div(M, kd->mr), NT = ceil_div(N, kd->nr);
+static void choose_grid(int t, int64_t M, int64_t N, int64_t K, const gemm_args *g, int *tm, int *tn) {
+  const int64_t MT = ceil_div(M, g->mr), NT = ceil_div(N, g->nr);
   double best = -1;
   *tm = 1;
   *tn = 1;
   for (int a = 1; a <= t; a++) {
     if (t % a) continue;
     const int b = t / a;
-    const double rows = (double)(ceil_div(MT, a) * kd->mr), cols = (double)(ceil_div(NT, b) * kd->nr);
+    const double rows = (double)(ceil_div(MT, a) * g->mr), cols = (double)(ceil_div(NT, b) * g->nr);
     /* tens of flops a cycle against a packed element or so a cycle; A is packed once per block of nc columns */
-    const double cost = rows * cols * (double)K / 16.0 + (rows * (double)ceil_div((int64_t)cols, kd->nc) + cols) * (double)K;
+    const double cost = rows * cols * (double)K / 16.0 + (rows * (double)ceil_div((int64_t)cols, g->nc) + cols) * (double)K;
     if (best < 0 || cost < best) {
       best = cost;
       *tm = a;
       *tn = b;
+    }
+  }
+}
+
+/* C [M, N] = bias (or zeros): a product over no depth. */
+static void fill_bias(int64_t M, int64_t N, float *C, int64_t ldc, const float *bias) {
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) C[i * ldc + j] = bias ? bias[j] : 0.0f;
+}
+
+/* g's product (M, N > 0, K > 0) on ctx's threads, each on its own rectangle of whole tiles. */
+static void gemm_run(const attn_ctx *ctx, const gemm_args *g, int64_t M, int64_t N) {
+  const int64_t K = g->K;
+  int threads = attn__threads(ctx);
+  const int64_t mcmax = g->mc > g->mr ? g->mc / g->mr * g->mr : g->mr;
+  const int64_t ncmax = g->nc > g->nr ? g->nc / g->nr * g->nr : g->nr;
+  if (threads < 1) threads = 1;
+  /* small products are not worth waking threads for (nor a thread per tile) */
+  const double flops = 2.0 * (double)M * (double)N * (double)K;
+  int64_t tmax = (int64_t)(flops / 4e6) + 1;
+  if (tmax > ceil_div(M, g->mr) * ceil_div(N, g->nr)) tmax = ceil_div(M, g->mr) * ceil_div(N, g->nr);
+  if (threads > tmax) threads = (int)tmax;
+  int tm, tn;
+  choose_grid(threads, M, N, K, g, &tm, &tn);
+  const int64_t MT = ceil_div(M, g->mr), NT = ceil_div(N, g->nr);
+  const int64_t rt = ceil_div(MT, tm), ct = ceil_div(NT, tn); /* tiles per rectangle */
+  const int64_t kcb = K < g->kc ? K : g->kc, kstride = packed_depth(g, kcb);
+  const size_t es = packed_size(g);
+  const int nrect = tm * tn;
+
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int r = 0; r < nrect; r++) {
+    const int64_t m0 = (r / tn) * rt * g->mr, n0 = (r % tn) * ct * g->nr;
+    const int64_t m1 = m0 + rt * g->mr < M ? m0 + rt * g->mr : M, n1 = n0 + ct * g->nr < N ? n0 + ct * g->nr : N;
+    if (m0 < m1 && n0 < n1) {
+      const int64_t mcb = m1 - m0 < mcmax ? ceil_div(m1 - m0, g->mr) * g->mr : mcmax;
+      const int64_t ncb = n1 - n0 < ncmax ? ceil_div(n1 - n0, g->nr) * g->nr : ncmax;
+      void *abuf = attn__aligned_alloc((size_t)(mcb * kstride) * es);
+      void *bbuf = attn__aligned_alloc((size_t)(ncb * kstride) * es);
+      if (abuf && bbuf)
+        gemm_rect(g, m0, m1, n0, n1, mcb, ncb, kcb, abuf, bbuf);
+      else
+        gemm_rect_small(g, m0, m1, n0, n1);
+      attn__aligned_free(abuf);
+      attn__aligned_free(bbuf);
     }
   }
 }
@@ -198,51 +284,37 @@ void attn__sgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const 
   /* -DATTN_WITH_CBLAS=ON: the BLAS does the fast paths (its own threads and
    * rounding order); the portable kernel stays ours, for comparison. */
   if (kd != &attn__sgemm_kernel_c && K > 0 && cblas_fits(M, N, K, lda, ldb, ldc)) {
-    for (int64_t i = 0; i < M; i++)
-      for (int64_t j = 0; j < N; j++) C[i * ldc + j] = bias ? bias[j] : 0.0f;
+    fill_bias(M, N, C, ldc, bias);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,
                 bias ? 1.0f : 0.0f, C, (int)ldc);
     return;
   }
 #endif
   if (K <= 0) {
-    for (int64_t i = 0; i < M; i++)
-      for (int64_t j = 0; j < N; j++) C[i * ldc + j] = bias ? bias[j] : 0.0f;
+    fill_bias(M, N, C, ldc, bias);
     return;
   }
-  gemm_args g = {kd, K, A, B, bias, lda, ldb, ldc, C};
-  int threads = attn__threads(ctx);
-  const int64_t mcmax = kd->mc > kd->mr ? kd->mc / kd->mr * kd->mr : kd->mr;
-  const int64_t ncmax = kd->nc > kd->nr ? kd->nc / kd->nr * kd->nr : kd->nr;
-  if (threads < 1) threads = 1;
-  /* small products are not worth waking threads for (nor a thread per tile) */
-  const double flops = 2.0 * (double)M * (double)N * (double)K;
-  int64_t tmax = (int64_t)(flops / 4e6) + 1;
-  if (tmax > ceil_div(M, kd->mr) * ceil_div(N, kd->nr)) tmax = ceil_div(M, kd->mr) * ceil_div(N, kd->nr);
-  if (threads > tmax) threads = (int)tmax;
-  int tm, tn;
-  choose_grid(threads, M, N, K, kd, &tm, &tn);
-  const int64_t MT = ceil_div(M, kd->mr), NT = ceil_div(N, kd->nr);
-  const int64_t rt = ceil_div(MT, tm), ct = ceil_div(NT, tn); /* tiles per rectangle */
-  const int64_t kcb = K < kd->kc ? K : kd->kc;
-  const int nrect = tm * tn;
-
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int r = 0; r < nrect; r++) {
-    const int64_t m0 = (r / tn) * rt * kd->mr, n0 = (r % tn) * ct * kd->nr;
-    const int64_t m1 = m0 + rt * kd->mr < M ? m0 + rt * kd->mr : M, n1 = n0 + ct * kd->nr < N ? n0 + ct * kd->nr : N;
-    if (m0 < m1 && n0 < n1) {
-      const int64_t mcb = m1 - m0 < mcmax ? ceil_div(m1 - m0, kd->mr) * kd->mr : mcmax;
-      const int64_t ncb = n1 - n0 < ncmax ? ceil_div(n1 - n0, kd->nr) * kd->nr : ncmax;
-      float *abuf = attn__aligned_alloc((size_t)(mcb * kcb) * sizeof(float));
-      float *bbuf = attn__aligned_alloc((size_t)(ncb * kcb) * sizeof(float));
-      if (abuf && bbuf)
-        gemm_rect(&g, m0, m1, n0, n1, mcb, ncb, kcb, abuf, bbuf);
-      else
-        gemm_rect_small(&g, m0, m1, n0, n1);
-      attn__aligned_free(abuf);
-      attn__aligned_free(bbuf);
-    }
-  }
+  const gemm_args g = {kd, NULL, kd->mr, kd->nr, kd->kc, kd->mc, kd->nc, K, A, B, ATTN_F32, ATTN_F32,
+                       bias, lda, ldb, ldc, C};
+  gemm_run(ctx, &g, M, N);
 }
 
+void attn__bgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const void *A, attn_dtype at, int64_t lda,
+                    const void *B, attn_dtype bt, int64_t ldb, float *C, int64_t ldc, const float *bias) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    fill_bias(M, N, C, ldc, bias);
+    return;
+  }
+  const attn__bgemm_kernel *kb = ctx->dispatch.gemm_bf16;
+  const gemm_args g = {NULL, kb, kb->mr, kb->nr, kb->kc, kb->mc, kb->nc, K, A, B, at, bt, bias, lda, ldb, ldc, C};
+  gemm_run(ctx, &g, M, N);
+}
+
+void attn__project_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias) {
+  if (ctx->dispatch.precision == ATTN_PRECISION_BF16 && ctx->dispatch.gemm_bf16)
+    attn__bgemm_nt(ctx, M, N, K, A, ATTN_F32, lda, B, ATTN_F32, ldb, C, ldc, bias);
+  else
+    attn__sgemm_nt(ctx, M, N, K, A, lda, B, ldb, C, ldc, bias);
+}

@@ -674,11 +674,11 @@ static attn_status project(attn_ctx *ctx, fwd *f, const attn_mha *mha, const att
   f->xv = value == query ? f->xq : (value == key ? f->xk : rows_of(value, &f->own_v, f->keep));
   if (!f->xq || !f->xk || !f->xv)
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
-  attn__sgemm_nt(ctx, B * Nq, E, E, f->xq, E, P[ATTN_MHA_Q_WEIGHT], E, f->Q, E, P[ATTN_MHA_Q_BIAS]);
-  attn__sgemm_nt(ctx, B * Nk, kv, c->kdim, f->xk, c->kdim, P[ATTN_MHA_K_WEIGHT], c->kdim, f->K, kv,
-                 P[ATTN_MHA_K_BIAS]);
-  attn__sgemm_nt(ctx, B * Nk, kv, c->vdim, f->xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, f->V, kv,
-                 P[ATTN_MHA_V_BIAS]);
+  attn__project_nt(ctx, B * Nq, E, E, f->xq, E, P[ATTN_MHA_Q_WEIGHT], E, f->Q, E, P[ATTN_MHA_Q_BIAS]);
+  attn__project_nt(ctx, B * Nk, kv, c->kdim, f->xk, c->kdim, P[ATTN_MHA_K_WEIGHT], c->kdim, f->K, kv,
+                   P[ATTN_MHA_K_BIAS]);
+  attn__project_nt(ctx, B * Nk, kv, c->vdim, f->xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, f->V, kv,
+                   P[ATTN_MHA_V_BIAS]);
   return ATTN_OK;
 }
 
@@ -766,8 +766,7 @@ static attn_status save(attn_ctx *ctx, attn_mha_saved *sv, fwd *f, const attn_sd
 /* ---- what the forward and the cached step share --------------------------------- */
 void attn__mha_qkv(const attn_ctx *ctx, void *QKV, const float *X, const attn_mha *mha, int64_t M) {
   const int64_t E = mha->cfg.embed_dim, ld = E + 2 * mha->kv_dim;
-  attn__sgemm_nt(ctx, M, ld, E, X, E, mha->param[ATTN_MHA_Q_WEIGHT], E, QKV, ld,
-                 mha->param[ATTN_MHA_Q_BIAS]);
+  attn__project_nt(ctx, M, ld, E, X, E, mha->param[ATTN_MHA_Q_WEIGHT], E, QKV, ld, mha->param[ATTN_MHA_Q_BIAS]);
 }
 
 attn_status attn__mha_out(attn_ctx *ctx, attn_tensor *out, const float *A, const attn_mha *mha,
@@ -777,8 +776,7 @@ attn_status attn__mha_out(attn_ctx *ctx, attn_tensor *out, const float *A, const
   float *y = contiguous ? out->data : scratch;
   if (!y && !(y = attn__aligned_alloc((size_t)(B * N * E) * sizeof(float))))
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate the output rows");
-  attn__sgemm_nt(ctx, B * N, E, E, A, E, mha->param[ATTN_MHA_O_WEIGHT], E, y, E,
-                 mha->param[ATTN_MHA_O_BIAS]);
+  attn__project_nt(ctx, B * N, E, E, A, E, mha->param[ATTN_MHA_O_WEIGHT], E, y, E, mha->param[ATTN_MHA_O_BIAS]);
   if (!contiguous)
     for (int64_t b = 0; b < B; b++)
       for (int64_t n = 0; n < N; n++)

@@ -52,7 +52,8 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
  * sizes honoured as attn__read_sized does (opts.h). */
 attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts);
 
-/* The fp32 projections the forward and the cached step share:
+/* The projections the forward and the cached step share (fp32, or bf16
+ * products under ATTN_PRECISION_BF16: attn__project_nt):
  * QKV [M, E + 2 Hk D] (Q, K, V side by side) = X [M, E] . [Wq; Wk; Wv]^T + [bq; bk; bv]. */
 void attn__mha_qkv(const attn_ctx *ctx, void *QKV, const float *X, const attn_mha *mha, int64_t M);
 /* out [B, N, E] (f32, any strides) = A [B*N, E] . Wo^T + bo; the rows go

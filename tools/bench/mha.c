@@ -1,5 +1,6 @@
 /* attn bench mha: the multi-head attention layer forward (projections
- * included) against the float64 layer. */
+ * included) against the float64 layer (on the f32 inputs as given, so
+ * --precision bf16 shows its rounding in the error). */
 #include "common.h"
 #include "commands.h"
 
@@ -86,7 +87,7 @@ static int mha_oracle(mha_case *c, report *rep) {
 
 int cmd_bench_mha(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--seq", "--embed", "--heads", "--threads", "--repeat", "--kernel",
-                                      "--max-gflop", NULL};
+                                      "--max-gflop", "--precision", NULL};
   static const char *const switches[] = {"--json", "--backward", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
@@ -104,6 +105,10 @@ int cmd_bench_mha(int argc, char **argv) {
   if ((r = bench_check_fits(4.0 * (6.0 * B * N * E + 4.0 * E * E)))) return r;
   attn_ctx *ctx;
   if ((r = bench_ctx(&a, &ctx))) return r;
+  if ((r = bench_precision(&a, ctx))) {
+    attn_ctx_destroy(ctx);
+    return r;
+  }
 
   mha_case c;
   memset(&c, 0, sizeof c);
@@ -146,7 +151,14 @@ int cmd_bench_mha(int argc, char **argv) {
   rep.attn_gflop = attn_gflop;
   rep.proj_gflop = proj_gflop;
   rep.gflop = rep.attn_gflop + rep.proj_gflop;
+  rep.dtype = "f32";
+  rep.precision = attn_precision_name(attn_ctx_precision(ctx));
+  rep.tiles = strstr(attn_ctx_plan(ctx), "bf16 tiles") ? "bf16" : "fp32"; /* what the attention ran on */
   rep.peak_gflops = bench_measure_peak(rep.threads, &rep.isa);
+  if (!strcmp(rep.tiles, "bf16")) { /* the projections and the attention ran on the bf16 unit */
+    rep.peak_gflops = bench_measure_bf16_peak(rep.threads);
+    rep.isa = PEAK_AVX512_BF16;
+  }
   if ((r = mha_oracle(&c, &rep))) goto done;
   bench_print_report(&rep, cli_has(&a, "--json"));
 done:

@@ -12,6 +12,7 @@
  * zero-pads the packed panels and runs tiles cut by C's edge on a private copy.
  * init (NULL or 32 floats) seeds every row's accumulators instead of C. */
 #include "../gemm.h"
+#include "transpose4.h"
 
 #include <immintrin.h>
 
@@ -53,30 +54,15 @@ static void ukr_avx512(int64_t kc, const float *Ap, const float *Bp, float *C, i
 }
 
 /* Packing a micro-panel of r rows (r a multiple of 4): per group of 4 rows and
- * 16 steps, four row loads, a 4 x 4 transpose inside each 128-bit lane, and
- * sixteen 4-float stores, each the group's 4 rows at one step. */
+ * 16 steps, four row loads and a transposed store (transpose4.h). */
 static inline void pack4(const float *X, int64_t ld, int64_t kc, int r, float *P) {
   int64_t k = 0;
-  for (; k + 16 <= kc; k += 16) {
+  for (; k + 16 <= kc; k += 16)
     for (int g = 0; g < r; g += 4) {
       const float *x = X + g * ld + k;
-      const __m512 r0 = _mm512_loadu_ps(x), r1 = _mm512_loadu_ps(x + ld);
-      const __m512 r2 = _mm512_loadu_ps(x + 2 * ld), r3 = _mm512_loadu_ps(x + 3 * ld);
-      const __m512d t0 = _mm512_castps_pd(_mm512_unpacklo_ps(r0, r1)), t1 = _mm512_castps_pd(_mm512_unpackhi_ps(r0, r1));
-      const __m512d t2 = _mm512_castps_pd(_mm512_unpacklo_ps(r2, r3)), t3 = _mm512_castps_pd(_mm512_unpackhi_ps(r2, r3));
-      /* u[j], lane l: rows g..g+3 at step k + 4 l + j */
-      const __m512 u[4] = {_mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2)), _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2)),
-                           _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3)), _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3))};
-      float *p = P + k * r + g;
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; j++) {
-        _mm_storeu_ps(p + (0 + j) * r, _mm512_castps512_ps128(u[j]));
-        _mm_storeu_ps(p + (4 + j) * r, _mm512_extractf32x4_ps(u[j], 1));
-        _mm_storeu_ps(p + (8 + j) * r, _mm512_extractf32x4_ps(u[j], 2));
-        _mm_storeu_ps(p + (12 + j) * r, _mm512_extractf32x4_ps(u[j], 3));
-      }
+      attn__store_4x16_transposed(P + k * r + g, r, _mm512_loadu_ps(x), _mm512_loadu_ps(x + ld),
+                                  _mm512_loadu_ps(x + 2 * ld), _mm512_loadu_ps(x + 3 * ld));
     }
-  }
   for (; k < kc; k++)
     for (int i = 0; i < r; i++) P[k * r + i] = X[i * ld + k];
 }
