@@ -623,6 +623,14 @@ typedef struct attn_mha_opts {
   size_t size;         /* sizeof(attn_mha_opts), set by attn_mha_opts_init (attn.size too) */
   attn_sdpa_opts attn; /* read by its own size: an older attn_sdpa_opts moves the fields after it */
   int average_weights; /* attn_mha_forward's weights averaged over heads (PyTorch average_attn_weights) */
+  /* Rotary embeddings of the projected q and k (NULL: none), as attn_rope
+   * rotates them: query token n of row b at positions[b][n] (or
+   * position_offset + n), key token j at the same positions in
+   * self-attention and when Nk = Nq, else at position_offset + j (explicit
+   * positions then are refused). transpose must be 0. The backward applies
+   * the transposed rotation to dq and dk. The cached step takes its RoPE from
+   * the cache (attn_kv_cache_config.rope) and refuses this one. */
+  const attn_rope_opts *rope;
 } attn_mha_opts;
 
 ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);

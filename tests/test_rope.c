@@ -350,6 +350,120 @@ static void kv_cache(attn_ctx *ctx, attn_ctx *oracle, attn_dtype storage) {
   free(K), free(V), free(Q);
 }
 
+/* The layer with RoPE: fp32 against the float64 layer (ATTN_KERNEL_REF) and
+ * against its composition by hand (attn_linear, attn_rope_ref, attn_sdpa_ref);
+ * the input gradient against central differences of the float64 layer. */
+static void layer(attn_ctx *ctx, attn_ctx *oracle) {
+  enum { B = 2, N = 9, E = 32, H = 4, G = 2, D = E / H };
+  tu_rng r = {4321};
+  attn_mha_config cfg;
+  attn_mha_config_init(&cfg, E, H);
+  cfg.num_kv_heads = G;
+  attn_mha *m = NULL;
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &cfg));
+  if (!m) return;
+  for (int pidx = 0; pidx < ATTN_MHA_NUM_PARAMS; pidx++) {
+    attn_tensor pv;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &pv, m, (attn_mha_param)pidx));
+    tu_fill_f32(&r, pv.data, attn_tensor_numel(&pv), 0.4);
+  }
+  float x[B * N * E], out[B * N * E];
+  double ref[B * N * E];
+  tu_fill_f32(&r, x, B * N * E, 1);
+  const int64_t s3[3] = {B, N, E};
+  int64_t pos[B * N];
+  for (int b = 0; b < B; b++)
+    for (int n = 0; n < N; n++) pos[b * N + n] = b ? 3 + 2 * n : n; /* row 1: gaps, as a packed batch may have */
+  attn_rope_opts ro;
+  attn_rope_opts_init(&ro);
+  ro.rotary_dim = 4, ro.scaling = ATTN_ROPE_YARN, ro.factor = 2, ro.original_max_position = 8, ro.positions = pos;
+  attn_mha_opts mo;
+  attn_mha_opts_init(&mo);
+  mo.attn.causal = ATTN_CAUSAL_TOP_LEFT;
+  mo.rope = &ro;
+  attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, s3), to = attn_tensor_view(out, ATTN_F32, 3, s3);
+  attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 3, s3);
+  tu_poison_f32(out, B * N * E);
+  CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, NULL, &tx, NULL, NULL, &mo));
+  CHECK_OK(oracle, attn_ctx_set_kernel(oracle, ATTN_KERNEL_REF));
+  CHECK_OK(oracle, attn_mha_forward(oracle, m, &tr, NULL, &tx, NULL, NULL, &mo));
+  double num = 0, den = 0;
+  for (int e = 0; e < B * N * E; e++) num += (out[e] - ref[e]) * (out[e] - ref[e]), den += ref[e] * ref[e];
+  CHECK(sqrt(num / den) <= 1e-5, "layer with rope: fp32 against the float64 layer %.3g", sqrt(num / den));
+  /* by hand: q = x Wq^T + bq, k alike, rotated, then attention, then the out projection */
+  attn_tensor W[ATTN_MHA_NUM_PARAMS];
+  for (int i = 0; i < ATTN_MHA_NUM_PARAMS; i++) CHECK_OK(ctx, attn_mha_param_view(ctx, &W[i], m, (attn_mha_param)i));
+  const int64_t s2x[2] = {B * N, E}, s2k[2] = {B * N, G * D};
+  float q[B * N * E], k[B * N * G * D], v[B * N * G * D], a[B * N * E], y[B * N * E];
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 2, s2x), tk = attn_tensor_view(k, ATTN_F32, 2, s2k);
+  attn_tensor tv = attn_tensor_view(v, ATTN_F32, 2, s2k), x2 = attn_tensor_view(x, ATTN_F32, 2, s2x);
+  CHECK_OK(ctx, attn_linear(ctx, &tq, &x2, &W[ATTN_MHA_Q_WEIGHT], &W[ATTN_MHA_Q_BIAS]));
+  CHECK_OK(ctx, attn_linear(ctx, &tk, &x2, &W[ATTN_MHA_K_WEIGHT], &W[ATTN_MHA_K_BIAS]));
+  CHECK_OK(ctx, attn_linear(ctx, &tv, &x2, &W[ATTN_MHA_V_WEIGHT], &W[ATTN_MHA_V_BIAS]));
+  const int64_t s4q[4] = {B, H, N, D}, s4k[4] = {B, G, N, D};
+  attn_tensor qh = attn_tensor_view(q, ATTN_F32, 4, s4q), kh = attn_tensor_view(k, ATTN_F32, 4, s4k);
+  attn_tensor vh = attn_tensor_view(v, ATTN_F32, 4, s4k);
+  qh.strides[0] = N * E, qh.strides[1] = D, qh.strides[2] = E; /* [B, N, H, D] rows as heads */
+  kh.strides[0] = vh.strides[0] = N * G * D, kh.strides[1] = vh.strides[1] = D, kh.strides[2] = vh.strides[2] = G * D;
+  double qr[B * H * N * D], kr[B * G * N * D];
+  attn_tensor tqr = attn_tensor_view(qr, ATTN_F64, 4, s4q), tkr = attn_tensor_view(kr, ATTN_F64, 4, s4k);
+  CHECK_OK(oracle, attn_rope_ref(oracle, &tqr, &qh, &ro));
+  CHECK_OK(oracle, attn_rope_ref(oracle, &tkr, &kh, &ro));
+  double ad[B * H * N * D];
+  attn_tensor tad = attn_tensor_view(ad, ATTN_F64, 4, s4q);
+  CHECK_OK(oracle, attn_sdpa_ref(oracle, &tad, NULL, NULL, &tqr, &tkr, &vh, &mo.attn));
+  for (int b = 0; b < B; b++) /* heads back to rows, f32 */
+    for (int h = 0; h < H; h++)
+      for (int n = 0; n < N; n++)
+        for (int d = 0; d < D; d++) a[(b * N + n) * E + h * D + d] = (float)ad[((b * H + h) * N + n) * D + d];
+  attn_tensor ta = attn_tensor_view(a, ATTN_F32, 2, s2x), ty = attn_tensor_view(y, ATTN_F32, 2, s2x);
+  CHECK_OK(ctx, attn_linear(ctx, &ty, &ta, &W[ATTN_MHA_O_WEIGHT], &W[ATTN_MHA_O_BIAS]));
+  num = den = 0;
+  for (int e = 0; e < B * N * E; e++) num += (out[e] - y[e]) * (out[e] - y[e]), den += (double)y[e] * y[e];
+  CHECK(sqrt(num / den) <= 1e-5, "layer with rope: against its composition by hand %.3g", sqrt(num / den));
+  /* the input gradient against central differences of the float64 layer, for L = sum(g * out) */
+  float g[B * N * E], dx[B * N * E];
+  tu_fill_f32(&r, g, B * N * E, 1);
+  attn_tensor tg = attn_tensor_view(g, ATTN_F32, 3, s3), tdx = attn_tensor_view(dx, ATTN_F32, 3, s3);
+  attn_mha_saved *sv = NULL;
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, m, &to, NULL, &sv, &tx, NULL, NULL, &mo));
+  for (int i = 0; i < B * N; i++) pos[i] = -1; /* the saved state keeps its own copy of the positions */
+  CHECK_OK(ctx, attn_mha_backward(ctx, m, &tdx, NULL, NULL, NULL, sv, &tg));
+  for (int b = 0; b < B; b++)
+    for (int n = 0; n < N; n++) pos[b * N + n] = b ? 3 + 2 * n : n;
+  attn_mha_saved_free(sv);
+  double worst = 0, scale = 0;
+  for (int t = 0; t < 24; t++) {
+    const int e = (int)tu_int(&r, 0, B * N * E - 1);
+    const float keep = x[e];
+    double lp = 0, lm = 0;
+    x[e] = keep + 1e-3f;
+    CHECK_OK(oracle, attn_mha_forward(oracle, m, &tr, NULL, &tx, NULL, NULL, &mo));
+    for (int i = 0; i < B * N * E; i++) lp += g[i] * ref[i];
+    x[e] = keep - 1e-3f;
+    CHECK_OK(oracle, attn_mha_forward(oracle, m, &tr, NULL, &tx, NULL, NULL, &mo));
+    for (int i = 0; i < B * N * E; i++) lm += g[i] * ref[i];
+    x[e] = keep;
+    const double fd = (lp - lm) / (double)((keep + 1e-3f) - (keep - 1e-3f));
+    worst = fmax(worst, fabs(fd - dx[e]));
+    scale = fmax(scale, fabs(fd));
+  }
+  CHECK(worst <= 1e-3 * fmax(scale, 1e-3), "layer with rope: dquery against central differences, worst %.3g (scale %.3g)",
+        worst, scale);
+  /* refusals: explicit positions with Nk != Nq; transpose; the cached step */
+  float kin[B * 5 * E];
+  tu_fill_f32(&r, kin, B * 5 * E, 1);
+  const int64_t s3k[3] = {B, 5, E};
+  attn_tensor tkin = attn_tensor_view(kin, ATTN_F32, 3, s3k);
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, NULL, &tx, &tkin, &tkin, &mo), ATTN_E_INVALID, "positions");
+  ro.positions = NULL; /* keys then at offset + j: accepted */
+  CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, NULL, &tx, &tkin, &tkin, &mo));
+  ro.transpose = 1;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &to, NULL, &tx, NULL, NULL, &mo), ATTN_E_INVALID, "transpose");
+  attn_mha_destroy(m);
+  attn_ctx_set_kernel(oracle, ATTN_KERNEL_AUTO);
+}
+
 int main(void) {
   attn_ctx *ctx, *oracle;
   attn_ctx_create(&ctx);
@@ -364,6 +478,7 @@ int main(void) {
   errors(ctx);
   kv_cache(ctx, oracle, ATTN_F32);
   kv_cache(ctx, oracle, ATTN_BF16);
+  layer(ctx, oracle);
   attn_ctx_destroy(ctx);
   attn_ctx_destroy(oracle);
   return tu_finish("test_rope");

@@ -110,6 +110,7 @@ class MhaOpts(ctypes.Structure):
         ("size", ctypes.c_size_t),
         ("attn", SdpaOpts),
         ("average_weights", ctypes.c_int),
+        ("rope", ctypes.POINTER(RopeOpts)),
     ]
 
 

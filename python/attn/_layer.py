@@ -7,6 +7,7 @@ import numpy as np
 from . import _capi
 from ._cache import KVCache
 from ._context import _Ctx
+from ._rope import rope_opts
 from ._sdpa import _mask_mode
 from ._tensors import _is_torch, _tensor, _to4, _to_numpy, _wrap
 
@@ -117,18 +118,31 @@ class MultiheadAttention:
         return opts, keep
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, *, mask_mode=None):
+                average_attn_weights=True, is_causal=False, *, mask_mode=None, rope=None, positions=None):
         """As torch.nn.MultiheadAttention.forward: returns (out, weights or None).
 
-        Library extra: mask_mode ('masked', 'keep', 'additive', 'seed') reads
+        Library extras: mask_mode ('masked', 'keep', 'additive', 'seed') reads
         attn_mask another way than PyTorch's rule (bool True = masked out,
-        float added); 'seed' is the seed module's logits += mask * -1e9."""
+        float added); 'seed' is the seed module's logits += mask * -1e9.
+        rope: a dict of attn.rope's keywords; the projected q and k are rotated
+        at positions ([B, L] integers; default 0..L-1) before attention."""
         like_torch = _is_torch(query)
         q, unbatched = self._batch_major(query, "query")
         k, _ = self._batch_major(key, "key")
         v, _ = self._batch_major(value, "value")
         B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
+        if rope is not None:
+            ro = rope_opts(**rope)
+            if positions is not None:
+                p = positions.detach().numpy() if _is_torch(positions) else np.asarray(positions)
+                if p.dtype.kind not in "iu":
+                    raise TypeError(f"positions: integers expected, got {p.dtype}")
+                p = np.ascontiguousarray(np.broadcast_to(p.astype(np.int64), (B, L)))
+                ro.positions = p.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
+                keep.append(p)
+            keep.append(ro)
+            opts.rope = ctypes.pointer(ro)
         weights = wt = None
         if need_weights:
             weights = np.empty((B, L, S) if average_attn_weights else (B, H, L, S), np.float32)

@@ -911,6 +911,40 @@ if have_transformers:
          lambda: hf_norm_case("transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm", "rms"))
     case(ROPE, "QK-norm: Gemma3RMSNorm (1 + weight)",
          lambda: hf_norm_case("transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm", "rms_plus_one"))
+
+    def hf_attention_case(family, rope_parameters, ours_rope, bias):
+        """transformers' own attention module (eager) against attn.MultiheadAttention loaded from its
+        state dict as saved, with RoPE at per-row positions and a causal mask."""
+        import importlib
+        mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        cap = {"llama": "Llama", "qwen2": "Qwen2"}[family]
+        cfg = getattr(mod, f"{cap}Config")(hidden_size=128, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                                           rope_parameters=rope_parameters, max_position_embeddings=256,
+                                           **({"attention_bias": bias} if family == "llama" else {}))
+        cfg._attn_implementation = "eager"
+        module = getattr(mod, f"{cap}Attention")(cfg, layer_idx=0).eval()
+        with torch.no_grad():
+            for p_ in module.parameters():
+                p_.copy_(torch.from_numpy(randn(*p_.shape)) * 0.2)
+        B, L = 2, 37
+        x = torch.from_numpy(randn(B, L, 128))
+        pos = torch.stack([torch.arange(L), torch.arange(L) + 5])  # row 1 continues a longer sequence
+        cos, sin = getattr(mod, f"{cap}RotaryEmbedding")(cfg)(x, pos)
+        mask = torch.full((L, L), float("-inf")).triu(1)[None, None]
+        with torch.no_grad():
+            want, _ = module(x, (cos, sin), mask)
+        layer = attn.MultiheadAttention(128, 8, bias=bias, batch_first=True, num_kv_heads=2)
+        layer.load_state_dict(dict(module.state_dict()))
+        got, _ = layer(x, x, x, need_weights=False, is_causal=True, rope=ours_rope, positions=pos)
+        return rel(got, want.double()), 1e-4
+    case(ROPE, "LlamaAttention (llama3 RoPE, GQA 8/2) as saved, positions per row",
+         lambda: hf_attention_case("llama", {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                             "original_max_position_embeddings": 64},
+                                   dict(theta=500000.0, scaling="llama3", factor=8.0, original_max_position=64), False))
+    case(ROPE, "Qwen2Attention (q/k/v biases, o without) as saved",
+         lambda: hf_attention_case("qwen2", {"rope_type": "default", "rope_theta": 1000000.0},
+                                   dict(theta=1000000.0), True))
 else:
     print("(transformers not importable: the rope-vs-transformers cases were not run)")
 

@@ -682,6 +682,21 @@ static attn_status project(attn_ctx *ctx, fwd *f, const attn_mha *mha, const att
   return ATTN_OK;
 }
 
+/* f's Q and K heads rotated in place by rope (NULL: nothing to do). */
+static attn_status rotate_qk(attn_ctx *ctx, const fwd *f, const attn_mha *mha, const attn_rope_opts *rope) {
+  if (!rope) return ATTN_OK;
+  const attn_dtype dt = f->ref ? ATTN_F64 : ATTN_F32;
+  attn_tensor qh = attn__heads_view(f->Q, dt, f->B, f->Nq, mha->cfg.num_heads, mha->head_dim, f->ldq);
+  attn_tensor kh = attn__heads_view(f->K, dt, f->B, f->Nk, mha->cfg.num_kv_heads, mha->head_dim, f->ldkv);
+  attn_status st = attn__mha_rope(ctx, rope, rope->positions, 0, f->ref, &qh, &kh);
+  if (st) {
+    char msg[ATTN__MSG_LEN];
+    snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
+    return attn__fail(ctx, st, "attn_mha_forward: opts.rope: %s", msg);
+  }
+  return ATTN_OK;
+}
+
 /* A [M, E] (head h in columns h*D ..) = SDPA of f's Q, K, V head by head under o;
  * lse [B, H, Nq] (or NULL); weights (or NULL) [B, H, Nq, Nk], or [B, Nq, Nk]
  * averaged over heads when average. */
@@ -761,6 +776,17 @@ static attn_status save(attn_ctx *ctx, attn_mha_saved *sv, fwd *f, const attn_sd
   memset(f, 0, sizeof *f); /* all of it is the saved state's now */
   f->fused = fused;
   return ATTN_OK;
+}
+
+attn_status attn__mha_rope(attn_ctx *ctx, const attn_rope_opts *rope, const int64_t *positions, int transpose, int ref,
+                           attn_tensor *qh, attn_tensor *kh) {
+  attn_rope_opts ro = *rope;
+  ro.positions = positions;
+  ro.transpose = transpose;
+  attn_status st = ref ? attn_rope_ref(ctx, qh, qh, &ro) : attn_rope(ctx, qh, qh, &ro);
+  if (st) return st;
+  if (kh->shape[2] != qh->shape[2]) ro.positions = NULL; /* cross-attention: keys at offset + j */
+  return ref ? attn_rope_ref(ctx, kh, kh, &ro) : attn_rope(ctx, kh, kh, &ro);
 }
 
 /* ---- what the forward and the cached step share --------------------------------- */
@@ -850,6 +876,15 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   attn_mha_opts given; /* a caller's older, shorter struct gets the defaults for the rest */
   if ((st = attn__read_mha_opts(ctx, &given, opts))) return st;
   opts = &given;
+  attn_rope_opts rope;
+  if (opts->rope) {
+    attn_rope_opts_init(&rope);
+    if ((st = attn__read_sized(ctx, &rope, sizeof rope, opts->rope, "opts.rope", "attn_rope_opts_init"))) return st;
+    if (rope.transpose) return attn__fail(ctx, ATTN_E_INVALID, "opts.rope.transpose must be 0 (the backward applies it)");
+    if (rope.positions && Nk != Nq)
+      return attn__fail(ctx, ATTN_E_INVALID, "opts.rope.positions are the queries' [B, Nq]: with Nk = %lld keys != Nq = %lld, "
+                        "leave them NULL (keys then sit at position_offset + j)", (long long)Nk, (long long)Nq);
+  }
   if (weights) {
     const attn_tensor *w = weights;
     const int want = opts->average_weights ? 3 : 4;
@@ -874,6 +909,18 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
     sv->self = self;
     sv->B = B; sv->Nq = Nq; sv->Nk = Nk;
     sv->attn = opts->attn;
+    if (opts->rope) {
+      sv->has_rope = 1;
+      sv->rope = rope;
+      sv->rope.positions = NULL;
+      if (rope.positions && B * Nq > 0) { /* the caller's positions may go once the forward returns */
+        if (!(sv->rope_pos = malloc(sizeof(int64_t) * (size_t)(B * Nq)))) {
+          free(sv);
+          return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_save: out of memory");
+        }
+        memcpy(sv->rope_pos, rope.positions, sizeof(int64_t) * (size_t)(B * Nq));
+      }
+    }
     /* set to the saved state's own copies once attention has checked them */
     const attn_tensor **slot[ATTN__SDPA_OPT_TENSORS];
     attn__sdpa_opt_tensors(&sv->attn, slot);
@@ -917,13 +964,14 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   f.ldkv = f.fused ? E + 2 * kv : kv;
   if (!f.Q || !f.K || !f.V || !f.A || (f.keep && !f.L))
     st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate activations");
-  else if (!(st = project(ctx, &f, mha, query, key, value)) &&
+  else if (!(st = project(ctx, &f, mha, query, key, value)) && !(st = rotate_qk(ctx, &f, mha, opts->rope ? &rope : NULL)) &&
            !(st = attend(ctx, f.A, f.L, weights, &f, mha, &opts->attn, opts->average_weights)) &&
            !(st = project_out(ctx, out, &f, mha)) && saved && !(st = save(ctx, sv, &f, &opts->attn))) {
     *saved = sv;
     sv = NULL;
   }
   fwd_free(&f);
+  if (sv) free(sv->rope_pos);
   free(sv);
   return st;
 }

@@ -41,6 +41,7 @@ attn_status attn_mha_forward_save(attn_ctx *ctx, attn_mha *mha, attn_tensor *out
 void attn_mha_saved_free(attn_mha_saved *saved) {
   if (!saved) return;
   for (int i = 0; i < saved->n_owned; i++) attn__aligned_free(saved->owned[i]);
+  free(saved->rope_pos);
   free(saved);
 }
 
@@ -319,6 +320,8 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
     attn_tensor lse = attn_tensor_view((void *)saved->lse, dt, 3, ls);
     st = ref ? attn_sdpa_backward_ref(ctx, &dqh, &dkh, &dvh, NULL, NULL, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn)
              : attn_sdpa_backward(ctx, &dqh, &dkh, &dvh, NULL, NULL, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn);
+    /* q and k were rotated after their projections: their gradients turn back (R^T) */
+    if (!st && saved->has_rope) st = attn__mha_rope(ctx, &saved->rope, saved->rope_pos, 1, ref, &dqh, &dkh);
     if (st) {
       char msg[ATTN__MSG_LEN];
       snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));

@@ -37,6 +37,9 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
   if ((st = attn__read_mha_opts(ctx, &given, opts)) ||
       (st = attn__cached_opts(ctx, &so, &given.attn, "attn_mha_forward_cached")))
     return st;
+  if (given.rope)
+    return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward_cached: opts.rope is not taken here: the cache rotates "
+                                           "keys and queries at their positions (attn_kv_cache_config.rope)");
   const int64_t ld = E + 2 * kv;
   size_t nX, nQKV; /* a broadcast x may claim more tokens than a buffer can hold */
   if (attn__alloc_size(B, n, E, sizeof(float), &nX) || attn__alloc_size(B, n, ld, sizeof(float), &nQKV))

@@ -38,9 +38,17 @@ struct attn_mha_saved {
    * forward returns. */
   attn_sdpa_opts attn;
   attn_tensor opt_copy[ATTN__SDPA_OPT_TENSORS];
+  int has_rope;             /* q and k were rotated: rope, with the positions in rope_pos (owned, or NULL) */
+  attn_rope_opts rope;
+  int64_t *rope_pos;
   void *owned[ATTN__MHA_SAVED_BUFS];
   int n_owned;
 };
+
+/* Rotates (transpose: the backward's transposed rotation) the heads [B, H, N, D]
+ * and [B, Hk, Nk, D] of q and k in place, in the path's type (double when ref). */
+attn_status attn__mha_rope(attn_ctx *ctx, const attn_rope_opts *rope, const int64_t *positions, int transpose, int ref,
+                           attn_tensor *qh, attn_tensor *kh);
 
 /* attn_mha_forward's body. saved NULL: a plain forward. Otherwise *saved gets
  * a new attn_mha_saved on success (NULL on failure). Does not clear ctx. */
