@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of the reader fuzzers: fuzz/corpus/npy/ and
-fuzz/corpus/safetensors/. Small valid files of every dtype and format
+"""Writes the seed corpora of the reader fuzzers: fuzz/corpus/npy/,
+fuzz/corpus/safetensors/ and fuzz/corpus/hf_config/ (config.json files of
+each family, older and current forms, and ones libattn refuses). Small valid files of every dtype and format
 version, layers under every parameter naming, and hostile files (bad
 headers, absurd shapes, overlapping tensors, the hardening issue's
 [0, 2^24] projection weights in a small form). Standard library only;
@@ -218,6 +219,33 @@ def st_corpus():
     out("safetensors", "bad_utf8.safetensors", struct.pack("<Q", len(text)) + text)
 
 
+# ---- config.json -------------------------------------------------------------------
+def hf_config_corpus():
+    configs = {
+        "llama3": {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "num_hidden_layers": 32, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+                   "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
+        "gemma3": {"model_type": "gemma3_text", "hidden_size": 640, "num_attention_heads": 4, "head_dim": 256,
+                   "num_hidden_layers": 3, "sliding_window": 512,
+                   "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                   "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                   "query_pre_attn_scalar": 256, "attn_logit_softcapping": None},
+        "qwen2_yarn": {"model_type": "qwen2", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 4,
+                       "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
+                                        "mscale": 1.0, "mscale_all_dim": 0.5},
+                       "sliding_window": 128, "use_sliding_window": True, "max_window_layers": 2},
+        "gptj": {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_layer": 28, "rotary_dim": 64},
+        "t5": {"model_type": "t5", "d_model": 512, "num_heads": 8, "d_kv": 64, "num_layers": 6},
+        "longrope": {"model_type": "phi3", "hidden_size": 256, "num_attention_heads": 4,
+                     "rope_scaling": {"type": "longrope", "short_factor": [1.0]}},
+    }
+    for name, c in configs.items():
+        out("hf_config", name + ".json", json.dumps(c).encode())
+
+
 if __name__ == "__main__":
     npy_corpus()
     st_corpus()
+    hf_config_corpus()

@@ -166,24 +166,31 @@ static void merge_row(const attn__sdpa *p, const float *parts, int64_t nchunks, 
   }
   const attn_tensor *o = &p->out;
   const int64_t off = b * o->strides[0] + h * o->strides[1] + i * o->strides[2];
+  /* out summed over the chunks in chunk order from 0, then scaled: in place in
+   * an f32 out, else by blocks of columns in floats and then rounded */
+  const int f32 = o->dtype == ATTN_F32;
+  float *dst = f32 ? (float *)o->data + off : NULL;
   float L = sink == -INFINITY ? 0.0f : expf(sink - M);
-  for (int64_t c = 0; c < nchunks && M != -INFINITY; c++) {
-    const float mc = parts[c * stride + R * Dv + r];
-    if (mc != -INFINITY) L += parts[c * stride + R * (Dv + 1) + r] * expf(mc - M); /* -inf: a chunk this row sees nothing of */
-  }
-  const float inv = L == 0 ? 0.0f : 1.0f / L; /* L = 0 only when every key is masked and there is no sink */
-  /* out by blocks of columns, each summed over the chunks in chunk order from 0, then scaled */
-  for (int64_t c0 = 0; c0 < Dv; c0 += 64) {
-    const int n = Dv - c0 < 64 ? (int)(Dv - c0) : 64;
-    float acc[64] = {0};
+  for (int64_t c0 = 0; c0 < Dv || c0 == 0; c0 += 64) {
+    const int64_t n = f32 ? Dv : (Dv - c0 < 64 ? Dv - c0 : 64);
+    float acc[64];
+    float *to = f32 ? dst : acc;
+    const int64_t st = f32 ? o->strides[3] : 1, base = f32 ? 0 : c0;
+    for (int64_t cc = 0; cc < n; cc++) to[cc * st] = 0.0f;
     for (int64_t c = 0; c < nchunks && M != -INFINITY; c++) {
       const float *pc = parts + c * stride;
       const float mc = pc[R * Dv + r];
-      if (mc == -INFINITY) continue;
+      if (mc == -INFINITY) continue; /* a chunk this row sees nothing of */
       const float w = expf(mc - M);
-      for (int e = 0; e < n; e++) acc[e] += pc[r * Dv + c0 + e] * w;
+      if (c0 == 0) L += pc[R * (Dv + 1) + r] * w;
+      for (int64_t cc = 0; cc < n; cc++) to[cc * st] += pc[r * Dv + base + cc] * w;
     }
-    for (int e = 0; e < n; e++) attn__store_f32(o->data, o->dtype, off + (c0 + e) * o->strides[3], acc[e] * inv);
+    const float inv = L == 0 ? 0.0f : 1.0f / L; /* L = 0 only when every key is masked and there is no sink */
+    for (int64_t cc = 0; cc < n; cc++) {
+      if (f32) dst[cc * st] *= inv;
+      else attn__store_f32(o->data, o->dtype, off + (c0 + cc) * o->strides[3], acc[cc] * inv);
+    }
+    if (f32) break; /* every column at once */
   }
   if (p->lse) {
     const attn_tensor *lt = p->lse;
