@@ -8,7 +8,7 @@ from . import _capi
 from ._cache import KVCache
 from ._context import _Ctx
 from ._rope import rope_opts
-from ._sdpa import _mask_mode
+from ._sdpa import _mask_mode, _model_options
 from ._tensors import _is_torch, _tensor, _to4, _to_numpy, _wrap
 
 
@@ -118,20 +118,24 @@ class MultiheadAttention:
         return opts, keep
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, *, mask_mode=None, rope=None, positions=None):
+                average_attn_weights=True, is_causal=False, *, mask_mode=None, rope=None, positions=None,
+                window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None):
         """As torch.nn.MultiheadAttention.forward: returns (out, weights or None).
 
         Library extras: mask_mode ('masked', 'keep', 'additive', 'seed') reads
         attn_mask another way than PyTorch's rule (bool True = masked out,
         float added); 'seed' is the seed module's logits += mask * -1e9.
         rope: a dict of attn.rope's keywords; the projected q and k are rotated
-        at positions ([B, L] integers; default 0..L-1) before attention."""
+        at positions ([B, L] integers; default 0..L-1) before attention.
+        window, softcap, alibi (True: the paper's slopes, or [H]), sinks ([H]),
+        dropout_p and dropout_seed: as in attn.scaled_dot_product_attention."""
         like_torch = _is_torch(query)
         q, unbatched = self._batch_major(query, "query")
         k, _ = self._batch_major(key, "key")
         v, _ = self._batch_major(value, "value")
         B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
+        _model_options(opts.attn, keep, H, window, softcap, alibi, sinks, dropout_p, dropout_seed)
         if rope is not None:
             ro = rope_opts(**rope)
             if positions is not None:

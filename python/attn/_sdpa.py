@@ -21,6 +21,31 @@ def _mask_mode(mode, m, bool_default):
     return _MASK_MODES[mode]
 
 
+def _model_options(o, keep, H, window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None):
+    """The options of recent models into attn_sdpa_opts o (H query heads): window, softcap, ALiBi
+    slopes (True: the paper's), sinks [H], dropout (a random seed unless given); the arrays they
+    point at go into keep."""
+    if window:
+        o.window = int(window)
+    if softcap:
+        o.softcap = float(softcap)
+    for attr, val in (("alibi_slopes", alibi), ("sinks", sinks)):
+        if val is None or val is False:
+            continue
+        if val is True:  # the ALiBi paper's slopes for this head count
+            arr = np.empty(H, np.float32)
+            _capi.lib.attn_alibi_slopes(arr.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), H)
+        else:
+            arr = np.ascontiguousarray(_to_numpy(val, attr, "float"), np.float32).reshape(-1)
+        t = _tensor(arr)
+        keep += [arr, t]
+        setattr(o, attr, ctypes.pointer(t))
+    if dropout_p:
+        o.dropout_p = float(dropout_p)
+        o.dropout_seed = (int(np.random.randint(0, 2**63, dtype=np.int64)) if dropout_seed is None
+                          else int(dropout_seed))
+
+
 class _SdpaCall:
     """Inputs of one attn_sdpa / attn_sdpa_backward call as 4-D views plus the options.
 
@@ -68,26 +93,7 @@ class _SdpaCall:
             kpt = _tensor(kp)
             self.keep += [kp, kpt]
             o.key_padding = ctypes.pointer(kpt)
-        # the options of recent models (attn_sdpa_opts): window, softcap, ALiBi slopes, sinks
-        if window:
-            o.window = int(window)
-        if softcap:
-            o.softcap = float(softcap)
-        for attr, val in (("alibi_slopes", alibi), ("sinks", sinks)):
-            if val is None or val is False:
-                continue
-            if val is True:  # the ALiBi paper's slopes for this head count
-                arr = np.empty(self.H, np.float32)
-                _capi.lib.attn_alibi_slopes(arr.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), self.H)
-            else:
-                arr = np.ascontiguousarray(_to_numpy(val, attr, "float"), np.float32).reshape(-1)
-            t = _tensor(arr)
-            self.keep += [arr, t]
-            setattr(o, attr, ctypes.pointer(t))
-        if dropout_p:
-            o.dropout_p = float(dropout_p)
-            o.dropout_seed = (int(np.random.randint(0, 2**63, dtype=np.int64)) if dropout_seed is None
-                              else int(dropout_seed))
+        _model_options(o, self.keep, self.H, window, softcap, alibi, sinks, dropout_p, dropout_seed)
 
     def out_ptr(self, a):
         """An optional output argument viewing array a (kept alive with this call)."""

@@ -798,6 +798,27 @@ case(OPT, "sinks", lambda: options_case(sinks=True))
 case(OPT, "all four", lambda: options_case(window=7, softcap=3.0, alibi=True, sinks=True))
 
 
+def layer_options_case():
+    """MultiheadAttention.forward with every option of recent models (and seeded dropout) equals its
+    projections composed by hand around scaled_dot_product_attention with the same options."""
+    E, H, B, L = 32, 4, 2, 11
+    m = attn.MultiheadAttention(E, H, batch_first=True)
+    w, b = randn(3 * E, E) * 0.2, randn(3 * E) * 0.1
+    wo, bo = randn(E, E) * 0.2, randn(E) * 0.1
+    m.load_state_dict({"in_proj_weight": w, "in_proj_bias": b, "out_proj.weight": wo, "out_proj.bias": bo})
+    x = randn(B, L, E)
+    kw = dict(window=4, softcap=5.0, alibi=True, sinks=randn(H), dropout_p=0.25, dropout_seed=11)
+    got, _ = m(x, x, x, need_weights=False, **kw)
+    heads = lambda t: t.reshape(B, L, H, E // H).transpose(0, 2, 1, 3)
+    q, k, v = (heads(x @ w[i * E:(i + 1) * E].T + b[i * E:(i + 1) * E]) for i in range(3))
+    a = attn.scaled_dot_product_attention(q, k, v, **kw).transpose(0, 2, 1, 3).reshape(B, L, E)
+    return rel(got, a.astype(np.float64) @ wo.T + bo)
+
+
+case(OPT, "the layer: window, softcap, ALiBi, sinks and seeded dropout in MultiheadAttention.forward",
+     layer_options_case)
+
+
 # ---- half precision: our error beside PyTorch's, both against float64 on the same rounded inputs ----
 def half_case(dtype, B, H, Hk, L, S, D, causal=False, kpm=False, window=None, softcap=None):
     """Ours (the context's default precision: bf16 tiles where the CPU has them) against
