@@ -7,7 +7,7 @@ import numpy as np
 from . import _capi
 from ._cache import KVCache
 from ._context import _Ctx
-from ._rope import rope_opts
+from ._rope import positions_into, rope_opts
 from ._sdpa import _mask_mode, _model_options
 from ._tensors import _is_torch, _tensor, _to4, _to_numpy, _wrap
 
@@ -138,14 +138,7 @@ class MultiheadAttention:
         _model_options(opts.attn, keep, H, window, softcap, alibi, sinks, dropout_p, dropout_seed)
         if rope is not None:
             ro = rope_opts(**rope)
-            if positions is not None:
-                p = positions.detach().numpy() if _is_torch(positions) else np.asarray(positions)
-                if p.dtype.kind not in "iu":
-                    raise TypeError(f"positions: integers expected, got {p.dtype}")
-                p = np.ascontiguousarray(np.broadcast_to(p.astype(np.int64), (B, L)))
-                ro.positions = p.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
-                keep.append(p)
-            keep.append(ro)
+            keep += [ro, positions_into(ro, positions, B, L)]
             opts.rope = ctypes.pointer(ro)
         weights = wt = None
         if need_weights:

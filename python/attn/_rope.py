@@ -32,6 +32,19 @@ def rope_opts(rotary_dim=None, layout="half", theta=10000.0, scaling=None, facto
     return o
 
 
+def positions_into(o, positions, B, N):
+    """o.positions = positions ([B, N] or [N] integers) as a contiguous int64 [B, N] array, which
+    is returned: the caller keeps it alive for the call. None: left unset (offset + 0..N-1)."""
+    if positions is None:
+        return None
+    p = positions.detach().numpy() if _is_torch(positions) else np.asarray(positions)
+    if p.dtype.kind not in "iu":
+        raise TypeError(f"positions: integers expected, got {p.dtype}")
+    pos = np.ascontiguousarray(np.broadcast_to(p.astype(np.int64), (B, N)))
+    o.positions = pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
+    return pos
+
+
 def rope(x, positions=None, *, threads=None, **kw):
     """Rotary position embeddings of x [..., N, D] (up to two leading dims, [B, H] or [H]), as
     Hugging Face's apply_rotary_pos_emb computes them, with angles in float64.
@@ -51,13 +64,7 @@ def rope(x, positions=None, *, threads=None, **kw):
     x4 = _to4(xa)
     B, _, N, _ = x4.shape
     out = np.empty(x4.shape, np.float32)
-    pos = None
-    if positions is not None:
-        p = positions.detach().numpy() if _is_torch(positions) else np.asarray(positions)
-        if p.dtype.kind not in "iu":
-            raise TypeError(f"positions: integers expected, got {p.dtype}")
-        pos = np.ascontiguousarray(np.broadcast_to(p.astype(np.int64), (B, N)))
-        o.positions = pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
+    pos = positions_into(o, positions, B, N)
     ot, xt = _tensor(out), _tensor(x4)
     c = _ctx()
     c.set_threads(threads)
