@@ -55,7 +55,7 @@ static void layer(const attn_safetensors *st, const char *prefix, int64_t H, int
     return;
   }
   int64_t held = 0;
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < ATTN_MHA_O_BIAS + 1; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p) == ATTN_OK) held += attn_tensor_numel(&t);
   }

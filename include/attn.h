@@ -521,17 +521,39 @@ typedef struct attn_mha_config {
   int64_t num_kv_heads; /* Hk for grouped-query attention; 0 = H */
   int64_t kdim;         /* features of the key input; 0 = E */
   int64_t vdim;         /* features of the value input; 0 = E */
-  int bias;             /* nonzero: all four projections have a bias */
+  int bias;             /* nonzero: the q, k and v projections have a bias (and o, unless out_bias says not) */
+  /* Fields below were added in 0.3; a caller built against an older
+   * attn_mha_config (smaller size) gets their defaults. */
+  int64_t head_dim;     /* D; 0 = E / H. Otherwise the heads span H*D features, which may differ
+                           from E (Qwen3, Gemma, T5's d_kv): Q_WEIGHT [H*D, E], O_WEIGHT [E, H*D] */
+  int out_bias;         /* -1 (attn_mha_config_init): as bias; 0 or 1: whether o has one (Qwen2: q, k, v only) */
+  /* QK-norm: q and k normed after their projection and before RoPE, as
+   * attn_head_norm defines it, with learned weights (parameters Q_NORM_*,
+   * K_NORM_*). */
+  int qk_norm;                 /* ATTN_QK_NORM_NONE, _PER_HEAD or _WHOLE */
+  attn_norm_kind qk_norm_kind; /* RMS (Qwen3, OLMo 2), RMS_PLUS_ONE (Gemma 3) or LAYER (with biases) */
+  double qk_norm_eps;          /* > 0; attn_mha_config_init sets 1e-6 */
 } attn_mha_config;
 
+/* Where QK-norm's statistics are taken. */
+enum {
+  ATTN_QK_NORM_NONE = 0,
+  ATTN_QK_NORM_PER_HEAD = 1, /* over each head's D features; weights [D] shared by the heads (Qwen3, Gemma 3) */
+  ATTN_QK_NORM_WHOLE = 2     /* over the whole projection: q over H*D, k over Hk*D; weights [H*D], [Hk*D] (OLMo 2) */
+};
+
 /* Parameters, in PyTorch Linear layout (y = x W^T + b):
- *   Q_WEIGHT [E, E]       Q_BIAS [E]
+ *   Q_WEIGHT [H*D, E]     Q_BIAS [H*D]
  *   K_WEIGHT [Hk*D, kdim] K_BIAS [Hk*D]
  *   V_WEIGHT [Hk*D, vdim] V_BIAS [Hk*D]
- *   O_WEIGHT [E, E]       O_BIAS [E]          */
+ *   O_WEIGHT [E, H*D]     O_BIAS [E]
+ * and with QK-norm, per head: Q_NORM_WEIGHT, K_NORM_WEIGHT [D] (and with
+ * LAYER, Q_NORM_BIAS, K_NORM_BIAS [D]); over the whole projection: [H*D]
+ * for q's, [Hk*D] for k's. H*D = E unless head_dim says otherwise. */
 typedef enum attn_mha_param {
   ATTN_MHA_Q_WEIGHT = 0, ATTN_MHA_Q_BIAS, ATTN_MHA_K_WEIGHT, ATTN_MHA_K_BIAS,
   ATTN_MHA_V_WEIGHT, ATTN_MHA_V_BIAS, ATTN_MHA_O_WEIGHT, ATTN_MHA_O_BIAS,
+  ATTN_MHA_Q_NORM_WEIGHT, ATTN_MHA_Q_NORM_BIAS, ATTN_MHA_K_NORM_WEIGHT, ATTN_MHA_K_NORM_BIAS,
   ATTN_MHA_NUM_PARAMS
 } attn_mha_param;
 
@@ -556,7 +578,8 @@ ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int6
  *     fp32 AVX2/AVX-512 cases to its BLAS. */
 ATTN_API attn_status attn_linear(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
                                  const attn_tensor *bias);
-/* Parameters start zeroed. */
+/* Projection parameters start zeroed; QK-norm weights start as the identity
+ * (1, or 0 for RMS_PLUS_ONE) and its biases at 0, as PyTorch initialises them. */
 ATTN_API attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg);
 ATTN_API void attn_mha_destroy(attn_mha *mha);
 ATTN_API const attn_mha_config *attn_mha_get_config(const attn_mha *mha);
@@ -592,15 +615,47 @@ ATTN_API attn_status attn_mha_create_from_safetensors_handle(attn_ctx *ctx, attn
                                                              int64_t num_heads, int64_t num_kv_heads);
 
 /* The parameter namings the loaders recognise, each known by a tell-tale
- * tensor (in brackets), looked for in the order TORCH_PACKED, TORCH_SEPARATE,
- * SEED, LLAMA. */
+ * tensor (in brackets), looked for in the order of the enum. Under each
+ * family's own layer prefix (e.g. "model.layers.3.self_attn.",
+ * "encoder.layer.3.attention.", "h.3.attn.", "transformer.layer.3.attention.",
+ * "encoder.block.3.layer.0.SelfAttention."). A bias the file lacks is
+ * absent from the layer (out_bias 0 when only o's is missing). */
 typedef enum attn_mha_naming {
   ATTN_MHA_NAMING_NONE = 0,
   ATTN_MHA_NAMING_SEED = 1,           /* [wq.weight] wq/wk/wv/dense.{weight,bias} */
   ATTN_MHA_NAMING_TORCH_PACKED = 2,   /* [in_proj_weight] nn.MultiheadAttention, kdim = vdim = E */
   ATTN_MHA_NAMING_TORCH_SEPARATE = 3, /* [q_proj_weight] nn.MultiheadAttention with kdim/vdim != E */
-  ATTN_MHA_NAMING_LLAMA = 4           /* [q_proj.weight] q/k/v/o_proj.{weight,bias} */
+  ATTN_MHA_NAMING_LLAMA = 4,          /* [q_proj.weight] q/k/v/o_proj.{weight,bias}, q_norm/k_norm.weight
+                                         (Llama, Mistral, Qwen2/3, Gemma 1-3, OLMo 2, Phi-3 split) */
+  ATTN_MHA_NAMING_BERT = 5,           /* [self.query.weight] self.query/key/value, output.dense (BERT, RoBERTa) */
+  ATTN_MHA_NAMING_VIT = 6,            /* [attention.query.weight] attention.query/key/value, output.dense (ViT) */
+  ATTN_MHA_NAMING_DISTILBERT = 7,     /* [q_lin.weight] q_lin/k_lin/v_lin/out_lin */
+  ATTN_MHA_NAMING_GPT2 = 8,           /* [c_attn.weight] fused q,k,v [E, 3E] and c_proj [E, E], both in
+                                         Conv1D layout ([in, out]: transposed relative to Linear) */
+  ATTN_MHA_NAMING_T5 = 9,             /* [q.weight] q/k/v/o, no biases */
+  ATTN_MHA_NAMING_CUSTOM = 10         /* a caller's attn_mha_names */
 } attn_mha_naming;
+
+/* A caller's naming, for checkpoints of other families: the tensor name of
+ * each parameter under the prefix. Parameters given the same name are packed
+ * rows of one tensor, in q, k, v order (as in_proj_weight and c_attn). NULL:
+ * absent (a bias or a QK-norm parameter; every weight is required). */
+typedef struct attn_mha_names {
+  size_t size;                            /* sizeof(attn_mha_names) */
+  const char *name[ATTN_MHA_NUM_PARAMS];
+  int conv1d;                             /* 1: weights stored [in, out] (GPT-2's Conv1D), else [out, in] */
+} attn_mha_names;
+
+/* The general loader: creates a layer from the tensors under prefix in st,
+ * named by names (NULL: the detected naming). like (NULL: defaults) gives what
+ * a file cannot tell: num_heads (required), num_kv_heads, head_dim (0: from
+ * the q weight's rows / H), qk_norm_kind and qk_norm_eps. Everything else
+ * (E, kdim, vdim, biases, whether and how q and k are normed) is read from
+ * the tensors' shapes, checked against each other before anything is
+ * allocated. */
+ATTN_API attn_status attn_mha_create_from_tensors(attn_ctx *ctx, attn_mha **out, const attn_safetensors *st,
+                                                  const char *prefix, const attn_mha_names *names,
+                                                  const attn_mha_config *like);
 /* The naming of the layer under prefix in st, the one the loaders above use
  * (reads no tensor data); ATTN_E_NOT_FOUND, with *naming NONE, when st holds
  * none. */
@@ -612,6 +667,7 @@ ATTN_API attn_status attn_mha_detect_naming(attn_ctx *ctx, attn_mha_naming *nami
  * q, k and v rows in turn ([E + 2*Hk*D, E] and [E + 2*Hk*D]), so the q, k and
  * v parameters share that name (TORCH_SEPARATE packs only the biases). */
 ATTN_API const char *attn_mha_param_name(attn_mha_naming naming, attn_mha_param which);
+
 
 /* Options of the layer: the attention's own, passed to attn_sdpa as they are
  * (with H query heads: a mask broadcastable to [B, H, Nq, Nk], ALiBi slopes
@@ -634,6 +690,34 @@ typedef struct attn_mha_opts {
 } attn_mha_opts;
 
 ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
+
+/* Layer L of a Hugging Face model, as saved: config.json (attn_hf_config_read)
+ * and its weights (one .safetensors file, or the model.safetensors.index.json
+ * of a sharded checkpoint, followed to the file holding the layer). The layer
+ * is found under its family's prefix; what the config says (heads, kv heads,
+ * head_dim, QK-norm's kind and eps) shapes the layer, and the options of
+ * layer L (scale, sliding window, softcap, RoPE) are returned in *info for
+ * attn_hf_layer_opts. */
+typedef struct attn_hf_layer {
+  size_t size;                /* sizeof(attn_hf_layer), set by attn_mha_create_from_hf */
+  int64_t layer;
+  attn_mha_naming naming;
+  char prefix[256];           /* where its tensors were found */
+  char weights_file[4096];    /* the file they were read from */
+  attn_hf_config config;
+  double scale;               /* NAN: 1/sqrt(D) */
+  double softcap;             /* 0: none */
+  int64_t window;             /* 0: none; else each query sees itself and the window - 1 keys before it */
+  int has_rope;
+  attn_rope_opts rope;        /* layer L's RoPE when has_rope */
+} attn_hf_layer;
+
+ATTN_API attn_status attn_mha_create_from_hf(attn_ctx *ctx, attn_mha **out, attn_hf_layer *info,
+                                             const char *config_path, const char *weights_path, int64_t layer);
+/* Fills opts (after attn_mha_opts_init) with layer L's scale, window, softcap
+ * and RoPE (opts->rope points into info, which must outlive its use); the
+ * mask, causality and positions stay the caller's. */
+ATTN_API void attn_hf_layer_opts(const attn_hf_layer *info, attn_mha_opts *opts);
 
 /* out = O(attention(Q(query), K(key), V(value)))
  *   out is [B, Nq, E] f32, query [B, Nq, E], key [B, Nk, kdim], value [B, Nk, vdim]

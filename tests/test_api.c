@@ -519,7 +519,7 @@ static void sized_structs(void) {
     CHECK_OK(ctx, attn_mha_param_view(ctx, &pv, m, ATTN_MHA_Q_BIAS));
     CHECK(attn_mha_get_config(m)->size == sizeof cfg && attn_mha_get_config(m)->bias == 1,
           "the layer's config: size %zu, bias %d", attn_mha_get_config(m)->size, attn_mha_get_config(m)->bias);
-    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++)
+    for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++)
       if (attn_mha_param_view(ctx, &pv, m, (attn_mha_param)p) == ATTN_OK)
         tu_fill_f32(&r, pv.data, attn_tensor_numel(&pv), 0.5);
   }

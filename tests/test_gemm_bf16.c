@@ -331,7 +331,7 @@ typedef struct lcase {
 } lcase;
 
 static void fill_params(attn_ctx *ctx, attn_mha *m, tu_rng *r, double amp) {
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p)) continue;
     tu_fill_f32(r, t.data, attn_tensor_numel(&t), amp);
@@ -340,7 +340,7 @@ static void fill_params(attn_ctx *ctx, attn_mha *m, tu_rng *r, double amp) {
 
 /* dst's parameters = src's, the weights rounded to bf16 (biases as they are). */
 static void copy_params_rounded(attn_ctx *ctx, attn_mha *dst, attn_mha *src) {
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor s, d;
     if (attn_mha_param_view(ctx, &s, src, (attn_mha_param)p) || attn_mha_param_view(ctx, &d, dst, (attn_mha_param)p))
       continue;

@@ -394,7 +394,7 @@ static void layer_padding(attn_ctx *ctx, const char *kname) {
   CHECK_OK(ctx, attn_mha_create(ctx, &mha, &cfg));
   if (!mha) return;
   tu_rng r = {31337};
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor t;
     CHECK_OK(ctx, attn_mha_param_view(ctx, &t, mha, (attn_mha_param)p));
     tu_fill_f32(&r, t.data, attn_tensor_numel(&t), 0.3);

@@ -204,7 +204,7 @@ static void mha_incremental(attn_dtype dt, int64_t E, int64_t H, int64_t Hk, int
   mc.bias = bias;
   attn_mha *mha;
   CHECK_OK(ctx, attn_mha_create(ctx, &mha, &mc));
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor pv;
     if (attn_mha_param_view(ctx, &pv, mha, (attn_mha_param)p) == ATTN_OK)
       tu_fill_f32(&r, pv.data, attn_tensor_numel(&pv), 0.3);

@@ -16,7 +16,7 @@ static const char *tmpdir(void) {
 
 /* Fills every parameter of m with random values; returns them in PyTorch's names too. */
 static void randomize(attn_ctx *ctx, attn_mha *m, tu_rng *r) {
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p)) continue;
     tu_fill_f32(r, t.data, attn_tensor_numel(&t), 0.4);
@@ -278,7 +278,7 @@ static void hostile_files(attn_ctx *ctx) {
 }
 
 static int same_params(attn_ctx *ctx, attn_mha *a, attn_mha *b) {
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor ta, tb;
     const int ha = attn_mha_param_view(ctx, &ta, a, (attn_mha_param)p) == ATTN_OK;
     const int hb = attn_mha_param_view(ctx, &tb, b, (attn_mha_param)p) == ATTN_OK;

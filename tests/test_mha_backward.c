@@ -84,7 +84,7 @@ static void prob_init(attn_ctx *ctx, prob *P, const spec *s, attn_dtype dt, uint
   c.vdim = s->vdim;
   c.bias = s->bias;
   CHECK_OK(ctx, attn_mha_create(ctx, &P->m, &c));
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, P->m, (attn_mha_param)p)) continue;
     float *w = t.data;
@@ -158,7 +158,7 @@ static const attn_tensor *value_of(const prob *P) { return P->s.cross ? &P->tv :
 static attn_mha *grads_layer(attn_ctx *ctx, const prob *P) {
   attn_mha *g = NULL;
   CHECK_OK(ctx, attn_mha_create(ctx, &g, attn_mha_get_config(P->m)));
-  for (int p = 0; g && p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; g && p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p) == ATTN_OK) tu_poison_f32(t.data, attn_tensor_numel(&t));
   }
@@ -242,7 +242,7 @@ static void fd_compare(attn_ctx *ctx, prob *P, const attn_tensor *t, const attn_
         P->s.name, what, err, an[0], fd[0]);
 }
 
-static const char *param_name[ATTN_MHA_NUM_PARAMS] = {"dWq", "dbq", "dWk", "dbk", "dWv", "dbv", "dWo", "dbo"};
+static const char *param_name[TU_MHA_PROJ_PARAMS] = {"dWq", "dbq", "dWk", "dbk", "dWv", "dbv", "dWo", "dbo"};
 
 static void finite_difference_case(attn_ctx *ctx, const spec *s, uint64_t seed) {
   prob P;
@@ -261,7 +261,7 @@ static void finite_difference_case(attn_ctx *ctx, const spec *s, uint64_t seed) 
   attn_mha_saved_free(sv);
   tu_rng r = {seed ^ 0x5eed};
   worst_fd = 0;
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor tp, tgp, tbq;
     if (attn_mha_param_view(ctx, &tp, P.m, (attn_mha_param)p)) continue;
     CHECK_OK(ctx, attn_mha_param_view(ctx, &tgp, g, (attn_mha_param)p));
@@ -296,13 +296,13 @@ static const spec fd_specs[] = {
 
 /* ---- (b) the fp32 path against the float64 path ---------------------------------- */
 typedef struct result {
-  double *param[ATTN_MHA_NUM_PARAMS];
+  double *param[TU_MHA_PROJ_PARAMS];
   double *dq, *dk, *dv, *out;
-  int64_t nparam[ATTN_MHA_NUM_PARAMS], nq, nk, nv, nout;
+  int64_t nparam[TU_MHA_PROJ_PARAMS], nq, nk, nv, nout;
 } result;
 
 static void result_free(result *r) {
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) free(r->param[p]);
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) free(r->param[p]);
   free(r->dq); free(r->dk); free(r->dv); free(r->out);
   memset(r, 0, sizeof *r);
 }
@@ -329,7 +329,7 @@ static void run_backward(attn_ctx *ctx, prob *P, attn_dtype dt, result *res, flo
   CHECK_OK(ctx, attn_mha_backward(ctx, P->m, &tdq, s->cross ? &tdk : NULL, s->cross ? &tdv : NULL, g, sv, &P->tg));
   attn_mha_saved_free(sv);
   int64_t total = 0;
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) continue;
     res->param[p] = tu_to_f64(&t);
@@ -349,7 +349,7 @@ static void run_backward(attn_ctx *ctx, prob *P, attn_dtype dt, result *res, flo
   if (raw) {
     total += res->nq + res->nk + res->nv;
     float *b = *raw = malloc(sizeof(float) * (size_t)(total + 1));
-    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
       attn_tensor t;
       if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) continue;
       memcpy(b, t.data, sizeof(float) * (size_t)res->nparam[p]);
@@ -409,7 +409,7 @@ static void fp32_case(attn_ctx *ctx, const spec *s, uint64_t seed) {
       float *raw;
       int64_t nraw;
       run_backward(ctx, &P, ATTN_F32, &res, &raw, &nraw);
-      for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+      for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
         if (!ref.param[p]) continue;
         /* the key bias's true gradient is zero: its error is measured against the query bias's size */
         const double floor = p == ATTN_MHA_K_BIAS ? sqrt(dot(ref.param[ATTN_MHA_Q_BIAS], ref.param[ATTN_MHA_Q_BIAS],
@@ -510,7 +510,7 @@ static void agreements(attn_ctx *ctx) {
   CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tq1, &tk1, &tv1, g1, sv, &P.tg));
   CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tq2, &tk2, &tv2, g2, sv, &P.tg));
   int same = !memcmp(dq1, dq2, sizeof(float) * (size_t)nq) && !memcmp(dk1, dk2, sizeof(float) * (size_t)nk);
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor a, b;
     attn_mha_param_view(ctx, &a, g1, (attn_mha_param)p);
     attn_mha_param_view(ctx, &b, g2, (attn_mha_param)p);
@@ -526,7 +526,7 @@ static void agreements(attn_ctx *ctx) {
   g2 = grads_layer(ctx, &P);
   CHECK_OK(ctx, attn_mha_backward(ctx, P.m, NULL, NULL, NULL, g2, sv, &P.tg));
   same = 1;
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor a, b;
     attn_mha_param_view(ctx, &a, g1, (attn_mha_param)p);
     attn_mha_param_view(ctx, &b, g2, (attn_mha_param)p);
@@ -569,7 +569,7 @@ static void agreements(attn_ctx *ctx) {
       int ok = 1;
       for (int64_t i = 0; i < B * ek * E; i++) ok = ok && dk1[i] == 0;
       for (int64_t i = 0; i < B * eq * E; i++) ok = ok && dq1[i] == 0; /* no keys: A does not depend on the query */
-      for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+      for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
         attn_tensor t;
         attn_mha_param_view(ctx, &t, g1, (attn_mha_param)p);
         const float *w = t.data;
@@ -779,7 +779,7 @@ static void saved_owns_options(attn_ctx *ctx) {
     int same = !memcmp(dropped.dq, kept.dq, sizeof(double) * (size_t)kept.nq) &&
                !memcmp(dropped.dk, kept.dk, sizeof(double) * (size_t)kept.nk) &&
                !memcmp(dropped.dv, kept.dv, sizeof(double) * (size_t)kept.nv);
-    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
       attn_tensor t;
       if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) continue;
       double *gp = tu_to_f64(&t);

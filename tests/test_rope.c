@@ -362,7 +362,7 @@ static void layer(attn_ctx *ctx, attn_ctx *oracle) {
   attn_mha *m = NULL;
   CHECK_OK(ctx, attn_mha_create(ctx, &m, &cfg));
   if (!m) return;
-  for (int pidx = 0; pidx < ATTN_MHA_NUM_PARAMS; pidx++) {
+  for (int pidx = 0; pidx < TU_MHA_PROJ_PARAMS; pidx++) {
     attn_tensor pv;
     CHECK_OK(ctx, attn_mha_param_view(ctx, &pv, m, (attn_mha_param)pidx));
     tu_fill_f32(&r, pv.data, attn_tensor_numel(&pv), 0.4);
@@ -391,8 +391,8 @@ static void layer(attn_ctx *ctx, attn_ctx *oracle) {
   for (int e = 0; e < B * N * E; e++) num += (out[e] - ref[e]) * (out[e] - ref[e]), den += ref[e] * ref[e];
   CHECK(sqrt(num / den) <= 1e-5, "layer with rope: fp32 against the float64 layer %.3g", sqrt(num / den));
   /* by hand: q = x Wq^T + bq, k alike, rotated, then attention, then the out projection */
-  attn_tensor W[ATTN_MHA_NUM_PARAMS];
-  for (int i = 0; i < ATTN_MHA_NUM_PARAMS; i++) CHECK_OK(ctx, attn_mha_param_view(ctx, &W[i], m, (attn_mha_param)i));
+  attn_tensor W[TU_MHA_PROJ_PARAMS];
+  for (int i = 0; i < TU_MHA_PROJ_PARAMS; i++) CHECK_OK(ctx, attn_mha_param_view(ctx, &W[i], m, (attn_mha_param)i));
   const int64_t s2x[2] = {B * N, E}, s2k[2] = {B * N, G * D};
   float q[B * N * E], k[B * N * G * D], v[B * N * G * D], a[B * N * E], y[B * N * E];
   attn_tensor tq = attn_tensor_view(q, ATTN_F32, 2, s2x), tk = attn_tensor_view(k, ATTN_F32, 2, s2k);

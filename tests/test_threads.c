@@ -113,7 +113,7 @@ done:
 }
 
 static void fill_params(attn_ctx *ctx, attn_mha *m, tu_rng *g) {
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p) == ATTN_OK)
       tu_fill_f32(g, t.data, attn_tensor_numel(&t), 0.2);
@@ -121,7 +121,7 @@ static void fill_params(attn_ctx *ctx, attn_mha *m, tu_rng *g) {
 }
 
 static void emit_params(attn_ctx *ctx, attn_mha *m, results *r) {
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p) == ATTN_OK) res_add_tensor(r, &t);
   }

@@ -1,6 +1,8 @@
 /* Small helpers shared by the tests: a seeded RNG, error metrics, checks that count. */
 #ifndef ATTN_TESTUTIL_H
 #define ATTN_TESTUTIL_H
+/* The projections' eight parameters (Q_WEIGHT .. O_BIAS), before QK-norm's. */
+#define TU_MHA_PROJ_PARAMS (ATTN_MHA_O_BIAS + 1)
 
 #include "attn.h"
 

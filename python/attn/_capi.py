@@ -59,6 +59,11 @@ class MhaConfig(ctypes.Structure):
         ("kdim", ctypes.c_int64),
         ("vdim", ctypes.c_int64),
         ("bias", ctypes.c_int),
+        ("head_dim", ctypes.c_int64),
+        ("out_bias", ctypes.c_int),
+        ("qk_norm", ctypes.c_int),
+        ("qk_norm_kind", ctypes.c_int),
+        ("qk_norm_eps", ctypes.c_double),
     ]
 
 

@@ -6,6 +6,9 @@
 #include "../internal.h"
 #include "../opts.h"
 
+/* The projections' parameters: Q_WEIGHT .. O_BIAS, before QK-norm's. */
+#define ATTN__MHA_PROJ_PARAMS (ATTN_MHA_O_BIAS + 1)
+
 struct attn_mha {
   attn_mha_config cfg;
   int64_t head_dim, kv_dim; /* D = E / H; kv_dim = Hk * D */
