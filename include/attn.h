@@ -427,6 +427,7 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
  * type), partial_rotary_factor, rope_local_base_freq; sliding_window with
  * layer_types (or Gemma 2's and 3's older patterns, Qwen2's use_sliding_window
  * and max_window_layers); attn_logit_softcapping; query_pre_attn_scalar;
+ * GPT-2's scale_attn_weights and scale_attn_by_inverse_layer_idx;
  * attention_bias; rms_norm_eps. What the config asks for and libattn lacks (a
  * RoPE type such as longrope, relative position embeddings in BERT, an
  * unknown layer type) is ATTN_E_UNSUPPORTED naming the field, never a layer
@@ -446,6 +447,7 @@ typedef struct attn_hf_config {
   int rope;                   /* 1: rotary embeddings (opts below; positions NULL) */
   attn_rope_opts rope_global; /* full-attention layers' */
   attn_rope_opts rope_local;  /* sliding layers' (Gemma 3's own base); = rope_global otherwise */
+  int scale_inverse_layer;    /* GPT-2's scale_attn_by_inverse_layer_idx: layer L's scale divided by L + 1 */
 } attn_hf_config;
 
 /* Reads path (a config.json) into *out. */
@@ -767,7 +769,9 @@ ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor
                                        const attn_tensor *dout);
 
 /* ---- files ------------------------------------------------------------------- */
-/* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16), little-endian, C order.
+/* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16), little-endian, C order;
+ * the reader also takes int32 and int64 arrays (positions, token ids), read
+ * as f64, exactly (a value past 2^53 is refused).
  * Reading allocates: free with attn_tensor_free. Both readers refuse
  * (ATTN_E_FORMAT) a shape whose strides could not be represented, even one
  * with no element. Writing follows a symbolic link at path (the file it points

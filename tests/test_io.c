@@ -417,7 +417,29 @@ static void test_npy_handmade(attn_ctx *ctx) {
   BAD("{}", ATTN_E_FORMAT, NULL);
   BAD("", ATTN_E_FORMAT, NULL);
   BAD("not a dict at all", ATTN_E_FORMAT, NULL);
-  BAD("{'descr': '<i4', 'fortran_order': False, 'shape': (6,)}", ATTN_E_DTYPE, "<i4");
+  BAD("{'descr': '<u4', 'fortran_order': False, 'shape': (6,)}", ATTN_E_DTYPE, "<u4");
+  BAD("{'descr': '>i8', 'fortran_order': False, 'shape': (3,)}", ATTN_E_DTYPE, "big-endian");
+  {
+    const int64_t huge[3] = {1, ((int64_t)1 << 53) + 1, 2};
+    npy_bad_dict(ctx, "{'descr': '<i8', 'fortran_order': False, 'shape': (3,)}", huge, sizeof huge, ATTN_E_DTYPE,
+                 "2^53", __LINE__);
+    /* integers are read as exact doubles, whatever their width */
+    const int32_t i4[5] = {0, -7, 2147483647, -2147483647 - 1, 12345};
+    const int64_t i8[5] = {0, -7, (int64_t)1 << 53, -((int64_t)1 << 53), 4000000000LL};
+    for (int w = 0; w < 2; w++) {
+      n = make_npy(buf, 1, w ? "{'descr': '<i8', 'fortran_order': False, 'shape': (5,)}"
+                             : "{'descr': '<i4', 'fortran_order': False, 'shape': (5,)}",
+                   1, w ? (const void *)i8 : (const void *)i4, w ? sizeof i8 : sizeof i4);
+      CHECK_OK(ctx, attn__npy_read_mem(ctx, &t, buf, n, "ints.npy"));
+      CHECK(t.dtype == ATTN_F64 && t.rank == 1 && t.shape[0] == 5, "integers come back as f64 [5]");
+      for (int i = 0; i < 5 && t.dtype == ATTN_F64; i++)
+        CHECK(((double *)t.data)[i] == (w ? (double)i8[i] : (double)i4[i]), "integer %d of width %d read exactly", i,
+              w ? 8 : 4);
+      attn_tensor_free(&t);
+    }
+    n = make_npy(buf, 1, "{'descr': '<i4', 'fortran_order': False, 'shape': (6,)}", 1, i4, sizeof i4);
+    npy_bad(ctx, buf, n, ATTN_E_FORMAT, "truncated", __LINE__);
+  }
   BAD("{'descr': '<U10', 'fortran_order': False, 'shape': (1,)}", ATTN_E_DTYPE, NULL);
   BAD("{'descr': 'f4', 'fortran_order': False, 'shape': (6,)}", ATTN_E_DTYPE, NULL);
   BAD("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (6,)}", ATTN_E_DTYPE, NULL);

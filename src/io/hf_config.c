@@ -27,7 +27,7 @@ typedef struct hf_raw {
   char model_type[64];
   int64_t hidden, heads, kv_heads, head_dim, layers, sliding_window, max_window_layers, max_pos, pattern, rotary_dim;
   double theta, partial, local_base, qpas, softcap, eps, multiplier;
-  int attention_bias, use_sliding;
+  int attention_bias, use_sliding, scale_attn_weights, scale_inverse_layer;
   hf_rope scaling, global, local;
   int64_t ntypes;
   unsigned char types[ATTN_HF_MAX_LAYERS]; /* 1: sliding_attention */
@@ -93,36 +93,6 @@ static attn_status short_string(attn__json *j, const char *key, char *buf, size_
   return ATTN_OK;
 }
 
-/* The keys of an object in turn: visit(j, key, arg) reads each value. */
-static attn_status each_key(attn__json *j, attn_status (*visit)(attn__json *, const char *, void *), void *arg,
-                            int depth) {
-  attn_status st;
-  if (depth > ATTN__JSON_MAX_DEPTH) return attn__json_fail(j, "nesting deeper than %d", ATTN__JSON_MAX_DEPTH);
-  if ((st = attn__json_expect(j, '{'))) return st;
-  if (attn__json_peek(j) == '}') {
-    j->p++;
-    return ATTN_OK;
-  }
-  for (;;) {
-    char *key = NULL;
-    if ((st = attn__json_string(j, &key, NULL)) || (st = attn__json_expect(j, ':')) || (st = visit(j, key, arg))) {
-      free(key);
-      return st;
-    }
-    free(key);
-    const int c = attn__json_peek(j);
-    if (c == ',') {
-      j->p++;
-      continue;
-    }
-    if (c == '}') {
-      j->p++;
-      return ATTN_OK;
-    }
-    return attn__json_fail(j, "expected ',' or '}'");
-  }
-}
-
 static attn_status rope_key(attn__json *j, const char *k, void *arg) {
   hf_rope *r = arg;
   if (key_is(k, "rope_type") || key_is(k, "type")) return short_string(j, k, r->type, sizeof r->type);
@@ -151,26 +121,15 @@ static attn_status rope_key(attn__json *j, const char *k, void *arg) {
 static attn_status rope_object(attn__json *j, hf_rope *r) {
   if (lit(j, "null")) return ATTN_OK;
   r->present = 1;
-  return each_key(j, rope_key, r, 1);
+  return attn__json_each_key(j, rope_key, r, 1);
 }
-
-typedef struct {
-  hf_raw *raw;
-  int per_type; /* rope_parameters keyed by layer type */
-} rp_arg;
 
 /* rope_parameters: one RoPE object, or one per layer type. */
 static attn_status rope_parameters_key(attn__json *j, const char *k, void *arg) {
-  rp_arg *a = arg;
-  if (key_is(k, "full_attention")) {
-    a->per_type = 1;
-    return rope_object(j, &a->raw->global);
-  }
-  if (key_is(k, "sliding_attention")) {
-    a->per_type = 1;
-    return rope_object(j, &a->raw->local);
-  }
-  return rope_key(j, k, &a->raw->global);
+  hf_raw *r = arg;
+  if (key_is(k, "full_attention")) return rope_object(j, &r->global);
+  if (key_is(k, "sliding_attention")) return rope_object(j, &r->local);
+  return rope_key(j, k, &r->global);
 }
 
 static attn_status layer_types(attn__json *j, hf_raw *r) {
@@ -228,9 +187,8 @@ static attn_status top_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "rope_scaling")) return rope_object(j, &r->scaling);
   if (key_is(k, "rope_parameters")) {
     if (lit(j, "null")) return ATTN_OK;
-    rp_arg a = {r, 0};
     r->global.present = 1;
-    return each_key(j, rope_parameters_key, &a, 1);
+    return attn__json_each_key(j, rope_parameters_key, r, 1);
   }
   if (key_is(k, "sliding_window")) return int_or_null(j, k, &r->sliding_window);
   if (key_is(k, "layer_types")) return layer_types(j, r);
@@ -241,6 +199,8 @@ static attn_status top_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "query_pre_attn_scalar")) return num_or_null(j, &r->qpas);
   if (key_is(k, "attention_multiplier")) return num_or_null(j, &r->multiplier);
   if (key_is(k, "attention_bias")) return boolean(j, k, &r->attention_bias);
+  if (key_is(k, "scale_attn_weights")) return boolean(j, k, &r->scale_attn_weights);
+  if (key_is(k, "scale_attn_by_inverse_layer_idx")) return boolean(j, k, &r->scale_inverse_layer);
   if (key_is(k, "rms_norm_eps") || key_is(k, "layer_norm_eps") || key_is(k, "layer_norm_epsilon")) return num_or_null(j, &r->eps);
   if (key_is(k, "position_embedding_type")) {
     char t[32];
@@ -326,7 +286,8 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
                          (long long)out->num_layers, ATTN_HF_MAX_LAYERS);
   out->scale = !isnan(r->qpas) ? (r->qpas > 0 ? 1.0 / sqrt(r->qpas) : NAN)
              : !isnan(r->multiplier) ? r->multiplier
-             : !strcmp(r->model_type, "t5") ? 1.0 : NAN;
+             : !strcmp(r->model_type, "t5") || r->scale_attn_weights == 0 ? 1.0 : NAN;
+  out->scale_inverse_layer = r->scale_inverse_layer == 1;
   if (!isnan(r->qpas) && !(r->qpas > 0))
     return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "query_pre_attn_scalar must be > 0");
   out->softcap = !isnan(r->softcap) ? r->softcap : 0;
@@ -393,12 +354,12 @@ attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, const char 
   r->hidden = r->heads = r->kv_heads = r->head_dim = r->layers = r->sliding_window = UNSET;
   r->max_window_layers = r->max_pos = r->pattern = r->rotary_dim = UNSET;
   r->theta = r->partial = r->local_base = r->qpas = r->softcap = r->eps = r->multiplier = NAN;
-  r->attention_bias = r->use_sliding = UNSET;
+  r->attention_bias = r->use_sliding = r->scale_attn_weights = r->scale_inverse_layer = UNSET;
   rope_unset(&r->scaling), rope_unset(&r->global), rope_unset(&r->local);
   const unsigned char *b = (const unsigned char *)json;
   attn__json j = {b, b, b + len, ctx, path, "config", "JSON"};
   if (len >= 3 && b[0] == 0xef && b[1] == 0xbb && b[2] == 0xbf) j.p += 3; /* a UTF-8 byte order mark */
-  attn_status st = attn__json_peek(&j) == '{' ? each_key(&j, top_key, r, 0) : attn__json_fail(&j, "the config is not a JSON object");
+  attn_status st = attn__json_peek(&j) == '{' ? attn__json_each_key(&j, top_key, r, 0) : attn__json_fail(&j, "the config is not a JSON object");
   if (!st && attn__json_peek(&j) != -1) st = attn__json_fail(&j, "characters after the config object");
   if (!st) st = finish(&j, out, r);
   free(r);

@@ -29,7 +29,12 @@ typedef struct {
   int64_t numel;
 } attn__st_info;
 
-/* 1 and *info when st holds a tensor of that name, else 0. */
+/* Joins next (and the shards after it) to st's chain: the internal readers
+ * below then look in each shard in turn, and closing st closes them all. The
+ * public calls (count, name, get) see st's own tensors only. */
+void attn__safetensors_chain(attn_safetensors *st, attn_safetensors *next);
+
+/* 1 and *info when st (or a shard chained to it) holds a tensor of that name, else 0. */
 int attn__safetensors_info(const attn_safetensors *st, const char *name, attn__st_info *info);
 
 /* Reads tensor name into a new buffer, *owned (free with attn__aligned_free),

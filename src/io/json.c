@@ -270,3 +270,32 @@ attn_status attn__json_double(attn__json *j, double *v) {
   *v = x;
   return ATTN_OK;
 }
+
+attn_status attn__json_each_key(attn__json *j, attn_status (*visit)(attn__json *, const char *, void *), void *arg,
+                                int depth) {
+  attn_status st;
+  if (depth > ATTN__JSON_MAX_DEPTH) return attn__json_fail(j, "nesting deeper than %d", ATTN__JSON_MAX_DEPTH);
+  if ((st = attn__json_expect(j, '{'))) return st;
+  if (attn__json_peek(j) == '}') {
+    j->p++;
+    return ATTN_OK;
+  }
+  for (;;) {
+    char *key = NULL;
+    if ((st = attn__json_string(j, &key, NULL)) || (st = attn__json_expect(j, ':')) || (st = visit(j, key, arg))) {
+      free(key);
+      return st;
+    }
+    free(key);
+    const int c = attn__json_peek(j);
+    if (c == ',') {
+      j->p++;
+      continue;
+    }
+    if (c == '}') {
+      j->p++;
+      return ATTN_OK;
+    }
+    return attn__json_fail(j, "expected ',' or '}'");
+  }
+}

@@ -43,4 +43,9 @@ int attn__json_literal(attn__json *j, const char *w);
 /* Validates and skips any value; recursion bounded by ATTN__JSON_MAX_DEPTH. */
 attn_status attn__json_skip(attn__json *j, int depth);
 
+/* An object: visit(j, key, arg) for each key, which must read (or skip) its
+ * value; depth bounds the nesting as in attn__json_skip. */
+attn_status attn__json_each_key(attn__json *j, attn_status (*visit)(attn__json *, const char *, void *), void *arg,
+                                int depth);
+
 #endif

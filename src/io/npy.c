@@ -161,7 +161,8 @@ static attn_status parse_header(attn_ctx *ctx, const char *path, const char *tex
 }
 
 /* Maps a descr to a dtype; *swap says whether the bytes need reversing here. */
-static attn_status parse_descr(attn_ctx *ctx, const char *path, const npy_header *h, attn_dtype *dt, int *swap) {
+static attn_status parse_descr(attn_ctx *ctx, const char *path, const npy_header *h, attn_dtype *dt, int *swap,
+                               int *int_size) {
   char shown[40];
   attn__sanitize(shown, sizeof shown, h->descr, h->descr_len < sizeof h->descr ? h->descr_len : sizeof h->descr - 1);
   const char *d = h->descr;
@@ -172,16 +173,38 @@ static attn_status parse_descr(attn_ctx *ctx, const char *path, const npy_header
     else if (!memcmp(d + 1, "f2", 2)) *dt = ATTN_F16;
     else if (!memcmp(d + 1, "b1", 2)) *dt = ATTN_BOOL;
     else if (!memcmp(d + 1, "u1", 2)) *dt = ATTN_U8;
+    else if (!memcmp(d + 1, "i8", 2)) *dt = ATTN_F64, *int_size = 8;
+    else if (!memcmp(d + 1, "i4", 2)) *dt = ATTN_F64, *int_size = 4;
     else ok = 0;
   }
   if (!ok)
-    return npy_fail(ctx, ATTN_E_DTYPE, path, "unsupported dtype '%s' (supported: <f4 <f8 <f2 |b1 |u1)", shown);
+    return npy_fail(ctx, ATTN_E_DTYPE, path, "unsupported dtype '%s' (supported: <f4 <f8 <f2 |b1 |u1 <i4 <i8)", shown);
   *swap = 0;
   if (attn_dtype_size(*dt) > 1) {
     if (d[0] == '>')
       return npy_fail(ctx, ATTN_E_DTYPE, path, "big-endian dtype '%s' is not supported; save it little-endian ('<')",
                       shown);
     *swap = d[0] == '<' && !attn__host_is_le(); /* '=' and '|' mean the host's order */
+  }
+  return ATTN_OK;
+}
+
+/* n integers of size bytes (4 or 8) at buf, widened to doubles in place; the
+ * buffer holds n doubles. Back to front, so no integer is overwritten before
+ * it is read. Integers past 2^53 would round: refused. */
+static attn_status widen_integers(attn_ctx *ctx, const char *path, void *buf, int size, int64_t n) {
+  double *out = buf;
+  for (int64_t i = n - 1; i >= 0; i--) {
+    int64_t v;
+    if (size == 8) memcpy(&v, (const unsigned char *)buf + 8 * i, 8);
+    else {
+      int32_t w;
+      memcpy(&w, (const unsigned char *)buf + 4 * i, 4);
+      v = w;
+    }
+    if (v > ((int64_t)1 << 53) || v < -((int64_t)1 << 53))
+      return npy_fail(ctx, ATTN_E_DTYPE, path, "integer %lld is not exact as a double (|v| > 2^53)", (long long)v);
+    out[i] = (double)v;
   }
   return ATTN_OK;
 }
@@ -248,8 +271,9 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
   memset(&h, 0, sizeof h);
   if ((st = parse_header(ctx, path, text, hlen, &h))) goto done;
   attn_dtype dt = ATTN_F32;
-  int swap = 0;
-  if ((st = parse_descr(ctx, path, &h, &dt, &swap))) goto done;
+  int swap = 0, int_size = 0; /* int_size: integers of that many bytes, read as f64 */
+  if ((st = parse_descr(ctx, path, &h, &dt, &swap, &int_size))) goto done;
+  const int64_t file_esize = int_size ? int_size : (int64_t)attn_dtype_size(dt);
   if (h.fortran) {
     st = npy_fail(ctx, ATTN_E_UNSUPPORTED, path, "fortran_order is True; only C order is supported");
     goto done;
@@ -260,7 +284,7 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
       st = npy_fail(ctx, ATTN_E_FORMAT, path, "shape is too large (element count overflows)");
       goto done;
     }
-  if (attn__mul_overflows(numel, (int64_t)attn_dtype_size(dt), &bytes)) {
+  if (attn__mul_overflows(numel, 8, &bytes) || attn__mul_overflows(numel, file_esize, &bytes)) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "shape is too large (byte count overflows)");
     goto done;
   }
@@ -281,12 +305,14 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
     st = npy_fail(ctx, st, path, "%s", m);
     goto done;
   }
+  /* integers land in the tensor's own f64 buffer (at least as large), then widen in place, front to back */
   if ((st = attn__src_read(ctx, src, data_off, t.data, (size_t)bytes, &got))) goto done;
   if (got < (size_t)bytes) {
     st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
     goto done;
   }
-  if (swap) attn__swap_elems(t.data, attn_dtype_size(dt), (size_t)numel);
+  if (swap) attn__swap_elems(t.data, (size_t)file_esize, (size_t)numel);
+  if (int_size && (st = widen_integers(ctx, path, t.data, int_size, numel))) goto done;
   *out = t;
   t.data = NULL;
 

@@ -49,6 +49,7 @@ struct attn_safetensors {
   st_entry *e;
   st_entry **byname;
   int64_t count, cap;
+  attn_safetensors *next; /* the other shards of a checkpoint (attn__safetensors_chain), looked in after this one */
 };
 
 /* What an empty tensor's view points at: never read, but not NULL and aligned. */
@@ -292,6 +293,7 @@ static attn_status validate(attn_ctx *ctx, attn_safetensors *s, int64_t bufsize)
 
 void attn_safetensors_close(attn_safetensors *st) {
   if (!st) return;
+  attn_safetensors_close(st->next);
   for (int64_t i = 0; i < st->count; i++) {
     free(st->e[i].name);
     attn__aligned_free(st->e[i].own);
@@ -400,7 +402,20 @@ static const st_entry *st_lookup(const attn_safetensors *st, const char *name) {
   return NULL;
 }
 
+void attn__safetensors_chain(attn_safetensors *st, attn_safetensors *next) {
+  while (st->next) st = st->next;
+  st->next = next;
+}
+
+/* The shard of the chain that holds name (st itself when none does). */
+static const attn_safetensors *st_holder(const attn_safetensors *st, const char *name) {
+  for (const attn_safetensors *s = st; s; s = s->next)
+    if (st_lookup(s, name)) return s;
+  return st;
+}
+
 int attn__safetensors_info(const attn_safetensors *st, const char *name, attn__st_info *info) {
+  if (st && name) st = st_holder(st, name);
   const st_entry *e = st && name ? st_lookup(st, name) : NULL;
   if (!e) return 0;
   info->known = e->known;
@@ -454,6 +469,7 @@ attn_status attn__safetensors_read(attn_ctx *ctx, const attn_safetensors *st, co
                                    void **owned) {
   *owned = NULL;
   const st_entry *e;
+  st = st_holder(st, name);
   attn_status s = st_entry_for(ctx, st, name, &e);
   if (s) return s;
   void *p = (void *)st_empty.b;

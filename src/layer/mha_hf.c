@@ -1,0 +1,295 @@
+/* Layer L of a Hugging Face checkpoint, as saved: config.json shapes the layer
+ * and gives its options; the weights (one safetensors file, or a sharded
+ * checkpoint's model.safetensors.index.json) hold its tensors under the
+ * family's own prefix, which is found by trying each family's in turn. */
+#include "mha_internal.h"
+#include "../io/file.h"
+#include "../io/io.h"
+#include "../io/json.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define HF_INDEX_CAP ((int64_t)64 << 20)
+#define HF_INDEX_MAX_ENTRIES 4000000
+#define HF_MAX_SHARDS 8 /* files one layer's tensors may be spread over */
+
+/* Where each family keeps layer L's attention, as transformers saves it
+ * (a task model's wrapper prefix first, then the bare model's). */
+static const char *const layer_prefixes[] = {
+    "model.layers.%lld.self_attn.",                 /* Llama, Mistral, Qwen, Gemma, OLMo 2 */
+    "layers.%lld.self_attn.",
+    "model.language_model.layers.%lld.self_attn.",  /* Gemma 3 multimodal, current */
+    "language_model.model.layers.%lld.self_attn.",  /* and older */
+    "bert.encoder.layer.%lld.attention.",           /* BERT */
+    "roberta.encoder.layer.%lld.attention.",        /* RoBERTa */
+    "vit.encoder.layer.%lld.attention.",            /* ViT */
+    "encoder.layer.%lld.attention.",                /* the bare BERT, RoBERTa, ViT */
+    "distilbert.transformer.layer.%lld.attention.", /* DistilBERT */
+    "transformer.layer.%lld.attention.",
+    "transformer.h.%lld.attn.",                     /* GPT-2 */
+    "h.%lld.attn.",
+    "encoder.block.%lld.layer.0.SelfAttention.",    /* T5: the encoder's self-attention */
+    "block.%lld.layer.0.SelfAttention.",
+    NULL};
+
+/* ---- a sharded checkpoint's index: {"weight_map": {"tensor": "file", ...}, ...} ---- */
+typedef struct {
+  char *name, *file;
+} hf_entry;
+
+typedef struct {
+  hf_entry *e;
+  int64_t n, cap;
+} hf_index;
+
+static void index_free(hf_index *x) {
+  for (int64_t i = 0; i < x->n; i++) free(x->e[i].name), free(x->e[i].file);
+  free(x->e);
+  memset(x, 0, sizeof *x);
+}
+
+/* A shard's name must stay in the index's folder: a plain file name. */
+static int plain_file_name(const char *f, size_t len) {
+  if (len == 0 || len > 255 || strlen(f) != len || !strcmp(f, ".") || !strcmp(f, "..")) return 0;
+  return !strchr(f, '/') && !strchr(f, '\\');
+}
+
+static attn_status weight_map_key(attn__json *j, const char *k, void *arg) {
+  hf_index *x = arg;
+  char *file = NULL;
+  size_t len = 0;
+  attn_status st = attn__json_string(j, &file, &len);
+  if (st) return st;
+  if (!plain_file_name(file, len)) {
+    char shown[64];
+    attn__sanitize(shown, sizeof shown, file, len);
+    free(file);
+    return attn__json_fail(j, "weight_map names '%s': not a file name in the index's folder", shown);
+  }
+  if (x->n == x->cap) {
+    if (x->n >= HF_INDEX_MAX_ENTRIES) {
+      free(file);
+      return attn__json_fail(j, "weight_map has more than %d entries", HF_INDEX_MAX_ENTRIES);
+    }
+    const int64_t cap = x->cap ? 2 * x->cap : 256;
+    hf_entry *e = realloc(x->e, (size_t)cap * sizeof *e);
+    if (!e) {
+      free(file);
+      return attn__fail(j->ctx, ATTN_E_NOMEM, "index: out of memory");
+    }
+    x->e = e, x->cap = cap;
+  }
+  char *name = malloc(strlen(k) + 1);
+  if (!name) {
+    free(file);
+    return attn__fail(j->ctx, ATTN_E_NOMEM, "index: out of memory");
+  }
+  strcpy(name, k);
+  x->e[x->n].name = name, x->e[x->n].file = file;
+  x->n++;
+  return ATTN_OK;
+}
+
+static attn_status index_key(attn__json *j, const char *k, void *arg) {
+  if (!strcmp(k, "weight_map")) return attn__json_each_key(j, weight_map_key, arg, 2);
+  return attn__json_skip(j, 1);
+}
+
+static attn_status index_read(attn_ctx *ctx, hf_index *x, const char *path) {
+  attn__src src;
+  attn_status st = attn__src_open(ctx, &src, "index", path);
+  if (st) return st;
+  if (src.size > HF_INDEX_CAP) {
+    attn__src_close(&src);
+    return attn__io_fail(ctx, ATTN_E_FORMAT, "index", path, "%lld bytes: more than an index's %lld",
+                         (long long)src.size, (long long)HF_INDEX_CAP);
+  }
+  unsigned char *buf = malloc((size_t)src.size + 1);
+  size_t got = 0;
+  if (!buf) st = attn__fail(ctx, ATTN_E_NOMEM, "index: out of memory");
+  else st = attn__src_read(ctx, &src, 0, buf, (size_t)src.size, &got);
+  attn__src_close(&src);
+  if (!st && got != (size_t)src.size) st = attn__io_fail(ctx, ATTN_E_IO, "index", path, "the file shrank while read");
+  if (!st) {
+    attn__json j = {buf, buf, buf + got, ctx, path, "index", "JSON"};
+    st = attn__json_peek(&j) == '{' ? attn__json_each_key(&j, index_key, x, 0)
+                                    : attn__json_fail(&j, "the index is not a JSON object");
+    if (!st && attn__json_peek(&j) != -1) st = attn__json_fail(&j, "characters after the index object");
+    if (!st && x->n == 0) st = attn__io_fail(ctx, ATTN_E_FORMAT, "index", path, "no weight_map entries");
+  }
+  free(buf);
+  return st;
+}
+
+static int ends_with(const char *s, const char *tail) {
+  const size_t n = strlen(s), t = strlen(tail);
+  return n >= t && !strcmp(s + n - t, tail);
+}
+
+/* dir of index_path + "/" + file, into out (cap bytes); 0 when it does not fit. */
+static int shard_path(char *out, size_t cap, const char *index_path, const char *file) {
+  const char *slash = strrchr(index_path, '/');
+  const int dir = slash ? (int)(slash - index_path) + 1 : 0;
+  const int n = snprintf(out, cap, "%.*s%s", dir, index_path, file);
+  return n > 0 && (size_t)n < cap;
+}
+
+/* The shards holding tensors under prefix, opened and chained into *st (NULL
+ * when the index has none there). */
+static attn_status open_shards(attn_ctx *ctx, attn_safetensors **st, const hf_index *x, const char *index_path,
+                               const char *prefix, char *first_path, size_t first_cap) {
+  *st = NULL;
+  const char *files[HF_MAX_SHARDS];
+  int nfiles = 0;
+  const size_t plen = strlen(prefix);
+  for (int64_t i = 0; i < x->n; i++) {
+    if (strncmp(x->e[i].name, prefix, plen)) continue;
+    int seen = 0;
+    for (int f = 0; f < nfiles; f++) seen |= !strcmp(files[f], x->e[i].file);
+    if (seen) continue;
+    if (nfiles == HF_MAX_SHARDS)
+      return attn__io_fail(ctx, ATTN_E_FORMAT, "index", index_path, "the tensors under '%s' span more than %d files",
+                           prefix, HF_MAX_SHARDS);
+    files[nfiles++] = x->e[i].file;
+  }
+  for (int f = 0; f < nfiles; f++) {
+    char path[4096];
+    if (!shard_path(path, sizeof path, index_path, files[f]))
+      return attn__io_fail(ctx, ATTN_E_INVALID, "index", index_path, "a shard's path is too long");
+    attn_safetensors *s;
+    attn_status r = attn_safetensors_open(ctx, &s, path);
+    if (r) {
+      attn_safetensors_close(*st);
+      *st = NULL;
+      return r;
+    }
+    if (*st) attn__safetensors_chain(*st, s);
+    else {
+      *st = s;
+      snprintf(first_path, first_cap, "%s", path);
+    }
+  }
+  return ATTN_OK;
+}
+
+/* ---- the layer ---------------------------------------------------------------- */
+static int model_is(const attn_hf_config *c, const char *const *list) {
+  for (; *list; list++)
+    if (!strcmp(c->model_type, *list)) return 1;
+  return 0;
+}
+
+/* The layer's shape and QK-norm from the config, and its options for layer L. */
+static void layer_from_config(attn_hf_layer *info, attn_mha_config *like) {
+  static const char *const plus_one[] = {"gemma3", "gemma3_text", NULL};
+  const attn_hf_config *c = &info->config;
+  const int64_t L = info->layer;
+  attn_mha_config_init(like, c->hidden_size, c->num_heads);
+  like->num_kv_heads = c->num_kv_heads;
+  like->head_dim = c->head_dim;
+  like->qk_norm_kind = model_is(c, plus_one) ? ATTN_NORM_RMS_PLUS_ONE : ATTN_NORM_RMS;
+  if (!isnan(c->norm_eps) && c->norm_eps > 0) like->qk_norm_eps = c->norm_eps;
+  info->scale = c->scale;
+  if (c->scale_inverse_layer) info->scale = (isnan(c->scale) ? 1.0 / sqrt((double)c->head_dim) : c->scale) / (double)(L + 1);
+  info->softcap = c->softcap;
+  const int sliding = c->sliding_window > 0 && L < ATTN_HF_MAX_LAYERS && c->sliding[L];
+  info->window = sliding ? c->sliding_window : 0;
+  info->has_rope = c->rope;
+  if (c->rope) info->rope = sliding ? c->rope_local : c->rope_global;
+}
+
+/* What the config says and the tensors must agree with. */
+static attn_status check_against_config(attn_ctx *ctx, const attn_hf_layer *info, const attn_mha *m,
+                                        const char *config_path) {
+  static const char *const qk_normed[] = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", NULL};
+  const attn_hf_config *c = &info->config;
+  const attn_mha_config *g = &m->cfg;
+  if (g->embed_dim != c->hidden_size)
+    return attn__io_fail(ctx, ATTN_E_SHAPE, "config", config_path,
+                         "hidden_size is %lld but layer %lld's output projection under '%s' has %lld rows",
+                         (long long)c->hidden_size, (long long)info->layer, info->prefix, (long long)g->embed_dim);
+  if (c->attention_bias >= 0 && c->attention_bias != (g->bias != 0))
+    return attn__io_fail(ctx, ATTN_E_SHAPE, "config", config_path,
+                         "attention_bias is %s but the tensors under '%s' have %s q/k/v biases",
+                         c->attention_bias ? "true" : "false", info->prefix, g->bias ? "" : "no");
+  if (model_is(c, qk_normed) && !g->qk_norm)
+    return attn__io_fail(ctx, ATTN_E_SHAPE, "config", config_path,
+                         "model_type '%s' norms q and k, but there is no q_norm.weight under '%s'", c->model_type,
+                         info->prefix);
+  return ATTN_OK;
+}
+
+attn_status attn_mha_create_from_hf(attn_ctx *ctx, attn_mha **out, attn_hf_layer *info, const char *config_path,
+                                    const char *weights_path, int64_t layer) {
+  ATTN__ENTER(ctx);
+  if (!out || !info || !config_path || !weights_path)
+    return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_create_from_hf: null argument");
+  *out = NULL;
+  memset(info, 0, sizeof *info);
+  info->size = sizeof *info;
+  info->layer = layer;
+  attn_status st = attn_hf_config_read(ctx, &info->config, config_path);
+  if (st) return st;
+  const attn_hf_config *c = &info->config;
+  if (layer < 0 || (c->num_layers > 0 && layer >= c->num_layers))
+    return attn__io_fail(ctx, ATTN_E_INVALID, "config", config_path, "layer %lld: the model has %lld layers (0..%lld)",
+                         (long long)layer, (long long)c->num_layers, (long long)c->num_layers - 1);
+  if (layer >= ATTN_HF_MAX_LAYERS)
+    return attn__fail(ctx, ATTN_E_INVALID, "layer %lld: at most %d layers are read", (long long)layer,
+                      ATTN_HF_MAX_LAYERS);
+  attn_mha_config like;
+  layer_from_config(info, &like);
+
+  const int sharded = ends_with(weights_path, ".json");
+  hf_index x = {0};
+  attn_safetensors *whole = NULL;
+  if (sharded) st = index_read(ctx, &x, weights_path);
+  else {
+    st = attn_safetensors_open(ctx, &whole, weights_path);
+    if (!st) snprintf(info->weights_file, sizeof info->weights_file, "%s", weights_path);
+  }
+  for (int t = 0; !st && layer_prefixes[t] && info->naming == ATTN_MHA_NAMING_NONE; t++) {
+    char prefix[sizeof info->prefix];
+    snprintf(prefix, sizeof prefix, layer_prefixes[t], (long long)layer);
+    attn_safetensors *shards = NULL;
+    const attn_safetensors *st_here = whole;
+    if (sharded) {
+      if ((st = open_shards(ctx, &shards, &x, weights_path, prefix, info->weights_file, sizeof info->weights_file)))
+        break;
+      if (!shards) continue;
+      st_here = shards;
+    }
+    attn_mha_naming nm = ATTN_MHA_NAMING_NONE;
+    if (!attn_mha_detect_naming(ctx, &nm, st_here, prefix) && nm != ATTN_MHA_NAMING_NONE) {
+      info->naming = nm;
+      snprintf(info->prefix, sizeof info->prefix, "%s", prefix);
+      st = attn_mha_create_from_tensors(ctx, out, st_here, prefix, NULL, &like);
+      if (!st) st = check_against_config(ctx, info, *out, config_path);
+    }
+    attn_safetensors_close(shards);
+  }
+  if (!st && info->naming == ATTN_MHA_NAMING_NONE)
+    st = attn__io_fail(ctx, ATTN_E_NOT_FOUND, sharded ? "index" : "safetensors", weights_path,
+                       "no attention parameters of layer %lld under any known prefix (e.g. '%s', '%s'); "
+                       "load it with attn_mha_create_from_tensors and its prefix",
+                       (long long)layer, "model.layers.N.self_attn.", "encoder.layer.N.attention.");
+  attn_safetensors_close(whole);
+  index_free(&x);
+  if (st) {
+    attn_mha_destroy(*out);
+    *out = NULL;
+  } else {
+    ctx->msg[0] = '\0'; /* a family tried and not found is no error */
+  }
+  return st;
+}
+
+void attn_hf_layer_opts(const attn_hf_layer *info, attn_mha_opts *opts) {
+  if (!info || !opts) return;
+  opts->attn.scale = info->scale;
+  opts->attn.softcap = info->softcap;
+  opts->attn.window = info->window;
+  opts->rope = info->has_rope ? &info->rope : NULL;
+}
