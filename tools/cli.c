@@ -237,6 +237,95 @@ int cli_parse_window_softcap(cli_args *a, int64_t *window, double *softcap) {
   return 0;
 }
 
+/* A number from s up to the next ':' or the end; *s moves past it. */
+static int rope_field(const char **s, double *v) {
+  char *end;
+  if (!**s) return 0;
+  *v = strtod(*s, &end);
+  if (end == *s || (*end && *end != ':') || !isfinite(*v)) return 0;
+  *s = *end ? end + 1 : end;
+  return 1;
+}
+
+int cli_parse_rope(cli_args *a, attn_rope_opts *o, int *on) {
+  static const char *const rope_flags[] = {"--rope-dim", "--rope-interleaved", "--rope-scaling", NULL};
+  attn_rope_opts_init(o);
+  *on = cli_has(a, "--rope");
+  if (!*on) {
+    for (int i = 0; rope_flags[i]; i++)
+      if (cli_has(a, rope_flags[i])) return cli_fail(CLI_EXIT_USAGE, "%s needs --rope THETA", rope_flags[i]);
+    return 0;
+  }
+  long long dim = 0;
+  int r;
+  if ((r = cli_double(a, "--rope", &o->theta)) || (r = cli_int(a, "--rope-dim", 2, (long long)1 << 24, &dim))) return r;
+  if (!(o->theta > 1)) return cli_fail(CLI_EXIT_USAGE, "--rope wants a base theta > 1, got '%s'", cli_show(cli_get(a, "--rope")));
+  o->rotary_dim = dim;
+  if (cli_has(a, "--rope-interleaved")) o->layout = ATTN_ROPE_INTERLEAVED;
+  const char *spec = cli_get(a, "--rope-scaling");
+  if (!spec) return 0;
+  static const struct {
+    const char *name;
+    attn_rope_scaling scaling;
+    int fields; /* after the type: factor, then [low, high], then P */
+  } kinds[] = {{"linear", ATTN_ROPE_LINEAR, 1}, {"dynamic", ATTN_ROPE_DYNAMIC, 2}, {"llama3", ATTN_ROPE_LLAMA3, 4},
+               {"yarn", ATTN_ROPE_YARN, 2}};
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    const size_t n = strlen(kinds[k].name);
+    if (strncmp(spec, kinds[k].name, n) || (spec[n] != ':')) continue;
+    const char *s = spec + n + 1;
+    double f[4] = {0, 0, 0, 0};
+    int got = 0;
+    while (got < kinds[k].fields && rope_field(&s, &f[got])) got++;
+    if (got != kinds[k].fields || *s) break;
+    o->scaling = kinds[k].scaling;
+    o->factor = f[0];
+    if (kinds[k].fields == 4) o->low_freq_factor = f[1], o->high_freq_factor = f[2];
+    const double P = f[kinds[k].fields - 1];
+    if (kinds[k].fields > 1) {
+      if (!(P >= 1 && P < 1e15) || P != floor(P))
+        return cli_fail(CLI_EXIT_USAGE, "--rope-scaling: the pretraining context must be a positive integer, in '%s'", cli_show(spec));
+      o->original_max_position = (int64_t)P;
+    }
+    return 0;
+  }
+  return cli_fail(CLI_EXIT_USAGE,
+                  "--rope-scaling wants linear:F, dynamic:F:P, llama3:F:LOW:HIGH:P or yarn:F:P, got '%s'", cli_show(spec));
+}
+
+int cli_load_positions(attn_ctx *ctx, cli_args *a, int64_t B, int64_t N, int64_t **pos) {
+  *pos = NULL;
+  attn_tensor t = {0};
+  int r = cli_load_array(ctx, &t, cli_get(a, "--positions"), "--positions", 0);
+  if (r) return r;
+  const int rows = t.rank == 2;
+  if (!((t.rank == 2 && t.shape[0] == B && t.shape[1] == N) || (t.rank == 1 && t.shape[0] == N)) ||
+      (t.dtype != ATTN_F64 && t.dtype != ATTN_F32)) {
+    r = cli_fail(CLI_EXIT_FAIL, "--positions must hold integers, [B, N] = [%lld, %lld] or [N]", (long long)B, (long long)N);
+    attn_tensor_free(&t);
+    return r;
+  }
+  int64_t *p = malloc((size_t)(B * N > 0 ? B * N : 1) * sizeof *p);
+  if (!p) {
+    attn_tensor_free(&t);
+    return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  }
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t off = (rows ? b * t.strides[0] : 0) + n * t.strides[rows];
+      const double v = t.dtype == ATTN_F64 ? ((const double *)t.data)[off] : ((const float *)t.data)[off];
+      if (!(v >= 0 && v <= 9007199254740992.0) || v != floor(v)) {
+        free(p);
+        attn_tensor_free(&t);
+        return cli_fail(CLI_EXIT_FAIL, "--positions: entry (%lld, %lld) is %g, not an integer >= 0", (long long)b, (long long)n, v);
+      }
+      p[b * N + n] = (int64_t)v;
+    }
+  attn_tensor_free(&t);
+  *pos = p;
+  return 0;
+}
+
 /* --alibi: the paper's slopes for heads query heads; --sinks S.npy: f32 [heads] (the call checks the length). */
 int cli_load_head_options(attn_ctx *ctx, cli_args *a, int64_t heads, attn_tensor *slopes, attn_tensor *sinks) {
   int r;

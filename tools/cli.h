@@ -68,6 +68,13 @@ int cli_parse_dropout(cli_args *a, double *p, uint64_t *seed);
 int cli_mask_mode_for(cli_args *a, const attn_tensor *mask, attn_mask_mode bool_default, attn_mask_mode *mode);
 /* --window W (>= 0, 0 = off) and --softcap C (finite, >= 0, 0 = off): checked before any file is read. */
 int cli_parse_window_softcap(cli_args *a, int64_t *window, double *softcap);
+/* RoPE from --rope THETA [--rope-dim R] [--rope-interleaved] [--rope-scaling linear:F | dynamic:F:P |
+ * llama3:F:LOW:HIGH:P | yarn:F:P] (P: the pretraining context); *on 0 when --rope is absent (and the
+ * others are then refused). Checked before any file is read. */
+int cli_parse_rope(cli_args *a, attn_rope_opts *o, int *on);
+/* --positions P.npy: integer positions (int32/int64, or integral floats) >= 0, [B, N] or [N] (the
+ * same for every row), into a new [B, N] array *pos (free it). */
+int cli_load_positions(attn_ctx *ctx, cli_args *a, int64_t B, int64_t N, int64_t **pos);
 /* --alibi: the paper's slopes for heads query heads; --sinks S.npy: f32 [heads] (the call checks the length). */
 int cli_load_head_options(attn_ctx *ctx, cli_args *a, int64_t heads, attn_tensor *slopes, attn_tensor *sinks);
 

@@ -1,22 +1,17 @@
 /* attn mha: the multi-head attention layer from a safetensors file, and its backward.
  *
  *   attn mha --params P.safetensors --heads H --query X.npy --out O.npy [options]
- *            [--grad-out G.npy --grads-out GRADS.safetensors] */
+ *            [--grad-out G.npy --grads-out GRADS.safetensors]
+ *   attn mha --hf-config config.json --params model.safetensors|model.safetensors.index.json --layer L ... */
 #include "cli.h"
 #include "commands.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* The parameter naming of a safetensors file, as the library detects it. */
 typedef attn_mha_naming naming;
-
-/* The file's name of parameter p under naming nm; NULL where PyTorch packs it
- * into in_proj_weight / in_proj_bias (collect_param_grads adds those whole). */
-static const char *single_name(naming nm, int p) {
-  const char *name = attn_mha_param_name(nm, (attn_mha_param)p);
-  return name && strncmp(name, "in_proj_", 8) ? name : NULL;
-}
 
 static char *join(const char *a, const char *b) {
   const size_t la = strlen(a), lb = strlen(b);
@@ -26,11 +21,6 @@ static char *join(const char *a, const char *b) {
     memcpy(s + la, b, lb + 1);
   }
   return s;
-}
-
-static int detect_naming(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, naming *nm) {
-  if (attn_mha_detect_naming(ctx, nm, st, prefix)) return cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
-  return 0;
 }
 
 /* The tensors of the gradients file: names and f32 tensors, some owned (packed copies). */
@@ -58,45 +48,86 @@ static int grad_add(grad_file *f, const char *prefix, const char *name, const at
   return 0;
 }
 
-/* PyTorch's packed in_proj_weight / in_proj_bias: the q, k and v rows in turn. */
-static int grad_add_packed(attn_ctx *ctx, grad_file *f, attn_mha *grads, const char *prefix, const char *name,
-                           int bias) {
-  attn_tensor part[3], t;
-  int64_t shape[2] = {0, 0};
-  for (int i = 0; i < 3; i++) {
-    if (attn_mha_param_view(ctx, &part[i], grads, (attn_mha_param)(2 * i + bias)))
-      return cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
-    shape[0] += part[i].shape[0];
-    shape[1] = bias ? 0 : part[i].shape[1];
+/* Every parameter's gradient under the name the file used, prefix included.
+ * Parameters that share a name are rows of one packed tensor, in q, k, v
+ * order (in_proj_weight, c_attn.weight); conv1d stores weights [in, out]. */
+static int collect_param_grads(attn_ctx *ctx, grad_file *f, attn_mha *grads, const char *const *pname, int conv1d,
+                               const char *prefix) {
+  int done[ATTN_MHA_NUM_PARAMS] = {0};
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    if (done[p] || !pname[p]) continue;
+    attn_tensor part[3];
+    int n = 0;
+    int64_t rows = 0, cols = 0;
+    for (int q = p; q < ATTN_MHA_NUM_PARAMS; q++) {
+      if (done[q] || !pname[q] || strcmp(pname[q], pname[p])) continue;
+      done[q] = 1;
+      attn_tensor t;
+      if (attn_mha_param_view(ctx, &t, grads, (attn_mha_param)q)) continue; /* a bias the layer does not have */
+      if (n == 3) return cli_fail(CLI_EXIT_FAIL, "mha gradients: more than three parameters named '%s'", pname[p]);
+      part[n++] = t;
+      rows += t.shape[0];
+      cols = t.rank == 2 ? t.shape[1] : 0;
+    }
+    if (!n) continue;
+    const int transpose = conv1d && cols;
+    int r;
+    if (n == 1 && !transpose) {
+      if ((r = grad_add(f, prefix, pname[p], &part[0], 0))) return r;
+      continue;
+    }
+    int64_t shape[2] = {transpose ? cols : rows, transpose ? rows : cols};
+    attn_tensor t;
+    if ((r = cli_alloc_f32(ctx, &t, cols ? 2 : 1, shape))) return r;
+    float *dst = t.data;
+    int64_t row0 = 0;
+    for (int i = 0; i < n; i++) {
+      const float *src = part[i].data;
+      const int64_t pr = part[i].shape[0], pc = cols ? cols : 1;
+      for (int64_t r0 = 0; r0 < pr; r0++)
+        for (int64_t c = 0; c < pc; c++) {
+          if (transpose) dst[c * rows + row0 + r0] = src[r0 * pc + c];
+          else dst[(row0 + r0) * pc + c] = src[r0 * pc + c];
+        }
+      row0 += pr;
+    }
+    if ((r = grad_add(f, prefix, pname[p], &t, 1))) {
+      attn_tensor_free(&t);
+      return r;
+    }
   }
-  int r = cli_alloc_f32(ctx, &t, bias ? 1 : 2, shape);
-  if (r) return r;
-  float *dst = t.data;
-  for (int i = 0; i < 3; i++) {
-    const int64_t n = attn_tensor_numel(&part[i]);
-    memcpy(dst, part[i].data, (size_t)n * sizeof *dst);
-    dst += n;
-  }
-  if ((r = grad_add(f, prefix, name, &t, 1))) attn_tensor_free(&t);
-  return r;
+  return 0;
 }
 
-/* Every parameter's gradient under the name the file used, prefix included. */
-static int collect_param_grads(attn_ctx *ctx, grad_file *f, attn_mha *grads, naming nm, const char *prefix) {
-  const int bias = attn_mha_get_config(grads)->bias;
-  int r;
-  if (nm == ATTN_MHA_NAMING_TORCH_PACKED && (r = grad_add_packed(ctx, f, grads, prefix, "in_proj_weight", 0))) return r;
-  if ((nm == ATTN_MHA_NAMING_TORCH_PACKED || nm == ATTN_MHA_NAMING_TORCH_SEPARATE) && bias &&
-      (r = grad_add_packed(ctx, f, grads, prefix, "in_proj_bias", 1)))
-    return r;
-  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
-    const char *name = single_name(nm, p);
-    if (!name || (p % 2 == 1 && !bias)) continue;
-    attn_tensor t;
-    if (attn_mha_param_view(ctx, &t, grads, (attn_mha_param)p))
-      return cli_fail(CLI_EXIT_FAIL, "mha gradients: %s", attn_ctx_error(ctx));
-    if ((r = grad_add(f, prefix, name, &t, 0))) return r;
+/* --names q=NAME,k=NAME,v=NAME,o=NAME[,q_bias=..,k_bias=..,v_bias=..,o_bias=..,q_norm=..,k_norm=..,
+ * q_norm_bias=..,k_norm_bias=..] into names, whose strings point into buf (a copy of the spec). */
+static int parse_names(const char *spec, attn_mha_names *names, char *buf, size_t cap) {
+  static const char *const keys[ATTN_MHA_NUM_PARAMS] = {"q", "q_bias", "k", "k_bias", "v", "v_bias", "o", "o_bias",
+                                                        "q_norm", "q_norm_bias", "k_norm", "k_norm_bias"};
+  memset(names, 0, sizeof *names);
+  names->size = sizeof *names;
+  if (strlen(spec) >= cap) return cli_fail(CLI_EXIT_USAGE, "--names is too long");
+  strcpy(buf, spec);
+  for (char *item = buf; item && *item;) {
+    char *next = strchr(item, ',');
+    if (next) *next++ = '\0';
+    char *eq = strchr(item, '=');
+    int k = -1;
+    if (eq) {
+      *eq = '\0';
+      for (int i = 0; i < ATTN_MHA_NUM_PARAMS; i++)
+        if (!strcmp(item, keys[i])) k = i;
+    }
+    if (k < 0 || !eq[1])
+      return cli_fail(CLI_EXIT_USAGE, "--names wants KEY=TENSOR items (q, k, v, o, q_bias, ..., k_norm_bias), got '%s'",
+                      cli_show(item));
+    if (names->name[k]) return cli_fail(CLI_EXIT_USAGE, "--names gives %s twice", keys[k]);
+    names->name[k] = eq + 1;
+    item = next;
   }
+  static const int weights[4] = {ATTN_MHA_Q_WEIGHT, ATTN_MHA_K_WEIGHT, ATTN_MHA_V_WEIGHT, ATTN_MHA_O_WEIGHT};
+  for (int i = 0; i < 4; i++)
+    if (!names->name[weights[i]]) return cli_fail(CLI_EXIT_USAGE, "--names needs %s=TENSOR", keys[weights[i]]);
   return 0;
 }
 
@@ -104,17 +135,42 @@ int cmd_mha(int argc, char **argv) {
   static const char *const known[] = {"--params", "--prefix", "--heads", "--kv-heads", "--query", "--key",
                                       "--value", "--out", "--mask", "--mask-mode", "--key-padding",
                                       "--weights-out", "--threads", "--grad-out", "--grads-out", "--dropout",
-                                      "--seed", "--window", "--softcap", "--sinks", "--precision", NULL};
-  static const char *const switches[] = {"--causal", "--average-weights", "--alibi", NULL};
+                                      "--seed", "--window", "--softcap", "--sinks", "--precision", "--scale",
+                                      "--hf-config", "--layer", "--names", "--layout", "--positions", "--rope",
+                                      "--rope-dim", "--rope-scaling", NULL};
+  static const char *const switches[] = {"--causal", "--average-weights", "--alibi", "--rope-interleaved", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--grads-out", NULL};
   static const char *const in_flags[] = {"--params", "--query", "--key", "--value", "--mask", "--key-padding",
-                                         "--grad-out", "--sinks", NULL};
+                                         "--grad-out", "--sinks", "--hf-config", "--positions", NULL};
+  /* what a config says; given with --hf-config, they would contradict it */
+  static const char *const from_config[] = {"--heads", "--kv-heads", "--prefix", "--names", "--layout", "--window",
+                                            "--softcap", "--scale", "--rope", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
-  const char *need[] = {"--params", "--heads", "--query", "--out"};
+  const int hf = cli_has(&a, "--hf-config");
+  const char *need[] = {"--params", "--query", "--out", hf ? "--layer" : "--heads"};
   for (int i = 0; i < 4; i++)
     if (!cli_get(&a, need[i]) || !*cli_get(&a, need[i])) return cli_fail(CLI_EXIT_USAGE, "mha needs %s", need[i]);
+  for (int i = 0; hf && from_config[i]; i++)
+    if (cli_has(&a, from_config[i]))
+      return cli_fail(CLI_EXIT_USAGE, "%s comes from --hf-config; drop it", from_config[i]);
+  if (!hf && cli_has(&a, "--layer")) return cli_fail(CLI_EXIT_USAGE, "--layer needs --hf-config");
+  if (cli_has(&a, "--layout") && !cli_has(&a, "--names")) return cli_fail(CLI_EXIT_USAGE, "--layout needs --names");
+  int conv1d = 0;
+  if (cli_has(&a, "--layout")) {
+    const char *l = cli_get(&a, "--layout");
+    if (strcmp(l, "linear") && strcmp(l, "conv1d"))
+      return cli_fail(CLI_EXIT_USAGE, "--layout wants linear or conv1d, got '%s'", cli_show(l));
+    conv1d = !strcmp(l, "conv1d");
+  }
+  attn_mha_names names;
+  char names_buf[4096];
+  if (cli_has(&a, "--names") && (r = parse_names(cli_get(&a, "--names"), &names, names_buf, sizeof names_buf))) return r;
+  names.conv1d = conv1d;
+  attn_rope_opts rope;
+  int rope_on = 0;
+  if ((r = cli_parse_rope(&a, &rope, &rope_on))) return r;
   if (cli_has(&a, "--key") != cli_has(&a, "--value")) return cli_fail(CLI_EXIT_USAGE, "give both --key and --value, or neither");
   if (cli_has(&a, "--mask-mode") && !cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-mode needs --mask");
   if (cli_has(&a, "--average-weights") && !cli_has(&a, "--weights-out"))
@@ -123,15 +179,18 @@ int cmd_mha(int argc, char **argv) {
     return cli_fail(CLI_EXIT_USAGE, "give both --grad-out and --grads-out, or neither");
   const int train = cli_has(&a, "--grad-out");
   if (train && !*cli_get(&a, "--grad-out")) return cli_fail(CLI_EXIT_USAGE, "--grad-out needs a file name");
-  long long heads = 0, kv_heads = 0;
+  long long heads = 0, kv_heads = 0, layer = 0;
   attn_causal causal;
   int64_t window = 0;
-  double dropout = 0, softcap = 0;
+  double dropout = 0, softcap = 0, scale = NAN;
   uint64_t seed = 0;
   if ((r = cli_int(&a, "--heads", 1, 1 << 20, &heads)) || (r = cli_int(&a, "--kv-heads", 1, 1 << 20, &kv_heads)) ||
-      (r = cli_parse_causal(&a, &causal)) || (r = cli_parse_dropout(&a, &dropout, &seed)) ||
-      (r = cli_parse_window_softcap(&a, &window, &softcap)))
+      (r = cli_int(&a, "--layer", 0, ATTN_HF_MAX_LAYERS - 1, &layer)) || (r = cli_parse_causal(&a, &causal)) ||
+      (r = cli_parse_dropout(&a, &dropout, &seed)) || (r = cli_parse_window_softcap(&a, &window, &softcap)) ||
+      (r = cli_double(&a, "--scale", &scale)))
     return r;
+  if (cli_has(&a, "--scale") && !(scale > 0))
+    return cli_fail(CLI_EXIT_USAGE, "--scale wants a number > 0, got '%s'", cli_show(cli_get(&a, "--scale")));
   attn_ctx *ctx = NULL;
   if ((r = cli_setup_ctx(&ctx, &a))) return r;
   attn_mha *mha = NULL, *grads = NULL;
@@ -140,22 +199,45 @@ int cmd_mha(int argc, char **argv) {
   attn_tensor *wp = NULL; /* &w once --weights-out asks for it */
   attn_tensor g = {0}, dx = {0}, dkey = {0}, dvalue = {0}, slopes = {0}, sinks = {0};
   grad_file gf = {0};
+  int64_t *positions = NULL;
   cli_outputs outs;
   const char *prefix = cli_get(&a, "--prefix");
   if (!prefix) prefix = "";
   if ((r = cli_outputs_plan(&outs, &a, out_flags, in_flags))) goto done;
-  /* one open file for the layer and the names of its gradients */
-  attn_safetensors *params = NULL;
-  naming nm = ATTN_MHA_NAMING_NONE;
-  if (attn_safetensors_open(ctx, &params, cli_get(&a, "--params")) ||
-      attn_mha_create_from_safetensors_handle(ctx, &mha, params, prefix, heads, kv_heads)) {
-    r = cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
+  /* the layer, and the names its file keeps each parameter under (for the gradients) */
+  attn_hf_layer *info = NULL;
+  const char *pname[ATTN_MHA_NUM_PARAMS] = {0};
+  if (hf) {
+    if (!(info = malloc(sizeof *info))) {
+      r = cli_fail(CLI_EXIT_FAIL, "out of memory");
+      goto done;
+    }
+    if (attn_mha_create_from_hf(ctx, &mha, info, cli_get(&a, "--hf-config"), cli_get(&a, "--params"), layer)) {
+      r = cli_fail(CLI_EXIT_FAIL, "--hf-config/--params: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    prefix = info->prefix;
+    conv1d = info->naming == ATTN_MHA_NAMING_GPT2;
+    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) pname[p] = attn_mha_param_name(info->naming, (attn_mha_param)p);
+  } else {
+    attn_safetensors *params = NULL;
+    naming nm = ATTN_MHA_NAMING_CUSTOM;
+    attn_mha_config like;
+    attn_mha_config_init(&like, 0, heads);
+    like.num_kv_heads = kv_heads;
+    if (attn_safetensors_open(ctx, &params, cli_get(&a, "--params")) ||
+        (!cli_has(&a, "--names") && attn_mha_detect_naming(ctx, &nm, params, prefix)) ||
+        attn_mha_create_from_tensors(ctx, &mha, params, prefix, cli_has(&a, "--names") ? &names : NULL, &like)) {
+      r = cli_fail(CLI_EXIT_FAIL, "--params: %s", attn_ctx_error(ctx));
+      attn_safetensors_close(params);
+      goto done;
+    }
     attn_safetensors_close(params);
-    goto done;
+    if (nm == ATTN_MHA_NAMING_GPT2) conv1d = 1;
+    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++)
+      pname[p] = nm == ATTN_MHA_NAMING_CUSTOM ? names.name[p] : attn_mha_param_name(nm, (attn_mha_param)p);
   }
-  r = detect_naming(ctx, params, prefix, &nm);
-  attn_safetensors_close(params);
-  if (r) goto done;
+  heads = attn_mha_get_config(mha)->num_heads;
   if ((r = cli_load_array(ctx, &x, cli_get(&a, "--query"), "--query", 1)) || (r = cli_want_rank(&x, 3, "--query", "[B, N, E]")))
     goto done;
   const int cross = cli_has(&a, "--key");
@@ -167,11 +249,31 @@ int cmd_mha(int argc, char **argv) {
   const int64_t B = x.shape[0], Nq = x.shape[1], Nk = cross ? key.shape[1] : Nq;
   attn_mha_opts o;
   attn_mha_opts_init(&o);
+  if (hf) {
+    attn_hf_layer_opts(info, &o);
+  } else {
+    o.attn.window = window;
+    o.attn.softcap = softcap;
+    o.attn.scale = scale;
+    o.rope = rope_on ? &rope : NULL;
+  }
   o.attn.causal = causal;
   o.attn.dropout_p = dropout;
   o.attn.dropout_seed = seed;
-  o.attn.window = window;
-  o.attn.softcap = softcap;
+  if (cli_has(&a, "--positions")) {
+    if (!o.rope) {
+      r = cli_fail(CLI_EXIT_USAGE, "--positions needs RoPE (--rope, or a config with rotary embeddings)");
+      goto done;
+    }
+    if (cross) {
+      r = cli_fail(CLI_EXIT_USAGE, "--positions is for self-attention (no --key/--value)");
+      goto done;
+    }
+    if ((r = cli_load_positions(ctx, &a, B, Nq, &positions))) goto done;
+    rope = *o.rope;
+    rope.positions = positions;
+    o.rope = &rope;
+  }
   if ((r = cli_load_head_options(ctx, &a, heads, &slopes, &sinks))) goto done;
   o.attn.alibi_slopes = cli_has(&a, "--alibi") ? &slopes : NULL;
   o.attn.sinks = cli_has(&a, "--sinks") ? &sinks : NULL;
@@ -232,7 +334,7 @@ int cmd_mha(int argc, char **argv) {
       r = cli_fail(CLI_EXIT_FAIL, "mha backward: %s", attn_ctx_error(ctx));
       goto done;
     }
-    if ((r = collect_param_grads(ctx, &gf, grads, nm, prefix)) || (r = grad_add(&gf, "", "query", &dx, 0)) ||
+    if ((r = collect_param_grads(ctx, &gf, grads, pname, conv1d, prefix)) || (r = grad_add(&gf, "", "query", &dx, 0)) ||
         (cross && ((r = grad_add(&gf, "", "key", &dkey, 0)) || (r = grad_add(&gf, "", "value", &dvalue, 0)))))
       goto done;
   }
@@ -247,6 +349,8 @@ done:
   attn_tensor_free(&kpm); attn_tensor_free(&out); attn_tensor_free(&w); attn_tensor_free(&g);
   attn_tensor_free(&dx); attn_tensor_free(&dkey); attn_tensor_free(&dvalue);
   attn_tensor_free(&slopes); attn_tensor_free(&sinks);
+  free(positions);
+  free(info);
   attn_mha_saved_free(saved);
   attn_mha_destroy(grads);
   attn_mha_destroy(mha);

@@ -1,0 +1,345 @@
+/* attn_mha_create_from_hf: layer L of a checkpoint written here as the Hub
+ * keeps them (config.json and one safetensors file, or shards and their
+ * index), with every other layer's tensors beside it as decoys; the options of
+ * layer L; and hostile indexes and configs that contradict the tensors. The
+ * layers of transformers' own saved models are checked in the conformance
+ * suite (python/tests). */
+#include "testutil.h"
+
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tdir[512];
+
+static void path_of(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", tdir, name); }
+
+static void write_text(const char *name, const char *text) {
+  char p[700];
+  path_of(p, sizeof p, name);
+  FILE *f = fopen(p, "wb");
+  if (!f) {
+    CHECK(0, "cannot write %s", p);
+    return;
+  }
+  fputs(text, f);
+  fclose(f);
+}
+
+/* A set of named f32 tensors filled with distinct random values. */
+#define MAX_T 64
+typedef struct {
+  int n;
+  char name[MAX_T][96];
+  attn_tensor t[MAX_T];
+} tset;
+
+static attn_tensor *add(attn_ctx *ctx, tset *s, const char *name, int rank, int64_t d0, int64_t d1) {
+  const int64_t shape[2] = {d0, d1};
+  snprintf(s->name[s->n], sizeof s->name[0], "%s", name);
+  attn_tensor *t = &s->t[s->n++];
+  CHECK_OK(ctx, attn_tensor_alloc(ctx, t, ATTN_F32, rank, shape));
+  float *p = t->data;
+  for (int64_t i = 0; i < attn_tensor_numel(t); i++) p[i] = (float)tu_randn();
+  return t;
+}
+
+static const attn_tensor *find(const tset *s, const char *name) {
+  for (int i = 0; i < s->n; i++)
+    if (!strcmp(s->name[i], name)) return &s->t[i];
+  return NULL;
+}
+
+/* Writes the tensors whose index has bit (i % 2) in mask set ... or all (which < 0), to file. */
+static void write_set(attn_ctx *ctx, const tset *s, const char *file, const int *pick, int want) {
+  const char *names[MAX_T];
+  attn_tensor ts[MAX_T];
+  int n = 0;
+  for (int i = 0; i < s->n; i++)
+    if (!pick || pick[i] == want) names[n] = s->name[i], ts[n] = s->t[i], n++;
+  char p[700];
+  path_of(p, sizeof p, file);
+  CHECK_OK(ctx, attn_safetensors_write(ctx, p, n, names, ts));
+}
+
+static void free_set(tset *s) {
+  for (int i = 0; i < s->n; i++) attn_tensor_free(&s->t[i]);
+  s->n = 0;
+}
+
+/* Llama-style tensors of layers 0..L-1 (E, H, Hk, D; optional biases and
+ * q_norm/k_norm [D]), and decoys outside the attention. */
+static void llama_tensors(attn_ctx *ctx, tset *s, int L, int64_t E, int64_t H, int64_t Hk, int64_t D, int bias,
+                          int qk_norm) {
+  add(ctx, s, "model.embed_tokens.weight", 2, 11, E);
+  for (int l = 0; l < L; l++) {
+    char n[96];
+    static const char *const proj[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    for (int p = 0; p < 4; p++) {
+      const int64_t rows = p == 0 ? H * D : p == 3 ? E : Hk * D, cols = p == 3 ? H * D : E;
+      snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, proj[p]);
+      add(ctx, s, n, 2, rows, cols);
+      if (bias && p < 3) {
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.bias", l, proj[p]);
+        add(ctx, s, n, 1, rows, 0);
+      }
+    }
+    if (qk_norm) {
+      snprintf(n, sizeof n, "model.layers.%d.self_attn.q_norm.weight", l);
+      add(ctx, s, n, 1, D, 0);
+      snprintf(n, sizeof n, "model.layers.%d.self_attn.k_norm.weight", l);
+      add(ctx, s, n, 1, D, 0);
+    }
+    snprintf(n, sizeof n, "model.layers.%d.mlp.up_proj.weight", l);
+    add(ctx, s, n, 2, 2 * E, E);
+  }
+}
+
+/* Every parameter of m equals the file's tensor of layer l, bitwise. */
+static void check_params(attn_ctx *ctx, attn_mha *m, const tset *s, int l, int bias, int qk_norm, const char *what) {
+  static const struct {
+    attn_mha_param p;
+    const char *name;
+  } map[] = {{ATTN_MHA_Q_WEIGHT, "q_proj.weight"}, {ATTN_MHA_K_WEIGHT, "k_proj.weight"},
+             {ATTN_MHA_V_WEIGHT, "v_proj.weight"}, {ATTN_MHA_O_WEIGHT, "o_proj.weight"},
+             {ATTN_MHA_Q_BIAS, "q_proj.bias"},     {ATTN_MHA_K_BIAS, "k_proj.bias"},
+             {ATTN_MHA_V_BIAS, "v_proj.bias"},     {ATTN_MHA_Q_NORM_WEIGHT, "q_norm.weight"},
+             {ATTN_MHA_K_NORM_WEIGHT, "k_norm.weight"}};
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+    const int is_bias = map[i].p == ATTN_MHA_Q_BIAS || map[i].p == ATTN_MHA_K_BIAS || map[i].p == ATTN_MHA_V_BIAS;
+    const int is_norm = map[i].p == ATTN_MHA_Q_NORM_WEIGHT || map[i].p == ATTN_MHA_K_NORM_WEIGHT;
+    if ((is_bias && !bias) || (is_norm && !qk_norm)) continue;
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.%s", l, map[i].name);
+    const attn_tensor *want = find(s, n);
+    attn_tensor got;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &got, m, map[i].p));
+    if (!want || attn_tensor_numel(&got) != attn_tensor_numel(want)) {
+      CHECK(0, "%s: %s has %lld elements", what, n, (long long)attn_tensor_numel(&got));
+      continue;
+    }
+    CHECK(!memcmp(got.data, want->data, (size_t)attn_tensor_numel(want) * sizeof(float)), "%s: %s loaded as saved", what,
+          n);
+  }
+  attn_tensor ob;
+  CHECK(attn_mha_param_view(ctx, &ob, m, ATTN_MHA_O_BIAS) == ATTN_E_NOT_FOUND, "%s: no o bias", what);
+}
+
+static attn_status load(attn_ctx *ctx, attn_mha **m, attn_hf_layer *info, const char *config, const char *weights,
+                        int64_t layer) {
+  char c[700], w[700];
+  path_of(c, sizeof c, config);
+  path_of(w, sizeof w, weights);
+  return attn_mha_create_from_hf(ctx, m, info, c, w, layer);
+}
+
+static void expect_fail(attn_ctx *ctx, const char *config, const char *weights, int64_t layer, attn_status want,
+                        const char *needle, int line) {
+  attn_mha *m = (attn_mha *)&m; /* poisoned: must come back NULL */
+  attn_hf_layer info;
+  const attn_status st = load(ctx, &m, &info, config, weights, layer);
+  CHECK(st == want, "line %d: status %d, want %d (%s)", line, (int)st, (int)want, attn_ctx_error(ctx));
+  CHECK(m == NULL, "line %d: no layer on failure", line);
+  if (needle)
+    CHECK(strstr(attn_ctx_error(ctx), needle) != NULL, "line %d: message '%s' lacks '%s'", line, attn_ctx_error(ctx),
+          needle);
+}
+
+static void test_llama_single_and_sharded(attn_ctx *ctx) {
+  const int64_t E = 32, H = 4, Hk = 2, D = 8;
+  tset s = {0};
+  llama_tensors(ctx, &s, 3, E, H, Hk, D, 0, 0);
+  write_text("llama.json", "{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                           " \"num_key_value_heads\": 2, \"num_hidden_layers\": 3, \"rope_theta\": 50000.0,"
+                           " \"max_position_embeddings\": 64, \"attention_bias\": false, \"rms_norm_eps\": 1e-5}");
+  write_set(ctx, &s, "llama.safetensors", NULL, 0);
+  for (int l = 0; l < 3; l++) {
+    attn_mha *m = NULL;
+    attn_hf_layer info;
+    memset(&info, 0xcd, sizeof info);
+    CHECK_OK(ctx, load(ctx, &m, &info, "llama.json", "llama.safetensors", l));
+    if (!m) continue;
+    char want_prefix[64];
+    snprintf(want_prefix, sizeof want_prefix, "model.layers.%d.self_attn.", l);
+    CHECK(info.naming == ATTN_MHA_NAMING_LLAMA && !strcmp(info.prefix, want_prefix) && info.layer == l,
+          "layer %d found under '%s'", l, info.prefix);
+    const attn_mha_config *c = attn_mha_get_config(m);
+    CHECK(c->embed_dim == E && c->num_heads == H && c->num_kv_heads == Hk && !c->bias && !c->qk_norm, "llama: shape");
+    CHECK(info.has_rope && info.rope.theta == 50000 && info.window == 0 && info.softcap == 0 && isnan(info.scale),
+          "llama: options");
+    check_params(ctx, m, &s, l, 0, 0, "llama single file");
+    attn_mha_opts o;
+    attn_mha_opts_init(&o);
+    attn_hf_layer_opts(&info, &o);
+    CHECK(o.rope == &info.rope && isnan(o.attn.scale) && o.attn.window == 0, "llama: opts");
+    attn_mha_destroy(m);
+  }
+
+  /* Sharded: layer 1's q and k in one shard, v and o in the other (a layer
+   * straddling two files, as the Hub's shards do); layer 0 and 2 elsewhere. */
+  int pick[MAX_T];
+  for (int i = 0; i < s.n; i++) {
+    const char *n = s.name[i];
+    pick[i] = strstr(n, "layers.1.") ? (strstr(n, "v_proj") || strstr(n, "o_proj")) : strstr(n, "layers.2.") != NULL;
+  }
+  write_set(ctx, &s, "model-00001-of-00002.safetensors", pick, 0);
+  write_set(ctx, &s, "model-00002-of-00002.safetensors", pick, 1);
+  char idx[8192];
+  int off = snprintf(idx, sizeof idx, "{\"metadata\": {\"total_size\": 1234}, \"weight_map\": {");
+  for (int i = 0; i < s.n; i++)
+    off += snprintf(idx + off, sizeof idx - (size_t)off, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "",
+                    s.name[i], pick[i] + 1);
+  snprintf(idx + off, sizeof idx - (size_t)off, "}}");
+  write_text("model.safetensors.index.json", idx);
+  for (int l = 0; l < 3; l++) {
+    attn_mha *m = NULL;
+    attn_hf_layer info;
+    CHECK_OK(ctx, load(ctx, &m, &info, "llama.json", "model.safetensors.index.json", l));
+    if (!m) continue;
+    check_params(ctx, m, &s, l, 0, 0, "llama sharded");
+    CHECK(strstr(info.weights_file, l == 2 ? "00002" : "00001") != NULL, "layer %d read from %s", l, info.weights_file);
+    attn_mha_destroy(m);
+  }
+
+  /* hostile or broken indexes */
+  write_text("bad1.index.json", "{\"weight_map\": {\"model.layers.0.self_attn.q_proj.weight\": \"../x.safetensors\"}}");
+  expect_fail(ctx, "llama.json", "bad1.index.json", 0, ATTN_E_FORMAT, "not a file name", __LINE__);
+  write_text("bad2.index.json", "{\"weight_map\": {\"model.layers.0.self_attn.q_proj.weight\": \"/etc/passwd\"}}");
+  expect_fail(ctx, "llama.json", "bad2.index.json", 0, ATTN_E_FORMAT, "not a file name", __LINE__);
+  write_text("bad3.index.json", "{\"metadata\": {}}");
+  expect_fail(ctx, "llama.json", "bad3.index.json", 0, ATTN_E_FORMAT, "weight_map", __LINE__);
+  write_text("bad4.index.json", "[1, 2]");
+  expect_fail(ctx, "llama.json", "bad4.index.json", 0, ATTN_E_FORMAT, "not a JSON object", __LINE__);
+  write_text("bad5.index.json", "{\"weight_map\": {\"model.layers.0.self_attn.q_proj.weight\": 7}}");
+  expect_fail(ctx, "llama.json", "bad5.index.json", 0, ATTN_E_FORMAT, NULL, __LINE__);
+  write_text("bad6.index.json", "{\"weight_map\": {\"model.layers.0.self_attn.q_proj.weight\": \"missing.safetensors\"}}");
+  expect_fail(ctx, "llama.json", "bad6.index.json", 0, ATTN_E_IO, "missing.safetensors", __LINE__);
+  write_text("bad7.index.json", "{\"weight_map\": {\"x\": \"a.safetensors\"}, \"weight_map\"");
+  expect_fail(ctx, "llama.json", "bad7.index.json", 0, ATTN_E_FORMAT, NULL, __LINE__);
+  /* an index that does not list layer 1 */
+  write_text("bad8.index.json", "{\"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\"}}");
+  expect_fail(ctx, "llama.json", "bad8.index.json", 1, ATTN_E_NOT_FOUND, "layer 1", __LINE__);
+
+  /* configs that contradict the tensors, or ask for a layer that is not there */
+  expect_fail(ctx, "llama.json", "llama.safetensors", 3, ATTN_E_INVALID, "3 layers", __LINE__);
+  expect_fail(ctx, "llama.json", "llama.safetensors", -1, ATTN_E_INVALID, NULL, __LINE__);
+  write_text("llama_bias.json", "{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                                " \"num_key_value_heads\": 2, \"num_hidden_layers\": 3, \"attention_bias\": true}");
+  expect_fail(ctx, "llama_bias.json", "llama.safetensors", 0, ATTN_E_SHAPE, "attention_bias", __LINE__);
+  write_text("llama_e.json", "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                             " \"num_key_value_heads\": 2, \"num_hidden_layers\": 3, \"head_dim\": 8}");
+  expect_fail(ctx, "llama_e.json", "llama.safetensors", 0, ATTN_E_SHAPE, "hidden_size", __LINE__);
+  write_text("llama_kv.json", "{\"model_type\": \"llama\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                              " \"num_key_value_heads\": 4, \"num_hidden_layers\": 3}");
+  expect_fail(ctx, "llama_kv.json", "llama.safetensors", 0, ATTN_E_SHAPE, NULL, __LINE__);
+  write_text("qwen3_claim.json", "{\"model_type\": \"qwen3\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                                 " \"num_key_value_heads\": 2, \"num_hidden_layers\": 3, \"head_dim\": 8}");
+  expect_fail(ctx, "qwen3_claim.json", "llama.safetensors", 0, ATTN_E_SHAPE, "q_norm", __LINE__);
+  write_text("longrope.json", "{\"model_type\": \"phi3\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                              " \"num_hidden_layers\": 3, \"rope_scaling\": {\"type\": \"longrope\"}}");
+  expect_fail(ctx, "longrope.json", "llama.safetensors", 0, ATTN_E_UNSUPPORTED, "longrope", __LINE__);
+  expect_fail(ctx, "llama.json", "nowhere.safetensors", 0, ATTN_E_IO, NULL, __LINE__);
+  free_set(&s);
+}
+
+/* Qwen3: head_dim apart from E / H, QK-norm per head; Gemma 3: 1 + weight. */
+static void test_qk_norm_families(attn_ctx *ctx) {
+  const int64_t E = 32, H = 4, Hk = 2, D = 16;
+  tset s = {0};
+  llama_tensors(ctx, &s, 2, E, H, Hk, D, 0, 1);
+  write_set(ctx, &s, "qwen3.safetensors", NULL, 0);
+  write_text("qwen3.json", "{\"model_type\": \"qwen3\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                           " \"num_key_value_heads\": 2, \"head_dim\": 16, \"num_hidden_layers\": 2,"
+                           " \"rms_norm_eps\": 1e-5, \"rope_theta\": 1000000.0, \"attention_bias\": false}");
+  write_text("gemma3.json", "{\"model_type\": \"gemma3_text\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                            " \"num_key_value_heads\": 2, \"head_dim\": 16, \"num_hidden_layers\": 2,"
+                            " \"rms_norm_eps\": 1e-6, \"query_pre_attn_scalar\": 64, \"sliding_window\": 8,"
+                            " \"layer_types\": [\"sliding_attention\", \"full_attention\"],"
+                            " \"rope_theta\": 1000000.0, \"rope_local_base_freq\": 10000.0}");
+  for (int g = 0; g < 2; g++)
+    for (int l = 0; l < 2; l++) {
+      attn_mha *m = NULL;
+      attn_hf_layer info;
+      CHECK_OK(ctx, load(ctx, &m, &info, g ? "gemma3.json" : "qwen3.json", "qwen3.safetensors", l));
+      if (!m) continue;
+      const attn_mha_config *c = attn_mha_get_config(m);
+      CHECK(c->head_dim == D && c->qk_norm == ATTN_QK_NORM_PER_HEAD &&
+                c->qk_norm_kind == (g ? ATTN_NORM_RMS_PLUS_ONE : ATTN_NORM_RMS) && c->qk_norm_eps == (g ? 1e-6 : 1e-5),
+            "%s layer %d: head_dim %lld, qk-norm %d kind %d eps %g", g ? "gemma3" : "qwen3", l, (long long)c->head_dim,
+            c->qk_norm, (int)c->qk_norm_kind, c->qk_norm_eps);
+      check_params(ctx, m, &s, l, 0, 1, g ? "gemma3" : "qwen3");
+      if (g) {
+        CHECK(info.scale == 0.125 && info.window == (l == 0 ? 8 : 0) &&
+                  info.rope.theta == (l == 0 ? 10000.0 : 1000000.0),
+              "gemma3 layer %d: scale %g, window %lld, theta %g", l, info.scale, (long long)info.window, info.rope.theta);
+      } else {
+        CHECK(isnan(info.scale) && info.window == 0 && info.rope.theta == 1e6, "qwen3 options");
+      }
+      attn_mha_destroy(m);
+    }
+  free_set(&s);
+}
+
+/* GPT-2: the fused Conv1D c_attn; scale_attn_by_inverse_layer_idx divides layer L's scale by L + 1. */
+static void test_gpt2(attn_ctx *ctx) {
+  const int64_t E = 16;
+  tset s = {0};
+  for (int l = 0; l < 2; l++) {
+    char n[96];
+    snprintf(n, sizeof n, "h.%d.attn.c_attn.weight", l);
+    add(ctx, &s, n, 2, E, 3 * E);
+    snprintf(n, sizeof n, "h.%d.attn.c_attn.bias", l);
+    add(ctx, &s, n, 1, 3 * E, 0);
+    snprintf(n, sizeof n, "h.%d.attn.c_proj.weight", l);
+    add(ctx, &s, n, 2, E, E);
+    snprintf(n, sizeof n, "h.%d.attn.c_proj.bias", l);
+    add(ctx, &s, n, 1, E, 0);
+  }
+  write_set(ctx, &s, "gpt2.safetensors", NULL, 0);
+  write_text("gpt2.json", "{\"model_type\": \"gpt2\", \"n_embd\": 16, \"n_head\": 2, \"n_layer\": 2,"
+                          " \"scale_attn_by_inverse_layer_idx\": true, \"layer_norm_epsilon\": 1e-05}");
+  attn_mha *m = NULL;
+  attn_hf_layer info;
+  CHECK_OK(ctx, load(ctx, &m, &info, "gpt2.json", "gpt2.safetensors", 1));
+  if (m) {
+    CHECK(info.naming == ATTN_MHA_NAMING_GPT2 && !strcmp(info.prefix, "h.1.attn.") && !info.has_rope,
+          "gpt2: found under '%s'", info.prefix);
+    CHECK(fabs(info.scale - 1.0 / sqrt(8.0) / 2.0) < 1e-15, "gpt2 layer 1 scale %g", info.scale);
+    /* W_k[o][i] = c_attn.weight[i][E + o] */
+    const attn_tensor *ca = find(&s, "h.1.attn.c_attn.weight");
+    attn_tensor wk;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &wk, m, ATTN_MHA_K_WEIGHT));
+    int same = 1;
+    for (int64_t o = 0; o < E; o++)
+      for (int64_t i = 0; i < E; i++)
+        same &= ((const float *)wk.data)[o * E + i] == ((const float *)ca->data)[i * 3 * E + E + o];
+    CHECK(same, "gpt2: k weight is c_attn's middle columns, transposed");
+    attn_mha_destroy(m);
+  }
+  write_text("gpt2_noscale.json", "{\"model_type\": \"gpt2\", \"n_embd\": 16, \"n_head\": 2, \"n_layer\": 2,"
+                                  " \"scale_attn_weights\": false}");
+  CHECK_OK(ctx, load(ctx, &m, &info, "gpt2_noscale.json", "gpt2.safetensors", 0));
+  CHECK(info.scale == 1.0, "gpt2 scale_attn_weights false: scale 1");
+  attn_mha_destroy(m);
+  free_set(&s);
+}
+
+int main(void) {
+  const char *env = getenv("ATTN_TEST_TMP");
+  snprintf(tdir, sizeof tdir, "%s/test_hf_layer_%ld", env && env[0] ? env : "/tmp", (long)getpid());
+  if (mkdir(tdir, 0777) != 0) {
+    fprintf(stderr, "cannot create %s: %s\n", tdir, strerror(errno));
+    return 1;
+  }
+  attn_ctx *ctx = NULL;
+  if (attn_ctx_create(&ctx) != ATTN_OK) return 1;
+  tu_seed(7);
+  test_llama_single_and_sharded(ctx);
+  test_qk_norm_families(ctx);
+  test_gpt2(ctx);
+  attn_ctx_destroy(ctx);
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tdir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tdir);
+  return tu_report("test_hf_layer");
+}
