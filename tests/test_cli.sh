@@ -180,6 +180,53 @@ mha_grads mha_torch_nobias
 has_tensors "$T/grads.safetensors" in_proj_weight out_proj.weight query
 lacks_tensors "$T/grads.safetensors" in_proj_bias out_proj.bias
 
+# --- layer L of a Hugging Face checkpoint as saved (tests/golden_hf, scripts/make_hf_goldens.py):
+# the family's prefix found, config.json's heads, head_dim, QK-norm, RoPE, window, softcap and scale
+# read, a sharded checkpoint followed through its index; against transformers' module in float64 ---
+GH=golden_hf O="$T/never.npy"
+for c in llama qwen3_sharded gemma2 gpt2 bert; do
+  d=$GH/$c
+  layer=$(sed -n 's/^layer=//p' $d/case.txt); w=$(sed -n 's/^weights=//p' $d/case.txt)
+  flags=(); [ "$(sed -n 's/^causal=//p' $d/case.txt)" = 1 ] && flags+=(--causal)
+  [ "$(sed -n 's/^positions=//p' $d/case.txt)" = 1 ] && flags+=(--positions $d/positions.npy)
+  expect 0 "" -- mha --hf-config $d/config.json --params $d/$w --layer "$layer" --query $d/x.npy --out "$T/o.npy" "${flags[@]}"
+  close "$T/o.npy" $d/out.npy 1e-5
+done
+# the positions matter (row 1's have gaps), and so does the layer
+expect 0 "" -- mha --hf-config $GH/llama/config.json --params $GH/llama/model.safetensors --layer 1 --query $GH/llama/x.npy --out "$T/o.npy" --causal
+differ "$T/o.npy" $GH/llama/out.npy
+expect 0 "" -- mha --hf-config $GH/llama/config.json --params $GH/llama/model.safetensors --layer 0 --query $GH/llama/x.npy --out "$T/o.npy" --causal --positions $GH/llama/positions.npy
+differ "$T/o.npy" $GH/llama/out.npy
+# the same Llama layer by hand: its prefix, heads, RoPE flags (llama3 scaling) and positions
+expect 0 "" -- mha --params $GH/llama/model.safetensors --prefix model.layers.1.self_attn. --heads 4 --kv-heads 2 --query $GH/llama/x.npy --out "$T/o.npy" --causal --rope 500000 --rope-scaling llama3:8:1:4:16 --positions $GH/llama/positions.npy
+close "$T/o.npy" $GH/llama/out.npy 1e-5
+# and through a name map: GPT-2's fused Conv1D tensors named by hand
+GS="q=h.1.attn.c_attn.weight,k=h.1.attn.c_attn.weight,v=h.1.attn.c_attn.weight,o=h.1.attn.c_proj.weight"
+GS="$GS,q_bias=h.1.attn.c_attn.bias,k_bias=h.1.attn.c_attn.bias,v_bias=h.1.attn.c_attn.bias,o_bias=h.1.attn.c_proj.bias"
+expect 0 "" -- mha --params $GH/gpt2/model.safetensors --names "$GS" --layout conv1d --heads 4 --scale 0.1767766952966369 --query $GH/gpt2/x.npy --out "$T/o.npy" --causal
+close "$T/o.npy" $GH/gpt2/out.npy 1e-5
+expect 0 "" -- mha --params $GH/gpt2/model.safetensors --names "$GS" --layout linear --heads 4 --scale 0.1767766952966369 --query $GH/gpt2/x.npy --out "$T/o.npy" --causal
+differ "$T/o.npy" $GH/gpt2/out.npy
+# gradients of a sharded Qwen3 layer under the checkpoint's own names, QK-norm's included
+expect 0 "" -- mha --hf-config $GH/qwen3_sharded/config.json --params $GH/qwen3_sharded/model.safetensors.index.json --layer 1 --query $GH/qwen3_sharded/x.npy --out "$T/o.npy" --causal --grad-out $GH/qwen3_sharded/x.npy --grads-out "$T/grads.safetensors"
+has_tensors "$T/grads.safetensors" model.layers.1.self_attn.q_proj.weight model.layers.1.self_attn.q_norm.weight model.layers.1.self_attn.k_norm.weight model.layers.1.self_attn.o_proj.weight query
+expect 0 "" -- mha --hf-config $GH/gpt2/config.json --params $GH/gpt2/model.safetensors --layer 1 --query $GH/gpt2/x.npy --out "$T/o.npy" --causal --grad-out $GH/gpt2/x.npy --grads-out "$T/grads.safetensors"
+has_tensors "$T/grads.safetensors" h.1.attn.c_attn.weight h.1.attn.c_attn.bias h.1.attn.c_proj.weight h.1.attn.c_proj.bias query
+# what contradicts the config, or is not there
+HL="--hf-config $GH/llama/config.json --params $GH/llama/model.safetensors --query $GH/llama/x.npy"
+expect 1 "$O" -- mha $HL --layer 2 --out "$T/never.npy"
+expect 2 "$O" -- mha $HL --layer 0 --heads 4 --out "$T/never.npy"
+expect 2 "$O" -- mha $HL --layer 0 --window 3 --out "$T/never.npy"
+expect 2 "$O" -- mha $HL --out "$T/never.npy"
+expect 1 "$O" -- mha $HL --layer 0 --positions $GH/llama/x.npy --out "$T/never.npy"
+expect 1 "$O" -- mha --hf-config $GH/bert/config.json --params $GH/llama/model.safetensors --query $GH/llama/x.npy --layer 0 --out "$T/never.npy"
+expect 2 "$O" -- mha --params $GH/gpt2/model.safetensors --names "q=a" --heads 4 --query $GH/gpt2/x.npy --out "$T/never.npy"
+expect 2 "$O" -- mha --params $GH/gpt2/model.safetensors --layout conv1d --heads 4 --query $GH/gpt2/x.npy --out "$T/never.npy"
+expect 1 "$O" -- mha --params $GH/gpt2/model.safetensors --names "q=a,k=b,v=c,o=d" --heads 4 --query $GH/gpt2/x.npy --out "$T/never.npy"
+expect 2 "$O" -- mha --params $GH/llama/model.safetensors --prefix model.layers.1.self_attn. --heads 4 --kv-heads 2 --query $GH/llama/x.npy --out "$T/never.npy" --rope-scaling linear:2
+expect 2 "$O" -- mha --params $GH/llama/model.safetensors --prefix model.layers.1.self_attn. --heads 4 --kv-heads 2 --query $GH/llama/x.npy --out "$T/never.npy" --rope 10000 --rope-scaling cubic:2
+expect 2 "$O" -- mha --params $GH/llama/model.safetensors --prefix model.layers.1.self_attn. --heads 4 --kv-heads 2 --query $GH/llama/x.npy --out "$T/never.npy" --positions $GH/llama/positions.npy
+
 # --- the benchmark's backward ---
 expect 0 "" -- bench sdpa --batch 1 --heads 4 --kv-heads 2 --seq 24 --dim 8 --causal --backward --repeat 1 --threads 2 --json
 for f in backward_median_s backward_gflops backward_fraction_of_peak fwd_bwd_median_s fwd_bwd_gflops backward_oracle_rel_l2; do
