@@ -200,12 +200,12 @@ int cmd_mha(int argc, char **argv) {
   attn_tensor g = {0}, dx = {0}, dkey = {0}, dvalue = {0}, slopes = {0}, sinks = {0};
   grad_file gf = {0};
   int64_t *positions = NULL;
+  attn_hf_layer *info = NULL;
   cli_outputs outs;
   const char *prefix = cli_get(&a, "--prefix");
   if (!prefix) prefix = "";
   if ((r = cli_outputs_plan(&outs, &a, out_flags, in_flags))) goto done;
   /* the layer, and the names its file keeps each parameter under (for the gradients) */
-  attn_hf_layer *info = NULL;
   const char *pname[ATTN_MHA_NUM_PARAMS] = {0};
   if (hf) {
     if (!(info = malloc(sizeof *info))) {
