@@ -68,6 +68,8 @@ def decoder_case(root, name, cfg_cls, model_cls, layer, gen, positions_offset=0,
     # row 1's positions have gaps (RoPE is blind to a shift, not to gaps)
     gaps = torch.randint(1, 4, (N,), generator=gen)
     pos = torch.stack([torch.arange(N), positions_offset + torch.cumsum(gaps, 0) - gaps[0]])
+    if not positions_offset:
+        pos = torch.stack([torch.arange(N), torch.arange(N)])
     m64 = model.double()
     attn = m64.model.layers[layer].self_attn
     x = x32.to(F64)
