@@ -517,7 +517,7 @@ typedef struct attn_safetensors attn_safetensors; /* an open safetensors file: s
 typedef struct attn_mha_config {
   size_t size;          /* sizeof(attn_mha_config), set by attn_mha_config_init */
   int64_t embed_dim;    /* E */
-  int64_t num_heads;    /* H; E must divide by H, head dim D = E / H */
+  int64_t num_heads;    /* H; unless head_dim is set, E must divide by H and D = E / H */
   int64_t num_kv_heads; /* Hk for grouped-query attention; 0 = H */
   int64_t kdim;         /* features of the key input; 0 = E */
   int64_t vdim;         /* features of the value input; 0 = E */
@@ -583,7 +583,10 @@ ATTN_API attn_status attn_linear(attn_ctx *ctx, attn_tensor *out, const attn_ten
 ATTN_API attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg);
 ATTN_API void attn_mha_destroy(attn_mha *mha);
 ATTN_API const attn_mha_config *attn_mha_get_config(const attn_mha *mha);
-/* A writable contiguous f32 view of one parameter (NOT_FOUND for a bias when bias = 0). */
+/* A writable contiguous f32 view of one parameter (NOT_FOUND for a bias the
+ * layer lacks, by bias and out_bias, and for QK-norm's parameters without
+ * qk_norm, or its biases with a kind other than LAYER). attn_mha_get_config
+ * gives the config resolved: head_dim = D, out_bias 0 or 1. */
 ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, attn_mha_param which);
 /* Sets a parameter by name, converting any float dtype and checking the shape.
  * Names of the seed module: wq.weight wq.bias wk.* wv.* dense.*;

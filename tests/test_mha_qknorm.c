@@ -218,9 +218,10 @@ static void ref_norm_rope(const lcase *c, double *rows, int64_t nrows, int64_t N
 }
 
 /* out [B, Nq, E] of the layer with parameters P (NULL: absent) on inputs xq [B, Nq, E],
- * xk [B, Nk, kdim], xv [B, Nk, vdim]; every step in double, written from the formulas. */
-static void ref_layer(const lcase *c, double *const P[ATTN_MHA_NUM_PARAMS], const double *xq, const double *xk,
-                      const double *xv, double *out) {
+ * xk [B, Nk, kdim], xv [B, Nk, vdim], and (unless NULL) the attention weights
+ * w [B, H, Nq, Nk]; every step in double, written from the formulas. */
+static void ref_layer_w(const lcase *c, double *const P[ATTN_MHA_NUM_PARAMS], const double *xq, const double *xk,
+                        const double *xv, double *out, double *w) {
   const int64_t B = c->B, Nq = c->Nq, Nk = c->Nk, H = c->H, Hk = c->Hk, D = c->D, qd = H * D, kv = Hk * D;
   double *q = malloc(sizeof(double) * (size_t)(B * Nq * qd)), *k = malloc(sizeof(double) * (size_t)(B * Nk * kv + 1));
   double *v = malloc(sizeof(double) * (size_t)(B * Nk * kv + 1)), *a = malloc(sizeof(double) * (size_t)(B * Nq * qd));
@@ -243,6 +244,7 @@ static void ref_layer(const lcase *c, double *const P[ATTN_MHA_NUM_PARAMS], cons
           mx = fmax(mx, p[j]);
         }
         for (int64_t j = 0; j < Nk; j++) sum += p[j] = exp(p[j] - mx);
+        for (int64_t j = 0; w && j < Nk; j++) w[((b * H + h) * Nq + i) * Nk + j] = p[j] / sum;
         for (int64_t d = 0; d < D; d++) {
           double acc = 0;
           for (int64_t j = 0; j < Nk; j++) acc += p[j] / sum * v[(b * Nk + j) * kv + g * D + d];
@@ -252,6 +254,11 @@ static void ref_layer(const lcase *c, double *const P[ATTN_MHA_NUM_PARAMS], cons
     }
   ref_linear(out, a, P[ATTN_MHA_O_WEIGHT], P[ATTN_MHA_O_BIAS], B * Nq, c->E, qd);
   free(q), free(k), free(v), free(a), free(p);
+}
+
+static void ref_layer(const lcase *c, double *const P[ATTN_MHA_NUM_PARAMS], const double *xq, const double *xk,
+                      const double *xv, double *out) {
+  ref_layer_w(c, P, xq, xk, xv, out, NULL);
 }
 
 /* The layer of case c, every parameter random (norm weights around their identity). */
@@ -362,10 +369,11 @@ static void forward_case(attn_ctx *ctx, const lcase *c, uint64_t seed) {
   double *P[ATTN_MHA_NUM_PARAMS];
   params_f64(ctx, m, P);
   const int64_t n = c->B * c->Nq * c->E, so[3] = {c->B, c->Nq, c->E};
-  double *want = malloc(sizeof(double) * (size_t)n);
-  ref_layer(c, P, in.qd, in.kd, in.vd, want);
-  float *out = malloc(sizeof(float) * (size_t)n);
-  double *out64 = malloc(sizeof(double) * (size_t)n);
+  const int64_t nw = c->B * c->H * c->Nq * c->Nk, sw[4] = {c->B, c->H, c->Nq, c->Nk};
+  double *want = malloc(sizeof(double) * (size_t)n), *wantw = malloc(sizeof(double) * (size_t)(nw + 1));
+  ref_layer_w(c, P, in.qd, in.kd, in.vd, want, wantw);
+  float *out = malloc(sizeof(float) * (size_t)n), *w = malloc(sizeof(float) * (size_t)(nw + 1));
+  double *out64 = malloc(sizeof(double) * (size_t)n), *w64 = malloc(sizeof(double) * (size_t)(nw + 1));
   attn_rope_opts rope;
   const attn_mha_opts o = case_opts(c, &rope);
   for (size_t ki = 0; ki < sizeof kernels / sizeof kernels[0]; ki++) {
@@ -375,20 +383,25 @@ static void forward_case(attn_ctx *ctx, const lcase *c, uint64_t seed) {
     for (int threads = 1; threads <= 3; threads++) {
       attn_ctx_set_threads(ctx, threads);
       attn_tensor to = ref ? attn_tensor_view(out64, ATTN_F64, 3, so) : attn_tensor_view(out, ATTN_F32, 3, so);
+      attn_tensor tw = ref ? attn_tensor_view(w64, ATTN_F64, 4, sw) : attn_tensor_view(w, ATTN_F32, 4, sw);
       for (int64_t i = 0; i < n; i++) out[i] = NAN, out64[i] = NAN;
-      CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, NULL, &in.tq, c->cross ? &in.tk : NULL, c->cross ? &in.tv : NULL, &o));
-      double *got = tu_to_f64(&to);
-      const double e = rel_l2(got, want, n);
-      CHECK(e <= (ref ? 1e-12 : 2e-5), "forward %s, %s kernel, %d threads: rel L2 %.3g", desc,
-            attn_kernel_name(kernels[ki]), threads, e);
-      free(got);
+      for (int64_t i = 0; i < nw; i++) w[i] = NAN, w64[i] = NAN;
+      const int with_w = threads == 2; /* the weights per head, on one of the thread counts */
+      CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, with_w ? &tw : NULL, &in.tq, c->cross ? &in.tk : NULL,
+                                     c->cross ? &in.tv : NULL, &o));
+      double *got = tu_to_f64(&to), *gotw = tu_to_f64(&tw);
+      const double e = rel_l2(got, want, n), ew = with_w ? rel_l2(gotw, wantw, nw) : 0;
+      CHECK(e <= (ref ? 1e-12 : 2e-5) && ew <= (ref ? 1e-12 : 2e-5),
+            "forward %s, %s kernel, %d threads: rel L2 %.3g, weights %.3g", desc, attn_kernel_name(kernels[ki]),
+            threads, e, ew);
+      free(got), free(gotw);
     }
   }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
   attn_ctx_set_threads(ctx, 0);
   free_params(P);
   free_inputs(&in);
-  free(want), free(out), free(out64);
+  free(want), free(out), free(out64), free(wantw), free(w), free(w64);
   attn_mha_destroy(m);
 }
 
@@ -656,6 +669,41 @@ static void mismatches(attn_ctx *ctx) {
   attn_mha_destroy(m), attn_mha_destroy(g_scope), attn_mha_destroy(g_dim), attn_mha_destroy(g_kind);
 }
 
+/* Cross-attention over no keys: the output is the out bias alone, and every
+ * gradient is zero, the norm parameters' included (none left poisoned). */
+static void no_keys(attn_ctx *ctx) {
+  lcase c = {.E = 5, .H = 2, .Hk = 1, .D = 4, .kdim = 3, .vdim = 2, .bias = 1, .out_bias = 1, .cross = 1,
+             .qk_norm = ATTN_QK_NORM_WHOLE, .kind = ATTN_NORM_LAYER, .eps = 1e-6, .B = 2, .Nq = 3, .Nk = 0};
+  tu_rng r = {8};
+  attn_mha *m = case_layer(ctx, &c, &r), *g = case_layer(ctx, &c, &r);
+  if (!m || !g) return;
+  inputs in;
+  make_inputs(&in, &c, &r);
+  float out[30], dq[30];
+  const int64_t so[3] = {2, 3, 5};
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 3, so), tdq = attn_tensor_view(dq, ATTN_F32, 3, so);
+  attn_mha_saved *sv = NULL;
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, m, &to, NULL, &sv, &in.tq, &in.tk, &in.tv, NULL));
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
+    attn_tensor t;
+    if (!attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) tu_poison_f32(t.data, attn_tensor_numel(&t));
+  }
+  CHECK_OK(ctx, attn_mha_backward(ctx, m, &tdq, NULL, NULL, g, sv, &to));
+  attn_mha_saved_free(sv);
+  for (int p = ATTN_MHA_Q_NORM_WEIGHT; p < ATTN_MHA_NUM_PARAMS; p++) {
+    attn_tensor t;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &t, g, (attn_mha_param)p));
+    int zero = 1;
+    for (int64_t i = 0; i < attn_tensor_numel(&t); i++) zero &= ((float *)t.data)[i] == 0.0f;
+    CHECK(zero, "no keys: norm parameter %d's gradient is 0", p);
+  }
+  int zero = 1;
+  for (int i = 0; i < 30; i++) zero &= dq[i] == 0.0f;
+  CHECK(zero, "no keys: dquery is 0");
+  free_inputs(&in);
+  attn_mha_destroy(m), attn_mha_destroy(g);
+}
+
 int main(int argc, char **argv) {
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx)) return 1;
@@ -664,6 +712,7 @@ int main(int argc, char **argv) {
   create_and_views(ctx);
   refused_configs(ctx);
   mismatches(ctx);
+  no_keys(ctx);
   compute_cases(ctx, argc > 1 ? atoi(argv[1]) : 36);
   attn_ctx_destroy(ctx);
   return tu_finish("test_mha_qknorm");
