@@ -400,8 +400,8 @@ ATTN_API attn_status attn_rope_ref(attn_ctx *ctx, attn_tensor *out, const attn_t
  *   RMS            y = x / sqrt(mean(x^2) + eps) * w                (Qwen3, OLMo 2)
  *   RMS_PLUS_ONE   y = x / sqrt(mean(x^2) + eps) * (1 + w)          (Gemma)
  *   LAYER          y = (x - mean(x)) / sqrt(var(x) + eps) * w + b   (b may be NULL: 0)
- * x and out are [B, H, N, F] (f32, f16 or bf16; any strides; out may be x
- * itself), w and b f32 [F]; eps > 0. */
+ * x and out are [B, H, N, F] (f32, f16, bf16, or f64 kept in double: the
+ * float64 path; any strides; out may be x itself), w and b f32 [F]; eps > 0. */
 typedef enum attn_norm_kind {
   ATTN_NORM_RMS = 0,
   ATTN_NORM_RMS_PLUS_ONE = 1,
@@ -410,7 +410,7 @@ typedef enum attn_norm_kind {
 
 ATTN_API attn_status attn_head_norm(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
                                     const attn_tensor *bias, attn_norm_kind kind, double eps);
-/* Its backward, given dout = dL/dout: dx [B, H, N, F] f32 (overwritten; may be
+/* Its backward, given dout = dL/dout: dx [B, H, N, F] f32 or f64 (overwritten; may be
  * dout itself), dweight and dbias f32 [F] (each may be NULL; overwritten with
  * the sum over every row, in row order: the same for any thread count). */
 ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, attn_tensor *dweight, attn_tensor *dbias,
@@ -519,7 +519,7 @@ typedef struct attn_safetensors attn_safetensors; /* an open safetensors file: s
 typedef struct attn_mha_config {
   size_t size;          /* sizeof(attn_mha_config), set by attn_mha_config_init */
   int64_t embed_dim;    /* E */
-  int64_t num_heads;    /* H; E must divide by H, head dim D = E / H */
+  int64_t num_heads;    /* H; unless head_dim is set, E must divide by H and D = E / H */
   int64_t num_kv_heads; /* Hk for grouped-query attention; 0 = H */
   int64_t kdim;         /* features of the key input; 0 = E */
   int64_t vdim;         /* features of the value input; 0 = E */
@@ -585,7 +585,10 @@ ATTN_API attn_status attn_linear(attn_ctx *ctx, attn_tensor *out, const attn_ten
 ATTN_API attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg);
 ATTN_API void attn_mha_destroy(attn_mha *mha);
 ATTN_API const attn_mha_config *attn_mha_get_config(const attn_mha *mha);
-/* A writable contiguous f32 view of one parameter (NOT_FOUND for a bias when bias = 0). */
+/* A writable contiguous f32 view of one parameter (NOT_FOUND for a bias the
+ * layer lacks, by bias and out_bias, and for QK-norm's parameters without
+ * qk_norm, or its biases with a kind other than LAYER). attn_mha_get_config
+ * gives the config resolved: head_dim = D, out_bias 0 or 1. */
 ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, attn_mha_param which);
 /* Sets a parameter by name, converting any float dtype and checking the shape.
  * Names of the seed module: wq.weight wq.bias wk.* wv.* dense.*;

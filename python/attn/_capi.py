@@ -13,7 +13,10 @@ CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
 MASK_KEEP, MASK_MASKED, MASK_ADDITIVE, MASK_SEED = 0, 1, 2, 3
 # attn_mha_param
 (MHA_Q_WEIGHT, MHA_Q_BIAS, MHA_K_WEIGHT, MHA_K_BIAS, MHA_V_WEIGHT, MHA_V_BIAS, MHA_O_WEIGHT,
- MHA_O_BIAS) = range(8)
+ MHA_O_BIAS, MHA_Q_NORM_WEIGHT, MHA_Q_NORM_BIAS, MHA_K_NORM_WEIGHT, MHA_K_NORM_BIAS, MHA_NUM_PARAMS) = range(13)
+# QK-norm's scope (ATTN_QK_NORM_*) and attn_norm_kind
+QK_NORM_NONE, QK_NORM_PER_HEAD, QK_NORM_WHOLE = 0, 1, 2
+NORM_RMS, NORM_RMS_PLUS_ONE, NORM_LAYER = 0, 1, 2
 
 _c_enum = ctypes.c_int  # C enums with small values are int-sized on every ABI we target
 
