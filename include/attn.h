@@ -589,7 +589,13 @@ ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_m
  * Names of the seed module: wq.weight wq.bias wk.* wv.* dense.*;
  * of nn.MultiheadAttention: in_proj_weight [E+2*Hk*D, E] (q, k, v rows in turn),
  * in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight, out_proj.weight, out_proj.bias;
- * of Llama-style models: q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight (and .bias). */
+ * of Llama-style models: q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight (and .bias),
+ *   q_norm.weight, k_norm.weight (and .bias: a LAYER norm's);
+ * of BERT: self.query/key/value.{weight,bias}, output.dense.*; of ViT: attention.query/key/value.*;
+ * of DistilBERT: q_lin, k_lin, v_lin, out_lin; of T5: q.weight, k.weight, v.weight, o.weight;
+ * of GPT-2 (Conv1D, [in, out]): c_attn.weight [E, H*D + 2*Hk*D] (q, k, v columns in turn),
+ *   c_attn.bias, c_proj.weight [H*D, E], c_proj.bias. A name several families
+ *   use means the same parameter in each. */
 ATTN_API attn_status attn_mha_set_param(attn_ctx *ctx, attn_mha *mha, const char *name, const attn_tensor *value);
 /* Loads every parameter from a safetensors file, whatever its naming (detected),
  * each name preceded by prefix (e.g. "layers.0.attn."; NULL or "" for none).
@@ -656,6 +662,14 @@ typedef struct attn_mha_names {
 ATTN_API attn_status attn_mha_create_from_tensors(attn_ctx *ctx, attn_mha **out, const attn_safetensors *st,
                                                   const char *prefix, const attn_mha_names *names,
                                                   const attn_mha_config *like);
+/* Loads into an existing layer the tensors under prefix in st, named by names
+ * (NULL: the detected naming): every parameter the layer holds must be there
+ * with exactly its shape (Linear layout [out, in], or [in, out] with
+ * names->conv1d; a packed tensor [the members' rows stacked, in]), and none it
+ * lacks; all are checked before any is written. A LAYER QK-norm's biases may be
+ * absent (then zero). */
+ATTN_API attn_status attn_mha_load_tensors(attn_ctx *ctx, attn_mha *mha, const attn_safetensors *st,
+                                           const char *prefix, const attn_mha_names *names);
 /* The naming of the layer under prefix in st, the one the loaders above use
  * (reads no tensor data); ATTN_E_NOT_FOUND, with *naming NONE, when st holds
  * none. */
