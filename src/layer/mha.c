@@ -8,11 +8,13 @@
 #include "../logit.h"
 #include "../io/io.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-static const char *param_label[ATTN_MHA_NUM_PARAMS] = {"q weight", "q bias", "k weight", "k bias",
-                                                       "v weight", "v bias", "out weight", "out bias"};
+static const char *param_label[ATTN_MHA_NUM_PARAMS] = {
+    "q weight",      "q bias",      "k weight",      "k bias",     "v weight",           "v bias",
+    "out weight",    "out bias",    "q norm weight", "q norm bias", "k norm weight", "k norm bias"};
 
 void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_heads) {
   if (!cfg) return;
@@ -34,6 +36,52 @@ void attn_mha_opts_init(attn_mha_opts *opts) {
   opts->attn.mask_mode = ATTN_MASK_MASKED;
 }
 
+/* The largest head_dim, H*D, E, kdim and vdim: every parameter's element count
+ * then fits 2^48 and no size computed from them overflows. */
+#define MHA_MAX_FEATURES ((int64_t)1 << 24)
+
+/* c's fields the caller may leave 0 or -1 resolved, and checked: a clear
+ * status before anything is allocated. */
+static attn_status resolve_config(attn_ctx *ctx, attn_mha_config *c) {
+  if (c->num_kv_heads == 0) c->num_kv_heads = c->num_heads;
+  if (c->kdim == 0) c->kdim = c->embed_dim;
+  if (c->vdim == 0) c->vdim = c->embed_dim;
+  if (c->embed_dim <= 0 || c->num_heads <= 0 || c->num_kv_heads < 0 || c->kdim < 0 || c->vdim < 0)
+    return attn__fail(ctx, ATTN_E_INVALID, "embed_dim (%lld) and num_heads (%lld) must be positive", (long long)c->embed_dim,
+                      (long long)c->num_heads);
+  if (c->embed_dim > MHA_MAX_FEATURES || c->kdim > MHA_MAX_FEATURES || c->vdim > MHA_MAX_FEATURES)
+    return attn__fail(ctx, ATTN_E_INVALID, "embed_dim, kdim and vdim must be at most 2^24");
+  if (c->head_dim < 0 || c->head_dim > MHA_MAX_FEATURES)
+    return attn__fail(ctx, ATTN_E_INVALID, "head_dim %lld must be between 1 and 2^24 (0: embed_dim / num_heads)",
+                      (long long)c->head_dim);
+  if (c->head_dim == 0) {
+    if (c->embed_dim % c->num_heads)
+      return attn__fail(ctx, ATTN_E_INVALID, "embed_dim %lld is not divisible by num_heads %lld (or set head_dim)",
+                        (long long)c->embed_dim, (long long)c->num_heads);
+    c->head_dim = c->embed_dim / c->num_heads;
+  } else if (c->num_heads > MHA_MAX_FEATURES / c->head_dim) { /* both <= 2^24: the division is exact enough */
+    return attn__fail(ctx, ATTN_E_INVALID, "num_heads %lld x head_dim %lld must be at most 2^24 features",
+                      (long long)c->num_heads, (long long)c->head_dim);
+  }
+  if (c->num_heads % c->num_kv_heads)
+    return attn__fail(ctx, ATTN_E_INVALID, "num_heads %lld is not a multiple of num_kv_heads %lld", (long long)c->num_heads,
+                      (long long)c->num_kv_heads);
+  if (c->out_bias < -1 || c->out_bias > 1)
+    return attn__fail(ctx, ATTN_E_INVALID, "out_bias must be -1 (as bias), 0 or 1, got %d", c->out_bias);
+  if (c->out_bias == -1) c->out_bias = c->bias != 0;
+  c->bias = c->bias != 0;
+  if (c->qk_norm < ATTN_QK_NORM_NONE || c->qk_norm > ATTN_QK_NORM_WHOLE)
+    return attn__fail(ctx, ATTN_E_INVALID, "qk_norm must be ATTN_QK_NORM_NONE, _PER_HEAD or _WHOLE, got %d", c->qk_norm);
+  if (c->qk_norm) {
+    if ((int)c->qk_norm_kind < ATTN_NORM_RMS || c->qk_norm_kind > ATTN_NORM_LAYER)
+      return attn__fail(ctx, ATTN_E_INVALID, "qk_norm_kind must be ATTN_NORM_RMS, _RMS_PLUS_ONE or _LAYER, got %d",
+                        (int)c->qk_norm_kind);
+    if (!(c->qk_norm_eps > 0) || !isfinite(c->qk_norm_eps))
+      return attn__fail(ctx, ATTN_E_INVALID, "qk_norm_eps must be finite and > 0, got %g", c->qk_norm_eps);
+  }
+  return ATTN_OK;
+}
+
 attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg) {
   ATTN__ENTER(ctx);
   if (!out || !cfg) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_create: null argument");
@@ -41,56 +89,53 @@ attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config
   attn_mha_config c;
   attn_mha_config_init(&c, 0, 0);
   attn_status st = attn__read_sized(ctx, &c, sizeof c, cfg, "cfg", "attn_mha_config_init");
-  if (st) return st;
-  if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
-  if (c.kdim == 0) c.kdim = c.embed_dim;
-  if (c.vdim == 0) c.vdim = c.embed_dim;
-  if (c.embed_dim <= 0 || c.num_heads <= 0 || c.num_kv_heads < 0 || c.kdim < 0 || c.vdim < 0)
-    return attn__fail(ctx, ATTN_E_INVALID, "embed_dim (%lld) and num_heads (%lld) must be positive", (long long)c.embed_dim,
-                      (long long)c.num_heads);
-  if ((c.head_dim && c.head_dim * c.num_heads != c.embed_dim) || c.out_bias == !c.bias || c.qk_norm)
-    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_mha_create: head_dim, out_bias and qk_norm are not built yet");
-  if (c.embed_dim % c.num_heads)
-    return attn__fail(ctx, ATTN_E_INVALID, "embed_dim %lld is not divisible by num_heads %lld", (long long)c.embed_dim,
-                      (long long)c.num_heads);
-  if (c.num_heads % c.num_kv_heads)
-    return attn__fail(ctx, ATTN_E_INVALID, "num_heads %lld is not a multiple of num_kv_heads %lld", (long long)c.num_heads,
-                      (long long)c.num_kv_heads);
-  if (c.embed_dim > ((int64_t)1 << 24) || c.kdim > ((int64_t)1 << 24) || c.vdim > ((int64_t)1 << 24))
-    return attn__fail(ctx, ATTN_E_INVALID, "embed_dim, kdim and vdim must be at most 2^24");
+  if (st || (st = resolve_config(ctx, &c))) return st;
   attn_mha *m = calloc(1, sizeof *m);
   if (!m) return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_create: out of memory");
   m->cfg = c;
-  m->head_dim = c.embed_dim / c.num_heads;
-  m->kv_dim = c.num_kv_heads * m->head_dim;
-  const int64_t E = c.embed_dim;
-  int64_t r[ATTN_MHA_NUM_PARAMS] = {E, E, m->kv_dim, m->kv_dim, m->kv_dim, m->kv_dim, E, E};
-  int64_t k[ATTN_MHA_NUM_PARAMS] = {E, 0, c.kdim, 0, c.vdim, 0, E, 0};
+  const int64_t E = c.embed_dim, D = c.head_dim, qd = c.num_heads * D, kv = c.num_kv_heads * D;
+  m->head_dim = D;
+  m->q_dim = qd;
+  m->kv_dim = kv;
+  /* QK-norm's weights: [D] shared by the heads, or [H*D] and [Hk*D] over the whole projections */
+  const int64_t qn = c.qk_norm == ATTN_QK_NORM_WHOLE ? qd : D, kn = c.qk_norm == ATTN_QK_NORM_WHOLE ? kv : D;
+  const int64_t r[ATTN_MHA_NUM_PARAMS] = {qd, qd, kv, kv, kv, kv, E, E, qn, qn, kn, kn};
+  const int64_t k[ATTN_MHA_NUM_PARAMS] = {E, 0, c.kdim, 0, c.vdim, 0, qd, 0, 0, 0, 0, 0};
+  const int layer_norm = c.qk_norm && c.qk_norm_kind == ATTN_NORM_LAYER;
+  const int present[ATTN_MHA_NUM_PARAMS] = {1, c.bias, 1, c.bias, 1, c.bias, 1, c.out_bias,
+                                            c.qk_norm != 0, layer_norm, c.qk_norm != 0, layer_norm};
   /* One allocation, the q, k, v weights (and biases) back to back: with kdim =
-   * vdim = E they form PyTorch's packed [E + 2 Hk D, E] in_proj, and
+   * vdim = E they form PyTorch's packed [H*D + 2 Hk D, E] in_proj, and
    * self-attention projects with one GEMM. */
-  static const int order[ATTN__MHA_PROJ_PARAMS] = {ATTN_MHA_Q_WEIGHT, ATTN_MHA_K_WEIGHT, ATTN_MHA_V_WEIGHT,
-                                                 ATTN_MHA_Q_BIAS,   ATTN_MHA_K_BIAS,   ATTN_MHA_V_BIAS,
-                                                 ATTN_MHA_O_WEIGHT, ATTN_MHA_O_BIAS};
-  int64_t total = 0;
-  for (int i = 0; i < ATTN__MHA_PROJ_PARAMS; i++) {
+  static const int order[ATTN_MHA_NUM_PARAMS] = {
+      ATTN_MHA_Q_WEIGHT, ATTN_MHA_K_WEIGHT, ATTN_MHA_V_WEIGHT,      ATTN_MHA_Q_BIAS,      ATTN_MHA_K_BIAS,
+      ATTN_MHA_V_BIAS,   ATTN_MHA_O_WEIGHT, ATTN_MHA_O_BIAS,        ATTN_MHA_Q_NORM_WEIGHT, ATTN_MHA_Q_NORM_BIAS,
+      ATTN_MHA_K_NORM_WEIGHT, ATTN_MHA_K_NORM_BIAS};
+  int64_t total = 0; /* each term is below 2^48 (sizes <= 2^24): no overflow */
+  for (int i = 0; i < ATTN_MHA_NUM_PARAMS; i++) {
     m->rows[i] = r[i];
     m->cols[i] = k[i];
-    if (k[i] || c.bias) total += r[i] * (k[i] ? k[i] : 1);
+    if (present[i]) total += r[i] * (k[i] ? k[i] : 1);
   }
-  m->store = attn__aligned_alloc((size_t)total * sizeof(float));
-  if (!m->store) {
+  size_t bytes;
+  if (attn__alloc_size(total, 1, 1, sizeof(float), &bytes) || !(m->store = attn__aligned_alloc(bytes))) {
     attn_mha_destroy(m);
-    return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_create: cannot allocate parameters");
+    return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_create: cannot allocate %lld parameters", (long long)total);
   }
-  memset(m->store, 0, (size_t)total * sizeof(float));
+  memset(m->store, 0, bytes);
   float *next = m->store;
-  for (int o = 0; o < ATTN__MHA_PROJ_PARAMS; o++) {
+  for (int o = 0; o < ATTN_MHA_NUM_PARAMS; o++) {
     const int i = order[o];
-    if (!k[i] && !c.bias) continue;
+    if (!present[i]) continue;
     m->param[i] = next;
     next += r[i] * (k[i] ? k[i] : 1);
   }
+  /* QK-norm starts as the identity: weights 1 (RMS_PLUS_ONE scales by 1 + w), biases 0 */
+  const float identity = c.qk_norm_kind == ATTN_NORM_RMS_PLUS_ONE ? 0.0f : 1.0f;
+  const int norm_weights[2] = {ATTN_MHA_Q_NORM_WEIGHT, ATTN_MHA_K_NORM_WEIGHT};
+  for (int j = 0; j < 2; j++)
+    if (m->param[norm_weights[j]])
+      for (int64_t f = 0; f < r[norm_weights[j]]; f++) m->param[norm_weights[j]][f] = identity;
   *out = m;
   return ATTN_OK;
 }
@@ -114,7 +159,11 @@ attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, 
   if ((int)which < 0 || which >= ATTN_MHA_NUM_PARAMS)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown parameter %d", (int)which);
   if (!mha->param[which])
-    return attn__fail(ctx, ATTN_E_NOT_FOUND, "the layer has no %s", which < ATTN__MHA_PROJ_PARAMS ? param_label[which] : "QK-norm parameter");
+    return attn__fail(ctx, ATTN_E_NOT_FOUND, "the layer has no %s (%s)", param_label[which],
+                      which < ATTN__MHA_PROJ_PARAMS     ? "created without it: bias / out_bias"
+                      : which == ATTN_MHA_Q_NORM_BIAS || which == ATTN_MHA_K_NORM_BIAS
+                          ? "QK-norm biases go with qk_norm_kind LAYER"
+                          : "created without qk_norm");
   *out = param_tensor(mha, which);
   return ATTN_OK;
 }
@@ -517,6 +566,8 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   const attn_mha_config *c = &mha->cfg;
   const int64_t E = c->embed_dim, H = c->num_heads;
   attn_status st;
+  if (mha->q_dim != E || c->qk_norm) /* the compute follows in the next commits */
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_mha_forward: head_dim != E / H and qk_norm are not built yet");
   if ((st = check_input(ctx, query, "query", -1, E, ref))) return st;
   const int64_t B = query->shape[0], Nq = query->shape[1];
   if (!key != !value) return attn__fail(ctx, ATTN_E_INVALID, "give both key and value, or neither (self-attention)");

@@ -197,13 +197,19 @@ static attn_status input_backward(attn_ctx *ctx, const path *p, const attn_mha *
 /* ---- argument checks ---------------------------------------------------------- */
 static int same_config(const attn_mha_config *a, const attn_mha_config *b) {
   return a->embed_dim == b->embed_dim && a->num_heads == b->num_heads && a->num_kv_heads == b->num_kv_heads &&
-         a->kdim == b->kdim && a->vdim == b->vdim && !a->bias == !b->bias;
+         a->kdim == b->kdim && a->vdim == b->vdim && !a->bias == !b->bias && a->head_dim == b->head_dim &&
+         a->out_bias == b->out_bias && a->qk_norm == b->qk_norm && (!a->qk_norm || (a->qk_norm_kind == b->qk_norm_kind &&
+                                                                                  a->qk_norm_eps == b->qk_norm_eps));
 }
 
 static void fmt_config(char *buf, size_t n, const attn_mha_config *c) {
-  snprintf(buf, n, "embed_dim %lld, heads %lld, kv heads %lld, kdim %lld, vdim %lld, bias %s", (long long)c->embed_dim,
-           (long long)c->num_heads, (long long)c->num_kv_heads, (long long)c->kdim, (long long)c->vdim,
-           c->bias ? "on" : "off");
+  static const char *const scope[] = {"none", "per head", "whole"}, *const kind[] = {"rms", "rms+1", "layer"};
+  snprintf(buf, n,
+           "embed_dim %lld, heads %lld, kv heads %lld, head_dim %lld, kdim %lld, vdim %lld, bias %s, out bias %s, "
+           "qk-norm %s %s eps %g",
+           (long long)c->embed_dim, (long long)c->num_heads, (long long)c->num_kv_heads, (long long)c->head_dim,
+           (long long)c->kdim, (long long)c->vdim, c->bias ? "on" : "off", c->out_bias ? "on" : "off",
+           scope[c->qk_norm], c->qk_norm ? kind[c->qk_norm_kind] : "", c->qk_norm_eps);
 }
 
 /* A [B, N, F] tensor of the backward: dout (an input) or a gradient (written, so no stride 0). */
@@ -229,7 +235,7 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
   if (!saved)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_backward: saved is NULL (make it with attn_mha_forward_save)");
   const attn_mha_config *c = &mha->cfg;
-  char ca[160], cb[160];
+  char ca[256], cb[256];
   if (!same_config(c, &saved->cfg)) {
     fmt_config(ca, sizeof ca, &saved->cfg);
     fmt_config(cb, sizeof cb, c);

@@ -18,6 +18,8 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
   const attn_kv_cache_config *kc = attn_kv_cache_get_config(cache);
   const int64_t E = c->embed_dim, H = c->num_heads, Hk = c->num_kv_heads, D = mha->head_dim, kv = mha->kv_dim;
   const int64_t B = x->shape[0], n = x->shape[1];
+  if (mha->q_dim != E || c->qk_norm)
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_mha_forward_cached: head_dim != E / H and qk_norm are not built yet");
   if (x->dtype != ATTN_F32 || out->dtype != ATTN_F32)
     return attn__fail(ctx, ATTN_E_DTYPE, "attn_mha_forward_cached: x and out must be f32, got %s and %s",
                       attn_dtype_name(x->dtype), attn_dtype_name(out->dtype));

@@ -6,12 +6,13 @@
 #include "../internal.h"
 #include "../opts.h"
 
-/* The projections' parameters: Q_WEIGHT .. O_BIAS, before QK-norm's. */
+/* The projections' parameters: Q_WEIGHT .. O_BIAS, before QK-norm's (loops
+ * over every parameter run to ATTN_MHA_NUM_PARAMS and skip the absent ones). */
 #define ATTN__MHA_PROJ_PARAMS (ATTN_MHA_O_BIAS + 1)
 
 struct attn_mha {
   attn_mha_config cfg;
-  int64_t head_dim, kv_dim; /* D = E / H; kv_dim = Hk * D */
+  int64_t head_dim, q_dim, kv_dim; /* D (cfg.head_dim, or E / H); q_dim = H * D; kv_dim = Hk * D */
   float *param[ATTN_MHA_NUM_PARAMS]; /* views into store */
   float *store;
   int64_t rows[ATTN_MHA_NUM_PARAMS], cols[ATTN_MHA_NUM_PARAMS]; /* cols 0: a vector */
