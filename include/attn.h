@@ -603,8 +603,9 @@ ATTN_API attn_status attn_mha_set_param(attn_ctx *ctx, attn_mha *mha, const char
  * which are checked before any is written; unrelated tensors are ignored. */
 ATTN_API attn_status attn_mha_load_safetensors(attn_ctx *ctx, attn_mha *mha, const char *path, const char *prefix);
 
-/* Creates a layer whose sizes (E, kdim, vdim, bias) are read from the
- * parameters in a safetensors file, then loads them. num_kv_heads 0 = num_heads.
+/* Creates a layer whose sizes (E, head_dim, kdim, vdim, biases, RMS QK-norm)
+ * are read from the parameters in a safetensors file, then loads them:
+ * attn_mha_create_from_tensors with the detected naming. num_kv_heads 0 = num_heads.
  * Every parameter's shape is checked against the others and the head counts
  * before anything is allocated (ATTN_E_SHAPE otherwise; a kdim or vdim of 0
  * is refused), so the layer holds no more elements than the file's tensors. */
@@ -653,12 +654,17 @@ typedef struct attn_mha_names {
 } attn_mha_names;
 
 /* The general loader: creates a layer from the tensors under prefix in st,
- * named by names (NULL: the detected naming). like (NULL: defaults) gives what
- * a file cannot tell: num_heads (required), num_kv_heads, head_dim (0: from
- * the q weight's rows / H), qk_norm_kind and qk_norm_eps. Everything else
- * (E, kdim, vdim, biases, whether and how q and k are normed) is read from
- * the tensors' shapes, checked against each other before anything is
- * allocated. */
+ * named by names (NULL: the detected naming). like (attn_mha_config_init'd,
+ * not NULL) gives what a file cannot tell: num_heads (required), num_kv_heads
+ * (0: num_heads), head_dim (0: from the q weight's rows / H), qk_norm_kind and
+ * qk_norm_eps; its other fields are ignored. Everything else is read from the
+ * tensors' shapes, checked against each other before anything is allocated:
+ * E = o's rows, H*D = q's rows, Hk*D = k's, kdim and vdim = k's and v's
+ * columns (Linear layout; [in, out] transposed with conv1d), bias = the q, k
+ * and v biases (all three or none: some without the others is
+ * ATTN_E_UNSUPPORTED naming the missing one), out_bias = o's, QK-norm (both
+ * weights or neither) per head when they are [D], whole when [H*D] and
+ * [Hk*D]; a norm bias needs qk_norm_kind LAYER (ATTN_E_INVALID naming it). */
 ATTN_API attn_status attn_mha_create_from_tensors(attn_ctx *ctx, attn_mha **out, const attn_safetensors *st,
                                                   const char *prefix, const attn_mha_names *names,
                                                   const attn_mha_config *like);

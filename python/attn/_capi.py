@@ -13,7 +13,8 @@ CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
 MASK_KEEP, MASK_MASKED, MASK_ADDITIVE, MASK_SEED = 0, 1, 2, 3
 # attn_mha_param
 (MHA_Q_WEIGHT, MHA_Q_BIAS, MHA_K_WEIGHT, MHA_K_BIAS, MHA_V_WEIGHT, MHA_V_BIAS, MHA_O_WEIGHT,
- MHA_O_BIAS) = range(8)
+ MHA_O_BIAS, MHA_Q_NORM_WEIGHT, MHA_Q_NORM_BIAS, MHA_K_NORM_WEIGHT, MHA_K_NORM_BIAS) = range(12)
+MHA_NUM_PARAMS = 12
 
 _c_enum = ctypes.c_int  # C enums with small values are int-sized on every ABI we target
 
@@ -64,6 +65,16 @@ class MhaConfig(ctypes.Structure):
         ("qk_norm", ctypes.c_int),
         ("qk_norm_kind", ctypes.c_int),
         ("qk_norm_eps", ctypes.c_double),
+    ]
+
+
+class MhaNames(ctypes.Structure):
+    """attn_mha_names: a tensor name per parameter (None: absent); names that
+    repeat are one packed tensor. There is no init: set size to its sizeof."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("name", ctypes.c_char_p * MHA_NUM_PARAMS),
+        ("conv1d", ctypes.c_int),
     ]
 
 
@@ -177,6 +188,11 @@ _protos = {
     "attn_mha_set_param": (_st, [_P, _P, ctypes.c_char_p, _PT]),
     "attn_mha_create_from_safetensors": (_st, [_P, ctypes.POINTER(_P), ctypes.c_char_p, ctypes.c_char_p,
                                                ctypes.c_int64, ctypes.c_int64]),
+    "attn_safetensors_open": (_st, [_P, ctypes.POINTER(_P), ctypes.c_char_p]),
+    "attn_safetensors_close": (None, [_P]),
+    # ctx, out, st, prefix, names (or NULL), like
+    "attn_mha_create_from_tensors": (_st, [_P, ctypes.POINTER(_P), _P, ctypes.c_char_p, ctypes.POINTER(MhaNames),
+                                           ctypes.POINTER(MhaConfig)]),
     "attn_mha_opts_init": (None, [ctypes.POINTER(MhaOpts)]),
     # ctx, mha, out, weights, query, key, value, opts
     "attn_mha_forward": (_st, [_P, _P, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
