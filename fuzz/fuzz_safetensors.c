@@ -73,9 +73,7 @@ static void layer(const attn_safetensors *st, const char *prefix, int64_t H, int
   attn_mha_opts_init(&o);
   o.attn.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
   s = attn_mha_forward(ctx, m, &out, NULL, &q, self ? NULL : &k, self ? NULL : &v, &o);
-  /* head_dim != E/H and QK-norm layers are made before the forward computes them */
-  need(s == ATTN_OK || (s == ATTN_E_UNSUPPORTED && (c->qk_norm || c->head_dim * c->num_heads != c->embed_dim)),
-       "a layer made from the file cannot run");
+  need(s == ATTN_OK, "a layer made from the file cannot run");
   free(xq);
   free(xk);
   free(xv);

@@ -400,8 +400,8 @@ ATTN_API attn_status attn_rope_ref(attn_ctx *ctx, attn_tensor *out, const attn_t
  *   RMS            y = x / sqrt(mean(x^2) + eps) * w                (Qwen3, OLMo 2)
  *   RMS_PLUS_ONE   y = x / sqrt(mean(x^2) + eps) * (1 + w)          (Gemma)
  *   LAYER          y = (x - mean(x)) / sqrt(var(x) + eps) * w + b   (b may be NULL: 0)
- * x and out are [B, H, N, F] (f32, f16 or bf16; any strides; out may be x
- * itself), w and b f32 [F]; eps > 0. */
+ * x and out are [B, H, N, F] (f32, f16, bf16, or f64 kept in double: the
+ * float64 path; any strides; out may be x itself), w and b f32 [F]; eps > 0. */
 typedef enum attn_norm_kind {
   ATTN_NORM_RMS = 0,
   ATTN_NORM_RMS_PLUS_ONE = 1,
@@ -410,7 +410,7 @@ typedef enum attn_norm_kind {
 
 ATTN_API attn_status attn_head_norm(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
                                     const attn_tensor *bias, attn_norm_kind kind, double eps);
-/* Its backward, given dout = dL/dout: dx [B, H, N, F] f32 (overwritten; may be
+/* Its backward, given dout = dL/dout: dx [B, H, N, F] f32 or f64 (overwritten; may be
  * dout itself), dweight and dbias f32 [F] (each may be NULL; overwritten with
  * the sum over every row, in row order: the same for any thread count). */
 ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, attn_tensor *dweight, attn_tensor *dbias,

@@ -27,11 +27,11 @@ static void row_stats(const norm_call *c, int64_t xo, double *centre, double *in
   const attn_tensor *x = c->x;
   double mean = 0, sq = 0;
   if (c->kind == ATTN_NORM_LAYER) {
-    for (int64_t f = 0; f < c->F; f++) mean += attn__load_f32(x->data, x->dtype, xo + f * x->strides[3]);
+    for (int64_t f = 0; f < c->F; f++) mean += attn__load(x->data, x->dtype, xo + f * x->strides[3]);
     mean /= (double)c->F;
   }
   for (int64_t f = 0; f < c->F; f++) {
-    const double d = attn__load_f32(x->data, x->dtype, xo + f * x->strides[3]) - mean;
+    const double d = attn__load(x->data, x->dtype, xo + f * x->strides[3]) - mean;
     sq += d * d;
   }
   *centre = mean;
@@ -59,9 +59,9 @@ static void forward_run(const void *arg, void *scratch, int64_t round, int64_t f
     double centre, inv;
     row_stats(c, xo, &centre, &inv);
     for (int64_t f = 0; f < c->F; f++) {
-      const double xh = (attn__load_f32(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
+      const double xh = (attn__load(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
       const double bias = c->b ? ((const float *)c->b->data)[f * c->b->strides[0]] : 0.0;
-      attn__store_f32(o->data, o->dtype, oo + f * o->strides[3], (float)(xh * scale_of(c, f) + bias));
+      attn__store(o->data, o->dtype, oo + f * o->strides[3], xh * scale_of(c, f) + bias); /* f64 keeps every bit */
     }
   }
 }
@@ -80,16 +80,16 @@ static void backward_run(const void *arg, void *scratch, int64_t round, int64_t 
     double centre, inv, mu = 0, mux = 0;
     row_stats(c, xo, &centre, &inv);
     for (int64_t f = 0; f < c->F; f++) {
-      const double xh = (attn__load_f32(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
-      u[f] = attn__load_f32(g->data, g->dtype, go + f * g->strides[3]) * scale_of(c, f);
+      const double xh = (attn__load(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
+      u[f] = attn__load(g->data, g->dtype, go + f * g->strides[3]) * scale_of(c, f);
       mu += u[f];
       mux += u[f] * xh;
     }
     mu = c->kind == ATTN_NORM_LAYER ? mu / (double)c->F : 0.0;
     mux /= (double)c->F;
     for (int64_t f = 0; f < c->F; f++) { /* dout's row is read above, so dx may be dout */
-      const double xh = (attn__load_f32(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
-      ((float *)dx->data)[dxo + f * dx->strides[3]] = (float)(inv * (u[f] - mu - xh * mux));
+      const double xh = (attn__load(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
+      attn__store(dx->data, dx->dtype, dxo + f * dx->strides[3], inv * (u[f] - mu - xh * mux));
     }
   }
 }
@@ -118,10 +118,9 @@ static attn_status norm_prepare(attn_ctx *ctx, norm_call *c, attn_tensor *out, c
   if ((int)kind < ATTN_NORM_RMS || kind > ATTN_NORM_LAYER) return attn__fail(ctx, ATTN_E_INVALID, "%s: unknown kind %d", fn, (int)kind);
   if (!(eps > 0) || !isfinite(eps)) return attn__fail(ctx, ATTN_E_INVALID, "%s: eps must be finite and > 0, got %g", fn, eps);
   if (b && kind != ATTN_NORM_LAYER) return attn__fail(ctx, ATTN_E_INVALID, "%s: a bias goes with LAYER only", fn);
-  const attn_dtype xd = x->dtype, od = out->dtype;
-  if ((xd != ATTN_F32 && xd != ATTN_F16 && xd != ATTN_BF16) || (od != ATTN_F32 && od != ATTN_F16 && od != ATTN_BF16))
-    return attn__fail(ctx, ATTN_E_DTYPE, "%s: x and out take f32, f16 or bf16, got %s and %s", fn, attn_dtype_name(xd),
-                      attn_dtype_name(od));
+  if (!attn__is_float(x->dtype) || !attn__is_float(out->dtype))
+    return attn__fail(ctx, ATTN_E_DTYPE, "%s: x and out take f32, f64, f16 or bf16, got %s and %s", fn,
+                      attn_dtype_name(x->dtype), attn_dtype_name(out->dtype));
   if (w->dtype != ATTN_F32 || (b && b->dtype != ATTN_F32))
     return attn__fail(ctx, ATTN_E_DTYPE, "%s: weight and bias must be f32", fn);
   for (int i = 0; i < 4; i++)
@@ -157,8 +156,8 @@ attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, attn_tensor 
   if ((st = attn__check_tensor(ctx, dout, "dout", 4))) return st;
   for (int i = 0; i < 4; i++)
     if (dout->shape[i] != x->shape[i]) return attn__fail(ctx, ATTN_E_SHAPE, "attn_head_norm_backward: dout must have x's shape");
-  if (dx->dtype != ATTN_F32 || (dout->dtype != ATTN_F32 && dout->dtype != ATTN_F16 && dout->dtype != ATTN_BF16))
-    return attn__fail(ctx, ATTN_E_DTYPE, "attn_head_norm_backward: dx must be f32 and dout f32, f16 or bf16");
+  if ((dx->dtype != ATTN_F32 && dx->dtype != ATTN_F64) || !attn__is_float(dout->dtype))
+    return attn__fail(ctx, ATTN_E_DTYPE, "attn_head_norm_backward: dx must be f32 or f64 and dout f32, f64, f16 or bf16");
   if ((st = identical_or_apart(ctx, dx, dout, "attn_head_norm_backward", "dx", "dout"))) return st;
   attn_tensor *pg[2] = {dweight, dbias};
   for (int i = 0; i < 2; i++)
@@ -179,8 +178,8 @@ attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, attn_tensor 
     double centre, inv;
     row_stats(&c, xo, &centre, &inv);
     for (int64_t f = 0; f < c.F; f++) {
-      const double gf = attn__load_f32(dout->data, dout->dtype, go + f * dout->strides[3]);
-      acc[f] += gf * (attn__load_f32(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
+      const double gf = attn__load(dout->data, dout->dtype, go + f * dout->strides[3]);
+      acc[f] += gf * (attn__load(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
       acc[c.F + f] += gf;
     }
   }

@@ -131,6 +131,55 @@ static void run_case(attn_ctx *ctx, const ncase *c, int seed) {
   free(dw), free(db), free(yp), free(ym), free(dwf), free(dbf), free(dx2), free(dw2), free(ones);
 }
 
+/* The float64 path (the layer's ATTN_KERNEL_REF path): x, out, dout and dx in
+ * double, values no float holds, so a rounding through float anywhere shows:
+ * forward to 1e-13 of the formula, dx to 1e-8 of central differences. */
+static void f64_case(attn_ctx *ctx, attn_norm_kind kind, int in_place, int seed) {
+  enum { B = 2, H = 3, N = 4, F = 9, n = B * H * N * F, rows = B * H * N };
+  tu_rng r = {(uint64_t)seed + 101};
+  const int64_t s4[4] = {B, H, N, F}, s1[1] = {F};
+  double x[n], y[n], want[n], g[n], dx[n], wd[F], bd[F], yp[F], ym[F];
+  float w[F], b[F], dw[F], db[F];
+  for (int i = 0; i < n; i++) x[i] = 2 * tu_uniform(&r) + 0.3 + 1e-12 * tu_uniform(&r), g[i] = tu_uniform(&r);
+  for (int f = 0; f < F; f++) w[f] = (float)tu_uniform(&r), b[f] = (float)(0.5 * tu_uniform(&r)), wd[f] = w[f], bd[f] = b[f];
+  const double *bias = kind == ATTN_NORM_LAYER ? bd : NULL;
+  for (int row = 0; row < rows; row++) norm_row(want + row * F, x + row * F, wd, bias, F, kind, 1e-6);
+  attn_tensor tx = attn_tensor_view(x, ATTN_F64, 4, s4), ty = attn_tensor_view(y, ATTN_F64, 4, s4);
+  attn_tensor tw = attn_tensor_view(w, ATTN_F32, 1, s1), tb = attn_tensor_view(b, ATTN_F32, 1, s1);
+  double keep[n];
+  memcpy(keep, x, sizeof x);
+  for (int i = 0; i < n; i++) y[i] = NAN;
+  CHECK_OK(ctx, attn_head_norm(ctx, in_place ? &tx : &ty, &tx, &tw, bias ? &tb : NULL, kind, 1e-6));
+  const double *got = in_place ? x : y;
+  double e = 0;
+  for (int i = 0; i < n; i++) e = fmax(e, isnan(got[i]) ? INFINITY : fabs(got[i] - want[i]));
+  CHECK(e <= 1e-13, "f64 kind %d in place %d: forward max err %.3g", (int)kind, in_place, e);
+  memcpy(x, keep, sizeof x);
+  for (int i = 0; i < n; i++) dx[i] = NAN;
+  for (int f = 0; f < F; f++) dw[f] = db[f] = NAN;
+  attn_tensor tg = attn_tensor_view(g, ATTN_F64, 4, s4), tdx = attn_tensor_view(dx, ATTN_F64, 4, s4);
+  attn_tensor tdw = attn_tensor_view(dw, ATTN_F32, 1, s1), tdb = attn_tensor_view(db, ATTN_F32, 1, s1);
+  CHECK_OK(ctx, attn_head_norm_backward(ctx, &tdx, &tdw, kind == ATTN_NORM_LAYER ? &tdb : NULL, &tg, &tx, &tw, kind, 1e-6));
+  double en = 0;
+  for (int row = 0; row < rows; row++)
+    for (int f = 0; f < F; f++) {
+      double *xr = x + row * F;
+      const double h = 1e-6, k0 = xr[f];
+      xr[f] = k0 + h;
+      norm_row(yp, xr, wd, bias, F, kind, 1e-6);
+      xr[f] = k0 - h;
+      norm_row(ym, xr, wd, bias, F, kind, 1e-6);
+      xr[f] = k0;
+      double fd = 0;
+      for (int k = 0; k < F; k++) fd += g[row * F + k] * (yp[k] - ym[k]) / (2 * h);
+      en = fmax(en, isnan(dx[row * F + f]) ? INFINITY : fabs(dx[row * F + f] - fd));
+    }
+  CHECK(en <= 1e-8, "f64 kind %d: dx max err %.3g against central differences", (int)kind, en);
+  int finite = 1;
+  for (int f = 0; f < F; f++) finite &= !isnan(dw[f]) && (kind != ATTN_NORM_LAYER || !isnan(db[f]));
+  CHECK(finite, "f64 kind %d: parameter gradients written", (int)kind);
+}
+
 static void errors(attn_ctx *ctx) {
   float x[24], out[24], w[4], b[4];
   for (int i = 0; i < 24; i++) x[i] = (float)i, out[i] = -7;
@@ -166,6 +215,11 @@ int main(void) {
     attn_ctx_set_threads(ctx, seed % 2 ? 3 : 1);
     run_case(ctx, &c, seed);
   }
+  for (int kind = ATTN_NORM_RMS; kind <= ATTN_NORM_LAYER; kind++)
+    for (int in_place = 0; in_place < 2; in_place++) {
+      attn_ctx_set_threads(ctx, 1 + 2 * in_place);
+      f64_case(ctx, (attn_norm_kind)kind, in_place, kind * 2 + in_place);
+    }
   errors(ctx);
   attn_ctx_destroy(ctx);
   return tu_finish("test_norm");

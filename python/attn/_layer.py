@@ -21,11 +21,29 @@ class MultiheadAttention:
     Parameters start at zero: load them with load_state_dict (PyTorch names
     in_proj_weight, in_proj_bias, q/k/v_proj_weight, out_proj.weight,
     out_proj.bias; or the seed's wq/wk/wv/dense .weight/.bias) or build the
-    layer with from_safetensors.
+    layer with from_safetensors; state_dict() reads them back.
+
+    Real checkpoints' shapes: head_dim (None: embed_dim // num_heads; the
+    heads then span num_heads * head_dim features, q_proj [H*D, E] and
+    out_proj [E, H*D]); out_bias (None: as bias) whether the out projection
+    has a bias apart from q/k/v's; qk_norm ('per_head': weights [D] shared by
+    the heads, as Qwen3 and Gemma 3; 'whole': over the whole projection,
+    [H*D] and [Hk*D], as OLMo 2) normalises q and k after their projection
+    and before RoPE, by qk_norm_kind 'rms', 'rms_plus_one' (Gemma: 1 + w) or
+    'layer' (with biases) with qk_norm_eps. Its parameters are "q_norm.weight",
+    "k_norm.weight" (and "q_norm.bias", "k_norm.bias" for 'layer'), starting
+    as the identity (weights 1, or 0 for rms_plus_one; biases 0).
     """
 
+    _QK_NORM = {None: _capi.QK_NORM_NONE, "per_head": _capi.QK_NORM_PER_HEAD, "whole": _capi.QK_NORM_WHOLE}
+    _NORM_KIND = {"rms": _capi.NORM_RMS, "rms_plus_one": _capi.NORM_RMS_PLUS_ONE, "layer": _capi.NORM_LAYER}
+    # QK-norm's parameters by name (attn_mha_param_view: read and written here, not by name in the library)
+    _NORM_PARAMS = {"q_norm.weight": _capi.MHA_Q_NORM_WEIGHT, "q_norm.bias": _capi.MHA_Q_NORM_BIAS,
+                    "k_norm.weight": _capi.MHA_K_NORM_WEIGHT, "k_norm.bias": _capi.MHA_K_NORM_BIAS}
+
     def __init__(self, embed_dim, num_heads, bias=True, kdim=None, vdim=None, batch_first=False,
-                 num_kv_heads=None, *, threads=None, _handle=None):
+                 num_kv_heads=None, *, head_dim=None, out_bias=None, qk_norm=None, qk_norm_kind="rms",
+                 qk_norm_eps=1e-6, threads=None, _handle=None):
         self._ctx = _Ctx()  # one context per layer, guarded by a lock
         self._lock = threading.Lock()
         self._h = None
@@ -37,6 +55,15 @@ class MultiheadAttention:
             cfg.kdim = int(kdim or 0)
             cfg.vdim = int(vdim or 0)
             cfg.bias = 1 if bias else 0
+            cfg.head_dim = int(head_dim or 0)
+            cfg.out_bias = -1 if out_bias is None else (1 if out_bias else 0)
+            if qk_norm not in self._QK_NORM:
+                raise ValueError(f"qk_norm must be None, 'per_head' or 'whole', got {qk_norm!r}")
+            if qk_norm_kind not in self._NORM_KIND:
+                raise ValueError(f"qk_norm_kind must be 'rms', 'rms_plus_one' or 'layer', got {qk_norm_kind!r}")
+            cfg.qk_norm = self._QK_NORM[qk_norm]
+            cfg.qk_norm_kind = self._NORM_KIND[qk_norm_kind]
+            cfg.qk_norm_eps = float(qk_norm_eps)
             h = ctypes.c_void_p()
             self._ctx.check(_capi.lib.attn_mha_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))
             self._h = h
@@ -47,12 +74,19 @@ class MultiheadAttention:
         self.num_kv_heads = cfg.num_kv_heads or cfg.num_heads
         self.kdim, self.vdim = cfg.kdim or cfg.embed_dim, cfg.vdim or cfg.embed_dim
         self.bias = bool(cfg.bias)
+        self.head_dim = cfg.head_dim or cfg.embed_dim // cfg.num_heads
+        self.out_bias = bool(cfg.out_bias) if cfg.out_bias >= 0 else self.bias
+        self.qk_norm = {v: k for k, v in self._QK_NORM.items()}[cfg.qk_norm]
+        self.qk_norm_kind = {v: k for k, v in self._NORM_KIND.items()}[cfg.qk_norm_kind]
+        self.qk_norm_eps = cfg.qk_norm_eps
         self.batch_first = batch_first
 
     def __repr__(self):
+        norm = (f", qk_norm={self.qk_norm!r}, qk_norm_kind={self.qk_norm_kind!r}, qk_norm_eps={self.qk_norm_eps}"
+                if self.qk_norm else "")
         return (f"MultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"num_kv_heads={self.num_kv_heads}, kdim={self.kdim}, vdim={self.vdim}, bias={self.bias}, "
-                f"batch_first={self.batch_first})")
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, "
+                f"bias={self.bias}, out_bias={self.out_bias}{norm}, batch_first={self.batch_first})")
 
     # from_safetensors' names keys, each a parameter of the layer
     _NAME_KEYS = {"q": _capi.MHA_Q_WEIGHT, "k": _capi.MHA_K_WEIGHT, "v": _capi.MHA_V_WEIGHT, "o": _capi.MHA_O_WEIGHT,
@@ -77,11 +111,10 @@ class MultiheadAttention:
         v rows in turn (like in_proj_weight). layout="conv1d" (with names): the
         weights are stored [in, out], as GPT-2's Conv1D.
         """
-        from ._rope import _NORM_KINDS
         if layout not in ("linear", "conv1d"):
             raise ValueError(f"layout must be 'linear' or 'conv1d', got {layout!r}")
-        if qk_norm_kind not in _NORM_KINDS:
-            raise ValueError(f"qk_norm_kind must be one of {sorted(_NORM_KINDS)}, got {qk_norm_kind!r}")
+        if qk_norm_kind not in cls._NORM_KIND:
+            raise ValueError(f"qk_norm_kind must be one of {sorted(cls._NORM_KIND)}, got {qk_norm_kind!r}")
         nm = None
         if names is not None:
             unknown = sorted(set(names) - set(cls._NAME_KEYS))
@@ -102,7 +135,7 @@ class MultiheadAttention:
         _capi.init(like, 0, int(num_heads))
         like.num_kv_heads = int(num_kv_heads or 0)
         like.head_dim = int(head_dim or 0)
-        like.qk_norm_kind = _NORM_KINDS[qk_norm_kind]
+        like.qk_norm_kind = cls._NORM_KIND[qk_norm_kind]
         if qk_norm_eps is not None:
             like.qk_norm_eps = float(qk_norm_eps)
         c = _Ctx()
@@ -121,8 +154,57 @@ class MultiheadAttention:
         with self._lock:
             for name, value in state_dict.items():
                 a = np.ascontiguousarray(_to_numpy(value, name))
+                if name in self._NORM_PARAMS:
+                    self._set_norm_param(name, a)
+                    continue
                 t = _tensor(a)
                 self._ctx.check(_capi.lib.attn_mha_set_param(self._ctx.h, self._h, name.encode(), ctypes.byref(t)))
+
+    @staticmethod
+    def _params_of(c, h):
+        """{attn_mha_param: float32 NumPy view} of every parameter layer h has (views of its storage)."""
+        p = {}
+        for which in range(_capi.MHA_NUM_PARAMS):
+            t = _capi.Tensor()
+            if _capi.lib.attn_mha_param_view(c.h, ctypes.byref(t), h, which) != 0:
+                continue  # absent: a bias of a layer without it, or QK-norm's
+            shape = [t.shape[i] for i in range(t.rank)]
+            flat = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)), (int(np.prod(shape)),))
+            p[which] = flat.reshape(shape)
+        return p
+
+    def _set_norm_param(self, name, a):
+        p = self._params_of(self._ctx, self._h).get(self._NORM_PARAMS[name])
+        if p is None:
+            raise KeyError(f"{name}: this layer has no such parameter (qk_norm={self.qk_norm!r}, "
+                           f"qk_norm_kind={self.qk_norm_kind!r})")
+        if a.shape != p.shape:
+            raise ValueError(f"{name} must have shape {tuple(p.shape)}, got {tuple(a.shape)}")
+        p[...] = a.astype(np.float32)
+
+    def _named(self, p):
+        """The parameters p ({attn_mha_param: array}) under PyTorch's names (and QK-norm's)."""
+        P = _capi
+        res = {}
+        if self._packed_in_proj():
+            res["in_proj_weight"] = np.concatenate([p[P.MHA_Q_WEIGHT], p[P.MHA_K_WEIGHT], p[P.MHA_V_WEIGHT]])
+        else:
+            res["q_proj_weight"], res["k_proj_weight"], res["v_proj_weight"] = (
+                p[P.MHA_Q_WEIGHT], p[P.MHA_K_WEIGHT], p[P.MHA_V_WEIGHT])
+        if P.MHA_Q_BIAS in p:
+            res["in_proj_bias"] = np.concatenate([p[P.MHA_Q_BIAS], p[P.MHA_K_BIAS], p[P.MHA_V_BIAS]])
+        res["out_proj.weight"] = p[P.MHA_O_WEIGHT]
+        if P.MHA_O_BIAS in p:
+            res["out_proj.bias"] = p[P.MHA_O_BIAS]
+        for name, which in self._NORM_PARAMS.items():
+            if which in p:
+                res[name] = p[which]
+        return res
+
+    def state_dict(self):
+        """Copies of every parameter the layer has, under the names grad() uses (float32 NumPy arrays)."""
+        with self._lock:
+            return {n: a.copy() for n, a in self._named(self._params_of(self._ctx, self._h)).items()}
 
     def _batch_major(self, x, what):
         a = _to_numpy(x, what)
@@ -227,8 +309,7 @@ class MultiheadAttention:
 
     def new_cache(self, batch, capacity, dtype="float32", *, threads=None):
         """A KVCache for forward_cached: this layer's kv heads and head dim, batch rows of capacity tokens."""
-        return KVCache(batch, capacity, self.num_kv_heads, self.embed_dim // self.num_heads, dtype=dtype,
-                       threads=threads)
+        return KVCache(batch, capacity, self.num_kv_heads, self.head_dim, dtype=dtype, threads=threads)
 
     def forward_cached(self, x, cache):
         """Incremental causal self-attention (decoding) through a KVCache.
@@ -258,18 +339,21 @@ class MultiheadAttention:
 
     def _packed_in_proj(self):
         """Whether PyTorch would pack this configuration's Q/K/V weights into in_proj_weight."""
-        return self.kdim == self.embed_dim and self.vdim == self.embed_dim and self.num_kv_heads == self.num_heads
+        return (self.kdim == self.embed_dim and self.vdim == self.embed_dim and self.num_kv_heads == self.num_heads
+                and self.num_heads * self.head_dim == self.embed_dim)
 
     def grad(self, query, key, value, grad_output, key_padding_mask=None, attn_mask=None, is_causal=False, *,
-             mask_mode=None):
+             mask_mode=None, rope=None, positions=None):
         """Gradients of a loss L through forward(query, key, value, ...), given grad_output = dL/dout.
 
         Runs the forward pass again (attn_mha_forward_save), then attn_mha_backward.
+        rope and positions: as in forward.
         Returns a dict: 'query', 'key', 'value' (input gradients, in the inputs'
         layout; with key and value the very same object as query, self-attention,
         only 'query', the whole gradient), and every parameter's under PyTorch's
         names (in_proj_weight or q/k/v_proj_weight, in_proj_bias, out_proj.weight,
-        out_proj.bias). NumPy or torch like query.
+        out_proj.bias) and QK-norm's (q_norm.weight, k_norm.weight, q_norm.bias,
+        k_norm.bias), those the layer has. NumPy or torch like query.
         """
         like_torch = _is_torch(query)
         self_attn = key is query and value is query
@@ -279,6 +363,10 @@ class MultiheadAttention:
         g, _ = self._batch_major(grad_output, "grad_output")
         B, L, S = q.shape[0], q.shape[1], k.shape[1]
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
+        if rope is not None:
+            ro = rope_opts(**rope)
+            keep += [ro, positions_into(ro, positions, B, L)]
+            opts.rope = ctypes.pointer(ro)
         out = np.empty((B, L, self.embed_dim), np.float32)
         dq, dqb = self._user_layout(q.shape, unbatched)
         dk = dkb = dv = dvb = None
@@ -300,14 +388,7 @@ class MultiheadAttention:
                                                         None if self_attn else ref(ts[3]), ctypes.byref(opts)))
                 c.check(_capi.lib.attn_mha_backward(c.h, self._h, ref(ts[5]), ref(dkt), ref(dvt), grads, saved,
                                                     ref(ts[4])))
-                p = {}
-                for which in range(8):
-                    t = _capi.Tensor()
-                    if _capi.lib.attn_mha_param_view(c.h, ctypes.byref(t), grads, which) != 0:
-                        continue  # a bias of a layer without biases
-                    n = int(np.prod([t.shape[i] for i in range(t.rank)]))
-                    flat = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)), (n,))
-                    p[which] = flat.reshape([t.shape[i] for i in range(t.rank)]).copy()
+                p = {w: a.copy() for w, a in self._params_of(c, grads).items()}
             finally:
                 if saved:
                     _capi.lib.attn_mha_saved_free(saved)
@@ -317,16 +398,7 @@ class MultiheadAttention:
         if not self_attn:
             res["key"] = dk[0] if unbatched else dk
             res["value"] = dv[0] if unbatched else dv
-        P = _capi
-        if self._packed_in_proj():
-            res["in_proj_weight"] = np.concatenate([p[P.MHA_Q_WEIGHT], p[P.MHA_K_WEIGHT], p[P.MHA_V_WEIGHT]])
-        else:
-            res["q_proj_weight"], res["k_proj_weight"], res["v_proj_weight"] = (
-                p[P.MHA_Q_WEIGHT], p[P.MHA_K_WEIGHT], p[P.MHA_V_WEIGHT])
-        if P.MHA_Q_BIAS in p:
-            res["in_proj_bias"] = np.concatenate([p[P.MHA_Q_BIAS], p[P.MHA_K_BIAS], p[P.MHA_V_BIAS]])
-            res["out_proj.bias"] = p[P.MHA_O_BIAS]
-        res["out_proj.weight"] = p[P.MHA_O_WEIGHT]
+        res.update(self._named(p))
         return {n: _wrap(a, like_torch) for n, a in res.items()}
 
     def __del__(self):

@@ -570,6 +570,92 @@ else:
         desc = ",".join(f"{k}={v}" for k, v in g.items())
         case(MHB, desc, mha_grad_case(**g))
 
+    # ---- head_dim != E/H, out_bias and QK-norm against a plain PyTorch composition ----------
+    QKN = "mha head_dim + QK-norm"
+
+    def qk_norm_case(E, H, Hk, D, scope, kind, bias=True, out_bias=False, rope=False, L=7):
+        """Linear projections, rms_norm / layer_norm per head or over the whole projection
+        (Gemma's 1 + w for rms_plus_one), RoPE (rotate_half) when set, causal SDPA with GQA, the
+        output Linear: forward and the gradients of the input and every parameter, in float64."""
+        def run():
+            B, eps = 2, 1e-6
+            nq, nk = (D, D) if scope == "per_head" else (H * D, Hk * D)
+            dbl = lambda *shape: torch.randn(*shape, dtype=torch.float64)  # noqa: E731
+            P = {"q_proj_weight": dbl(H * D, E) * 0.3, "k_proj_weight": dbl(Hk * D, E) * 0.3,
+                 "v_proj_weight": dbl(Hk * D, E) * 0.3, "out_proj.weight": dbl(E, H * D) * 0.3,
+                 "q_norm.weight": 1 + 0.3 * dbl(nq), "k_norm.weight": 1 + 0.3 * dbl(nk)}
+            if kind == "rms_plus_one":
+                P["q_norm.weight"] -= 1
+                P["k_norm.weight"] -= 1
+            if kind == "layer":
+                P["q_norm.bias"], P["k_norm.bias"] = 0.2 * dbl(nq), 0.2 * dbl(nk)
+            if bias:
+                P["in_proj_bias"] = dbl(H * D + 2 * Hk * D) * 0.1
+            if out_bias:
+                P["out_proj.bias"] = dbl(E) * 0.1
+            for t in P.values():
+                t.requires_grad_()
+            x = dbl(B, L, E).requires_grad_()
+            G = dbl(B, L, E)
+
+            def norm(t, w, b, heads):  # t [B, L, heads*D]
+                shape = (B, L, heads, D) if scope == "per_head" else (B, L, heads * D)
+                t = t.reshape(shape)
+                F_ = shape[-1:]
+                if kind == "layer":
+                    y = F.layer_norm(t, F_, w, b, eps)
+                else:
+                    y = F.rms_norm(t, F_, w + 1 if kind == "rms_plus_one" else w, eps)
+                return y.reshape(B, L, heads, D).transpose(1, 2)  # [B, heads, L, D]
+
+            def rot(t):  # rotate_half RoPE at positions 0..L-1, theta 10000
+                inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+                ang = torch.arange(L, dtype=torch.float64)[:, None] * inv[None]
+                cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+                t1, t2 = t[..., :D // 2], t[..., D // 2:]
+                return t * cos + torch.cat([-t2, t1], -1) * sin
+
+            bq = bk = bv = None
+            if bias:
+                bq, bk, bv = P["in_proj_bias"].split([H * D, Hk * D, Hk * D])
+            q = norm(F.linear(x, P["q_proj_weight"], bq), P["q_norm.weight"], P.get("q_norm.bias"), H)
+            k = norm(F.linear(x, P["k_proj_weight"], bk), P["k_norm.weight"], P.get("k_norm.bias"), Hk)
+            v = F.linear(x, P["v_proj_weight"], bv).reshape(B, L, Hk, D).transpose(1, 2)
+            if rope:
+                q, k = rot(q), rot(k)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            want = F.linear(a.transpose(1, 2).reshape(B, L, H * D), P["out_proj.weight"], P.get("out_proj.bias"))
+            want.backward(G)
+
+            m = attn.MultiheadAttention(E, H, bias=bias, batch_first=True, num_kv_heads=Hk, head_dim=D,
+                                        out_bias=out_bias, qk_norm=scope, qk_norm_kind=kind, qk_norm_eps=eps)
+            load = {n: t.detach() for n, t in P.items() if n != "in_proj_bias"}
+            if bias:  # with H*D != E, PyTorch's in_proj_bias packing is not this layer's: per projection
+                load.update({"q_proj.bias": bq.detach(), "k_proj.bias": bk.detach(), "v_proj.bias": bv.detach()})
+            m.load_state_dict(load)
+            sd = m.state_dict()
+            assert set(sd) == set(P), (sorted(sd), sorted(P))
+            assert max(rel(sd[n], P[n].detach()) for n in P) < 1e-7, "state_dict reads back what was loaded"
+            kw = dict(rope={}) if rope else {}
+            xf = x.detach().float()
+            got, _ = m(xf, xf, xf, need_weights=False, is_causal=True, **kw)
+            g = m.grad(xf, xf, xf, G.float(), is_causal=True, **kw)
+            assert set(g) == set(P) | {"query"}, sorted(g)
+            errs = [rel(got, want), rel(g["query"], x.grad)] + [rel(g[n], P[n].grad) for n in P if n != "k_norm.bias"]
+            if "k_norm.bias" in P:  # 0 without RoPE (it shifts a query's every score alike): against q's scale
+                d = np.linalg.norm(np.asarray(g["k_norm.bias"], np.float64) - P["k_norm.bias"].grad.numpy())
+                errs.append(d / max(P["k_norm.bias"].grad.norm().item(), P["q_norm.bias"].grad.norm().item()))
+            return max(errs), 1e-4
+        return run
+
+    for g in [dict(E=24, H=4, Hk=2, D=8, scope="per_head", kind="rms", out_bias=False, rope=True),
+              dict(E=20, H=4, Hk=1, D=6, scope="per_head", kind="rms_plus_one", bias=False, out_bias=True, rope=True),
+              dict(E=16, H=2, Hk=2, D=12, scope="whole", kind="rms", bias=False),
+              dict(E=30, H=6, Hk=3, D=4, scope="whole", kind="layer", out_bias=True),
+              dict(E=18, H=3, Hk=3, D=4, scope="per_head", kind="layer", rope=True)]:
+        desc = ",".join(f"{k}={v}" for k, v in g.items())
+        case(QKN, desc, qk_norm_case(**g))
+
     # ---- the seed module ------------------------------------------------------------
     class SeedMHA(torch.nn.Module):
         """The seed's layer: Q/K/V Linear projections wq/wk/wv, split heads, scaled

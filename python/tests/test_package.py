@@ -13,6 +13,59 @@ API = {"AttnError", "scaled_dot_product_attention", "sdpa_backward", "MultiheadA
        "plot_attention", "rope", "head_norm", "version", "library_path"}
 
 
+def qk_norm_layer():
+    """head_dim != E/H, out_bias and QK-norm: the config, the parameters by name, refusals, decoding."""
+    import numpy as np
+    m = attn.MultiheadAttention(6, 2, num_kv_heads=1, head_dim=4, out_bias=False, qk_norm="per_head",
+                                qk_norm_kind="layer", batch_first=True)
+    assert repr(m) == ("MultiheadAttention(embed_dim=6, num_heads=2, num_kv_heads=1, head_dim=4, kdim=6, vdim=6, "
+                       "bias=True, out_bias=False, qk_norm='per_head', qk_norm_kind='layer', qk_norm_eps=1e-06, "
+                       "batch_first=True)"), repr(m)
+    sd = m.state_dict()
+    shapes = {n: a.shape for n, a in sd.items()}
+    assert shapes == {"q_proj_weight": (8, 6), "k_proj_weight": (4, 6), "v_proj_weight": (4, 6),
+                      "in_proj_bias": (16,), "out_proj.weight": (6, 8), "q_norm.weight": (4,),
+                      "k_norm.weight": (4,), "q_norm.bias": (4,), "k_norm.bias": (4,)}, shapes
+    assert (sd["q_norm.weight"] == 1).all() and (sd["k_norm.bias"] == 0).all(), sd
+    rng = np.random.default_rng(5)
+    new = {n: rng.standard_normal(a.shape).astype(np.float32) for n, a in sd.items() if n != "in_proj_bias"}
+    m.load_state_dict(new)
+    back = m.state_dict()
+    assert all((back[n] == new[n]).all() for n in new), "state_dict reads back what load_state_dict wrote"
+    for bad, err in (({"q_norm.weight": np.zeros(3, np.float32)}, ValueError),
+                     ({"q_norm.weight": np.zeros(8, np.float32)}, ValueError)):
+        try:
+            m.load_state_dict(bad)
+            raise AssertionError(f"{bad} accepted")
+        except err:
+            pass
+    try:
+        attn.MultiheadAttention(8, 2, qk_norm="per_head").load_state_dict({"k_norm.bias": np.zeros(4, np.float32)})
+        raise AssertionError("a bias of an RMS norm accepted")
+    except KeyError:
+        pass
+    for kw in (dict(qk_norm="heads"), dict(qk_norm="whole", qk_norm_kind="batch")):
+        try:
+            attn.MultiheadAttention(8, 2, **kw)
+            raise AssertionError(f"{kw} accepted")
+        except ValueError:
+            pass
+    for kw in (dict(qk_norm="whole", qk_norm_eps=0.0), dict(head_dim=-2), dict(head_dim=1 << 30)):
+        try:
+            attn.MultiheadAttention(8, 2, **kw)
+            raise AssertionError(f"{kw} accepted")
+        except attn.AttnError:
+            pass
+    # decoding token by token equals the causal forward
+    x = rng.standard_normal((1, 5, 6)).astype(np.float32)
+    full, _ = m(x, x, x, need_weights=False, is_causal=True)
+    cache = m.new_cache(1, 5)
+    steps = np.concatenate([m.forward_cached(x[:, t:t + 1], cache) for t in range(5)], axis=1)
+    assert np.abs(steps - full).max() <= 1e-5 * np.abs(full).max(), np.abs(steps - full).max()
+    g = m.grad(x, x, x, np.ones_like(x), is_causal=True)
+    assert {"q_norm.weight", "k_norm.weight", "q_norm.bias", "k_norm.bias"} <= set(g) and "out_proj.bias" not in g, g
+
+
 def main():
     assert set(attn.__all__) == API, sorted(set(attn.__all__) ^ API)
     for name in attn.__all__:
@@ -31,8 +84,9 @@ def main():
     assert attn.__version__ == attn.version() and re.fullmatch(r"\d+\.\d+\.\d+", attn.__version__), attn.__version__
 
     m = attn.MultiheadAttention(8, 2, num_kv_heads=1, batch_first=True)
-    assert repr(m) == ("MultiheadAttention(embed_dim=8, num_heads=2, num_kv_heads=1, kdim=8, vdim=8, bias=True, "
-                       "batch_first=True)"), repr(m)
+    assert repr(m) == ("MultiheadAttention(embed_dim=8, num_heads=2, num_kv_heads=1, head_dim=4, kdim=8, vdim=8, "
+                       "bias=True, out_bias=True, batch_first=True)"), repr(m)
+    qk_norm_layer()
     c = attn.KVCache(2, 16, 1, 4, dtype="float16")
     assert repr(c) == ("KVCache(batch=2, capacity=16, kv_heads=1, head_dim=4, v_head_dim=4, dtype='float16', "
                        "lengths=(0, 0))"), repr(c)

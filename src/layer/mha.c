@@ -322,12 +322,13 @@ attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mh
 typedef struct fwd {
   int ref, fused, keep; /* fused: self-attention in fp32, Q, K and V side by side in Q's rows */
   int64_t B, Nq, Nk;
-  void *Q, *K, *V;      /* [M, E] rows ldq apart, [Mk, Hk*D] rows ldkv apart; fused: K, V point into Q */
+  void *Q, *K, *V;      /* [M, H*D] rows ldq apart, [Mk, Hk*D] rows ldkv apart; fused: K, V point into Q */
   int64_t ldq, ldkv;
   float *own_q, *own_k, *own_v; /* fp32 copies of the inputs (gathered, or kept for the backward) */
   const float *xq, *xk, *xv;    /* the fp32 inputs' contiguous rows: own_* or the caller's */
   double *cq, *ck, *cv;         /* float64 copies, kept for the backward; may share a buffer */
-  void *A;              /* [M, E]: attention's output, heads side by side */
+  void *Qx, *Kx;        /* with QK-norm, kept for the backward: q [M, H*D] and k [Mk, Hk*D] before the norm */
+  void *A;              /* [M, H*D]: attention's output, heads side by side */
   size_t nA;            /* its bytes */
   void *L;              /* [B, H, Nq]: attention's lse, kept for the backward (else NULL) */
   void *own_opt[ATTN__SDPA_OPT_TENSORS]; /* the saved copies of the options' tensors */
@@ -346,6 +347,8 @@ static void fwd_free(fwd *f) {
     attn__aligned_free(f->V);
   }
   attn__aligned_free(f->Q);
+  attn__aligned_free(f->Qx);
+  attn__aligned_free(f->Kx);
   attn__aligned_free(f->A);
   attn__aligned_free(f->L);
 }
@@ -355,7 +358,7 @@ static void fwd_free(fwd *f) {
 static attn_status project(attn_ctx *ctx, fwd *f, const attn_mha *mha, const attn_tensor *query,
                            const attn_tensor *key, const attn_tensor *value) {
   const attn_mha_config *c = &mha->cfg;
-  const int64_t E = c->embed_dim, kv = mha->kv_dim, B = f->B, Nq = f->Nq, Nk = f->Nk;
+  const int64_t E = c->embed_dim, qd = mha->q_dim, kv = mha->kv_dim, B = f->B, Nq = f->Nq, Nk = f->Nk;
   const float *const *P = (const float *const *)mha->param;
   const int th = attn__threads(ctx);
   if (f->fused) {
@@ -378,7 +381,7 @@ static attn_status project(attn_ctx *ctx, fwd *f, const attn_mha *mha, const att
       vv = rows_view(f->cv, ATTN_F64, B, Nk, c->vdim);
       tq = &vq, tk = &vk, tv = &vv;
     }
-    linear_ref(th, f->Q, tq, B * Nq, P[ATTN_MHA_Q_WEIGHT], P[ATTN_MHA_Q_BIAS], E, E);
+    linear_ref(th, f->Q, tq, B * Nq, P[ATTN_MHA_Q_WEIGHT], P[ATTN_MHA_Q_BIAS], qd, E);
     linear_ref(th, f->K, tk, B * Nk, P[ATTN_MHA_K_WEIGHT], P[ATTN_MHA_K_BIAS], kv, c->kdim);
     linear_ref(th, f->V, tv, B * Nk, P[ATTN_MHA_V_WEIGHT], P[ATTN_MHA_V_BIAS], kv, c->vdim);
     return ATTN_OK;
@@ -388,11 +391,34 @@ static attn_status project(attn_ctx *ctx, fwd *f, const attn_mha *mha, const att
   f->xv = value == query ? f->xq : (value == key ? f->xk : rows_of(value, &f->own_v, f->keep));
   if (!f->xq || !f->xk || !f->xv)
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate a copy of the inputs");
-  attn__project_nt(ctx, B * Nq, E, E, f->xq, E, P[ATTN_MHA_Q_WEIGHT], E, f->Q, E, P[ATTN_MHA_Q_BIAS]);
+  attn__project_nt(ctx, B * Nq, qd, E, f->xq, E, P[ATTN_MHA_Q_WEIGHT], E, f->Q, qd, P[ATTN_MHA_Q_BIAS]);
   attn__project_nt(ctx, B * Nk, kv, c->kdim, f->xk, c->kdim, P[ATTN_MHA_K_WEIGHT], c->kdim, f->K, kv,
                    P[ATTN_MHA_K_BIAS]);
   attn__project_nt(ctx, B * Nk, kv, c->vdim, f->xv, c->vdim, P[ATTN_MHA_V_WEIGHT], c->vdim, f->V, kv,
                    P[ATTN_MHA_V_BIAS]);
+  return ATTN_OK;
+}
+
+/* Copies rows x cols elements of es bytes, src rows ld elements apart, into contiguous dst. */
+static void copy_rows(void *dst, const void *src, int64_t rows, int64_t cols, int64_t ld, size_t es) {
+  for (int64_t r = 0; r < rows; r++)
+    memcpy((char *)dst + (size_t)(r * cols) * es, (const char *)src + (size_t)(r * ld) * es, (size_t)cols * es);
+}
+
+/* f's Q and K normed in place (QK-norm), after keeping copies of them for the backward. */
+static attn_status norm_qk(attn_ctx *ctx, fwd *f, const attn_mha *mha) {
+  if (!mha->cfg.qk_norm) return ATTN_OK;
+  const size_t es = f->ref ? sizeof(double) : sizeof(float);
+  if (f->Qx) {
+    copy_rows(f->Qx, f->Q, f->B * f->Nq, mha->q_dim, f->ldq, es);
+    copy_rows(f->Kx, f->K, f->B * f->Nk, mha->kv_dim, f->ldkv, es);
+  }
+  attn_status st = attn__mha_qk_norm(ctx, mha, f->ref, f->Q, f->ldq, f->K, f->ldkv, f->B, f->Nq, f->Nk);
+  if (st) {
+    char msg[ATTN__MSG_LEN];
+    snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
+    return attn__fail(ctx, st, "attn_mha_forward: QK-norm: %s", msg);
+  }
   return ATTN_OK;
 }
 
@@ -437,14 +463,17 @@ static attn_status attend(attn_ctx *ctx, void *A, void *lse, attn_tensor *weight
   return st;
 }
 
-/* out [B, Nq, E] (any strides; f64 on the float64 path) = f->A [M, E] Wo^T + bo. */
-static attn_status project_out(attn_ctx *ctx, attn_tensor *out, const fwd *f, const attn_mha *mha) {
-  const int64_t E = mha->cfg.embed_dim, B = f->B, Nq = f->Nq;
-  if (!f->ref) return attn__mha_out(ctx, out, f->A, mha, B, Nq, f->keep ? NULL : f->Q);
-  double *y = attn__aligned_alloc(f->nA); /* the rows in double, then stored as out's dtype */
+/* out [B, Nq, E] (any strides; f64 on the float64 path) = f->A [M, H*D] Wo^T + bo.
+ * nOut: the bytes of [M, E] in the path's type. */
+static attn_status project_out(attn_ctx *ctx, attn_tensor *out, const fwd *f, const attn_mha *mha, size_t nOut,
+                               size_t nQ) {
+  const int64_t E = mha->cfg.embed_dim, qd = mha->q_dim, B = f->B, Nq = f->Nq;
+  /* Q's buffer, done with, holds the rows unless the backward keeps it or it is too small (H*D < E) */
+  if (!f->ref) return attn__mha_out(ctx, out, f->A, mha, B, Nq, !f->keep && nQ >= nOut ? f->Q : NULL);
+  double *y = attn__aligned_alloc(nOut); /* the rows in double, then stored as out's dtype */
   if (!y) return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate the output rows");
-  attn_tensor a3 = rows_view(f->A, ATTN_F64, B, Nq, E);
-  linear_ref(attn__threads(ctx), y, &a3, B * Nq, mha->param[ATTN_MHA_O_WEIGHT], mha->param[ATTN_MHA_O_BIAS], E, E);
+  attn_tensor a3 = rows_view(f->A, ATTN_F64, B, Nq, qd);
+  linear_ref(attn__threads(ctx), y, &a3, B * Nq, mha->param[ATTN_MHA_O_WEIGHT], mha->param[ATTN_MHA_O_BIAS], E, qd);
   for (int64_t b = 0; b < B; b++)
     for (int64_t n = 0; n < Nq; n++)
       for (int64_t e = 0; e < E; e++)
@@ -475,11 +504,12 @@ static attn_status save(attn_ctx *ctx, attn_mha_saved *sv, fwd *f, const attn_sd
   }
   sv->q = f->Q; sv->k = f->K; sv->v = f->V;
   sv->ldq = f->ldq; sv->ldkv = f->ldkv;
+  sv->qx = f->Qx; sv->kx = f->Kx;
   sv->a = f->A;
   sv->lse = f->L;
   void *bufs[] = {f->own_q, f->own_k, f->own_v, f->cq, f->ck != f->cq ? f->ck : NULL,
                   (f->cv != f->cq && f->cv != f->ck) ? f->cv : NULL, f->Q, f->fused ? NULL : f->K,
-                  f->fused ? NULL : f->V, f->A, f->L};
+                  f->fused ? NULL : f->V, f->Qx, f->Kx, f->A, f->L};
   _Static_assert(sizeof bufs / sizeof bufs[0] + ATTN__SDPA_OPT_TENSORS == ATTN__MHA_SAVED_BUFS,
                  "owned[] must hold every buffer of this list and every option copy");
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -503,20 +533,45 @@ attn_status attn__mha_rope(attn_ctx *ctx, const attn_rope_opts *rope, const int6
   return ref ? attn_rope_ref(ctx, kh, kh, &ro) : attn_rope(ctx, kh, kh, &ro);
 }
 
+attn_tensor attn__mha_norm_view(const attn_mha *mha, void *data, int ref, int64_t B, int64_t N, int64_t heads,
+                                int64_t ld) {
+  const attn_dtype dt = ref ? ATTN_F64 : ATTN_F32;
+  if (mha->cfg.qk_norm == ATTN_QK_NORM_WHOLE) return attn__heads_view(data, dt, B, N, 1, heads * mha->head_dim, ld);
+  return attn__heads_view(data, dt, B, N, heads, mha->head_dim, ld);
+}
+
+attn_tensor attn__mha_param_vector(const attn_mha *mha, int which) {
+  const int64_t n = mha->rows[which];
+  return attn_tensor_view(mha->param[which], ATTN_F32, 1, &n);
+}
+
+attn_status attn__mha_qk_norm(attn_ctx *ctx, const attn_mha *mha, int ref, void *Q, int64_t ldq, void *K, int64_t ldk,
+                              int64_t B, int64_t Nq, int64_t Nk) {
+  const attn_mha_config *c = &mha->cfg;
+  const int layer = c->qk_norm_kind == ATTN_NORM_LAYER;
+  attn_tensor qv = attn__mha_norm_view(mha, Q, ref, B, Nq, c->num_heads, ldq);
+  attn_tensor kv = attn__mha_norm_view(mha, K, ref, B, Nk, c->num_kv_heads, ldk);
+  attn_tensor wq = attn__mha_param_vector(mha, ATTN_MHA_Q_NORM_WEIGHT), wk = attn__mha_param_vector(mha, ATTN_MHA_K_NORM_WEIGHT);
+  attn_tensor bq = layer ? attn__mha_param_vector(mha, ATTN_MHA_Q_NORM_BIAS) : wq;
+  attn_tensor bk = layer ? attn__mha_param_vector(mha, ATTN_MHA_K_NORM_BIAS) : wk;
+  attn_status st = attn_head_norm(ctx, &qv, &qv, &wq, layer ? &bq : NULL, c->qk_norm_kind, c->qk_norm_eps);
+  return st ? st : attn_head_norm(ctx, &kv, &kv, &wk, layer ? &bk : NULL, c->qk_norm_kind, c->qk_norm_eps);
+}
+
 /* ---- what the forward and the cached step share --------------------------------- */
 void attn__mha_qkv(const attn_ctx *ctx, void *QKV, const float *X, const attn_mha *mha, int64_t M) {
-  const int64_t E = mha->cfg.embed_dim, ld = E + 2 * mha->kv_dim;
+  const int64_t E = mha->cfg.embed_dim, ld = mha->q_dim + 2 * mha->kv_dim;
   attn__project_nt(ctx, M, ld, E, X, E, mha->param[ATTN_MHA_Q_WEIGHT], E, QKV, ld, mha->param[ATTN_MHA_Q_BIAS]);
 }
 
 attn_status attn__mha_out(attn_ctx *ctx, attn_tensor *out, const float *A, const attn_mha *mha,
                           int64_t B, int64_t N, void *scratch) {
-  const int64_t E = mha->cfg.embed_dim;
+  const int64_t E = mha->cfg.embed_dim, qd = mha->q_dim;
   const int contiguous = out->strides[2] == 1 && out->strides[1] == E && (out->strides[0] == N * E || B == 1);
   float *y = contiguous ? out->data : scratch;
   if (!y && !(y = attn__aligned_alloc((size_t)(B * N * E) * sizeof(float))))
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate the output rows");
-  attn__project_nt(ctx, B * N, E, E, A, E, mha->param[ATTN_MHA_O_WEIGHT], E, y, E, mha->param[ATTN_MHA_O_BIAS]);
+  attn__project_nt(ctx, B * N, E, qd, A, qd, mha->param[ATTN_MHA_O_WEIGHT], qd, y, E, mha->param[ATTN_MHA_O_BIAS]);
   if (!contiguous)
     for (int64_t b = 0; b < B; b++)
       for (int64_t n = 0; n < N; n++)
@@ -555,7 +610,9 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, att
 }
 
 /* The forward; with saved, it also keeps (instead of freeing) copies of the
- * inputs, the projections, the attention output A and SDPA's lse. */
+ * inputs, the projections (and with QK-norm q and k before it), the attention
+ * output A and SDPA's lse. Steps: project (+ bias), QK-norm, RoPE, attend,
+ * project out. */
 attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
                               attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
                               const attn_tensor *value, const attn_mha_opts *opts) {
@@ -566,8 +623,6 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   const attn_mha_config *c = &mha->cfg;
   const int64_t E = c->embed_dim, H = c->num_heads;
   attn_status st;
-  if (mha->q_dim != E || c->qk_norm) /* the compute follows in the next commits */
-    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_mha_forward: head_dim != E / H and qk_norm are not built yet");
   if ((st = check_input(ctx, query, "query", -1, E, ref))) return st;
   const int64_t B = query->shape[0], Nq = query->shape[1];
   if (!key != !value) return attn__fail(ctx, ATTN_E_INVALID, "give both key and value, or neither (self-attention)");
@@ -656,12 +711,15 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   /* Self-attention in fp32: q, k, v in one GEMM against the packed weights. */
   f.fused = !ref && key == query && value == query && c->kdim == E && c->vdim == E;
   const size_t es = ref ? sizeof(double) : sizeof(float);
-  const int64_t kv = mha->kv_dim;
+  const int64_t qd = mha->q_dim, kv = mha->kv_dim, ldqkv = qd + 2 * kv;
   /* Every buffer's size before any is allocated: broadcast (stride 0) inputs
    * may claim more positions than a buffer of their projections could hold.
    * nX bounds the copies of the inputs (rows_of, rows_f64). */
-  size_t nQ, nKV = 0, nL = 0, nX;
-  if (attn__alloc_size(B, Nq, f.fused ? E + 2 * kv : E, es, &nQ) || attn__alloc_size(B, Nq, E, es, &f.nA) ||
+  size_t nQ, nKV = 0, nL = 0, nX, nOut, nQx = 0, nKx = 0;
+  const int keep_prenorm = f.keep && c->qk_norm;
+  if (attn__alloc_size(B, Nq, f.fused ? ldqkv : qd, es, &nQ) || attn__alloc_size(B, Nq, qd, es, &f.nA) ||
+      attn__alloc_size(B, Nq, E, es, &nOut) ||
+      (keep_prenorm && (attn__alloc_size(B, Nq, qd, es, &nQx) || attn__alloc_size(B, Nk, kv, es, &nKx))) ||
       (!f.fused && attn__alloc_size(B, Nk, kv, es, &nKV)) || (f.keep && attn__alloc_size(B, H, Nq, es, &nL)) ||
       attn__alloc_size(B, Nq, E, es, &nX) || attn__alloc_size(B, Nk, c->kdim, es, &nX) ||
       attn__alloc_size(B, Nk, c->vdim, es, &nX)) {
@@ -673,16 +731,19 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   }
   f.Q = attn__aligned_alloc(nQ);
   f.A = attn__aligned_alloc(f.nA);
-  f.K = f.fused ? (f.Q ? (char *)f.Q + (size_t)E * es : NULL) : attn__aligned_alloc(nKV);
-  f.V = f.fused ? (f.Q ? (char *)f.Q + (size_t)(E + kv) * es : NULL) : attn__aligned_alloc(nKV);
+  f.K = f.fused ? (f.Q ? (char *)f.Q + (size_t)qd * es : NULL) : attn__aligned_alloc(nKV);
+  f.V = f.fused ? (f.Q ? (char *)f.Q + (size_t)(qd + kv) * es : NULL) : attn__aligned_alloc(nKV);
   f.L = f.keep ? attn__aligned_alloc(nL) : NULL;
-  f.ldq = f.fused ? E + 2 * kv : E;
-  f.ldkv = f.fused ? E + 2 * kv : kv;
-  if (!f.Q || !f.K || !f.V || !f.A || (f.keep && !f.L))
+  f.Qx = keep_prenorm ? attn__aligned_alloc(nQx) : NULL;
+  f.Kx = keep_prenorm ? attn__aligned_alloc(nKx) : NULL;
+  f.ldq = f.fused ? ldqkv : qd;
+  f.ldkv = f.fused ? ldqkv : kv;
+  if (!f.Q || !f.K || !f.V || !f.A || (f.keep && !f.L) || (keep_prenorm && (!f.Qx || !f.Kx)))
     st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate activations");
-  else if (!(st = project(ctx, &f, mha, query, key, value)) && !(st = rotate_qk(ctx, &f, mha, opts->rope ? &rope : NULL)) &&
+  else if (!(st = project(ctx, &f, mha, query, key, value)) && !(st = norm_qk(ctx, &f, mha)) &&
+           !(st = rotate_qk(ctx, &f, mha, opts->rope ? &rope : NULL)) &&
            !(st = attend(ctx, f.A, f.L, weights, &f, mha, &opts->attn, opts->average_weights)) &&
-           !(st = project_out(ctx, out, &f, mha)) && saved && !(st = save(ctx, sv, &f, &opts->attn))) {
+           !(st = project_out(ctx, out, &f, mha, nOut, nQ)) && saved && !(st = save(ctx, sv, &f, &opts->attn))) {
     *saved = sv;
     sv = NULL;
   }

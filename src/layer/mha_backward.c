@@ -1,13 +1,17 @@
 /* Training the multi-head attention layer: attn_mha_forward_save and attn_mha_backward.
  *
  * The forward (mha.c) computes, row by row (PyTorch Linear: y = x W^T + b),
- *   Q = x_q Wq^T + bq     K = x_k Wk^T + bk     V = x_v Wv^T + bv   (K, V: Hk*D columns)
+ *   Q = x_q Wq^T + bq     K = x_k Wk^T + bk     V = x_v Wv^T + bv   (Q: H*D columns, K, V: Hk*D)
+ *   Q, K = RoPE(norm(Q)), RoPE(norm(K))  (each step only when the layer has it)
  *   A = SDPA(Q, K, V) head by head               out = A Wo^T + bo
  * and keeps x_q, x_k, x_v, Q, K, V, A and SDPA's log-sum-exp. From dout:
  *   dA = dout Wo          dWo = dout^T A          dbo = sum of dout's rows
  *   dQ, dK, dV            SDPA's backward on the head views (mask, key padding,
  *                         causal and dropout as in the forward: the dropout mask
- *                         is regenerated from its seed, never stored)
+ *                         is regenerated from its seed, never stored), then
+ *                         RoPE transposed, then the norm's backward (from the
+ *                         q and k saved before it), which gives its parameters'
+ *                         gradients
  *   dWq = dQ^T x_q        dbq = sum of dQ's rows  dx_q = dQ Wq        (k, v alike)
  * After self-attention the input gradient is dx = dQ Wq + dK Wk + dV Wv, taken
  * as one product [dQ dK dV] . [Wq; Wk; Wv] (so one chain of sums, in a fixed
@@ -194,6 +198,38 @@ static attn_status input_backward(attn_ctx *ctx, const path *p, const attn_mha *
   return ATTN_OK;
 }
 
+/* Zeroes grads' QK-norm parameters (present ones): their gradient when q and k never mattered. */
+static void zero_norm_grads(attn_mha *grads) {
+  for (int i = ATTN_MHA_Q_NORM_WEIGHT; i < ATTN_MHA_NUM_PARAMS; i++)
+    if (grads->param[i]) memset(grads->param[i], 0, (size_t)grads->rows[i] * sizeof(float));
+}
+
+/* dQ [M, H*D] (rows ldq apart) and dK [Mk, Hk*D] (ldk), the gradients of the
+ * normed q and k, turned in place into those of q and k before the norm;
+ * the norm parameters' gradients into grads (unless NULL). */
+static attn_status qk_norm_backward(attn_ctx *ctx, const attn_mha *mha, attn_mha *grads, const attn_mha_saved *saved,
+                                    int ref, void *dQ, int64_t ldq, void *dK, int64_t ldk) {
+  const attn_mha_config *c = &mha->cfg;
+  const int64_t B = saved->B, Nq = saved->Nq, Nk = saved->Nk, H = c->num_heads, Hk = c->num_kv_heads;
+  const int layer = c->qk_norm_kind == ATTN_NORM_LAYER;
+  const int weight[2] = {ATTN_MHA_Q_NORM_WEIGHT, ATTN_MHA_K_NORM_WEIGHT};
+  void *const d[2] = {dQ, dK}, *const x[2] = {(void *)saved->qx, (void *)saved->kx};
+  const int64_t N[2] = {Nq, Nk}, heads[2] = {H, Hk}, ld[2] = {ldq, ldk};
+  for (int i = 0; i < 2; i++) {
+    attn_tensor dv = attn__mha_norm_view(mha, d[i], ref, B, N[i], heads[i], ld[i]);
+    attn_tensor xv = attn__mha_norm_view(mha, x[i], ref, B, N[i], heads[i], heads[i] * mha->head_dim);
+    attn_tensor w = attn__mha_param_vector(mha, weight[i]), gw, gb;
+    if (grads) {
+      gw = attn__mha_param_vector(grads, weight[i]);
+      if (layer) gb = attn__mha_param_vector(grads, weight[i] + 1); /* the bias follows its weight */
+    }
+    attn_status st = attn_head_norm_backward(ctx, &dv, grads ? &gw : NULL, grads && layer ? &gb : NULL, &dv, &xv, &w,
+                                             c->qk_norm_kind, c->qk_norm_eps);
+    if (st) return st;
+  }
+  return ATTN_OK;
+}
+
 /* ---- argument checks ---------------------------------------------------------- */
 static int same_config(const attn_mha_config *a, const attn_mha_config *b) {
   return a->embed_dim == b->embed_dim && a->num_heads == b->num_heads && a->num_kv_heads == b->num_kv_heads &&
@@ -259,7 +295,7 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
     }
   }
   const int64_t B = saved->B, Nq = saved->Nq, Nk = saved->Nk, E = c->embed_dim, kd = c->kdim, vd = c->vdim;
-  const int64_t H = c->num_heads, Hk = c->num_kv_heads, D = mha->head_dim, kv = mha->kv_dim;
+  const int64_t H = c->num_heads, Hk = c->num_kv_heads, D = mha->head_dim, qd = mha->q_dim, kv = mha->kv_dim;
   attn_status st;
   if ((st = check_rows(ctx, dout, "dout", B, Nq, E, ref, 0))) return st;
   if (saved->self && (dkey || dvalue))
@@ -286,17 +322,17 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
 
   const attn_dtype dt = ref ? ATTN_F64 : ATTN_F32;
   const int self = saved->self;
-  /* dQ, dK, dV: after self-attention side by side in one [M, E + 2 kv] buffer, as
+  /* dQ, dK, dV: after self-attention side by side in one [M, qd + 2 kv] buffer, as
    * [dQ dK dV] for the stacked product; else each on its own. */
-  const int64_t ldq = self ? E + 2 * kv : E, ldkv = self ? E + 2 * kv : kv;
+  const int64_t ldq = self ? qd + 2 * kv : qd, ldkv = self ? qd + 2 * kv : kv;
   int64_t nx = M * E; /* the largest input gradient */
   if (Mk * kd > nx) nx = Mk * kd;
   if (Mk * vd > nx) nx = Mk * vd;
-  void *dO = scratch(&p, M, E), *dA = scratch(&p, M, E), *dX = scratch(&p, nx, 1);
+  void *dO = scratch(&p, M, E), *dA = scratch(&p, M, qd), *dX = scratch(&p, nx, 1);
   void *dQ = scratch(&p, M, ldq), *dK = NULL, *dV = NULL;
   if (self) {
-    dK = dQ ? (char *)dQ + (size_t)E * p.es : NULL;
-    dV = dQ ? (char *)dQ + (size_t)(E + kv) * p.es : NULL;
+    dK = dQ ? (char *)dQ + (size_t)qd * p.es : NULL;
+    dV = dQ ? (char *)dQ + (size_t)(qd + kv) * p.es : NULL;
   } else {
     dK = scratch(&p, Mk, kv);
     dV = scratch(&p, Mk, kv);
@@ -309,17 +345,18 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
 
   /* out = A Wo^T + bo */
   static const int wo[1] = {ATTN_MHA_O_WEIGHT};
-  if ((st = input_backward(ctx, &p, mha, grads, wo, 1, M, E, saved->a, dO, E, E, dA))) goto done;
+  if ((st = input_backward(ctx, &p, mha, grads, wo, 1, M, qd, saved->a, dO, E, E, dA))) goto done;
 
   /* A = SDPA(Q, K, V) */
   if (Nk == 0) { /* no keys: A was zero whatever Q was */
     memset(dQ, 0, (size_t)(M * ldq) * p.es);
+    if (grads) zero_norm_grads(grads);
   } else {
     attn_tensor qh = attn__heads_view((void *)saved->q, dt, B, Nq, H, D, saved->ldq);
     attn_tensor kh = attn__heads_view((void *)saved->k, dt, B, Nk, Hk, D, saved->ldkv);
     attn_tensor vh = attn__heads_view((void *)saved->v, dt, B, Nk, Hk, D, saved->ldkv);
-    attn_tensor oh = attn__heads_view((void *)saved->a, dt, B, Nq, H, D, E);
-    attn_tensor dah = attn__heads_view(dA, dt, B, Nq, H, D, E);
+    attn_tensor oh = attn__heads_view((void *)saved->a, dt, B, Nq, H, D, qd);
+    attn_tensor dah = attn__heads_view(dA, dt, B, Nq, H, D, qd);
     attn_tensor dqh = attn__heads_view(dQ, dt, B, Nq, H, D, ldq);
     attn_tensor dkh = attn__heads_view(dK, dt, B, Nk, Hk, D, ldkv), dvh = attn__heads_view(dV, dt, B, Nk, Hk, D, ldkv);
     int64_t ls[3] = {B, H, Nq};
@@ -328,6 +365,8 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
              : attn_sdpa_backward(ctx, &dqh, &dkh, &dvh, NULL, NULL, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn);
     /* q and k were rotated after their projections: their gradients turn back (R^T) */
     if (!st && saved->has_rope) st = attn__mha_rope(ctx, &saved->rope, saved->rope_pos, 1, ref, &dqh, &dkh);
+    /* and before that normed: dQ, dK through the norm, in place */
+    if (!st && c->qk_norm) st = qk_norm_backward(ctx, mha, grads, saved, ref, dQ, ldq, dK, ldkv);
     if (st) {
       char msg[ATTN__MSG_LEN];
       snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
@@ -339,12 +378,12 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
   /* Q, K, V = the input projections */
   if (self) {
     static const int wqkv[3] = {ATTN_MHA_Q_WEIGHT, ATTN_MHA_K_WEIGHT, ATTN_MHA_V_WEIGHT};
-    if ((st = input_backward(ctx, &p, mha, grads, wqkv, 3, M, E, saved->xq, dQ, ldq, E + 2 * kv, dquery ? dX : NULL)))
+    if ((st = input_backward(ctx, &p, mha, grads, wqkv, 3, M, E, saved->xq, dQ, ldq, qd + 2 * kv, dquery ? dX : NULL)))
       goto done;
     if (dquery) scatter_rows(&p, dquery, dX);
   } else {
     static const int wq[1] = {ATTN_MHA_Q_WEIGHT}, wk[1] = {ATTN_MHA_K_WEIGHT}, wv[1] = {ATTN_MHA_V_WEIGHT};
-    if ((st = input_backward(ctx, &p, mha, grads, wq, 1, M, E, saved->xq, dQ, ldq, E, dquery ? dX : NULL))) goto done;
+    if ((st = input_backward(ctx, &p, mha, grads, wq, 1, M, E, saved->xq, dQ, ldq, qd, dquery ? dX : NULL))) goto done;
     if (dquery) scatter_rows(&p, dquery, dX);
     if ((st = input_backward(ctx, &p, mha, grads, wk, 1, Mk, kd, saved->xk, dK, ldkv, kv, dkey ? dX : NULL))) goto done;
     if (dkey) scatter_rows(&p, dkey, dX);

@@ -16,10 +16,9 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
     return st;
   const attn_mha_config *c = &mha->cfg;
   const attn_kv_cache_config *kc = attn_kv_cache_get_config(cache);
-  const int64_t E = c->embed_dim, H = c->num_heads, Hk = c->num_kv_heads, D = mha->head_dim, kv = mha->kv_dim;
+  const int64_t E = c->embed_dim, H = c->num_heads, Hk = c->num_kv_heads, D = mha->head_dim, qd = mha->q_dim,
+                kv = mha->kv_dim;
   const int64_t B = x->shape[0], n = x->shape[1];
-  if (mha->q_dim != E || c->qk_norm)
-    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_mha_forward_cached: head_dim != E / H and qk_norm are not built yet");
   if (x->dtype != ATTN_F32 || out->dtype != ATTN_F32)
     return attn__fail(ctx, ATTN_E_DTYPE, "attn_mha_forward_cached: x and out must be f32, got %s and %s",
                       attn_dtype_name(x->dtype), attn_dtype_name(out->dtype));
@@ -42,16 +41,17 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
   if (given.rope)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward_cached: opts.rope is not taken here: the cache rotates "
                                            "keys and queries at their positions (attn_kv_cache_config.rope)");
-  const int64_t ld = E + 2 * kv;
-  size_t nX, nQKV; /* a broadcast x may claim more tokens than a buffer can hold */
-  if (attn__alloc_size(B, n, E, sizeof(float), &nX) || attn__alloc_size(B, n, ld, sizeof(float), &nQKV))
+  const int64_t ld = qd + 2 * kv;
+  size_t nX, nQKV, nA; /* a broadcast x may claim more tokens than a buffer can hold */
+  if (attn__alloc_size(B, n, E, sizeof(float), &nX) || attn__alloc_size(B, n, ld, sizeof(float), &nQKV) ||
+      attn__alloc_size(B, n, qd, sizeof(float), &nA))
     return attn__fail(ctx, ATTN_E_NOMEM,
                       "attn_mha_forward_cached: the buffers for %lld x %lld new tokens are too large to allocate",
                       (long long)B, (long long)n);
   const int64_t M = B * n;
   float *X = attn__aligned_alloc(nX);
   float *QKV = attn__aligned_alloc(nQKV);
-  float *A = attn__aligned_alloc(nX);
+  float *A = attn__aligned_alloc(nA);
   float *Y = attn__aligned_alloc(nX);
   if (!X || !QKV || !A || !Y) {
     st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_cached: cannot allocate activations");
@@ -62,11 +62,17 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
       for (int64_t e = 0; e < E; e++)
         X[(b * n + t) * E + e] = ((const float *)x->data)[b * x->strides[0] + t * x->strides[1] + e * x->strides[2]];
   attn__mha_qkv(ctx, QKV, X, mha, M);
-  attn_tensor qh = attn__heads_view(QKV, ATTN_F32, B, n, H, D, ld);
-  attn_tensor kh = attn__heads_view(QKV + E, ATTN_F32, B, n, Hk, D, ld);
-  attn_tensor vh = attn__heads_view(QKV + E + kv, ATTN_F32, B, n, Hk, D, ld);
-  attn_tensor ah = attn__heads_view(A, ATTN_F32, B, n, H, D, E);
   char msg[ATTN__MSG_LEN];
+  /* QK-norm before the cache: it keeps keys normed, and rotates them (and the queries) itself */
+  if (c->qk_norm && (st = attn__mha_qk_norm(ctx, mha, 0, QKV, ld, QKV + qd, ld, B, n, n))) {
+    snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
+    st = attn__fail(ctx, st, "attn_mha_forward_cached: QK-norm: %s", msg);
+    goto done;
+  }
+  attn_tensor qh = attn__heads_view(QKV, ATTN_F32, B, n, H, D, ld);
+  attn_tensor kh = attn__heads_view(QKV + qd, ATTN_F32, B, n, Hk, D, ld);
+  attn_tensor vh = attn__heads_view(QKV + qd + kv, ATTN_F32, B, n, Hk, D, ld);
+  attn_tensor ah = attn__heads_view(A, ATTN_F32, B, n, H, D, qd);
   if ((st = attn_kv_cache_append(ctx, cache, &kh, &vh, NULL))) {
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
     st = attn__fail(ctx, st, "attn_mha_forward_cached: %s", msg);

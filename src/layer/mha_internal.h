@@ -19,9 +19,9 @@ struct attn_mha {
 };
 
 /* The length of the list of buffers attn__mha_forward hands to the saved
- * state (11 activations and copies of the inputs, then the copies of the
+ * state (13 activations and copies of the inputs, then the copies of the
  * attention options' tensors), which a static assertion there ties to this. */
-#define ATTN__MHA_SAVED_BUFS (11 + ATTN__SDPA_OPT_TENSORS)
+#define ATTN__MHA_SAVED_BUFS (13 + ATTN__SDPA_OPT_TENSORS)
 
 /* What attn_mha_forward_save keeps for attn_mha_backward. Every buffer is
  * contiguous and owned; its element type is double when `ref` (the forward ran
@@ -32,9 +32,11 @@ struct attn_mha_saved {
   int self;              /* key and value were NULL: dquery gets the whole input gradient */
   int64_t B, Nq, Nk;
   const void *xq, *xk, *xv; /* copies of the inputs' rows [M, E], [Mk, kdim], [Mk, vdim]; may share a buffer */
-  const void *q, *k, *v;    /* projections [M, E], [Mk, Hk*D], [Mk, Hk*D], rows ldq / ldkv apart */
+  const void *q, *k, *v;    /* projections [M, H*D], [Mk, Hk*D], [Mk, Hk*D], rows ldq / ldkv apart;
+                               q and k after QK-norm and RoPE */
   int64_t ldq, ldkv;
-  const void *a;            /* [M, E]: the attention output before the out projection (SDPA's out) */
+  const void *qx, *kx;      /* with QK-norm: q [M, H*D] and k [Mk, Hk*D] before it (contiguous); else NULL */
+  const void *a;            /* [M, H*D]: the attention output before the out projection (SDPA's out) */
   const void *lse;          /* [B, H, Nq]: SDPA's log-sum-exp */
   /* The forward's attention options. Their tensors point at opt_copy, views
    * of the saved state's own compact copies (a dimension the caller broadcast
@@ -54,6 +56,18 @@ struct attn_mha_saved {
 attn_status attn__mha_rope(attn_ctx *ctx, const attn_rope_opts *rope, const int64_t *positions, int transpose, int ref,
                            attn_tensor *qh, attn_tensor *kh);
 
+/* QK-norm's view of q or k rows [B, N, ld] (heads of D features in the first
+ * heads*D columns; double when ref): [B, heads, N, D] per head, or
+ * [B, 1, N, heads*D] over the whole projection. */
+attn_tensor attn__mha_norm_view(const attn_mha *mha, void *data, int ref, int64_t B, int64_t N, int64_t heads,
+                                int64_t ld);
+/* An f32 [rows] view of the layer's vector parameter which (present). */
+attn_tensor attn__mha_param_vector(const attn_mha *mha, int which);
+/* QK-norm in place on q rows Q [B, Nq, ldq] (H heads) and k rows K [B, Nk, ldk]
+ * (Hk heads), in the path's type (double when ref). The layer must have qk_norm. */
+attn_status attn__mha_qk_norm(attn_ctx *ctx, const attn_mha *mha, int ref, void *Q, int64_t ldq, void *K, int64_t ldk,
+                              int64_t B, int64_t Nq, int64_t Nk);
+
 /* attn_mha_forward's body. saved NULL: a plain forward. Otherwise *saved gets
  * a new attn_mha_saved on success (NULL on failure). Does not clear ctx. */
 attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
@@ -66,10 +80,10 @@ attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mh
 
 /* The projections the forward and the cached step share (fp32, or bf16
  * products under ATTN_PRECISION_BF16: attn__project_nt):
- * QKV [M, E + 2 Hk D] (Q, K, V side by side) = X [M, E] . [Wq; Wk; Wv]^T + [bq; bk; bv]. */
+ * QKV [M, H D + 2 Hk D] (Q, K, V side by side) = X [M, E] . [Wq; Wk; Wv]^T + [bq; bk; bv]. */
 void attn__mha_qkv(const attn_ctx *ctx, void *QKV, const float *X, const attn_mha *mha, int64_t M);
-/* out [B, N, E] (f32, any strides) = A [B*N, E] . Wo^T + bo; the rows go
- * through scratch ([B*N, E] floats; NULL: allocated) unless out is contiguous. */
+/* out [B, N, E] (f32, any strides) = A [B*N, H*D] . Wo^T + bo; the rows go
+ * through scratch ([B*N, E] floats at least; NULL: allocated) unless out is contiguous. */
 attn_status attn__mha_out(attn_ctx *ctx, attn_tensor *out, const float *A, const attn_mha *mha,
                           int64_t B, int64_t N, void *scratch);
 
