@@ -844,6 +844,48 @@ else:
                 assert "num_heads 3" in str(e), str(e)
         return max(errs)
 
+    def qwen3_from_safetensors():
+        """Qwen3's own tensors (head_dim 8 != 16 / 4, 2 kv heads, q_norm/k_norm [D])
+        and OLMo 2's whole-projection norms: sizes and values read back."""
+        try:
+            import transformers
+            from safetensors.torch import save_file as save_torch
+        except ImportError:
+            print("  (transformers or safetensors not importable: Qwen3 not tested)")
+            return 0.0
+        torch.manual_seed(4)
+        errs = []
+        for kind in ("qwen3", "olmo2"):
+            kw = dict(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                      intermediate_size=32, vocab_size=50)
+            if kind == "qwen3":
+                model = transformers.Qwen3Model(transformers.Qwen3Config(head_dim=8, **kw))
+            else:
+                model = transformers.Olmo2Model(transformers.Olmo2Config(**kw))
+            prefix = "layers.1.self_attn."
+            sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+            for k in sd:  # norms start at 1: random values show a misplaced copy
+                if "norm" in k:
+                    sd[k].normal_()
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "model.safetensors")
+                save_torch(sd, path)
+                m = attn.MultiheadAttention.from_safetensors(path, 4, prefix, num_kv_heads=2, qk_norm_eps=1e-5)
+            D = 8 if kind == "qwen3" else 4
+            assert (m.head_dim, m.num_kv_heads, m.bias, m.qk_norm) == (D, 2, False,
+                                                                      "per_head" if kind == "qwen3" else "whole"), m
+            got = m.state_dict()
+            pairs = [(got["q_proj_weight"], sd[prefix + "q_proj.weight"]),
+                     (got["k_proj_weight"], sd[prefix + "k_proj.weight"]),
+                     (got["out_proj.weight"], sd[prefix + "o_proj.weight"]),
+                     (got["q_norm.weight"], sd[prefix + "q_norm.weight"]),
+                     (got["k_norm.weight"], sd[prefix + "k_norm.weight"])]
+            errs += [float(np.abs(a - b.numpy()).max()) for a, b in pairs]
+        return max(errs)
+
+    case(FAMILIES, "from_safetensors: Qwen3 (head_dim, per-head QK-norm) and OLMo 2 (whole) as saved",
+         qwen3_from_safetensors)
+
     for kind in ("bert", "vit", "distilbert", "gpt2"):
         case(FAMILIES, f"from_safetensors: {kind}'s own state_dict, detected and by a names map",
              lambda kind=kind: family_from_safetensors(kind))
