@@ -4,8 +4,10 @@
  * every tensor the handle lists either is refused by get with a dtype or rank
  * error or can be read whole. Then layers are created from the handle with
  * several head counts (grouped-query ones too), under no prefix and under the
- * prefix of any tensor named like an output projection; a layer holds no more
- * elements than the input has bytes, and runs a tiny forward. */
+ * prefix of any tensor named like an output projection (every family's); a
+ * layer holds no more elements than the input has bytes, and runs a tiny
+ * forward. attn_mha_create_from_tensors runs on the detected naming and on
+ * name maps made of the file's own tensor names (Linear and Conv1D). */
 #include "io/io.h"
 
 #include <math.h>
@@ -129,8 +131,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   char prefix[256] = "";
   int have_prefix = 0;
-  static const char *const outs[] = {"out_proj.weight", "o_proj.weight", "dense.weight", "c_proj.weight",
-                                     "out_lin.weight", "o.weight"};
+  static const char *const outs[] = {"out_proj.weight", "o_proj.weight",  "output.dense.weight", "dense.weight",
+                                     "c_proj.weight",   "out_lin.weight", "o.weight"};
   for (int64_t i = 0; i < attn_safetensors_count(st); i++) {
     const char *name = attn_safetensors_name(st, i);
     need(name != NULL, "a listed tensor has no name");

@@ -628,7 +628,8 @@ static void detection(attn_ctx *ctx) {
   snprintf(err_path, sizeof err_path, "%s/test_mha_load_det_%ld.safetensors", tmpdir(), (long)getpid());
   /* a ViT layer, whose attention.attention.* would read as BERT's under the wrong prefix */
   const char *n[6] = {"vit.encoder.layer.0.attention.attention.query.weight",
-                      "vit.encoder.layer.0.attention.output.dense.weight", "encoder.layer.0.attention.self.query.weight",
+                      "vit.encoder.layer.0.attention.output.dense.weight",
+                      "encoder.layer.0.attention.self.query.weight",
                       "t.layer.0.attention.q_lin.weight", "h.0.attn.c_attn.weight", "h.0.mlp.c_proj.weight"};
   int64_t s[6][2] = {{4, 4}, {4, 4}, {4, 4}, {4, 4}, {4, 12}, {4, 4}};
   const int rk[6] = {2, 2, 2, 2, 2, 2};
