@@ -4,8 +4,10 @@
  * every tensor the handle lists either is refused by get with a dtype or rank
  * error or can be read whole. Then layers are created from the handle with
  * several head counts (grouped-query ones too), under no prefix and under the
- * prefix of any tensor named like an output projection; a layer holds no more
- * elements than the input has bytes, and runs a tiny forward. */
+ * prefix of any tensor named like an output projection (every family's); a
+ * layer holds no more elements than the input has bytes, and runs a tiny
+ * forward. attn_mha_create_from_tensors runs on the detected naming and on
+ * name maps made of the file's own tensor names (Linear and Conv1D). */
 #include "io/io.h"
 
 #include <math.h>
@@ -81,6 +83,44 @@ static void layer(const attn_safetensors *st, const char *prefix, int64_t H, int
   attn_mha_destroy(m);
 }
 
+/* The general loader on whatever the file holds: the detected naming, and a
+ * name map made of the file's own first tensor names (q, k, v packed in the
+ * first, o the second, then biases and norms), with and without Conv1D. It
+ * must give a known status, and a layer only when it says OK. */
+static void from_tensors(const attn_safetensors *st, const char *prefix) {
+  static const int64_t likes[][4] = {{1, 0, 0, ATTN_NORM_RMS}, {2, 1, 0, ATTN_NORM_LAYER}, {4, 2, 3, ATTN_NORM_RMS}};
+  const int64_t n = attn_safetensors_count(st);
+  for (size_t i = 0; i < sizeof likes / sizeof likes[0]; i++) {
+    attn_mha_config like;
+    attn_mha_config_init(&like, 0, likes[i][0]);
+    like.num_kv_heads = likes[i][1];
+    like.head_dim = likes[i][2];
+    like.qk_norm_kind = (attn_norm_kind)likes[i][3];
+    for (int map = 0; map < 3; map++) {
+      attn_mha_names names;
+      memset(&names, 0, sizeof names);
+      names.size = sizeof names;
+      if (map) {
+        if (n < 2) break;
+        names.conv1d = map == 2;
+        const char *a = attn_safetensors_name(st, 0), *b = attn_safetensors_name(st, 1);
+        const char *c = n > 2 ? attn_safetensors_name(st, 2) : NULL, *d = n > 3 ? attn_safetensors_name(st, 3) : NULL;
+        names.name[ATTN_MHA_Q_WEIGHT] = names.name[ATTN_MHA_K_WEIGHT] = names.name[ATTN_MHA_V_WEIGHT] = a;
+        names.name[ATTN_MHA_O_WEIGHT] = b;
+        names.name[ATTN_MHA_Q_BIAS] = names.name[ATTN_MHA_K_BIAS] = names.name[ATTN_MHA_V_BIAS] = c;
+        names.name[ATTN_MHA_Q_NORM_WEIGHT] = names.name[ATTN_MHA_K_NORM_WEIGHT] = NULL;
+        names.name[ATTN_MHA_O_BIAS] = d;
+      }
+      attn_mha *m = NULL;
+      const attn_status s = attn_mha_create_from_tensors(ctx, &m, st, map ? "" : prefix, map ? &names : NULL, &like);
+      need(known_status(s), "create_from_tensors: unknown status");
+      need(s == ATTN_OK ? m != NULL : (m == NULL && attn_ctx_error(ctx)[0]),
+           "create_from_tensors: a layer on failure, none on success, or no message");
+      attn_mha_destroy(m);
+    }
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   attn_safetensors *st = NULL;
   attn_status s = attn__safetensors_open_mem(ctx, &st, data, size, "fuzz.safetensors");
@@ -91,7 +131,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   char prefix[256] = "";
   int have_prefix = 0;
-  static const char *const outs[] = {"out_proj.weight", "o_proj.weight", "dense.weight"};
+  static const char *const outs[] = {"out_proj.weight", "o_proj.weight",  "output.dense.weight", "dense.weight",
+                                     "c_proj.weight",   "out_lin.weight", "o.weight"};
   for (int64_t i = 0; i < attn_safetensors_count(st); i++) {
     const char *name = attn_safetensors_name(st, i);
     need(name != NULL, "a listed tensor has no name");
@@ -122,6 +163,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     layer(st, "", heads[h][0], heads[h][1], size);
     if (have_prefix) layer(st, prefix, heads[h][0], heads[h][1], size);
   }
+  from_tensors(st, have_prefix ? prefix : "");
   attn_mha_naming nm;
   s = attn_mha_detect_naming(ctx, &nm, st, "");
   need(s == ATTN_OK ? nm != ATTN_MHA_NAMING_NONE : (s == ATTN_E_NOT_FOUND && nm == ATTN_MHA_NAMING_NONE),

@@ -130,6 +130,21 @@ def layer(naming, E, kv, kdim=None, vdim=None, bias=True, prefix="", dtype="F32"
         ts = [t("in_proj_weight", E + 2 * kv, E), t("out_proj.weight", E, E)]
         if bias:
             ts += [t("in_proj_bias", E + 2 * kv), t("out_proj.bias", E)]
+    elif naming == "gpt2":  # Conv1D: [in, out], q, k, v columns in turn
+        ts = [t("c_attn.weight", E, 3 * E), t("c_proj.weight", E, E)]
+        if bias:
+            ts += [t("c_attn.bias", 3 * E), t("c_proj.bias", E)]
+    elif naming == "bert":
+        ts = [t("self.query.weight", E, E), t("self.key.weight", kv, kdim), t("self.value.weight", kv, vdim),
+              t("output.dense.weight", E, E)]
+        if bias:
+            ts += [t("self.query.bias", E), t("self.key.bias", kv), t("self.value.bias", kv),
+                   t("output.dense.bias", E)]
+    elif naming == "t5":  # inner dim kv (H * d_kv) apart from d_model E
+        ts = [t("q.weight", kv, E), t("k.weight", kv, E), t("v.weight", kv, E), t("o.weight", E, kv)]
+    elif naming == "qwen3":  # head_dim 2 (4 heads: 8 rows) for E, per-head QK-norm
+        ts = [t("q_proj.weight", 8, E), t("k_proj.weight", kv, E), t("v_proj.weight", kv, E),
+              t("o_proj.weight", E, 8), t("q_norm.weight", 2), t("k_norm.weight", 2)]
     else:  # torch separate
         ts = [t("q_proj_weight", E, E), t("k_proj_weight", kv, kdim), t("v_proj_weight", kv, vdim),
               t("out_proj.weight", E, E)]
@@ -169,6 +184,11 @@ def st_corpus():
     out("safetensors", "layer_packed_e4.safetensors", layer("packed", 4, 4, dtype="F16"))
     out("safetensors", "layer_packed_nobias.safetensors", layer("packed", 8, 8, bias=False, prefix="attn."))
     out("safetensors", "layer_separate.safetensors", layer("separate", 4, 4, kdim=2, vdim=6))
+    out("safetensors", "layer_gpt2.safetensors", layer("gpt2", 4, 4, prefix="h.0.attn."))
+    out("safetensors", "layer_bert_f16.safetensors", layer("bert", 4, 4, prefix="encoder.layer.0.attention.",
+                                                          dtype="F16"))
+    out("safetensors", "layer_t5_inner.safetensors", layer("t5", 4, 6, prefix="encoder.block.0.layer.0.SelfAttention."))
+    out("safetensors", "layer_qwen3_norms.safetensors", layer("qwen3", 4, 4, prefix="layers.0.self_attn."))
     out("safetensors", "layer_separate_gqa.safetensors", layer("separate", 8, 2, kdim=3, vdim=3))
     # the hardening issue's file, small: q/o [4, 4], k/v weights [0, 2^24] holding nothing
     out("safetensors", "layer_empty_kv_2p24.safetensors",

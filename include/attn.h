@@ -594,7 +594,13 @@ ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_m
  * Names of the seed module: wq.weight wq.bias wk.* wv.* dense.*;
  * of nn.MultiheadAttention: in_proj_weight [E+2*Hk*D, E] (q, k, v rows in turn),
  * in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight, out_proj.weight, out_proj.bias;
- * of Llama-style models: q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight (and .bias). */
+ * of Llama-style models: q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight (and .bias),
+ *   q_norm.weight, k_norm.weight (and .bias: a LAYER norm's);
+ * of BERT: self.query/key/value.{weight,bias}, output.dense.*; of ViT: attention.query/key/value.*;
+ * of DistilBERT: q_lin, k_lin, v_lin, out_lin; of T5: q.weight, k.weight, v.weight, o.weight;
+ * of GPT-2 (Conv1D, [in, out]): c_attn.weight [E, H*D + 2*Hk*D] (q, k, v columns in turn),
+ *   c_attn.bias, c_proj.weight [H*D, E], c_proj.bias. A name several families
+ *   use means the same parameter in each. */
 ATTN_API attn_status attn_mha_set_param(attn_ctx *ctx, attn_mha *mha, const char *name, const attn_tensor *value);
 /* Loads every parameter from a safetensors file, whatever its naming (detected),
  * each name preceded by prefix (e.g. "layers.0.attn."; NULL or "" for none).
@@ -602,8 +608,9 @@ ATTN_API attn_status attn_mha_set_param(attn_ctx *ctx, attn_mha *mha, const char
  * which are checked before any is written; unrelated tensors are ignored. */
 ATTN_API attn_status attn_mha_load_safetensors(attn_ctx *ctx, attn_mha *mha, const char *path, const char *prefix);
 
-/* Creates a layer whose sizes (E, kdim, vdim, bias) are read from the
- * parameters in a safetensors file, then loads them. num_kv_heads 0 = num_heads.
+/* Creates a layer whose sizes (E, head_dim, kdim, vdim, biases, RMS QK-norm)
+ * are read from the parameters in a safetensors file, then loads them:
+ * attn_mha_create_from_tensors with the detected naming. num_kv_heads 0 = num_heads.
  * Every parameter's shape is checked against the others and the head counts
  * before anything is allocated (ATTN_E_SHAPE otherwise; a kdim or vdim of 0
  * is refused), so the layer holds no more elements than the file's tensors. */
@@ -652,15 +659,28 @@ typedef struct attn_mha_names {
 } attn_mha_names;
 
 /* The general loader: creates a layer from the tensors under prefix in st,
- * named by names (NULL: the detected naming). like (NULL: defaults) gives what
- * a file cannot tell: num_heads (required), num_kv_heads, head_dim (0: from
- * the q weight's rows / H), qk_norm_kind and qk_norm_eps. Everything else
- * (E, kdim, vdim, biases, whether and how q and k are normed) is read from
- * the tensors' shapes, checked against each other before anything is
- * allocated. */
+ * named by names (NULL: the detected naming). like (attn_mha_config_init'd,
+ * not NULL) gives what a file cannot tell: num_heads (required), num_kv_heads
+ * (0: num_heads), head_dim (0: from the q weight's rows / H), qk_norm_kind and
+ * qk_norm_eps; its other fields are ignored. Everything else is read from the
+ * tensors' shapes, checked against each other before anything is allocated:
+ * E = o's rows, H*D = q's rows, Hk*D = k's, kdim and vdim = k's and v's
+ * columns (Linear layout; [in, out] transposed with conv1d), bias = the q, k
+ * and v biases (all three or none: some without the others is
+ * ATTN_E_UNSUPPORTED naming the missing one), out_bias = o's, QK-norm (both
+ * weights or neither) per head when they are [D], whole when [H*D] and
+ * [Hk*D]; a norm bias needs qk_norm_kind LAYER (ATTN_E_INVALID naming it). */
 ATTN_API attn_status attn_mha_create_from_tensors(attn_ctx *ctx, attn_mha **out, const attn_safetensors *st,
                                                   const char *prefix, const attn_mha_names *names,
                                                   const attn_mha_config *like);
+/* Loads into an existing layer the tensors under prefix in st, named by names
+ * (NULL: the detected naming): every parameter the layer holds must be there
+ * with exactly its shape (Linear layout [out, in], or [in, out] with
+ * names->conv1d; a packed tensor [the members' rows stacked, in]), and none it
+ * lacks; all are checked before any is written. A LAYER QK-norm's biases may be
+ * absent (then zero). */
+ATTN_API attn_status attn_mha_load_tensors(attn_ctx *ctx, attn_mha *mha, const attn_safetensors *st,
+                                           const char *prefix, const attn_mha_names *names);
 /* The naming of the layer under prefix in st, the one the loaders above use
  * (reads no tensor data); ATTN_E_NOT_FOUND, with *naming NONE, when st holds
  * none. */

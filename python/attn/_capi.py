@@ -70,6 +70,16 @@ class MhaConfig(ctypes.Structure):
     ]
 
 
+class MhaNames(ctypes.Structure):
+    """attn_mha_names: a tensor name per parameter (None: absent); names that
+    repeat are one packed tensor. There is no init: set size to its sizeof."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("name", ctypes.c_char_p * MHA_NUM_PARAMS),
+        ("conv1d", ctypes.c_int),
+    ]
+
+
 class RopeOpts(ctypes.Structure):
     _init_ = "attn_rope_opts_init"
     _fields_ = [
@@ -180,6 +190,11 @@ _protos = {
     "attn_mha_set_param": (_st, [_P, _P, ctypes.c_char_p, _PT]),
     "attn_mha_create_from_safetensors": (_st, [_P, ctypes.POINTER(_P), ctypes.c_char_p, ctypes.c_char_p,
                                                ctypes.c_int64, ctypes.c_int64]),
+    "attn_safetensors_open": (_st, [_P, ctypes.POINTER(_P), ctypes.c_char_p]),
+    "attn_safetensors_close": (None, [_P]),
+    # ctx, out, st, prefix, names (or NULL), like
+    "attn_mha_create_from_tensors": (_st, [_P, ctypes.POINTER(_P), _P, ctypes.c_char_p, ctypes.POINTER(MhaNames),
+                                           ctypes.POINTER(MhaConfig)]),
     "attn_mha_opts_init": (None, [ctypes.POINTER(MhaOpts)]),
     # ctx, mha, out, weights, query, key, value, opts
     "attn_mha_forward": (_st, [_P, _P, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),

@@ -88,12 +88,66 @@ class MultiheadAttention:
                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, "
                 f"bias={self.bias}, out_bias={self.out_bias}{norm}, batch_first={self.batch_first})")
 
+    # from_safetensors' names keys, each a parameter of the layer
+    _NAME_KEYS = {"q": _capi.MHA_Q_WEIGHT, "k": _capi.MHA_K_WEIGHT, "v": _capi.MHA_V_WEIGHT, "o": _capi.MHA_O_WEIGHT,
+                  "q_bias": _capi.MHA_Q_BIAS, "k_bias": _capi.MHA_K_BIAS, "v_bias": _capi.MHA_V_BIAS,
+                  "o_bias": _capi.MHA_O_BIAS, "q_norm": _capi.MHA_Q_NORM_WEIGHT, "k_norm": _capi.MHA_K_NORM_WEIGHT,
+                  "q_norm_bias": _capi.MHA_Q_NORM_BIAS, "k_norm_bias": _capi.MHA_K_NORM_BIAS}
+
     @classmethod
-    def from_safetensors(cls, path, num_heads, prefix="", *, num_kv_heads=None, batch_first=False, threads=None):
+    def from_safetensors(cls, path, num_heads, prefix="", *, num_kv_heads=None, head_dim=None, names=None,
+                         layout="linear", qk_norm_kind="rms", qk_norm_eps=None, batch_first=False, threads=None):
+        """The layer under prefix in a safetensors file (attn_mha_create_from_tensors).
+
+        Sizes (embed_dim, H*D, kv rows, kdim, vdim, biases, QK-norm's scope) are
+        read off the tensors' shapes; num_heads, num_kv_heads (None: num_heads),
+        head_dim (None: q rows / num_heads), qk_norm_kind ("rms", "rms_plus_one"
+        or "layer") and qk_norm_eps (None: the library's 1e-6) are what a file
+        cannot say. names=None detects the family (PyTorch, Llama/Qwen/Gemma/OLMo,
+        BERT, ViT, DistilBERT, GPT-2, T5, the seed). Otherwise a dict of tensor
+        names under prefix: "q", "k", "v", "o" (required) and optionally "q_bias",
+        "k_bias", "v_bias", "o_bias", "q_norm", "k_norm", "q_norm_bias",
+        "k_norm_bias"; keys given the same name are one tensor holding the q, k,
+        v rows in turn (like in_proj_weight). layout="conv1d" (with names): the
+        weights are stored [in, out], as GPT-2's Conv1D.
+        """
+        if layout not in ("linear", "conv1d"):
+            raise ValueError(f"layout must be 'linear' or 'conv1d', got {layout!r}")
+        if qk_norm_kind not in cls._NORM_KIND:
+            raise ValueError(f"qk_norm_kind must be one of {sorted(cls._NORM_KIND)}, got {qk_norm_kind!r}")
+        nm = None
+        if names is not None:
+            unknown = sorted(set(names) - set(cls._NAME_KEYS))
+            if unknown:
+                raise ValueError(f"names: unknown keys {unknown}; known: {sorted(cls._NAME_KEYS)}")
+            missing = [k for k in ("q", "k", "v", "o") if not names.get(k)]
+            if missing:
+                raise ValueError(f"names: every weight needs a tensor name; missing {missing}")
+            nm = _capi.MhaNames()
+            nm.size = ctypes.sizeof(nm)
+            for key, which in cls._NAME_KEYS.items():
+                if names.get(key) is not None:
+                    nm.name[which] = str(names[key]).encode()  # ctypes keeps the bytes with nm
+            nm.conv1d = 1 if layout == "conv1d" else 0
+        elif layout != "linear":
+            raise ValueError("layout applies to a names map; a detected family knows its own layout")
+        like = _capi.MhaConfig()
+        _capi.init(like, 0, int(num_heads))
+        like.num_kv_heads = int(num_kv_heads or 0)
+        like.head_dim = int(head_dim or 0)
+        like.qk_norm_kind = cls._NORM_KIND[qk_norm_kind]
+        if qk_norm_eps is not None:
+            like.qk_norm_eps = float(qk_norm_eps)
         c = _Ctx()
+        st = ctypes.c_void_p()
+        c.check(_capi.lib.attn_safetensors_open(c.h, ctypes.byref(st), str(path).encode()))
         h = ctypes.c_void_p()
-        c.check(_capi.lib.attn_mha_create_from_safetensors(c.h, ctypes.byref(h), str(path).encode(),
-                                                           prefix.encode(), int(num_heads), int(num_kv_heads or 0)))
+        try:
+            c.check(_capi.lib.attn_mha_create_from_tensors(c.h, ctypes.byref(h), st, str(prefix or "").encode(),
+                                                           ctypes.byref(nm) if nm is not None else None,
+                                                           ctypes.byref(like)))
+        finally:
+            _capi.lib.attn_safetensors_close(st)
         return cls(0, num_heads, batch_first=batch_first, threads=threads, _handle=h)
 
     def load_state_dict(self, state_dict):

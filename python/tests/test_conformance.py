@@ -760,6 +760,136 @@ else:
 
     case(SEED, "from_safetensors with a prefix (seed naming)", seed_from_safetensors)
 
+    FAMILIES = "checkpoint families"
+
+    def family_from_safetensors(kind):
+        """A transformers model's own state_dict (layer 1 among 2), loaded by its
+        family's names, against nn.MultiheadAttention holding the same weights."""
+        try:
+            import transformers
+            from safetensors.torch import save_file as save_torch
+        except ImportError:
+            print(f"  (transformers or safetensors not importable: {kind} not tested)")
+            return 0.0
+        E, H = 16, 4
+        torch.manual_seed(3)
+        if kind == "bert":
+            cfg = transformers.BertConfig(hidden_size=E, num_attention_heads=H, num_hidden_layers=2,
+                                          intermediate_size=32, vocab_size=50)
+            model, prefix = transformers.BertModel(cfg), "encoder.layer.1.attention."
+            names = ["self.query", "self.key", "self.value", "output.dense"]
+        elif kind == "vit":
+            cfg = transformers.ViTConfig(hidden_size=E, num_attention_heads=H, num_hidden_layers=2,
+                                         intermediate_size=32, image_size=8, patch_size=4)
+            model, prefix = transformers.ViTModel(cfg), "encoder.layer.1.attention."
+            names = ["attention.query", "attention.key", "attention.value", "output.dense"]
+        elif kind == "distilbert":
+            cfg = transformers.DistilBertConfig(dim=E, n_heads=H, n_layers=2, hidden_dim=32, vocab_size=50)
+            model, prefix = transformers.DistilBertModel(cfg), "transformer.layer.1.attention."
+            names = ["q_lin", "k_lin", "v_lin", "out_lin"]
+        else:
+            cfg = transformers.GPT2Config(n_embd=E, n_head=H, n_layer=2, vocab_size=50, n_positions=16)
+            model, prefix = transformers.GPT2Model(cfg), "h.1.attn."
+            names = None
+        sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        if kind == "vit" and "layers.1.attention.q_proj.weight" in sd:
+            # transformers 5 keeps ViT as q/k/v/o_proj (Hub files keep attention.query: converted on load)
+            prefix, names = "layers.1.attention.", ["q_proj", "k_proj", "v_proj", "o_proj"]
+        with torch.no_grad():  # random biases: a zero-initialised one would hide a misplaced copy
+            for k in sd:
+                if k.startswith(prefix) and k.endswith("bias") and sd[k].ndim == 1:
+                    sd[k].normal_()
+        tm = torch.nn.MultiheadAttention(E, H, batch_first=True).double().eval()
+        with torch.no_grad():
+            if names is None:  # GPT-2's Conv1D: [in, out], q, k, v columns in turn
+                tm.in_proj_weight.copy_(sd[prefix + "c_attn.weight"].t())
+                tm.in_proj_bias.copy_(sd[prefix + "c_attn.bias"])
+                tm.out_proj.weight.copy_(sd[prefix + "c_proj.weight"].t())
+                tm.out_proj.bias.copy_(sd[prefix + "c_proj.bias"])
+            else:
+                tm.in_proj_weight.copy_(torch.cat([sd[prefix + n + ".weight"] for n in names[:3]]))
+                tm.in_proj_bias.copy_(torch.cat([sd[prefix + n + ".bias"] for n in names[:3]]))
+                tm.out_proj.weight.copy_(sd[prefix + names[3] + ".weight"])
+                tm.out_proj.bias.copy_(sd[prefix + names[3] + ".bias"])
+        x = torch.randn(2, 5, E)
+        with torch.no_grad():
+            ro = tm(x.double(), x.double(), x.double(), need_weights=False)[0]
+        errs = []
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "model.safetensors")
+            save_torch(sd, path)
+            m = attn.MultiheadAttention.from_safetensors(path, H, prefix=prefix, batch_first=True)
+            errs.append(rel(m(x, x, x, need_weights=False)[0], ro))
+            # the same tensors through a names map (packed and Conv1D for GPT-2)
+            if names is None:
+                nm = {"q": "c_attn.weight", "k": "c_attn.weight", "v": "c_attn.weight", "o": "c_proj.weight",
+                      "q_bias": "c_attn.bias", "k_bias": "c_attn.bias", "v_bias": "c_attn.bias", "o_bias": "c_proj.bias"}
+                m2 = attn.MultiheadAttention.from_safetensors(path, H, prefix, names=nm, layout="conv1d",
+                                                              batch_first=True)
+            else:
+                nm = dict(zip(["q", "k", "v", "o"], [n + ".weight" for n in names]))
+                nm.update(zip(["q_bias", "k_bias", "v_bias", "o_bias"], [n + ".bias" for n in names]))
+                m2 = attn.MultiheadAttention.from_safetensors(path, H, prefix, names=nm, batch_first=True)
+            errs.append(rel(m2(x, x, x, need_weights=False)[0], ro))
+            for bad in ({"q": "x"}, {"q": "a", "k": "b", "v": "c", "o": "d", "w": "e"}):
+                try:
+                    attn.MultiheadAttention.from_safetensors(path, H, prefix, names=bad)
+                    raise AssertionError(f"names {bad} accepted")
+                except ValueError:
+                    pass
+            try:
+                attn.MultiheadAttention.from_safetensors(path, 3, prefix)
+                raise AssertionError("num_heads 3 accepted for 16 features")
+            except attn.AttnError as e:
+                assert "num_heads 3" in str(e), str(e)
+        return max(errs)
+
+    def qwen3_from_safetensors():
+        """Qwen3's own tensors (head_dim 8 != 16 / 4, 2 kv heads, q_norm/k_norm [D])
+        and OLMo 2's whole-projection norms: sizes and values read back."""
+        try:
+            import transformers
+            from safetensors.torch import save_file as save_torch
+        except ImportError:
+            print("  (transformers or safetensors not importable: Qwen3 not tested)")
+            return 0.0
+        torch.manual_seed(4)
+        errs = []
+        for kind in ("qwen3", "olmo2"):
+            kw = dict(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                      intermediate_size=32, vocab_size=50)
+            if kind == "qwen3":
+                model = transformers.Qwen3Model(transformers.Qwen3Config(head_dim=8, **kw))
+            else:
+                model = transformers.Olmo2Model(transformers.Olmo2Config(**kw))
+            prefix = "layers.1.self_attn."
+            sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+            for k in sd:  # norms start at 1: random values show a misplaced copy
+                if "norm" in k:
+                    sd[k].normal_()
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "model.safetensors")
+                save_torch(sd, path)
+                m = attn.MultiheadAttention.from_safetensors(path, 4, prefix, num_kv_heads=2, qk_norm_eps=1e-5)
+            D = 8 if kind == "qwen3" else 4
+            assert (m.head_dim, m.num_kv_heads, m.bias, m.qk_norm) == (D, 2, False,
+                                                                      "per_head" if kind == "qwen3" else "whole"), m
+            got = m.state_dict()
+            pairs = [(got["q_proj_weight"], sd[prefix + "q_proj.weight"]),
+                     (got["k_proj_weight"], sd[prefix + "k_proj.weight"]),
+                     (got["out_proj.weight"], sd[prefix + "o_proj.weight"]),
+                     (got["q_norm.weight"], sd[prefix + "q_norm.weight"]),
+                     (got["k_norm.weight"], sd[prefix + "k_norm.weight"])]
+            errs += [float(np.abs(a - b.numpy()).max()) for a, b in pairs]
+        return max(errs)
+
+    case(FAMILIES, "from_safetensors: Qwen3 (head_dim, per-head QK-norm) and OLMo 2 (whole) as saved",
+         qwen3_from_safetensors)
+
+    for kind in ("bert", "vit", "distilbert", "gpt2"):
+        case(FAMILIES, f"from_safetensors: {kind}'s own state_dict, detected and by a names map",
+             lambda kind=kind: family_from_safetensors(kind))
+
     def torch_names_numpy_dict():
         E, H = 16, 4
         tm = torch.nn.MultiheadAttention(E, H, batch_first=True).double().eval()
