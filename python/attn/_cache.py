@@ -46,7 +46,9 @@ class KVCache:
         cfg.v_head_dim = int(v_head_dim or 0)
         cfg.dtype = _cache_dtype(dtype)
         if rope is not None:
-            self._rope = rope_opts(**rope)  # read by the library when the cache is made (it keeps a copy)
+            # read by the library when the cache is made (it keeps a copy); a layer from a
+            # checkpoint hands its own attn_rope_opts
+            self._rope = rope if isinstance(rope, _capi.RopeOpts) else rope_opts(**rope)
             cfg.rope = ctypes.pointer(self._rope)
         h = ctypes.c_void_p()
         self._ctx.check(_capi.lib.attn_kv_cache_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))

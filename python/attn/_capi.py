@@ -121,6 +121,44 @@ class KvCacheConfig(ctypes.Structure):
     ]
 
 
+class HfConfig(ctypes.Structure):  # filled by the library (attn_mha_create_from_hf): no _init_
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("model_type", ctypes.c_char * 64),
+        ("hidden_size", ctypes.c_int64),
+        ("num_heads", ctypes.c_int64),
+        ("num_kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("num_layers", ctypes.c_int64),
+        ("scale", ctypes.c_double),
+        ("softcap", ctypes.c_double),
+        ("sliding_window", ctypes.c_int64),
+        ("sliding", ctypes.c_ubyte * 1024),
+        ("attention_bias", ctypes.c_int),
+        ("norm_eps", ctypes.c_double),
+        ("rope", ctypes.c_int),
+        ("rope_global", RopeOpts),
+        ("rope_local", RopeOpts),
+        ("scale_inverse_layer", ctypes.c_int),
+    ]
+
+
+class HfLayer(ctypes.Structure):  # attn_hf_layer, filled by attn_mha_create_from_hf
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("layer", ctypes.c_int64),
+        ("naming", _c_enum),
+        ("prefix", ctypes.c_char * 256),
+        ("weights_file", ctypes.c_char * 4096),
+        ("config", HfConfig),
+        ("scale", ctypes.c_double),
+        ("softcap", ctypes.c_double),
+        ("window", ctypes.c_int64),
+        ("has_rope", ctypes.c_int),
+        ("rope", RopeOpts),
+    ]
+
+
 class MhaOpts(ctypes.Structure):
     _init_ = "attn_mha_opts_init"
     _nested_ = "attn"  # a sized struct inside: the library reads it by its own size
@@ -196,6 +234,10 @@ _protos = {
     "attn_mha_create_from_tensors": (_st, [_P, ctypes.POINTER(_P), _P, ctypes.c_char_p, ctypes.POINTER(MhaNames),
                                            ctypes.POINTER(MhaConfig)]),
     "attn_mha_opts_init": (None, [ctypes.POINTER(MhaOpts)]),
+    # ctx, out, info, config path, weights path, layer
+    "attn_mha_create_from_hf": (_st, [_P, ctypes.POINTER(_P), ctypes.POINTER(HfLayer), ctypes.c_char_p,
+                                      ctypes.c_char_p, ctypes.c_int64]),
+    "attn_hf_layer_opts": (None, [ctypes.POINTER(HfLayer), ctypes.POINTER(MhaOpts)]),
     # ctx, mha, out, weights, query, key, value, opts
     "attn_mha_forward": (_st, [_P, _P, _PT, _PT, _PT, _PT, _PT, ctypes.POINTER(MhaOpts)]),
     # ctx, out, mha, which

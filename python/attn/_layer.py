@@ -47,6 +47,7 @@ class MultiheadAttention:
         self._ctx = _Ctx()  # one context per layer, guarded by a lock
         self._lock = threading.Lock()
         self._h = None
+        self._hf = None  # attn_hf_layer of a layer from_hf: its model's options
         self._ctx.set_threads(threads)
         if _handle is None:
             cfg = _capi.MhaConfig()
@@ -149,6 +150,68 @@ class MultiheadAttention:
         finally:
             _capi.lib.attn_safetensors_close(st)
         return cls(0, num_heads, batch_first=batch_first, threads=threads, _handle=h)
+
+    @classmethod
+    def from_hf(cls, path, layer, *, weights=None, batch_first=True, threads=None):
+        """Layer `layer` of a Hugging Face checkpoint as saved (attn_mha_create_from_hf).
+
+        path: the model's folder (config.json, and model.safetensors or a sharded
+        checkpoint's model.safetensors.index.json), or its config.json with the
+        weights' file in weights. The family's prefix is found, the config's
+        heads, kv heads, head_dim and QK-norm shape the layer, and its options
+        for that layer (scale, sliding window, softcap, RoPE) become forward's
+        and forward_cached's defaults (new_cache gives the cache the RoPE). The
+        input is the layer's input after its norm, batch-first by default; pass
+        is_causal=True for a decoder, and positions for RoPE other than 0..N-1.
+        """
+        import os
+        path = os.fspath(path)
+        config = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        if weights is None:
+            folder = os.path.dirname(config)
+            index = os.path.join(folder, "model.safetensors.index.json")
+            weights = index if os.path.exists(index) else os.path.join(folder, "model.safetensors")
+        info = _capi.HfLayer()
+        c = _Ctx()
+        h = ctypes.c_void_p()
+        c.check(_capi.lib.attn_mha_create_from_hf(c.h, ctypes.byref(h), ctypes.byref(info), config.encode(),
+                                                  os.fspath(weights).encode(), int(layer)))
+        if info.size != ctypes.sizeof(info):
+            _capi.lib.attn_mha_destroy(h)
+            raise RuntimeError(f"attn_hf_layer is {info.size} bytes in the library, {ctypes.sizeof(info)} here")
+        cfg = _capi.lib.attn_mha_get_config(h).contents
+        self = cls(0, cfg.num_heads, batch_first=batch_first, threads=threads, _handle=h)
+        self._hf = info
+        return self
+
+    @property
+    def hf_options(self):
+        """The options from_hf read for this layer (None for other layers): prefix, naming, scale, window,
+        softcap, rope (a dict of attn.rope's keywords, or None)."""
+        i = self._hf
+        if i is None:
+            return None
+        rope = None
+        if i.has_rope:
+            r = i.rope
+            names = {v: k for k, v in _capi.ROPE_SCALINGS.items()}
+            rope = dict(theta=r.theta, rotary_dim=r.rotary_dim or None,
+                        layout={v: k for k, v in _capi.ROPE_LAYOUTS.items()}[r.layout], scaling=names[r.scaling],
+                        factor=r.factor, original_max_position=r.original_max_position or None)
+        return dict(prefix=i.prefix.decode(), naming=int(i.naming), model_type=i.config.model_type.decode(),
+                    scale=i.scale, window=i.window, softcap=i.softcap, rope=rope)
+
+    def _hf_defaults(self, opts, keep, B, L, positions, rope, cached=False):
+        """A from_hf layer's own options into opts, before the caller's: RoPE (unless rope is given,
+        or the step is cached: the cache holds it) at positions."""
+        if self._hf is None:
+            return
+        _capi.lib.attn_hf_layer_opts(ctypes.byref(self._hf), ctypes.byref(opts))
+        opts.rope = None
+        if rope is None and self._hf.has_rope and not cached:
+            ro = _capi.RopeOpts.from_buffer_copy(self._hf.rope)
+            keep += [ro, positions_into(ro, positions, B, L)]
+            opts.rope = ctypes.pointer(ro)
 
     def load_state_dict(self, state_dict):
         with self._lock:
@@ -272,6 +335,7 @@ class MultiheadAttention:
         v, _ = self._batch_major(value, "value")
         B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
+        self._hf_defaults(opts, keep, B, L, positions, rope)
         _model_options(opts.attn, keep, H, window, softcap, alibi, sinks, dropout_p, dropout_seed)
         if rope is not None:
             ro = rope_opts(**rope)
@@ -309,7 +373,8 @@ class MultiheadAttention:
 
     def new_cache(self, batch, capacity, dtype="float32", *, threads=None):
         """A KVCache for forward_cached: this layer's kv heads and head dim, batch rows of capacity tokens."""
-        return KVCache(batch, capacity, self.num_kv_heads, self.head_dim, dtype=dtype, threads=threads)
+        rope = self._hf.rope if self._hf is not None and self._hf.has_rope else None
+        return KVCache(batch, capacity, self.num_kv_heads, self.head_dim, dtype=dtype, threads=threads, rope=rope)
 
     def forward_cached(self, x, cache):
         """Incremental causal self-attention (decoding) through a KVCache.
@@ -328,6 +393,7 @@ class MultiheadAttention:
         out, ob = self._user_layout((B, n, self.embed_dim), unbatched)
         opts = _capi.MhaOpts()
         _capi.init(opts)
+        self._hf_defaults(opts, [], B, n, None, None, cached=True)
         ot, xt = _tensor(ob), _tensor(xb)
         # layer lock, then cache lock: KVCache methods take only the latter, so no cycle
         with self._lock, cache._lock:
@@ -363,6 +429,7 @@ class MultiheadAttention:
         g, _ = self._batch_major(grad_output, "grad_output")
         B, L, S = q.shape[0], q.shape[1], k.shape[1]
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
+        self._hf_defaults(opts, keep, B, L, positions, rope)
         if rope is not None:
             ro = rope_opts(**rope)
             keep += [ro, positions_into(ro, positions, B, L)]
