@@ -1185,6 +1185,247 @@ if have_transformers:
 else:
     print("(transformers not importable: the rope-vs-transformers cases were not run)")
 
+
+# ---------------------------------------------------------------------------
+# Checkpoint families as saved: each model built by transformers from a small
+# config (random weights, no download), saved with save_pretrained, and layer L
+# loaded by attn.MultiheadAttention.from_hf from that folder. The reference is
+# the model's own attention module inside a full forward (hooks capture its
+# input, the arguments the model gave it, and its output), so the RoPE, masks,
+# windows and scales are the model's. Checked: the forward against the module
+# in fp32 (<= 1e-4) and against libattn's float64 oracle (ATTN_KERNEL=ref,
+# <= 1e-5); the gradients of the input and the q, o (and QK-norm) weights
+# against autograd through the module in float64; and token by token through
+# the KV cache against the module's causal output.
+# ---------------------------------------------------------------------------
+def _hf_build(kind, L):
+    import tempfile
+    import transformers as tf
+    tiny = dict(vocab_size=32, max_position_embeddings=128)
+    dec = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2, **tiny)
+    if kind.startswith("llama"):
+        rp = {"default": {"rope_type": "default", "rope_theta": 10000.0},
+              "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+              "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+              "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+              "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                       "original_max_position_embeddings": 16}}[kind.split("_")[1]]
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(rope_parameters=rp, **dec))
+    elif kind == "mistral":
+        model = tf.MistralForCausalLM(tf.MistralConfig(sliding_window=5, **dec))
+    elif kind == "qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**dec))
+    elif kind == "qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(head_dim=32, **dec))
+    elif kind == "gemma2":
+        model = tf.Gemma2ForCausalLM(tf.Gemma2Config(head_dim=16, attn_logit_softcapping=3.0, query_pre_attn_scalar=24,
+                                                     sliding_window=6, **dec))
+    elif kind == "gemma3":
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
+                                                         rope_local_base_freq=10000.0, **dec))
+    elif kind == "olmo2":
+        model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**dec))
+    elif kind == "gpt2":
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=64, n_layer=3, n_head=4, vocab_size=32, n_positions=128,
+                                                 scale_attn_by_inverse_layer_idx=True))
+    elif kind == "bert":
+        model = tf.BertModel(tf.BertConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                           intermediate_size=96, **tiny), add_pooling_layer=False)
+    elif kind == "t5":
+        model = tf.T5EncoderModel(tf.T5Config(d_model=64, d_kv=24, num_heads=4, d_ff=96, num_layers=3,
+                                              vocab_size=32))
+    else:
+        raise ValueError(kind)
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        for p_ in model.parameters():
+            p_.copy_(torch.from_numpy(randn(*p_.shape)) * 0.3)
+    model.eval()
+    folder = tempfile.mkdtemp(prefix=f"attn_hf_{kind}_")
+    model.save_pretrained(folder, safe_serialization=True)
+    return model, folder
+
+
+def _hf_attention_module(model, kind, L):
+    if kind == "gpt2":
+        return model.transformer.h[L].attn
+    if kind == "bert":
+        return model.encoder.layer[L].attention
+    if kind == "t5":
+        return model.encoder.block[L].layer[0].SelfAttention
+    return model.model.layers[L].self_attn
+
+
+def _hf_run(model, kind, L, ids, mask):
+    """The attention module's input, call and output inside the model's forward."""
+    mod = _hf_attention_module(model, kind, L)
+    inner = mod.self if kind == "bert" else mod
+    got = {}
+
+    def pre(m, args, kwargs):
+        got["args"], got["kwargs"] = args, kwargs
+
+    def post(m, args, kwargs, out):
+        got["out"] = out
+    h1 = inner.register_forward_pre_hook(pre, with_kwargs=True)
+    h2 = inner.register_forward_hook(post, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, **({} if kind in ("bert", "t5") else {"use_cache": False}))
+    finally:
+        h1.remove()
+        h2.remove()
+    x = got["kwargs"].get("hidden_states", got["args"][0] if got["args"] else None)
+
+    def call(xin):  # the module on xin with the model's own other arguments; the attention output [B, N, E]
+        args = (xin,) + tuple(got["args"][1:]) if got["args"] else ()
+        kw = dict(got["kwargs"])
+        if not got["args"]:
+            kw["hidden_states"] = xin
+        o = inner(*args, **kw)
+        o = o[0] if isinstance(o, tuple) else o
+        return mod.output.dense(o) if kind == "bert" else o
+    extra = None
+    if kind == "t5":  # the relative position bias (with the padding mask folded in) the model passed along
+        pb = got["out"][1] if isinstance(got["out"], tuple) and len(got["out"]) > 1 else None
+        extra = pb
+    return x, call, extra
+
+
+def _hf_grads_torch(mod, kind, E):
+    """Gradients the module's parameters got: q weight [H*D, E], o weight [E, H*D] (Linear layout), norms."""
+    if kind == "gpt2":
+        return {"q": mod.c_attn.weight.grad[:, :E].T, "o": mod.c_proj.weight.grad.T}
+    if kind == "bert":
+        return {"q": mod.self.query.weight.grad, "o": mod.output.dense.weight.grad}
+    if kind == "t5":
+        return {"q": mod.q.weight.grad, "o": mod.o.weight.grad}
+    g = {"q": mod.q_proj.weight.grad, "o": mod.o_proj.weight.grad}
+    if getattr(mod, "q_norm", None) is not None:
+        g["q_norm"], g["k_norm"] = mod.q_norm.weight.grad, mod.k_norm.weight.grad
+    return g
+
+
+def _hf_grads_ours(g, layer):
+    q = g["in_proj_weight"][:layer.num_heads * layer.head_dim] if "in_proj_weight" in g else g["q_proj_weight"]
+    out = {"q": q, "o": g["out_proj.weight"]}
+    if "q_norm.weight" in g:
+        out["q_norm"], out["k_norm"] = g["q_norm.weight"], g["k_norm.weight"]
+    return out
+
+
+_hf_memo = {}
+
+
+def hf_family(kind, L=1, causal=True, pad=False, cached=True, backward=True):
+    """Every check of one family, computed once: {name: (error, bound)}."""
+    if kind in _hf_memo:
+        return _hf_memo[kind]
+    model, folder = _hf_build(kind, L)
+    B, N = 2, 13
+    ids = torch.from_numpy(np.random.default_rng(len(kind)).integers(0, 32, (B, N)))
+    mask = torch.ones(B, N, dtype=torch.long)
+    if pad:
+        mask[1, -4:] = 0  # row 1's last 4 tokens are padding
+    x32, call32, extra = _hf_run(model, kind, L, ids, mask)
+    with torch.no_grad():
+        want32 = call32(x32)
+    layer = attn.MultiheadAttention.from_hf(folder, L)
+    kw = dict(need_weights=False, is_causal=causal)
+    if pad:
+        kw["key_padding_mask"] = (mask == 0).numpy()
+    if extra is not None:  # T5: the bias the model built (relative positions and padding) as an additive mask
+        kw["attn_mask"] = extra.detach().float().numpy()
+    x = x32.detach().float()
+    got, _ = layer(x, x, x, **kw)
+    res = {}
+    live = slice(None) if not pad else None
+
+    def rows(a):  # padded queries' outputs are not compared (the models differ in what they put there)
+        a = a.detach().numpy() if torch.is_tensor(a) else np.asarray(a)
+        return a if live is not None else np.concatenate([a[0], a[1, :-4]])
+    res["forward vs transformers fp32"] = (rel(rows(got), rows(want32)), 1e-4)
+    old = os.environ.get("ATTN_KERNEL")
+    os.environ["ATTN_KERNEL"] = "ref"
+    try:
+        oracle_layer = attn.MultiheadAttention.from_hf(folder, L)
+    finally:
+        if old is None:
+            del os.environ["ATTN_KERNEL"]
+        else:
+            os.environ["ATTN_KERNEL"] = old
+    oracle, _ = oracle_layer(x, x, x, **kw)
+    res["forward vs float64 oracle"] = (rel(rows(got), rows(oracle)), 1e-5)
+    if backward:
+        # PyTorch's own fp32 gradients, for scale: a weight gradient that cancels (saturated softmax)
+        # is as hard for fp32 autograd as for us
+        G = torch.from_numpy(randn(*want32.shape))
+        if pad:
+            G[1, -4:] = 0
+        mod = _hf_attention_module(model, kind, L)
+        mod.zero_grad()
+        xg = x32.detach().clone().requires_grad_(True)
+        (call32(xg) * G.float()).sum().backward()
+        g32 = {n: v.detach().clone() for n, v in _hf_grads_torch(mod, kind, layer.embed_dim).items()}
+        m64 = model.double()
+        x64, call64, extra64 = _hf_run(m64, kind, L, ids, mask)
+        x64 = x32.detach().double().requires_grad_(True)
+        mod = _hf_attention_module(m64, kind, L)
+        mod.zero_grad()
+        (call64(x64) * G).sum().backward()
+        gw = _hf_grads_torch(mod, kind, layer.embed_dim)
+        gkw = {k: v for k, v in kw.items() if k != "need_weights"}
+        ours = layer.grad(x, x, x, G.float(), **gkw)
+        res["backward: input vs autograd float64"] = (rel(rows(ours["query"]), rows(x64.grad)), 1e-4)
+        og = _hf_grads_ours(ours, layer)
+        # each weight's error over its bound: 1e-5, or 4x PyTorch fp32's own error where that is larger
+        ratio = {n: rel(og[n], gw[n]) / max(1e-5, 4 * rel(g32[n], gw[n])) for n in gw}
+        if os.environ.get("ATTN_CONFORMANCE_VERBOSE"):
+            print("   ", kind, {n: f"ours {rel(og[n], gw[n]):.2e} torch fp32 {rel(g32[n], gw[n]):.2e}" for n in gw})
+        res["backward: q, o" + (", QK-norm" if "q_norm" in gw else "") +
+            " weights vs autograd float64, over max(1e-5, 4x PyTorch fp32's error)"] = (max(ratio.values()), 1.0)
+    if cached and causal:
+        cache = layer.new_cache(B, N)
+        steps = np.concatenate([np.asarray(layer.forward_cached(x[:, i:i + 1], cache)) for i in range(N)], 1)
+        res["token by token through the KV cache vs transformers"] = (rel(steps, want32), 1e-4)
+        res["token by token vs our full causal forward"] = (rel(steps, got), 1e-5)
+    _hf_memo[kind] = res
+    import shutil
+    shutil.rmtree(folder, ignore_errors=True)
+    return res
+
+
+if have_transformers:
+    FAM = "checkpoint families vs transformers"
+    families = [
+        ("BertSelfAttention + BertSelfOutput.dense (key padding)", "bert", dict(causal=False, pad=True, cached=False)),
+        ("GPT2Attention (Conv1D c_attn, inverse-layer scale)", "gpt2", {}),
+        ("LlamaAttention, default RoPE", "llama_default", {}),
+        ("LlamaAttention, linear RoPE", "llama_linear", dict(backward=False)),
+        ("LlamaAttention, dynamic NTK RoPE", "llama_dynamic", dict(backward=False, cached=False)),
+        ("LlamaAttention, llama3 RoPE", "llama_llama3", dict(backward=False)),
+        ("LlamaAttention, YaRN RoPE", "llama_yarn", dict(backward=False)),
+        ("MistralAttention (sliding window 5)", "mistral", {}),
+        ("Qwen2Attention (q/k/v biases)", "qwen2", {}),
+        ("Qwen3Attention (QK-norm, head_dim 32 of hidden 64)", "qwen3", {}),
+        ("Gemma2Attention (softcap, query_pre_attn_scalar, sliding layer 0)", "gemma2", dict(L=0)),
+        ("Gemma3Attention (QK-norm 1 + w, local RoPE base, sliding)", "gemma3", dict(L=0)),
+        ("Olmo2Attention (QK-norm over the whole projection)", "olmo2", {}),
+        ("T5Attention (no scaling, relative bias as an additive mask, d_kv 24)", "t5",
+         dict(L=0, causal=False, pad=True, cached=False)),
+    ]
+    for title, kind, opt in families:
+        probe = None
+        try:
+            probe = hf_family(kind, **opt)
+        except Exception as e:  # a family that fails to build or load is one failure, reported
+            case(FAM, f"{title} [{type(e).__name__}: {e}]", lambda: float("nan"))
+            continue
+        for check, (err, bound) in probe.items():
+            case(FAM, f"{title}: {check}", lambda e=err, b=bound: (e, b))
+
 print("worst relative error per family:")
 for fam, err in worst.items():
     print(f"  {fam:24s} {err:.3g}")
