@@ -448,6 +448,8 @@ typedef struct attn_hf_config {
   attn_rope_opts rope_global; /* full-attention layers' */
   attn_rope_opts rope_local;  /* sliding layers' (Gemma 3's own base); = rope_global otherwise */
   int scale_inverse_layer;    /* GPT-2's scale_attn_by_inverse_layer_idx: layer L's scale divided by L + 1 */
+  int relative_bias;          /* T5's relative position bias (relative_attention_num_buckets): not computed
+                                 here; the caller passes it as an additive mask [B or 1, H, Nq, Nk] */
 } attn_hf_config;
 
 /* Reads path (a config.json) into *out. */

@@ -5,8 +5,9 @@ initialised from a fixed seed, and what layer L's attention module gives on a
 fixed input, for the CLI test (`attn mha --hf-config`) to check without torch.
 
 Each case holds config.json, the weights, x.npy (the layer's input after its
-norm, [B, N, E], float32), optionally positions.npy (int64 [B, N]), out.npy
-(transformers' attention module on x in float64: the model converted to
+norm, [B, N, E], float32), optionally positions.npy (int64 [B, N]) and
+mask.npy (T5's relative position bias, [H, N, N], the caller's additive
+mask), out.npy (transformers' attention module on x in float64: the model converted to
 double, the float32 inputs upcast exactly) and case.txt (layer, causal).
 
 Usage: python scripts/make_hf_goldens.py [output_dir]
@@ -88,7 +89,7 @@ def main():
     os.makedirs(root, exist_ok=True)
     gen = torch.Generator().manual_seed(2026)
     from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2Model,
-                              LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                              LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, T5Config, T5EncoderModel)
 
     # Llama: GQA 4/2, llama3 RoPE scaling, positions that continue a longer sequence in row 1
     decoder_case(root, "llama", LlamaConfig, LlamaForCausalLM, 1, gen, positions_offset=7,
@@ -129,6 +130,19 @@ def main():
         ctx = block.self(x32.to(F64), attention_mask=None)[0]
         out = block.output.dense(ctx)
     save_case(root, "bert", model, x32, out, 0, False)
+
+    # T5 encoder: no 1/sqrt(d) scaling, d_kv 12 (H*D = 48 != d_model 32), the relative position bias
+    # computed by transformers and saved as the additive mask the caller passes
+    config = T5Config(vocab_size=16, d_model=32, d_kv=12, num_heads=4, d_ff=48, num_layers=2)
+    config._attn_implementation = "eager"
+    model = T5EncoderModel(config).eval()
+    randomise(model, gen)
+    x32 = torch.randn(2, 10, 32, generator=gen).float()
+    m64 = model.double()
+    with torch.no_grad():
+        res = m64.encoder.block[0].layer[0].SelfAttention(x32.to(F64))
+    d = save_case(root, "t5", model, x32, res[0], 0, False)
+    np.save(os.path.join(d, "mask.npy"), res[1][0].float().numpy())  # [H, N, N]
 
 
 if __name__ == "__main__":

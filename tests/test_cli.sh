@@ -192,6 +192,10 @@ for c in llama qwen3_sharded gemma2 gpt2 bert; do
   expect 0 "" -- mha --hf-config $d/config.json --params $d/$w --layer "$layer" --query $d/x.npy --out "$T/o.npy" "${flags[@]}"
   close "$T/o.npy" $d/out.npy 1e-5
 done
+# T5: its relative position bias is the caller's additive mask, and is required
+expect 0 "" -- mha --hf-config $GH/t5/config.json --params $GH/t5/model.safetensors --layer 0 --query $GH/t5/x.npy --mask $GH/t5/mask.npy --out "$T/o.npy"
+close "$T/o.npy" $GH/t5/out.npy 1e-5
+expect 2 "$O" -- mha --hf-config $GH/t5/config.json --params $GH/t5/model.safetensors --layer 0 --query $GH/t5/x.npy --out "$T/never.npy"
 # the positions matter (row 1's have gaps), and so does the layer
 expect 0 "" -- mha --hf-config $GH/llama/config.json --params $GH/llama/model.safetensors --layer 1 --query $GH/llama/x.npy --out "$T/o.npy" --causal
 differ "$T/o.npy" $GH/llama/out.npy

@@ -98,7 +98,13 @@ int main(void) {
   c = parse(ctx, "{\"model_type\": \"gpt2\", \"n_embd\": 768, \"n_head\": 12, \"n_layer\": 12, \"n_positions\": 1024}", ATTN_OK, NULL);
   CHECK(!c.rope && c.head_dim == 64 && c.num_kv_heads == 12, "gpt2");
   c = parse(ctx, "{\"model_type\": \"t5\", \"d_model\": 512, \"num_heads\": 8, \"d_kv\": 64, \"num_layers\": 6}", ATTN_OK, NULL);
-  CHECK(!c.rope && c.scale == 1 && c.head_dim == 64 && c.num_layers == 6, "t5");
+  CHECK(!c.rope && c.scale == 1 && c.head_dim == 64 && c.num_layers == 6 && !c.relative_bias, "t5");
+  c = parse(ctx, "{\"model_type\": \"t5\", \"d_model\": 512, \"num_heads\": 8, \"d_kv\": 64, \"num_layers\": 6,"
+                 " \"relative_attention_num_buckets\": 32, \"relative_attention_max_distance\": 128}", ATTN_OK, NULL);
+  CHECK(c.relative_bias, "t5: its relative position bias is the caller's");
+  c = parse(ctx, "{\"model_type\": \"gpt2\", \"n_embd\": 64, \"n_head\": 4, \"scale_attn_weights\": false,"
+                 " \"scale_attn_by_inverse_layer_idx\": true}", ATTN_OK, NULL);
+  CHECK(c.scale == 1 && c.scale_inverse_layer && !c.relative_bias, "gpt2: scale keys");
   c = parse(ctx, "{\"model_type\": \"distilbert\", \"dim\": 768, \"n_heads\": 12, \"n_layers\": 6}", ATTN_OK, NULL);
   CHECK(!c.rope && c.hidden_size == 768 && c.num_heads == 12 && c.num_layers == 6, "distilbert");
   c = parse(ctx, "\xef\xbb\xbf{\"model_type\": \"bert\", \"hidden_size\": 768, \"num_attention_heads\": 12,"

@@ -217,6 +217,11 @@ int cmd_mha(int argc, char **argv) {
       goto done;
     }
     prefix = info->prefix;
+    if (info->config.relative_bias && !cli_has(&a, "--mask")) {
+      r = cli_fail(CLI_EXIT_USAGE, "model_type '%s' adds a relative position bias, which attn does not compute: "
+                   "give it as --mask (additive, [H, N, N] or [B, H, N, N])", info->config.model_type);
+      goto done;
+    }
     conv1d = info->naming == ATTN_MHA_NAMING_GPT2;
     for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) pname[p] = attn_mha_param_name(info->naming, (attn_mha_param)p);
   } else {

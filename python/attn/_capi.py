@@ -140,6 +140,7 @@ class HfConfig(ctypes.Structure):  # filled by the library (attn_mha_create_from
         ("rope_global", RopeOpts),
         ("rope_local", RopeOpts),
         ("scale_inverse_layer", ctypes.c_int),
+        ("relative_bias", ctypes.c_int),
     ]
 
 

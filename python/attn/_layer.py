@@ -206,6 +206,9 @@ class MultiheadAttention:
         or the step is cached: the cache holds it) at positions."""
         if self._hf is None:
             return
+        if self._hf.config.relative_bias and not opts.attn.mask:
+            raise ValueError(f"model_type {self._hf.config.model_type.decode()!r} adds a relative position bias, "
+                             "which libattn does not compute: pass it as attn_mask (additive, [H, N, N] or [B, H, N, N])")
         _capi.lib.attn_hf_layer_opts(ctypes.byref(self._hf), ctypes.byref(opts))
         opts.rope = None
         if rope is None and self._hf.has_rope and not cached:

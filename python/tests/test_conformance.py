@@ -1357,6 +1357,12 @@ def hf_family(kind, L=1, causal=True, pad=False, cached=True, backward=True):
         else:
             os.environ["ATTN_KERNEL"] = old
     oracle, _ = oracle_layer(x, x, x, **kw)
+    if extra is not None:  # without its bias, a T5 layer is refused, not silently another layer
+        try:
+            layer(x, x, x, need_weights=False)
+            res["T5 without its relative bias is refused"] = (1.0, 0.0)
+        except ValueError:
+            res["T5 without its relative bias is refused"] = (0.0, 0.0)
     res["forward vs float64 oracle"] = (rel(rows(got), rows(oracle)), 1e-5)
     if backward:
         # PyTorch's own fp32 gradients, for scale: a weight gradient that cancels (saturated softmax)

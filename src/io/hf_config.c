@@ -27,7 +27,7 @@ typedef struct hf_raw {
   char model_type[64];
   int64_t hidden, heads, kv_heads, head_dim, layers, sliding_window, max_window_layers, max_pos, pattern, rotary_dim;
   double theta, partial, local_base, qpas, softcap, eps, multiplier;
-  int attention_bias, use_sliding, scale_attn_weights, scale_inverse_layer;
+  int attention_bias, use_sliding, scale_attn_weights, scale_inverse_layer, relative_bias;
   hf_rope scaling, global, local;
   int64_t ntypes;
   unsigned char types[ATTN_HF_MAX_LAYERS]; /* 1: sliding_attention */
@@ -200,6 +200,10 @@ static attn_status top_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "attention_multiplier")) return num_or_null(j, &r->multiplier);
   if (key_is(k, "attention_bias")) return boolean(j, k, &r->attention_bias);
   if (key_is(k, "scale_attn_weights")) return boolean(j, k, &r->scale_attn_weights);
+  if (key_is(k, "relative_attention_num_buckets")) {
+    r->relative_bias = 1;
+    return attn__json_skip(j, 1);
+  }
   if (key_is(k, "scale_attn_by_inverse_layer_idx")) return boolean(j, k, &r->scale_inverse_layer);
   if (key_is(k, "rms_norm_eps") || key_is(k, "layer_norm_eps") || key_is(k, "layer_norm_epsilon")) return num_or_null(j, &r->eps);
   if (key_is(k, "position_embedding_type")) {
@@ -288,6 +292,7 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
              : !isnan(r->multiplier) ? r->multiplier
              : !strcmp(r->model_type, "t5") || r->scale_attn_weights == 0 ? 1.0 : NAN;
   out->scale_inverse_layer = r->scale_inverse_layer == 1;
+  out->relative_bias = r->relative_bias == 1;
   if (!isnan(r->qpas) && !(r->qpas > 0))
     return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "query_pre_attn_scalar must be > 0");
   out->softcap = !isnan(r->softcap) ? r->softcap : 0;
