@@ -16,8 +16,10 @@ Four sentences of different lengths (so the batch is padded) go through:
   2. the same model in float64 (a copy): the yardstick for float32 rounding;
   3. the float32 model with every layer's self-attention (the Q/K/V projections,
      attention over the padded keys and the output projection) replaced by an
-     attn.MultiheadAttention loaded with that layer's weights, the padding passed
-     as key_padding_mask; the residual and LayerNorm stay PyTorch's.
+     attn.MultiheadAttention.from_hf(the package's folder, layer): libattn reads
+     config.json and model.safetensors as saved (the BERT naming under
+     encoder.layer.L.attention.), the padding passed as key_padding_mask; the
+     residual and LayerNorm stay PyTorch's.
 Each libattn layer's output is also compared, on the very input it saw, with an
 oracle: the same layer on a context whose kernel is "ref" (ATTN_KERNEL_REF,
 every step in float64).
@@ -99,20 +101,9 @@ def sentence_embeddings(hidden, mask):
     return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
 
-def attention_state(hf_attn):
-    """The layer's Q/K/V and output projections under PyTorch's MultiheadAttention names."""
-    import torch
-    s, o = hf_attn.self, hf_attn.output.dense
-    return {
-        "in_proj_weight": torch.cat([s.query.weight, s.key.weight, s.value.weight]).detach().float(),
-        "in_proj_bias": torch.cat([s.query.bias, s.key.bias, s.value.bias]).detach().float(),
-        "out_proj.weight": o.weight.detach().float(),
-        "out_proj.bias": o.bias.detach().float(),
-    }
-
-
-def make_layer(attn, config, state, kernel=None):
-    """attn.MultiheadAttention loaded with state; kernel "ref" gives the float64 oracle.
+def make_layer(attn, folder, i, kernel=None):
+    """Layer i of the checkpoint as saved (attn.MultiheadAttention.from_hf reads the package's
+    config.json and model.safetensors itself); kernel "ref" gives the float64 oracle.
 
     The binding has no public way to choose a kernel; a context reads ATTN_KERNEL
     once, when it is created (the layer makes its own in its constructor)."""
@@ -120,14 +111,13 @@ def make_layer(attn, config, state, kernel=None):
     if kernel is not None:
         os.environ["ATTN_KERNEL"] = kernel
     try:
-        mha = attn.MultiheadAttention(config.hidden_size, config.num_attention_heads, batch_first=True)
+        mha = attn.MultiheadAttention.from_hf(folder, i)
     finally:
         if kernel is not None:
             if old is None:
                 del os.environ["ATTN_KERNEL"]
             else:
                 os.environ["ATTN_KERNEL"] = old
-    mha.load_state_dict(state)
     return mha
 
 
@@ -192,10 +182,15 @@ def main():
         """BertAttention with libattn's MultiheadAttention for Q/K/V, attention and the output
         projection; then BertSelfOutput's residual and LayerNorm (dropout is off in eval)."""
 
-        def __init__(self, i, hf_attn, state):
+        def __init__(self, i, hf_attn, perturb=0.0):
             super().__init__()
             self.i = i
-            self.mha = make_layer(attn, cfg, state)
+            self.mha = make_layer(attn, d, i)
+            if perturb:
+                w = self.mha.state_dict()["in_proj_weight"]
+                w[5, 7] += perturb
+                self.mha.load_state_dict({"in_proj_weight": w})
+                print(f"--perturb: in_proj_weight[5, 7] of layer {i}'s libattn copy + {perturb:g}")
             self.kernel = kernel_of(self.mha)
             self.norm = hf_attn.output.LayerNorm
 
@@ -207,14 +202,9 @@ def main():
 
     originals, kernels = [], []
     for i, layer in enumerate(layers):
-        state = attention_state(layer.attention)
-        oracles.append(make_layer(attn, cfg, state, kernel="ref"))
-        if args.perturb and i == 3:
-            state = {n: t.clone() for n, t in state.items()}
-            state["in_proj_weight"][5, 7] += args.perturb
-            print(f"--perturb: in_proj_weight[5, 7] of layer 3's libattn copy + {args.perturb:g}")
+        oracles.append(make_layer(attn, d, i, kernel="ref"))
         originals.append(layer.attention)
-        layer.attention = LibattnAttention(i, layer.attention, state)
+        layer.attention = LibattnAttention(i, layer.attention, args.perturb if i == 3 else 0.0)
         kernels.append(layer.attention.kernel)
     try:
         att_h, att_e = run(model)
