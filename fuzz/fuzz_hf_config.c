@@ -1,8 +1,12 @@
-/* libFuzzer harness for the config.json reader (attn_hf_config_parse). Whatever
- * the bytes: a known status with a message on failure; on success a config
- * whose sizes are consistent (heads divide by kv heads, head_dim > 0, no more
- * layers than the table holds) and whose RoPE options the rotation accepts. */
+/* libFuzzer harness for the config.json reader (attn_hf_config_parse) and,
+ * on the same bytes, a sharded checkpoint's index reader (attn__hf_index_parse:
+ * both are JSON a model's folder holds). Whatever the bytes: a known status
+ * with a message on failure; on success a config whose sizes are consistent
+ * (heads divide by kv heads, head_dim > 0, no more layers than the table
+ * holds) and whose RoPE options the rotation accepts, and an index whose every
+ * shard is a plain file name. */
 #include "attn.h"
+#include "io/io.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +30,23 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
+static void check_index(const uint8_t *data, size_t size) {
+  attn__hf_index x;
+  const attn_status st = attn__hf_index_parse(ctx, &x, data, size, "fuzz.index.json");
+  if (st != ATTN_OK) {
+    need(st == ATTN_E_FORMAT || st == ATTN_E_NOMEM, "index: an unexpected status");
+    need(attn_ctx_error(ctx)[0] != '\0', "index: a failure without a message");
+    return;
+  }
+  need(x.n > 0, "index: no entries on success");
+  for (int64_t i = 0; i < x.n; i++)
+    need(x.file[i][0] && !strchr(x.file[i], '/') && !strchr(x.file[i], '\\') && strcmp(x.file[i], "..") &&
+             strcmp(x.file[i], "."), "index: a shard that is not a plain file name");
+  attn__hf_index_free(&x);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  check_index(data, size);
   attn_hf_config c;
   const attn_status st = attn_hf_config_parse(ctx, &c, (const char *)data, size, "fuzz");
   if (st != ATTN_OK) {

@@ -263,6 +263,12 @@ def hf_config_corpus():
     }
     for name, c in configs.items():
         out("hf_config", name + ".json", json.dumps(c).encode())
+    # sharded checkpoints' indexes (the same harness reads every input as one too)
+    wm = {f"model.layers.{i}.self_attn.{p}_proj.weight": f"model-0000{1 + i // 2}-of-00002.safetensors"
+          for i in range(4) for p in "qkvo"}
+    out("hf_config", "index.json", json.dumps({"metadata": {"total_size": 123456}, "weight_map": wm}).encode())
+    out("hf_config", "index_escape.json",
+        json.dumps({"weight_map": {"a": "../outside.safetensors", "b": "sub/dir.safetensors"}}).encode())
 
 
 if __name__ == "__main__":

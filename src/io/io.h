@@ -44,4 +44,15 @@ void attn__aligned_free(void *p); /* core.c; declared here too so that io.h stan
 attn_status attn__safetensors_read(attn_ctx *ctx, const attn_safetensors *st, const char *name, attn_tensor *out,
                                    void **owned);
 
+/* A sharded checkpoint's index (model.safetensors.index.json): its weight_map
+ * as n (tensor name, shard file name) pairs; hf_index.c says what is refused. */
+typedef struct {
+  char **name, **file;
+  int64_t n, cap;
+} attn__hf_index;
+attn_status attn__hf_index_read(attn_ctx *ctx, attn__hf_index *x, const char *path);
+/* The same on len bytes in memory (the fuzzer's entry); path names them in messages. */
+attn_status attn__hf_index_parse(attn_ctx *ctx, attn__hf_index *x, const void *data, size_t len, const char *path);
+void attn__hf_index_free(attn__hf_index *x);
+
 #endif

@@ -5,14 +5,11 @@
 #include "mha_internal.h"
 #include "../io/file.h"
 #include "../io/io.h"
-#include "../io/json.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#define HF_INDEX_CAP ((int64_t)64 << 20)
-#define HF_INDEX_MAX_ENTRIES 4000000
 #define HF_MAX_SHARDS 8 /* files one layer's tensors may be spread over */
 
 /* Where each family keeps layer L's attention, as transformers saves it
@@ -34,95 +31,6 @@ static const char *const layer_prefixes[] = {
     "block.%lld.layer.0.SelfAttention.",
     NULL};
 
-/* ---- a sharded checkpoint's index: {"weight_map": {"tensor": "file", ...}, ...} ---- */
-typedef struct {
-  char *name, *file;
-} hf_entry;
-
-typedef struct {
-  hf_entry *e;
-  int64_t n, cap;
-} hf_index;
-
-static void index_free(hf_index *x) {
-  for (int64_t i = 0; i < x->n; i++) free(x->e[i].name), free(x->e[i].file);
-  free(x->e);
-  memset(x, 0, sizeof *x);
-}
-
-/* A shard's name must stay in the index's folder: a plain file name. */
-static int plain_file_name(const char *f, size_t len) {
-  if (len == 0 || len > 255 || strlen(f) != len || !strcmp(f, ".") || !strcmp(f, "..")) return 0;
-  return !strchr(f, '/') && !strchr(f, '\\');
-}
-
-static attn_status weight_map_key(attn__json *j, const char *k, void *arg) {
-  hf_index *x = arg;
-  char *file = NULL;
-  size_t len = 0;
-  attn_status st = attn__json_string(j, &file, &len);
-  if (st) return st;
-  if (!plain_file_name(file, len)) {
-    char shown[64];
-    attn__sanitize(shown, sizeof shown, file, len);
-    free(file);
-    return attn__json_fail(j, "weight_map names '%s': not a file name in the index's folder", shown);
-  }
-  if (x->n == x->cap) {
-    if (x->n >= HF_INDEX_MAX_ENTRIES) {
-      free(file);
-      return attn__json_fail(j, "weight_map has more than %d entries", HF_INDEX_MAX_ENTRIES);
-    }
-    const int64_t cap = x->cap ? 2 * x->cap : 256;
-    hf_entry *e = realloc(x->e, (size_t)cap * sizeof *e);
-    if (!e) {
-      free(file);
-      return attn__fail(j->ctx, ATTN_E_NOMEM, "index: out of memory");
-    }
-    x->e = e, x->cap = cap;
-  }
-  char *name = malloc(strlen(k) + 1);
-  if (!name) {
-    free(file);
-    return attn__fail(j->ctx, ATTN_E_NOMEM, "index: out of memory");
-  }
-  strcpy(name, k);
-  x->e[x->n].name = name, x->e[x->n].file = file;
-  x->n++;
-  return ATTN_OK;
-}
-
-static attn_status index_key(attn__json *j, const char *k, void *arg) {
-  if (!strcmp(k, "weight_map")) return attn__json_each_key(j, weight_map_key, arg, 2);
-  return attn__json_skip(j, 1);
-}
-
-static attn_status index_read(attn_ctx *ctx, hf_index *x, const char *path) {
-  attn__src src;
-  attn_status st = attn__src_open(ctx, &src, "index", path);
-  if (st) return st;
-  if (src.size > HF_INDEX_CAP) {
-    attn__src_close(&src);
-    return attn__io_fail(ctx, ATTN_E_FORMAT, "index", path, "%lld bytes: more than an index's %lld",
-                         (long long)src.size, (long long)HF_INDEX_CAP);
-  }
-  unsigned char *buf = malloc((size_t)src.size + 1);
-  size_t got = 0;
-  if (!buf) st = attn__fail(ctx, ATTN_E_NOMEM, "index: out of memory");
-  else st = attn__src_read(ctx, &src, 0, buf, (size_t)src.size, &got);
-  attn__src_close(&src);
-  if (!st && got != (size_t)src.size) st = attn__io_fail(ctx, ATTN_E_IO, "index", path, "the file shrank while read");
-  if (!st) {
-    attn__json j = {buf, buf, buf + got, ctx, path, "index", "JSON"};
-    st = attn__json_peek(&j) == '{' ? attn__json_each_key(&j, index_key, x, 0)
-                                    : attn__json_fail(&j, "the index is not a JSON object");
-    if (!st && attn__json_peek(&j) != -1) st = attn__json_fail(&j, "characters after the index object");
-    if (!st && x->n == 0) st = attn__io_fail(ctx, ATTN_E_FORMAT, "index", path, "no weight_map entries");
-  }
-  free(buf);
-  return st;
-}
-
 static int ends_with(const char *s, const char *tail) {
   const size_t n = strlen(s), t = strlen(tail);
   return n >= t && !strcmp(s + n - t, tail);
@@ -138,21 +46,21 @@ static int shard_path(char *out, size_t cap, const char *index_path, const char 
 
 /* The shards holding tensors under prefix, opened and chained into *st (NULL
  * when the index has none there). */
-static attn_status open_shards(attn_ctx *ctx, attn_safetensors **st, const hf_index *x, const char *index_path,
+static attn_status open_shards(attn_ctx *ctx, attn_safetensors **st, const attn__hf_index *x, const char *index_path,
                                const char *prefix, char *first_path, size_t first_cap) {
   *st = NULL;
   const char *files[HF_MAX_SHARDS];
   int nfiles = 0;
   const size_t plen = strlen(prefix);
   for (int64_t i = 0; i < x->n; i++) {
-    if (strncmp(x->e[i].name, prefix, plen)) continue;
+    if (strncmp(x->name[i], prefix, plen)) continue;
     int seen = 0;
-    for (int f = 0; f < nfiles; f++) seen |= !strcmp(files[f], x->e[i].file);
+    for (int f = 0; f < nfiles; f++) seen |= !strcmp(files[f], x->file[i]);
     if (seen) continue;
     if (nfiles == HF_MAX_SHARDS)
       return attn__io_fail(ctx, ATTN_E_FORMAT, "index", index_path, "the tensors under '%s' span more than %d files",
                            prefix, HF_MAX_SHARDS);
-    files[nfiles++] = x->e[i].file;
+    files[nfiles++] = x->file[i];
   }
   for (int f = 0; f < nfiles; f++) {
     char path[4096];
@@ -243,9 +151,9 @@ attn_status attn_mha_create_from_hf(attn_ctx *ctx, attn_mha **out, attn_hf_layer
   layer_from_config(info, &like);
 
   const int sharded = ends_with(weights_path, ".json");
-  hf_index x = {0};
+  attn__hf_index x = {0};
   attn_safetensors *whole = NULL;
-  if (sharded) st = index_read(ctx, &x, weights_path);
+  if (sharded) st = attn__hf_index_read(ctx, &x, weights_path);
   else {
     st = attn_safetensors_open(ctx, &whole, weights_path);
     if (!st) snprintf(info->weights_file, sizeof info->weights_file, "%s", weights_path);
@@ -276,7 +184,7 @@ attn_status attn_mha_create_from_hf(attn_ctx *ctx, attn_mha **out, attn_hf_layer
                        "load it with attn_mha_create_from_tensors and its prefix",
                        (long long)layer, "model.layers.N.self_attn.", "encoder.layer.N.attention.");
   attn_safetensors_close(whole);
-  index_free(&x);
+  attn__hf_index_free(&x);
   if (st) {
     attn_mha_destroy(*out);
     *out = NULL;
