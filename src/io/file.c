@@ -282,3 +282,30 @@ attn_status attn__out_tensor(attn_ctx *ctx, attn__out *w, const attn_tensor *t) 
   free(buf);
   return st;
 }
+
+attn_status attn__read_small_file(attn_ctx *ctx, const char *kind, const char *path, int64_t cap, unsigned char **buf,
+                                  size_t *len) {
+  *buf = NULL;
+  *len = 0;
+  attn__src src;
+  attn_status st = attn__src_open(ctx, &src, kind, path);
+  if (st) return st;
+  if (src.size > cap) {
+    attn__src_close(&src);
+    return attn__io_fail(ctx, ATTN_E_FORMAT, kind, path, "%lld bytes: more than a %s's %lld", (long long)src.size, kind,
+                         (long long)cap);
+  }
+  unsigned char *b = malloc((size_t)src.size + 1);
+  size_t got = 0;
+  if (!b) st = attn__fail(ctx, ATTN_E_NOMEM, "%s: out of memory", kind);
+  else st = attn__src_read(ctx, &src, 0, b, (size_t)src.size, &got);
+  attn__src_close(&src);
+  if (!st && got != (size_t)src.size) st = attn__io_fail(ctx, ATTN_E_IO, kind, path, "the file shrank while read");
+  if (st) {
+    free(b);
+    return st;
+  }
+  *buf = b;
+  *len = got;
+  return ATTN_OK;
+}

@@ -47,6 +47,12 @@ void attn__src_close(attn__src *src);
  * have shrunk since it was opened). A read error fails with ATTN_E_IO. */
 attn_status attn__src_read(attn_ctx *ctx, const attn__src *src, int64_t off, void *buf, size_t n, size_t *got);
 
+/* A whole file of at most cap bytes (a config, an index) into a fresh buffer
+ * (*buf, free it; one byte more than *len, for a terminator); larger files are
+ * refused (ATTN_E_FORMAT) before anything is allocated. */
+attn_status attn__read_small_file(attn_ctx *ctx, const char *kind, const char *path, int64_t cap, unsigned char **buf,
+                                  size_t *len);
+
 /* ---- atomic writer: a temporary next to path, renamed over it at the end ---- */
 /* path with each symbolic link at its end replaced by what it points to (a
  * relative link is relative to the link's own directory), until a name that is

@@ -374,21 +374,11 @@ attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, const char 
 attn_status attn_hf_config_read(attn_ctx *ctx, attn_hf_config *out, const char *path) {
   ATTN__ENTER(ctx);
   if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_hf_config_read: null argument");
-  attn__src src;
-  attn_status st = attn__src_open(ctx, &src, "config", path);
+  unsigned char *buf;
+  size_t len;
+  attn_status st = attn__read_small_file(ctx, "config", path, HF_CONFIG_CAP, &buf, &len);
   if (st) return st;
-  if (src.size > HF_CONFIG_CAP) {
-    attn__src_close(&src);
-    return attn__io_fail(ctx, ATTN_E_FORMAT, "config", path, "%lld bytes: more than a config's %lld",
-                         (long long)src.size, (long long)HF_CONFIG_CAP);
-  }
-  char *buf = malloc((size_t)src.size + 1);
-  size_t got = 0;
-  if (!buf) st = attn__fail(ctx, ATTN_E_NOMEM, "attn_hf_config_read: out of memory");
-  else st = attn__src_read(ctx, &src, 0, buf, (size_t)src.size, &got);
-  attn__src_close(&src);
-  if (!st && got != (size_t)src.size) st = attn__io_fail(ctx, ATTN_E_IO, "config", path, "the file shrank while read");
-  if (!st) st = attn_hf_config_parse(ctx, out, buf, got, path);
+  st = attn_hf_config_parse(ctx, out, (const char *)buf, len, path);
   free(buf);
   return st;
 }

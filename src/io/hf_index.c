@@ -85,21 +85,11 @@ attn_status attn__hf_index_parse(attn_ctx *ctx, attn__hf_index *x, const void *d
 
 attn_status attn__hf_index_read(attn_ctx *ctx, attn__hf_index *x, const char *path) {
   memset(x, 0, sizeof *x);
-  attn__src src;
-  attn_status st = attn__src_open(ctx, &src, "index", path);
+  unsigned char *buf;
+  size_t len;
+  attn_status st = attn__read_small_file(ctx, "index", path, HF_INDEX_CAP, &buf, &len);
   if (st) return st;
-  if (src.size > HF_INDEX_CAP) {
-    attn__src_close(&src);
-    return attn__io_fail(ctx, ATTN_E_FORMAT, "index", path, "%lld bytes: more than an index's %lld",
-                         (long long)src.size, (long long)HF_INDEX_CAP);
-  }
-  unsigned char *buf = malloc((size_t)src.size + 1);
-  size_t got = 0;
-  if (!buf) st = attn__fail(ctx, ATTN_E_NOMEM, "index: out of memory");
-  else st = attn__src_read(ctx, &src, 0, buf, (size_t)src.size, &got);
-  attn__src_close(&src);
-  if (!st && got != (size_t)src.size) st = attn__io_fail(ctx, ATTN_E_IO, "index", path, "the file shrank while read");
-  if (!st) st = attn__hf_index_parse(ctx, x, buf, got, path);
+  st = attn__hf_index_parse(ctx, x, buf, len, path);
   free(buf);
   return st;
 }
