@@ -724,7 +724,17 @@ ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
  * is found under its family's prefix; what the config says (heads, kv heads,
  * head_dim, QK-norm's kind and eps) shapes the layer, and the options of
  * layer L (scale, sliding window, softcap, RoPE) are returned in *info for
- * attn_hf_layer_opts. */
+ * attn_hf_layer_opts. weights_path ending in ".json" is read as an index; its
+ * shard names must be plain file names in the index's folder. Prefixes tried,
+ * in turn: model.layers.L.self_attn. (and without "model.", and Gemma 3's
+ * language_model wrappers), bert./roberta./vit. + encoder.layer.L.attention.
+ * (and bare), [distilbert.]transformer.layer.L.attention.,
+ * [transformer.]h.L.attn., [encoder.]block.L.layer.0.SelfAttention. (T5's
+ * encoder; its relative position bias, config.relative_bias, is the caller's
+ * additive mask). A checkpoint whose tensors or config contradict each other
+ * (hidden_size, kv heads, attention_bias, a QK-norm model_type without
+ * q_norm) is refused naming the field; the layer's causality is the caller's.
+ * On failure *out is NULL. */
 typedef struct attn_hf_layer {
   size_t size;                /* sizeof(attn_hf_layer), set by attn_mha_create_from_hf */
   int64_t layer;
