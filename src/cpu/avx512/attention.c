@@ -264,7 +264,9 @@ static inline __attribute__((always_inline)) __m512 load_kv(const void *p, int64
     qi = _mm512_sub_epi32(_mm512_and_si512(upper ? _mm512_srli_epi32(bytes, 4) : bytes, _mm512_set1_epi32(15)),
                           _mm512_set1_epi32(8));
   }
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_set1_ps(attn__qscale(blk)));
+  uint16_t h; /* the block's f16 scale, converted by the hardware (F16C comes with AVX-512) */
+  memcpy(&h, blk, 2);
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_set1_ps(_cvtsh_ss(h)));
 }
 
 /* Bytes of a row of F values, and bytes per unit of its row distance. */
