@@ -2,10 +2,11 @@
  * this file's own implementation of the formats' definitions (attn.h), edge
  * cases included; attend over quantized storage against the float64 oracle
  * run on the keys and values the cache holds (decoded by this file), on every
- * kernel and 1-3 threads, decode-sized and prefill steps, GQA, rows of mixed
- * lengths, window, softcap, ALiBi, sinks and RoPE, with the storage past each
- * row's length poisoned; and, printed, how far each format moves the output
- * from an f32 cache's. Optional argument: one kernel's name (else all). */
+ * kernel and 1-3 threads (bitwise the same for each), lse too, decode-sized
+ * and prefill steps, GQA, rows of mixed lengths, window, softcap, ALiBi,
+ * sinks and RoPE, with the storage past each row's length poisoned; and,
+ * printed, how far each format moves the output from an f32 cache's.
+ * Optional argument: one kernel's name (else all; 77 if this CPU lacks it). */
 #include "testutil.h"
 
 #include <stddef.h>
@@ -322,7 +323,7 @@ static void attend_case(const setup *s, const int64_t *len, const char *only, ui
   o.sinks = s->opt.sinks ? &tsi : NULL;
 
   /* the oracle, row by row on the stored keys and values (queries rotated at their positions) */
-  double *ref = malloc(sizeof(double) * (size_t)(B * Hq * Nq * Dv));
+  double *ref = malloc(sizeof(double) * (size_t)(B * Hq * Nq * Dv)), *ref_lse = malloc(sizeof(double) * (size_t)(B * Hq * Nq));
   for (int64_t b = 0; b < B; b++) {
     float *kb = stored_f32(ctx, cache, 0, b, s->kt, D), *vb = stored_f32(ctx, cache, 1, b, s->vt, Dv);
     const int64_t q1[4] = {1, Hq, Nq, D}, k1[4] = {1, s->Hk, len[b], D}, v1[4] = {1, s->Hk, len[b], Dv};
@@ -339,23 +340,37 @@ static void attend_case(const setup *s, const int64_t *len, const char *only, ui
     }
     attn_tensor tkb = attn_tensor_view(kb, ATTN_F32, 4, k1), tvb = attn_tensor_view(vb, ATTN_F32, 4, v1);
     attn_tensor tr = attn_tensor_view(ref + b * Hq * Nq * Dv, ATTN_F64, 4, o1);
+    attn_tensor trl = attn_tensor_view(ref_lse + b * Hq * Nq, ATTN_F64, 3, o1);
     attn_sdpa_opts ro = o;
     ro.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-    CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, NULL, NULL, &tqb, &tkb, &tvb, &ro));
+    CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, &trl, NULL, &tqb, &tkb, &tvb, &ro));
     free(kb), free(vb), free(qb);
   }
 
-  const attn_kernel kernels[4] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
-  float *out = malloc(sizeof(float) * (size_t)(B * Hq * Nq * Dv));
-  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, os);
-  for (int ki = 0; ki < 4; ki++) {
+  const attn_kernel kernels[5] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
+                                  ATTN_KERNEL_AVX512_BF16};
+  float *out = malloc(sizeof(float) * (size_t)(B * Hq * Nq * Dv)), *first = malloc(sizeof(float) * (size_t)(B * Hq * Nq * Dv));
+  float *lse = malloc(sizeof(float) * (size_t)(B * Hq * Nq));
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, os), tl = attn_tensor_view(lse, ATTN_F32, 3, os);
+  for (int ki = 0; ki < 5; ki++) {
     if (only && strcmp(only, attn_kernel_name(kernels[ki]))) continue;
     if (!attn_kernel_supported(kernels[ki])) continue; /* main skips (77) when the one asked for is missing */
     attn_ctx_set_kernel(ctx, kernels[ki]);
     for (int threads = 1; threads <= 3; threads++) {
       attn_ctx_set_threads(ctx, threads);
       tu_poison_f32(out, B * Hq * Nq * Dv);
-      CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, NULL, &tq, &o));
+      tu_poison_f32(lse, B * Hq * Nq);
+      CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, &tl, &tq, &o));
+      double lse_err = 0;
+      for (int64_t i = 0; i < B * Hq * Nq; i++)
+        if (!(fabs(lse[i] - ref_lse[i]) <= lse_err)) lse_err = fabs(lse[i] - ref_lse[i]); /* NaN sticks */
+      CHECK(lse_err <= 1e-5, "k %s v %s, %s, Nq %lld, kernel %s threads %d: lse off by %.3g", attn_kv_dtype_name(s->kt),
+            attn_kv_dtype_name(s->vt), s->opt.name, (long long)Nq, attn_kernel_name(kernels[ki]), threads, lse_err);
+      if (threads == 1) memcpy(first, out, sizeof(float) * (size_t)(B * Hq * Nq * Dv));
+      else
+        CHECK(memcmp(first, out, sizeof(float) * (size_t)(B * Hq * Nq * Dv)) == 0,
+              "k %s v %s, %s, Nq %lld, kernel %s: %d threads differ from 1", attn_kv_dtype_name(s->kt),
+              attn_kv_dtype_name(s->vt), s->opt.name, (long long)Nq, attn_kernel_name(kernels[ki]), threads);
       double *got = tu_to_f64(&to);
       const double err = tu_rel_l2(got, ref, B * Hq * Nq * Dv);
       const int nans = tu_count_nan(got, B * Hq * Nq * Dv);
@@ -367,7 +382,7 @@ static void attend_case(const setup *s, const int64_t *len, const char *only, ui
   }
   attn_kv_cache_destroy(cache);
   attn_ctx_destroy(ctx);
-  free(q), free(ref), free(out);
+  free(q), free(ref), free(ref_lse), free(out), free(first), free(lse);
 }
 
 static void attend_all(const char *only) {
