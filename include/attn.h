@@ -463,8 +463,49 @@ ATTN_API attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, co
  * (rows) that may each hold a different number of tokens. Storage is
  * [B, Hk, capacity, D] for keys and [B, Hk, capacity, Dv] for values, in f32,
  * f16 or bf16 (halves the memory and the read time of a decoding step; rounded
- * to nearest even on append, widened to f32 in registers on attend). */
+ * to nearest even on append, widened to f32 in registers on attend), or in
+ * the block formats below (quantized on append, dequantized in registers by
+ * the decode kernels), chosen separately for keys and values. */
 typedef struct attn_kv_cache attn_kv_cache;
+
+/* Storage of one kind (keys or values) of a KV cache.
+ *
+ * ATTN_KV_Q8_0 and ATTN_KV_Q4_0 store each token's D (or Dv) values as blocks
+ * of 32, byte for byte ggml's block_q8_0 / block_q4_0 (a llama.cpp cache of
+ * those types holds the same bytes); D and Dv must be multiples of 32.
+ *   q8_0, 34 bytes: f16 scale d (little-endian), then int8 q[32]; x = d * q.
+ *     Encoding: d = max|x| / 127 (f32), q = round(x * (1 / d)) (f32, halfway
+ *     away from zero), all q = 0 when d = 0; then d is stored rounded to f16.
+ *   q4_0, 18 bytes: f16 scale d, then 16 bytes: byte j holds element j in its
+ *     low nibble and element j + 16 in its high nibble; x = d * (q - 8).
+ *     Encoding: m = the element of largest magnitude, with its sign (the
+ *     first, on a tie), d = m / -8 (f32), q = min(15, floor(x * (1 / d) + 8.5))
+ *     (f32: halfway rounds up), all q = 8 when d = 0; d stored as f16.
+ * The quotient uses the f32 d, not its f16 rounding, as ggml's quantizers do.
+ * A block holding a NaN or an infinity is stored as scale NaN (0x7e00) with q
+ * = 0 (q8_0) or 8 (q4_0): all 32 of its values read back NaN, so a non-finite
+ * input poisons its block's results as it would in f32 storage instead of
+ * vanishing. A finite block whose d passes the f16 range (|x| > 65504 * 127 or
+ * * 8) gets scale Inf. */
+typedef enum attn_kv_dtype {
+  ATTN_KV_AS_DTYPE = 0, /* attn_kv_cache_config.dtype */
+  ATTN_KV_F32 = 1,
+  ATTN_KV_F16 = 2,
+  ATTN_KV_BF16 = 3,
+  ATTN_KV_Q8_0 = 4,
+  ATTN_KV_Q4_0 = 5
+} attn_kv_dtype;
+
+/* "f32", "f16", "bf16", "q8_0", "q4_0" ("as_dtype" for 0, "?" otherwise). */
+ATTN_API const char *attn_kv_dtype_name(attn_kv_dtype dt);
+/* Bytes that n values take in dt (n a multiple of 32 for q8_0 and q4_0); 0 for
+ * ATTN_KV_AS_DTYPE, an unknown dt or an n the format cannot hold. */
+ATTN_API size_t attn_kv_dtype_bytes(attn_kv_dtype dt, int64_t n);
+/* The encoders and decoders of the block formats, as the cache uses them:
+ * src (n floats) into dst (attn_kv_dtype_bytes(dt, n) bytes), and back. dt is
+ * ATTN_KV_Q8_0 or ATTN_KV_Q4_0 and n a multiple of 32 (else ATTN_E_INVALID). */
+ATTN_API attn_status attn_kv_quantize(attn_ctx *ctx, attn_kv_dtype dt, void *dst, const float *src, int64_t n);
+ATTN_API attn_status attn_kv_dequantize(attn_ctx *ctx, attn_kv_dtype dt, float *dst, const void *src, int64_t n);
 
 typedef struct attn_kv_cache_config {
   size_t size;        /* sizeof(attn_kv_cache_config), set by attn_kv_cache_config_init */
@@ -473,13 +514,17 @@ typedef struct attn_kv_cache_config {
   int64_t kv_heads;   /* Hk */
   int64_t head_dim;   /* D of the keys */
   int64_t v_head_dim; /* Dv of the values; 0 = D */
-  attn_dtype dtype;   /* storage: ATTN_F32, ATTN_F16 or ATTN_BF16 */
+  attn_dtype dtype;   /* storage: ATTN_F32, ATTN_F16 or ATTN_BF16 (see k_dtype, v_dtype) */
   /* Rotary embeddings (NULL: none; the cache keeps a copy): keys are rotated
    * once, on append, at their positions (row b's length + i), and queries on
    * attend at theirs (len_b - Nq + i), so the cache holds rotated keys and a
    * step needs no position from the caller. positions must be NULL,
    * position_offset 0 and transpose 0. */
   const attn_rope_opts *rope;
+  /* Storage of the keys and of the values; ATTN_KV_AS_DTYPE (0, the default
+   * and what a caller built before these fields gets) = dtype. Keys are
+   * quantized after RoPE. attn_kv_cache_get_config reports both resolved. */
+  attn_kv_dtype k_dtype, v_dtype;
 } attn_kv_cache_config;
 
 /* batch, capacity, kv_heads, head_dim as given; Dv = D; f32 storage. */
@@ -495,7 +540,12 @@ ATTN_API int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t b);
  * If any row would pass its capacity nothing is appended (ATTN_E_SHAPE). */
 ATTN_API attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn_tensor *k,
                                           const attn_tensor *v, const int64_t *n_new);
-/* Attention of new queries over every cached token of their row:
+/* Attention of new queries over every cached token of their row. Decode-sized
+ * steps (Nq times the GQA group at most 8) read the storage in place, the
+ * block formats dequantized in registers; larger ones (a prefill) and the
+ * reference kernel go row by row through attn_sdpa, on the storage itself
+ * when keys and values share a float dtype, else on an f32 copy of the row's
+ * keys and values (Hk * len_b * (D + Dv) floats, freed before return):
  *   out is [B, Hq, Nq, Dv] (f32, f16 or bf16), q is [B, Hq, Nq, D] (f32, f16 or bf16), Hq a multiple of Hk.
  * Query i of row b is the token at position len_b - Nq + i (the row's last Nq
  * tokens, bottom-right causal), so append first, then attend. lse (or NULL)
@@ -510,7 +560,10 @@ ATTN_API attn_status attn_kv_cache_truncate(attn_ctx *ctx, attn_kv_cache *cache,
 /* Beam search: row dst becomes a copy of row src (tokens and length). */
 ATTN_API attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache, int64_t dst, int64_t src);
 /* Views of row b's cached keys [1, Hk, len_b, D] and values [1, Hk, len_b, Dv]
- * in the storage dtype, valid until the next append, truncate or destroy. */
+ * in the storage dtype, valid until the next append, truncate or destroy. A
+ * quantized kind is viewed as its raw blocks: ATTN_U8 [1, Hk, len_b, bytes],
+ * bytes = attn_kv_dtype_bytes(kind, D or Dv) per token (decode them with
+ * attn_kv_dequantize; writing them is allowed, as for the float kinds). */
 ATTN_API attn_status attn_kv_cache_view(attn_ctx *ctx, attn_tensor *k, attn_tensor *v, const attn_kv_cache *cache,
                                         int64_t b);
 

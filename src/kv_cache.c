@@ -3,10 +3,12 @@
  * query rows per kv head) is one call of the decode kernel over the whole
  * batch, each row's length saying which keys exist (attn__sdpa.kv_len), so
  * rows of mixed lengths share one parallel region; a prefill attends row by
- * row through attn_sdpa on views of the storage. */
+ * row through attn_sdpa on views of the storage (or, for block formats or
+ * keys and values of different dtypes, on an f32 copy of the row). */
 #include "internal.h"
 #include "logit.h"
 #include "opts.h"
+#include "quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +16,134 @@
 struct attn_kv_cache {
   attn_kv_cache_config cfg; /* Dv resolved; rope points at the copy below */
   attn_rope_opts rope;      /* the caller's, when cfg.rope is set */
-  void *k, *v;              /* [B, Hk, capacity, D] and [B, Hk, capacity, Dv] in cfg.dtype */
+  void *k, *v;              /* [B, Hk, capacity, D] and [B, Hk, capacity, Dv] rows in kt, vt */
+  attn_dtype kt, vt;        /* storage: a float dtype or quant.h's ATTN__Q8_0, ATTN__Q4_0 */
   int64_t *len;             /* [B] tokens per row */
 };
+
+/* ---- the block formats (attn.h's attn_kv_dtype says what they are) ---- */
+
+/* 1 when every x[0..n) is finite. */
+static int all_finite(const float *x, int n) {
+  int ok = 1;
+  for (int i = 0; i < n; i++) ok &= isfinite(x[i]) != 0;
+  return ok;
+}
+
+// dst: one q8_0 block (34 bytes) of x[0..32).
+static void quantize_q8_0(uint8_t *dst, const float *x) {
+  int8_t *q = (int8_t *)(dst + 2);
+  if (!all_finite(x, ATTN__QK)) { /* a non-finite value poisons its block: see attn.h */
+    const uint16_t nan = 0x7e00;
+    memcpy(dst, &nan, 2);
+    memset(q, 0, ATTN__QK);
+    return;
+  }
+  float amax = 0;
+  for (int i = 0; i < ATTN__QK; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+  const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+  const uint16_t h = attn__f32_to_f16(d);
+  memcpy(dst, &h, 2);
+  for (int i = 0; i < ATTN__QK; i++) q[i] = (int8_t)roundf(x[i] * id); /* |x * id| <= 127 (+ an ulp) */
+}
+
+// dst: one q4_0 block (18 bytes) of x[0..32).
+static void quantize_q4_0(uint8_t *dst, const float *x) {
+  uint8_t *q = dst + 2;
+  if (!all_finite(x, ATTN__QK)) {
+    const uint16_t nan = 0x7e00;
+    memcpy(dst, &nan, 2);
+    memset(q, 0x88, ATTN__QK / 2); /* q = 8: value 0 times the NaN scale */
+    return;
+  }
+  float amax = 0, max = 0; /* the element of largest magnitude, with its sign; the first on a tie */
+  for (int i = 0; i < ATTN__QK; i++)
+    if (fabsf(x[i]) > amax) amax = fabsf(x[i]), max = x[i];
+  const float d = max / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+  const uint16_t h = attn__f32_to_f16(d);
+  memcpy(dst, &h, 2);
+  for (int j = 0; j < ATTN__QK / 2; j++) {
+    /* x * id lies in [-8, 8] (+ an ulp), so x * id + 8.5 > 0 and truncation is floor */
+    const int lo = (int)(x[j] * id + 8.5f), hi = (int)(x[j + ATTN__QK / 2] * id + 8.5f);
+    q[j] = (uint8_t)((lo > 15 ? 15 : lo) | (hi > 15 ? 15 : hi) << 4);
+  }
+}
+
+void attn__quantize_row(attn_dtype dt, uint8_t *dst, const float *src, int64_t n) {
+  const size_t bb = attn__qblock_bytes(dt);
+  for (int64_t c = 0; c < n; c += ATTN__QK, dst += bb) {
+    if (dt == ATTN__Q8_0) quantize_q8_0(dst, src + c);
+    else quantize_q4_0(dst, src + c);
+  }
+}
+
+void attn__dequantize_row(attn_dtype dt, float *dst, const uint8_t *src, int64_t n) {
+  const size_t bb = attn__qblock_bytes(dt);
+  for (int64_t c = 0; c < n; c += ATTN__QK, src += bb) {
+    const float d = attn__qscale(src);
+    if (dt == ATTN__Q8_0)
+      for (int i = 0; i < ATTN__QK; i++) dst[c + i] = d * (float)((const int8_t *)(src + 2))[i];
+    else
+      for (int j = 0; j < ATTN__QK / 2; j++) {
+        dst[c + j] = d * (float)((src[2 + j] & 15) - 8);
+        dst[c + j + ATTN__QK / 2] = d * (float)((src[2 + j] >> 4) - 8);
+      }
+  }
+}
+
+/* The storage code of a public kind (resolved: never ATTN_KV_AS_DTYPE); -1 if unknown. */
+static int storage_of(attn_kv_dtype k) {
+  switch (k) {
+    case ATTN_KV_F32: return ATTN_F32;
+    case ATTN_KV_F16: return ATTN_F16;
+    case ATTN_KV_BF16: return ATTN_BF16;
+    case ATTN_KV_Q8_0: return (int)ATTN__Q8_0;
+    case ATTN_KV_Q4_0: return (int)ATTN__Q4_0;
+    default: return -1;
+  }
+}
+
+const char *attn_kv_dtype_name(attn_kv_dtype dt) {
+  static const char *const names[] = {"as_dtype", "f32", "f16", "bf16", "q8_0", "q4_0"};
+  return (unsigned)dt < sizeof names / sizeof names[0] ? names[dt] : "?";
+}
+
+size_t attn_kv_dtype_bytes(attn_kv_dtype dt, int64_t n) {
+  const int s = storage_of(dt);
+  if (s < 0 || n < 0 || (attn__is_quant((attn_dtype)s) && n % ATTN__QK)) return 0;
+  return attn__row_bytes((attn_dtype)s, n);
+}
+
+static attn_status check_codec(attn_ctx *ctx, attn_kv_dtype dt, const void *a, const void *b, int64_t n,
+                               const char *fn) {
+  if (dt != ATTN_KV_Q8_0 && dt != ATTN_KV_Q4_0)
+    return attn__fail(ctx, ATTN_E_INVALID, "%s: dt must be ATTN_KV_Q8_0 or ATTN_KV_Q4_0, got %d", fn, (int)dt);
+  if (n < 0 || n % ATTN__QK)
+    return attn__fail(ctx, ATTN_E_INVALID, "%s: n = %lld is not a multiple of %d (the block size)", fn, (long long)n,
+                      ATTN__QK);
+  if (n && (!a || !b)) return attn__fail(ctx, ATTN_E_INVALID, "%s: null buffer", fn);
+  return ATTN_OK;
+}
+
+attn_status attn_kv_quantize(attn_ctx *ctx, attn_kv_dtype dt, void *dst, const float *src, int64_t n) {
+  ATTN__ENTER(ctx);
+  attn_status st = check_codec(ctx, dt, dst, src, n, "attn_kv_quantize");
+  if (!st) attn__quantize_row((attn_dtype)storage_of(dt), dst, src, n);
+  return st;
+}
+
+attn_status attn_kv_dequantize(attn_ctx *ctx, attn_kv_dtype dt, float *dst, const void *src, int64_t n) {
+  ATTN__ENTER(ctx);
+  attn_status st = check_codec(ctx, dt, dst, src, n, "attn_kv_dequantize");
+  if (!st) attn__dequantize_row((attn_dtype)storage_of(dt), dst, src, n);
+  return st;
+}
+
+/* The public kind of a storage code. */
+static attn_kv_dtype kind_of(attn_dtype s) {
+  return s == ATTN_F32 ? ATTN_KV_F32 : s == ATTN_F16 ? ATTN_KV_F16 : s == ATTN_BF16 ? ATTN_KV_BF16
+         : s == ATTN__Q8_0 ? ATTN_KV_Q8_0 : ATTN_KV_Q4_0;
+}
 
 void attn_kv_cache_config_init(attn_kv_cache_config *cfg, int64_t batch, int64_t capacity, int64_t kv_heads,
                                int64_t head_dim) {
@@ -48,6 +175,23 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_
   if (c.dtype != ATTN_F32 && c.dtype != ATTN_F16 && c.dtype != ATTN_BF16)
     return attn__fail(ctx, ATTN_E_DTYPE, "attn_kv_cache_create: storage must be f32, f16 or bf16, got %s",
                       attn_dtype_name(c.dtype));
+  /* each kind's storage: its own, or dtype's */
+  attn_dtype kinds[2];
+  const attn_kv_dtype asked[2] = {c.k_dtype, c.v_dtype};
+  const int64_t dims[2] = {c.head_dim, c.v_head_dim};
+  for (int kind = 0; kind < 2; kind++) {
+    const int s = asked[kind] == ATTN_KV_AS_DTYPE ? (int)c.dtype : storage_of(asked[kind]);
+    if (s < 0)
+      return attn__fail(ctx, ATTN_E_DTYPE, "attn_kv_cache_create: %s_dtype %d is not an attn_kv_dtype",
+                        kind ? "v" : "k", (int)asked[kind]);
+    kinds[kind] = (attn_dtype)s;
+    if (attn__is_quant(kinds[kind]) && dims[kind] % ATTN__QK)
+      return attn__fail(ctx, ATTN_E_INVALID,
+                        "attn_kv_cache_create: %s storage %s takes blocks of %d values; %s = %lld is not a multiple of %d",
+                        kind ? "value" : "key", attn_kv_dtype_name(kind_of(kinds[kind])), ATTN__QK,
+                        kind ? "v_head_dim" : "head_dim", (long long)dims[kind], ATTN__QK);
+  }
+  c.k_dtype = kind_of(kinds[0]), c.v_dtype = kind_of(kinds[1]);
   attn_rope_opts rope;
   attn_rope_opts_init(&rope);
   if (c.rope) {
@@ -65,9 +209,10 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_
     }
   }
   int64_t rows, nk, nv;
-  const int64_t es = (int64_t)attn_dtype_size(c.dtype);
   if (attn__mul_overflows(c.batch, c.kv_heads, &rows) || attn__mul_overflows(rows, c.capacity, &rows) ||
-      attn__mul_overflows(rows, c.head_dim * es, &nk) || attn__mul_overflows(rows, c.v_head_dim * es, &nv) ||
+      c.head_dim > INT64_MAX / 8 || c.v_head_dim > INT64_MAX / 8 ||
+      attn__mul_overflows(rows, (int64_t)attn__row_bytes(kinds[0], c.head_dim), &nk) ||
+      attn__mul_overflows(rows, (int64_t)attn__row_bytes(kinds[1], c.v_head_dim), &nv) ||
       (uint64_t)nk > SIZE_MAX / 4 || (uint64_t)nv > SIZE_MAX / 4)
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_kv_cache_create: a cache of this size cannot be addressed");
   attn_kv_cache *kc = calloc(1, sizeof *kc);
@@ -75,6 +220,7 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_
     kc->cfg = c;
     kc->rope = rope;
     kc->cfg.rope = c.rope ? &kc->rope : NULL;
+    kc->kt = kinds[0], kc->vt = kinds[1];
     kc->k = attn__aligned_alloc((size_t)nk);
     kc->v = attn__aligned_alloc((size_t)nv);
     kc->len = calloc((size_t)c.batch, sizeof(int64_t));
@@ -102,13 +248,17 @@ int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t b) {
   return cache && b >= 0 && b < cache->cfg.batch ? cache->len[b] : 0;
 }
 
-/* Row b's storage of one kind as a [1, Hk, len, F] view. */
-static attn_tensor row_view(const attn_kv_cache *c, void *base, int64_t F, int64_t b, int64_t len) {
+/* Row b's storage of one kind (0 keys, 1 values) as a [1, Hk, len, F] view,
+ * F = D or Dv; a block format's as ATTN_U8 [1, Hk, len, its bytes per token]. */
+static attn_tensor row_view(const attn_kv_cache *c, int kind, int64_t b, int64_t len) {
+  const attn_dtype dt = kind ? c->vt : c->kt;
+  const int64_t Fv = kind ? c->cfg.v_head_dim : c->cfg.head_dim;
+  const int64_t F = attn__is_quant(dt) ? (int64_t)attn__row_bytes(dt, Fv) : Fv;
   const int64_t plane = c->cfg.capacity * F;
   attn_tensor t;
   memset(&t, 0, sizeof t);
-  t.data = (char *)base + (size_t)(b * c->cfg.kv_heads * plane) * attn_dtype_size(c->cfg.dtype);
-  t.dtype = c->cfg.dtype;
+  t.dtype = attn__is_quant(dt) ? ATTN_U8 : dt;
+  t.data = (char *)(kind ? c->v : c->k) + (size_t)(b * c->cfg.kv_heads * plane) * attn_dtype_size(t.dtype);
   t.rank = 4;
   t.shape[0] = 1, t.shape[1] = c->cfg.kv_heads, t.shape[2] = len, t.shape[3] = F;
   t.strides[0] = c->cfg.kv_heads * plane, t.strides[1] = plane, t.strides[2] = F, t.strides[3] = 1;
@@ -131,14 +281,20 @@ static attn_status check_new(attn_ctx *ctx, const attn_kv_cache *c, const attn_t
   return ATTN_OK;
 }
 
-/* Tokens [0, n) of row b of src (a [B, Hk, n, F] view) into dst (row b's [1, Hk, *, F] view) from position at. */
-static void copy_tokens(attn_tensor *dst, const attn_tensor *src, int64_t b, int64_t at, int64_t n) {
-  const int64_t Hk = dst->shape[1], F = dst->shape[3];
+/* Tokens [0, n) of row b of src (a [B, Hk, n, F] view) into dst (row b's
+ * [1, Hk, *, F] view, or its raw blocks when qt is a block format) from
+ * position at. row: scratch of F floats (for the blocks). */
+static void copy_tokens(attn_tensor *dst, const attn_tensor *src, attn_dtype qt, float *row, int64_t b, int64_t at,
+                        int64_t n) {
+  const int64_t Hk = dst->shape[1], F = attn__is_quant(qt) ? src->shape[3] : dst->shape[3];
   for (int64_t g = 0; g < Hk; g++)
     for (int64_t j = 0; j < n; j++) {
       const int64_t so = b * src->strides[0] + g * src->strides[1] + j * src->strides[2];
       const int64_t d0 = g * dst->strides[1] + (at + j) * dst->strides[2];
-      if (dst->dtype == ATTN_F32 && src->dtype == ATTN_F32 && src->strides[3] == 1)
+      if (attn__is_quant(qt)) { /* quantized as the token's row is appended */
+        for (int64_t f = 0; f < F; f++) row[f] = (float)attn__load(src->data, src->dtype, so + f * src->strides[3]);
+        attn__quantize_row(qt, (uint8_t *)dst->data + d0, row, F);
+      } else if (dst->dtype == ATTN_F32 && src->dtype == ATTN_F32 && src->strides[3] == 1)
         memcpy((float *)dst->data + d0, (const float *)src->data + so, (size_t)F * sizeof(float));
       else
         for (int64_t f = 0; f < F; f++)
@@ -187,17 +343,23 @@ attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn
                         "attn_kv_cache_append: row %lld holds %lld of %lld tokens; %lld more do not fit (nothing appended)",
                         (long long)b, (long long)cache->len[b], (long long)c->capacity, (long long)m);
   }
+  const int64_t F = c->head_dim > c->v_head_dim ? c->head_dim : c->v_head_dim;
+  float *row = malloc((size_t)F * sizeof(float)); /* a token's row, on its way into blocks */
+  if (!row) return attn__fail(ctx, ATTN_E_NOMEM, "attn_kv_cache_append: out of memory");
   attn_tensor rotated;
-  if (c->rope && (st = rotate(ctx, &rotated, cache, k, n, 0))) return st;
+  if (c->rope && (st = rotate(ctx, &rotated, cache, k, n, 0))) {
+    free(row);
+    return st;
+  }
   for (int64_t b = 0; b < c->batch; b++) {
     const int64_t m = n_new ? n_new[b] : n;
-    attn_tensor kd = row_view(cache, cache->k, c->head_dim, b, c->capacity);
-    attn_tensor vd = row_view(cache, cache->v, c->v_head_dim, b, c->capacity);
-    copy_tokens(&kd, c->rope ? &rotated : k, b, cache->len[b], m);
-    copy_tokens(&vd, v, b, cache->len[b], m);
+    attn_tensor kd = row_view(cache, 0, b, c->capacity), vd = row_view(cache, 1, b, c->capacity);
+    copy_tokens(&kd, c->rope ? &rotated : k, cache->kt, row, b, cache->len[b], m);
+    copy_tokens(&vd, v, cache->vt, row, b, cache->len[b], m);
     cache->len[b] += m;
   }
   if (c->rope) attn_tensor_free(&rotated);
+  free(row);
   return ATTN_OK;
 }
 
@@ -210,16 +372,23 @@ static attn_status attend_batch(attn_ctx *ctx, const attn_kv_cache *cache, attn_
   if (ctx->dispatch.kernel == ATTN_KERNEL_REF || !ctx->dispatch.decode_enabled) return ATTN_E_UNSUPPORTED;
   int64_t longest = 0;
   for (int64_t b = 0; b < c->batch; b++) longest = cache->len[b] > longest ? cache->len[b] : longest;
-  attn_tensor k = row_view(cache, cache->k, c->head_dim, 0, longest), v = row_view(cache, cache->v, c->v_head_dim, 0, longest);
+  attn_tensor k = row_view(cache, 0, 0, longest), v = row_view(cache, 1, 0, longest);
   k.shape[0] = v.shape[0] = c->batch;
+  /* a block format is checked as the f32 [B, Hk, len, F] it holds (prepare
+   * reads shapes, not data), then handed to the kernels as its blocks */
+  attn_tensor ks = k, vs = v;
+  if (attn__is_quant(cache->kt)) ks.dtype = ATTN_F32, ks.shape[3] = c->head_dim;
+  if (attn__is_quant(cache->vt)) vs.dtype = ATTN_F32, vs.shape[3] = c->v_head_dim;
   attn__sdpa p;
-  attn_status st = attn__sdpa_prepare(ctx, &p, out, lse, NULL, q, &k, &v, o, 1);
+  attn_status st = attn__sdpa_prepare(ctx, &p, out, lse, NULL, q, &ks, &vs, o, 1);
   if (st) {
     char msg[ATTN__MSG_LEN];
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
     return attn__fail(ctx, st, "attn_kv_cache_attend: %s", msg);
   }
   p.kv_len = cache->len;
+  if (attn__is_quant(cache->kt)) p.k = k, p.k.dtype = cache->kt, p.k.shape[3] = c->head_dim; /* strides in bytes */
+  if (attn__is_quant(cache->vt)) p.v = v, p.v.dtype = cache->vt, p.v.shape[3] = c->v_head_dim;
   if (!attn__decode_fits(&p)) return ATTN_E_UNSUPPORTED;
   if (p.Hq == 0 || p.Nq == 0) return ATTN_OK;
   return attn__sdpa_run_decode(ctx, &p);
@@ -258,6 +427,26 @@ attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tenso
   return st;
 }
 
+/* *out = row b's keys (kind 0) or values (1) as an f32 [1, Hk, len_b, F]
+ * tensor (allocated here): dequantized, or widened. */
+static attn_status row_f32(attn_ctx *ctx, attn_tensor *out, const attn_kv_cache *cache, int kind, int64_t b) {
+  const attn_dtype dt = kind ? cache->vt : cache->kt;
+  const int64_t F = kind ? cache->cfg.v_head_dim : cache->cfg.head_dim, len = cache->len[b];
+  const int64_t shape[4] = {1, cache->cfg.kv_heads, len, F};
+  attn_status st = attn_tensor_alloc(ctx, out, ATTN_F32, 4, shape);
+  if (st) return st;
+  const attn_tensor s = row_view(cache, kind, b, len);
+  float *dst = out->data;
+  for (int64_t g = 0; g < shape[1]; g++)
+    for (int64_t j = 0; j < len; j++, dst += F) {
+      const int64_t off = g * s.strides[1] + j * s.strides[2];
+      if (attn__is_quant(dt)) attn__dequantize_row(dt, dst, (const uint8_t *)s.data + off, F);
+      else
+        for (int64_t f = 0; f < F; f++) dst[f] = (float)attn__load(s.data, s.dtype, off + f);
+    }
+  return ATTN_OK;
+}
+
 /* The batch in one decode call, or row by row through attn_sdpa. */
 static attn_status attend_rows(attn_ctx *ctx, const attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
                                const attn_tensor *q, const attn_sdpa_opts *opts) {
@@ -266,9 +455,18 @@ static attn_status attend_rows(attn_ctx *ctx, const attn_kv_cache *cache, attn_t
   attn_status st;
   if ((st = attend_batch(ctx, cache, out, lse, q, &o)) != ATTN_E_UNSUPPORTED) return st;
   ctx->msg[0] = '\0';
+  /* block formats, or keys and values of two dtypes: attn_sdpa reads an f32 copy */
+  const int copy = attn__is_quant(cache->kt) || attn__is_quant(cache->vt) || cache->kt != cache->vt;
   for (int64_t b = 0; b < c->batch; b++) {
-    attn_tensor qb = *q, ob = *out, kb = row_view(cache, cache->k, c->head_dim, b, cache->len[b]);
-    attn_tensor vb = row_view(cache, cache->v, c->v_head_dim, b, cache->len[b]), lb, *lbp = NULL;
+    attn_tensor qb = *q, ob = *out, kb = row_view(cache, 0, b, cache->len[b]), vb = row_view(cache, 1, b, cache->len[b]);
+    attn_tensor lb, *lbp = NULL;
+    if (copy) {
+      if ((st = row_f32(ctx, &kb, cache, 0, b))) return st;
+      if ((st = row_f32(ctx, &vb, cache, 1, b))) {
+        attn_tensor_free(&kb);
+        return st;
+      }
+    }
     qb.shape[0] = ob.shape[0] = 1;
     qb.data = (char *)q->data + (size_t)(b * q->strides[0]) * attn_dtype_size(q->dtype);
     ob.data = (char *)out->data + (size_t)(b * out->strides[0]) * attn_dtype_size(out->dtype);
@@ -279,7 +477,9 @@ static attn_status attend_rows(attn_ctx *ctx, const attn_kv_cache *cache, attn_t
       lbp = &lb;
     }
     /* attn_sdpa checks the rest (out's shape, Hq against Hk, dtypes) with the row's view */
-    if ((st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, &o))) {
+    st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, &o);
+    if (copy) attn_tensor_free(&kb), attn_tensor_free(&vb);
+    if (st) {
       char msg[ATTN__MSG_LEN];
       snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
       return attn__fail(ctx, st, "attn_kv_cache_attend: row %lld: %s", (long long)b, msg);
@@ -311,14 +511,12 @@ attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache, int64_t 
     return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_copy_row: rows %lld and %lld must be in 0..%lld",
                       (long long)dst, (long long)src, (long long)c->batch - 1);
   if (dst == src) return ATTN_OK;
-  const size_t es = attn_dtype_size(c->dtype);
-  const int64_t F[2] = {c->head_dim, c->v_head_dim};
-  void *base[2] = {cache->k, cache->v};
   for (int kind = 0; kind < 2; kind++) {
-    attn_tensor d = row_view(cache, base[kind], F[kind], dst, 0), s = row_view(cache, base[kind], F[kind], src, 0);
+    const attn_tensor d = row_view(cache, kind, dst, 0), s = row_view(cache, kind, src, 0);
+    const size_t es = attn_dtype_size(d.dtype); /* rows of F elements, or of bytes of blocks */
     for (int64_t g = 0; g < c->kv_heads; g++) /* only the tokens held, not the whole capacity */
       memcpy((char *)d.data + (size_t)(g * d.strides[1]) * es, (const char *)s.data + (size_t)(g * s.strides[1]) * es,
-             (size_t)(cache->len[src] * F[kind]) * es);
+             (size_t)(cache->len[src] * d.shape[3]) * es);
   }
   cache->len[dst] = cache->len[src];
   return ATTN_OK;
@@ -330,7 +528,7 @@ attn_status attn_kv_cache_view(attn_ctx *ctx, attn_tensor *k, attn_tensor *v, co
   if (b < 0 || b >= cache->cfg.batch)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_kv_cache_view: row %lld is outside 0..%lld", (long long)b,
                       (long long)cache->cfg.batch - 1);
-  *k = row_view(cache, cache->k, cache->cfg.head_dim, b, cache->len[b]);
-  *v = row_view(cache, cache->v, cache->cfg.v_head_dim, b, cache->len[b]);
+  *k = row_view(cache, 0, b, cache->len[b]); /* a block format's: its raw blocks, ATTN_U8 (attn.h) */
+  *v = row_view(cache, 1, b, cache->len[b]);
   return ATTN_OK;
 }

@@ -117,6 +117,9 @@ differ "$T/o3.npy" "$T/o1.npy"
 # bench decode runs, checks itself against the oracle and says so
 expect 0 "" -- bench decode --batch 2 --kv-seq 300 --heads 4 --kv-heads 2 --dim 16 --dtype bf16 --repeat 2 --json
 if grep -q '"op":"decode"' "$T/stdout" && grep -Eq '"oracle_rel_l2":[0-9.e-]+' "$T/stdout"; then ok; else bad "bench decode --json: $(cat "$T/stdout")"; fi
+# and over an attn_kv_cache in a block format (keys q4_0, values q8_0), checked against the oracle on what it stores
+expect 0 "" -- bench decode --batch 2 --kv-seq 300 --heads 4 --kv-heads 2 --dim 64 --k-dtype q4_0 --v-dtype q8_0 --repeat 2 --json
+if grep -q '"k_dtype":"q4_0","v_dtype":"q8_0","kv_cache":true' "$T/stdout" && grep -Eq '"oracle_rel_l2":[0-9.]+e-0[6-9]' "$T/stdout"; then ok; else bad "bench decode q4_0/q8_0: $(cat "$T/stdout")"; fi
 
 # --kv-dtype: k and v rounded to halves; the stored-halves forward and the rounded-f32 backward agree
 D=$G/sdpa_bwd_plain
@@ -306,6 +309,8 @@ expect 1 "$O" -- mha $MS --out "$O" --grad-out "$T/garbage.npy" --grads-out "$T/
 expect 1 "$O" -- mha $MS --out "$O" --weights-out "$T/never_w.npy" --grad-out $G/mha_seed/out.npy --grads-out "$T/no/such/dir/g.safetensors"
 expect 2 "$O" -- bench sdpa --batch 1 --heads 2 --seq 8 --dim 8 --backward --kernel nope
 expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --heads 2 --dim 8 --dtype f8
+expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --heads 2 --dim 8 --dtype q8_0
+expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --heads 2 --dim 32 --dtype q4_0 --compare
 expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --heads 3 --kv-heads 2 --dim 8
 expect 2 "$O" -- bench decode --batch 1 --heads 2 --dim 8
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --query $G/mha_seed/x.npy --out "$O"

@@ -49,7 +49,9 @@ static const struct {
      "            [--precision default|fp32|bf16] [--max-gflop F] [--json]\n"},
     {"bench", "decode",
      "  attn bench decode --batch B --kv-seq L --heads H [--kv-heads G] --dim D [--seq Nq]\n"
-     "            [--dtype f32|f16|bf16] [--compare] [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"},
+     "            [--dtype f32|f16|bf16|q8_0|q4_0] [--k-dtype DT] [--v-dtype DT] [--cache] [--compare]\n"
+     "            [--threads T] [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"
+     "            (--cache, a block format or two dtypes: the step is attn_kv_cache_attend on an attn_kv_cache)\n"},
     {"version", NULL, "  attn version\n"},
     {"help", NULL, "  attn help [COMMAND]               this text, or one command's (as attn COMMAND --help)\n"},
 };

@@ -11,6 +11,10 @@ from ._tensors import _is_torch, _stored_to_f32, _tensor, _to_numpy, _wrap
 
 
 _CACHE_DTYPES = {"float32": _capi.F32, "float16": _capi.F16, "bfloat16": _capi.BF16}
+# storage kinds (attn_kv_dtype): the float dtypes' names, and the block formats
+_KV_KINDS = {"float32": _capi.KV_F32, "float16": _capi.KV_F16, "bfloat16": _capi.KV_BF16,
+             "q8_0": _capi.KV_Q8_0, "q4_0": _capi.KV_Q4_0}
+_KV_NAMES = {v: k for k, v in _KV_KINDS.items()}
 
 
 def _cache_dtype(dtype):
@@ -21,13 +25,25 @@ def _cache_dtype(dtype):
     return _CACHE_DTYPES[name]
 
 
+def _kv_kind(dtype, what):
+    """A storage name (a float dtype's, 'q8_0' or 'q4_0') to an attn_kv_dtype."""
+    name = str(dtype).replace("torch.", "")
+    if name not in _KV_KINDS:
+        raise ValueError(f"KV cache {what} must be one of {sorted(_KV_KINDS)}, got {dtype!r}")
+    return _KV_KINDS[name]
+
+
 class KVCache:
     """Keys and values of past tokens for incremental decoding (attn_kv_cache).
 
     batch rows, each holding up to capacity tokens of kv_heads heads; keys have
     head_dim features, values v_head_dim (default head_dim). dtype is the
     storage: 'float32', 'float16' or 'bfloat16' (rounded to nearest even on
-    append, widened to float32 on attend). Use append() then attend() each
+    append, widened to float32 on attend), or the block formats 'q8_0' and
+    'q4_0' (ggml's layouts; head dims multiples of 32; quantized on append,
+    dequantized in registers on attend: see attn.h). k_dtype / v_dtype, when
+    given, choose the keys' and the values' storage separately. keys() and
+    values() return what is stored, decoded. Use append() then attend() each
     step; close() (or a with block) frees the storage now rather than at
     garbage collection. Errors raise AttnError with the library's message;
     a failed append changes nothing. rope: a dict of attn.rope's keywords
@@ -36,7 +52,7 @@ class KVCache:
     """
 
     def __init__(self, batch, capacity, kv_heads, head_dim, v_head_dim=None, dtype="float32", *, threads=None,
-                 rope=None):
+                 rope=None, k_dtype=None, v_dtype=None):
         self._ctx = _Ctx()  # one context per cache, guarded by a lock (calls on a context must not overlap)
         self._lock = threading.Lock()
         self._h = None
@@ -44,7 +60,15 @@ class KVCache:
         cfg = _capi.KvCacheConfig()
         _capi.init(cfg, int(batch), int(capacity), int(kv_heads), int(head_dim))
         cfg.v_head_dim = int(v_head_dim or 0)
-        cfg.dtype = _cache_dtype(dtype)
+        kind = _kv_kind(dtype, "dtype")
+        if kind in (_capi.KV_Q8_0, _capi.KV_Q4_0):  # a block format: both kinds, unless named apart
+            cfg.k_dtype = cfg.v_dtype = kind
+        else:
+            cfg.dtype = _cache_dtype(dtype)
+        if k_dtype is not None:
+            cfg.k_dtype = _kv_kind(k_dtype, "k_dtype")
+        if v_dtype is not None:
+            cfg.v_dtype = _kv_kind(v_dtype, "v_dtype")
         if rope is not None:
             # read by the library when the cache is made (it keeps a copy); a layer from a
             # checkpoint hands its own attn_rope_opts
@@ -56,7 +80,8 @@ class KVCache:
         c = _capi.lib.attn_kv_cache_get_config(h).contents  # Dv resolved by the library
         self.batch, self.capacity, self.kv_heads = c.batch, c.capacity, c.kv_heads
         self.head_dim, self.v_head_dim = c.head_dim, c.v_head_dim
-        self.dtype = {v: k for k, v in _CACHE_DTYPES.items()}[c.dtype]
+        self.k_dtype, self.v_dtype = _KV_NAMES[c.k_dtype], _KV_NAMES[c.v_dtype]  # resolved by the library
+        self.dtype = self.k_dtype if self.k_dtype == self.v_dtype else f"k {self.k_dtype}, v {self.v_dtype}"
 
     def __repr__(self):
         state = "closed" if self._h is None else f"lengths={self.lengths}"
@@ -141,7 +166,21 @@ class KVCache:
         with self._lock:
             self._ctx.check(_capi.lib.attn_kv_cache_view(self._ctx.h, ctypes.byref(kt), ctypes.byref(vt),
                                                          self._handle(), int(row)))
-            return _stored_to_f32(kt), _stored_to_f32(vt)  # copied under the lock: the views die on append
+            # copied under the lock: the views die on append
+            return (self._decoded(kt, self.k_dtype, self.head_dim), self._decoded(vt, self.v_dtype, self.v_head_dim))
+
+    def _decoded(self, t, kind, F):
+        """A float32 [Hk, len, F] copy of view t: a block format's raw blocks (uint8) decoded by the library."""
+        if t.dtype != _capi.U8:
+            return _stored_to_f32(t)
+        Hk, n = t.shape[1], t.shape[2]
+        out = np.zeros((Hk, n, F), np.float32)
+        for g in range(Hk):  # a head's tokens are back to back: one call each
+            src = ctypes.c_void_p((t.data or 0) + g * t.strides[1])
+            if n:
+                self._ctx.check(_capi.lib.attn_kv_dequantize(self._ctx.h, _KV_KINDS[kind], out[g].ctypes.data,
+                                                             src, n * F))
+        return out
 
     def keys(self, row):
         """A float32 NumPy copy of row's stored keys, [Hk, len_row, D] (as rounded to the storage dtype)."""

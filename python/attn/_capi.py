@@ -7,6 +7,7 @@ MAX_RANK = 8
 
 # attn_dtype
 F32, F64, F16, BF16, BOOL, U8 = 0, 1, 2, 3, 4, 5
+KV_AS_DTYPE, KV_F32, KV_F16, KV_BF16, KV_Q8_0, KV_Q4_0 = 0, 1, 2, 3, 4, 5  # attn_kv_dtype
 # attn_causal
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
 # attn_mask_mode
@@ -118,6 +119,8 @@ class KvCacheConfig(ctypes.Structure):
         ("v_head_dim", ctypes.c_int64),
         ("dtype", _c_enum),
         ("rope", ctypes.POINTER(RopeOpts)),
+        ("k_dtype", _c_enum),  # attn_kv_dtype: 0 = dtype
+        ("v_dtype", _c_enum),
     ]
 
 
@@ -262,6 +265,10 @@ _protos = {
     "attn_kv_cache_copy_row": (_st, [_P, _P, ctypes.c_int64, ctypes.c_int64]),
     # ctx, k, v, cache, row
     "attn_kv_cache_view": (_st, [_P, _PT, _PT, _P, ctypes.c_int64]),
+    # ctx, dt (attn_kv_dtype), dst, src, n
+    "attn_kv_quantize": (_st, [_P, _c_enum, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]),
+    "attn_kv_dequantize": (_st, [_P, _c_enum, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]),
+    "attn_kv_dtype_bytes": (ctypes.c_size_t, [_c_enum, ctypes.c_int64]),
     # ctx, mha, cache, out, x, opts
     "attn_mha_forward_cached": (_st, [_P, _P, _P, _PT, _PT, ctypes.POINTER(MhaOpts)]),
     "attn_rope_opts_init": (None, [ctypes.POINTER(RopeOpts)]),

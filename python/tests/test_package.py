@@ -66,6 +66,37 @@ def qk_norm_layer():
     assert {"q_norm.weight", "k_norm.weight", "q_norm.bias", "k_norm.bias"} <= set(g) and "out_proj.bias" not in g, g
 
 
+def kv_quant():
+    """Block-format storage: keys()/values() decode what is stored, attend matches NumPy on it."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((2, 2, 5, 64)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 5, 32)).astype(np.float32)
+    q = rng.standard_normal((2, 4, 1, 64)).astype(np.float32)
+    c = attn.KVCache(2, 8, 2, 64, 32, dtype="q8_0")
+    assert (c.dtype, c.k_dtype, c.v_dtype) == ("q8_0", "q8_0", "q8_0"), (c.dtype, c.k_dtype, c.v_dtype)
+    c.append(k, v)
+    kk, vv = c.keys(1), c.values(1)
+    assert kk.shape == (2, 5, 64) and vv.shape == (2, 5, 32)
+    assert np.abs(kk - k[1]).max() <= np.abs(k).max() / 127, np.abs(kk - k[1]).max()  # half a step, and the f16 scale
+    out = np.asarray(c.attend(q))
+    for b in range(2):
+        K, V = np.repeat(c.keys(b), 2, axis=0), np.repeat(c.values(b), 2, axis=0)  # GQA: heads 0, 1 read kv head 0
+        s = np.einsum("hd,hnd->hn", q[b, :, 0].astype(np.float64), K) / 8.0
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        want = np.einsum("hn,hnd->hd", p / p.sum(axis=1, keepdims=True), V)
+        assert np.abs(out[b, :, 0] - want).max() <= 1e-5, np.abs(out[b, :, 0] - want).max()
+    c.close()
+    c = attn.KVCache(1, 4, 1, 32, k_dtype="q4_0", v_dtype="float16")
+    assert c.dtype == "k q4_0, v float16", c.dtype
+    c.close()
+    try:
+        attn.KVCache(1, 4, 1, 48, dtype="q4_0")
+        raise AssertionError("head_dim 48 accepted for q4_0")
+    except attn.AttnError as e:
+        assert "multiple of 32" in str(e), str(e)
+
+
 def main():
     assert set(attn.__all__) == API, sorted(set(attn.__all__) ^ API)
     for name in attn.__all__:
@@ -87,6 +118,7 @@ def main():
     assert repr(m) == ("MultiheadAttention(embed_dim=8, num_heads=2, num_kv_heads=1, head_dim=4, kdim=8, vdim=8, "
                        "bias=True, out_bias=True, batch_first=True)"), repr(m)
     qk_norm_layer()
+    kv_quant()
     c = attn.KVCache(2, 16, 1, 4, dtype="float16")
     assert repr(c) == ("KVCache(batch=2, capacity=16, kv_heads=1, head_dim=4, v_head_dim=4, dtype='float16', "
                        "lengths=(0, 0))"), repr(c)

@@ -101,7 +101,9 @@ extern const attn__half_kernels attn__half_kernels_avx512bf16;
 #define ATTN__DEC_MAX_ROWS_K 8 /* rows per call at most (internal.h's ATTN__DEC_MAX_ROWS) */
 typedef struct attn__decode_kernels {
   /* Element types qk and pv read K and V in (bit k: attn_dtype k), widening
-   * in registers; the framework widens any other type into f32 rows first. */
+   * in registers; the framework widens any other type into f32 rows first.
+   * quant.h's ATTN__Q8_0 and ATTN__Q4_0 (a KV cache's blocks) are types too:
+   * rows of D / 32 blocks, ldk and ldv then counted in bytes; D, Dv multiples of 32. */
   unsigned dtypes;
   /* S[r][j] = Q[r] . K[j] for r < rows, j < nkeys (other columns untouched). */
   void (*qk)(float *S, const float *Q, int rows, const void *K, int64_t ldk, int nkeys, int64_t D, attn_dtype kt);

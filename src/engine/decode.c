@@ -7,10 +7,13 @@
  * so that a head can be spread over every thread (split-KV); each chunk leaves
  * an unnormalised partial (O, m, l), and the partials are merged with their
  * log-sum-exp in chunk order. As the cut does not depend on the thread count,
- * neither do the results. */
+ * neither do the results. K and V may also be a KV cache's blocks (quant.h:
+ * q8_0, q4_0): their strides then count bytes, and the kernels dequantize
+ * them in registers. */
 #include "../internal.h"
 #include "../logit.h"
 #include "../cpu/kernels.h"
+#include "../quant.h"
 #include "schedule.h"
 
 #include <stdio.h>
@@ -76,12 +79,14 @@ static int block_logits(const attn__sdpa *p, float *S, float *Mb, int64_t b, int
 
 /* Block of n keys from key j0 of kv head (b, g) of t, as rows the kernels
  * read: in place when they take its dtype and it has unit stride, else widened
- * into buf as f32. *ld and *dt get the row distance and the element type. */
+ * (or dequantized) into buf as f32. *ld and *dt get the row distance (bytes
+ * for blocks) and the element type. */
 static const void *key_rows(const attn__decode_kernels *dk, const attn_tensor *t, int64_t b, int64_t g, int64_t j0,
                             int n, int64_t F, float *buf, int64_t *ld, attn_dtype *dt) {
   const int64_t off = b * t->strides[0] + g * t->strides[1] + j0 * t->strides[2];
-  const size_t es = attn_dtype_size(t->dtype);
-  if (((dk->dtypes >> t->dtype) & 1) && (t->strides[3] == 1 || F == 1)) {
+  const int quant = attn__is_quant(t->dtype);
+  const size_t es = quant ? 1 : attn_dtype_size(t->dtype);
+  if (((dk->dtypes >> t->dtype) & 1) && (t->strides[3] == 1 || F == 1 || quant)) {
     *ld = t->strides[2];
     *dt = t->dtype;
     return (const char *)t->data + (size_t)off * es;
@@ -89,7 +94,8 @@ static const void *key_rows(const attn__decode_kernels *dk, const attn_tensor *t
   *dt = ATTN_F32;
   for (int jj = 0; jj < n; jj++) {
     const int64_t ro = off + jj * t->strides[2];
-    if (t->strides[3] == 1) dk->widen(buf + jj * F, (const char *)t->data + (size_t)ro * es, t->dtype, F);
+    if (quant) attn__dequantize_row(t->dtype, buf + jj * F, (const uint8_t *)t->data + ro, F); /* a kernel without blocks */
+    else if (t->strides[3] == 1) dk->widen(buf + jj * F, (const char *)t->data + (size_t)ro * es, t->dtype, F);
     else
       attn__widen_strided(buf + jj * F, t->data, t->dtype, ro, t->strides[3], F);
   }
@@ -102,7 +108,8 @@ static const void *key_rows(const attn__decode_kernels *dk, const attn_tensor *t
  * asking ahead, one core reads at half speed (the kernels ask for the rows
  * they read in place themselves, key by key; this is for rows widened here). */
 static void prefetch_rows(const attn_tensor *t, int64_t b, int64_t g, int64_t j0, int n, int64_t F) {
-  const size_t es = attn_dtype_size(t->dtype), row = (size_t)F * es;
+  const int quant = attn__is_quant(t->dtype);
+  const size_t es = quant ? 1 : attn_dtype_size(t->dtype), row = quant ? attn__row_bytes(t->dtype, F) : (size_t)F * es;
   const char *base = (const char *)t->data + (size_t)(b * t->strides[0] + g * t->strides[1]) * es;
   for (int jj = 0; jj < n; jj++) {
     const char *r = base + (size_t)((j0 + jj) * t->strides[2]) * es;

@@ -1,5 +1,8 @@
 /* attn bench decode: new tokens against a key-value cache, measured against
- * this machine's read bandwidth (see common.h for what is reported). */
+ * this machine's read bandwidth (see common.h for what is reported). The
+ * cache is plain [B, Hk, L, D] tensors through attn_sdpa, or (--cache, or
+ * any block format: --dtype / --k-dtype / --v-dtype q8_0 or q4_0) an
+ * attn_kv_cache through attn_kv_cache_attend. */
 #include "common.h"
 #include "commands.h"
 
@@ -68,6 +71,7 @@ static double read_pass_gbs(const float *x, int threads, double *sink) {
 typedef struct decode_case {
   attn_ctx *ctx;
   attn_tensor q, out, k[DECODE_MAX_COPIES], v[DECODE_MAX_COPIES];
+  attn_kv_cache *cache[DECODE_MAX_COPIES]; /* set: the step is attn_kv_cache_attend on these instead */
   int copies, next;
   attn_sdpa_opts o;
 } decode_case;
@@ -76,7 +80,64 @@ static int run_decode(void *arg) {
   decode_case *c = arg;
   const int i = c->next;
   c->next = (c->next + 1) % c->copies;
+  if (c->cache[0]) return attn_kv_cache_attend(c->ctx, c->cache[i], &c->out, NULL, &c->q, NULL);
   return attn_sdpa(c->ctx, &c->out, NULL, NULL, &c->q, &c->k[i], &c->v[i], &c->o);
+}
+
+/* Fills cache (B rows, Hk kv heads, L tokens of D) with fixed-seed uniform
+ * values in (-1, 1), appended 256 tokens at a time. */
+static attn_status fill_cache(attn_ctx *ctx, attn_kv_cache *cache, int64_t B, int64_t Hk, int64_t L, int64_t D,
+                              uint64_t seed) {
+  const int64_t n = L < 256 ? L : 256, s4[4] = {B, Hk, n, D};
+  attn_tensor k, v;
+  memset(&k, 0, sizeof k), memset(&v, 0, sizeof v);
+  attn_status st = attn_tensor_alloc(ctx, &k, ATTN_F32, 4, s4);
+  if (!st) st = attn_tensor_alloc(ctx, &v, ATTN_F32, 4, s4);
+  uint64_t s = seed;
+  for (int64_t at = 0; !st && at < L; at += n) {
+    const int64_t m = L - at < n ? L - at : n;
+    for (int64_t i = 0; i < B * Hk * n * D; i++) ((float *)k.data)[i] = bench_uniform(&s), ((float *)v.data)[i] = bench_uniform(&s);
+    attn_tensor kk = k, vv = v;
+    kk.shape[2] = vv.shape[2] = m;
+    st = attn_kv_cache_append(ctx, cache, &kk, &vv, NULL);
+  }
+  attn_tensor_free(&k), attn_tensor_free(&v);
+  return st;
+}
+
+/* *k, *v (allocated here) = batch 0, kv head 0 of cache as f32 [1, 1, L, D], decoded. */
+static attn_status cache_head_f32(attn_ctx *ctx, attn_tensor *k, attn_tensor *v, const attn_kv_cache *cache) {
+  const attn_kv_cache_config *cfg = attn_kv_cache_get_config(cache);
+  const int64_t L = attn_kv_cache_length(cache, 0), D = cfg->head_dim, s4[4] = {1, 1, L, D};
+  attn_tensor vk, vv;
+  attn_status st = attn_kv_cache_view(ctx, &vk, &vv, cache, 0);
+  memset(k, 0, sizeof *k), memset(v, 0, sizeof *v);
+  if (!st) st = attn_tensor_alloc(ctx, k, ATTN_F32, 4, s4);
+  if (!st) st = attn_tensor_alloc(ctx, v, ATTN_F32, 4, s4);
+  const attn_kv_dtype kinds[2] = {cfg->k_dtype, cfg->v_dtype};
+  attn_tensor *from[2] = {&vk, &vv}, *to[2] = {k, v};
+  for (int kind = 0; kind < 2 && !st; kind++) {
+    attn_tensor src = *from[kind];
+    src.shape[1] = 1; /* kv head 0 */
+    if (kinds[kind] == ATTN_KV_Q8_0 || kinds[kind] == ATTN_KV_Q4_0) {
+      for (int64_t j = 0; j < L && !st; j++)
+        st = attn_kv_dequantize(ctx, kinds[kind], (float *)to[kind]->data + j * D,
+                                (const uint8_t *)src.data + j * src.strides[2], D);
+    } else {
+      st = attn_tensor_copy(ctx, to[kind], &src);
+    }
+  }
+  if (st) attn_tensor_free(k), attn_tensor_free(v);
+  return st;
+}
+
+/* --dtype, --k-dtype, --v-dtype's name as a storage kind; 0 if unknown. */
+static attn_kv_dtype kv_kind(const char *s) {
+  static const char *const names[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
+  static const attn_kv_dtype kinds[] = {ATTN_KV_F32, ATTN_KV_F16, ATTN_KV_BF16, ATTN_KV_Q8_0, ATTN_KV_Q4_0};
+  for (int i = 0; i < 5; i++)
+    if (!strcmp(s, names[i])) return kinds[i];
+  return ATTN_KV_AS_DTYPE;
 }
 
 /* Fills a tensor of f32, f16 or bf16 with fixed-seed uniform values in (-1, 1);
@@ -161,8 +222,8 @@ static int half_speedup(decode_case *c, attn_dtype dt, double *speedup) {
 
 int cmd_bench_decode(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--kv-seq", "--heads", "--kv-heads", "--dim", "--seq", "--dtype",
-                                      "--threads", "--repeat", "--kernel", "--max-gflop", NULL};
-  static const char *const switches[] = {"--json", "--compare", NULL};
+                                      "--k-dtype", "--v-dtype", "--threads", "--repeat", "--kernel", "--max-gflop", NULL};
+  static const char *const switches[] = {"--json", "--compare", "--cache", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
@@ -174,14 +235,24 @@ int cmd_bench_decode(int argc, char **argv) {
     return r;
   if (!G) G = H;
   if (H % G) return cli_fail(CLI_EXIT_USAGE, "--heads (%lld) must be a multiple of --kv-heads (%lld)", H, G);
-  attn_dtype dt = ATTN_F32;
-  const char *ds = cli_get(&a, "--dtype");
-  if (ds) {
-    if (!strcmp(ds, "f32")) dt = ATTN_F32;
-    else if (!strcmp(ds, "f16")) dt = ATTN_F16;
-    else if (!strcmp(ds, "bf16")) dt = ATTN_BF16;
-    else return cli_fail(CLI_EXIT_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", cli_show(ds));
+  /* storage of keys and values: --dtype for both, --k-dtype / --v-dtype each */
+  attn_kv_dtype kinds[2] = {ATTN_KV_F32, ATTN_KV_F32};
+  const char *const opt_names[3] = {"--dtype", "--k-dtype", "--v-dtype"};
+  for (int i = 0; i < 3; i++) {
+    const char *ds = cli_get(&a, opt_names[i]);
+    if (!ds) continue;
+    const attn_kv_dtype kd = kv_kind(ds);
+    if (!kd) return cli_fail(CLI_EXIT_USAGE, "%s wants f32, f16, bf16, q8_0 or q4_0, got '%s'", opt_names[i], cli_show(ds));
+    if (i != 2) kinds[0] = kd;
+    if (i != 1) kinds[1] = kd;
   }
+  const int blocks = kinds[0] >= ATTN_KV_Q8_0 || kinds[1] >= ATTN_KV_Q8_0;
+  const int use_cache = blocks || kinds[0] != kinds[1] || cli_has(&a, "--cache");
+  if (blocks && D % 32) return cli_fail(CLI_EXIT_USAGE, "q8_0 and q4_0 take --dim a multiple of 32, got %lld", D);
+  if (use_cache && cli_has(&a, "--compare"))
+    return cli_fail(CLI_EXIT_USAGE, "--compare runs on plain tensors: not with --cache, --k-dtype/--v-dtype or q8_0/q4_0");
+  /* the plain tensors' dtype (the kinds share it then) */
+  const attn_dtype dt = kinds[0] == ATTN_KV_F16 ? ATTN_F16 : kinds[0] == ATTN_KV_BF16 ? ATTN_BF16 : ATTN_F32;
   {
     /* the timed steps, one more for the oracle, the paired passes; --compare: the blocked kernel's
      * timed steps, the f32 cache's 2 x 21 steps in turn, and a full recompute of L rows (L <= 8192) */
@@ -192,7 +263,7 @@ int cmd_bench_decode(int argc, char **argv) {
     if (compare && L <= 8192) extra = full * bench_min_runs(repeat < 3 ? repeat : 3);
     if ((r = bench_check_work(&a, "decode", step * steps + extra))) return r;
   }
-  const double cache_bytes = 2.0 * (double)B * G * L * D * (double)attn_dtype_size(dt);
+  const double cache_bytes = (double)B * G * L * (double)(attn_kv_dtype_bytes(kinds[0], D) + attn_kv_dtype_bytes(kinds[1], D));
   int copies = cache_bytes >= DECODE_COLD_BYTES ? 1 : (int)ceil(DECODE_COLD_BYTES / cache_bytes);
   if (copies > DECODE_MAX_COPIES) copies = DECODE_MAX_COPIES;
   if ((r = bench_check_fits(copies * cache_bytes + 8.0 * B * H * N * D))) return r;
@@ -204,8 +275,16 @@ int cmd_bench_decode(int argc, char **argv) {
   c.copies = copies;
   const int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, L, D};
   int bad = attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs);
-  for (int i = 0; i < copies && !bad; i++)
-    bad = attn_tensor_alloc(ctx, &c.k[i], dt, 4, ks) || attn_tensor_alloc(ctx, &c.v[i], dt, 4, ks);
+  for (int i = 0; i < copies && !bad; i++) {
+    if (!use_cache) {
+      bad = attn_tensor_alloc(ctx, &c.k[i], dt, 4, ks) || attn_tensor_alloc(ctx, &c.v[i], dt, 4, ks);
+      continue;
+    }
+    attn_kv_cache_config cfg;
+    attn_kv_cache_config_init(&cfg, B, L, G, D);
+    cfg.k_dtype = kinds[0], cfg.v_dtype = kinds[1];
+    bad = attn_kv_cache_create(ctx, &c.cache[i], &cfg) != ATTN_OK;
+  }
   double step_s = NAN, blocked_s = NAN, full_s = NAN, err = NAN, read_gbs = NAN, fraction = NAN, speedup = NAN;
   timing t, tb, tf;
   memset(&tb, 0, sizeof tb), memset(&tf, 0, sizeof tf);
@@ -215,7 +294,8 @@ int cmd_bench_decode(int argc, char **argv) {
   }
   bad = fill_typed(ctx, &c.q, 1) || fill_typed(ctx, &c.out, 4);
   for (int i = 0; i < copies && !bad; i++)
-    bad = fill_typed(ctx, &c.k[i], 2 + 2 * (uint64_t)i) || fill_typed(ctx, &c.v[i], 3 + 2 * (uint64_t)i);
+    bad = use_cache ? fill_cache(ctx, c.cache[i], B, G, L, D, 2 + 2 * (uint64_t)i) != ATTN_OK
+                    : fill_typed(ctx, &c.k[i], 2 + 2 * (uint64_t)i) || fill_typed(ctx, &c.v[i], 3 + 2 * (uint64_t)i);
   if (bad) {
     r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
     goto done;
@@ -232,7 +312,15 @@ int cmd_bench_decode(int argc, char **argv) {
     r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
     goto done;
   }
-  err = decode_oracle(&c, H / G);
+  if (use_cache) { /* the oracle on the cache's keys and values as stored (decoded) */
+    decode_case oc = c;
+    if (cache_head_f32(ctx, &oc.k[0], &oc.v[0], c.cache[0]) == ATTN_OK) {
+      err = decode_oracle(&oc, H / G);
+      attn_tensor_free(&oc.k[0]), attn_tensor_free(&oc.v[0]);
+    }
+  } else {
+    err = decode_oracle(&c, H / G);
+  }
   if (cli_has(&a, "--compare") && dt != ATTN_F32 && (r = half_speedup(&c, dt, &speedup))) goto done;
   if (cli_has(&a, "--compare")) {
     /* the same step through the blocked (prefill) kernel, and without a cache: all L rows again */
@@ -301,8 +389,10 @@ int cmd_bench_decode(int argc, char **argv) {
     const char *kernel = attn_kernel_name(attn_ctx_kernel(ctx));
     if (cli_has(&a, "--json")) {
       printf("{\"op\":\"decode\",\"batch\":%lld,\"kv_seq\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,"
-             "\"seq\":%lld,\"dtype\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",\"cache_copies\":%d,",
-             B, L, H, G, D, N, attn_dtype_name(dt), threads, kernel, copies);
+             "\"seq\":%lld,\"dtype\":\"%s\",\"k_dtype\":\"%s\",\"v_dtype\":\"%s\",\"kv_cache\":%s,"
+             "\"threads\":%d,\"kernel\":\"%s\",\"cache_copies\":%d,",
+             B, L, H, G, D, N, attn_kv_dtype_name(kinds[0]), attn_kv_dtype_name(kinds[0]), attn_kv_dtype_name(kinds[1]),
+             use_cache ? "true" : "false", threads, kernel, copies);
       bench_json_num("median_s", step_s, 0);
       bench_json_num("min_s", t.min_s, 0);
       printf("\"repeats\":%lld,", t.repeats);
@@ -316,10 +406,13 @@ int cmd_bench_decode(int argc, char **argv) {
       bench_json_num("oracle_rel_l2", err, 1);
       printf("}\n");
     } else {
-      printf("decode B=%lld L=%lld Hq=%lld Hk=%lld D=%lld Nq=%lld %s | kernel %s, %d threads | median %.4g ms of %lld "
+      char kinds_s[64];
+      snprintf(kinds_s, sizeof kinds_s, kinds[0] == kinds[1] ? "%s%s" : "k %s v %s", attn_kv_dtype_name(kinds[0]),
+               kinds[0] == kinds[1] ? "" : attn_kv_dtype_name(kinds[1]));
+      printf("decode B=%lld L=%lld Hq=%lld Hk=%lld D=%lld Nq=%lld %s%s | kernel %s, %d threads | median %.4g ms of %lld "
              "(min %.4g ms) | cache %.1f MiB read at %.2f GB/s | %.1f%% of the read bandwidth measured beside it "
              "(median of %d paired passes; best pass %.2f GB/s)",
-             B, L, H, G, D, N, attn_dtype_name(dt), kernel, threads, step_s * 1e3, t.repeats, t.min_s * 1e3,
+             B, L, H, G, D, N, kinds_s, use_cache ? " (attn_kv_cache)" : "", kernel, threads, step_s * 1e3, t.repeats, t.min_s * 1e3,
              cache_bytes / 1048576.0, gbs, 100 * fraction, DECODE_PAIRS, read_gbs);
       if (copies > 1) printf(" (%d copies cycled, so each step reads memory)", copies);
       printf(" | oracle rel L2 %.2e on batch 0, kv head 0", err);
@@ -334,7 +427,7 @@ int cmd_bench_decode(int argc, char **argv) {
   }
 done:
   attn_tensor_free(&c.q), attn_tensor_free(&c.out);
-  for (int i = 0; i < copies; i++) attn_tensor_free(&c.k[i]), attn_tensor_free(&c.v[i]);
+  for (int i = 0; i < copies; i++) attn_tensor_free(&c.k[i]), attn_tensor_free(&c.v[i]), attn_kv_cache_destroy(c.cache[i]);
   attn_ctx_destroy(ctx);
   return r;
 }

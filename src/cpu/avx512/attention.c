@@ -234,7 +234,9 @@ const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, so
  * widened in registers. qk: the query rows of a group times as many keys as
  * make sixteen dot products, one accumulator each, one shuffle tree for all.
  * pv: each V row is loaded (and widened) once per 64 columns for up to six
- * query rows, whose outputs stay in registers across the block. */
+ * query rows, whose outputs stay in registers across the block. A KV cache's
+ * blocks (q8_0, q4_0) take the same paths: 16 quants sign- or zero-extended to
+ * 32 bits, converted and times the block's scale, in registers. */
 #define DEC_NAME(x) x##_avx512
 #define DEC_OWN_QK_PV
 #include "../decode_generic.inc"
@@ -246,6 +248,31 @@ static inline __attribute__((always_inline)) __m512 load_wide(const void *p, int
   return _mm512_maskz_loadu_ps(m, (const float *)p + off);
 }
 
+/* Columns [c, c + 16) of the row at off (elements; bytes for blocks) of p, as
+ * floats; c a multiple of 16, and for blocks m all or nothing (D % 32 == 0). */
+static inline __attribute__((always_inline)) __m512 load_kv(const void *p, int64_t off, int64_t c, __mmask16 m,
+                                                            attn_dtype dt) {
+  if (!attn__is_quant(dt)) return load_wide(p, off + c, m, dt);
+  if (!m) return _mm512_setzero_ps(); /* past Dv: nothing there to read */
+  const uint8_t *blk = (const uint8_t *)p + off + (size_t)(c / ATTN__QK) * attn__qblock_bytes(dt);
+  const int upper = (int)(c / 16) & 1; /* the block's second 16 values */
+  __m512i qi;
+  if (dt == ATTN__Q8_0) {
+    qi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * upper)));
+  } else { /* element i in byte i's low nibble, i + 16 in its high one */
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
+    qi = _mm512_sub_epi32(_mm512_and_si512(upper ? _mm512_srli_epi32(bytes, 4) : bytes, _mm512_set1_epi32(15)),
+                          _mm512_set1_epi32(8));
+  }
+  uint16_t h; /* the block's f16 scale, converted by the hardware (F16C comes with AVX-512) */
+  memcpy(&h, blk, 2);
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_set1_ps(_cvtsh_ss(h)));
+}
+
+/* Bytes of a row of F values, and bytes per unit of its row distance. */
+static inline size_t row_bytes_of(attn_dtype dt, int64_t F) { return attn__row_bytes(dt, F); }
+static inline size_t ld_unit(attn_dtype dt) { return attn__is_quant(dt) ? 1 : dt == ATTN_F32 ? 4 : 2; }
+
 /* RR rows (1..8) against KG = 16 / RR keys at a time: the RR x KG dot products
  * fill the sixteen accumulators, so each K element is loaded (and widened)
  * once for every row of the group, and one shuffle tree reduces them all. */
@@ -256,7 +283,7 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
     int64_t row[16]; /* keys past nkeys repeat the last one: their dot products are not stored */
     for (int j = 0; j < KG; j++) row[j] = (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
     {
-      const size_t es = dt == ATTN_F32 ? 4 : 2, bytes = (size_t)D * es;
+      const size_t es = ld_unit(dt), bytes = row_bytes_of(dt, D);
       const int64_t pf = pf_rows_avx512((int64_t)bytes);
       for (int j = 0; j < KG; j++) {
         const char *pr = (const char *)K + (size_t)((j0 + j + pf) * ldk) * es;
@@ -268,7 +295,7 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
     for (int64_t c = 0; c < D; c += 16) {
       const __mmask16 m = lanes16(D - c);
       __m512 kv[16];
-      for (int j = 0; j < KG; j++) kv[j] = load_wide(K, row[j] + c, m, dt);
+      for (int j = 0; j < KG; j++) kv[j] = load_kv(K, row[j], c, m, dt);
       for (int r = 0; r < RR; r++) {
         const __m512 qv = _mm512_maskz_loadu_ps(m, Q + r * D + c);
         for (int j = 0; j < KG; j++) acc[j * RR + r] = _mm512_fmadd_ps(qv, kv[j], acc[j * RR + r]);
@@ -317,12 +344,12 @@ static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const fl
     }
     for (int j = 0; j < nkeys; j++) {
       if (c0 == 0) {
-        const size_t es = dt == ATTN_F32 ? 4 : 2, bytes = (size_t)Dv * es;
+        const size_t es = ld_unit(dt), bytes = row_bytes_of(dt, Dv);
         const char *pr = (const char *)V + (size_t)((j + pf_rows_avx512((int64_t)bytes)) * ldv) * es;
         for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, _MM_HINT_T0);
       }
       __m512 vv[4];
-      for (int w = 0; w < 4; w++) vv[w] = load_wide(V, j * ldv + c0 + 16 * w, mk[w], dt);
+      for (int w = 0; w < 4; w++) vv[w] = load_kv(V, j * ldv, c0 + 16 * w, mk[w], dt);
       for (int r = 0; r < RR; r++) {
         const __m512 p = _mm512_set1_ps(P[r * ATTN__DEC_NB + j]);
         if (SPARSE) {
@@ -398,6 +425,8 @@ static void dec_qk_wide(float *S, const float *Q, int rows, const void *K, int64
                         attn_dtype dt) {
   if (dt == ATTN_F16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F16);
   else if (dt == ATTN_BF16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_BF16);
+  else if (dt == ATTN__Q8_0) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN__Q8_0);
+  else if (dt == ATTN__Q4_0) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN__Q4_0);
   else dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F32);
 }
 
@@ -405,8 +434,11 @@ static void dec_pv_wide(float *O, float *m, float *l, float *S, int rows, const 
                         int64_t Dv, attn_dtype dt, int sparse) {
   if (dt == ATTN_F16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F16, sparse);
   else if (dt == ATTN_BF16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_BF16, sparse);
+  else if (dt == ATTN__Q8_0) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN__Q8_0, sparse);
+  else if (dt == ATTN__Q4_0) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN__Q4_0, sparse);
   else dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F32, sparse);
 }
 
-const attn__decode_kernels attn__decode_kernels_avx512 = {(1u << ATTN_F32) | (1u << ATTN_F16) | (1u << ATTN_BF16),
+const attn__decode_kernels attn__decode_kernels_avx512 = {(1u << ATTN_F32) | (1u << ATTN_F16) | (1u << ATTN_BF16) |
+                                                              (1u << ATTN__Q8_0) | (1u << ATTN__Q4_0),
                                                           dec_qk_wide, dec_pv_wide, widen_avx512};
