@@ -52,6 +52,9 @@ def npy_corpus():
         out("npy", "v%d_u1.npy" % version, npy("|u1", (4,), bytes([0, 1, 200, 255]), version))
     out("npy", "native_f4.npy", npy("=f4", (3,), values("<f", 3)))
     out("npy", "lt_u1.npy", npy("<u1", (3,), b"\x01\x02\x03"))
+    # integers (positions, token ids) are read as exact f64
+    out("npy", "i4.npy", npy("<i4", (2, 3), struct.pack("<6i", 0, 1, -2, 2**31 - 1, -2**31, 7)))
+    out("npy", "i8.npy", npy("<i8", (3,), struct.pack("<3q", 0, 2**53, -5)))
     out("npy", "bool_nonzero.npy", npy("|b1", (3,), b"\x00\x02\xff"))
     out("npy", "unpadded.npy", npy("<f4", (2,), values("<f", 2), pad=False,
                                    raw_dict="{'fortran_order':False,'descr':'<f4','shape':(2,)}"))
