@@ -30,7 +30,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_grid import ROOT, cpu_model, loadavg, write_markdown  # noqa: E402
+from bench_grid import ROOT, TorchWorker, cpu_model, find_torch_python, loadavg, write_markdown  # noqa: E402
+
+# PyTorch's side of a case: SDPA of the new token's queries over the whole cache held as a tensor of this
+# dtype (PyTorch has no block formats: q8_0/q4_0 caches are set beside its f16 cache, the smallest it has)
+TORCH_DTYPE = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "q8_0": "float16", "q4_0": "float16"}
 
 
 def run_case(argv):
@@ -54,6 +58,8 @@ CASES = [
     ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f32", 2, []),
     ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f16", 2, ["--compare"]),
     ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "bf16", 2, ["--compare"]),
+    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "q8_0", 2, ["--cache"]),
+    ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "q4_0", 2, ["--cache"]),
     ("GQA 32/8, L=32768", 1, 32768, 32, 8, 128, "f32", 1, []),
     ("MHA 8/8, L=8192 (split-KV)", 1, 8192, 8, 8, 128, "f32", 2, []),
     ("MHA 8/8, L=8192 (split-KV)", 1, 8192, 8, 8, 128, "f32", 1, []),
@@ -92,6 +98,9 @@ def main():
     ap.add_argument("--only", help='run only the cases whose "label dtype threads" matches this regex')
     ap.add_argument("--baseline", help="a second attn binary: each case runs it and ours in turn; adds ours / before")
     ap.add_argument("--pairs", type=int, default=2, help="with --baseline: (baseline, ours) runs per case (default 2)")
+    ap.add_argument("--torch-python", help="a Python with torch for the PyTorch column (default: $TORCH_PYTHON, "
+                    "else python3 if it imports torch)")
+    ap.add_argument("--no-torch", action="store_true", help="leave the PyTorch column out")
     args = ap.parse_args()
     if args.pairs < 1:
         ap.error("--pairs must be at least 1")
@@ -113,6 +122,8 @@ def main():
     info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_model(),
             "load": loadavg(), "cmd": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}
     peak, note = run_peak_c()
+    torch_py = None if args.no_torch else find_torch_python(args.torch_python)
+    worker = TorchWorker(torch_py) if torch_py else None
     rows = []
     if args.baseline:
         bv = subprocess.run([args.baseline, "version"], stdout=subprocess.PIPE, universal_newlines=True).stdout.strip()
@@ -129,10 +140,27 @@ def main():
                 ratios.append(r["read_gbs"] / b["read_gbs"])
         if args.baseline:
             r["before_read_gbs_ratio"] = median(ratios)
+        if worker and "--lengths" not in extra:
+            t = worker.run({"id": len(rows), "op": "sdpa", "threads": T, "batch": B, "heads": H, "kv_heads": G,
+                            "seq": 1, "kv_seq": L, "dim": D, "causal": False, "torch_dtype": TORCH_DTYPE[dt],
+                            "unfused_skip": "not timed"}, timeout=600)
+            r["torch"] = t.get("sdpa", {}).get("median_s")
+            r["torch_dtype"] = TORCH_DTYPE[dt]
+            if "error" in t:
+                print("PyTorch on %s %s: %s" % (label, dt, t["error"]), file=sys.stderr)
         print("%-28s %-4s %dT %7.3f ms %6.2f GB/s %5.1f%%" % (label, dt, T, r["median_s"] * 1e3, r["read_gbs"],
                                                               100 * r["fraction_of_read_bw"]) +
               (" | ours / before %.3f×" % r["before_read_gbs_ratio"] if args.baseline else ""), file=sys.stderr)
         rows.append((label, dt, T, r))
+    if worker:
+        worker.close()
+    # a cache's speed-up over the f32 cache of the same case and threads, from the runs above (the half types'
+    # --compare figure, paired step by step, is preferred where there is one)
+    f32_ms = {(label, T): r["median_s"] for label, dt, T, r in rows if dt == "f32"}
+    for label, dt, T, r in rows:
+        if dt != "f32" and not r.get("speedup_over_f32") and (label, T) in f32_ms:
+            r["speedup_over_f32"] = f32_ms[(label, T)] / r["median_s"]
+            r["speedup_note"] = "separate runs"
     out = [BEGIN, "", "## Decoding (attn bench decode)", "",
            "Run %s on %s; load average before: %s. Command: `%s`." % (info["date"], info["cpu"], info["load"], info["cmd"]),
            "One new token per row (Nq = 1), bottom-right causal, D = 128; the cache is B·Hk·L·D keys and as many values "
@@ -143,17 +171,28 @@ def main():
            "timed step by step in turn in one process (median of 20 pairs). peak.c's read bandwidth for that thread "
            "count is in the last column" +
            (" (%s)." % note if note else ".") +
+           (" *PyTorch*: `torch.nn.functional.scaled_dot_product_attention` (torch %s, same threads) of the "
+            "new token's queries over the whole cache as a tensor (f32 for an f32 cache, f16 beside f16, q8_0 and "
+            "q4_0, bf16 beside bf16; `enable_gqa`), median of its timed runs; *× PyTorch* is its time over ours."
+            % worker.version if worker and worker.version else " PyTorch: not run (%s)." %
+            ("--no-torch" if args.no_torch else "no Python with torch found")) +
+           " For q8_0/q4_0 (through `attn_kv_cache`), the speed-up over f32 divides the f32 row's median by "
+           "theirs, both from this run." +
            (" *ours / before*: the baseline `%s` (`%s`) and ours run in turn on each case (baseline first, %d pairs); "
             "the median over the pairs of our GB/s over the baseline's (above 1: faster now)." %
             (args.baseline, bv, args.pairs) if args.baseline else ""), "",
-           "| case | cache | threads | median ms | GB/s | fraction of read BW | speed-up over f32 | oracle rel L2 | peak.c read GB/s |" +
+           "| case | cache | threads | median ms | GB/s | fraction of read BW | speed-up over f32 | oracle rel L2 | "
+           "peak.c read GB/s | PyTorch ms | × PyTorch |" +
            (" ours / before |" if args.baseline else ""),
-           "|---|---|---|---|---|---|---|---|---|" + ("---|" if args.baseline else "")]
+           "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.baseline else "")]
     for label, dt, T, r in rows:
-        sp = "%.2f×" % r["speedup_over_f32"] if r.get("speedup_over_f32") else "—"
-        out.append("| %s | %s | %d | %.3f | %.2f | **%.3f** | %s | %.1e | %s |" % (
+        sp = ("%.2f×" % r["speedup_over_f32"] + (" (%s)" % r["speedup_note"] if r.get("speedup_note") else "")
+              if r.get("speedup_over_f32") else "—")
+        tm = r.get("torch")
+        out.append("| %s | %s | %d | %.3f | %.2f | **%.3f** | %s | %.1e | %s | %s | %s |" % (
             label, dt, T, r["median_s"] * 1e3, r["read_gbs"], r["fraction_of_read_bw"], sp, r["oracle_rel_l2"],
-            "%.1f" % peak[T] if T in peak else "—") +
+            "%.1f" % peak[T] if T in peak else "—", "%.3f (%s)" % (tm * 1e3, r["torch_dtype"]) if tm else "—",
+            "**%.2f×**" % (tm / r["median_s"]) if tm else "—") +
             (" %.3f× |" % r["before_read_gbs_ratio"] if args.baseline else ""))
     cmp = [(label, r) for label, dt, T, r in rows if r.get("full_recompute_s")]
     if cmp:
