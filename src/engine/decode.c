@@ -77,23 +77,48 @@ static int block_logits(const attn__sdpa *p, float *S, float *Mb, int64_t b, int
   return sparse;
 }
 
+/* Offset (elements; bytes for blocks) of key j's row of kv head (b, g) of t:
+ * through the block table when p reads a paged cache (logit.h). */
+static inline int64_t row_at(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j) {
+  if (!p->block_table) return b * t->strides[0] + g * t->strides[1] + j * t->strides[2];
+  const int64_t page = p->block_table[b * p->table_stride + j / p->block_tokens];
+  return page * t->strides[0] + g * t->strides[1] + (j % p->block_tokens) * t->strides[2];
+}
+
 /* Block of n keys from key j0 of kv head (b, g) of t, as rows the kernels
  * read: in place when they take its dtype and it has unit stride, else widened
  * (or dequantized) into buf as f32. *ld and *dt get the row distance (bytes
- * for blocks) and the element type. */
-static const void *key_rows(const attn__decode_kernels *dk, const attn_tensor *t, int64_t b, int64_t g, int64_t j0,
-                            int n, int64_t F, float *buf, int64_t *ld, attn_dtype *dt) {
-  const int64_t off = b * t->strides[0] + g * t->strides[1] + j0 * t->strides[2];
+ * for blocks) and the element type. A paged block that crosses a page boundary
+ * is gathered into buf as stored (the kernels still widen or dequantize it in
+ * registers): the kernels then see the same blocks of keys as they do in a
+ * linear cache, so a paged cache's results are bitwise a linear one's. */
+static const void *key_rows(const attn__decode_kernels *dk, const attn__sdpa *p, const attn_tensor *t, int64_t b,
+                            int64_t g, int64_t j0, int n, int64_t F, float *buf, int64_t *ld, attn_dtype *dt) {
+  const int64_t off = row_at(p, t, b, g, j0);
   const int quant = attn__is_quant(t->dtype);
   const size_t es = quant ? 1 : attn_dtype_size(t->dtype);
+  const int one_page = !p->block_table || j0 / p->block_tokens == (j0 + n - 1) / p->block_tokens;
   if (((dk->dtypes >> t->dtype) & 1) && (t->strides[3] == 1 || F == 1 || quant)) {
-    *ld = t->strides[2];
     *dt = t->dtype;
-    return (const char *)t->data + (size_t)off * es;
+    if (one_page) {
+      *ld = t->strides[2];
+      return (const char *)t->data + (size_t)off * es;
+    }
+    /* a page's rows are contiguous (paged_kv.c): one copy per page */
+    const size_t rb = quant ? attn__row_bytes(t->dtype, F) : (size_t)F * es;
+    for (int jj = 0; jj < n;) {
+      const int64_t j = j0 + jj, left = p->block_tokens - j % p->block_tokens;
+      const int run = (int)(left < n - jj ? left : n - jj);
+      memcpy((char *)buf + (size_t)jj * rb, (const char *)t->data + (size_t)row_at(p, t, b, g, j) * es,
+             (size_t)run * rb);
+      jj += run;
+    }
+    *ld = quant ? (int64_t)rb : F;
+    return buf;
   }
   *dt = ATTN_F32;
   for (int jj = 0; jj < n; jj++) {
-    const int64_t ro = off + jj * t->strides[2];
+    const int64_t ro = one_page ? off + jj * t->strides[2] : row_at(p, t, b, g, j0 + jj);
     if (quant) attn__dequantize_row(t->dtype, buf + jj * F, (const uint8_t *)t->data + ro, F); /* a kernel without blocks */
     else if (t->strides[3] == 1) dk->widen(buf + jj * F, (const char *)t->data + (size_t)ro * es, t->dtype, F);
     else
@@ -106,13 +131,14 @@ static const void *key_rows(const attn__decode_kernels *dk, const attn_tensor *t
 /* Asks for rows [j0, j0 + n) of kv head (b, g) of t ahead of use. A block of K
  * then a block of V breaks the stride the hardware prefetchers follow: without
  * asking ahead, one core reads at half speed (the kernels ask for the rows
- * they read in place themselves, key by key; this is for rows widened here). */
-static void prefetch_rows(const attn_tensor *t, int64_t b, int64_t g, int64_t j0, int n, int64_t F) {
+ * they read in place themselves, key by key; this is for rows widened or
+ * gathered here). */
+static void prefetch_rows(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j0, int n,
+                          int64_t F) {
   const int quant = attn__is_quant(t->dtype);
   const size_t es = quant ? 1 : attn_dtype_size(t->dtype), row = quant ? attn__row_bytes(t->dtype, F) : (size_t)F * es;
-  const char *base = (const char *)t->data + (size_t)(b * t->strides[0] + g * t->strides[1]) * es;
   for (int jj = 0; jj < n; jj++) {
-    const char *r = base + (size_t)((j0 + jj) * t->strides[2]) * es;
+    const char *r = (const char *)t->data + (size_t)row_at(p, t, b, g, j0 + jj) * es;
     for (size_t off = 0; off < row; off += 64) __builtin_prefetch(r + off, 0, 3);
   }
 }
@@ -144,13 +170,13 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
     const int n = (int)(hi - j0 < ATTN__DEC_NB ? hi - j0 : ATTN__DEC_NB);
     int64_t ldk, ldv;
     attn_dtype kt, vt;
-    const void *K = key_rows(dk, &p->k, b, g, j0, n, D, s->Kc, &ldk, &kt);
-    const void *V = key_rows(dk, &p->v, b, g, j0, n, Dv, s->Vc, &ldv, &vt);
+    const void *K = key_rows(dk, p, &p->k, b, g, j0, n, D, s->Kc, &ldk, &kt);
+    const void *V = key_rows(dk, p, &p->v, b, g, j0, n, Dv, s->Vc, &ldv, &vt);
     const int64_t next = j0 + ATTN__DEC_NB;
     if (next < hi && (K == s->Kc || V == s->Vc)) { /* the kernels prefetch rows they read in place, not these */
       const int nn = (int)(hi - next < ATTN__DEC_NB ? hi - next : ATTN__DEC_NB);
-      prefetch_rows(&p->k, b, g, next, nn, D);
-      prefetch_rows(&p->v, b, g, next, nn, Dv);
+      prefetch_rows(p, &p->k, b, g, next, nn, D);
+      prefetch_rows(p, &p->v, b, g, next, nn, Dv);
     }
     dk->qk(s->S, s->Q, (int)R, K, ldk, n, D, kt);
     const int sparse = block_logits(p, s->S, s->Mb, b, g, j0, n);
