@@ -626,6 +626,13 @@ ATTN_API int64_t attn_paged_kv_free_blocks(const attn_paged_kv_cache *cache);
  * block ids, in token order, valid until the cache next changes. Returns how
  * many (ceil(length / block_tokens)); -1 for an id that is not a live sequence. */
 ATTN_API int64_t attn_paged_kv_block_table(const attn_paged_kv_cache *cache, int64_t seq, const int32_t **blocks);
+/* Views of pool block `block`'s keys [1, Hk, block_tokens, D] and values
+ * [1, Hk, block_tokens, Dv] in the storage dtype (a block format's as raw
+ * blocks, ATTN_U8 [1, Hk, block_tokens, bytes], as attn_kv_cache_view), for
+ * inspection with attn_paged_kv_block_table; valid until destroy. Slots past
+ * a sequence's length hold whatever was there. */
+ATTN_API attn_status attn_paged_kv_block_view(attn_ctx *ctx, attn_tensor *k, attn_tensor *v,
+                                              const attn_paged_kv_cache *cache, int64_t block);
 /* Appends tokens to nseq distinct sequences seqs[0..nseq): k is
  * [nseq, Hk, n, D], v [nseq, Hk, n, Dv], any float dtype and strides; sequence
  * seqs[i] takes the first n_new[i] tokens (0..n; n_new NULL = all n). Blocks

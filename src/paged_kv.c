@@ -406,6 +406,23 @@ static attn_tensor pool_view(const attn_paged_kv_cache *c, int kind, int64_t nse
   return t;
 }
 
+attn_status attn_paged_kv_block_view(attn_ctx *ctx, attn_tensor *k, attn_tensor *v, const attn_paged_kv_cache *cache,
+                                     int64_t block) {
+  ATTN__ENTER(ctx);
+  if (!cache || !k || !v) return attn__fail(ctx, ATTN_E_INVALID, "attn_paged_kv_block_view: null argument");
+  if (block < 0 || block >= cache->cfg.num_blocks)
+    return attn__fail(ctx, ATTN_E_INVALID, "attn_paged_kv_block_view: block %lld is outside 0..%lld", (long long)block,
+                      (long long)cache->cfg.num_blocks - 1);
+  attn_tensor *t[2] = {k, v};
+  for (int kind = 0; kind < 2; kind++) {
+    *t[kind] = pool_view(cache, kind, 1, cache->cfg.block_tokens);
+    const attn_dtype dt = t[kind]->dtype;
+    if (attn__is_quant(dt)) t[kind]->dtype = ATTN_U8, t[kind]->shape[3] = t[kind]->strides[2];
+    t[kind]->data = slot_at(cache, kind, block, 0, 0);
+  }
+  return ATTN_OK;
+}
+
 /* Every sequence in one decode call when the step is decode-sized and the
  * fp32 kernels run; ATTN_E_UNSUPPORTED (nothing done) otherwise. */
 static attn_status attend_batch(attn_ctx *ctx, const attn_paged_kv_cache *cache, attn_tensor *out, attn_tensor *lse,

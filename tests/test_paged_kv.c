@@ -302,6 +302,18 @@ static void sharing(void) {
   CHECK_OK(ctx, attn_kv_cache_append(ctx, la, &tk, &tv, NULL));
   CHECK_OK(ctx, attn_kv_cache_append(ctx, lb, &tk, &tv, NULL));
   CHECK(attn_paged_kv_free_blocks(pg) == 12 - 3, "40 tokens take 3 blocks; %lld free", (long long)attn_paged_kv_free_blocks(pg));
+  { /* token 35 of kv head 1 lies in the third block, slot 3, as appended (f32) */
+    const int32_t *t;
+    attn_tensor bk, bv;
+    CHECK(attn_paged_kv_block_table(pg, a, &t) == 3, "a table of 3 blocks");
+    CHECK_OK(ctx, attn_paged_kv_block_view(ctx, &bk, &bv, pg, t[2]));
+    CHECK(bk.shape[2] == bt && memcmp((float *)bk.data + bk.strides[1] + 3 * bk.strides[2], k + (1 * 40 + 35) * D,
+                                      sizeof(float) * (size_t)D) == 0 &&
+              memcmp((float *)bv.data + bv.strides[1] + 3 * bv.strides[2], v + (1 * 40 + 35) * D,
+                     sizeof(float) * (size_t)D) == 0,
+          "a block's view holds its tokens");
+    CHECK_ERR(ctx, attn_paged_kv_block_view(ctx, &bk, &bv, pg, 12), ATTN_E_INVALID, "outside");
+  }
   CHECK_OK(ctx, attn_paged_kv_seq_fork(ctx, pg, &b, a));
   CHECK(attn_paged_kv_free_blocks(pg) == 12 - 3 && attn_paged_kv_seq_length(pg, b) == 40,
         "a fork shares its parent's blocks: %lld free", (long long)attn_paged_kv_free_blocks(pg));
