@@ -346,8 +346,19 @@ attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *cache, int6
                         (long long)m);
     const int64_t had = blocks_for(cache, s->len);
     need += blocks_for(cache, s->len + m) - had;
-    /* copy-on-write: tokens going into a shared, partly filled last block */
-    if (m > 0 && s->len % c->block_tokens && cache->ref[s->blocks[had - 1]] > 1) need++;
+    /* copy-on-write: tokens going into a shared, partly filled last block.
+     * Holders of one block appending together copy it in turn, the last one
+     * (when every holder appends) keeping it: candidate k copies if k < ref. */
+    if (m > 0 && s->len % c->block_tokens) {
+      const int32_t last = s->blocks[had - 1];
+      int64_t before = 0;
+      for (int64_t j = 0; j < i; j++) {
+        const paged_seq *t = &cache->seqs[seqs[j]];
+        const int64_t mj = n_new ? n_new[j] : n;
+        before += mj > 0 && t->len % c->block_tokens && t->blocks[blocks_for(cache, t->len) - 1] == last;
+      }
+      need += before + 1 < cache->ref[last];
+    }
   }
   if (need > cache->nfree)
     return attn__fail(ctx, ATTN_E_NOMEM,

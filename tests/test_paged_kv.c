@@ -417,6 +417,46 @@ static void sharing(void) {
   attn_ctx_destroy(ctx);
 }
 
+/* Three holders of one partly filled block append together: two copies are
+ * made (the last holder keeps the block), so a pool with just two free blocks
+ * takes the append; each sequence then attends as a linear cache's row. */
+static void shared_append(void) {
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  tu_rng r = {3};
+  pair p;
+  pair_make(ctx, &p, ATTN_KV_F32, ATTN_KV_F32, 3, 1, 32, 32, 8, 4);
+  attn_paged_kv_destroy(p.pg); /* a pool of exactly 3 blocks instead */
+  attn_paged_kv_config pc;
+  attn_paged_kv_config_init(&pc, 3, 4, 1, 32);
+  CHECK_OK(ctx, attn_paged_kv_create(ctx, &p.pg, &pc));
+  poison_pool(ctx, p.pg);
+  CHECK_OK(ctx, attn_paged_kv_seq_new(ctx, p.pg, &p.seq[0]));
+  const int64_t s[4] = {1, 1, 2, 32};
+  float k[64], v[64];
+  tu_fill_f32(&r, k, 64, 1.0), tu_fill_f32(&r, v, 64, 1.0);
+  attn_tensor tk = attn_tensor_view(k, ATTN_F32, 4, s), tv = attn_tensor_view(v, ATTN_F32, 4, s);
+  CHECK_OK(ctx, attn_paged_kv_append(ctx, p.pg, 1, p.seq, &tk, &tv, NULL));
+  { /* the linear rows: the prompt each */
+    const int64_t s3[4] = {3, 1, 2, 32};
+    float k3[192], v3[192];
+    for (int b = 0; b < 3; b++) memcpy(k3 + 64 * b, k, sizeof k), memcpy(v3 + 64 * b, v, sizeof v);
+    attn_tensor tk3 = attn_tensor_view(k3, ATTN_F32, 4, s3), tv3 = attn_tensor_view(v3, ATTN_F32, 4, s3);
+    CHECK_OK(ctx, attn_kv_cache_append(ctx, p.lin, &tk3, &tv3, NULL));
+  }
+  CHECK_OK(ctx, attn_paged_kv_seq_fork(ctx, p.pg, &p.seq[1], p.seq[0]));
+  CHECK_OK(ctx, attn_paged_kv_seq_fork(ctx, p.pg, &p.seq[2], p.seq[0]));
+  CHECK(attn_paged_kv_free_blocks(p.pg) == 2, "three holders of one block");
+  pair_append(ctx, &p, (int64_t[3]){1, 2, 1}, &r, 0);
+  CHECK(attn_paged_kv_free_blocks(p.pg) == 0, "two copies made, the last holder kept the block: %lld free",
+        (long long)attn_paged_kv_free_blocks(p.pg));
+  attn_sdpa_opts o;
+  attn_sdpa_opts_init(&o);
+  pair_check(ctx, &p, 2, 1, &o, &r, "shared append");
+  pair_free(&p);
+  attn_ctx_destroy(ctx);
+}
+
 static void hostile(void) {
   attn_ctx *ctx;
   attn_ctx_create(&ctx);
@@ -504,6 +544,7 @@ int main(int argc, char **argv) {
   if (only) tu_kernel_or_skip(only); /* 77 when this CPU lacks it */
   hostile();
   sharing();
+  shared_append();
   token_by_token();
   against_linear();
   return tu_finish("test_paged_kv");
