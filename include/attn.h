@@ -583,7 +583,10 @@ ATTN_API attn_status attn_kv_cache_view(attn_ctx *ctx, attn_tensor *k, attn_tens
  * queries before attending, at the tokens' positions (as vLLM does).
  *
  * Slots of a sequence's last block past its length and blocks in no table are
- * never read: whatever they hold (NaN, stale tokens) reaches no result. */
+ * never read: whatever they hold (NaN, stale tokens) reaches no result. A
+ * freed sequence's blocks return to the pool in their order, and the pool
+ * hands blocks out from its lowest free one, so a sequence appended on its own
+ * takes a run of blocks that follow one another (read as one stream). */
 typedef struct attn_paged_kv_cache attn_paged_kv_cache;
 
 typedef struct attn_paged_kv_config {
@@ -648,11 +651,16 @@ ATTN_API attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *ca
  * first); opts may set scale, window, softcap, alibi_slopes and sinks.
  * Decode-sized steps (Nq times the GQA group at most 8) are one parallel
  * call over every sequence and kv head, reading the blocks in place through
- * the block tables (a run of keys that crosses a block boundary is copied as
- * stored, so the results are bitwise those of an attn_kv_cache holding the
- * same tokens in the same dtypes); larger ones (a prefill) gather each
+ * the block tables, nothing copied; larger ones (a prefill) gather each
  * sequence's keys and values into a contiguous buffer (its storage dtype when
- * keys and values share a float dtype, else f32) and go through attn_sdpa. */
+ * keys and values share a float dtype, else f32) and go through attn_sdpa.
+ * Results do not depend on the thread count. The decode reads keys in runs
+ * of 128, cut where a sequence's blocks stop following one another in the
+ * pool; its results are bitwise those of an attn_kv_cache holding the same
+ * tokens in the same dtypes when no run is cut short there (block_tokens a
+ * multiple of 128, or blocks taken in a run, and no window), and otherwise
+ * differ from them by float rounding only (about 1e-7 relative). A prefill's
+ * results are bitwise an attn_kv_cache's. */
 ATTN_API attn_status attn_paged_kv_attend(attn_ctx *ctx, attn_paged_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
                                           const attn_tensor *q, int64_t nseq, const int64_t *seqs,
                                           const attn_sdpa_opts *opts);

@@ -63,7 +63,10 @@ struct attn__sdpa {
    * block_table is set, key j of batch b lies in pool block
    * block_table[b * table_stride + j / block_tokens], slot j % block_tokens;
    * k's and v's strides[0] then step from one pool block to the next (their
-   * strides[1] and [2] within a block). NULL: the linear layout. */
+   * strides[1] and [2] within a block), and must be block_tokens * strides[2]:
+   * the rows of blocks that follow one another in the pool are then evenly
+   * spaced, and the decode framework reads such runs as one. NULL: the linear
+   * layout. */
   const int32_t *block_table;
   int64_t table_stride, block_tokens;
 };

@@ -23,7 +23,11 @@ struct attn_paged_kv_cache {
   attn_paged_kv_config cfg; /* Dv and the dtypes resolved */
   attn_dtype kt, vt;        /* storage: a float dtype or quant.h's ATTN__Q8_0, ATTN__Q4_0 */
   size_t krow, vrow;        /* bytes of one token's row of one kv head */
-  void *k, *v;              /* [num_blocks, Hk, block_tokens, krow or vrow bytes] */
+  /* [Hk, num_blocks, block_tokens, krow or vrow bytes]: a kv head's blocks
+   * side by side, so that a sequence whose blocks were taken in a run reads as
+   * one stream, and the decode kernels' prefetch past a block's last row
+   * (they ask for rows ahead of those they read) lands on the next block */
+  void *k, *v;
   int32_t *ref;             /* [num_blocks] sequences holding each block; 0 = free */
   int32_t *free_ids;        /* [num_blocks] a stack of the free blocks */
   int64_t nfree;
@@ -194,10 +198,11 @@ attn_status attn_paged_kv_seq_new(attn_ctx *ctx, attn_paged_kv_cache *cache, int
   return ATTN_OK;
 }
 
-/* Drops sequence s's hold on its blocks from entry `from` on. */
+/* Drops sequence s's hold on its blocks from entry `from` on. The last goes
+ * onto the free stack first, so that the blocks come back in their order: a
+ * run of blocks that follow one another is read as one (decode.c). */
 static void release_from(attn_paged_kv_cache *c, paged_seq *s, int64_t from) {
-  const int64_t nb = blocks_for(c, s->len);
-  for (int64_t i = from; i < nb; i++)
+  for (int64_t i = blocks_for(c, s->len) - 1; i >= from; i--)
     if (--c->ref[s->blocks[i]] == 0) c->free_ids[c->nfree++] = s->blocks[i];
 }
 
@@ -265,8 +270,7 @@ static int32_t take_block(attn_paged_kv_cache *c) {
 /* Where token slot `slot` of kv head g of pool block blk starts, for kind (0 keys, 1 values). */
 static uint8_t *slot_at(const attn_paged_kv_cache *c, int kind, int64_t blk, int64_t g, int64_t slot) {
   const size_t row = kind ? c->vrow : c->krow;
-  const size_t per_block = (size_t)(c->cfg.kv_heads * c->cfg.block_tokens) * row;
-  return (uint8_t *)(kind ? c->v : c->k) + (size_t)blk * per_block + (size_t)(g * c->cfg.block_tokens + slot) * row;
+  return (uint8_t *)(kind ? c->v : c->k) + (size_t)((g * c->cfg.num_blocks + blk) * c->cfg.block_tokens + slot) * row;
 }
 
 static attn_status check_new(attn_ctx *ctx, const attn_paged_kv_cache *c, const attn_tensor *t, const char *what,
@@ -372,16 +376,17 @@ attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *cache, int6
   const int64_t F = c->head_dim > c->v_head_dim ? c->head_dim : c->v_head_dim;
   float *row = malloc((size_t)F * sizeof(float)); /* a token's row, on its way into blocks */
   if (!row) return attn__fail(ctx, ATTN_E_NOMEM, "%s: out of memory", fn);
-  const size_t kblock = (size_t)(c->kv_heads * c->block_tokens) * cache->krow;
-  const size_t vblock = (size_t)(c->kv_heads * c->block_tokens) * cache->vrow;
+  const size_t kblock = (size_t)c->block_tokens * cache->krow, vblock = (size_t)c->block_tokens * cache->vrow;
   for (int64_t i = 0; i < nseq; i++) {
     paged_seq *s = &cache->seqs[seqs[i]];
     const int64_t m = n_new ? n_new[i] : n, had = blocks_for(cache, s->len);
     if (m == 0) continue;
     if (s->len % c->block_tokens && cache->ref[s->blocks[had - 1]] > 1) {
       const int32_t old = s->blocks[had - 1], nb = take_block(cache);
-      memcpy(slot_at(cache, 0, nb, 0, 0), slot_at(cache, 0, old, 0, 0), kblock);
-      memcpy(slot_at(cache, 1, nb, 0, 0), slot_at(cache, 1, old, 0, 0), vblock);
+      for (int64_t g = 0; g < c->kv_heads; g++) {
+        memcpy(slot_at(cache, 0, nb, g, 0), slot_at(cache, 0, old, g, 0), kblock);
+        memcpy(slot_at(cache, 1, nb, g, 0), slot_at(cache, 1, old, g, 0), vblock);
+      }
       cache->ref[old]--; /* still > 0: another sequence holds it */
       s->blocks[had - 1] = nb;
     }
@@ -412,8 +417,8 @@ static attn_tensor pool_view(const attn_paged_kv_cache *c, int kind, int64_t nse
   t.data = kind ? c->v : c->k;
   t.rank = 4;
   t.shape[0] = nseq, t.shape[1] = c->cfg.kv_heads, t.shape[2] = longest, t.shape[3] = F;
-  t.strides[3] = 1, t.strides[2] = row, t.strides[1] = c->cfg.block_tokens * row;
-  t.strides[0] = c->cfg.kv_heads * t.strides[1];
+  t.strides[3] = 1, t.strides[2] = row, t.strides[0] = c->cfg.block_tokens * row;
+  t.strides[1] = c->cfg.num_blocks * t.strides[0];
   return t;
 }
 
