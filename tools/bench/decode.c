@@ -92,9 +92,21 @@ static int run_decode(void *arg) {
 
 /* Fills cache, or paged's sequences seqs (B rows, Hk kv heads, len[b] tokens
  * of D, L the longest) with fixed-seed uniform values in (-1, 1), appended 256
- * tokens at a time. */
+ * tokens at a time: every row in turn for a linear cache; a paged one's
+ * sequences one after the other (each a prefill of its own, so that each
+ * takes a run of blocks, as a prompt appended at once does). */
+static attn_status fill_rows(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
+                             int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed);
 static attn_status fill_cache(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
                               int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed) {
+  if (!paged) return fill_rows(ctx, cache, NULL, seqs, B, Hk, len, L, D, seed);
+  attn_status st = ATTN_OK;
+  for (int64_t b = 0; b < B && !st; b++) st = fill_rows(ctx, NULL, paged, seqs + b, 1, Hk, len + b, len[b], D, seed + 7 * (uint64_t)b);
+  return st;
+}
+
+static attn_status fill_rows(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
+                             int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed) {
   const int64_t n = L < 256 ? L : 256, s4[4] = {B, Hk, n, D};
   attn_tensor k, v;
   memset(&k, 0, sizeof k), memset(&v, 0, sizeof v);
@@ -109,7 +121,7 @@ static attn_status fill_cache(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv
     for (int64_t b = 0; b < B; b++) n_new[b] = len[b] - at < 0 ? 0 : len[b] - at < m ? len[b] - at : m;
     attn_tensor kk = k, vv = v;
     kk.shape[2] = vv.shape[2] = m;
-    st = paged ? attn_paged_kv_append(ctx, paged, B, seqs, &kk, &vv, n_new) : attn_kv_cache_append(ctx, cache, &kk, &vv, n_new);
+    st = cache ? attn_kv_cache_append(ctx, cache, &kk, &vv, n_new) : attn_paged_kv_append(ctx, paged, B, seqs, &kk, &vv, n_new);
   }
   free(n_new);
   attn_tensor_free(&k), attn_tensor_free(&v);
