@@ -186,8 +186,7 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
       const int nn = (int)(hi - next < ATTN__DEC_NB ? hi - next : ATTN__DEC_NB);
       prefetch_rows(p, &p->k, b, g, next, nn, D);
       prefetch_rows(p, &p->v, b, g, next, nn, Dv);
-    }
-    else if (p->block_table && next < hi && next % p->block_tokens == 0) { /* see prefetch_page */
+    } else if (p->block_table && next < hi && next % p->block_tokens == 0) { /* see prefetch_page */
       prefetch_page(p, &p->k, b, g, next, hi - next, D);
       prefetch_page(p, &p->v, b, g, next, hi - next, Dv);
     }
