@@ -297,13 +297,26 @@ static attn_status check_seqs(attn_ctx *ctx, const attn_paged_kv_cache *c, int64
     return attn__fail(ctx, ATTN_E_INVALID, "%s: nseq = %lld is outside 0..%lld (max_seqs)", fn, (long long)nseq,
                       (long long)c->cfg.max_seqs);
   if (nseq && !seqs) return attn__fail(ctx, ATTN_E_INVALID, "%s: seqs is NULL", fn);
-  for (int64_t i = 0; i < nseq; i++) {
+  for (int64_t i = 0; i < nseq; i++)
     if (!live(c, seqs[i])) return bad_seq(ctx, c, seqs[i], fn);
-    for (int64_t j = 0; j < i; j++)
-      if (seqs[j] == seqs[i])
-        return attn__fail(ctx, ATTN_E_INVALID, "%s: sequence %lld is listed twice (seqs[%lld] and seqs[%lld])", fn,
-                          (long long)seqs[i], (long long)j, (long long)i);
+  /* distinct: by pairs for a few, else through a map of the ids (the cache is
+   * not written here: attends may share it) */
+  int64_t *at = nseq > 32 ? malloc((size_t)c->cfg.max_seqs * sizeof(int64_t)) : NULL;
+  if (nseq > 32 && !at) return attn__fail(ctx, ATTN_E_NOMEM, "%s: out of memory", fn);
+  if (at)
+    for (int64_t i = 0; i < nseq; i++) at[seqs[i]] = -1;
+  for (int64_t i = 0; i < nseq; i++) {
+    int64_t j = -1;
+    if (at) j = at[seqs[i]], at[seqs[i]] = i;
+    else
+      for (int64_t k = 0; k < i && j < 0; k++) j = seqs[k] == seqs[i] ? k : -1;
+    if (j >= 0) {
+      free(at);
+      return attn__fail(ctx, ATTN_E_INVALID, "%s: sequence %lld is listed twice (seqs[%lld] and seqs[%lld])", fn,
+                        (long long)seqs[i], (long long)j, (long long)i);
+    }
   }
+  free(at);
   return ATTN_OK;
 }
 
@@ -353,7 +366,7 @@ attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *cache, int6
     /* copy-on-write: tokens going into a shared, partly filled last block.
      * Holders of one block appending together copy it in turn, the last one
      * (when every holder appends) keeping it: candidate k copies if k < ref. */
-    if (m > 0 && s->len % c->block_tokens) {
+    if (m > 0 && s->len % c->block_tokens && cache->ref[s->blocks[had - 1]] > 1) {
       const int32_t last = s->blocks[had - 1];
       int64_t before = 0;
       for (int64_t j = 0; j < i; j++) {

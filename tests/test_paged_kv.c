@@ -560,6 +560,22 @@ static void hostile(void) {
   const int64_t freed = s1, twice[2] = {s0, s0}, neg = -4, over = 4;
   CHECK_ERR(ctx, attn_paged_kv_append(ctx, pg, 1, &freed, &tk, &tk, NULL), ATTN_E_INVALID, "not live");
   CHECK_ERR(ctx, attn_paged_kv_append(ctx, pg, 2, twice, &tk, &tk, NULL), ATTN_E_INVALID, "twice");
+  { /* many sequences, one listed twice: found through the map of ids */
+    attn_paged_kv_config big;
+    attn_paged_kv_config_init(&big, 4, 16, 2, 32);
+    big.max_seqs = 100;
+    attn_paged_kv_cache *many;
+    CHECK_OK(ctx, attn_paged_kv_create(ctx, &many, &big));
+    int64_t ids[41];
+    for (int i = 0; i < 40; i++) CHECK_OK(ctx, attn_paged_kv_seq_new(ctx, many, &ids[i]));
+    ids[40] = ids[17];
+    const int64_t s41[4] = {41, 2, 0, 32};
+    attn_tensor e = attn_tensor_view(k, ATTN_F32, 4, s41);
+    CHECK_ERR(ctx, attn_paged_kv_append(ctx, many, 41, ids, &e, &e, NULL), ATTN_E_INVALID, "seqs[17] and seqs[40]");
+    e.shape[0] = 40;
+    CHECK_OK(ctx, attn_paged_kv_append(ctx, many, 40, ids, &e, &e, NULL));
+    attn_paged_kv_destroy(many);
+  }
   CHECK_ERR(ctx, attn_paged_kv_append(ctx, pg, 1, NULL, &tk, &tk, NULL), ATTN_E_INVALID, "NULL");
   CHECK_ERR(ctx, attn_paged_kv_append(ctx, pg, -1, &s0, &tk, &tk, NULL), ATTN_E_INVALID, "nseq");
   CHECK_ERR(ctx, attn_paged_kv_append(ctx, pg, 1, &s0, &tb, &tb, NULL), ATTN_E_SHAPE, "want");
