@@ -567,6 +567,104 @@ ATTN_API attn_status attn_kv_cache_copy_row(attn_ctx *ctx, attn_kv_cache *cache,
 ATTN_API attn_status attn_kv_cache_view(attn_ctx *ctx, attn_tensor *k, attn_tensor *v, const attn_kv_cache *cache,
                                         int64_t b);
 
+/* ---- paged KV cache: many sequences in one pool of blocks --------------------- */
+/* The keys and values of one attention layer for many sequences (vLLM's
+ * PagedAttention layout): a pool of num_blocks blocks, each holding
+ * block_tokens tokens of every kv head, [Hk, block_tokens, D] keys and
+ * [Hk, block_tokens, Dv] values in k_dtype / v_dtype (as attn_kv_dtype above;
+ * q8_0 and q4_0 quantized on append, D or Dv a multiple of 32). A sequence is
+ * a list of blocks (its block table): memory is taken a block at a time as it
+ * grows, so sequences of very different lengths waste at most one block each,
+ * and a fork shares its parent's blocks (a prompt prefix stored once; a shared,
+ * partly filled last block is copied before either side appends to it).
+ * block_tokens of 16 to 256 are typical (at least 1).
+ *
+ * RoPE is not applied here: the caller rotates keys before appending them, and
+ * queries before attending, at the tokens' positions (as vLLM does).
+ *
+ * Slots of a sequence's last block past its length and blocks in no table are
+ * never read: whatever they hold (NaN, stale tokens) reaches no result. A
+ * freed sequence's blocks return to the pool in their order, and the pool
+ * hands blocks out from its lowest free one, so a sequence appended on its own
+ * takes a run of blocks that follow one another (read as one stream). */
+typedef struct attn_paged_kv_cache attn_paged_kv_cache;
+
+typedef struct attn_paged_kv_config {
+  size_t size;           /* sizeof(attn_paged_kv_config), set by attn_paged_kv_config_init */
+  int64_t num_blocks;    /* blocks in the pool, at most 2^31 - 1 */
+  int64_t block_tokens;  /* tokens per block, >= 1 (16 to 256 typical) */
+  int64_t kv_heads;      /* Hk */
+  int64_t head_dim;      /* D of the keys */
+  int64_t v_head_dim;    /* Dv of the values; 0 = D */
+  attn_kv_dtype k_dtype; /* storage of the keys; ATTN_KV_AS_DTYPE (0) = f32 */
+  attn_kv_dtype v_dtype; /* of the values; 0 = f32 */
+  int64_t max_seqs;      /* live sequences at most (ids 0..max_seqs-1); init: 256 */
+} attn_paged_kv_config;
+
+/* num_blocks, block_tokens, kv_heads, head_dim as given; Dv = D; f32 storage; 256 sequences. */
+ATTN_API void attn_paged_kv_config_init(attn_paged_kv_config *cfg, int64_t num_blocks, int64_t block_tokens,
+                                        int64_t kv_heads, int64_t head_dim);
+/* Sizes whose pool, block tables or counts cannot be addressed are refused
+ * (ATTN_E_NOMEM) before anything is allocated. */
+ATTN_API attn_status attn_paged_kv_create(attn_ctx *ctx, attn_paged_kv_cache **out, const attn_paged_kv_config *cfg);
+ATTN_API void attn_paged_kv_destroy(attn_paged_kv_cache *cache);
+/* The config, Dv and the dtypes resolved. */
+ATTN_API const attn_paged_kv_config *attn_paged_kv_get_config(const attn_paged_kv_cache *cache);
+/* *seq = the id of a new, empty sequence (the lowest free id). ATTN_E_NOMEM
+ * when max_seqs sequences are live. */
+ATTN_API attn_status attn_paged_kv_seq_new(attn_ctx *ctx, attn_paged_kv_cache *cache, int64_t *seq);
+/* Ends sequence seq: its blocks go back to the pool unless another sequence shares them. */
+ATTN_API attn_status attn_paged_kv_seq_free(attn_ctx *ctx, attn_paged_kv_cache *cache, int64_t seq);
+/* *child = a new sequence holding parent's tokens, sharing its blocks (no copy). */
+ATTN_API attn_status attn_paged_kv_seq_fork(attn_ctx *ctx, attn_paged_kv_cache *cache, int64_t *child, int64_t parent);
+/* Sequence seq keeps its first length tokens (length <= its length); blocks
+ * past them go back to the pool unless shared. */
+ATTN_API attn_status attn_paged_kv_seq_truncate(attn_ctx *ctx, attn_paged_kv_cache *cache, int64_t seq,
+                                                int64_t length);
+/* Tokens sequence seq holds; -1 for an id that is not a live sequence. */
+ATTN_API int64_t attn_paged_kv_seq_length(const attn_paged_kv_cache *cache, int64_t seq);
+/* Blocks left in the pool (a block shared by several sequences is counted once, as used). */
+ATTN_API int64_t attn_paged_kv_free_blocks(const attn_paged_kv_cache *cache);
+/* Sequence seq's block table, for inspection: *blocks (or NULL) points at its
+ * block ids, in token order, valid until the cache next changes. Returns how
+ * many (ceil(length / block_tokens)); -1 for an id that is not a live sequence. */
+ATTN_API int64_t attn_paged_kv_block_table(const attn_paged_kv_cache *cache, int64_t seq, const int32_t **blocks);
+/* Views of pool block `block`'s keys [1, Hk, block_tokens, D] and values
+ * [1, Hk, block_tokens, Dv] in the storage dtype (a block format's as raw
+ * blocks, ATTN_U8 [1, Hk, block_tokens, bytes], as attn_kv_cache_view), for
+ * inspection with attn_paged_kv_block_table; valid until destroy. Slots past
+ * a sequence's length hold whatever was there. */
+ATTN_API attn_status attn_paged_kv_block_view(attn_ctx *ctx, attn_tensor *k, attn_tensor *v,
+                                              const attn_paged_kv_cache *cache, int64_t block);
+/* Appends tokens to nseq distinct sequences seqs[0..nseq): k is
+ * [nseq, Hk, n, D], v [nseq, Hk, n, Dv], any float dtype and strides; sequence
+ * seqs[i] takes the first n_new[i] tokens (0..n; n_new NULL = all n). Blocks
+ * are taken from the pool as needed; if it has too few, ATTN_E_NOMEM and
+ * nothing is appended to any sequence. */
+ATTN_API attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *cache, int64_t nseq, const int64_t *seqs,
+                                          const attn_tensor *k, const attn_tensor *v, const int64_t *n_new);
+/* Attention of new queries over the tokens of sequences seqs[0..nseq), as
+ * attn_kv_cache_attend over rows of those lengths:
+ *   out is [nseq, Hq, Nq, Dv] (f32, f16 or bf16), q is [nseq, Hq, Nq, D] (f32,
+ *   f16 or bf16), Hq a multiple of Hk; lse (or NULL) f32 [nseq, Hq, Nq].
+ * Query i of seqs[b] is its token len - Nq + i (bottom-right causal: append
+ * first); opts may set scale, window, softcap, alibi_slopes and sinks.
+ * Decode-sized steps (Nq times the GQA group at most 8) are one parallel
+ * call over every sequence and kv head, reading the blocks in place through
+ * the block tables, nothing copied; larger ones (a prefill) gather each
+ * sequence's keys and values into a contiguous buffer (its storage dtype when
+ * keys and values share a float dtype, else f32) and go through attn_sdpa.
+ * Results do not depend on the thread count. The decode reads keys in runs
+ * of 128, cut where a sequence's blocks stop following one another in the
+ * pool; its results are bitwise those of an attn_kv_cache holding the same
+ * tokens in the same dtypes when no run is cut short there (block_tokens a
+ * multiple of 128, or blocks taken in a run, and no window), and otherwise
+ * differ from them by float rounding only (about 1e-7 relative). A prefill's
+ * results are bitwise an attn_kv_cache's. */
+ATTN_API attn_status attn_paged_kv_attend(attn_ctx *ctx, attn_paged_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
+                                          const attn_tensor *q, int64_t nseq, const int64_t *seqs,
+                                          const attn_sdpa_opts *opts);
+
 /* ---- the multi-head attention layer ----------------------------------------- */
 typedef struct attn_mha attn_mha;
 typedef struct attn_safetensors attn_safetensors; /* an open safetensors file: see the files section */

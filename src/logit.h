@@ -59,6 +59,16 @@ struct attn__sdpa {
   attn_tensor *sinks_grad;  /* backward only: f32 [Hq] or NULL */
   const int64_t *kv_len;    /* [B] keys of each batch (<= Nk), or NULL for Nk: a batch of rows of
                              * different lengths, read by the decode kernel only (see logit.h) */
+  /* A paged KV cache (paged_kv.c), read by the decode framework only: when
+   * block_table is set, key j of batch b lies in pool block
+   * block_table[b * table_stride + j / block_tokens], slot j % block_tokens;
+   * k's and v's strides[0] then step from one pool block to the next (their
+   * strides[1] and [2] within a block), and must be block_tokens * strides[2]:
+   * the rows of blocks that follow one another in the pool are then evenly
+   * spaced, and the decode framework reads such runs as one. NULL: the linear
+   * layout. */
+  const int32_t *block_table;
+  int64_t table_stride, block_tokens;
 };
 
 /* Fills p's logit options from opts (scale, causal, window, softcap, ALiBi,

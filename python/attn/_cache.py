@@ -207,3 +207,162 @@ class KVCache:
         if h is not None and _capi is not None:
             _capi.lib.attn_kv_cache_destroy(h)
             self._h = None
+
+
+class PagedKVCache:
+    """Keys and values of many sequences in one pool of blocks (attn_paged_kv_cache,
+    vLLM's paged layout).
+
+    num_blocks blocks of block_tokens tokens each (16 to 256 typical), of
+    kv_heads heads; keys have head_dim features, values v_head_dim (default
+    head_dim). k_dtype / v_dtype: 'float32', 'float16', 'bfloat16', 'q8_0' or
+    'q4_0' (as KVCache's). A sequence takes blocks as it grows; fork() shares
+    its parent's blocks (a prompt stored once, copied block by block only
+    where the two then differ). No RoPE here: rotate keys before append() and
+    queries before attend(). Sequence ids are ints from new_seq() / fork().
+    A failed call changes nothing (an append the pool cannot hold appends
+    nothing). close() (or a with block) frees the pool now.
+    """
+
+    def __init__(self, num_blocks, block_tokens, kv_heads, head_dim, v_head_dim=None, *, k_dtype="float32",
+                 v_dtype="float32", max_seqs=256, threads=None):
+        self._ctx = _Ctx()
+        self._lock = threading.Lock()
+        self._h = None
+        self._ctx.set_threads(threads)
+        cfg = _capi.PagedKvConfig()
+        _capi.init(cfg, int(num_blocks), int(block_tokens), int(kv_heads), int(head_dim))
+        cfg.v_head_dim = int(v_head_dim or 0)
+        cfg.k_dtype, cfg.v_dtype = _kv_kind(k_dtype, "k_dtype"), _kv_kind(v_dtype, "v_dtype")
+        cfg.max_seqs = int(max_seqs)
+        h = ctypes.c_void_p()
+        self._ctx.check(_capi.lib.attn_paged_kv_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))
+        self._h = h
+        c = _capi.lib.attn_paged_kv_get_config(h).contents
+        self.num_blocks, self.block_tokens, self.kv_heads = c.num_blocks, c.block_tokens, c.kv_heads
+        self.head_dim, self.v_head_dim, self.max_seqs = c.head_dim, c.v_head_dim, c.max_seqs
+        self.k_dtype, self.v_dtype = _KV_NAMES[c.k_dtype], _KV_NAMES[c.v_dtype]
+
+    def __repr__(self):
+        state = "closed" if self._h is None else f"free_blocks={self.free_blocks}"
+        return (f"PagedKVCache(num_blocks={self.num_blocks}, block_tokens={self.block_tokens}, "
+                f"kv_heads={self.kv_heads}, head_dim={self.head_dim}, v_head_dim={self.v_head_dim}, "
+                f"k_dtype={self.k_dtype!r}, v_dtype={self.v_dtype!r}, {state})")
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError("the paged KV cache is closed")
+        return self._h
+
+    @staticmethod
+    def _seqs(seqs):
+        s = [int(x) for x in np.asarray(seqs).reshape(-1)]
+        return len(s), (ctypes.c_int64 * max(len(s), 1))(*s)
+
+    @property
+    def free_blocks(self):
+        """Blocks left in the pool (a shared block counts once, as used)."""
+        return int(_capi.lib.attn_paged_kv_free_blocks(self._handle()))
+
+    def new_seq(self):
+        """A new, empty sequence's id."""
+        s = ctypes.c_int64()
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_paged_kv_seq_new(self._ctx.h, self._handle(), ctypes.byref(s)))
+        return s.value
+
+    def fork(self, parent):
+        """A new sequence holding parent's tokens, sharing its blocks; its id."""
+        s = ctypes.c_int64()
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_paged_kv_seq_fork(self._ctx.h, self._handle(), ctypes.byref(s),
+                                                             int(parent)))
+        return s.value
+
+    def free(self, seq):
+        """Ends sequence seq; its blocks go back to the pool unless shared."""
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_paged_kv_seq_free(self._ctx.h, self._handle(), int(seq)))
+
+    def truncate(self, seq, length):
+        """Sequence seq keeps its first length tokens."""
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_paged_kv_seq_truncate(self._ctx.h, self._handle(), int(seq), int(length)))
+
+    def length(self, seq):
+        """Tokens sequence seq holds (ValueError for an id that is not live)."""
+        n = int(_capi.lib.attn_paged_kv_seq_length(self._handle(), int(seq)))
+        if n < 0:
+            raise ValueError(f"sequence {seq} is not live")
+        return n
+
+    def block_table(self, seq):
+        """Sequence seq's block ids, in token order (a tuple of ints)."""
+        p = ctypes.POINTER(ctypes.c_int32)()
+        n = int(_capi.lib.attn_paged_kv_block_table(self._handle(), int(seq), ctypes.byref(p)))
+        if n < 0:
+            raise ValueError(f"sequence {seq} is not live")
+        return tuple(p[i] for i in range(n))
+
+    def append(self, seqs, k, v, n_new=None):
+        """Appends tokens to sequences seqs (distinct ids): k [nseq, Hk, n, D],
+        v [nseq, Hk, n, Dv] (NumPy or torch CPU, any float dtype and strides);
+        sequence seqs[i] takes its first n_new[i] tokens (default all n)."""
+        nseq, sa = self._seqs(seqs)
+        kt, vt = _tensor(_to_numpy(k, "k", "any")), _tensor(_to_numpy(v, "v", "any"))
+        nn = None
+        if n_new is not None:
+            n = [int(x) for x in np.asarray(n_new).reshape(-1)]
+            if len(n) != nseq:
+                raise ValueError(f"n_new has {len(n)} entries for {nseq} sequences")
+            nn = (ctypes.c_int64 * max(nseq, 1))(*n)
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_paged_kv_append(self._ctx.h, self._handle(), nseq, sa, ctypes.byref(kt),
+                                                           ctypes.byref(vt), nn))
+
+    def attend(self, seqs, q, scale=None, return_lse=False):
+        """Attention of q [nseq, Hq, Nq, D] (float32, float16 or torch bfloat16)
+        over sequences seqs: query i of seqs[b] is its token len - Nq + i
+        (append first). Returns out [nseq, Hq, Nq, Dv] float32, NumPy or torch
+        like q, and with return_lse also lse [nseq, Hq, Nq]."""
+        like_torch = _is_torch(q)
+        qa = _to_numpy(q, "q", "half")
+        if qa.ndim != 4:
+            raise ValueError(f"q must be [nseq, Hq, Nq, D], got shape {tuple(qa.shape)}")
+        nseq, sa = self._seqs(seqs)
+        B, Hq, Nq = (int(n) for n in qa.shape[:3])
+        out = np.empty((B, Hq, Nq, self.v_head_dim), np.float32)
+        o = _capi.SdpaOpts()
+        _capi.init(o)
+        if scale is not None:
+            o.scale = float(scale)
+        lse = lt = None
+        if return_lse:
+            lse = np.empty((B, Hq, Nq), np.float32)
+            lt = _tensor(lse)
+        ot, qt = _tensor(out), _tensor(qa)
+        with self._lock:
+            self._ctx.check(_capi.lib.attn_paged_kv_attend(self._ctx.h, self._handle(), ctypes.byref(ot),
+                                                           None if lt is None else ctypes.byref(lt),
+                                                           ctypes.byref(qt), nseq, sa, ctypes.byref(o)))
+        if return_lse:
+            return _wrap(out, like_torch), _wrap(lse, like_torch)
+        return _wrap(out, like_torch)
+
+    def close(self):
+        with self._lock:
+            if self._h is not None:
+                _capi.lib.attn_paged_kv_destroy(self._h)
+                self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None and _capi is not None:
+            _capi.lib.attn_paged_kv_destroy(h)
+            self._h = None

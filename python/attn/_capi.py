@@ -124,6 +124,21 @@ class KvCacheConfig(ctypes.Structure):
     ]
 
 
+class PagedKvConfig(ctypes.Structure):
+    _init_ = "attn_paged_kv_config_init"
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("num_blocks", ctypes.c_int64),
+        ("block_tokens", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("v_head_dim", ctypes.c_int64),
+        ("k_dtype", _c_enum),  # attn_kv_dtype
+        ("v_dtype", _c_enum),
+        ("max_seqs", ctypes.c_int64),
+    ]
+
+
 class HfConfig(ctypes.Structure):  # filled by the library (attn_mha_create_from_hf): no _init_
     _fields_ = [
         ("size", ctypes.c_size_t),
@@ -265,6 +280,29 @@ _protos = {
     "attn_kv_cache_copy_row": (_st, [_P, _P, ctypes.c_int64, ctypes.c_int64]),
     # ctx, k, v, cache, row
     "attn_kv_cache_view": (_st, [_P, _PT, _PT, _P, ctypes.c_int64]),
+    "attn_paged_kv_config_init": (None, [ctypes.POINTER(PagedKvConfig), ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_int64, ctypes.c_int64]),
+    "attn_paged_kv_create": (_st, [_P, ctypes.POINTER(_P), ctypes.POINTER(PagedKvConfig)]),
+    "attn_paged_kv_destroy": (None, [_P]),
+    "attn_paged_kv_get_config": (ctypes.POINTER(PagedKvConfig), [_P]),
+    # ctx, cache, *seq
+    "attn_paged_kv_seq_new": (_st, [_P, _P, ctypes.POINTER(ctypes.c_int64)]),
+    "attn_paged_kv_seq_free": (_st, [_P, _P, ctypes.c_int64]),
+    # ctx, cache, *child, parent
+    "attn_paged_kv_seq_fork": (_st, [_P, _P, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]),
+    "attn_paged_kv_seq_truncate": (_st, [_P, _P, ctypes.c_int64, ctypes.c_int64]),
+    "attn_paged_kv_seq_length": (ctypes.c_int64, [_P, ctypes.c_int64]),
+    "attn_paged_kv_free_blocks": (ctypes.c_int64, [_P]),
+    # cache, seq, **blocks
+    "attn_paged_kv_block_table": (ctypes.c_int64, [_P, ctypes.c_int64, ctypes.POINTER(ctypes.POINTER(ctypes.c_int32))]),
+    # ctx, k, v, cache, block
+    "attn_paged_kv_block_view": (_st, [_P, _PT, _PT, _P, ctypes.c_int64]),
+    # ctx, cache, nseq, seqs, k, v, n_new
+    "attn_paged_kv_append": (_st, [_P, _P, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), _PT, _PT,
+                                   ctypes.POINTER(ctypes.c_int64)]),
+    # ctx, cache, out, lse, q, nseq, seqs, opts
+    "attn_paged_kv_attend": (_st, [_P, _P, _PT, _PT, _PT, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
+                                   ctypes.POINTER(SdpaOpts)]),
     # ctx, dt (attn_kv_dtype), dst, src, n
     "attn_kv_quantize": (_st, [_P, _c_enum, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]),
     "attn_kv_dequantize": (_st, [_P, _c_enum, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]),

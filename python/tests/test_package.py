@@ -9,7 +9,7 @@ import types
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import attn  # noqa: E402
 
-API = {"AttnError", "scaled_dot_product_attention", "sdpa_backward", "MultiheadAttention", "KVCache",
+API = {"AttnError", "scaled_dot_product_attention", "sdpa_backward", "MultiheadAttention", "KVCache", "PagedKVCache",
        "plot_attention", "rope", "head_norm", "version", "library_path"}
 
 
@@ -97,6 +97,61 @@ def kv_quant():
         assert "multiple of 32" in str(e), str(e)
 
 
+def paged():
+    """PagedKVCache: decoding bitwise as a KVCache of the same tokens and storage (q8_0 keys,
+    q4_0 values), fork sharing blocks, copy on write, truncate, free, a refused append."""
+    import numpy as np
+    rng = np.random.default_rng(1)
+    lens = [70, 5, 33]
+    p = attn.PagedKVCache(16, 16, 2, 64, k_dtype="q8_0", v_dtype="q4_0", threads=2)
+    lin = attn.KVCache(3, 80, 2, 64, k_dtype="q8_0", v_dtype="q4_0", threads=2)
+    assert repr(p) == ("PagedKVCache(num_blocks=16, block_tokens=16, kv_heads=2, head_dim=64, v_head_dim=64, "
+                       "k_dtype='q8_0', v_dtype='q4_0', free_blocks=16)"), repr(p)
+    seqs = [p.new_seq() for _ in lens]
+    k = rng.standard_normal((3, 2, 70, 64)).astype(np.float32)
+    v = rng.standard_normal((3, 2, 70, 64)).astype(np.float32)
+    p.append(seqs, k, v, n_new=lens)
+    lin.append(k, v, n_new=lens)
+    assert [p.length(s) for s in seqs] == lens and lin.lengths == tuple(lens)
+    assert p.free_blocks == 16 - (5 + 1 + 3), p.free_blocks
+    for _ in range(3):  # decoding steps: one token each, then a query each
+        kn = rng.standard_normal((3, 2, 1, 64)).astype(np.float32)
+        p.append(seqs, kn, kn)
+        lin.append(kn, kn)
+        q = rng.standard_normal((3, 8, 1, 64)).astype(np.float32)
+        (a, la), (b, lb) = p.attend(seqs, q, return_lse=True), lin.attend(q, return_lse=True)
+        assert np.array_equal(a, b) and np.array_equal(la, lb), np.abs(a - b).max()
+    child = p.fork(seqs[0])
+    assert p.block_table(child) == p.block_table(seqs[0]) and p.free_blocks == 16 - 9
+    q1 = rng.standard_normal((1, 8, 1, 64)).astype(np.float32)
+    before = p.attend([seqs[0]], q1)
+    kn = rng.standard_normal((1, 2, 1, 64)).astype(np.float32)
+    p.append([child], kn, kn)  # into the shared, partly filled last block: copied
+    assert p.free_blocks == 16 - 10, p.free_blocks
+    assert np.array_equal(p.attend([seqs[0]], q1), before), "the parent is unchanged by its child's append"
+    p.truncate(child, 10)
+    assert p.length(child) == 10 and p.free_blocks == 16 - 9, p.free_blocks
+    try:
+        big = np.zeros((1, 2, 200, 64), np.float32)
+        p.append([child], big, big)
+        raise AssertionError("an append past the pool accepted")
+    except attn.AttnError as e:
+        assert "nothing appended" in str(e), str(e)
+    assert p.length(child) == 10 and p.free_blocks == 16 - 9
+    p.free(child)
+    for s in seqs:
+        p.free(s)
+    assert p.free_blocks == 16
+    try:
+        p.length(seqs[0])
+        raise AssertionError("a freed sequence's length")
+    except ValueError:
+        pass
+    p.close()
+    lin.close()
+    assert repr(p).endswith(", closed)"), repr(p)
+
+
 def main():
     assert set(attn.__all__) == API, sorted(set(attn.__all__) ^ API)
     for name in attn.__all__:
@@ -119,6 +174,7 @@ def main():
                        "bias=True, out_bias=True, batch_first=True)"), repr(m)
     qk_norm_layer()
     kv_quant()
+    paged()
     c = attn.KVCache(2, 16, 1, 4, dtype="float16")
     assert repr(c) == ("KVCache(batch=2, capacity=16, kv_heads=1, head_dim=4, v_head_dim=4, dtype='float16', "
                        "lengths=(0, 0))"), repr(c)

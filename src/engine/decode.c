@@ -77,13 +77,33 @@ static int block_logits(const attn__sdpa *p, float *S, float *Mb, int64_t b, int
   return sparse;
 }
 
+/* Offset (elements; bytes for blocks) of key j's row of kv head (b, g) of t:
+ * through the block table when p reads a paged cache (logit.h). */
+static inline int64_t row_at(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j) {
+  if (!p->block_table) return b * t->strides[0] + g * t->strides[1] + j * t->strides[2];
+  const int64_t page = p->block_table[b * p->table_stride + j / p->block_tokens];
+  return page * t->strides[0] + g * t->strides[1] + (j % p->block_tokens) * t->strides[2];
+}
+
+/* Keys of a paged cache's batch b from j0 (at most n) whose blocks follow one
+ * another in the pool: they lie evenly spaced, as a linear cache's do (a kv
+ * head's blocks sit side by side: see paged_kv.c), and are read in place. */
+static int64_t contiguous_keys(const attn__sdpa *p, int64_t b, int64_t j0, int64_t n) {
+  const int32_t *t = p->block_table + b * p->table_stride;
+  const int64_t first = j0 / p->block_tokens;
+  int64_t end = (first + 1) * p->block_tokens; /* past the run of blocks so far */
+  while (end < j0 + n && t[end / p->block_tokens] == t[first] + end / p->block_tokens - first) end += p->block_tokens;
+  return end - j0 < n ? end - j0 : n;
+}
+
 /* Block of n keys from key j0 of kv head (b, g) of t, as rows the kernels
  * read: in place when they take its dtype and it has unit stride, else widened
  * (or dequantized) into buf as f32. *ld and *dt get the row distance (bytes
- * for blocks) and the element type. */
-static const void *key_rows(const attn__decode_kernels *dk, const attn_tensor *t, int64_t b, int64_t g, int64_t j0,
-                            int n, int64_t F, float *buf, int64_t *ld, attn_dtype *dt) {
-  const int64_t off = b * t->strides[0] + g * t->strides[1] + j0 * t->strides[2];
+ * for blocks) and the element type. The n rows are evenly spaced (a paged
+ * cache's blocks are cut where its pages stop following one another). */
+static const void *key_rows(const attn__decode_kernels *dk, const attn__sdpa *p, const attn_tensor *t, int64_t b,
+                            int64_t g, int64_t j0, int n, int64_t F, float *buf, int64_t *ld, attn_dtype *dt) {
+  const int64_t off = row_at(p, t, b, g, j0);
   const int quant = attn__is_quant(t->dtype);
   const size_t es = quant ? 1 : attn_dtype_size(t->dtype);
   if (((dk->dtypes >> t->dtype) & 1) && (t->strides[3] == 1 || F == 1 || quant)) {
@@ -106,15 +126,29 @@ static const void *key_rows(const attn__decode_kernels *dk, const attn_tensor *t
 /* Asks for rows [j0, j0 + n) of kv head (b, g) of t ahead of use. A block of K
  * then a block of V breaks the stride the hardware prefetchers follow: without
  * asking ahead, one core reads at half speed (the kernels ask for the rows
- * they read in place themselves, key by key; this is for rows widened here). */
-static void prefetch_rows(const attn_tensor *t, int64_t b, int64_t g, int64_t j0, int n, int64_t F) {
+ * they read in place themselves, key by key; this is for rows widened or
+ * gathered here). */
+static void prefetch_rows(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j0, int n,
+                          int64_t F) {
   const int quant = attn__is_quant(t->dtype);
   const size_t es = quant ? 1 : attn_dtype_size(t->dtype), row = quant ? attn__row_bytes(t->dtype, F) : (size_t)F * es;
-  const char *base = (const char *)t->data + (size_t)(b * t->strides[0] + g * t->strides[1]) * es;
   for (int jj = 0; jj < n; jj++) {
-    const char *r = base + (size_t)((j0 + jj) * t->strides[2]) * es;
+    const char *r = (const char *)t->data + (size_t)row_at(p, t, b, g, j0 + jj) * es;
     for (size_t off = 0; off < row; off += 64) __builtin_prefetch(r + off, 0, 3);
   }
+}
+
+/* At a page boundary of a paged cache: asks for the first 8 KiB of rows of the
+ * next page [j, j + n) when it does not follow the current one in the pool
+ * (the kernels asked for that much past the current page's end instead). */
+static void prefetch_page(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j, int64_t n,
+                          int64_t F) {
+  const int64_t e = b * p->table_stride + j / p->block_tokens;
+  if (p->block_table[e] == p->block_table[e - 1] + 1) return;
+  const int quant = attn__is_quant(t->dtype);
+  const size_t row = quant ? attn__row_bytes(t->dtype, F) : (size_t)F * attn_dtype_size(t->dtype);
+  const int64_t rows = (int64_t)(8192 / row) < 2 ? 2 : (int64_t)(8192 / row);
+  prefetch_rows(p, t, b, g, j, (int)(n < rows ? n : rows), F);
 }
 
 // One chunk [k0, k1) of kv head (b, g) for its R rows; the partial goes to part: (R, Dv) then m (R), l (R).
@@ -140,21 +174,25 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
     s->l[r] = 0;
   }
   memset(s->O, 0, (size_t)(R * Dv) * sizeof(float));
-  for (int64_t j0 = lo; j0 < hi; j0 += ATTN__DEC_NB) {
-    const int n = (int)(hi - j0 < ATTN__DEC_NB ? hi - j0 : ATTN__DEC_NB);
+  for (int64_t j0 = lo, n; j0 < hi; j0 += n) {
+    n = hi - j0 < ATTN__DEC_NB ? hi - j0 : ATTN__DEC_NB;
+    if (p->block_table) n = contiguous_keys(p, b, j0, n); /* cut where the pages stop following one another */
     int64_t ldk, ldv;
     attn_dtype kt, vt;
-    const void *K = key_rows(dk, &p->k, b, g, j0, n, D, s->Kc, &ldk, &kt);
-    const void *V = key_rows(dk, &p->v, b, g, j0, n, Dv, s->Vc, &ldv, &vt);
-    const int64_t next = j0 + ATTN__DEC_NB;
+    const void *K = key_rows(dk, p, &p->k, b, g, j0, (int)n, D, s->Kc, &ldk, &kt);
+    const void *V = key_rows(dk, p, &p->v, b, g, j0, (int)n, Dv, s->Vc, &ldv, &vt);
+    const int64_t next = j0 + n;
     if (next < hi && (K == s->Kc || V == s->Vc)) { /* the kernels prefetch rows they read in place, not these */
       const int nn = (int)(hi - next < ATTN__DEC_NB ? hi - next : ATTN__DEC_NB);
-      prefetch_rows(&p->k, b, g, next, nn, D);
-      prefetch_rows(&p->v, b, g, next, nn, Dv);
+      prefetch_rows(p, &p->k, b, g, next, nn, D);
+      prefetch_rows(p, &p->v, b, g, next, nn, Dv);
+    } else if (p->block_table && next < hi && next % p->block_tokens == 0) { /* see prefetch_page */
+      prefetch_page(p, &p->k, b, g, next, hi - next, D);
+      prefetch_page(p, &p->v, b, g, next, hi - next, Dv);
     }
-    dk->qk(s->S, s->Q, (int)R, K, ldk, n, D, kt);
-    const int sparse = block_logits(p, s->S, s->Mb, b, g, j0, n);
-    dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, n, Dv, vt, sparse);
+    dk->qk(s->S, s->Q, (int)R, K, ldk, (int)n, D, kt);
+    const int sparse = block_logits(p, s->S, s->Mb, b, g, j0, (int)n);
+    dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, (int)n, Dv, vt, sparse);
   }
   memcpy(part, s->O, (size_t)(R * Dv) * sizeof(float));
   memcpy(part + R * Dv, s->m, (size_t)R * sizeof(float));

@@ -1,8 +1,11 @@
 /* attn bench decode: new tokens against a key-value cache, measured against
  * this machine's read bandwidth (see common.h for what is reported). The
  * cache is plain [B, Hk, L, D] tensors through attn_sdpa, or (--cache, or
- * any block format: --dtype / --k-dtype / --v-dtype q8_0 or q4_0) an
- * attn_kv_cache through attn_kv_cache_attend. */
+ * any block format: --dtype / --k-dtype / --v-dtype q8_0 or q4_0, or
+ * --lengths) an attn_kv_cache through attn_kv_cache_attend, or (--paged
+ * BLOCK_TOKENS) an attn_paged_kv_cache through attn_paged_kv_attend. Rows may
+ * hold different numbers of tokens (--lengths L1,L2,...): the bytes read are
+ * then their sum's. */
 #include "common.h"
 #include "commands.h"
 
@@ -72,6 +75,8 @@ typedef struct decode_case {
   attn_ctx *ctx;
   attn_tensor q, out, k[DECODE_MAX_COPIES], v[DECODE_MAX_COPIES];
   attn_kv_cache *cache[DECODE_MAX_COPIES]; /* set: the step is attn_kv_cache_attend on these instead */
+  attn_paged_kv_cache *paged[DECODE_MAX_COPIES]; /* set: attn_paged_kv_attend on these, sequences seqs */
+  int64_t *seqs;
   int copies, next;
   attn_sdpa_opts o;
 } decode_case;
@@ -80,27 +85,45 @@ static int run_decode(void *arg) {
   decode_case *c = arg;
   const int i = c->next;
   c->next = (c->next + 1) % c->copies;
+  if (c->paged[0]) return attn_paged_kv_attend(c->ctx, c->paged[i], &c->out, NULL, &c->q, c->q.shape[0], c->seqs, NULL);
   if (c->cache[0]) return attn_kv_cache_attend(c->ctx, c->cache[i], &c->out, NULL, &c->q, NULL);
   return attn_sdpa(c->ctx, &c->out, NULL, NULL, &c->q, &c->k[i], &c->v[i], &c->o);
 }
 
-/* Fills cache (B rows, Hk kv heads, L tokens of D) with fixed-seed uniform
- * values in (-1, 1), appended 256 tokens at a time. */
-static attn_status fill_cache(attn_ctx *ctx, attn_kv_cache *cache, int64_t B, int64_t Hk, int64_t L, int64_t D,
-                              uint64_t seed) {
+/* Fills cache, or paged's sequences seqs (B rows, Hk kv heads, len[b] tokens
+ * of D, L the longest) with fixed-seed uniform values in (-1, 1), appended 256
+ * tokens at a time: every row in turn for a linear cache; a paged one's
+ * sequences one after the other (each a prefill of its own, so that each
+ * takes a run of blocks, as a prompt appended at once does). */
+static attn_status fill_rows(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
+                             int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed);
+static attn_status fill_cache(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
+                              int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed) {
+  if (!paged) return fill_rows(ctx, cache, NULL, seqs, B, Hk, len, L, D, seed);
+  attn_status st = ATTN_OK;
+  for (int64_t b = 0; b < B && !st; b++) st = fill_rows(ctx, NULL, paged, seqs + b, 1, Hk, len + b, len[b], D, seed + 7 * (uint64_t)b);
+  return st;
+}
+
+static attn_status fill_rows(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
+                             int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed) {
   const int64_t n = L < 256 ? L : 256, s4[4] = {B, Hk, n, D};
   attn_tensor k, v;
   memset(&k, 0, sizeof k), memset(&v, 0, sizeof v);
   attn_status st = attn_tensor_alloc(ctx, &k, ATTN_F32, 4, s4);
   if (!st) st = attn_tensor_alloc(ctx, &v, ATTN_F32, 4, s4);
+  int64_t *n_new = malloc(sizeof(int64_t) * (size_t)B);
+  if (!st && !n_new) st = ATTN_E_NOMEM;
   uint64_t s = seed;
   for (int64_t at = 0; !st && at < L; at += n) {
     const int64_t m = L - at < n ? L - at : n;
     for (int64_t i = 0; i < B * Hk * n * D; i++) ((float *)k.data)[i] = bench_uniform(&s), ((float *)v.data)[i] = bench_uniform(&s);
+    for (int64_t b = 0; b < B; b++) n_new[b] = len[b] - at < 0 ? 0 : len[b] - at < m ? len[b] - at : m;
     attn_tensor kk = k, vv = v;
     kk.shape[2] = vv.shape[2] = m;
-    st = attn_kv_cache_append(ctx, cache, &kk, &vv, NULL);
+    st = cache ? attn_kv_cache_append(ctx, cache, &kk, &vv, n_new) : attn_paged_kv_append(ctx, paged, B, seqs, &kk, &vv, n_new);
   }
+  free(n_new);
   attn_tensor_free(&k), attn_tensor_free(&v);
   return st;
 }
@@ -129,6 +152,56 @@ static attn_status cache_head_f32(attn_ctx *ctx, attn_tensor *k, attn_tensor *v,
   }
   if (st) attn_tensor_free(k), attn_tensor_free(v);
   return st;
+}
+
+/* cache_head_f32 for sequence seq of a paged cache, read through its block table. */
+static attn_status paged_head_f32(attn_ctx *ctx, attn_tensor *k, attn_tensor *v, const attn_paged_kv_cache *cache,
+                                  int64_t seq) {
+  const attn_paged_kv_config *cfg = attn_paged_kv_get_config(cache);
+  const int64_t L = attn_paged_kv_seq_length(cache, seq), D = cfg->head_dim, s4[4] = {1, 1, L, D};
+  const int32_t *table;
+  attn_paged_kv_block_table(cache, seq, &table);
+  memset(k, 0, sizeof *k), memset(v, 0, sizeof *v);
+  attn_status st = attn_tensor_alloc(ctx, k, ATTN_F32, 4, s4);
+  if (!st) st = attn_tensor_alloc(ctx, v, ATTN_F32, 4, s4);
+  const attn_kv_dtype kinds[2] = {cfg->k_dtype, cfg->v_dtype};
+  attn_tensor *to[2] = {k, v};
+  for (int64_t j = 0; j < L && !st; j++) {
+    attn_tensor bk, bv;
+    if ((st = attn_paged_kv_block_view(ctx, &bk, &bv, cache, table[j / cfg->block_tokens]))) break;
+    const attn_tensor *from[2] = {&bk, &bv};
+    for (int kind = 0; kind < 2 && !st; kind++) {
+      const attn_tensor *f = from[kind];
+      const int64_t o = (j % cfg->block_tokens) * f->strides[2]; /* kv head 0 */
+      float *dst = (float *)to[kind]->data + j * D;
+      if (kinds[kind] == ATTN_KV_Q8_0 || kinds[kind] == ATTN_KV_Q4_0)
+        st = attn_kv_dequantize(ctx, kinds[kind], dst, (const uint8_t *)f->data + o, D);
+      else {
+        const int64_t one = D;
+        attn_tensor row = attn_tensor_view((char *)f->data + o * (int64_t)attn_dtype_size(f->dtype), f->dtype, 1, &one);
+        attn_tensor out = attn_tensor_view(dst, ATTN_F32, 1, &one);
+        st = attn_tensor_copy(ctx, &out, &row);
+      }
+    }
+  }
+  if (st) attn_tensor_free(k), attn_tensor_free(v);
+  return st;
+}
+
+/* --lengths L1,L2,...: B positive lengths of at most 2^26 into len; 0 or an exit code. */
+static int parse_lengths(const char *s, int64_t B, int64_t *len) {
+  const char *p = s;
+  for (int64_t b = 0; b < B; b++) {
+    char *end;
+    const long long x = strtoll(p, &end, 10);
+    if (end == p || x < 1 || x > (1 << 26) || (*end != ',' && *end != '\0') || (*end == '\0' && b + 1 < B) ||
+        (*end == ',' && b + 1 == B))
+      return cli_fail(CLI_EXIT_USAGE, "--lengths wants %lld comma-separated lengths in 1..%d (one per --batch row), got '%s'",
+                      (long long)B, 1 << 26, cli_show(s));
+    len[b] = x;
+    p = end + 1;
+  }
+  return 0;
 }
 
 /* --dtype, --k-dtype, --v-dtype's name as a storage kind; 0 if unknown. */
@@ -222,13 +295,19 @@ static int half_speedup(decode_case *c, attn_dtype dt, double *speedup) {
 
 int cmd_bench_decode(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--kv-seq", "--heads", "--kv-heads", "--dim", "--seq", "--dtype",
-                                      "--k-dtype", "--v-dtype", "--threads", "--repeat", "--kernel", "--max-gflop", NULL};
+                                      "--k-dtype", "--v-dtype", "--threads", "--repeat", "--kernel", "--max-gflop",
+                                      "--paged", "--lengths", NULL};
   static const char *const switches[] = {"--json", "--compare", "--cache", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
-  long long B, L, H, G = 0, D, N = 1, repeat = 0;
-  if ((r = bench_need_int(&a, "decode", "--batch", 1 << 20, &B)) || (r = bench_need_int(&a, "decode", "--kv-seq", 1 << 26, &L)) ||
+  long long B, L = 0, H, G = 0, D, N = 1, repeat = 0, paged_bt = 0;
+  const char *lengths_s = cli_get(&a, "--lengths");
+  if (lengths_s && cli_get(&a, "--kv-seq"))
+    return cli_fail(CLI_EXIT_USAGE, "give --kv-seq (every row's length) or --lengths (each row's), not both");
+  if ((r = bench_need_int(&a, "decode", "--batch", 1 << 20, &B)) ||
+      (!lengths_s && (r = bench_need_int(&a, "decode", "--kv-seq", 1 << 26, &L))) ||
+      (r = cli_int(&a, "--paged", 1, 1 << 16, &paged_bt)) ||
       (r = bench_need_int(&a, "decode", "--heads", 1 << 16, &H)) || (r = bench_need_int(&a, "decode", "--dim", 1 << 16, &D)) ||
       (r = cli_int(&a, "--kv-heads", 1, 1 << 16, &G)) || (r = cli_int(&a, "--seq", 1, 1 << 16, &N)) ||
       (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)))
@@ -247,37 +326,73 @@ int cmd_bench_decode(int argc, char **argv) {
     if (i != 1) kinds[1] = kd;
   }
   const int blocks = kinds[0] >= ATTN_KV_Q8_0 || kinds[1] >= ATTN_KV_Q8_0;
-  const int use_cache = blocks || kinds[0] != kinds[1] || cli_has(&a, "--cache");
+  const int paged = paged_bt > 0;
+  const int use_cache = blocks || kinds[0] != kinds[1] || cli_has(&a, "--cache") || lengths_s || paged;
   if (blocks && D % 32) return cli_fail(CLI_EXIT_USAGE, "q8_0 and q4_0 take --dim a multiple of 32, got %lld", D);
   if (use_cache && cli_has(&a, "--compare"))
-    return cli_fail(CLI_EXIT_USAGE, "--compare runs on plain tensors: not with --cache, --k-dtype/--v-dtype or q8_0/q4_0");
+    return cli_fail(CLI_EXIT_USAGE,
+                    "--compare runs on plain tensors: not with --cache, --paged, --lengths, --k-dtype/--v-dtype or q8_0/q4_0");
+  /* each row's length: --lengths, else --kv-seq for all */
+  int64_t *len = malloc(sizeof(int64_t) * (size_t)B), total = 0;
+  if (!len) return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  if (lengths_s && (r = parse_lengths(lengths_s, B, len))) {
+    free(len);
+    return r;
+  }
+  for (int64_t b = 0; b < B; b++) {
+    if (!lengths_s) len[b] = L;
+    L = len[b] > L ? len[b] : L;
+    total += len[b];
+  }
   /* the plain tensors' dtype (the kinds share it then) */
   const attn_dtype dt = kinds[0] == ATTN_KV_F16 ? ATTN_F16 : kinds[0] == ATTN_KV_BF16 ? ATTN_BF16 : ATTN_F32;
   {
     /* the timed steps, one more for the oracle, the paired passes; --compare: the blocked kernel's
      * timed steps, the f32 cache's 2 x 21 steps in turn, and a full recompute of L rows (L <= 8192) */
     const int compare = cli_has(&a, "--compare");
-    const double step = 4.0 * (double)B * H * N * L * D * 1e-9, full = 2.0 * (double)B * H * L * L * D * 1e-9;
+    const double step = 4.0 * (double)total * H * N * D * 1e-9, full = 2.0 * (double)B * H * L * L * D * 1e-9;
     double steps = bench_min_runs(repeat) + 1 + DECODE_PAIRS, extra = 0;
     if (compare) steps += bench_min_runs(repeat) + (dt != ATTN_F32 ? 2 * (DECODE_PAIRS + 1) : 0);
     if (compare && L <= 8192) extra = full * bench_min_runs(repeat < 3 ? repeat : 3);
-    if ((r = bench_check_work(&a, "decode", step * steps + extra))) return r;
+    if ((r = bench_check_work(&a, "decode", step * steps + extra))) {
+      free(len);
+      return r;
+    }
   }
-  const double cache_bytes = (double)B * G * L * (double)(attn_kv_dtype_bytes(kinds[0], D) + attn_kv_dtype_bytes(kinds[1], D));
+  /* the bytes a step reads: each row's tokens (a linear cache's capacity past them is not read) */
+  const double cache_bytes = (double)total * G * (double)(attn_kv_dtype_bytes(kinds[0], D) + attn_kv_dtype_bytes(kinds[1], D));
   int copies = cache_bytes >= DECODE_COLD_BYTES ? 1 : (int)ceil(DECODE_COLD_BYTES / cache_bytes);
   if (copies > DECODE_MAX_COPIES) copies = DECODE_MAX_COPIES;
-  if ((r = bench_check_fits(copies * cache_bytes + 8.0 * B * H * N * D))) return r;
+  /* a linear cache holds every row at the longest length; a paged one its blocks */
+  const double held = paged ? cache_bytes + (double)B * G * paged_bt * (double)(attn_kv_dtype_bytes(kinds[0], D) +
+                                                                                attn_kv_dtype_bytes(kinds[1], D))
+                      : use_cache ? (double)B * G * L * (double)(attn_kv_dtype_bytes(kinds[0], D) + attn_kv_dtype_bytes(kinds[1], D))
+                                  : cache_bytes;
   attn_ctx *ctx;
-  if ((r = bench_ctx(&a, &ctx))) return r;
+  if ((r = bench_check_fits(copies * held + 8.0 * B * H * N * D)) || (r = bench_ctx(&a, &ctx))) {
+    free(len);
+    return r;
+  }
   decode_case c;
   memset(&c, 0, sizeof c);
   c.ctx = ctx;
   c.copies = copies;
+  c.seqs = malloc(sizeof(int64_t) * (size_t)B);
   const int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, L, D};
-  int bad = attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs);
+  int bad = !c.seqs || attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs);
   for (int i = 0; i < copies && !bad; i++) {
     if (!use_cache) {
       bad = attn_tensor_alloc(ctx, &c.k[i], dt, 4, ks) || attn_tensor_alloc(ctx, &c.v[i], dt, 4, ks);
+      continue;
+    }
+    if (paged) { /* a pool of exactly the blocks the rows need; sequences 0..B-1 */
+      int64_t blocks_needed = 0;
+      for (int64_t b = 0; b < B; b++) blocks_needed += (len[b] + paged_bt - 1) / paged_bt;
+      attn_paged_kv_config pc;
+      attn_paged_kv_config_init(&pc, blocks_needed, paged_bt, G, D);
+      pc.k_dtype = kinds[0], pc.v_dtype = kinds[1], pc.max_seqs = B;
+      bad = attn_paged_kv_create(ctx, &c.paged[i], &pc) != ATTN_OK;
+      for (int64_t b = 0; b < B && !bad; b++) bad = attn_paged_kv_seq_new(ctx, c.paged[i], &c.seqs[b]) != ATTN_OK;
       continue;
     }
     attn_kv_cache_config cfg;
@@ -294,7 +409,7 @@ int cmd_bench_decode(int argc, char **argv) {
   }
   bad = fill_typed(ctx, &c.q, 1) || fill_typed(ctx, &c.out, 4);
   for (int i = 0; i < copies && !bad; i++)
-    bad = use_cache ? fill_cache(ctx, c.cache[i], B, G, L, D, 2 + 2 * (uint64_t)i) != ATTN_OK
+    bad = use_cache ? fill_cache(ctx, c.cache[i], c.paged[i], c.seqs, B, G, len, L, D, 2 + 2 * (uint64_t)i) != ATTN_OK
                     : fill_typed(ctx, &c.k[i], 2 + 2 * (uint64_t)i) || fill_typed(ctx, &c.v[i], 3 + 2 * (uint64_t)i);
   if (bad) {
     r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
@@ -314,7 +429,8 @@ int cmd_bench_decode(int argc, char **argv) {
   }
   if (use_cache) { /* the oracle on the cache's keys and values as stored (decoded) */
     decode_case oc = c;
-    if (cache_head_f32(ctx, &oc.k[0], &oc.v[0], c.cache[0]) == ATTN_OK) {
+    if ((paged ? paged_head_f32(ctx, &oc.k[0], &oc.v[0], c.paged[0], c.seqs[0])
+               : cache_head_f32(ctx, &oc.k[0], &oc.v[0], c.cache[0])) == ATTN_OK) {
       err = decode_oracle(&oc, H / G);
       attn_tensor_free(&oc.k[0]), attn_tensor_free(&oc.v[0]);
     }
@@ -390,9 +506,9 @@ int cmd_bench_decode(int argc, char **argv) {
     if (cli_has(&a, "--json")) {
       printf("{\"op\":\"decode\",\"batch\":%lld,\"kv_seq\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,"
              "\"seq\":%lld,\"dtype\":\"%s\",\"k_dtype\":\"%s\",\"v_dtype\":\"%s\",\"kv_cache\":%s,"
-             "\"threads\":%d,\"kernel\":\"%s\",\"cache_copies\":%d,",
+             "\"threads\":%d,\"kernel\":\"%s\",\"cache_copies\":%d,\"paged_block_tokens\":%lld,\"kv_tokens\":%lld,",
              B, L, H, G, D, N, attn_kv_dtype_name(kinds[0]), attn_kv_dtype_name(kinds[0]), attn_kv_dtype_name(kinds[1]),
-             use_cache ? "true" : "false", threads, kernel, copies);
+             use_cache ? "true" : "false", threads, kernel, copies, paged_bt, (long long)total);
       bench_json_num("median_s", step_s, 0);
       bench_json_num("min_s", t.min_s, 0);
       printf("\"repeats\":%lld,", t.repeats);
@@ -406,13 +522,20 @@ int cmd_bench_decode(int argc, char **argv) {
       bench_json_num("oracle_rel_l2", err, 1);
       printf("}\n");
     } else {
-      char kinds_s[64];
+      char kinds_s[64], cache_kind[160];
+      if (paged) snprintf(cache_kind, sizeof cache_kind, " (attn_paged_kv_cache, blocks of %lld tokens)", paged_bt);
+      else snprintf(cache_kind, sizeof cache_kind, "%s", use_cache ? " (attn_kv_cache)" : "");
+      if (lengths_s) {
+        const size_t u = strlen(cache_kind);
+        snprintf(cache_kind + u, sizeof cache_kind - u, " rows of mixed lengths (%lld tokens in all, longest L)",
+                 (long long)total);
+      }
       snprintf(kinds_s, sizeof kinds_s, kinds[0] == kinds[1] ? "%s%s" : "k %s v %s", attn_kv_dtype_name(kinds[0]),
                kinds[0] == kinds[1] ? "" : attn_kv_dtype_name(kinds[1]));
       printf("decode B=%lld L=%lld Hq=%lld Hk=%lld D=%lld Nq=%lld %s%s | kernel %s, %d threads | median %.4g ms of %lld "
              "(min %.4g ms) | cache %.1f MiB read at %.2f GB/s | %.1f%% of the read bandwidth measured beside it "
              "(median of %d paired passes; best pass %.2f GB/s)",
-             B, L, H, G, D, N, kinds_s, use_cache ? " (attn_kv_cache)" : "", kernel, threads, step_s * 1e3, t.repeats, t.min_s * 1e3,
+             B, L, H, G, D, N, kinds_s, cache_kind, kernel, threads, step_s * 1e3, t.repeats, t.min_s * 1e3,
              cache_bytes / 1048576.0, gbs, 100 * fraction, DECODE_PAIRS, read_gbs);
       if (copies > 1) printf(" (%d copies cycled, so each step reads memory)", copies);
       printf(" | oracle rel L2 %.2e on batch 0, kv head 0", err);
@@ -427,7 +550,12 @@ int cmd_bench_decode(int argc, char **argv) {
   }
 done:
   attn_tensor_free(&c.q), attn_tensor_free(&c.out);
-  for (int i = 0; i < copies; i++) attn_tensor_free(&c.k[i]), attn_tensor_free(&c.v[i]), attn_kv_cache_destroy(c.cache[i]);
+  for (int i = 0; i < copies; i++) {
+    attn_tensor_free(&c.k[i]), attn_tensor_free(&c.v[i]);
+    attn_kv_cache_destroy(c.cache[i]), attn_paged_kv_destroy(c.paged[i]);
+  }
+  free(c.seqs);
+  free(len);
   attn_ctx_destroy(ctx);
   return r;
 }
