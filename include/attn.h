@@ -266,6 +266,28 @@ typedef struct attn_sdpa_opts {
    * softmax's denominator and adds nothing to out (lse includes it, weights
    * do not). A row with every key masked then gives zeros and lse = sink. */
   const attn_tensor *sinks;
+  /* Packed variable-length batch (FlashAttention's varlen): num_seqs
+   * sequences stored one after another along the token dimension of a
+   * single batch entry, so no padding is stored or computed. Then
+   *   q [1, Hq, total_q, D], k [1, Hk, total_k, D], v [1, Hk, total_k, Dv],
+   *   out [1, Hq, total_q, Dv], lse [1, Hq, total_q]
+   * and sequence s has query rows cu_seqlens_q[s] .. cu_seqlens_q[s+1] and
+   * keys cu_seqlens_k[s] .. cu_seqlens_k[s+1]. Each array has num_seqs + 1
+   * entries: 0 first, non-decreasing, total_q (total_k) last; anything else
+   * is ATTN_E_INVALID naming the entry. cu_seqlens_k NULL = cu_seqlens_q.
+   * Every option applies per sequence, exactly as if the sequence were its
+   * own batch entry b = s: positions (causal alignment, window, ALiBi) count
+   * from the sequence's first query and key, dropout's entry is (s, h, i, j)
+   * with i and j within the sequence. With the blocked kernels each
+   * sequence's out and lse are bitwise those of attn_sdpa on that sequence
+   * alone (with attn_ctx_set_decode(ctx, 0): a lone sequence of a few query
+   * rows would otherwise go to the decode kernel), and likewise the
+   * backward's dq, dk and dv. A sequence with no keys gives zeros (lse
+   * -inf, or the sink). Refused with ATTN_E_UNSUPPORTED: mask and
+   * key_padding (a packed batch has no padding to mask) and the weights
+   * output. NULL / 0 = off (num_seqs must then be 0). */
+  const int64_t *cu_seqlens_q, *cu_seqlens_k;
+  int64_t num_seqs;
 } attn_sdpa_opts;
 
 /* The ALiBi paper's slopes for heads heads into slopes[0..heads): for a power
