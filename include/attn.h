@@ -836,6 +836,15 @@ ATTN_API void attn_hf_layer_opts(const attn_hf_layer *info, attn_mha_opts *opts)
  *   (batch-first, any strides, f32). key and value NULL: self-attention on query.
  *   weights (or NULL): f32 [B, H, Nq, Nk], or [B, Nq, Nk] with average_weights.
  * With ATTN_KERNEL_REF every step runs in float64 (out, weights may then be f64).
+ * A packed batch (opts->attn.cu_seqlens_q, see attn_sdpa_opts): query [1,
+ * total_q, E] (key, value [1, total_k, kdim/vdim] with cu_seqlens_k), out
+ * [1, total_q, E]; projections are per token, attention per sequence; each
+ * sequence's out (and attn_mha_backward's dquery) is bitwise that of the
+ * sequence run alone (decode off, as attn_sdpa). RoPE without positions
+ * counts each sequence from its own start (position_offset + n - cu[s]; the
+ * call's largest position, DYNAMIC's default L, is the whole call's); that
+ * needs self-attention (key, value and cu_seqlens_k NULL: ATTN_E_UNSUPPORTED
+ * otherwise). forward_save keeps its own copy of the offsets.
  * Under ATTN_PRECISION_BF16 the projections and the attention take bf16
  * products (see attn_precision); the backward pass stays fp32 (on the
  * activations this forward saved). */

@@ -80,9 +80,7 @@ static attn_status check_cu_seqlens(attn_ctx *ctx, const int64_t *cu, int64_t n,
   return ATTN_OK;
 }
 
-/* The packed batch's options (attn_sdpa_opts.cu_seqlens_q): p's shapes are
- * already checked; they are those of one batch entry holding every sequence. */
-static attn_status prepare_varlen(attn_ctx *ctx, attn__sdpa *p, const attn_sdpa_opts *o, const attn_tensor *weights) {
+attn_status attn__check_cu_seqlens(attn_ctx *ctx, const attn_sdpa_opts *o, int64_t B, int64_t Nq, int64_t Nk) {
   attn_status st;
   if (!o->cu_seqlens_q) {
     if (o->cu_seqlens_k || o->num_seqs != 0)
@@ -92,17 +90,25 @@ static attn_status prepare_varlen(attn_ctx *ctx, attn__sdpa *p, const attn_sdpa_
   }
   if (o->num_seqs < 0 || o->num_seqs >= INT64_MAX / 2)
     return attn__fail(ctx, ATTN_E_INVALID, "num_seqs must be >= 0 with cu_seqlens_q, got %lld", (long long)o->num_seqs);
-  if (p->B != 1)
+  if (B != 1)
     return attn__fail(ctx, ATTN_E_SHAPE, "a packed batch (cu_seqlens_q) takes q [1, Hq, total_q, D]; q has B = %lld",
-                      (long long)p->B);
-  if ((st = check_cu_seqlens(ctx, o->cu_seqlens_q, o->num_seqs, p->Nq, "cu_seqlens_q", "total_q (q's dim 2)")))
+                      (long long)B);
+  if ((st = check_cu_seqlens(ctx, o->cu_seqlens_q, o->num_seqs, Nq, "cu_seqlens_q", "total_q (q's dim 2)")))
     return st;
   if (o->cu_seqlens_k &&
-      (st = check_cu_seqlens(ctx, o->cu_seqlens_k, o->num_seqs, p->Nk, "cu_seqlens_k", "total_k (k's dim 2)")))
+      (st = check_cu_seqlens(ctx, o->cu_seqlens_k, o->num_seqs, Nk, "cu_seqlens_k", "total_k (k's dim 2)")))
     return st;
-  if (!o->cu_seqlens_k && p->Nk != p->Nq)
+  if (!o->cu_seqlens_k && Nk != Nq)
     return attn__fail(ctx, ATTN_E_SHAPE, "without cu_seqlens_k the keys are packed as the queries: total_k = %lld "
-                      "must be total_q = %lld", (long long)p->Nk, (long long)p->Nq);
+                      "must be total_q = %lld", (long long)Nk, (long long)Nq);
+  return ATTN_OK;
+}
+
+/* The packed batch's options (attn_sdpa_opts.cu_seqlens_q): p's shapes are
+ * already checked; they are those of one batch entry holding every sequence. */
+static attn_status prepare_varlen(attn_ctx *ctx, attn__sdpa *p, const attn_sdpa_opts *o, const attn_tensor *weights) {
+  attn_status st = attn__check_cu_seqlens(ctx, o, p->B, p->Nq, p->Nk);
+  if (st || !o->cu_seqlens_q) return st;
   if (o->mask || o->key_padding)
     return attn__fail(ctx, ATTN_E_UNSUPPORTED, "a packed batch (cu_seqlens_q) takes no %s: it stores no padding to "
                       "mask, and each sequence's keys are its own", o->mask ? "mask" : "key_padding");

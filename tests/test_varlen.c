@@ -381,6 +381,106 @@ static void refusals(attn_ctx *ctx) {
   arena_free(&a);
 }
 
+/* The layer: a packed x [1, total, E] (causal self-attention, RoPE from each
+ * sequence's start, GQA) against each sequence run alone [1, n, E]: out,
+ * dquery and the parameters' gradients (summed over the sequences). */
+static void layer(attn_ctx *ctx, tu_rng *r) {
+  arena a = {{0}, 0};
+  const int64_t E = 32, H = 4, nseq = 4, cu[5] = {0, 19, 19, 20, 61}, T = cu[4];
+  attn_mha_config cfg;
+  attn_mha_config_init(&cfg, E, H);
+  cfg.num_kv_heads = 2;
+  cfg.bias = 1;
+  attn_mha *m = NULL, *g = NULL, *g1 = NULL;
+  CHECK_OK(ctx, attn_mha_create(ctx, &m, &cfg));
+  CHECK_OK(ctx, attn_mha_create(ctx, &g, &cfg));
+  CHECK_OK(ctx, attn_mha_create(ctx, &g1, &cfg));
+  if (!m || !g || !g1) return;
+  for (int w = 0; w < ATTN_MHA_NUM_PARAMS; w++) {
+    attn_tensor t;
+    if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)w) == ATTN_OK) tu_fill_f32(r, t.data, attn_tensor_numel(&t), 0.3);
+  }
+  attn_tensor x = tensor4(&a, ATTN_F32, 1, 1, T, E), o = tensor4(&a, ATTN_F32, 1, 1, T, E);
+  attn_tensor dout = tensor4(&a, ATTN_F32, 1, 1, T, E), dx = tensor4(&a, ATTN_F32, 1, 1, T, E);
+  attn_tensor *v3[4] = {&x, &o, &dout, &dx};
+  for (int i = 0; i < 4; i++) { /* [1, T, E] */
+    v3[i]->rank = 3, v3[i]->shape[1] = T, v3[i]->shape[2] = E;
+    v3[i]->strides[0] = T * E, v3[i]->strides[1] = E, v3[i]->strides[2] = 1;
+  }
+  fill(r, &x), fill(r, &dout);
+  poison(&o), poison(&dx);
+  attn_rope_opts ro;
+  attn_rope_opts_init(&ro);
+  ro.position_offset = 3;
+  attn_mha_opts mo;
+  attn_mha_opts_init(&mo);
+  mo.attn.causal = ATTN_CAUSAL_TOP_LEFT;
+  mo.rope = &ro;
+  int64_t cu_copy[5];
+  memcpy(cu_copy, cu, sizeof cu);
+  mo.attn.cu_seqlens_q = cu_copy, mo.attn.num_seqs = nseq;
+  attn_mha_saved *sv = NULL;
+  attn_ctx_set_decode(ctx, 0); /* a lone sequence of one row would take the decode kernel */
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, m, &o, NULL, &sv, &x, NULL, NULL, &mo));
+  memset(cu_copy, 0xff, sizeof cu_copy); /* the saved state keeps its own offsets */
+  CHECK_OK(ctx, attn_mha_backward(ctx, m, &dx, NULL, NULL, g, sv, &dout));
+  attn_mha_saved_free(sv);
+  /* each sequence alone; its parameter gradients summed in double */
+  double *gsum[ATTN_MHA_NUM_PARAMS] = {0};
+  attn_mha_opts so = mo;
+  so.attn.cu_seqlens_q = NULL, so.attn.num_seqs = 0;
+  double worst_o = 0, worst_dx = 0;
+  for (int64_t s = 0; s < nseq; s++) {
+    const int64_t n = cu[s + 1] - cu[s];
+    attn_tensor xs = x, os = o, gs = dout, dxs = dx;
+    xs.data = (float *)x.data + cu[s] * E, gs.data = (float *)dout.data + cu[s] * E;
+    xs.shape[1] = gs.shape[1] = n;
+    attn_tensor o1 = tensor4(&a, ATTN_F32, 1, 1, n, E), d1 = tensor4(&a, ATTN_F32, 1, 1, n, E);
+    o1.rank = d1.rank = 3, o1.shape[1] = d1.shape[1] = n, o1.shape[2] = d1.shape[2] = E;
+    o1.strides[1] = d1.strides[1] = E, o1.strides[2] = d1.strides[2] = 1;
+    CHECK_OK(ctx, attn_mha_forward_save(ctx, m, &o1, NULL, &sv, &xs, NULL, NULL, &so));
+    CHECK_OK(ctx, attn_mha_backward(ctx, m, &d1, NULL, NULL, g1, sv, &gs));
+    attn_mha_saved_free(sv);
+    os.data = (float *)o.data + cu[s] * E, dxs.data = (float *)dx.data + cu[s] * E;
+    os.shape[1] = dxs.shape[1] = n;
+    /* the projections' rows do not depend on how many there are: bitwise the same */
+    CHECK(same_bits(&os, &o1) && same_bits(&dxs, &d1), "layer: sequence %lld's out or dquery differs alone", (long long)s);
+    const double eo = n ? rel_err(&os, &o1) : 0, ed = n ? rel_err(&dxs, &d1) : 0;
+    worst_o = fmax(worst_o, eo), worst_dx = fmax(worst_dx, ed);
+    for (int w = 0; w < ATTN_MHA_NUM_PARAMS; w++) {
+      attn_tensor t;
+      if (attn_mha_param_view(ctx, &t, g1, (attn_mha_param)w) != ATTN_OK) continue;
+      const int64_t cnt = attn_tensor_numel(&t);
+      if (!gsum[w]) gsum[w] = calloc((size_t)cnt, sizeof(double));
+      for (int64_t e = 0; e < cnt && n; e++) gsum[w][e] += ((float *)t.data)[e];
+    }
+  }
+  CHECK(worst_o < 1e-5, "layer: packed out vs each sequence alone: %.3g", worst_o);
+  CHECK(worst_dx < 1e-4, "layer: packed dquery vs each sequence alone: %.3g", worst_dx);
+  for (int w = 0; w < ATTN_MHA_NUM_PARAMS; w++) {
+    attn_tensor t;
+    if (!gsum[w] || attn_mha_param_view(ctx, &t, g, (attn_mha_param)w) != ATTN_OK) continue;
+    double num = 0, den = 0;
+    for (int64_t e = 0; e < attn_tensor_numel(&t); e++) {
+      const double d = ((float *)t.data)[e] - gsum[w][e];
+      num += d * d, den += gsum[w][e] * gsum[w][e];
+    }
+    CHECK(sqrt(num) <= 1e-4 * sqrt(den) + 1e-6, "layer: parameter %d's gradient: %.3g", w, sqrt(num / (den + 1e-30)));
+    free(gsum[w]);
+  }
+  /* RoPE's per-sequence positions are for self-attention: cross-attention is refused */
+  mo.attn.cu_seqlens_q = cu;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &o, NULL, &x, &x, &x, &mo), ATTN_E_UNSUPPORTED, "RoPE");
+  int64_t badcu[5] = {0, 19, 18, 20, 61};
+  mo.attn.cu_seqlens_q = badcu;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &o, NULL, &x, NULL, NULL, &mo), ATTN_E_INVALID, "cu_seqlens_q[2]");
+  mo.rope = NULL;
+  CHECK_ERR(ctx, attn_mha_forward(ctx, m, &o, NULL, &x, NULL, NULL, &mo), ATTN_E_INVALID, "cu_seqlens_q[2]");
+  attn_ctx_set_decode(ctx, 1);
+  attn_mha_destroy(m), attn_mha_destroy(g), attn_mha_destroy(g1);
+  arena_free(&a);
+}
+
 int main(int argc, char **argv) {
   const char *name = argc > 1 ? argv[1] : getenv("ATTN_KERNEL");
   const attn_kernel kern = tu_kernel_or_skip(name);
@@ -396,6 +496,8 @@ int main(int argc, char **argv) {
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
   padded_oracle(ctx, &r);
   refusals(ctx);
+  attn_ctx_set_kernel(ctx, kern);
+  layer(ctx, &r);
   attn_ctx_destroy(ctx);
   char what[64];
   snprintf(what, sizeof what, "test_varlen %s", name && *name ? name : "auto");
