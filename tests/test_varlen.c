@@ -11,6 +11,8 @@
  *   - bad offsets and unsupported options refused. */
 #include "testutil.h"
 
+#include <stddef.h>
+
 #define MAXSEQ 6
 
 typedef struct vcase {
@@ -373,6 +375,12 @@ static void refusals(attn_ctx *ctx) {
   attn_tensor lse = tensor3(&a, 1, 2, 10);
   CHECK_ERR(ctx, attn_sdpa_backward(ctx, &q, &k, &v, NULL, NULL, &o, &q, &k, &v, &o, &lse, &op), ATTN_E_INVALID,
             "cu_seqlens_q[2]");
+  /* a caller built before the packed batch (a smaller size): its fields past the size are not read */
+  attn_sdpa_opts old;
+  attn_sdpa_opts_init(&old);
+  old.size = offsetof(attn_sdpa_opts, cu_seqlens_q);
+  old.cu_seqlens_q = bad[0].cu, old.num_seqs = 99;
+  CHECK_OK(ctx, attn_sdpa(ctx, &o, NULL, NULL, &q, &k, &v, &old));
   /* a packed batch of nothing: every output empty */
   int64_t none[1] = {0};
   attn_tensor q0 = tensor4(&a, ATTN_F32, 1, 2, 0, 8), o0 = tensor4(&a, ATTN_F32, 1, 2, 0, 8);
