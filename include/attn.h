@@ -248,7 +248,8 @@ typedef struct attn_sdpa_opts {
   const attn_tensor *key_padding; /* bool/u8 [B, Nk], true = ignore that key; or NULL */
   /* Training: dropout on the probabilities, kept ones scaled by 1/(1-p). Entry
    * (b, h, i, j) is dropped when attn_dropout_keep(seed, p, b, h, i, j) is 0,
-   * so the backward pass regenerates the mask and no thread count changes it. */
+   * so the backward pass regenerates the mask and no thread count changes it
+   * (in a packed batch b is the sequence, i and j positions within it). */
   double dropout_p;           /* in [0, 1); 0 = off */
   uint64_t dropout_seed;
   /* Options of recent models. Positions: query row i sits at i' = i + Nk - Nq
@@ -339,7 +340,10 @@ ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor 
  *   made with the same q, k, v and opts (mask, causal, scale, dropout); the
  *   weights are not needed: scores are recomputed tile by tile.
  * With grouped-query attention dk/dv sum over the query heads of a group.
- * Rows whose every key is masked give zero gradients. */
+ * Rows whose every key is masked give zero gradients. A packed batch (opts'
+ * cu_seqlens_q): dq [1, Hq, total_q, D], dk [1, Hk, total_k, D], dv [1, Hk,
+ * total_k, Dv], each sequence's bitwise its backward alone; sinks_grad sums
+ * over every sequence's rows. */
 ATTN_API attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
                                         attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *dout,
                                         const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
