@@ -165,6 +165,14 @@ for cu in cu_short cu_neg cu_frac; do
   expect 1 "" -- sdpa $VL --out "$T/vl_keep.npy" --cu-seqlens "$T/$cu.npy"
   if cmp -s "$T/vl_keep.npy" "$T/vl_want.npy"; then ok; else bad "--cu-seqlens $cu replaced an output"; fi
 done
+# bench sdpa --lengths: the packed batch and the padded one, each checked against the oracle on one sequence
+for m in "" --padded; do
+  expect 0 "" -- bench sdpa --lengths 5,0,17,40 --heads 2 --kv-heads 1 --dim 8 --causal --repeat 1 --json $m
+  if grep -Eq '"mode":"(packed|padded)".*"oracle_rel_l2":[0-9.]+e-0[6-9]' "$T/stdout"; then ok; else bad "bench sdpa --lengths $m: $(cat "$T/stdout")"; fi
+done
+expect 2 "" -- bench sdpa --lengths 5,x --heads 2 --dim 8
+expect 2 "" -- bench sdpa --lengths 5 --heads 2 --dim 8 --batch 2
+expect 2 "" -- bench sdpa --batch 1 --seq 8 --heads 2 --dim 8 --padded
 expect 1 "$T/never_o.npy" -- sdpa $VL --out "$T/never_o.npy" --cu-seqlens "$T/cu64.npy" --key-padding $G/sdpa_plain/q.npy
 expect 2 "$T/never_o.npy" -- sdpa $VL --out "$T/never_o.npy" --cu-seqlens-k "$T/cu64.npy"
 
