@@ -248,7 +248,8 @@ typedef struct attn_sdpa_opts {
   const attn_tensor *key_padding; /* bool/u8 [B, Nk], true = ignore that key; or NULL */
   /* Training: dropout on the probabilities, kept ones scaled by 1/(1-p). Entry
    * (b, h, i, j) is dropped when attn_dropout_keep(seed, p, b, h, i, j) is 0,
-   * so the backward pass regenerates the mask and no thread count changes it. */
+   * so the backward pass regenerates the mask and no thread count changes it
+   * (in a packed batch b is the sequence, i and j positions within it). */
   double dropout_p;           /* in [0, 1); 0 = off */
   uint64_t dropout_seed;
   /* Options of recent models. Positions: query row i sits at i' = i + Nk - Nq
@@ -266,6 +267,28 @@ typedef struct attn_sdpa_opts {
    * softmax's denominator and adds nothing to out (lse includes it, weights
    * do not). A row with every key masked then gives zeros and lse = sink. */
   const attn_tensor *sinks;
+  /* Packed variable-length batch (FlashAttention's varlen): num_seqs
+   * sequences stored one after another along the token dimension of a
+   * single batch entry, so no padding is stored or computed. Then
+   *   q [1, Hq, total_q, D], k [1, Hk, total_k, D], v [1, Hk, total_k, Dv],
+   *   out [1, Hq, total_q, Dv], lse [1, Hq, total_q]
+   * and sequence s has query rows cu_seqlens_q[s] .. cu_seqlens_q[s+1] and
+   * keys cu_seqlens_k[s] .. cu_seqlens_k[s+1]. Each array has num_seqs + 1
+   * entries: 0 first, non-decreasing, total_q (total_k) last; anything else
+   * is ATTN_E_INVALID naming the entry. cu_seqlens_k NULL = cu_seqlens_q.
+   * Every option applies per sequence, exactly as if the sequence were its
+   * own batch entry b = s: positions (causal alignment, window, ALiBi) count
+   * from the sequence's first query and key, dropout's entry is (s, h, i, j)
+   * with i and j within the sequence. With the blocked kernels each
+   * sequence's out and lse are bitwise those of attn_sdpa on that sequence
+   * alone (with attn_ctx_set_decode(ctx, 0): a lone sequence of a few query
+   * rows would otherwise go to the decode kernel), and likewise the
+   * backward's dq, dk and dv. A sequence with no keys gives zeros (lse
+   * -inf, or the sink). Refused with ATTN_E_UNSUPPORTED: mask and
+   * key_padding (a packed batch has no padding to mask) and the weights
+   * output. NULL / 0 = off (num_seqs must then be 0). */
+  const int64_t *cu_seqlens_q, *cu_seqlens_k;
+  int64_t num_seqs;
 } attn_sdpa_opts;
 
 /* The ALiBi paper's slopes for heads heads into slopes[0..heads): for a power
@@ -317,7 +340,10 @@ ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor 
  *   made with the same q, k, v and opts (mask, causal, scale, dropout); the
  *   weights are not needed: scores are recomputed tile by tile.
  * With grouped-query attention dk/dv sum over the query heads of a group.
- * Rows whose every key is masked give zero gradients. */
+ * Rows whose every key is masked give zero gradients. A packed batch (opts'
+ * cu_seqlens_q): dq [1, Hq, total_q, D], dk [1, Hk, total_k, D], dv [1, Hk,
+ * total_k, Dv], each sequence's bitwise its backward alone; sinks_grad sums
+ * over every sequence's rows. */
 ATTN_API attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
                                         attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *dout,
                                         const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
@@ -912,6 +938,15 @@ ATTN_API void attn_hf_layer_opts(const attn_hf_layer *info, attn_mha_opts *opts)
  *   (batch-first, any strides, f32). key and value NULL: self-attention on query.
  *   weights (or NULL): f32 [B, H, Nq, Nk], or [B, Nq, Nk] with average_weights.
  * With ATTN_KERNEL_REF every step runs in float64 (out, weights may then be f64).
+ * A packed batch (opts->attn.cu_seqlens_q, see attn_sdpa_opts): query [1,
+ * total_q, E] (key, value [1, total_k, kdim/vdim] with cu_seqlens_k), out
+ * [1, total_q, E]; projections are per token, attention per sequence; each
+ * sequence's out (and attn_mha_backward's dquery) is bitwise that of the
+ * sequence run alone (decode off, as attn_sdpa). RoPE without positions
+ * counts each sequence from its own start (position_offset + n - cu[s]; the
+ * call's largest position, DYNAMIC's default L, is the whole call's); that
+ * needs self-attention (key, value and cu_seqlens_k NULL: ATTN_E_UNSUPPORTED
+ * otherwise). forward_save keeps its own copy of the offsets.
  * Under ATTN_PRECISION_BF16 the projections and the attention take bf16
  * products (see attn_precision); the backward pass stays fp32 (on the
  * activations this forward saved). */

@@ -158,6 +158,10 @@ static inline int attn__is_float(attn_dtype dt) {
 /* "[2, 3, 4]" into buf, for messages. */
 void attn__format_shape(char *buf, size_t n, const attn_tensor *t);
 /* An f32 [Hq] option (ALiBi slopes, sinks, their gradient), or NULL; out: written to. */
+/* A packed batch's offsets in o (cu_seqlens_q/_k, num_seqs; nothing to check
+ * when cu_seqlens_q is NULL) against q's batch B and the totals Nq, Nk:
+ * every entry read in order and checked before it is used (sdpa.c). */
+attn_status attn__check_cu_seqlens(attn_ctx *ctx, const attn_sdpa_opts *o, int64_t B, int64_t Nq, int64_t Nk);
 attn_status attn__check_head_vector(attn_ctx *ctx, const attn_tensor *t, const char *what, int64_t Hq, int out);
 /* Checks a tensor argument: non-null data (unless empty), rank, sane shape. */
 attn_status attn__check_tensor(attn_ctx *ctx, const attn_tensor *t, const char *what, int rank);

@@ -69,6 +69,11 @@ struct attn__sdpa {
    * layout. */
   const int32_t *block_table;
   int64_t table_stride, block_tokens;
+  /* A packed variable-length batch (attn_sdpa_opts.cu_seqlens_q): B = 1, Nq
+   * and Nk are the totals, and "batch" b below is sequence b of nseq, whose
+   * rows start at cu_q[b] and keys at cu_k[b] along dim 2. NULL: off. */
+  const int64_t *cu_q, *cu_k;
+  int64_t nseq;
 };
 
 /* Fills p's logit options from opts (scale, causal, window, softcap, ALiBi,
@@ -76,13 +81,75 @@ struct attn__sdpa {
  * D already set). f32_only: the problem runs on the fp32 kernels. */
 attn_status attn__logit_prepare(attn_ctx *ctx, attn__sdpa *p, const attn_sdpa_opts *opts, int f32_only);
 
+/* ---- sequences ------------------------------------------------------------------
+ * Batch entries, or the sequences of a packed batch: everything below takes
+ * b as either, and i, j as positions within it. */
+static inline int64_t attn__seqs(const attn__sdpa *p) { return p->cu_q ? p->nseq : p->B; }
+
+/* Query rows of batch b. */
+static inline int64_t attn__queries(const attn__sdpa *p, int64_t b) {
+  return p->cu_q ? p->cu_q[b + 1] - p->cu_q[b] : p->Nq;
+}
+
+/* Key rows stored for batch b (a KV cache's kv_len may say fewer exist). */
+static inline int64_t attn__key_rows(const attn__sdpa *p, int64_t b) {
+  return p->cu_k ? p->cu_k[b + 1] - p->cu_k[b] : p->Nk;
+}
+
+/* Element offset of query row i of head h of batch b in a view indexed like
+ * q (q, out, dout, dq; lse too, its dims 0-2 being q's). */
+static inline int64_t attn__qoff(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t h, int64_t i) {
+  return (p->cu_q ? (p->cu_q[b] + i) * t->strides[2] : b * t->strides[0] + i * t->strides[2]) + h * t->strides[1];
+}
+
+/* Element offset of key j of kv head g of batch b in a view indexed like k (k, v, dk, dv). */
+static inline int64_t attn__koff(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j) {
+  return (p->cu_k ? (p->cu_k[b] + j) * t->strides[2] : b * t->strides[0] + j * t->strides[2]) + g * t->strides[1];
+}
+
+/* The batch (b) and row within it (*i) of row r of dim 2 of a q-like view:
+ * the sequence holding row r of a packed batch (found by bisection), else
+ * r's own batch of rows Nq apart. Rows' order is the same either way. */
+static inline int64_t attn__seq_at(const int64_t *cu, int64_t nseq, int64_t r) {
+  int64_t lo = 0, hi = nseq; /* the last s with cu[s] <= r; r < cu[nseq], so cu[s + 1] > r */
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (cu[mid] <= r) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static inline int64_t attn__row_seq(const attn__sdpa *p, int64_t r, int64_t *i) {
+  if (!p->cu_q) {
+    *i = r % p->Nq;
+    return r / p->Nq;
+  }
+  const int64_t s = attn__seq_at(p->cu_q, p->nseq, r);
+  *i = r - p->cu_q[s];
+  return s;
+}
+
+/* attn__row_seq for key rows (dim 2 of a k-like view). */
+static inline int64_t attn__key_seq(const attn__sdpa *p, int64_t r, int64_t *j) {
+  if (!p->cu_k) {
+    *j = r % p->Nk;
+    return r / p->Nk;
+  }
+  const int64_t s = attn__seq_at(p->cu_k, p->nseq, r);
+  *j = r - p->cu_k[s];
+  return s;
+}
+
 /* ---- positions and the band ------------------------------------------------- */
 /* Keys that exist for batch b. */
-static inline int64_t attn__keys(const attn__sdpa *p, int64_t b) { return p->kv_len ? p->kv_len[b] : p->Nk; }
+static inline int64_t attn__keys(const attn__sdpa *p, int64_t b) {
+  return p->kv_len ? p->kv_len[b] : attn__key_rows(p, b);
+}
 
 /* Query row i's position among its keys (the causal alignment in use). */
 static inline int64_t attn__qpos(const attn__sdpa *p, int64_t b, int64_t i) {
-  return p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + attn__keys(p, b) - p->Nq : i;
+  return p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + attn__keys(p, b) - attn__queries(p, b) : i;
 }
 
 /* The end (exclusive) of row i's band: the causal bound, or the row's keys. */
@@ -113,9 +180,10 @@ static inline int64_t attn__first_row_seeing(const attn__sdpa *p, int64_t b, int
 
 /* The end (exclusive) of the query rows whose band can hold a key below j1. */
 static inline int64_t attn__rows_seeing_end(const attn__sdpa *p, int64_t b, int64_t j1) {
-  if (p->window <= 0) return p->Nq;
+  const int64_t nq = attn__queries(p, b);
+  if (p->window <= 0) return nq;
   const int64_t e = j1 - 1 + p->window - attn__qpos(p, b, 0); /* key j1 - 1 needs i' < j1 - 1 + window */
-  return e < 0 ? 0 : e > p->Nq ? p->Nq : e;
+  return e < 0 ? 0 : e > nq ? nq : e;
 }
 
 /* ---- the terms: softcap, ALiBi, masks --------------------------------------- */
@@ -197,8 +265,7 @@ static inline double attn__ref_logit_slope(const attn__sdpa *p, int64_t b, int64
   const double term = attn__mask_term(p, b, h, i, j);
   if (term == -INFINITY) return -INFINITY;
   const attn_tensor *q = &p->q, *k = &p->k;
-  const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
-  const int64_t koff = b * k->strides[0] + (h / p->group) * k->strides[1] + j * k->strides[2];
+  const int64_t qoff = attn__qoff(p, q, b, h, i), koff = attn__koff(p, k, b, h / p->group, j);
   double dot = 0;
   for (int64_t d = 0; d < p->D; d++)
     dot += attn__load(q->data, q->dtype, qoff + d * q->strides[3]) * attn__load(k->data, k->dtype, koff + d * k->strides[3]);

@@ -60,6 +60,67 @@ void attn__format_shape(char *buf, size_t n, const attn_tensor *t) {
   if (used < n) snprintf(buf + used, n - used, "]");
 }
 
+/* A packed batch's offsets cu[0..n]: 0 first, non-decreasing, `total` last.
+ * Read in order, each entry checked before the next is compared with it, so
+ * no hostile value (negative, past the total, overflowing a difference) gets
+ * through to the kernels. */
+static attn_status check_cu_seqlens(attn_ctx *ctx, const int64_t *cu, int64_t n, int64_t total, const char *what,
+                                    const char *dim) {
+  if (cu[0] != 0)
+    return attn__fail(ctx, ATTN_E_INVALID, "%s[0] is %lld; must be 0", what, (long long)cu[0]);
+  for (int64_t s = 1; s <= n; s++) {
+    if (cu[s] < cu[s - 1] || cu[s] > total)
+      return attn__fail(ctx, ATTN_E_INVALID, "%s[%lld] is %lld; entries must be non-decreasing from %s[%lld] = %lld "
+                        "and at most %s = %lld", what, (long long)s, (long long)cu[s], what, (long long)(s - 1),
+                        (long long)cu[s - 1], dim, (long long)total);
+  }
+  if (cu[n] != total)
+    return attn__fail(ctx, ATTN_E_INVALID, "%s[%lld] (the last entry) is %lld; must be %s = %lld", what, (long long)n,
+                      (long long)cu[n], dim, (long long)total);
+  return ATTN_OK;
+}
+
+attn_status attn__check_cu_seqlens(attn_ctx *ctx, const attn_sdpa_opts *o, int64_t B, int64_t Nq, int64_t Nk) {
+  attn_status st;
+  if (!o->cu_seqlens_q) {
+    if (o->cu_seqlens_k || o->num_seqs != 0)
+      return attn__fail(ctx, ATTN_E_INVALID, "%s needs cu_seqlens_q (a packed batch)",
+                        o->cu_seqlens_k ? "cu_seqlens_k" : "num_seqs != 0");
+    return ATTN_OK;
+  }
+  if (o->num_seqs < 0 || o->num_seqs >= INT64_MAX / 2)
+    return attn__fail(ctx, ATTN_E_INVALID, "num_seqs must be >= 0 with cu_seqlens_q, got %lld", (long long)o->num_seqs);
+  if (B != 1)
+    return attn__fail(ctx, ATTN_E_SHAPE, "a packed batch (cu_seqlens_q) takes q [1, Hq, total_q, D]; q has B = %lld",
+                      (long long)B);
+  if ((st = check_cu_seqlens(ctx, o->cu_seqlens_q, o->num_seqs, Nq, "cu_seqlens_q", "total_q (q's dim 2)")))
+    return st;
+  if (o->cu_seqlens_k &&
+      (st = check_cu_seqlens(ctx, o->cu_seqlens_k, o->num_seqs, Nk, "cu_seqlens_k", "total_k (k's dim 2)")))
+    return st;
+  if (!o->cu_seqlens_k && Nk != Nq)
+    return attn__fail(ctx, ATTN_E_SHAPE, "without cu_seqlens_k the keys are packed as the queries: total_k = %lld "
+                      "must be total_q = %lld", (long long)Nk, (long long)Nq);
+  return ATTN_OK;
+}
+
+/* The packed batch's options (attn_sdpa_opts.cu_seqlens_q): p's shapes are
+ * already checked; they are those of one batch entry holding every sequence. */
+static attn_status prepare_varlen(attn_ctx *ctx, attn__sdpa *p, const attn_sdpa_opts *o, const attn_tensor *weights) {
+  attn_status st = attn__check_cu_seqlens(ctx, o, p->B, p->Nq, p->Nk);
+  if (st || !o->cu_seqlens_q) return st;
+  if (o->mask || o->key_padding)
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "a packed batch (cu_seqlens_q) takes no %s: it stores no padding to "
+                      "mask, and each sequence's keys are its own", o->mask ? "mask" : "key_padding");
+  if (weights)
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "a packed batch (cu_seqlens_q) has no weights output: run the "
+                      "sequence alone for its weights");
+  p->cu_q = o->cu_seqlens_q;
+  p->cu_k = o->cu_seqlens_k ? o->cu_seqlens_k : o->cu_seqlens_q;
+  p->nseq = o->num_seqs;
+  return ATTN_OK;
+}
+
 attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, attn_tensor *lse, attn_tensor *weights,
                                const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                                const attn_sdpa_opts *opts, int f32_only) {
@@ -102,6 +163,7 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, a
   attn_sdpa_opts given; /* a caller's older, shorter struct gets the defaults for the rest */
   if ((st = attn__read_sdpa_opts(ctx, &given, opts, "opts"))) return st;
   opts = &given;
+  if ((st = prepare_varlen(ctx, p, opts, weights))) return st;
   if ((st = attn__logit_prepare(ctx, p, opts, f32_only))) return st;
   if (weights) {
     attn_tensor *w = weights;
@@ -209,7 +271,8 @@ static int nothing_to_write(const attn__sdpa *p) {
 attn_status attn__sdpa_dispatch(attn_ctx *ctx, const attn__sdpa *p) {
   if (ctx->dispatch.kernel == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, p);
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
-  if (ctx->dispatch.decode_enabled && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p);
+  /* a packed batch takes the blocked framework, whose tiles start at each sequence's first row */
+  if (ctx->dispatch.decode_enabled && !p->cu_q && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p);
   return attn__sdpa_run_blocked(ctx, p);
 }
 

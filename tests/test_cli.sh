@@ -138,6 +138,49 @@ differ "$T/obf.npy" $D/out.npy
 expect 0 "" -- sdpa $SQKV --out "$T/o32.npy" --kv-dtype f32
 close "$T/o32.npy" $D/out.npy 1e-6
 expect 2 "$T/never_o.npy" -- sdpa $SQKV --out "$T/never_o.npy" --kv-dtype f8
+# --cu-seqlens: the golden's two batch entries ([2, 2, 7, 8]) packed into [1, 2, 14, 8] give each
+# entry's answer run alone; bad offsets are one line, exit 1, and no output written or replaced
+npy_hdr() { # npy_hdr DESCR SHAPE: a 128-byte .npy v1 header
+  printf '\x93NUMPY\x01\x00\x76\x00%-117s\n' "{'descr': '$1', 'fortran_order': False, 'shape': ($2), }"
+}
+chunk() { tail -c +$((129 + $2 * 224)) "$1" | head -c 224; } # chunk F I: the I-th [7, 8] f32 block after the header
+for x in q k v; do
+  for b in 0 1; do { npy_hdr '<f4' '1, 2, 7, 8'; chunk $G/sdpa_plain/$x.npy $((2 * b)); chunk $G/sdpa_plain/$x.npy $((2 * b + 1)); } >"$T/vl_${x}$b.npy"; done
+  { npy_hdr '<f4' '1, 2, 14, 8'; for h in 0 1; do chunk $G/sdpa_plain/$x.npy $h; chunk $G/sdpa_plain/$x.npy $((2 + h)); done; } >"$T/vl_$x.npy"
+done
+{ npy_hdr '<i8' '3,'; printf '\x00\x00\x00\x00\x00\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x0e\x00\x00\x00\x00\x00\x00\x00'; } >"$T/cu64.npy"
+{ npy_hdr '<i4' '3,'; printf '\x00\x00\x00\x00\x07\x00\x00\x00\x0e\x00\x00\x00'; } >"$T/cu32.npy"
+VL="--q $T/vl_q.npy --k $T/vl_k.npy --v $T/vl_v.npy"
+for c in "" "--causal=bottom-right --window 3"; do
+  expect 0 "" -- sdpa $VL --out "$T/vl_o.npy" --cu-seqlens "$T/cu64.npy" $c
+  expect 0 "" -- sdpa $VL --out "$T/vl_o32.npy" --cu-seqlens "$T/cu32.npy" --cu-seqlens-k "$T/cu64.npy" $c
+  close "$T/vl_o.npy" "$T/vl_o32.npy" 0
+  for b in 0 1; do expect 0 "" -- sdpa --q $T/vl_q$b.npy --k $T/vl_k$b.npy --v $T/vl_v$b.npy --out "$T/vl_o$b.npy" $c; done
+  # the packed answer from the two: head h of entry 0, then of entry 1
+  { npy_hdr '<f4' '1, 2, 14, 8'; for h in 0 1; do chunk "$T/vl_o0.npy" $h; chunk "$T/vl_o1.npy" $h; done; } >"$T/vl_want.npy"
+  close "$T/vl_o.npy" "$T/vl_want.npy" 1e-6
+done
+expect 0 "" -- sdpa $VL --out "$T/vl_o.npy" --cu-seqlens "$T/cu64.npy" --grad-out $T/vl_q.npy --dq-out "$T/vl_dq.npy"
+{ npy_hdr '<i8' '3,'; printf '\x00\x00\x00\x00\x00\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x0d\x00\x00\x00\x00\x00\x00\x00'; } >"$T/cu_short.npy"
+{ npy_hdr '<i8' '3,'; printf '\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff\x0e\x00\x00\x00\x00\x00\x00\x00'; } >"$T/cu_neg.npy"
+{ npy_hdr '<f4' '3,'; printf '\x00\x00\x00\x00\x00\x00\xf0\x40\x00\x00\x60\x41'; } >"$T/cu_frac.npy" # 0, 7.5, 14
+cp "$T/vl_want.npy" "$T/vl_keep.npy"
+for cu in cu_short cu_neg cu_frac; do
+  expect 1 "$T/never_o.npy" -- sdpa $VL --out "$T/never_o.npy" --cu-seqlens "$T/$cu.npy"
+  expect 1 "" -- sdpa $VL --out "$T/vl_keep.npy" --cu-seqlens "$T/$cu.npy"
+  if cmp -s "$T/vl_keep.npy" "$T/vl_want.npy"; then ok; else bad "--cu-seqlens $cu replaced an output"; fi
+done
+# bench sdpa --lengths: the packed batch and the padded one, each checked against the oracle on one sequence
+for m in "" --padded; do
+  expect 0 "" -- bench sdpa --lengths 5,0,17,40 --heads 2 --kv-heads 1 --dim 8 --causal --repeat 1 --json $m
+  if grep -Eq '"mode":"(packed|padded)".*"oracle_rel_l2":[0-9.]+e-0[6-9]' "$T/stdout"; then ok; else bad "bench sdpa --lengths $m: $(cat "$T/stdout")"; fi
+done
+expect 2 "" -- bench sdpa --lengths 5,x --heads 2 --dim 8
+expect 2 "" -- bench sdpa --lengths 5 --heads 2 --dim 8 --batch 2
+expect 2 "" -- bench sdpa --batch 1 --seq 8 --heads 2 --dim 8 --padded
+expect 1 "$T/never_o.npy" -- sdpa $VL --out "$T/never_o.npy" --cu-seqlens "$T/cu64.npy" --key-padding $G/sdpa_plain/q.npy
+expect 2 "$T/never_o.npy" -- sdpa $VL --out "$T/never_o.npy" --cu-seqlens-k "$T/cu64.npy"
+
 # --precision reaches the context (test_half checks what each policy computes): bf16 is close to the f32
 # answer (this case is decode-sized, which stays fp32), fp32 is the f32 answer, a wrong name is refused
 expect 0 "" -- sdpa $SQKV --out "$T/opb.npy" --precision bf16

@@ -326,6 +326,36 @@ int cli_load_positions(attn_ctx *ctx, cli_args *a, int64_t B, int64_t N, int64_t
   return 0;
 }
 
+int cli_load_offsets(attn_ctx *ctx, cli_args *a, const char *flag, int64_t **cu, int64_t *n) {
+  *cu = NULL, *n = 0;
+  attn_tensor t = {0};
+  int r = cli_load_array(ctx, &t, cli_get(a, flag), flag, 0);
+  if (r) return r;
+  if (t.rank != 1 || t.shape[0] < 1 || (t.dtype != ATTN_F64 && t.dtype != ATTN_F32)) {
+    attn_tensor_free(&t);
+    return cli_fail(CLI_EXIT_FAIL, "%s must hold num_seqs + 1 integer offsets (int32 or int64, rank 1)", flag);
+  }
+  int64_t *p = malloc((size_t)t.shape[0] * sizeof *p);
+  if (!p) {
+    attn_tensor_free(&t);
+    return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  }
+  for (int64_t e = 0; e < t.shape[0]; e++) {
+    const int64_t off = e * t.strides[0];
+    const double v = t.dtype == ATTN_F64 ? ((const double *)t.data)[off] : ((const float *)t.data)[off];
+    if (!(v >= 0 && v <= 9007199254740992.0) || v != floor(v)) {
+      free(p);
+      attn_tensor_free(&t);
+      return cli_fail(CLI_EXIT_FAIL, "%s: entry %lld is %g, not an integer >= 0", flag, (long long)e, v);
+    }
+    p[e] = (int64_t)v;
+  }
+  *n = t.shape[0];
+  attn_tensor_free(&t);
+  *cu = p;
+  return 0;
+}
+
 /* --alibi: the paper's slopes for heads query heads; --sinks S.npy: f32 [heads] (the call checks the length). */
 int cli_load_head_options(attn_ctx *ctx, cli_args *a, int64_t heads, attn_tensor *slopes, attn_tensor *sinks) {
   int r;

@@ -76,6 +76,9 @@ int cli_parse_rope(cli_args *a, attn_rope_opts *o, int *on);
  * same for every row), into a new [B, N] array *pos (free it). */
 int cli_load_positions(attn_ctx *ctx, cli_args *a, int64_t B, int64_t N, int64_t **pos);
 /* --alibi: the paper's slopes for heads query heads; --sinks S.npy: f32 [heads] (the call checks the length). */
+/* A packed batch's offsets from flag's .npy (rank 1, integers >= 0: the reader gives int32 and int64
+ * arrays as exact f64): *cu (malloc'd, *n entries). The library checks their order and ends. */
+int cli_load_offsets(attn_ctx *ctx, cli_args *a, const char *flag, int64_t **cu, int64_t *n);
 int cli_load_head_options(attn_ctx *ctx, cli_args *a, int64_t heads, attn_tensor *slopes, attn_tensor *sinks);
 
 /* ---- output files (tools/outputs.c) ----------------------------------------------

@@ -18,6 +18,7 @@ static const struct {
      "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
      "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
      "            [--kv-dtype f32|f16|bf16] [--precision default|fp32|bf16]\n"
+     "            [--cu-seqlens CU.npy [--cu-seqlens-k CUK.npy]]\n"
      "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
      "             [--sinks-grad-out DS.npy]]\n"},
     {"mha", NULL,
@@ -43,7 +44,11 @@ static const struct {
      "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]\n"
      "            [--padding F] [--backward] [--dtype f32|bf16|f16] [--precision P] [--threads T] [--repeat R]\n"
      "            [--kernel K] [--max-gflop F] [--json]\n"
-     "            (--padding F: the last fraction F of every row's keys is key padding, and holds NaN)\n"},
+     "            (--padding F: the last fraction F of every row's keys is key padding, and holds NaN)\n"
+     "  attn bench sdpa --lengths L1,L2,... --heads H [--kv-heads G] --dim D [--causal] [--padded] [--threads T]\n"
+     "            [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"
+     "            (a packed batch of those sequences (cu_seqlens), or --padded: padded to the longest with\n"
+     "            key padding; GFLOP/s count the sequences' own flops either way)\n"},
     {"bench", "mha",
      "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel K]\n"
      "            [--precision default|fp32|bf16] [--max-gflop F] [--json]\n"},
@@ -68,6 +73,9 @@ static const char notes_data[] =
     "--window W: query i' sees keys i'-W < j <= i' (causal implied); --softcap C: logits C*tanh(logits/C);\n"
     "--alibi: the ALiBi paper's slopes per query head; --sinks S.npy: one sink logit per query head [H].\n"
     "--kv-dtype: k and v rounded to f16 or bf16 (and read stored so) before attention.\n"
+    "--cu-seqlens CU.npy: a packed batch (int32/int64 [S+1] offsets: 0, ..., total): q/k/v are [1, H, total, D],\n"
+    "  sequence s rows CU[s]..CU[s+1], its keys by --cu-seqlens-k (default CU); every option per sequence;\n"
+    "  no --mask, --key-padding or --weights-out with it.\n"
     "--precision: attn.h's attn_precision. default: bf16 inputs as PyTorch computes them (bf16 products on\n"
     "  AVX512-BF16), everything else fp32; fp32: every input widened; bf16: f32 inputs rounded to bf16 too.\n";
 static const char notes_outputs[] =

@@ -1,6 +1,7 @@
 /* attn sdpa: scaled dot-product attention on .npy arrays, and its backward.
  *
  *   attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [options]
+ *             [--cu-seqlens CU.npy [--cu-seqlens-k CUK.npy]]  (a packed batch: q [1, H, total_q, D])
  *             [--grad-out G.npy --dq-out DQ.npy --dk-out DK.npy --dv-out DV.npy --mask-grad-out DM.npy] */
 #include "cli.h"
 #include "commands.h"
@@ -67,11 +68,13 @@ int cmd_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--q", "--k", "--v", "--out", "--mask", "--mask-mode", "--scale",
                                       "--weights-out", "--threads", "--key-padding", "--grad-out", "--dq-out",
                                       "--dk-out", "--dv-out", "--mask-grad-out", "--dropout", "--seed",
-                                      "--window", "--softcap", "--sinks", "--sinks-grad-out", "--kv-dtype", "--precision", NULL};
+                                      "--window", "--softcap", "--sinks", "--sinks-grad-out", "--kv-dtype", "--precision",
+                                      "--cu-seqlens", "--cu-seqlens-k", NULL};
   static const char *const switches[] = {"--causal", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--dq-out", "--dk-out", "--dv-out",
                                           "--mask-grad-out", "--sinks-grad-out", NULL};
-  static const char *const in_flags[] = {"--q", "--k", "--v", "--mask", "--key-padding", "--grad-out", "--sinks", NULL};
+  static const char *const in_flags[] = {"--q", "--k", "--v", "--mask", "--key-padding", "--grad-out", "--sinks",
+                                         "--cu-seqlens", "--cu-seqlens-k", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
@@ -106,6 +109,8 @@ int cmd_sdpa(int argc, char **argv) {
     return cli_fail(CLI_EXIT_USAGE, "%s needs --grad-out",
                     want_dq ? "--dq-out" : want_dk ? "--dk-out" : want_dv ? "--dv-out" : want_dm ? "--mask-grad-out"
                                                                                                  : "--sinks-grad-out");
+  if (cli_has(&a, "--cu-seqlens-k") && !cli_has(&a, "--cu-seqlens"))
+    return cli_fail(CLI_EXIT_USAGE, "--cu-seqlens-k needs --cu-seqlens");
   if (want_ds && !cli_has(&a, "--sinks")) return cli_fail(CLI_EXIT_USAGE, "--sinks-grad-out needs --sinks");
   if (backward && !*cli_get(&a, "--grad-out")) return cli_fail(CLI_EXIT_USAGE, "--grad-out needs a file name");
   if (want_dm && !cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-grad-out needs --mask");
@@ -118,6 +123,7 @@ int cmd_sdpa(int argc, char **argv) {
   attn_tensor *wp = NULL; /* &w once --weights-out asks for it */
   attn_tensor g = {0}, lse = {0}, dq = {0}, dk = {0}, dv = {0}, mg = {0}, dm = {0};
   attn_tensor slopes = {0}, sinks = {0}, ds = {0};
+  int64_t *cu_q = NULL, *cu_k = NULL, ncu_q = 0, ncu_k = 0;
   cli_outputs outs;
   if ((r = cli_outputs_plan(&outs, &a, out_flags, in_flags))) goto done;
   if ((r = cli_load_array(ctx, &q, cli_get(&a, "--q"), "--q", 1)) || (r = cli_want_rank(&q, 4, "--q", "[B, H, Nq, D]")) ||
@@ -136,6 +142,18 @@ int cmd_sdpa(int argc, char **argv) {
   if ((r = cli_load_head_options(ctx, &a, q.shape[1], &slopes, &sinks))) goto done;
   o.alibi_slopes = cli_has(&a, "--alibi") ? &slopes : NULL;
   o.sinks = cli_has(&a, "--sinks") ? &sinks : NULL;
+  /* a packed batch: q [1, H, total_q, D], sequence s at rows cu[s]..cu[s+1] */
+  if (cli_has(&a, "--cu-seqlens")) {
+    if ((r = cli_load_offsets(ctx, &a, "--cu-seqlens", &cu_q, &ncu_q)) ||
+        (cli_has(&a, "--cu-seqlens-k") && (r = cli_load_offsets(ctx, &a, "--cu-seqlens-k", &cu_k, &ncu_k))))
+      goto done;
+    if (cu_k && ncu_k != ncu_q) {
+      r = cli_fail(CLI_EXIT_FAIL, "--cu-seqlens-k has %lld entries; --cu-seqlens has %lld", (long long)ncu_k,
+                   (long long)ncu_q);
+      goto done;
+    }
+    o.cu_seqlens_q = cu_q, o.cu_seqlens_k = cu_k, o.num_seqs = ncu_q - 1;
+  }
   if (cli_has(&a, "--mask")) {
     if ((r = cli_load_array(ctx, &mask, cli_get(&a, "--mask"), "--mask", 0)) ||
         (r = cli_mask_mode_for(&a, &mask, ATTN_MASK_KEEP, &o.mask_mode)))
@@ -194,6 +212,7 @@ done:
   attn_tensor_free(&lse); attn_tensor_free(&dq); attn_tensor_free(&dk); attn_tensor_free(&dv);
   attn_tensor_free(&mg); attn_tensor_free(&dm);
   attn_tensor_free(&slopes); attn_tensor_free(&sinks); attn_tensor_free(&ds);
+  free(cu_q), free(cu_k);
   attn_ctx_destroy(ctx);
   return r;
 }

@@ -50,6 +50,9 @@ class SdpaOpts(ctypes.Structure):
         ("softcap", ctypes.c_double),
         ("alibi_slopes", ctypes.POINTER(Tensor)),
         ("sinks", ctypes.POINTER(Tensor)),
+        ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int64)),
+        ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int64)),
+        ("num_seqs", ctypes.c_int64),
     ]
 
 

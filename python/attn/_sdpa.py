@@ -21,6 +21,27 @@ def _mask_mode(mode, m, bool_default):
     return _MASK_MODES[mode]
 
 
+def _cu_seqlens(o, keep, cu_q, cu_k):
+    """A packed batch's offsets (int arrays of num_seqs + 1 entries, NumPy or torch) into o as int64."""
+    if cu_q is None:
+        if cu_k is not None:
+            raise ValueError("cu_seqlens_k needs cu_seqlens_q (a packed batch)")
+        return
+    for attr, val in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if val is None:
+            continue
+        if _is_torch(val):
+            val = val.detach().cpu().numpy()
+        a = np.asarray(val)
+        if a.ndim != 1 or a.size < 1 or not (np.issubdtype(a.dtype, np.integer)):
+            raise TypeError(f"{attr} must be a 1-D integer array of num_seqs + 1 offsets, got {a.dtype} {a.shape}")
+        a = np.ascontiguousarray(a, np.int64)
+        keep.append(a)
+        setattr(o, attr, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)))
+        if attr == "cu_seqlens_q":
+            o.num_seqs = a.size - 1
+
+
 def _model_options(o, keep, H, window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None):
     """The options of recent models into attn_sdpa_opts o (H query heads): window, softcap, ALiBi
     slopes (True: the paper's), sinks [H], dropout (a random seed unless given); the arrays they
@@ -56,7 +77,7 @@ class _SdpaCall:
 
     def __init__(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask,
                  causal_align, dropout_seed, mask_mode, halves=False, window=None, softcap=None, alibi=None,
-                 sinks=None):
+                 sinks=None, cu_seqlens_q=None, cu_seqlens_k=None):
         kind = "half" if halves else "float"
         qa, ka, va = (_to_numpy(x, n, kind) for x, n in ((q, "q"), (k, "k"), (v, "v")))
         self.batch = tuple(qa.shape[:-2])
@@ -94,6 +115,7 @@ class _SdpaCall:
             self.keep += [kp, kpt]
             o.key_padding = ctypes.pointer(kpt)
         _model_options(o, self.keep, self.H, window, softcap, alibi, sinks, dropout_p, dropout_seed)
+        _cu_seqlens(o, self.keep, cu_seqlens_q, cu_seqlens_k)
 
     def out_ptr(self, a):
         """An optional output argument viewing array a (kept alive with this call)."""
@@ -215,7 +237,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                                  enable_gqa=False, *, key_padding_mask=None, causal_align="top-left",
                                  mask_mode=None, return_weights=False, return_lse=False, threads=None,
                                  dropout_seed=None, window=None, softcap=None, alibi=None, sinks=None,
-                                 precision=None):
+                                 precision=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Like torch.nn.functional.scaled_dot_product_attention, on CPU.
 
     q [..., L, D], k [..., S, D], v [..., S, Dv] with up to two leading dims
@@ -237,13 +259,21 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     makes dropout reproducible; window W (query i' sees keys i'-W < j <= i',
     causal implied), softcap C (logits C*tanh(logits/C)), alibi (True for the
     paper's slopes, or slopes [H]) and sinks (one logit per query head [H]).
+    Packed variable-length batch (FlashAttention's varlen): cu_seqlens_q, int
+    [num_seqs + 1] (NumPy or torch), 0 first, non-decreasing, total_q last;
+    q [1, H, total_q, D] (or [H, total_q, D]) holds the sequences one after
+    another, sequence s being rows cu_seqlens_q[s]:cu_seqlens_q[s+1]; keys the
+    same way by cu_seqlens_k (default: cu_seqlens_q). Every option applies
+    per sequence as if it were its own batch entry; attn_mask,
+    key_padding_mask and return_weights are refused with it.
     torch tensors that require grad get a grad_fn: the backward pass is
     libattn's attn_sdpa_backward (q, k, v and a float attn_mask).
     Returns out, or a tuple (out, weights?, lse?) when return_weights/return_lse.
     """
     call = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                 key_padding_mask=key_padding_mask, causal_align=causal_align, dropout_seed=dropout_seed,
-                mask_mode=mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks)
+                mask_mode=mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks,
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     if _wants_autograd(q, k, v, attn_mask):
         res = _autograd_fn().apply(q, k, v, attn_mask, dict(call=call, return_weights=return_weights,
                                                             return_lse=return_lse, threads=threads,
@@ -262,7 +292,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
 
 def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False, *, key_padding_mask=None, causal_align="top-left", mask_mode=None,
-                  dropout_seed=None, return_mask_grad=False, threads=None):
+                  dropout_seed=None, return_mask_grad=False, threads=None, window=None, softcap=None, alibi=None,
+                  sinks=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Gradients of a loss L through scaled_dot_product_attention, given dout = dL/dout.
 
     out and lse come from the forward call (return_lse=True) made with the same
@@ -270,12 +301,14 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
     Returns (dq, dk, dv), or (dq, dk, dv, dmask) with return_mask_grad (a float
     attn_mask's gradient, summed down to the mask's own shape). float32, NumPy
     or torch like q. With grouped-query attention dk/dv sum over each group.
+    window, softcap, alibi, sinks, cu_seqlens_q and cu_seqlens_k as the forward's.
     """
     if dropout_p and dropout_seed is None:
         raise ValueError("sdpa_backward with dropout needs the forward's dropout_seed")
     like_torch = _is_torch(q)
     c = _SdpaCall(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask, causal_align,
-                  dropout_seed, mask_mode)
+                  dropout_seed, mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks,
+                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     dq, dk, dv, dm = _sdpa_backward(c, dout, out, lse, return_mask_grad, threads)
     res = [_wrap(x.reshape(shp), like_torch) for x, shp in zip((dq, dk, dv), c.shapes)]
     if return_mask_grad:

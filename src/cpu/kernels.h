@@ -124,10 +124,10 @@ extern const attn__decode_kernels attn__decode_kernels_avx2;
 extern const attn__decode_kernels attn__decode_kernels_avx512;
 #endif
 
-/* Packs key block blk of kv head (b, g) of a [B, Hk, N, F] view (f32, f16 or
+/* Packs key block blk of one kv head of a [B, Hk, N, F] view (f32, f16 or
  * bf16, widened to f32), transposed, as
- * Kt is laid out: dst[blk][f][jj] for f < F, jj < nr, zero past row Nk (engine/forward.c). */
-void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
-                        int64_t F);
+ * Kt is laid out: dst[blk][f][jj] for f < F, jj < nr, zero past row Nk (engine/forward.c).
+ * base: the element offset of the kv head's key 0 (logit.h's attn__koff). */
+void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t base, int64_t blk, int nr, int64_t Nk, int64_t F);
 
 #endif

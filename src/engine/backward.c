@@ -68,13 +68,13 @@ static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, 
   const attn__sdpa *p = a->p;
   const attn__cpu_kernels *kn = a->kn;
   const int mr = kn->mr, nr = kn->nr;
-  const int64_t i0 = t * mr;
-  const int rows = (int)(p->Nq - i0 < mr ? p->Nq - i0 : mr);
+  const int64_t i0 = t * mr, nq = attn__queries(p, b);
+  const int rows = (int)(nq - i0 < mr ? nq - i0 : mr);
   const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, i0, rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
   const bwd_rows *R = &a->rows[hs];
   const float *Q = R->Q + i0 * p->D, *dO = R->dO + i0 * p->Dv;
-  const int64_t blk = j0 / nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
+  const int64_t blk = j0 / nr, nk = attn__key_rows(p, b) - j0 < nr ? attn__key_rows(p, b) - j0 : nr;
   kn->qk(s->S, Q, a->Kt + blk * nr * p->D, p->D, nk);
   attn__logit_tile(p, s->S, s->Cf, nr, rows, nr, tm, s->Mb); /* keeps the slope for dS */
   kn->exp_shift(s->S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
@@ -95,7 +95,7 @@ static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, 
   if (write_mask_grad) {
     const attn_tensor *mg = p->mask_grad;
     for (int r = 0; r < rows; r++) {
-      float *m = (float *)mg->data + b * mg->strides[0] + h * mg->strides[1] + (i0 + r) * mg->strides[2];
+      float *m = (float *)mg->data + attn__qoff(p, mg, b, h, i0 + r);
       for (int64_t jj = 0; jj < nk; jj++) m[(j0 + jj) * mg->strides[3]] = s->dP[r * nr + jj];
     }
   }
@@ -115,11 +115,11 @@ static void pass_item(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_t
                       float *dVr, int64_t nqp, int64_t b, int64_t g, int64_t c, int64_t C, int64_t r, int64_t R) {
   const attn__sdpa *p = a->p;
   const int mr = a->kn->mr, nr = a->kn->nr;
-  const int64_t nblk = (p->Nk + nr - 1) / nr;
+  const int64_t Nk = attn__key_rows(p, b), nblk = (Nk + nr - 1) / nr;
   for (int64_t hs = 0; hs < p->group; hs++)
     for (int64_t t = r; t * mr < nqp; t += R) memset(dQc + (hs * nqp + t * mr) * p->D, 0, (size_t)(mr * p->D) * sizeof(float));
   for (int64_t blk = c; blk < nblk; blk += C) {
-    const int64_t j0 = blk * nr, nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
+    const int64_t j0 = blk * nr, nk = Nk - j0 < nr ? Nk - j0 : nr;
     memset(s->dK, 0, (size_t)(nr * p->D) * sizeof(float));
     memset(s->dV, 0, (size_t)(nr * p->Dv) * sizeof(float));
     int64_t t0 = attn__first_row_seeing(p, b, j0) / mr;
@@ -145,8 +145,8 @@ static void pass_item(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_t
       continue;
     }
     for (int64_t jj = 0; jj < nk; jj++) {
-      float *kd = (float *)dk->data + b * dk->strides[0] + g * dk->strides[1] + (j0 + jj) * dk->strides[2];
-      float *vd = (float *)dv->data + b * dv->strides[0] + g * dv->strides[1] + (j0 + jj) * dv->strides[2];
+      float *kd = (float *)dk->data + attn__koff(p, dk, b, g, j0 + jj);
+      float *vd = (float *)dv->data + attn__koff(p, dv, b, g, j0 + jj);
       for (int64_t d = 0; d < p->D; d++) kd[d * dk->strides[3]] = s->dK[jj * p->D + d];
       for (int64_t e = 0; e < p->Dv; e++) vd[e * dv->strides[3]] = s->dV[jj * p->Dv + e];
     }
@@ -157,7 +157,7 @@ static void pass_item(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_t
 static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *dout, const attn_tensor *out,
                      const attn_tensor *lse, int64_t b, int64_t h, int64_t i) {
   float *qd = R->Q + i * p->D, *od = R->dO + i * p->Dv;
-  if (i >= p->Nq) {
+  if (i >= attn__queries(p, b)) {
     memset(qd, 0, (size_t)p->D * sizeof(float));
     memset(od, 0, (size_t)p->Dv * sizeof(float));
     R->lse[i] = -INFINITY;
@@ -166,16 +166,16 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
   }
   const attn_tensor *q = &p->q;
   const float scale = (float)p->scale;
-  const float *qs = (const float *)q->data + b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
-  const float *gs = (const float *)dout->data + b * dout->strides[0] + h * dout->strides[1] + i * dout->strides[2];
-  const float *os = (const float *)out->data + b * out->strides[0] + h * out->strides[1] + i * out->strides[2];
+  const float *qs = (const float *)q->data + attn__qoff(p, q, b, h, i);
+  const float *gs = (const float *)dout->data + attn__qoff(p, dout, b, h, i);
+  const float *os = (const float *)out->data + attn__qoff(p, out, b, h, i);
   double dd = 0;
   for (int64_t d = 0; d < p->D; d++) qd[d] = qs[d * q->strides[3]] * scale;
   for (int64_t c = 0; c < p->Dv; c++) {
     od[c] = gs[c * dout->strides[3]];
     dd += (double)od[c] * os[c * out->strides[3]];
   }
-  R->lse[i] = ((const float *)lse->data)[b * lse->strides[0] + h * lse->strides[1] + i * lse->strides[2]];
+  R->lse[i] = ((const float *)lse->data)[attn__qoff(p, lse, b, h, i)];
   R->Dd[i] = (float)dd; /* subtracted from every dP of the row: summed in double */
 }
 
@@ -187,12 +187,12 @@ static void sinks_grad(const attn__sdpa *p, const attn_tensor *dout, const attn_
   for (int64_t h = 0; h < p->Hq; h++) {
     const double sink = attn__sink(p, h);
     double acc = 0;
-    for (int64_t b = 0; b < p->B; b++)
-      for (int64_t i = 0; i < p->Nq; i++) {
-        const float l = ((const float *)lse->data)[b * lse->strides[0] + h * lse->strides[1] + i * lse->strides[2]];
+    for (int64_t b = 0; b < attn__seqs(p); b++)
+      for (int64_t i = 0; i < attn__queries(p, b); i++) {
+        const float l = ((const float *)lse->data)[attn__qoff(p, lse, b, h, i)];
         if (l == -INFINITY) continue; /* nothing to renormalise */
-        const float *gs = (const float *)dout->data + b * dout->strides[0] + h * dout->strides[1] + i * dout->strides[2];
-        const float *os = (const float *)out->data + b * out->strides[0] + h * out->strides[1] + i * out->strides[2];
+        const float *gs = (const float *)dout->data + attn__qoff(p, dout, b, h, i);
+        const float *os = (const float *)out->data + attn__qoff(p, out, b, h, i);
         double dd = 0;
         for (int64_t c = 0; c < p->Dv; c++) dd += (double)gs[c * dout->strides[3]] * os[c * out->strides[3]];
         if (dd != 0) acc -= exp(sink - (double)l) * dd;
@@ -226,7 +226,11 @@ static void zero_f32(attn_tensor *t) {
  * even). dQ sums over chunks and dK, dV over splits, each in a later phase in
  * index order. C and R come from the shape alone (4 items per kv head with
  * 8 kv heads or more, else enough for 64 threads, at most 8 x 8 per head), so
- * no thread count changes a sum. Kv heads are packed in rounds. */
+ * no thread count changes a sum. Kv heads are packed in rounds.
+ * In a packed batch each sequence's C and R are those it would have alone
+ * (B = 1), so its gradients are summed as they would be alone; per-slot
+ * buffers are sized for the largest, and off[phase][bg] counts the items of
+ * the kv heads before bg. */
 #ifndef GRID_ITEMS
 #define GRID_ITEMS 64
 #endif
@@ -235,22 +239,78 @@ static void zero_f32(attn_tensor *t) {
 #define PACK_BUDGET ((int64_t)2 << 20)
 #endif
 
+/* One batch's (or sequence's) shape in tiles, blocks, chunks and splits. */
+typedef struct bwd_geom {
+  int64_t nq, nk, nblk, ntiles, nqp, C, R;
+} bwd_geom;
+
+enum { PH_KV, PH_ROWS, PH_KR, PH_GRID, PH_DQ, PH_DKV, PH_N };
+
 typedef struct bwd_job {
   const attn__sdpa *p;
   const attn__cpu_kernels *kn;
   attn_tensor *dq, *dk, *dv;
   const attn_tensor *dout, *out, *lse;
-  int64_t nblk, ntiles, nqp, pairs, per_round, C, R;
+  int64_t pairs, per_round, grid_pairs, nqp_max;
   int k_unit;
   /* per slot of a round: */
-  int64_t kt_size, vt_size, kr_size, rows_size, dq_size, dkv_size;
+  int64_t kt_size, vt_size, kr_size, rows_size, dq_size, dk_size, dv_size;
   float *Kt, *Vt, *Kr, *Rows, *dQp, *dKp, *dVp;
   bwd_rows *rows; /* [per_round][group]: views into Rows */
+  int64_t per[PH_N];
+  int64_t *off[PH_N]; /* a packed batch's prefix sums ([pairs + 1] each), else NULL */
 } bwd_job;
 
-static int64_t bwd_round_pairs(const bwd_job *j, int64_t round) {
-  const int64_t first = round * j->per_round;
-  return j->pairs - first < j->per_round ? j->pairs - first : j->per_round;
+static bwd_geom geom(const bwd_job *j, int64_t b) {
+  const attn__sdpa *p = j->p;
+  const int mr = j->kn->mr, nr = j->kn->nr;
+  bwd_geom e;
+  e.nq = attn__queries(p, b), e.nk = attn__key_rows(p, b);
+  e.nblk = (e.nk + nr - 1) / nr, e.ntiles = (e.nq + mr - 1) / mr, e.nqp = e.ntiles * mr;
+  /* items per kv head: 4 (0.1's chunks) with 8 kv heads or more, else
+   * enough for GRID_ITEMS threads; chunks first, query splits only where
+   * chunks cannot make the items (their dK, dV partials cost more) */
+  const int64_t need = j->grid_pairs >= 8 ? 4 : (GRID_ITEMS + j->grid_pairs - 1) / j->grid_pairs;
+  e.C = need < GRID_MAX ? need : GRID_MAX;
+  e.C = e.C < e.nblk ? e.C : e.nblk;
+  if (e.C == 0 || e.ntiles == 0) { /* no keys or no rows: nothing flows; the sums write zeros */
+    e.C = e.R = 0;
+    return e;
+  }
+  e.R = need > e.C ? (need + e.C - 1) / e.C : 1;
+  e.R = e.R < GRID_MAX ? e.R : GRID_MAX;
+  e.R = e.R < e.ntiles ? e.R : e.ntiles;
+  return e;
+}
+
+/* Items of phase ph for kv head bg. */
+static int64_t pair_items(const bwd_job *j, int ph, int64_t bg) {
+  const bwd_geom e = geom(j, bg / j->p->Hk);
+  switch (ph) {
+    case PH_KV: return e.nblk;
+    case PH_ROWS: return j->p->group * e.nqp;
+    case PH_KR: return j->k_unit ? 0 : e.nk;
+    case PH_GRID: return e.C * e.R;
+    case PH_DQ: return j->p->group * e.nq;
+    default: return e.R > 1 || e.C * e.R == 0 ? e.nk : 0;
+  }
+}
+
+static int64_t items_before(const bwd_job *j, int ph, int64_t bg) {
+  return j->off[ph] ? j->off[ph][bg] : bg * j->per[ph];
+}
+
+/* The kv head of item w of phase ph in round `round`, and *local, its index among the head's items. */
+static int64_t item_pair(const bwd_job *j, int ph, int64_t round, int64_t w, int64_t *local) {
+  w += items_before(j, ph, round * j->per_round);
+  const int64_t bg = j->off[ph] ? attn__seq_at(j->off[ph], j->pairs, w) : w / j->per[ph];
+  *local = w - items_before(j, ph, bg);
+  return bg;
+}
+
+static int64_t round_items(const bwd_job *j, int ph, int64_t round) {
+  const int64_t first = round * j->per_round, end = j->pairs - first < j->per_round ? j->pairs : first + j->per_round;
+  return items_before(j, ph, end) - items_before(j, ph, first);
 }
 
 static bwd_rows slot_row(const bwd_job *j, int64_t slot, int64_t hs) { return j->rows[slot * j->p->group + hs]; }
@@ -260,7 +320,7 @@ static int64_t zero_mask_grad_items(const void *arg, int64_t round) {
   return round == 0 && j->p->mask_grad ? j->p->B * j->p->Hq * j->p->Nq : 0;
 }
 
-/* mask_grad's rows: the passes write the visible tiles only */
+/* mask_grad's rows: the passes write the visible tiles only (no packed batch has a mask) */
 static void zero_mask_grad_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch, (void)round;
   const bwd_job *j = arg;
@@ -273,44 +333,37 @@ static void zero_mask_grad_run(const void *arg, void *scratch, int64_t round, in
   }
 }
 
-static int64_t pack_kv_items(const void *arg, int64_t round) {
-  const bwd_job *j = arg;
-  return bwd_round_pairs(j, round) * j->nblk;
-}
+static int64_t pack_kv_items(const void *arg, int64_t round) { return round_items(arg, PH_KV, round); }
 
 static void pack_kv_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const bwd_job *j = arg;
   const attn__sdpa *p = j->p;
   for (int64_t w = first; w < last; w++) {
-    const int64_t slot = w / j->nblk, blk = w % j->nblk, bg = round * j->per_round + slot;
-    attn__pack_block_t(j->Kt + slot * j->kt_size, &p->k, bg / p->Hk, bg % p->Hk, blk, j->kn->nr, p->Nk, p->D);
-    attn__pack_block_t(j->Vt + slot * j->vt_size, &p->v, bg / p->Hk, bg % p->Hk, blk, j->kn->nr, p->Nk, p->Dv);
+    int64_t blk;
+    const int64_t bg = item_pair(j, PH_KV, round, w, &blk), slot = bg - round * j->per_round;
+    const int64_t b = bg / p->Hk, g = bg % p->Hk, nk = attn__key_rows(p, b);
+    attn__pack_block_t(j->Kt + slot * j->kt_size, &p->k, attn__koff(p, &p->k, b, g, 0), blk, j->kn->nr, nk, p->D);
+    attn__pack_block_t(j->Vt + slot * j->vt_size, &p->v, attn__koff(p, &p->v, b, g, 0), blk, j->kn->nr, nk, p->Dv);
   }
 }
 
-static int64_t pack_rows_items(const void *arg, int64_t round) {
-  const bwd_job *j = arg;
-  return bwd_round_pairs(j, round) * j->p->group * j->nqp;
-}
+static int64_t pack_rows_items(const void *arg, int64_t round) { return round_items(arg, PH_ROWS, round); }
 
 static void pack_rows_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const bwd_job *j = arg;
   const attn__sdpa *p = j->p;
-  const int64_t per_slot = p->group * j->nqp;
   for (int64_t w = first; w < last; w++) {
-    const int64_t slot = w / per_slot, hs = (w % per_slot) / j->nqp, i = w % j->nqp;
-    const int64_t bg = round * j->per_round + slot;
+    int64_t local;
+    const int64_t bg = item_pair(j, PH_ROWS, round, w, &local), slot = bg - round * j->per_round;
+    const int64_t nqp = geom(j, bg / p->Hk).nqp, hs = local / nqp, i = local % nqp;
     const bwd_rows R = slot_row(j, slot, hs);
     pack_row(p, &R, j->dout, j->out, j->lse, bg / p->Hk, (bg % p->Hk) * p->group + hs, i);
   }
 }
 
-static int64_t pack_kr_items(const void *arg, int64_t round) {
-  const bwd_job *j = arg;
-  return j->k_unit ? 0 : bwd_round_pairs(j, round) * j->p->Nk;
-}
+static int64_t pack_kr_items(const void *arg, int64_t round) { return round_items(arg, PH_KR, round); }
 
 /* K as unit-stride rows, for dQ's dS.K when k is not */
 static void pack_kr_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
@@ -318,44 +371,42 @@ static void pack_kr_run(const void *arg, void *scratch, int64_t round, int64_t f
   const bwd_job *j = arg;
   const attn__sdpa *p = j->p;
   for (int64_t w = first; w < last; w++) {
-    const int64_t slot = w / p->Nk, jk = w % p->Nk, bg = round * j->per_round + slot;
-    const int64_t off = (bg / p->Hk) * p->k.strides[0] + (bg % p->Hk) * p->k.strides[1] + jk * p->k.strides[2];
+    int64_t jk;
+    const int64_t bg = item_pair(j, PH_KR, round, w, &jk), slot = bg - round * j->per_round;
+    const int64_t off = attn__koff(p, &p->k, bg / p->Hk, bg % p->Hk, jk);
     attn__widen_strided(j->Kr + slot * j->kr_size + jk * p->D, p->k.data, p->k.dtype, off, p->k.strides[3], p->D);
   }
 }
 
-static int64_t grid_items(const void *arg, int64_t round) {
-  const bwd_job *j = arg;
-  return bwd_round_pairs(j, round) * j->C * j->R;
-}
+static int64_t grid_items(const void *arg, int64_t round) { return round_items(arg, PH_GRID, round); }
 
 static void grid_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   const bwd_job *j = arg;
   const attn__sdpa *p = j->p;
   for (int64_t it = first; it < last; it++) {
-    const int64_t slot = it / (j->C * j->R), c = (it / j->R) % j->C, r = it % j->R;
-    const int64_t bg = round * j->per_round + slot, b = bg / p->Hk, g = bg % p->Hk;
+    int64_t local;
+    const int64_t bg = item_pair(j, PH_GRID, round, it, &local), slot = bg - round * j->per_round;
+    const int64_t b = bg / p->Hk, g = bg % p->Hk;
+    const bwd_geom e = geom(j, b);
+    const int64_t c = local / e.R, r = local % e.R;
     const float *Kr;
     int64_t ldk;
     if (j->k_unit) {
-      Kr = (const float *)p->k.data + b * p->k.strides[0] + g * p->k.strides[1];
+      Kr = (const float *)p->k.data + attn__koff(p, &p->k, b, g, 0);
       ldk = p->k.strides[2];
     } else {
       Kr = j->Kr + slot * j->kr_size;
       ldk = p->D;
     }
     const bwd_args a = {p, j->kn, j->rows + slot * p->group, j->Kt + slot * j->kt_size, j->Vt + slot * j->vt_size, Kr, ldk};
-    float *dQc = j->dQp + slot * j->dq_size + c * p->group * j->nqp * p->D;
-    float *dKr = j->R > 1 ? j->dKp + (slot * j->R + r) * p->Nk * p->D : NULL;
-    float *dVr = j->R > 1 ? j->dVp + (slot * j->R + r) * p->Nk * p->Dv : NULL;
-    pass_item(&a, scratch, j->dk, j->dv, dQc, dKr, dVr, j->nqp, b, g, c, j->C, r, j->R);
+    float *dQc = j->dQp + slot * j->dq_size + c * p->group * e.nqp * p->D;
+    float *dKr = e.R > 1 ? j->dKp + slot * j->dk_size + r * e.nk * p->D : NULL;
+    float *dVr = e.R > 1 ? j->dVp + slot * j->dv_size + r * e.nk * p->Dv : NULL;
+    pass_item(&a, scratch, j->dk, j->dv, dQc, dKr, dVr, e.nqp, b, g, c, e.C, r, e.R);
   }
 }
 
-static int64_t reduce_dq_items(const void *arg, int64_t round) {
-  const bwd_job *j = arg;
-  return bwd_round_pairs(j, round) * j->p->group * j->p->Nq;
-}
+static int64_t reduce_dq_items(const void *arg, int64_t round) { return round_items(arg, PH_DQ, round); }
 
 /* dq = scale * the chunks' partials, summed in chunk order (64 columns at a
  * time, so that the sums vectorise; each element still adds c = 0, 1, ...) */
@@ -364,51 +415,60 @@ static void reduce_dq_run(const void *arg, void *scratch, int64_t round, int64_t
   const bwd_job *j = arg;
   const attn__sdpa *p = j->p;
   const float scale = (float)p->scale;
-  const int64_t per_slot = p->group * p->Nq, D = p->D, C = j->C, cstride = p->group * j->nqp * D;
+  const int64_t D = p->D;
   const attn_tensor *dq = j->dq;
   const int64_t sd = dq->strides[3];
   for (int64_t w = first; w < last; w++) {
-    const int64_t slot = w / per_slot, hs = (w % per_slot) / p->Nq, i = w % p->Nq;
-    const int64_t bg = round * j->per_round + slot, b = bg / p->Hk, h = (bg % p->Hk) * p->group + hs;
-    const float *part = j->dQp + slot * j->dq_size + (hs * j->nqp + i) * D;
-    float *qd = (float *)dq->data + b * dq->strides[0] + h * dq->strides[1] + i * dq->strides[2];
+    int64_t local;
+    const int64_t bg = item_pair(j, PH_DQ, round, w, &local), slot = bg - round * j->per_round;
+    const int64_t b = bg / p->Hk;
+    const bwd_geom e = geom(j, b);
+    const int64_t hs = local / e.nq, i = local % e.nq, h = (bg % p->Hk) * p->group + hs;
+    const int64_t C = e.C, cstride = p->group * e.nqp * D;
+    const float *part = j->dQp + slot * j->dq_size + (hs * e.nqp + i) * D;
+    float *qd = (float *)dq->data + attn__qoff(p, dq, b, h, i);
+    if (C == 0) { /* no keys: no gradient (a plain 0, not 0 * scale) */
+      for (int64_t d = 0; d < D; d++) qd[d * sd] = 0.0f;
+      continue;
+    }
     for (int64_t d0 = 0; d0 < D; d0 += 64) {
       const int n = D - d0 < 64 ? (int)(D - d0) : 64;
       float acc[64] = {0};
       for (int64_t c = 0; c < C; c++) {
         const float *pc = part + c * cstride + d0;
-        for (int e = 0; e < n; e++) acc[e] += pc[e];
+        for (int e2 = 0; e2 < n; e2++) acc[e2] += pc[e2];
       }
-      for (int e = 0; e < n; e++) qd[(d0 + e) * sd] = acc[e] * scale;
+      for (int e2 = 0; e2 < n; e2++) qd[(d0 + e2) * sd] = acc[e2] * scale;
     }
   }
 }
 
-static int64_t reduce_dkv_items(const void *arg, int64_t round) {
-  const bwd_job *j = arg;
-  return j->R > 1 ? bwd_round_pairs(j, round) * j->p->Nk : 0;
-}
+static int64_t reduce_dkv_items(const void *arg, int64_t round) { return round_items(arg, PH_DKV, round); }
 
-/* dk, dv = the splits' partials, summed in split order */
+/* dk, dv = the splits' partials, summed in split order (zeros for keys no row sees) */
 static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const bwd_job *j = arg;
   const attn__sdpa *p = j->p;
   for (int64_t w = first; w < last; w++) {
-    const int64_t slot = w / p->Nk, jk = w % p->Nk, bg = round * j->per_round + slot, b = bg / p->Hk, g = bg % p->Hk;
+    int64_t jk;
+    const int64_t bg = item_pair(j, PH_DKV, round, w, &jk), slot = bg - round * j->per_round;
+    const int64_t b = bg / p->Hk, g = bg % p->Hk;
+    const bwd_geom e = geom(j, b);
+    const int64_t R = e.R; /* 0: no item ran, zeros */
     const attn_tensor *dk = j->dk, *dv = j->dv;
-    float *kd = (float *)dk->data + b * dk->strides[0] + g * dk->strides[1] + jk * dk->strides[2];
-    float *vd = (float *)dv->data + b * dv->strides[0] + g * dv->strides[1] + jk * dv->strides[2];
-    const float *pk = j->dKp + (slot * j->R * p->Nk + jk) * p->D, *pv = j->dVp + (slot * j->R * p->Nk + jk) * p->Dv;
+    float *kd = (float *)dk->data + attn__koff(p, dk, b, g, jk);
+    float *vd = (float *)dv->data + attn__koff(p, dv, b, g, jk);
+    const float *pk = j->dKp + slot * j->dk_size + jk * p->D, *pv = j->dVp + slot * j->dv_size + jk * p->Dv;
     for (int64_t d = 0; d < p->D; d++) {
       float acc = 0;
-      for (int64_t r = 0; r < j->R; r++) acc += pk[r * p->Nk * p->D + d];
+      for (int64_t r = 0; r < R; r++) acc += pk[r * e.nk * p->D + d];
       kd[d * dk->strides[3]] = acc;
     }
-    for (int64_t e = 0; e < p->Dv; e++) {
+    for (int64_t c = 0; c < p->Dv; c++) {
       float acc = 0;
-      for (int64_t r = 0; r < j->R; r++) acc += pv[r * p->Nk * p->Dv + e];
-      vd[e * dv->strides[3]] = acc;
+      for (int64_t r = 0; r < R; r++) acc += pv[r * e.nk * p->Dv + c];
+      vd[c * dv->strides[3]] = acc;
     }
   }
 }
@@ -434,35 +494,38 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   bwd_job j;
   memset(&j, 0, sizeof j);
   j.p = p, j.kn = kn, j.dq = dq, j.dk = dk, j.dv = dv, j.dout = dout, j.out = out, j.lse = lse;
-  j.nblk = (p->Nk + nr - 1) / nr;
-  j.ntiles = (p->Nq + mr - 1) / mr;
-  j.nqp = j.ntiles * mr;
-  j.pairs = p->B * p->Hk;
+  const int64_t nseq = attn__seqs(p);
+  j.pairs = nseq * p->Hk;
+  j.grid_pairs = p->cu_q ? p->Hk : j.pairs; /* a sequence's grid is the one it has alone */
   j.k_unit = p->k.strides[3] == 1;
+  /* the per-slot buffers hold the largest sequence's (every batch's, without a packed batch) */
+  int64_t nk_max = 0, nblk_max = 0, nqp_max = 0, cn_max = 0, rk_max = 0, cr_max = 1;
+  for (int64_t b = 0; b < (p->cu_q ? nseq : 1); b++) {
+    const bwd_geom e = geom(&j, b);
+    nk_max = e.nk > nk_max ? e.nk : nk_max;
+    nblk_max = e.nblk > nblk_max ? e.nblk : nblk_max;
+    nqp_max = e.nqp > nqp_max ? e.nqp : nqp_max;
+    cn_max = e.C * e.nqp > cn_max ? e.C * e.nqp : cn_max;
+    rk_max = e.R > 1 && e.R * e.nk > rk_max ? e.R * e.nk : rk_max;
+    cr_max = e.C * e.R > cr_max ? e.C * e.R : cr_max;
+  }
+  j.nqp_max = nqp_max;
   const int64_t Dp = p->D > 0 ? p->D : 1;
-  j.kt_size = j.nblk * nr * p->D;
-  j.vt_size = j.nblk * nr * (p->Dv > 0 ? p->Dv : 1);
-  j.kr_size = j.k_unit ? 0 : p->Nk * p->D;
-  j.rows_size = p->group * j.nqp * (p->D + p->Dv + 2);
-  /* items per kv head: 4 (0.1's chunks) with 8 kv heads or more, else
-   * enough for GRID_ITEMS threads; chunks first, query splits only where
-   * chunks cannot make the items (their dK, dV partials cost more) */
-  const int64_t need = j.pairs >= 8 ? 4 : (GRID_ITEMS + j.pairs - 1) / j.pairs;
-  j.C = need < GRID_MAX ? need : GRID_MAX;
-  j.C = j.C < j.nblk ? j.C : j.nblk;
-  j.R = need > j.C ? (need + j.C - 1) / j.C : 1;
-  j.R = j.R < GRID_MAX ? j.R : GRID_MAX;
-  j.R = j.R < j.ntiles ? j.R : j.ntiles;
+  j.kt_size = nblk_max * nr * p->D;
+  j.vt_size = nblk_max * nr * (p->Dv > 0 ? p->Dv : 1);
+  j.kr_size = j.k_unit ? 0 : nk_max * p->D;
+  j.rows_size = p->group * nqp_max * (p->D + p->Dv + 2);
   const size_t packed = attn__bytes(1, j.kt_size + j.vt_size + j.kr_size + j.rows_size, 1, sizeof(float));
-  j.dq_size = j.C * p->group * j.nqp * Dp;
-  j.dkv_size = j.R > 1 ? j.R * p->Nk * (p->D + p->Dv) : 0;
+  j.dq_size = cn_max * p->group * Dp;
+  j.dk_size = rk_max * p->D;
+  j.dv_size = rk_max * p->Dv;
   /* saturating sizes: broadcast views may claim more than memory holds (attn__workspace refuses those) */
-  const size_t per_pair = packed + attn__bytes(1, j.dq_size + j.dkv_size, 1, sizeof(float));
+  const size_t per_pair = packed + attn__bytes(1, j.dq_size + j.dk_size + j.dv_size, 1, sizeof(float));
   /* kv heads per round: enough items for twice the threads, or what fits
    * PACK_BUDGET if that is more, so that on few threads what a round packs is
    * still in cache when its items read it (rounds change no sum) */
   const int64_t threads = attn__threads(ctx);
-  const int64_t for_threads = (2 * threads + j.C * j.R - 1) / (j.C * j.R);
+  const int64_t for_threads = (2 * threads + cr_max - 1) / cr_max;
   const int64_t fit = per_pair >= (size_t)PACK_BUDGET ? 1 : (int64_t)((size_t)PACK_BUDGET / (per_pair ? per_pair : 1));
   j.per_round = for_threads > fit ? for_threads : fit;
   j.per_round = j.per_round < 1 ? 1 : j.per_round > j.pairs ? j.pairs : j.per_round;
@@ -470,20 +533,33 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   const size_t kt_b = attn__bytes(n, j.kt_size, 1, sizeof(float)), vt_b = attn__bytes(n, j.vt_size, 1, sizeof(float));
   const size_t kr_b = attn__bytes(n, j.kr_size, 1, sizeof(float)), rows_b = attn__bytes(n, j.rows_size, 1, sizeof(float));
   const size_t dq_b = attn__bytes(n, j.dq_size, 1, sizeof(float));
-  const size_t dk_b = attn__bytes(n, j.R > 1 ? j.R * p->Nk : 0, p->D, sizeof(float));
-  const size_t dv_b = attn__bytes(n, j.R > 1 ? j.R * p->Nk : 0, p->Dv, sizeof(float));
+  const size_t dk_b = attn__bytes(n, j.dk_size, 1, sizeof(float));
+  const size_t dv_b = attn__bytes(n, j.dv_size, 1, sizeof(float));
   const size_t rv_b = attn__bytes(n, p->group, 1, sizeof(bwd_rows));
+  const size_t off_b = p->cu_q ? attn__bytes(j.pairs + 1, PH_N, 1, sizeof(int64_t)) : 0;
   char *work = attn__workspace(ctx, attn__carve_size(kt_b) + attn__carve_size(vt_b) + attn__carve_size(kr_b) +
                                         attn__carve_size(rows_b) + attn__carve_size(dq_b) + attn__carve_size(dk_b) +
-                                        attn__carve_size(dv_b) + attn__carve_size(rv_b));
+                                        attn__carve_size(dv_b) + attn__carve_size(rv_b) + attn__carve_size(off_b));
   if (!work) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa_backward: cannot allocate packed keys, values and queries");
   j.Kt = attn__carve(&work, kt_b), j.Vt = attn__carve(&work, vt_b), j.Kr = attn__carve(&work, kr_b);
   j.Rows = attn__carve(&work, rows_b), j.dQp = attn__carve(&work, dq_b);
   j.dKp = attn__carve(&work, dk_b), j.dVp = attn__carve(&work, dv_b);
   j.rows = attn__carve(&work, rv_b);
   for (int64_t e = 0; e < n * p->group; e++) { /* slot e / group, query head e % group of its kv head */
-    float *base = j.Rows + (e / p->group) * j.rows_size + (e % p->group) * j.nqp * (p->D + p->Dv + 2);
-    j.rows[e] = (bwd_rows){base, base + j.nqp * p->D, base + j.nqp * (p->D + p->Dv), base + j.nqp * (p->D + p->Dv + 1)};
+    float *base = j.Rows + (e / p->group) * j.rows_size + (e % p->group) * nqp_max * (p->D + p->Dv + 2);
+    j.rows[e] = (bwd_rows){base, base + nqp_max * p->D, base + nqp_max * (p->D + p->Dv),
+                           base + nqp_max * (p->D + p->Dv + 1)};
+  }
+  if (p->cu_q) {
+    int64_t *off = attn__carve(&work, off_b);
+    for (int ph = 0; ph < PH_N; ph++) {
+      int64_t *o = off + ph * (j.pairs + 1);
+      o[0] = 0;
+      for (int64_t bg = 0; bg < j.pairs; bg++) o[bg + 1] = o[bg] + pair_items(&j, ph, bg);
+      j.off[ph] = o;
+    }
+  } else {
+    for (int ph = 0; ph < PH_N; ph++) j.per[ph] = pair_items(&j, ph, 0);
   }
   static const attn__phase phases[] = {
       {"zero_mask_grad", zero_mask_grad_items, zero_mask_grad_run, 0}, {"pack_kv", pack_kv_items, pack_kv_run, 0},
@@ -492,8 +568,12 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
       {"sum_dk_dv", reduce_dkv_items, reduce_dkv_run, 0}};
   const attn__job job = {&j, (j.pairs + n - 1) / n, phases, (int)(sizeof phases / sizeof phases[0]),
                          bwd_scratch_layout(NULL, mr, nr, p->D, p->Dv), bwd_scratch_init};
-  const long long args[4] = {(long long)n, (long long)j.C, (long long)j.R, 0};
-  attn_status st = attn__schedule(ctx, "attn_sdpa_backward (%lld kv heads per round, %lld key chunks x %lld query splits each)",
+  const bwd_geom e0 = geom(&j, 0);
+  const long long args[4] = {(long long)n, (long long)e0.C, (long long)e0.R, (long long)nseq};
+  attn_status st = attn__schedule(ctx, p->cu_q ? "attn_sdpa_backward, packed batch (%lld kv heads per round, the "
+                                                 "first sequence's %lld key chunks x %lld query splits, %lld sequences)"
+                                               : "attn_sdpa_backward (%lld kv heads per round, %lld key chunks x %lld "
+                                                 "query splits each)",
                                   args, (int)threads, &job);
   if (st) return st;
   if (p->sinks_grad) sinks_grad(p, dout, out, lse);

@@ -64,16 +64,35 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t D, int
 /* The forward's work list: per round, `per_round` kv heads (b, g) are packed
  * (K transposed into key blocks, V into rows when it is not unit-stride f32;
  * with half tiles both as bf16 pairs), then every query block of every query
- * head of those kv heads is an item. Packed sizes are in bytes per kv head. */
+ * head of those kv heads is an item. Packed sizes are in bytes per kv head
+ * (of the longest sequence, in a packed batch).
+ * A packed batch's kv heads (sequence b, kv head g) differ in their items:
+ * off[phase][bg] counts the items of the kv heads before bg (prefix sums);
+ * otherwise every kv head has per[phase] items. */
+enum { PH_K, PH_V, PH_TILES, PH_N };
 typedef struct fwd_job {
   const attn__sdpa *p;
   const attn__cpu_kernels *kn;
   const attn__half_kernels *hk; /* NULL: fp32 tiles */
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n); /* the kernel set's, in registers */
-  int64_t nblocks, ntiles, pairs, per_round, kt_bytes, vp_bytes, nqblk, per_pair, D2;
+  int64_t pairs, per_round, kt_bytes, vp_bytes, D2;
   int qb, v_unit;
+  int64_t per[PH_N];
+  int64_t *off[PH_N]; /* [pairs + 1] each, or NULL */
   char *Kp, *Vp;
 } fwd_job;
+
+/* Items of phase ph before kv head bg. */
+static int64_t items_before(const fwd_job *j, int ph, int64_t bg) {
+  return j->off[ph] ? j->off[ph][bg] : bg * j->per[ph];
+}
+
+/* The kv head of item w of phase ph (counted over every kv head), and *local, its index among the head's items. */
+static int64_t item_pair(const fwd_job *j, int ph, int64_t w, int64_t *local) {
+  const int64_t bg = j->off[ph] ? attn__seq_at(j->off[ph], j->pairs, w) : w / j->per[ph];
+  *local = w - items_before(j, ph, bg);
+  return bg;
+}
 
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too. */
 static attn__tile_mask logits_tile(const fwd_job *j, fwd_scratch *s, const tile_state *ts, const char *Kp, int64_t b,
@@ -123,13 +142,13 @@ static void tile_begin(const fwd_job *j, tile_state *ts, int64_t b, int64_t h, i
   ts->kend = attn__key_end(p, b, i0 + rows - 1); /* the last row's band ends last */
   ts->kbeg = attn__key_begin(p, b, i0);        /* the first row's starts first */
   for (int r = 0; r < mr && j->hk; r++) {
-    const int64_t off = b * q->strides[0] + h * q->strides[1] + (i0 + r) * q->strides[2];
+    const int64_t off = attn__qoff(p, q, b, h, i0 + r);
     load_bf16(ts->Qh + (int64_t)r * 2 * j->D2, q->data, q->dtype, off, q->strides[3], r < rows ? D : 0, 2 * j->D2);
   }
   for (int r = 0; r < mr && !j->hk; r++) {
     float *dst = ts->Q + (int64_t)r * D;
     if (r < rows) {
-      const int64_t off = b * q->strides[0] + h * q->strides[1] + (i0 + r) * q->strides[2];
+      const int64_t off = attn__qoff(p, q, b, h, i0 + r);
       attn__widen_strided(dst, q->data, q->dtype, off, q->strides[3], D);
       for (int64_t d = 0; d < D; d++) dst[d] *= scale;
     } else {
@@ -154,7 +173,7 @@ static void tile_end(const attn__sdpa *p, const tile_state *ts, int64_t b, int64
   for (int r = 0; r < ts->rows; r++) {
     const float l = ts->l[r];
     const float inv = l == 0 ? 0.0f : 1.0f / l; /* l = 0 only when every key is masked */
-    const int64_t off = b * o->strides[0] + h * o->strides[1] + (ts->i0 + r) * o->strides[2];
+    const int64_t off = attn__qoff(p, o, b, h, ts->i0 + r);
     if (o->dtype == ATTN_F32) {
       float *dst = (float *)o->data + off;
       for (int64_t c = 0; c < Dv; c++) dst[c * o->strides[3]] = ts->O[r * Dv + c] * inv;
@@ -163,7 +182,7 @@ static void tile_end(const attn__sdpa *p, const tile_state *ts, int64_t b, int64
     }
     if (p->lse) {
       const attn_tensor *lt = p->lse;
-      ((float *)lt->data)[b * lt->strides[0] + h * lt->strides[1] + (ts->i0 + r) * lt->strides[2]] =
+      ((float *)lt->data)[attn__qoff(p, lt, b, h, ts->i0 + r)] =
           l == 0 ? -INFINITY : ts->m[r] + logf(l);
     }
   }
@@ -202,8 +221,9 @@ static void tile_weights(const fwd_job *j, fwd_scratch *s, const tile_state *ts,
 static void dropout_tile(const attn__sdpa *p, float *P, int nr, int64_t b, int64_t h, int64_t i0, int rows,
                          int64_t j0) {
   const float keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+  const int64_t nk = attn__key_rows(p, b);
   for (int r = 0; r < rows; r++)
-    for (int jj = 0; jj < nr && j0 + jj < p->Nk; jj++)
+    for (int jj = 0; jj < nr && j0 + jj < nk; jj++)
       P[r * nr + jj] *= attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i0 + r, j0 + jj) ? keep_scale : 0.0f;
 }
 
@@ -213,10 +233,11 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
   const attn__sdpa *p = j->p;
   const attn__cpu_kernels *kn = j->kn;
   const int mr = kn->mr, nr = kn->nr;
-  int64_t kmax = 0, kmin = p->Nk;
+  const int64_t nq = attn__queries(p, b);
+  int64_t kmax = 0, kmin = attn__key_rows(p, b);
   for (int t = 0; t < count; t++) {
     const int64_t r0 = i0 + (int64_t)t * mr;
-    tile_begin(j, &s->t[t], b, h, r0, (int)(p->Nq - r0 < mr ? p->Nq - r0 : mr));
+    tile_begin(j, &s->t[t], b, h, r0, (int)(nq - r0 < mr ? nq - r0 : mr));
     if (s->t[t].kend > kmax) kmax = s->t[t].kend;
     if (s->t[t].kbeg < kmin) kmin = s->t[t].kbeg;
   }
@@ -240,9 +261,8 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
   }
 }
 
-void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
-                        int64_t F) {
-  const int64_t base = b * t->strides[0] + g * t->strides[1] + blk * nr * t->strides[2];
+void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t head, int64_t blk, int nr, int64_t Nk, int64_t F) {
+  const int64_t base = head + blk * nr * t->strides[2];
   float *o = dst + blk * nr * F;
   const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
   /* writes run along the packed rows: the reads' nr rows stay in L1 across f */
@@ -256,7 +276,7 @@ void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t b, int64_t g, 
  * widened by the kernel set's vector conversion (in chunks), then written to
  * its column of Kt; the strided gather of attn__pack_block_t widens one
  * element at a time in portable code. */
-static void pack_block_widened(float *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr, int64_t Nk,
+static void pack_block_widened(float *dst, const attn_tensor *t, int64_t head, int64_t blk, int nr, int64_t Nk,
                                int64_t F, void (*widen)(float *, const void *, attn_dtype, int64_t)) {
   enum { CHUNK = 256 };
   float row[CHUNK];
@@ -264,7 +284,7 @@ static void pack_block_widened(float *dst, const attn_tensor *t, int64_t b, int6
   const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
   const size_t es = attn_dtype_size(t->dtype);
   for (int jj = 0; jj < nr; jj++) {
-    const int64_t off = b * t->strides[0] + g * t->strides[1] + (blk * nr + jj) * t->strides[2];
+    const int64_t off = head + (blk * nr + jj) * t->strides[2];
     for (int64_t f0 = 0; f0 < F; f0 += CHUNK) {
       const int64_t m = F - f0 < CHUNK ? F - f0 : CHUNK;
       if (jj < n) widen(row, (const char *)t->data + (off + f0) * (int64_t)es, t->dtype, m);
@@ -273,14 +293,15 @@ static void pack_block_widened(float *dst, const attn_tensor *t, int64_t b, int6
   }
 }
 
-/* Kh block blk (D2, NR) of kv head (b, g) as bf16 pairs (kernels.h's half tiles), zero past key Nk. */
-static void pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t b, int64_t g, int64_t blk, int nr,
-                             int64_t Nk, int64_t D, int64_t D2) {
+/* Kh block blk (D2, NR) of the kv head whose key 0 is at element head, as bf16 pairs (kernels.h's half tiles),
+ * zero past key Nk. */
+static void pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t head, int64_t blk, int nr, int64_t Nk,
+                             int64_t D, int64_t D2) {
   uint32_t *o = (uint32_t *)(dst + blk * nr * 2 * D2);
   const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
   const int64_t sd = t->strides[3];
   for (int jj = 0; jj < nr; jj++) {
-    const int64_t off = b * t->strides[0] + g * t->strides[1] + (blk * nr + jj) * t->strides[2];
+    const int64_t off = head + (blk * nr + jj) * t->strides[2];
     if (jj >= n) {
       for (int64_t p = 0; p < D2; p++) o[p * nr + jj] = 0;
     } else if (t->dtype == ATTN_BF16 && sd == 1) { /* a key's pairs are 32-bit words of its row */
@@ -302,54 +323,49 @@ static void pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t b, int
  * far below the inputs' size at large N. */
 #define PACK_BUDGET ((int64_t)8 << 20)
 
-static int64_t round_pairs(const fwd_job *j, int64_t round) {
-  const int64_t first = round * j->per_round;
-  return j->pairs - first < j->per_round ? j->pairs - first : j->per_round;
+static int64_t round_items(const fwd_job *j, int ph, int64_t round) {
+  const int64_t first = round * j->per_round, end = j->pairs - first < j->per_round ? j->pairs : first + j->per_round;
+  return items_before(j, ph, end) - items_before(j, ph, first);
 }
 
-static int64_t pack_k_items(const void *arg, int64_t round) {
-  const fwd_job *j = arg;
-  return round_pairs(j, round) * j->nblocks;
-}
+static int64_t pack_k_items(const void *arg, int64_t round) { return round_items(arg, PH_K, round); }
 
-// Kp[slot] (nblocks, D, NR) floats, or (nblocks, D2, NR) bf16 pairs, for items w = slot * nblocks + key block.
+// Kp[slot] (nblocks, D, NR) floats, or (nblocks, D2, NR) bf16 pairs: item = a key block of a kv head.
 static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const fwd_job *j = arg;
   const attn__sdpa *p = j->p;
+  const int64_t w0 = items_before(j, PH_K, round * j->per_round);
   for (int64_t w = first; w < last; w++) {
-    const int64_t bg = round * j->per_round + w / j->nblocks;
-    void *dst = j->Kp + (w / j->nblocks) * j->kt_bytes;
+    int64_t blk;
+    const int64_t bg = item_pair(j, PH_K, w0 + w, &blk), b = bg / p->Hk;
+    const int64_t head = attn__koff(p, &p->k, b, bg % p->Hk, 0), nk = attn__key_rows(p, b);
+    void *dst = j->Kp + (bg - round * j->per_round) * j->kt_bytes;
     if (j->hk)
-      pack_block_pairs(dst, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr, p->Nk, p->D, j->D2);
+      pack_block_pairs(dst, &p->k, head, blk, j->kn->nr, nk, p->D, j->D2);
     else if (p->k.dtype != ATTN_F32 && p->k.strides[3] == 1)
-      pack_block_widened(dst, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr, p->Nk, p->D, j->widen);
+      pack_block_widened(dst, &p->k, head, blk, j->kn->nr, nk, p->D, j->widen);
     else
-      attn__pack_block_t(dst, &p->k, bg / p->Hk, bg % p->Hk, w % j->nblocks, j->kn->nr, p->Nk, p->D);
+      attn__pack_block_t(dst, &p->k, head, blk, j->kn->nr, nk, p->D);
   }
 }
 
-/* Key pairs of V per kv head, for half tiles: Vh (ceil(Nk / 2), Dv) pairs. */
-static int64_t key_pairs(const attn__sdpa *p) { return (p->Nk + 1) / 2; }
+static int64_t pack_v_items(const void *arg, int64_t round) { return round_items(arg, PH_V, round); }
 
-static int64_t pack_v_items(const void *arg, int64_t round) {
-  const fwd_job *j = arg;
-  if (j->hk) return round_pairs(j, round) * key_pairs(j->p);
-  return j->v_unit ? 0 : round_pairs(j, round) * j->p->Nk;
-}
-
-// Vp[slot] (Nk, Dv) f32 rows for items w = slot * Nk + key; half tiles: key pairs w = slot * pairs + j2.
+// Vp[slot] (Nk, Dv) f32 rows, item = a key of a kv head; half tiles: (ceil(Nk / 2), Dv) key pairs, item = a pair.
 static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const fwd_job *j = arg;
   const attn__sdpa *p = j->p;
   const attn_tensor *v = &p->v;
+  const int64_t w0 = items_before(j, PH_V, round * j->per_round);
   for (int64_t w = first; w < last && j->hk; w++) {
-    const int64_t np = key_pairs(p), bg = round * j->per_round + w / np, j2 = w % np;
-    uint16_t *dst = (uint16_t *)(j->Vp + (w / np) * j->vp_bytes) + 2 * j2 * p->Dv;
-    const int64_t off = (bg / p->Hk) * v->strides[0] + (bg % p->Hk) * v->strides[1] + 2 * j2 * v->strides[2];
+    int64_t j2;
+    const int64_t bg = item_pair(j, PH_V, w0 + w, &j2), b = bg / p->Hk, nk = attn__key_rows(p, b);
+    uint16_t *dst = (uint16_t *)(j->Vp + (bg - round * j->per_round) * j->vp_bytes) + 2 * j2 * p->Dv;
+    const int64_t off = attn__koff(p, v, b, bg % p->Hk, 2 * j2);
     const int64_t sd = v->strides[3], s2 = v->strides[2];
-    const int second = 2 * j2 + 1 < p->Nk;
+    const int second = 2 * j2 + 1 < nk;
     if (v->dtype == ATTN_BF16 && sd == 1 && second) {
       const uint16_t *r0 = (const uint16_t *)v->data + off, *r1 = r0 + s2;
       for (int64_t c = 0; c < p->Dv; c++) dst[2 * c] = r0[c], dst[2 * c + 1] = r1[c];
@@ -361,19 +377,23 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
     }
   }
   for (int64_t w = first; w < last && !j->hk; w++) {
-    const int64_t bg = round * j->per_round + w / p->Nk, jk = w % p->Nk;
-    const int64_t off = (bg / p->Hk) * p->v.strides[0] + (bg % p->Hk) * p->v.strides[1] + jk * p->v.strides[2];
-    float *dst = (float *)(j->Vp + (w / p->Nk) * j->vp_bytes) + jk * p->Dv;
-    if (p->v.strides[3] == 1)
-      j->widen(dst, (const char *)p->v.data + off * (int64_t)attn_dtype_size(p->v.dtype), p->v.dtype, p->Dv);
+    int64_t jk;
+    const int64_t bg = item_pair(j, PH_V, w0 + w, &jk), b = bg / p->Hk;
+    const int64_t off = attn__koff(p, v, b, bg % p->Hk, jk);
+    float *dst = (float *)(j->Vp + (bg - round * j->per_round) * j->vp_bytes) + jk * p->Dv;
+    if (v->strides[3] == 1)
+      j->widen(dst, (const char *)v->data + off * (int64_t)attn_dtype_size(v->dtype), v->dtype, p->Dv);
     else
-      attn__widen_strided(dst, p->v.data, p->v.dtype, off, p->v.strides[3], p->Dv);
+      attn__widen_strided(dst, v->data, v->dtype, off, v->strides[3], p->Dv);
   }
 }
 
-static int64_t tiles_items(const void *arg, int64_t round) {
-  const fwd_job *j = arg;
-  return round_pairs(j, round) * j->per_pair;
+static int64_t tiles_items(const void *arg, int64_t round) { return round_items(arg, PH_TILES, round); }
+
+/* Query blocks of batch b: blocks of qb tiles of MR rows. */
+static int64_t query_blocks(const fwd_job *j, int64_t b) {
+  const int64_t tiles = (attn__queries(j->p, b) + j->kn->mr - 1) / j->kn->mr;
+  return (tiles + j->qb - 1) / j->qb;
 }
 
 /* From the last query block down: under a causal mask the last blocks carry the most keys. */
@@ -381,13 +401,16 @@ static void tiles_run(const void *arg, void *scratch, int64_t round, int64_t fir
   const fwd_job *j = arg;
   const attn__sdpa *p = j->p;
   fwd_scratch *s = scratch;
+  const int64_t w0 = items_before(j, PH_TILES, round * j->per_round);
   for (int64_t it = first; it < last; it++) {
-    const int64_t slot = it / j->per_pair, rest = it % j->per_pair, bg = round * j->per_round + slot;
-    const int64_t b = bg / p->Hk, g = bg % p->Hk;
-    const int64_t blk = j->nqblk - 1 - rest % j->nqblk, h = g * p->group + rest / j->nqblk;
-    const void *V = j->v_unit ? (const void *)((const float *)p->v.data + b * p->v.strides[0] + g * p->v.strides[1])
+    int64_t rest;
+    const int64_t bg = item_pair(j, PH_TILES, w0 + it, &rest), slot = bg - round * j->per_round;
+    const int64_t b = bg / p->Hk, g = bg % p->Hk, nqblk = query_blocks(j, b);
+    const int64_t ntiles = (attn__queries(p, b) + j->kn->mr - 1) / j->kn->mr;
+    const int64_t blk = nqblk - 1 - rest % nqblk, h = g * p->group + rest / nqblk;
+    const void *V = j->v_unit ? (const void *)((const float *)p->v.data + attn__koff(p, &p->v, b, g, 0))
                               : (const void *)(j->Vp + slot * j->vp_bytes);
-    const int64_t ldv = j->v_unit ? p->v.strides[2] : p->Dv, left = j->ntiles - blk * j->qb;
+    const int64_t ldv = j->v_unit ? p->v.strides[2] : p->Dv, left = ntiles - blk * j->qb;
     run_block(j, s, j->Kp + slot * j->kt_bytes, V, ldv, b, h, blk * j->qb * j->kn->mr,
               (int)(left < j->qb ? left : j->qb));
   }
@@ -398,51 +421,88 @@ static void fwd_scratch_init(const void *arg, void *scratch) {
   scratch_carve(scratch, j->kn->mr, j->kn->nr, j->p->D, j->p->Dv);
 }
 
+/* Items of phase ph for kv head bg. */
+static int64_t pair_items(const fwd_job *j, int ph, int64_t bg) {
+  const attn__sdpa *p = j->p;
+  const int64_t b = bg / p->Hk, nk = attn__key_rows(p, b);
+  switch (ph) {
+    case PH_K: return (nk + j->kn->nr - 1) / j->kn->nr;
+    case PH_V: return j->hk ? (nk + 1) / 2 : j->v_unit ? 0 : nk;
+    default: return p->group * query_blocks(j, b);
+  }
+}
+
 attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   const attn__half_kernels *hk = attn__dispatch_half(&ctx->dispatch, p);
   const attn__cpu_kernels *kn = hk ? hk->base : ctx->dispatch.attention;
   const int mr = kn->mr, nr = kn->nr;
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
-  fwd_job j = {p, kn, hk, ctx->dispatch.decode->widen, 0, 0, 0, 0, 0, 0, 0, 0, (p->D + 1) / 2, QB_MAX, 0, NULL, NULL};
-  j.nblocks = (p->Nk + nr - 1) / nr;
-  j.ntiles = (p->Nq + mr - 1) / mr;
+  fwd_job j;
+  memset(&j, 0, sizeof j);
+  j.p = p, j.kn = kn, j.hk = hk, j.widen = ctx->dispatch.decode->widen, j.D2 = (p->D + 1) / 2, j.qb = QB_MAX;
+  /* the longest sequence sizes the packed buffers; its work, the scheduler's choices */
+  const int64_t nseq = attn__seqs(p);
+  int64_t Nk = p->Nk, Nq = p->Nq;
+  double work = (double)p->B * (double)p->Nq * (double)p->Nk;
+  if (p->cu_q) {
+    Nk = Nq = 0, work = 0;
+    for (int64_t b = 0; b < nseq; b++) {
+      const int64_t nq = attn__queries(p, b), nk = attn__key_rows(p, b);
+      Nq = nq > Nq ? nq : Nq, Nk = nk > Nk ? nk : Nk;
+      work += (double)nq * (double)nk;
+    }
+  }
+  const int64_t nblocks = (Nk + nr - 1) / nr, ntiles = (Nq + mr - 1) / mr;
   j.v_unit = !hk && p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1);
   /* one kv head's packed keys and values: a broadcast k or v may claim more than memory holds */
-  if (attn__bytes(j.nblocks, nr, p->D + 1, sizeof(float)) + attn__bytes(p->Nk + 1, p->Dv, 1, sizeof(float)) >
+  if (attn__bytes(nblocks, nr, p->D + 1, sizeof(float)) + attn__bytes(Nk + 1, p->Dv, 1, sizeof(float)) >
       ATTN__SIZE_LIMIT)
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: Nk = %lld keys of %lld + %lld floats are too many to pack",
-                      (long long)p->Nk, (long long)p->D, (long long)p->Dv);
+                      (long long)Nk, (long long)p->D, (long long)p->Dv);
   if (hk) {
-    j.kt_bytes = j.nblocks * nr * 2 * j.D2 * 2;
-    j.vp_bytes = (key_pairs(p) * 2 * p->Dv * 2 + 63) / 64 * 64;
+    j.kt_bytes = nblocks * nr * 2 * j.D2 * 2;
+    j.vp_bytes = ((Nk + 1) / 2 * 2 * p->Dv * 2 + 63) / 64 * 64;
   } else {
-    j.kt_bytes = j.nblocks * nr * p->D * (int64_t)sizeof(float);
-    j.vp_bytes = j.v_unit ? 0 : p->Nk * p->Dv * (int64_t)sizeof(float);
+    j.kt_bytes = nblocks * nr * p->D * (int64_t)sizeof(float);
+    j.vp_bytes = j.v_unit ? 0 : Nk * p->Dv * (int64_t)sizeof(float);
   }
-  j.pairs = p->B * p->Hk;
+  j.pairs = nseq * p->Hk;
   j.per_round = PACK_BUDGET / (j.kt_bytes + j.vp_bytes + 1);
   j.per_round = j.per_round < 1 ? 1 : j.per_round > j.pairs ? j.pairs : j.per_round;
-  const int threads = attn__threads_for(ctx, (double)p->B * (double)p->Hq * (double)p->Nq * (double)p->Nk *
-                                                 (double)(p->D + p->Dv));
+  const int threads = attn__threads_for(ctx, work * (double)p->Hq * (double)(p->D + p->Dv));
   /* As many tiles per query block as still leave every thread a few blocks
    * (a block's arithmetic does not depend on how many tiles share it). */
-  while (j.qb > 1 && j.per_round * p->group * ((j.ntiles + j.qb - 1) / j.qb) < 4 * threads) j.qb /= 2;
-  j.nqblk = (j.ntiles + j.qb - 1) / j.qb;
-  j.per_pair = p->group * j.nqblk;
+  while (j.qb > 1 && j.per_round * p->group * ((ntiles + j.qb - 1) / j.qb) < 4 * threads) j.qb /= 2;
   const size_t kt_bytes = attn__bytes(j.per_round, j.kt_bytes, 1, 1);
   const size_t vp_bytes = attn__bytes(j.per_round, j.vp_bytes, 1, 1);
-  char *ws = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vp_bytes));
-  if (!ws) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate packed keys for Nk = %lld", (long long)p->Nk);
+  const size_t off_bytes = p->cu_q ? attn__bytes(j.pairs + 1, PH_N, 1, sizeof(int64_t)) : 0;
+  char *ws = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vp_bytes) + attn__carve_size(off_bytes));
+  if (!ws) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate packed keys for Nk = %lld", (long long)Nk);
   j.Kp = attn__carve(&ws, kt_bytes);
   j.Vp = j.vp_bytes ? attn__carve(&ws, vp_bytes) : NULL;
+  if (p->cu_q) {
+    int64_t *off = attn__carve(&ws, off_bytes);
+    for (int ph = 0; ph < PH_N; ph++) {
+      int64_t *o = off + ph * (j.pairs + 1);
+      o[0] = 0;
+      for (int64_t bg = 0; bg < j.pairs; bg++) o[bg + 1] = o[bg] + pair_items(&j, ph, bg);
+      j.off[ph] = o;
+    }
+  } else {
+    for (int ph = 0; ph < PH_N; ph++) j.per[ph] = pair_items(&j, ph, 0);
+  }
   static const attn__phase phases[] = {{"pack_k", pack_k_items, pack_k_run, 0},
                                        {"pack_v", pack_v_items, pack_v_run, 0},
                                        {"query_blocks", tiles_items, tiles_run, 1}};
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
                          scratch_bytes(mr, nr, p->D, p->Dv), fwd_scratch_init};
-  const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, 0};
+  const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, (long long)nseq};
   return attn__schedule(ctx,
-                        hk ? "attn_sdpa forward, bf16 tiles (%lld kv heads per round, query blocks of %lld x %lld rows)"
-                           : "attn_sdpa forward (%lld kv heads per round, query blocks of %lld x %lld rows)",
+                        p->cu_q ? (hk ? "attn_sdpa forward, bf16 tiles, packed batch (%lld kv heads per round, query "
+                                        "blocks of %lld x %lld rows, %lld sequences)"
+                                      : "attn_sdpa forward, packed batch (%lld kv heads per round, query blocks of "
+                                        "%lld x %lld rows, %lld sequences)")
+                        : hk ? "attn_sdpa forward, bf16 tiles (%lld kv heads per round, query blocks of %lld x %lld rows)"
+                             : "attn_sdpa forward (%lld kv heads per round, query blocks of %lld x %lld rows)",
                         args, threads, &job);
 }

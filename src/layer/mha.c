@@ -613,9 +613,9 @@ attn_status attn_mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, att
  * inputs, the projections (and with QK-norm q and k before it), the attention
  * output A and SDPA's lse. Steps: project (+ bias), QK-norm, RoPE, attend,
  * project out. */
-attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
-                              attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
-                              const attn_tensor *value, const attn_mha_opts *opts) {
+static attn_status mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                               attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
+                               const attn_tensor *value, const attn_mha_opts *opts) {
   if (saved) *saved = NULL;
   if (!mha) return attn__fail(ctx, ATTN_E_INVALID, "attn_mha_forward: layer is NULL");
   const attn_kernel kern = attn_ctx_kernel(ctx);
@@ -647,6 +647,8 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   attn_mha_opts given; /* a caller's older, shorter struct gets the defaults for the rest */
   if ((st = attn__read_mha_opts(ctx, &given, opts))) return st;
   opts = &given;
+  /* a packed batch: query [1, total, E], its offsets checked before anything reads them */
+  if ((st = attn__check_cu_seqlens(ctx, &opts->attn, B, Nq, Nk))) return st;
   attn_rope_opts rope;
   if (opts->rope) {
     attn_rope_opts_init(&rope);
@@ -690,6 +692,20 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
           return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_save: out of memory");
         }
         memcpy(sv->rope_pos, rope.positions, sizeof(int64_t) * (size_t)(B * Nq));
+      }
+    }
+    if (opts->attn.cu_seqlens_q) { /* the caller's offsets may go too */
+      const size_t n = (size_t)opts->attn.num_seqs + 1;
+      if (!(sv->cu_seqlens = malloc(sizeof(int64_t) * n * (opts->attn.cu_seqlens_k ? 2 : 1)))) {
+        free(sv->rope_pos);
+        free(sv);
+        return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward_save: out of memory");
+      }
+      memcpy(sv->cu_seqlens, opts->attn.cu_seqlens_q, sizeof(int64_t) * n);
+      sv->attn.cu_seqlens_q = sv->cu_seqlens;
+      if (opts->attn.cu_seqlens_k) {
+        memcpy(sv->cu_seqlens + n, opts->attn.cu_seqlens_k, sizeof(int64_t) * n);
+        sv->attn.cu_seqlens_k = sv->cu_seqlens + n;
       }
     }
     /* set to the saved state's own copies once attention has checked them */
@@ -748,7 +764,46 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
     sv = NULL;
   }
   fwd_free(&f);
-  if (sv) free(sv->rope_pos);
+  if (sv) free(sv->rope_pos), free(sv->cu_seqlens);
   free(sv);
+  return st;
+}
+
+/* The forward. A packed batch (opts->attn.cu_seqlens_q) with RoPE and no
+ * positions of the caller's: token n of sequence s sits at position_offset +
+ * n - cu_seqlens_q[s], each sequence from its own start, as the attention
+ * counts positions; the keys, self-attention's, the same. */
+attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
+                              attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,
+                              const attn_tensor *value, const attn_mha_opts *opts) {
+  attn_mha_opts given;
+  attn_status st;
+  if (!opts || !mha || !query) return mha_forward(ctx, mha, out, weights, saved, query, key, value, opts);
+  if ((st = attn__read_mha_opts(ctx, &given, opts))) return st;
+  if (!given.attn.cu_seqlens_q || !given.rope) return mha_forward(ctx, mha, out, weights, saved, query, key, value, opts);
+  if (saved) *saved = NULL;
+  attn_rope_opts rope;
+  attn_rope_opts_init(&rope);
+  if ((st = attn__read_sized(ctx, &rope, sizeof rope, given.rope, "opts.rope", "attn_rope_opts_init"))) return st;
+  if (rope.positions) return mha_forward(ctx, mha, out, weights, saved, query, key, value, opts);
+  if (key || given.attn.cu_seqlens_k)
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "attn_mha_forward: RoPE in a packed batch is for self-attention "
+                      "(key, value and cu_seqlens_k NULL): the keys' positions would be the queries'");
+  if ((st = attn__check_tensor(ctx, query, "query", 3))) return st;
+  const int64_t N = query->shape[1];
+  if ((st = attn__check_cu_seqlens(ctx, &given.attn, query->shape[0], N, N))) return st;
+  if (rope.position_offset < 0 || rope.position_offset > INT64_MAX - N)
+    return attn__fail(ctx, ATTN_E_INVALID, "opts.rope.position_offset %lld: positions must be >= 0 and fit int64",
+                      (long long)rope.position_offset);
+  int64_t *pos = malloc(sizeof(int64_t) * (size_t)(N > 0 ? N : 1));
+  if (!pos) return attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: out of memory");
+  for (int64_t s = 0; s < given.attn.num_seqs; s++)
+    for (int64_t n = given.attn.cu_seqlens_q[s]; n < given.attn.cu_seqlens_q[s + 1]; n++)
+      pos[n] = rope.position_offset + n - given.attn.cu_seqlens_q[s];
+  rope.positions = pos;
+  rope.position_offset = 0;
+  given.rope = &rope;
+  st = mha_forward(ctx, mha, out, weights, saved, query, key, value, &given);
+  free(pos);
   return st;
 }

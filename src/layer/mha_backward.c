@@ -46,6 +46,7 @@ void attn_mha_saved_free(attn_mha_saved *saved) {
   if (!saved) return;
   for (int i = 0; i < saved->n_owned; i++) attn__aligned_free(saved->owned[i]);
   free(saved->rope_pos);
+  free(saved->cu_seqlens);
   free(saved);
 }
 

@@ -47,6 +47,7 @@ struct attn_mha_saved {
   int has_rope;             /* q and k were rotated: rope, with the positions in rope_pos (owned, or NULL) */
   attn_rope_opts rope;
   int64_t *rope_pos;
+  int64_t *cu_seqlens;      /* a packed batch's offsets, owned: q's then (cu_seqlens_k given) k's; or NULL */
   void *owned[ATTN__MHA_SAVED_BUFS];
   int n_owned;
 };

@@ -42,8 +42,13 @@ typedef struct bwd_entry {
   double P, M, dA, C;
 } bwd_entry;
 
-static double load_lse(const attn_tensor *l, int64_t b, int64_t h, int64_t i) {
-  return attn__load(l->data, l->dtype, b * l->strides[0] + h * l->strides[1] + i * l->strides[2]);
+static double load_lse(const attn__sdpa *p, const attn_tensor *l, int64_t b, int64_t h, int64_t i) {
+  return attn__load(l->data, l->dtype, attn__qoff(p, l, b, h, i));
+}
+
+/* Row (b, h, i)'s index into Dd, laid out as [B, Hq, Nq] (a packed batch: [1, Hq, total_q]). */
+static int64_t dd_index(const attn__sdpa *p, int64_t b, int64_t h, int64_t i) {
+  return p->cu_q ? h * p->Nq + p->cu_q[b] + i : (b * p->Hq + h) * p->Nq + i;
 }
 
 static bwd_entry entry_at(const bwd_args *a, int64_t b, int64_t h, int64_t i, int64_t j, double lse_i) {
@@ -57,8 +62,7 @@ static bwd_entry entry_at(const bwd_args *a, int64_t b, int64_t h, int64_t i, in
   if (p->dropout_p > 0) e.M = attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i, j) / (1 - p->dropout_p);
   if (e.P * e.M != 0) {
     const attn_tensor *o = a->dout, *v = &p->v;
-    const int64_t ooff = b * o->strides[0] + h * o->strides[1] + i * o->strides[2];
-    const int64_t voff = b * v->strides[0] + g * v->strides[1] + j * v->strides[2];
+    const int64_t ooff = attn__qoff(p, o, b, h, i), voff = attn__koff(p, v, b, g, j);
     double dot = 0;
     for (int64_t c = 0; c < p->Dv; c++)
       dot += attn__load(o->data, o->dtype, ooff + c * o->strides[3]) *
@@ -73,11 +77,11 @@ static double entry_dS(const bwd_entry *e, double Dd_i) { return e->P == 0 ? 0 :
 // Pass 1, query row (b, h, i): dq_i, dmask_i and Dd_i. row is (Nk) entries of scratch, acc is (D).
 static void row_pass(const bwd_args *a, int64_t b, int64_t h, int64_t i, bwd_entry *row, double *acc) {
   const attn__sdpa *p = a->p;
-  const int64_t g = h / p->group, r = (b * p->Hq + h) * p->Nq + i;
-  const double lse_i = load_lse(a->lse, b, h, i);
+  const int64_t g = h / p->group, r = dd_index(p, b, h, i), nk = attn__key_rows(p, b);
+  const double lse_i = load_lse(p, a->lse, b, h, i);
   const int live = lse_i != -INFINITY;
   double Dd = 0;
-  for (int64_t j = 0; live && j < p->Nk; j++) {
+  for (int64_t j = 0; live && j < nk; j++) {
     row[j] = entry_at(a, b, h, i, j, lse_i);
     const double A = row[j].P * row[j].M;
     if (A != 0) Dd += A * row[j].dA;
@@ -86,18 +90,18 @@ static void row_pass(const bwd_args *a, int64_t b, int64_t h, int64_t i, bwd_ent
 
   for (int64_t d = 0; d < p->D; d++) acc[d] = 0;
   const attn_tensor *k = &p->k, *mg = p->mask_grad;
-  for (int64_t j = 0; j < p->Nk; j++) {
+  for (int64_t j = 0; j < nk; j++) {
     double dS = live ? entry_dS(&row[j], Dd) : 0;
     if (mg)
       attn__store(mg->data, mg->dtype,
                   b * mg->strides[0] + h * mg->strides[1] + i * mg->strides[2] + j * mg->strides[3], dS);
     if (dS == 0) continue;
     dS *= row[j].C; /* through the cap to the raw logit */
-    const int64_t koff = b * k->strides[0] + g * k->strides[1] + j * k->strides[2];
+    const int64_t koff = attn__koff(p, k, b, g, j);
     for (int64_t d = 0; d < p->D; d++) acc[d] += dS * attn__load(k->data, k->dtype, koff + d * k->strides[3]);
   }
   const attn_tensor *dq = a->dq;
-  const int64_t qoff = b * dq->strides[0] + h * dq->strides[1] + i * dq->strides[2];
+  const int64_t qoff = attn__qoff(p, dq, b, h, i);
   for (int64_t d = 0; d < p->D; d++) attn__store(dq->data, dq->dtype, qoff + d * dq->strides[3], p->scale * acc[d]);
 }
 
@@ -108,24 +112,23 @@ static void key_pass(const bwd_args *a, int64_t b, int64_t g, int64_t j, double 
   for (int64_t d = 0; d < p->D; d++) acc_k[d] = 0;
   for (int64_t c = 0; c < p->Dv; c++) acc_v[c] = 0;
   for (int64_t h = g * p->group; h < (g + 1) * p->group; h++) {
-    for (int64_t i = 0; i < p->Nq; i++) {
-      const double lse_i = load_lse(a->lse, b, h, i);
+    for (int64_t i = 0; i < attn__queries(p, b); i++) {
+      const double lse_i = load_lse(p, a->lse, b, h, i);
       if (lse_i == -INFINITY) continue;
       const bwd_entry e = entry_at(a, b, h, i, j, lse_i);
-      const double A = e.P * e.M, dS = entry_dS(&e, a->Dd[(b * p->Hq + h) * p->Nq + i]) * e.C;
+      const double A = e.P * e.M, dS = entry_dS(&e, a->Dd[dd_index(p, b, h, i)]) * e.C;
       if (A != 0) {
-        const int64_t ooff = b * o->strides[0] + h * o->strides[1] + i * o->strides[2];
+        const int64_t ooff = attn__qoff(p, o, b, h, i);
         for (int64_t c = 0; c < p->Dv; c++) acc_v[c] += A * attn__load(o->data, o->dtype, ooff + c * o->strides[3]);
       }
       if (dS != 0) {
-        const int64_t qoff = b * q->strides[0] + h * q->strides[1] + i * q->strides[2];
+        const int64_t qoff = attn__qoff(p, q, b, h, i);
         for (int64_t d = 0; d < p->D; d++) acc_k[d] += dS * attn__load(q->data, q->dtype, qoff + d * q->strides[3]);
       }
     }
   }
   const attn_tensor *dk = a->dk, *dv = a->dv;
-  const int64_t koff = b * dk->strides[0] + g * dk->strides[1] + j * dk->strides[2];
-  const int64_t voff = b * dv->strides[0] + g * dv->strides[1] + j * dv->strides[2];
+  const int64_t koff = attn__koff(p, dk, b, g, j), voff = attn__koff(p, dv, b, g, j);
   for (int64_t d = 0; d < p->D; d++) attn__store(dk->data, dk->dtype, koff + d * dk->strides[3], p->scale * acc_k[d]);
   for (int64_t c = 0; c < p->Dv; c++) attn__store(dv->data, dv->dtype, voff + c * dv->strides[3], acc_v[c]);
 }
@@ -150,14 +153,16 @@ attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn
 #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < rows; r++) {
       if (!row || !acc) continue;
-      const int64_t i = r % p->Nq, h = (r / p->Nq) % p->Hq, b = r / (p->Nq * p->Hq);
+      int64_t i;
+      const int64_t h = (r / p->Nq) % p->Hq, b = attn__row_seq(p, r % p->Nq + (r / (p->Nq * p->Hq)) * p->Nq, &i);
       row_pass(&a, b, h, i, row, acc);
     }
     /* the implicit barrier: every Dd is written before pass 2 reads it */
 #pragma omp for schedule(dynamic, 16)
     for (int64_t c = 0; c < keys; c++) {
       if (!row || !acc) continue;
-      const int64_t j = c % p->Nk, g = (c / p->Nk) % p->Hk, b = c / (p->Nk * p->Hk);
+      int64_t j;
+      const int64_t g = (c / p->Nk) % p->Hk, b = attn__key_seq(p, c % p->Nk + (c / (p->Nk * p->Hk)) * p->Nk, &j);
       key_pass(&a, b, g, j, acc, acc + p->D);
     }
     attn__aligned_free(row);
@@ -168,9 +173,9 @@ attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn
     for (int64_t h = 0; h < p->Hq; h++) {
       const double sink = attn__head_value(p->sinks, h);
       double acc = 0;
-      for (int64_t b = 0; b < p->B; b++)
-        for (int64_t i = 0; i < p->Nq; i++) {
-          const double lse_i = load_lse(lse, b, h, i), Dd = a.Dd[(b * p->Hq + h) * p->Nq + i];
+      for (int64_t b = 0; b < attn__seqs(p); b++)
+        for (int64_t i = 0; i < attn__queries(p, b); i++) {
+          const double lse_i = load_lse(p, lse, b, h, i), Dd = a.Dd[dd_index(p, b, h, i)];
           if (lse_i != -INFINITY && Dd != 0) acc -= exp(sink - lse_i) * Dd;
         }
       attn__store(p->sinks_grad->data, p->sinks_grad->dtype, h * p->sinks_grad->strides[0], acc);

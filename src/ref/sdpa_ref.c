@@ -21,7 +21,8 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
   const double sink = attn__sink(p, h);
   double m = sink;
   int64_t visible = 0;
-  for (int64_t j = 0; j < p->Nk; j++) {
+  const int64_t nk = attn__key_rows(p, b);
+  for (int64_t j = 0; j < nk; j++) {
     const double x = attn__ref_logit(p, b, h, i, j);
     logits[j] = x;
     if (x != -INFINITY) visible++;
@@ -31,31 +32,30 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
   double sum = 0;
   if (visible) {
     if (sink != -INFINITY) sum = exp(sink - m);
-    for (int64_t j = 0; j < p->Nk; j++) {
+    for (int64_t j = 0; j < nk; j++) {
       logits[j] = exp(logits[j] - m);
       sum += logits[j];
     }
-    for (int64_t j = 0; j < p->Nk; j++) logits[j] /= sum;
+    for (int64_t j = 0; j < nk; j++) logits[j] /= sum;
   } else {
     /* Every key masked: the documented answer is zeros, not 0/0. */
-    for (int64_t j = 0; j < p->Nk; j++) logits[j] = 0;
+    for (int64_t j = 0; j < nk; j++) logits[j] = 0;
   }
   if (p->dropout_p > 0) {
     /* Dropout on the probabilities: w * keep / (1 - p), so a NaN weight stays NaN even when
      * dropped (as in PyTorch); lse stays that of the softmax. */
-    for (int64_t j = 0; j < p->Nk; j++) {
+    for (int64_t j = 0; j < nk; j++) {
       const double keep = attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i, j);
       logits[j] = logits[j] * keep / (1 - p->dropout_p);
     }
   }
 
-  const int64_t ooff = b * o->strides[0] + h * o->strides[1] + i * o->strides[2];
+  const int64_t ooff = attn__qoff(p, o, b, h, i);
   for (int64_t c = 0; c < p->Dv; c++) {
     double acc = 0;
-    for (int64_t j = 0; j < p->Nk; j++) {
+    for (int64_t j = 0; j < nk; j++) {
       if (logits[j] == 0) continue; /* exact zeros add nothing; also keeps 0 * inf from a masked row */
-      acc += logits[j] * attn__load(v->data, v->dtype,
-                                    b * v->strides[0] + g * v->strides[1] + j * v->strides[2] + c * v->strides[3]);
+      acc += logits[j] * attn__load(v->data, v->dtype, attn__koff(p, v, b, g, j) + c * v->strides[3]);
     }
     attn__store(o->data, o->dtype, ooff + c * o->strides[3], acc);
   }
@@ -66,7 +66,7 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
   }
   if (p->lse) {
     const attn_tensor *l = p->lse;
-    attn__store(l->data, l->dtype, b * l->strides[0] + h * l->strides[1] + i * l->strides[2],
+    attn__store(l->data, l->dtype, attn__qoff(p, l, b, h, i),
                 visible ? m + log(sum) : sink); /* every key masked: only the sink (or nothing) */
   }
 }
@@ -85,7 +85,9 @@ attn_status attn__sdpa_run_ref(attn_ctx *ctx, const attn__sdpa *p) {
 #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < rows; r++) {
       if (!logits) continue;
-      const int64_t i = r % p->Nq, h = (r / p->Nq) % p->Hq, b = r / (p->Nq * p->Hq);
+      /* rows (batch, head, row of dim 2); a packed batch's row belongs to a sequence */
+      int64_t i;
+      const int64_t h = (r / p->Nq) % p->Hq, b = attn__row_seq(p, r % p->Nq + (r / (p->Nq * p->Hq)) * p->Nq, &i);
       ref_row(p, b, h, i, logits);
     }
     attn__aligned_free(logits);

@@ -187,14 +187,162 @@ done:
   return r;
 }
 
+/* --lengths L1,L2,...: a packed batch of sequences of those lengths (self-attention, Nq = Nk each), or
+ * with --padded the same batch padded to the longest, with key_padding hiding each row's padding. The
+ * flops are the sequences' own either way (4 D times each one's visible pairs), so GFLOP/s compare. */
+#define LENGTHS_MAX 256
+
+typedef struct varlen_case {
+  attn_ctx *ctx;
+  attn_tensor q, k, v, out, kpm;
+  attn_sdpa_opts o;
+} varlen_case;
+
+static int run_varlen(void *arg) {
+  varlen_case *c = arg;
+  return attn_sdpa(c->ctx, &c->out, NULL, NULL, &c->q, &c->k, &c->v, &c->o);
+}
+
+static int bench_lengths(cli_args *a) {
+  static const char *const refused[] = {"--batch", "--seq", "--kv-seq", "--padding", "--backward", "--window",
+                                        "--dtype", "--precision", NULL};
+  for (int i = 0; refused[i]; i++)
+    if (cli_has(a, refused[i])) return cli_fail(CLI_EXIT_USAGE, "--lengths takes no %s", refused[i]);
+  int64_t len[LENGTHS_MAX], cu[LENGTHS_MAX + 1] = {0}, S = 0, Lmax = 0;
+  const char *p = cli_get(a, "--lengths");
+  while (p && *p) { /* comma-separated integers >= 0 */
+    char *end;
+    const long long x = strtoll(p, &end, 10);
+    if (end == p || x < 0 || x > (1 << 24) || (*end && *end != ',') || S == LENGTHS_MAX)
+      return cli_fail(CLI_EXIT_USAGE, "--lengths wants up to %d comma-separated lengths in [0, 2^24], got '%s'",
+                      LENGTHS_MAX, cli_show(cli_get(a, "--lengths")));
+    len[S] = x, cu[S + 1] = cu[S] + x, Lmax = x > Lmax ? x : Lmax, S++;
+    p = *end ? end + 1 : end;
+  }
+  if (!S) return cli_fail(CLI_EXIT_USAGE, "--lengths wants at least one length");
+  long long H, G = 0, D, repeat = 0;
+  int r;
+  if ((r = bench_need_int(a, "sdpa", "--heads", 1 << 16, &H)) || (r = bench_need_int(a, "sdpa", "--dim", 1 << 16, &D)) ||
+      (r = cli_int(a, "--kv-heads", 1, 1 << 16, &G)) || (r = cli_int(a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)))
+    return r;
+  if (!G) G = H;
+  if (H % G) return cli_fail(CLI_EXIT_USAGE, "--heads (%lld) must be a multiple of --kv-heads (%lld)", H, G);
+  const char *cs = cli_get(a, "--causal");
+  attn_causal causal = ATTN_CAUSAL_NONE;
+  if (cs) {
+    if (!*cs || !strcmp(cs, "top-left")) causal = ATTN_CAUSAL_TOP_LEFT;
+    else if (!strcmp(cs, "bottom-right")) causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+    else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cli_show(cs));
+  }
+  const int padded = cli_has(a, "--padded");
+  double pairs = 0; /* Nq = Nk: both alignments see L (L + 1) / 2 pairs */
+  for (int64_t s = 0; s < S; s++) pairs += causal ? (double)len[s] * (double)(len[s] + 1) / 2 : (double)len[s] * len[s];
+  const double gflop = 4.0 * (double)D * pairs * (double)H * 1e-9;
+  const int64_t B = padded ? S : 1, N = padded ? Lmax : cu[S];
+  if ((r = bench_check_work(a, "sdpa", gflop * bench_min_runs(repeat)))) return r;
+  if ((r = bench_check_fits(4.0 * (double)B * (double)N * (double)D * (double)(2 * H + 2 * G)))) return r;
+  attn_ctx *ctx;
+  if ((r = bench_ctx(a, &ctx))) return r;
+  varlen_case c;
+  memset(&c, 0, sizeof c);
+  c.ctx = ctx;
+  int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, N, D}, ps[2] = {B, N};
+  attn_tensor ref = {0};
+  if (attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.k, ATTN_F32, 4, ks) ||
+      attn_tensor_alloc(ctx, &c.v, ATTN_F32, 4, ks) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs) ||
+      (padded && attn_tensor_alloc(ctx, &c.kpm, ATTN_BOOL, 2, ps))) {
+    r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  bench_fill(c.q.data, attn_tensor_numel(&c.q), 1, 1.0f);
+  bench_fill(c.k.data, attn_tensor_numel(&c.k), 2, 1.0f);
+  bench_fill(c.v.data, attn_tensor_numel(&c.v), 3, 1.0f);
+  bench_fill(c.out.data, attn_tensor_numel(&c.out), 4, 1.0f);
+  attn_sdpa_opts_init(&c.o);
+  c.o.causal = causal;
+  if (padded) {
+    for (int64_t e = 0; e < B * N; e++) ((uint8_t *)c.kpm.data)[e] = e % N >= len[e / N];
+    c.o.key_padding = &c.kpm;
+  } else {
+    c.o.cu_seqlens_q = cu;
+    c.o.num_seqs = S;
+  }
+  timing t;
+  if ((r = bench_time_runs(run_varlen, &c, repeat, &t))) {
+    r = cli_fail(CLI_EXIT_FAIL, "sdpa: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  /* the oracle on one sequence (the longest of at most 256 rows, else the shortest), alone */
+  int64_t so = -1;
+  for (int64_t s = 0; s < S; s++)
+    if (len[s] && (so < 0 || (len[s] <= 256 ? len[s] > len[so] || len[so] > 256 : len[s] < len[so]))) so = s;
+  double err = NAN;
+  if (so >= 0) {
+    const int64_t n = len[so];
+    attn_tensor q = c.q, k = c.k, v = c.v, o = c.out;
+    attn_tensor *vw[4] = {&q, &k, &v, &o};
+    for (int i = 0; i < 4; i++) { /* sequence so's rows: batch so of the padded batch, rows cu[so].. of the packed */
+      const int64_t off = padded ? so * vw[i]->strides[0] : cu[so] * vw[i]->strides[2];
+      vw[i]->data = (float *)vw[i]->data + off;
+      vw[i]->shape[0] = 1, vw[i]->shape[2] = n;
+    }
+    attn_sdpa_opts oo;
+    attn_sdpa_opts_init(&oo);
+    oo.causal = causal;
+    int64_t rs[4] = {1, H, n, D};
+    if (attn_tensor_alloc(ctx, &ref, ATTN_F64, 4, rs) || attn_sdpa_ref(ctx, &ref, NULL, NULL, &q, &k, &v, &oo)) {
+      r = cli_fail(CLI_EXIT_FAIL, "oracle: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    double num = 0, den = 0;
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < n; i++)
+        for (int64_t d = 0; d < D; d++) {
+          const double x = ((float *)o.data)[h * o.strides[1] + i * o.strides[2] + d];
+          const double y = ((double *)ref.data)[(h * n + i) * D + d];
+          num += (x - y) * (x - y), den += y * y;
+        }
+    err = den > 0 ? sqrt(num / den) : sqrt(num);
+  }
+  peak_isa isa;
+  const int threads = attn_ctx_threads(ctx);
+  const double peak = bench_measure_peak(threads, &isa), gfs = gflop / t.median_s;
+  if (cli_has(a, "--json")) {
+    printf("{\"op\":\"sdpa\",\"mode\":\"%s\",\"lengths\":\"%s\",\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,"
+           "\"causal\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",",
+           padded ? "padded" : "packed", cli_get(a, "--lengths"), H, G, D, causal ? (cs && !strcmp(cs, "bottom-right") ? "bottom-right" : "top-left") : "none",
+           threads, attn_kernel_name(attn_ctx_kernel(ctx)));
+    bench_json_num("gflop", gflop, 0);
+    bench_json_num("median_s", t.median_s, 0);
+    bench_json_num("gflops", gfs, 0);
+    bench_json_num("peak_gflops", peak, 0);
+    bench_json_num("oracle_rel_l2", err, 1);
+    printf("}\n");
+  } else {
+    printf("sdpa %s batch of %lld sequences (lengths %s; %lld rows %s), H=%lld Hk=%lld D=%lld causal=%s, %d threads, "
+           "kernel %s\n", padded ? "padded" : "packed", (long long)S, cli_get(a, "--lengths"), (long long)(B * N),
+           padded ? "with padding" : "in all", H, G, D, causal ? "yes" : "no", threads, attn_kernel_name(attn_ctx_kernel(ctx)));
+    printf("  %.3f GFLOP (the sequences' own), median %.4f s over %lld runs: %.1f GFLOP/s (%.0f%% of the fp32 peak "
+           "%.1f)\n", gflop, t.median_s, t.repeats, gfs, 100 * gfs / peak, peak);
+    if (so >= 0) printf("  oracle: sequence %lld (%lld rows) rel L2 %.2e\n", (long long)so, (long long)len[so], err);
+  }
+done:
+  attn_tensor_free(&c.q); attn_tensor_free(&c.k); attn_tensor_free(&c.v); attn_tensor_free(&c.out);
+  attn_tensor_free(&c.kpm); attn_tensor_free(&ref);
+  attn_ctx_destroy(ctx);
+  return r;
+}
+
 int cmd_bench_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--heads", "--kv-heads", "--seq", "--kv-seq", "--dim",
                                       "--threads", "--repeat", "--kernel", "--window", "--max-gflop",
-                                      "--padding", "--dtype", "--precision", NULL};
-  static const char *const switches[] = {"--causal", "--json", "--backward", NULL};
+                                      "--padding", "--dtype", "--precision", "--lengths", NULL};
+  static const char *const switches[] = {"--causal", "--json", "--backward", "--padded", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
+  if (cli_has(&a, "--lengths")) return bench_lengths(&a);
+  if (cli_has(&a, "--padded")) return cli_fail(CLI_EXIT_USAGE, "--padded needs --lengths");
   const int backward = cli_has(&a, "--backward");
   attn_dtype dt;
   if ((r = bench_dtype(&a, &dt))) return r;
