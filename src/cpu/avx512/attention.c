@@ -235,8 +235,10 @@ const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, so
  * make sixteen dot products, one accumulator each, one shuffle tree for all.
  * pv: each V row is loaded (and widened) once per 64 columns for up to six
  * query rows, whose outputs stay in registers across the block. A KV cache's
- * blocks (q8_0, q4_0) take the same paths: 16 quants sign- or zero-extended to
- * 32 bits, converted and times the block's scale, in registers. */
+ * blocks (q8_0, q4_0) have their own qk and pv (below), by whole blocks: each
+ * block of K or V widened once into d * q for all the rows of the call (up to
+ * eight), q4_0 by a table lookup (vpermps), so that the FMAs the rows need, not
+ * the dequantization, set the pace. */
 #define DEC_NAME(x) x##_avx512
 #define DEC_OWN_QK_PV
 #include "../decode_generic.inc"
