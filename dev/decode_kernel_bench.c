@@ -6,7 +6,7 @@
  * rows x (D + Dv) / 16 FMAs per key, that is the floor.
  *   gcc -O2 -fopenmp -DATTN_STATIC -DATTN_HAVE_X86_KERNELS -Iinclude -Ibuild/include -Isrc \
  *       dev/decode_kernel_bench.c build/libattn.a -lm -o /tmp/dkb
- *   /tmp/dkb q8_0 4 [D] [kernel: avx512 | avx2 | c]        (dtype f32, f16, q8_0, q4_0; rows 1..8) */
+ *   /tmp/dkb q8_0 4 [D] [kernel: avx512 | avx2 | c]        (dtype f32, f16, q8_0, q4_0; rows 1..8; D = Dv, 32..256) */
 #include "cpu/kernels.h"
 #include "quant.h"
 
@@ -61,8 +61,8 @@ int main(int argc, char **argv) {
   const attn__decode_kernels *dk = !strcmp(kn, "c")      ? &attn__decode_kernels_c
                                    : !strcmp(kn, "avx2") ? &attn__decode_kernels_avx2
                                                          : &attn__decode_kernels_avx512;
-  if (rows < 1 || rows > 8 || D < 32 || D > 128 || D % 32) {
-    fprintf(stderr, "rows 1..8, D 32..128 in steps of 32\n");
+  if (rows < 1 || rows > 8 || D < 32 || D > 256 || D % 32) {
+    fprintf(stderr, "rows 1..8, D 32..256 in steps of 32\n");
     return 2;
   }
   const size_t rb = attn__row_bytes(dt, D), n = rb * 128 * NB;
@@ -77,9 +77,10 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < n / 2; i++) ((uint16_t *)K)[i] = ((uint16_t *)V)[i] = (uint16_t)(0x3000 + i % 512);
   else
     for (size_t i = 0; i < n / 4; i++) ((float *)K)[i] = ((float *)V)[i] = (float)(i % 13) * 0.01f;
-  static float Q[8 * 128], S0[8 * 128], S[8 * 128], O[8 * 128];
+  static float Q[8 * 256], S0[8 * ATTN__DEC_NB], S[8 * ATTN__DEC_NB], O[8 * 256]; /* Q, O: rows x D; S: rows x 128 */
   float m[8], l[8];
-  for (int i = 0; i < 8 * 128; i++) Q[i] = (float)(i % 7) * 0.01f, S0[i] = 0.01f * (float)(i % 17);
+  for (int i = 0; i < 8 * 256; i++) Q[i] = (float)(i % 7) * 0.01f;
+  for (int i = 0; i < 8 * ATTN__DEC_NB; i++) S0[i] = 0.01f * (float)(i % 17);
   const int64_t ld = attn__is_quant(dt) ? (int64_t)rb : D;
   double bq = 1e9, bp = 1e9;
   for (int trial = 0; trial < 15; trial++) {
