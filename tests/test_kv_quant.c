@@ -4,7 +4,10 @@
  * run on the keys and values the cache holds (decoded by this file), on every
  * kernel and 1-3 threads (bitwise the same for each), lse too, decode-sized
  * and prefill steps, GQA, rows of mixed lengths, window, softcap, ALiBi,
- * sinks and RoPE, with the storage past each row's length poisoned; and,
+ * sinks and RoPE, with the storage past each row's length poisoned; the
+ * decode kernels on every row count 1-8 and D, Dv of 1-4 blocks, with NaN
+ * blocks in hidden keys (that must not reach an output) and NaN scales in a
+ * key visible to some rows only (that must reach exactly those); and,
  * printed, how far each format moves the output from an f32 cache's.
  * Optional argument: one kernel's name (else all; 77 if this CPU lacks it). */
 #include "testutil.h"
