@@ -4,7 +4,10 @@
  * run on the keys and values the cache holds (decoded by this file), on every
  * kernel and 1-3 threads (bitwise the same for each), lse too, decode-sized
  * and prefill steps, GQA, rows of mixed lengths, window, softcap, ALiBi,
- * sinks and RoPE, with the storage past each row's length poisoned; and,
+ * sinks and RoPE, with the storage past each row's length poisoned; the
+ * decode kernels on every row count 1-8 and D, Dv of 1-4 blocks, with NaN
+ * blocks in hidden keys (that must not reach an output) and NaN scales in a
+ * key visible to some rows only (that must reach exactly those); and,
  * printed, how far each format moves the output from an f32 cache's.
  * Optional argument: one kernel's name (else all; 77 if this CPU lacks it). */
 #include "testutil.h"
@@ -406,6 +409,130 @@ static void attend_all(const char *only) {
     }
 }
 
+/* ---- (2b) the decode kernels on every row count and head size ---- */
+
+/* Key j of kv head g of row b's keys (kind 0) or values: its block blk's f16
+ * scale becomes NaN; or, with blk < 0, all its bytes 0xff (NaN scales, garbage quants). */
+static void poison_key(attn_ctx *ctx, attn_kv_cache *cache, int kind, attn_kv_dtype dt, int64_t b, int64_t g, int64_t j,
+                       int64_t blk) {
+  attn_tensor vk, vv;
+  CHECK_OK(ctx, attn_kv_cache_view(ctx, &vk, &vv, cache, b));
+  const attn_tensor *t = kind ? &vv : &vk;
+  uint8_t *row = (uint8_t *)t->data + g * t->strides[1] + j * t->strides[2];
+  if (blk < 0) memset(row, 0xff, (size_t)t->shape[3]);
+  else row[blk * (dt == ATTN_KV_Q8_0 ? 34 : 18)] = 0x00, row[blk * (dt == ATTN_KV_Q8_0 ? 34 : 18) + 1] = 0x7e;
+}
+
+/* Rows 1..8 per kv head (GQA group x Nq), D and Dv of one to four blocks, every
+ * pairing of q8_0 and q4_0, on every kernel and 1-3 threads (bitwise the same).
+ * A window of 300 hides the oldest keys of the long row from every query row;
+ * they hold 0xff blocks (NaN), some in a block of 128 keys with visible ones (so
+ * pv runs sparse there). The newest key, hidden by causality from all but the
+ * last query row when Nq > 1, has a NaN scale in one K block (kv head 0) and in
+ * one V block (kv head 1): NaN must reach exactly the outputs where the oracle,
+ * on the same stored values, has it (a whole row; a V block's 32 columns) and
+ * no other; the rest within 1e-6 rel L2 of it. */
+static void kernel_shapes(const char *only) {
+  const int64_t groups[][3] = {{2, 2, 1}, {4, 2, 1},  {6, 2, 1}, {2, 2, 3}, {4, 2, 2},
+                               {10, 2, 1}, {6, 2, 2}, {14, 2, 1}, {8, 2, 2}, {16, 2, 1}}; /* Hq, Hk, Nq */
+  const int64_t dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {128, 96}, {96, 32}};
+  const attn_kv_dtype pairs[][2] = {{ATTN_KV_Q8_0, ATTN_KV_Q8_0}, {ATTN_KV_Q4_0, ATTN_KV_Q4_0},
+                                    {ATTN_KV_Q8_0, ATTN_KV_Q4_0}, {ATTN_KV_Q4_0, ATTN_KV_Q8_0}};
+  const attn_kernel kernels[5] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
+                                  ATTN_KERNEL_AVX512_BF16};
+  const int64_t len[2] = {2100, 130}, window = 300; /* the long row crosses a decode chunk (2048 keys) */
+  uint64_t seed = 7000;
+  int cases = 0, nan_rows = 0;
+  for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++)
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+      for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++) {
+        const options opt = {"window 300", window, 0, 0, 0, 0};
+        const setup s = {pairs[pi][0], pairs[pi][1], 2, groups[gi][0], groups[gi][1], dims[di][0], dims[di][1],
+                         groups[gi][2], opt};
+        attn_ctx *ctx;
+        attn_ctx_create(&ctx);
+        tu_rng r = {seed++};
+        attn_kv_cache_config cfg;
+        attn_kv_cache_config_init(&cfg, s.B, len[0] + 6, s.Hk, s.D);
+        cfg.v_head_dim = s.Dv, cfg.k_dtype = s.kt, cfg.v_dtype = s.vt;
+        attn_kv_cache *cache;
+        CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &cfg));
+        fill_cache(ctx, cache, &s, len, &r);
+        const int64_t B = s.B, Hq = s.Hq, Hk = s.Hk, Nq = s.Nq, D = s.D, Dv = s.Dv;
+        for (int64_t g = 0; g < Hk; g++) /* hidden from every query row: j <= len - Nq - window */
+          for (int64_t j = 0; j <= len[0] - Nq - window; j++) {
+            poison_key(ctx, cache, 0, s.kt, 0, g, j, -1);
+            poison_key(ctx, cache, 1, s.vt, 0, g, j, -1);
+          }
+        poison_key(ctx, cache, 0, s.kt, 0, 0, len[0] - 1, D / 32 - 1);
+        poison_key(ctx, cache, 1, s.vt, 0, 1, len[0] - 1, Dv / 32 > 1 ? 1 : 0);
+
+        const int64_t n_out = B * Hq * Nq * Dv, qs[4] = {B, Hq, Nq, D}, os[4] = {B, Hq, Nq, Dv};
+        float *q = malloc(sizeof(float) * (size_t)(B * Hq * Nq * D));
+        tu_fill_f32(&r, q, B * Hq * Nq * D, 1.0);
+        attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, qs);
+        attn_sdpa_opts o;
+        attn_sdpa_opts_init(&o);
+        o.window = window;
+        double *ref = malloc(sizeof(double) * (size_t)n_out);
+        for (int64_t b = 0; b < B; b++) { /* the oracle on the stored values, poison included */
+          float *kb = stored_f32(ctx, cache, 0, b, s.kt, D), *vb = stored_f32(ctx, cache, 1, b, s.vt, Dv);
+          const int64_t q1[4] = {1, Hq, Nq, D}, k1[4] = {1, Hk, len[b], D}, v1[4] = {1, Hk, len[b], Dv};
+          const int64_t o1[4] = {1, Hq, Nq, Dv};
+          attn_tensor tqb = attn_tensor_view(q + b * Hq * Nq * D, ATTN_F32, 4, q1);
+          attn_tensor tkb = attn_tensor_view(kb, ATTN_F32, 4, k1), tvb = attn_tensor_view(vb, ATTN_F32, 4, v1);
+          attn_tensor tr = attn_tensor_view(ref + b * Hq * Nq * Dv, ATTN_F64, 4, o1);
+          attn_sdpa_opts ro = o;
+          ro.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+          CHECK_OK(ctx, attn_sdpa_ref(ctx, &tr, NULL, NULL, &tqb, &tkb, &tvb, &ro));
+          free(kb), free(vb);
+        }
+        int ref_nans = 0;
+        for (int64_t i = 0; i < n_out; i++) ref_nans += isnan(ref[i]) != 0;
+        CHECK(ref_nans > 0 && ref_nans <= n_out / 2, "case %d: the oracle has %d NaN of %lld", cases, ref_nans,
+              (long long)n_out);
+        nan_rows += ref_nans;
+
+        float *out = malloc(sizeof(float) * (size_t)n_out), *first = malloc(sizeof(float) * (size_t)n_out);
+        attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, os);
+        for (int ki = 0; ki < 5; ki++) {
+          if (only && strcmp(only, attn_kernel_name(kernels[ki]))) continue;
+          if (!attn_kernel_supported(kernels[ki])) continue;
+          attn_ctx_set_kernel(ctx, kernels[ki]);
+          for (int threads = 1; threads <= 3; threads++) {
+            attn_ctx_set_threads(ctx, threads);
+            tu_poison_f32(out, n_out);
+            CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, NULL, &tq, &o));
+            if (threads == 1) memcpy(first, out, sizeof(float) * (size_t)n_out);
+            else
+              CHECK(memcmp(first, out, sizeof(float) * (size_t)n_out) == 0, "k %s v %s, Hq %lld Hk %lld Nq %lld D %lld Dv %lld, kernel %s: %d threads differ from 1",
+                    attn_kv_dtype_name(s.kt), attn_kv_dtype_name(s.vt), (long long)Hq, (long long)Hk, (long long)Nq,
+                    (long long)D, (long long)Dv, attn_kernel_name(kernels[ki]), threads);
+            double num = 0, den = 0;
+            int64_t wrong_nan = 0;
+            for (int64_t i = 0; i < n_out; i++) {
+              if (isnan(ref[i]) || isnan(out[i])) {
+                wrong_nan += !isnan(ref[i]) || !isnan(out[i]);
+                continue;
+              }
+              num += (out[i] - ref[i]) * (out[i] - ref[i]), den += ref[i] * ref[i];
+            }
+            const double err = den > 0 ? sqrt(num / den) : sqrt(num);
+            CHECK(err <= 1e-6 && wrong_nan == 0,
+                  "k %s v %s, Hq %lld Hk %lld Nq %lld D %lld Dv %lld, kernel %s threads %d: rel L2 %.3g, %lld outputs NaN in one only",
+                  attn_kv_dtype_name(s.kt), attn_kv_dtype_name(s.vt), (long long)Hq, (long long)Hk, (long long)Nq,
+                  (long long)D, (long long)Dv, attn_kernel_name(kernels[ki]), threads, err, (long long)wrong_nan);
+          }
+        }
+        attn_kv_cache_destroy(cache);
+        attn_ctx_destroy(ctx);
+        free(q), free(ref), free(out), free(first);
+        cases++;
+      }
+  printf("  decode kernels: %d cases of rows 1-8, D/Dv 32-128, NaN blocks hidden and visible (%d NaN outputs expected)\n",
+         cases, nan_rows);
+}
+
 /* ---- (3) how far the formats move the output from an f32 cache's (printed) ---- */
 
 static void against_f32(void) {
@@ -451,6 +578,7 @@ int main(int argc, char **argv) {
   encoders();
   cache_config();
   attend_all(only);
+  kernel_shapes(only);
   against_f32();
   return tu_finish("test_kv_quant");
 }
