@@ -8,8 +8,19 @@ from . import _capi
 from ._cache import KVCache
 from ._context import _Ctx
 from ._rope import positions_into, rope_opts
-from ._sdpa import _mask_mode, _model_options
+from ._sdpa import _cu_seqlens, _mask_mode, _model_options
 from ._tensors import _is_torch, _tensor, _to4, _to_numpy, _wrap
+
+
+def _packed_call(cu_seqlens, query, key, value, need_weights):
+    """The layer's own rules for a packed batch, checked before any work (the
+    library checks the offsets and the single batch row)."""
+    if cu_seqlens is None:
+        return
+    if key is not query or value is not query:
+        raise ValueError("cu_seqlens: a packed batch is self-attention: pass the same object as query, key and value")
+    if need_weights:
+        raise ValueError("cu_seqlens: a packed batch has no weights matrix: pass need_weights=False")
 
 
 class MultiheadAttention:
@@ -322,7 +333,8 @@ class MultiheadAttention:
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, mask_mode=None, rope=None, positions=None,
-                window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None):
+                window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None,
+                cu_seqlens=None):
         """As torch.nn.MultiheadAttention.forward: returns (out, weights or None).
 
         Library extras: mask_mode ('masked', 'keep', 'additive', 'seed') reads
@@ -331,7 +343,14 @@ class MultiheadAttention:
         rope: a dict of attn.rope's keywords; the projected q and k are rotated
         at positions ([B, L] integers; default 0..L-1) before attention.
         window, softcap, alibi (True: the paper's slopes, or [H]), sinks ([H]),
-        dropout_p and dropout_seed: as in attn.scaled_dot_product_attention."""
+        dropout_p and dropout_seed: as in attn.scaled_dot_product_attention.
+        cu_seqlens: a packed batch of self-attention (key and value the very
+        object query is): query holds sequences end to end, one batch row
+        ([total, E] unbatched, [1, total, E] batch-first, else [total, 1, E]),
+        sequence s being tokens cu_seqlens[s]:cu_seqlens[s+1] (num_seqs + 1
+        integer offsets); each attends to itself alone, with need_weights=False
+        (there is no weights matrix for a packed batch)."""
+        _packed_call(cu_seqlens, query, key, value, need_weights)
         like_torch = _is_torch(query)
         q, unbatched = self._batch_major(query, "query")
         k, _ = self._batch_major(key, "key")
@@ -340,6 +359,7 @@ class MultiheadAttention:
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         self._hf_defaults(opts, keep, B, L, positions, rope)
         _model_options(opts.attn, keep, H, window, softcap, alibi, sinks, dropout_p, dropout_seed)
+        _cu_seqlens(opts.attn, keep, cu_seqlens, None)
         if rope is not None:
             ro = rope_opts(**rope)
             keep += [ro, positions_into(ro, positions, B, L)]
@@ -356,7 +376,10 @@ class MultiheadAttention:
         with self._lock:
             self._ctx.check(_capi.lib.attn_mha_forward(self._ctx.h, self._h, ctypes.byref(ot),
                                                        None if wt is None else ctypes.byref(wt), ctypes.byref(qt),
-                                                       ctypes.byref(kt), ctypes.byref(vt), ctypes.byref(opts)))
+                                                       # packed: self-attention as such (RoPE per sequence)
+                                                       None if cu_seqlens is not None else ctypes.byref(kt),
+                                                       None if cu_seqlens is not None else ctypes.byref(vt),
+                                                       ctypes.byref(opts)))
         if unbatched:
             out = out[0]
             if weights is not None:
@@ -412,11 +435,11 @@ class MultiheadAttention:
                 and self.num_heads * self.head_dim == self.embed_dim)
 
     def grad(self, query, key, value, grad_output, key_padding_mask=None, attn_mask=None, is_causal=False, *,
-             mask_mode=None, rope=None, positions=None):
+             mask_mode=None, rope=None, positions=None, cu_seqlens=None):
         """Gradients of a loss L through forward(query, key, value, ...), given grad_output = dL/dout.
 
         Runs the forward pass again (attn_mha_forward_save), then attn_mha_backward.
-        rope and positions: as in forward.
+        rope, positions and cu_seqlens (a packed batch): as in forward.
         Returns a dict: 'query', 'key', 'value' (input gradients, in the inputs'
         layout; with key and value the very same object as query, self-attention,
         only 'query', the whole gradient), and every parameter's under PyTorch's
@@ -424,6 +447,7 @@ class MultiheadAttention:
         out_proj.bias) and QK-norm's (q_norm.weight, k_norm.weight, q_norm.bias,
         k_norm.bias), those the layer has. NumPy or torch like query.
         """
+        _packed_call(cu_seqlens, query, key, value, False)
         like_torch = _is_torch(query)
         self_attn = key is query and value is query
         q, unbatched = self._batch_major(query, "query")
@@ -433,6 +457,7 @@ class MultiheadAttention:
         B, L, S = q.shape[0], q.shape[1], k.shape[1]
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         self._hf_defaults(opts, keep, B, L, positions, rope)
+        _cu_seqlens(opts.attn, keep, cu_seqlens, None)
         if rope is not None:
             ro = rope_opts(**rope)
             keep += [ro, positions_into(ro, positions, B, L)]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Packed variable-length batches through the Python API (cu_seqlens_q/_k):
-forward and backward against each sequence run alone, every option per
-sequence, refusals. Needs NumPy only (torch, when installed: autograd too)."""
+"""Packed variable-length batches through the Python API (cu_seqlens_q/_k,
+and the layer's cu_seqlens): forward and backward against each sequence run
+alone, every option per sequence, refusals. Needs NumPy only (torch, when installed: autograd too)."""
 import os
 import sys
 
@@ -64,6 +64,50 @@ def refusals():
         assert "key_padding" in str(e), str(e)
 
 
+def layer_packed_vs_alone(rng, batch_first):
+    """MultiheadAttention on a packed batch (GQA, causal, RoPE counted from each sequence's start): out,
+    the input's gradient and the parameters' (summed over the sequences) against each sequence alone."""
+    E, H, lens = 32, 4, [5, 1, 12, 0, 7]
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    m = attn.MultiheadAttention(E, H, num_kv_heads=2, batch_first=batch_first)
+    m.load_state_dict({k: rng.standard_normal(v.shape).astype(np.float32) * 0.3 for k, v in m.state_dict().items()})
+    T = int(cu[-1])
+    x = rng.standard_normal((1, T, E) if batch_first else (T, 1, E)).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    rope = {"theta": 500.0, "position_offset": 2}
+    out, w = m(x, x, x, need_weights=False, is_causal=True, rope=rope, cu_seqlens=cu)
+    assert w is None and out.shape == x.shape
+    gr = m.grad(x, x, x, g, is_causal=True, rope=rope, cu_seqlens=cu)
+    seq = (lambda a, s: a[:, cu[s]:cu[s + 1]]) if batch_first else (lambda a, s: a[cu[s]:cu[s + 1]])
+    psum = {}
+    for s in range(len(lens)):
+        if not lens[s]:
+            continue
+        xs = np.ascontiguousarray(seq(x, s))
+        o1, _ = m(xs, xs, xs, need_weights=False, is_causal=True, rope=rope)
+        close(seq(out, s), o1, f"layer sequence {s}'s out")
+        g1 = m.grad(xs, xs, xs, np.ascontiguousarray(seq(g, s)), is_causal=True, rope=rope)
+        close(seq(gr["query"], s), g1["query"], f"layer sequence {s}'s dquery", 1e-4)
+        for name, a in g1.items():
+            if name != "query":
+                psum[name] = psum.get(name, 0) + a.astype(np.float64)
+    for name, a in psum.items():
+        close(gr[name], a, f"layer gradient of {name}", 1e-4)
+    for bad, why in (({"need_weights": True}, "need_weights=False"), ({"key": x[..., ::-1].copy()}, "same object")):
+        kw = {"need_weights": False, "key": x}
+        kw.update(bad)
+        try:
+            m(x, kw["key"], x, need_weights=kw["need_weights"], cu_seqlens=cu)
+            raise AssertionError(f"layer: packed call with {bad} accepted")
+        except ValueError as e:
+            assert why in str(e), str(e)
+    try:  # the library checks the offsets: the last one must be the token count
+        m(x, x, x, need_weights=False, cu_seqlens=cu + [0, 0, 0, 0, 0, 1])
+        raise AssertionError("layer: offsets past the tokens accepted")
+    except attn.AttnError as e:
+        assert "cu_seqlens_q" in str(e), str(e)
+
+
 def torch_autograd(rng):
     try:
         import torch
@@ -91,6 +135,8 @@ def main():
                     sinks=np.array([0.1, -0.2], np.float32))
     packed_vs_alone(rng, [12, 30], [12, 30], 2, 2, 8, scale=0.2)
     refusals()
+    layer_packed_vs_alone(rng, batch_first=True)
+    layer_packed_vs_alone(rng, batch_first=False)
     torch_autograd(rng)
     print("test_varlen: ok")
 
