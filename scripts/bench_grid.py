@@ -134,6 +134,12 @@ for line in sys.stdin:
                     res["sdpa_note"] = c["sdpa_skip"]
                 else:
                     res["sdpa"] = timed(sdpa, c.get("sdpa_repeat"))
+                if c.get("grouped") and G != H and not causal and keep is None:
+                    # a decoding step as a GQA-aware user writes it: each kv head's query heads as rows of
+                    # one head (head h reads kv head h // (H / G)), no expanded copy of K and V
+                    qg = q.reshape(B, G, (H // G) * N, D)
+                    res["sdpa_grouped"] = timed(lambda: F.scaled_dot_product_attention(qg, k, v),
+                                                c.get("sdpa_repeat"))
                 if c.get("unfused_skip"):
                     res["unfused_note"] = c["unfused_skip"]
                 else:
