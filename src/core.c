@@ -314,6 +314,21 @@ void *attn__aligned_alloc(size_t bytes) {
   return p;
 }
 
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *attn__huge_alloc(size_t bytes) {
+#if defined(ATTN__HAVE_MMAP) && defined(MADV_HUGEPAGE)
+  if (bytes >= 2 * HUGE_PAGE && bytes <= ATTN__SIZE_LIMIT) {
+    void *p = NULL;
+    const size_t whole = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    if (posix_memalign(&p, HUGE_PAGE, whole)) return NULL;
+    (void)madvise(p, whole, MADV_HUGEPAGE); /* a hint: without huge pages the memory is the same */
+    return p;
+  }
+#endif
+  return attn__aligned_alloc(bytes);
+}
+
 void attn__aligned_free(void *p) { free(p); }
 
 attn_status attn_tensor_alloc(attn_ctx *ctx, attn_tensor *out, attn_dtype dtype, int rank, const int64_t *shape) {

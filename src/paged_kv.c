@@ -128,8 +128,8 @@ attn_status attn_paged_kv_create(attn_ctx *ctx, attn_paged_kv_cache **out, const
     pc->cfg = c;
     pc->kt = kinds[0], pc->vt = kinds[1];
     pc->krow = krow, pc->vrow = vrow;
-    pc->k = attn__aligned_alloc(nk);
-    pc->v = attn__aligned_alloc(nv);
+    pc->k = attn__huge_alloc(nk);
+    pc->v = attn__huge_alloc(nv);
     pc->ref = calloc((size_t)c.num_blocks, sizeof(int32_t));
     pc->free_ids = malloc((size_t)c.num_blocks * sizeof(int32_t));
     pc->seqs = calloc((size_t)c.max_seqs, sizeof(paged_seq));

@@ -94,20 +94,29 @@ static int run_decode(void *arg) {
  * of D, L the longest) with fixed-seed uniform values in (-1, 1), appended 256
  * tokens at a time: every row in turn for a linear cache; a paged one's
  * sequences one after the other (each a prefill of its own, so that each
- * takes a run of blocks, as a prompt appended at once does). */
+ * takes a run of blocks, as a prompt appended at once does), or, with
+ * interleaved (bt: its block size), all growing together by bt tokens a
+ * round: the blocks are then dealt out in turn, as in a serving loop that
+ * appends one token per sequence per step, and no two of a sequence's blocks
+ * follow one another in the pool. */
 static attn_status fill_rows(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
-                             int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed);
+                             int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed,
+                             int64_t chunk);
 static attn_status fill_cache(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
-                              int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed) {
-  if (!paged) return fill_rows(ctx, cache, NULL, seqs, B, Hk, len, L, D, seed);
+                              int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed,
+                              int64_t interleaved_bt) {
+  if (!paged) return fill_rows(ctx, cache, NULL, seqs, B, Hk, len, L, D, seed, 256);
+  if (interleaved_bt) return fill_rows(ctx, NULL, paged, seqs, B, Hk, len, L, D, seed, interleaved_bt);
   attn_status st = ATTN_OK;
-  for (int64_t b = 0; b < B && !st; b++) st = fill_rows(ctx, NULL, paged, seqs + b, 1, Hk, len + b, len[b], D, seed + 7 * (uint64_t)b);
+  for (int64_t b = 0; b < B && !st; b++)
+    st = fill_rows(ctx, NULL, paged, seqs + b, 1, Hk, len + b, len[b], D, seed + 7 * (uint64_t)b, 256);
   return st;
 }
 
 static attn_status fill_rows(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
-                             int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed) {
-  const int64_t n = L < 256 ? L : 256, s4[4] = {B, Hk, n, D};
+                             int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed,
+                             int64_t chunk) {
+  const int64_t n = L < chunk ? L : chunk, s4[4] = {B, Hk, n, D};
   attn_tensor k, v;
   memset(&k, 0, sizeof k), memset(&v, 0, sizeof v);
   attn_status st = attn_tensor_alloc(ctx, &k, ATTN_F32, 4, s4);
@@ -297,7 +306,7 @@ int cmd_bench_decode(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--kv-seq", "--heads", "--kv-heads", "--dim", "--seq", "--dtype",
                                       "--k-dtype", "--v-dtype", "--threads", "--repeat", "--kernel", "--max-gflop",
                                       "--paged", "--lengths", NULL};
-  static const char *const switches[] = {"--json", "--compare", "--cache", NULL};
+  static const char *const switches[] = {"--json", "--compare", "--cache", "--interleaved", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
@@ -329,6 +338,7 @@ int cmd_bench_decode(int argc, char **argv) {
   const int paged = paged_bt > 0;
   const int use_cache = blocks || kinds[0] != kinds[1] || cli_has(&a, "--cache") || lengths_s || paged;
   if (blocks && D % 32) return cli_fail(CLI_EXIT_USAGE, "q8_0 and q4_0 take --dim a multiple of 32, got %lld", D);
+  if (cli_has(&a, "--interleaved") && !paged) return cli_fail(CLI_EXIT_USAGE, "--interleaved needs --paged");
   if (use_cache && cli_has(&a, "--compare"))
     return cli_fail(CLI_EXIT_USAGE,
                     "--compare runs on plain tensors: not with --cache, --paged, --lengths, --k-dtype/--v-dtype or q8_0/q4_0");
@@ -409,7 +419,8 @@ int cmd_bench_decode(int argc, char **argv) {
   }
   bad = fill_typed(ctx, &c.q, 1) || fill_typed(ctx, &c.out, 4);
   for (int i = 0; i < copies && !bad; i++)
-    bad = use_cache ? fill_cache(ctx, c.cache[i], c.paged[i], c.seqs, B, G, len, L, D, 2 + 2 * (uint64_t)i) != ATTN_OK
+    bad = use_cache ? fill_cache(ctx, c.cache[i], c.paged[i], c.seqs, B, G, len, L, D, 2 + 2 * (uint64_t)i,
+                                     cli_has(&a, "--interleaved") ? paged_bt : 0) != ATTN_OK
                     : fill_typed(ctx, &c.k[i], 2 + 2 * (uint64_t)i) || fill_typed(ctx, &c.v[i], 3 + 2 * (uint64_t)i);
   if (bad) {
     r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
