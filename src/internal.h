@@ -265,6 +265,14 @@ static inline int attn__alloc_size(int64_t a, int64_t b, int64_t c, size_t es, s
   return *bytes > ATTN__SIZE_LIMIT;
 }
 
+/* Batch entry b of t as a batch of one (a view: same data, strides, dtype). */
+static inline attn_tensor attn__batch_entry(const attn_tensor *t, int64_t b) {
+  attn_tensor v = *t;
+  v.shape[0] = 1;
+  v.data = (char *)t->data + (size_t)(b * t->strides[0]) * attn_dtype_size(t->dtype);
+  return v;
+}
+
 void *attn__aligned_alloc(size_t bytes);
 /* attn__aligned_alloc in whole 2 MiB pages, asked to be huge pages where the
  * kernel gives them on request (Linux THP "madvise"), for memory that is

@@ -458,7 +458,8 @@ static attn_status attend_rows(attn_ctx *ctx, const attn_kv_cache *cache, attn_t
   /* block formats, or keys and values of two dtypes: attn_sdpa reads an f32 copy */
   const int copy = attn__is_quant(cache->kt) || attn__is_quant(cache->vt) || cache->kt != cache->vt;
   for (int64_t b = 0; b < c->batch; b++) {
-    attn_tensor qb = *q, ob = *out, kb = row_view(cache, 0, b, cache->len[b]), vb = row_view(cache, 1, b, cache->len[b]);
+    attn_tensor qb = attn__batch_entry(q, b), ob = attn__batch_entry(out, b);
+    attn_tensor kb = row_view(cache, 0, b, cache->len[b]), vb = row_view(cache, 1, b, cache->len[b]);
     attn_tensor lb, *lbp = NULL;
     if (copy) {
       if ((st = row_f32(ctx, &kb, cache, 0, b))) return st;
@@ -467,15 +468,7 @@ static attn_status attend_rows(attn_ctx *ctx, const attn_kv_cache *cache, attn_t
         return st;
       }
     }
-    qb.shape[0] = ob.shape[0] = 1;
-    qb.data = (char *)q->data + (size_t)(b * q->strides[0]) * attn_dtype_size(q->dtype);
-    ob.data = (char *)out->data + (size_t)(b * out->strides[0]) * attn_dtype_size(out->dtype);
-    if (lse) {
-      lb = *lse;
-      lb.shape[0] = 1;
-      lb.data = (char *)lse->data + (size_t)(b * lse->strides[0]) * attn_dtype_size(lse->dtype);
-      lbp = &lb;
-    }
+    if (lse) lb = attn__batch_entry(lse, b), lbp = &lb;
     /* attn_sdpa checks the rest (out's shape, Hq against Hk, dtypes) with the row's view */
     st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, &o);
     if (copy) attn_tensor_free(&kb), attn_tensor_free(&vb);

@@ -534,22 +534,14 @@ static attn_status attend_rows(attn_ctx *ctx, const attn_paged_kv_cache *cache, 
   const attn_dtype dt = f32 ? ATTN_F32 : cache->kt;
   attn_status st;
   for (int64_t b = 0; b < nseq; b++) {
-    attn_tensor qb = *q, ob = *out, kb, vb, lb, *lbp = NULL;
+    attn_tensor qb = attn__batch_entry(q, b), ob = attn__batch_entry(out, b), kb, vb, lb, *lbp = NULL;
     const paged_seq *s = &cache->seqs[seqs[b]];
     if ((st = gather(ctx, &kb, cache, 0, s, dt))) return st;
     if ((st = gather(ctx, &vb, cache, 1, s, dt))) {
       attn_tensor_free(&kb);
       return st;
     }
-    qb.shape[0] = ob.shape[0] = 1;
-    qb.data = (char *)q->data + (size_t)(b * q->strides[0]) * attn_dtype_size(q->dtype);
-    ob.data = (char *)out->data + (size_t)(b * out->strides[0]) * attn_dtype_size(out->dtype);
-    if (lse) {
-      lb = *lse;
-      lb.shape[0] = 1;
-      lb.data = (char *)lse->data + (size_t)(b * lse->strides[0]) * attn_dtype_size(lse->dtype);
-      lbp = &lb;
-    }
+    if (lse) lb = attn__batch_entry(lse, b), lbp = &lb;
     st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, o);
     attn_tensor_free(&kb), attn_tensor_free(&vb);
     if (st) {

@@ -33,7 +33,31 @@ def _kv_kind(dtype, what):
     return _KV_KINDS[name]
 
 
-class KVCache:
+class _Owner:
+    """close(), with-blocks and __del__ for a class that owns one library object, self._h, which
+    the C function named _DESTROY frees (under self._lock)."""
+    _DESTROY = None
+
+    def close(self):
+        with self._lock:
+            if self._h is not None:
+                getattr(_capi.lib, self._DESTROY)(self._h)
+                self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None and _capi is not None:
+            getattr(_capi.lib, self._DESTROY)(h)
+            self._h = None
+
+
+class KVCache(_Owner):
     """Keys and values of past tokens for incremental decoding (attn_kv_cache).
 
     batch rows, each holding up to capacity tokens of kv_heads heads; keys have
@@ -50,6 +74,8 @@ class KVCache:
     (theta, scaling, factor, ...): keys are rotated on append at their
     positions, queries on attend at theirs.
     """
+
+    _DESTROY = "attn_kv_cache_destroy"
 
     def __init__(self, batch, capacity, kv_heads, head_dim, v_head_dim=None, dtype="float32", *, threads=None,
                  rope=None, k_dtype=None, v_dtype=None):
@@ -190,26 +216,9 @@ class KVCache:
         """A float32 NumPy copy of row's stored values, [Hk, len_row, Dv]."""
         return self._row(row)[1]
 
-    def close(self):
-        with self._lock:
-            if self._h is not None:
-                _capi.lib.attn_kv_cache_destroy(self._h)
-                self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        h = getattr(self, "_h", None)
-        if h is not None and _capi is not None:
-            _capi.lib.attn_kv_cache_destroy(h)
-            self._h = None
 
 
-class PagedKVCache:
+class PagedKVCache(_Owner):
     """Keys and values of many sequences in one pool of blocks (attn_paged_kv_cache,
     vLLM's paged layout).
 
@@ -223,6 +232,8 @@ class PagedKVCache:
     A failed call changes nothing (an append the pool cannot hold appends
     nothing). close() (or a with block) frees the pool now.
     """
+
+    _DESTROY = "attn_paged_kv_destroy"
 
     def __init__(self, num_blocks, block_tokens, kv_heads, head_dim, v_head_dim=None, *, k_dtype="float32",
                  v_dtype="float32", max_seqs=256, threads=None):
@@ -349,20 +360,3 @@ class PagedKVCache:
             return _wrap(out, like_torch), _wrap(lse, like_torch)
         return _wrap(out, like_torch)
 
-    def close(self):
-        with self._lock:
-            if self._h is not None:
-                _capi.lib.attn_paged_kv_destroy(self._h)
-                self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        h = getattr(self, "_h", None)
-        if h is not None and _capi is not None:
-            _capi.lib.attn_paged_kv_destroy(h)
-            self._h = None
