@@ -942,7 +942,8 @@ ATTN_API void attn_hf_layer_opts(const attn_hf_layer *info, attn_mha_opts *opts)
  * total_q, E] (key, value [1, total_k, kdim/vdim] with cu_seqlens_k), out
  * [1, total_q, E]; projections are per token, attention per sequence; each
  * sequence's out (and attn_mha_backward's dquery) is bitwise that of the
- * sequence run alone (decode off, as attn_sdpa). RoPE without positions
+ * sequence run alone (decode off, as attn_sdpa; in a -DATTN_WITH_CBLAS build,
+ * whose BLAS may block the projections by their row count, within rounding). RoPE without positions
  * counts each sequence from its own start (position_offset + n - cu[s]; the
  * call's largest position, DYNAMIC's default L, is the whole call's); that
  * needs self-attention (key, value and cu_seqlens_k NULL: ATTN_E_UNSUPPORTED
