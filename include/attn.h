@@ -74,7 +74,7 @@ ATTN_API const char *attn_strerror(attn_status status);
 typedef struct attn_ctx attn_ctx;
 
 /* Which implementation computes attention. AUTO picks the fastest this CPU
- * runs; the environment variable ATTN_KERNEL (ref, c, avx2, avx512, avx512bf16) overrides
+ * runs; the environment variable ATTN_KERNEL (ref, c, avx2, avx512, avx512bf16, amx) overrides
  * AUTO (an unknown or unsupported name is ignored). Asking for an instruction
  * set the CPU lacks is an error. */
 typedef enum attn_kernel {
@@ -83,7 +83,10 @@ typedef enum attn_kernel {
   ATTN_KERNEL_C = 2,      /* portable C, fp32: any CPU */
   ATTN_KERNEL_AVX2 = 3,   /* x86-64 AVX2 + FMA */
   ATTN_KERNEL_AVX512 = 4, /* x86-64 AVX-512 (F, DQ, BW, VL) */
-  ATTN_KERNEL_AVX512_BF16 = 5 /* AVX-512 for fp32, and vdpbf16ps (AVX512-BF16) tiles for bf16 */
+  ATTN_KERNEL_AVX512_BF16 = 5, /* AVX-512 for fp32, and vdpbf16ps (AVX512-BF16) tiles for bf16 */
+  ATTN_KERNEL_AMX = 6 /* AVX512_BF16's, with AMX-BF16 tiles for bf16 attention (D a multiple of 32, Dv of 16);
+                         Linux grants the tile state per process (arch_prctl), asked once when a context is
+                         made: a refusal leaves the CPU without this kernel */
 } attn_kernel;
 
 /* What precision computes attention, by the dtype of q, k and v.

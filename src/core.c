@@ -194,6 +194,7 @@ const char *attn_kernel_name(attn_kernel kernel) {
     case ATTN_KERNEL_AVX2: return "avx2";
     case ATTN_KERNEL_AVX512: return "avx512";
     case ATTN_KERNEL_AVX512_BF16: return "avx512bf16";
+    case ATTN_KERNEL_AMX: return "amx";
   }
   return "unknown";
 }
@@ -201,7 +202,7 @@ const char *attn_kernel_name(attn_kernel kernel) {
 int attn_kernel_supported(attn_kernel kernel) {
   switch (kernel) {
     case ATTN_KERNEL_AUTO: case ATTN_KERNEL_REF: case ATTN_KERNEL_C: return 1;
-    case ATTN_KERNEL_AVX2: case ATTN_KERNEL_AVX512: case ATTN_KERNEL_AVX512_BF16:
+    case ATTN_KERNEL_AVX2: case ATTN_KERNEL_AVX512: case ATTN_KERNEL_AVX512_BF16: case ATTN_KERNEL_AMX:
 #ifdef ATTN_HAVE_X86_KERNELS
       return attn__cpu_has(kernel);
 #else

@@ -23,11 +23,12 @@ typedef struct attn__dispatch {
   const struct attn__sgemm_kernel *gemm;          /* the projections' GEMM (src/cpu/gemm.h) */
   const struct attn__bgemm_kernel *gemm_bf16;     /* its bf16-product variant, or NULL (src/cpu/gemm.h) */
   const struct attn__half_kernels *half;          /* bf16 tiles of the blocked kernel, or NULL (src/cpu/kernels.h) */
+  const struct attn__half_kernels *half_next;     /* the tiles for shapes `half` does not take, or NULL */
   int decode_enabled;                             /* 0: decode-sized problems go through the blocked kernel */
   attn_precision precision;                       /* the policy of attn.h's attn_precision */
 } attn__dispatch;
 
-#define ATTN__KERNEL_LAST ATTN_KERNEL_AVX512_BF16
+#define ATTN__KERNEL_LAST ATTN_KERNEL_AMX
 
 /* The table for kernel (AUTO: the fastest in supported, bit k for kernel k;
  * the portable sets serve REF, whose projections run in fp32) and the decode switch. */

@@ -39,7 +39,7 @@ static void contexts(void) {
         "AUTO resolves to a supported fast kernel, got %s", attn_kernel_name(automatic));
   CHECK(attn_ctx_kernel(NULL) == automatic, "no context: the automatic choice, got %s",
         attn_kernel_name(attn_ctx_kernel(NULL)));
-  for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AVX512; k++) {
+  for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AMX; k++) {
     setenv("ATTN_KERNEL", attn_kernel_name((attn_kernel)k), 1);
     attn_ctx *env_ctx;
     CHECK_OK(NULL, attn_ctx_create(&env_ctx));

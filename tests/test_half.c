@@ -5,7 +5,9 @@
  *                         dtype under FP32, f16 always) on every kernel here;
  *                         the backward on f16/bf16 inputs is the backward on
  *                         their values in f32, bitwise
- *   test_half avx512bf16  the bf16 tiles (skipped where the CPU lacks them):
+ *   test_half avx512bf16  the bf16 tiles (skipped where the CPU lacks them),
+ *   test_half amx         and the AMX ones (mostly D % 32 = Dv % 16 = 0, the
+ *                         shapes they take, a few falling back to avx512bf16):
  *                         bf16 inputs, and f32 inputs under BF16, against the
  *                         float64 oracle on the same (rounded) inputs with the
  *                         documented bound; out exactly as the policy says
@@ -67,6 +69,8 @@ static void make(prob *P, const hcase *c, attn_dtype dt, tu_rng *r) {
   if (c->sinks) P->o.sinks = &P->tsinks;
 }
 
+static int amx_shapes; /* the kernel under test has AMX tiles */
+
 static hcase random_case(tu_rng *r, int one_block) {
   hcase c;
   memset(&c, 0, sizeof c);
@@ -78,6 +82,11 @@ static hcase random_case(tu_rng *r, int one_block) {
   const int64_t dims[] = {1, 7, 16, 33, 64, 80, 128};
   c.D = dims[tu_int(r, 0, 6)];
   c.Dv = tu_int(r, 0, 2) ? c.D : dims[tu_int(r, 0, 6)];
+  if (amx_shapes && tu_int(r, 0, 5)) { /* mostly shapes the AMX tiles take (D % 32, Dv % 16), a few that fall back */
+    const int64_t ad[] = {32, 64, 96, 128, 160}, av[] = {16, 48, 64, 128, 144};
+    c.D = ad[tu_int(r, 0, 4)];
+    c.Dv = tu_int(r, 0, 2) ? c.D : av[tu_int(r, 0, 4)];
+  }
   c.causal = (attn_causal)tu_int(r, 0, 2);
   c.window = tu_int(r, 0, 4) == 0 ? tu_int(r, 1, 50) : 0;
   c.softcap = tu_int(r, 0, 3) == 0 ? 3.0 : 0;
@@ -267,7 +276,7 @@ static int policy(void) {
             !strcmp(attn_precision_name(ATTN_PRECISION_DEFAULT), "default"), "precision names");
   /* no input loses precision outside the rules, on every kernel this CPU runs */
   tu_rng r = {77};
-  for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AVX512_BF16; k++) {
+  for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AMX; k++) {
     if (!attn_kernel_supported((attn_kernel)k)) continue;
     CHECK_OK(ctx, attn_ctx_set_kernel(ctx, (attn_kernel)k));
     for (int seed = 0; seed < 12; seed++) {
@@ -292,7 +301,7 @@ static int policy(void) {
         half_out(ctx, dec ? &small : &c, seed % 2 ? ATTN_BF16 : ATTN_F16, seed % 3 ? ATTN_BF16 : ATTN_F16, seed);
       }
       CHECK_OK(ctx, attn_ctx_set_decode(ctx, 1));
-      if (k != ATTN_KERNEL_AVX512_BF16) { /* kernels without bf16 tiles widen bf16 under every policy */
+      if (k < ATTN_KERNEL_AVX512_BF16) { /* kernels without bf16 tiles widen bf16 under every policy */
         snprintf(what, sizeof what, "%s, bf16 under default", attn_kernel_name((attn_kernel)k));
         CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
         run(ctx, oracle, &c, ATTN_BF16, seed, 0, 0, what);
@@ -308,10 +317,11 @@ int main(int argc, char **argv) {
   const char *kname = argc > 1 ? argv[1] : "policy";
   if (!strcmp(kname, "policy")) return policy();
   const attn_kernel kern = tu_kernel_or_skip(kname);
-  if (kern != ATTN_KERNEL_AVX512_BF16) {
+  if (kern != ATTN_KERNEL_AVX512_BF16 && kern != ATTN_KERNEL_AMX) {
     fprintf(stderr, "test_half: %s has no half-precision tiles\n", kname);
     return 2;
   }
+  amx_shapes = kern == ATTN_KERNEL_AMX;
   attn_ctx *ctx, *oracle;
   attn_ctx_create(&ctx);
   attn_ctx_create(&oracle);
@@ -335,5 +345,5 @@ int main(int argc, char **argv) {
   }
   attn_ctx_destroy(ctx);
   attn_ctx_destroy(oracle);
-  return tu_finish("test_half avx512bf16");
+  return tu_finish(kern == ATTN_KERNEL_AMX ? "test_half amx" : "test_half avx512bf16");
 }

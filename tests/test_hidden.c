@@ -14,7 +14,7 @@
 
 enum { MAX_CASES = 400 };
 
-static int half_tiles; /* the kernel under test is avx512bf16: forward on the bf16 tiles */
+static int half_tiles; /* the kernel under test has bf16 tiles (1: avx512bf16, 2: amx): the forward runs on them */
 /* out's rel L2 error bound on the bf16 tiles: the probabilities rounded to bf16 (2^-9) */
 #define HALF_OUT_TOL 1e-2
 
@@ -59,9 +59,10 @@ static hcase random_case(tu_rng *r, int decode) {
   c.Hq = c.Hk * tu_int(r, 1, 3);
   c.Nq = decode ? tu_int(r, 1, 8 / (c.Hq / c.Hk)) : tu_int(r, 1, 70);
   c.Nk = tu_int(r, 1, 150);
-  const int64_t dims[] = {1, 4, 16, 33, 64, 72};
-  c.D = dims[tu_int(r, 0, 5)];
-  c.Dv = tu_int(r, 0, 3) ? c.D : dims[tu_int(r, 0, 5)];
+  const int64_t dims[] = {1, 4, 16, 33, 64, 72}, amx_dims[] = {32, 64, 96, 16, 33, 64};
+  const int64_t *dd = half_tiles == 2 ? amx_dims : dims; /* AMX: mostly D % 32 = 0, the shapes its tiles take */
+  c.D = dd[tu_int(r, 0, 5)];
+  c.Dv = tu_int(r, 0, 3) ? c.D : dd[tu_int(r, 0, 5)];
   c.causal = (attn_causal)tu_int(r, 0, 2);
   c.window = tu_int(r, 0, 3) == 0 ? tu_int(r, 1, 40) : 0;
   c.kpm = tu_int(r, 0, 2) != 0;
@@ -451,7 +452,7 @@ int main(int argc, char **argv) {
   attn_ctx_create(&ctx[1]);          /* always the blocked kernel */
   CHECK_OK(ctx[1], attn_ctx_set_decode(ctx[1], 0));
   for (int i = 0; i < 2; i++) CHECK_OK(ctx[i], attn_ctx_set_kernel(ctx[i], kern));
-  half_tiles = kern == ATTN_KERNEL_AVX512_BF16;
+  half_tiles = kern == ATTN_KERNEL_AMX ? 2 : kern == ATTN_KERNEL_AVX512_BF16;
   for (int i = 0; i < 2 && half_tiles; i++) CHECK_OK(ctx[i], attn_ctx_set_precision(ctx[i], ATTN_PRECISION_BF16));
   const char *paths[2] = {"decode-or-blocked", "blocked"};
   tu_rng r = {2026};

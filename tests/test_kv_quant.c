@@ -350,12 +350,12 @@ static void attend_case(const setup *s, const int64_t *len, const char *only, ui
     free(kb), free(vb), free(qb);
   }
 
-  const attn_kernel kernels[5] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
-                                  ATTN_KERNEL_AVX512_BF16};
+  const attn_kernel kernels[6] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
+                                  ATTN_KERNEL_AVX512_BF16, ATTN_KERNEL_AMX};
   float *out = malloc(sizeof(float) * (size_t)(B * Hq * Nq * Dv)), *first = malloc(sizeof(float) * (size_t)(B * Hq * Nq * Dv));
   float *lse = malloc(sizeof(float) * (size_t)(B * Hq * Nq));
   attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, os), tl = attn_tensor_view(lse, ATTN_F32, 3, os);
-  for (int ki = 0; ki < 5; ki++) {
+  for (int ki = 0; ki < 6; ki++) {
     if (only && strcmp(only, attn_kernel_name(kernels[ki]))) continue;
     if (!attn_kernel_supported(kernels[ki])) continue; /* main skips (77) when the one asked for is missing */
     attn_ctx_set_kernel(ctx, kernels[ki]);
@@ -438,8 +438,8 @@ static void kernel_shapes(const char *only) {
   const int64_t dims[][2] = {{32, 32}, {64, 64}, {96, 96}, {128, 128}, {128, 96}, {96, 32}};
   const attn_kv_dtype pairs[][2] = {{ATTN_KV_Q8_0, ATTN_KV_Q8_0}, {ATTN_KV_Q4_0, ATTN_KV_Q4_0},
                                     {ATTN_KV_Q8_0, ATTN_KV_Q4_0}, {ATTN_KV_Q4_0, ATTN_KV_Q8_0}};
-  const attn_kernel kernels[5] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
-                                  ATTN_KERNEL_AVX512_BF16};
+  const attn_kernel kernels[6] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
+                                  ATTN_KERNEL_AVX512_BF16, ATTN_KERNEL_AMX};
   const int64_t len[2] = {2100, 130}, window = 300; /* the long row crosses a decode chunk (2048 keys) */
   uint64_t seed = 7000;
   int cases = 0, nan_rows = 0;
@@ -495,7 +495,7 @@ static void kernel_shapes(const char *only) {
 
         float *out = malloc(sizeof(float) * (size_t)n_out), *first = malloc(sizeof(float) * (size_t)n_out);
         attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, os);
-        for (int ki = 0; ki < 5; ki++) {
+        for (int ki = 0; ki < 6; ki++) {
           if (only && strcmp(only, attn_kernel_name(kernels[ki]))) continue;
           if (!attn_kernel_supported(kernels[ki])) continue;
           attn_ctx_set_kernel(ctx, kernels[ki]);

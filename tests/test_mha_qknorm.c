@@ -320,7 +320,7 @@ static double err_floor(const double *a, const double *b, int64_t n, double floo
 }
 
 static const attn_kernel kernels[] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
-                                      ATTN_KERNEL_AVX512_BF16};
+                                      ATTN_KERNEL_AVX512_BF16, ATTN_KERNEL_AMX};
 
 /* The case's inputs: random rows in float (as the layer takes them) and the same in double. */
 typedef struct inputs {

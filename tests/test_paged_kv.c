@@ -12,8 +12,8 @@
  * lacks it). */
 #include "testutil.h"
 
-static const attn_kernel kernels[5] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
-                                       ATTN_KERNEL_AVX512_BF16};
+static const attn_kernel kernels[6] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
+                                       ATTN_KERNEL_AVX512_BF16, ATTN_KERNEL_AMX};
 static const char *only; /* the kernel asked for, or NULL */
 
 /* A linear cache and a paged one fed the same tokens. */
@@ -173,7 +173,7 @@ static void pair_check(attn_ctx *ctx, pair *p, int64_t Hq, int64_t Nq, const att
   attn_tensor tlo = attn_tensor_view(lo, ATTN_F32, 4, os), tpo = attn_tensor_view(po, ATTN_F32, 4, os);
   attn_tensor tll = attn_tensor_view(ll, ATTN_F32, 3, os), tpl = attn_tensor_view(pl, ATTN_F32, 3, os);
   const attn_paged_kv_config *pc = attn_paged_kv_get_config(p->pg);
-  for (int ki = 0; ki < 5; ki++) {
+  for (int ki = 0; ki < 6; ki++) {
     if (only && strcmp(only, attn_kernel_name(kernels[ki]))) continue;
     if (!attn_kernel_supported(kernels[ki])) continue;
     attn_ctx_set_kernel(ctx, kernels[ki]);

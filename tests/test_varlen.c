@@ -115,9 +115,9 @@ static vcase random_case(tu_rng *r, int bf16_kernel) {
   c.nseq = tu_int(r, 1, MAXSEQ);
   c.Hk = tu_int(r, 1, 2);
   c.Hq = c.Hk * tu_int(r, 1, 3);
-  static const int64_t dims[] = {8, 16, 33, 64};
-  c.D = dims[tu_int(r, 0, 3)];
-  c.Dv = tu_int(r, 0, 3) ? c.D : dims[tu_int(r, 0, 3)];
+  static const int64_t dims[] = {8, 16, 32, 33, 64};
+  c.D = dims[tu_int(r, 0, 4)];
+  c.Dv = tu_int(r, 0, 3) ? c.D : dims[tu_int(r, 0, 4)];
   c.sep_k = (int)tu_int(r, 0, 1);
   for (int64_t s = 0; s < c.nseq; s++) {
     /* empty sequences, single rows, lengths off every tile size */
@@ -194,7 +194,7 @@ static void run_case(attn_ctx *ctx, attn_kernel kern, const vcase *c, uint64_t s
   rl.data = arena_alloc(&a, (size_t)(c->Hq * TQ) * sizeof(double) + 1);
   CHECK_OK(ctx, attn_sdpa_ref(ctx, &ro, &rl, NULL, &b.q, &b.k, &b.v, &b.o));
   /* bf16 inputs take the bf16 tiles on a kernel with them, unless the policy is fp32 */
-  const int half = c->half_tiles || (c->dt == ATTN_BF16 && kern == ATTN_KERNEL_AVX512_BF16);
+  const int half = c->half_tiles || (c->dt == ATTN_BF16 && kern >= ATTN_KERNEL_AVX512_BF16);
   const double tol = half ? 3e-2 : 2e-5;
   double e = rel_err(&b.out, &ro);
   CHECK(e < tol, "forward out vs oracle: %.3g (%s, seed %llu)", e, desc, (unsigned long long)seed);
@@ -499,7 +499,7 @@ int main(int argc, char **argv) {
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx) != ATTN_OK) return 2;
   tu_rng r = {0x5eedull + (uint64_t)kern};
-  const int bf16 = kern == ATTN_KERNEL_AVX512_BF16;
+  const int bf16 = kern >= ATTN_KERNEL_AVX512_BF16;
   for (int i = 0; i < cases; i++) {
     const vcase c = random_case(&r, bf16 && (i & 1));
     run_case(ctx, kern, &c, tu_next(&r));

@@ -77,7 +77,7 @@ static inline int64_t off4(const attn_tensor *t, int64_t a, int64_t b, int64_t c
  * name is an error (exit 2). */
 static inline attn_kernel tu_kernel_or_skip(const char *name) {
   if (!name || !*name) return ATTN_KERNEL_AUTO;
-  for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AVX512_BF16; k++) {
+  for (int k = ATTN_KERNEL_REF; k <= ATTN_KERNEL_AMX; k++) {
     if (strcmp(name, attn_kernel_name((attn_kernel)k)) != 0) continue;
     if (!attn_kernel_supported((attn_kernel)k)) {
       printf("skipped: this CPU or build lacks the %s kernel\n", name);

@@ -1,3 +1,4 @@
+#define _DEFAULT_SOURCE /* syscall(), for arch_prctl */
 /* Which SIMD instruction sets this CPU and OS support, asked anew on every
  * call. CPUID is not cheap: it serializes the pipeline and, in many virtual
  * machines, traps to the hypervisor (microseconds each). So a context asks
@@ -7,11 +8,31 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static uint64_t xgetbv0(void) {
   uint32_t lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return ((uint64_t)hi << 32) | lo;
+}
+
+/* Linux hands out the tile data state (8 KiB per thread's context) only to
+ * a process that asks for it; the grant is for the whole process and for
+ * good, so asking again is harmless. A refusal (an older kernel, a seccomp
+ * filter) means no AMX: a tile instruction without it would be a SIGILL. */
+static int amx_permitted(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  enum { ARCH_GET_XCOMP_PERM = 0x1022, ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+  unsigned long bits = 0;
+  if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &bits) == 0 && ((bits >> XFEATURE_XTILEDATA) & 1)) return 1;
+  if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
+  return syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &bits) == 0 && ((bits >> XFEATURE_XTILEDATA) & 1);
+#else
+  return 0;
+#endif
 }
 
 int attn__cpu_has(attn_kernel isa) {
@@ -30,6 +51,13 @@ int attn__cpu_has(attn_kernel isa) {
     case ATTN_KERNEL_AVX512: return avx512;
     case ATTN_KERNEL_AVX512_BF16: /* CPUID.(7,1):EAX bit 5 */
       return avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
+    case ATTN_KERNEL_AMX: { /* AMX-TILE and AMX-BF16 (CPUID.(7,0):EDX bits 24, 22), the OS's XTILECFG and XTILEDATA */
+#ifndef ATTN_HAVE_AMX
+      return 0; /* not built: the compiler lacked AMX */
+#endif
+      const int amx = ((d >> 24) & 1) && ((d >> 22) & 1) && (xcr0 & 0x60000) == 0x60000;
+      return amx && attn__cpu_has(ATTN_KERNEL_AVX512_BF16) && amx_permitted();
+    }
     default: return 1;
   }
 }

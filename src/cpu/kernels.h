@@ -75,6 +75,13 @@ typedef struct attn__half_kernels {
   const char *name;
   const struct attn__cpu_kernels *base; /* softmax, exp_shift */
   int mr, nr; /* the tile it was written for: base's, or this set is not used */
+  int d_align, dv_align; /* the shapes it takes: D and Dv multiples of these (others go to the next set) */
+  /* begin, before a thread's run of qk and pv calls on one work item, and end,
+   * after it (NULL: nothing to do): a matrix unit's per-thread state (AMX's
+   * tile configuration) lives from one to the other, and nothing between them
+   * but these kernels touches it. */
+  void (*begin)(void);
+  void (*end)(void);
   void (*qk)(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale);
   void (*pv)(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse);
 } attn__half_kernels;
@@ -88,6 +95,11 @@ extern const attn__cpu_kernels attn__kernels_c;
 extern const attn__cpu_kernels attn__kernels_avx2;
 extern const attn__cpu_kernels attn__kernels_avx512;
 extern const attn__half_kernels attn__half_kernels_avx512bf16;
+#endif
+#ifdef ATTN_HAVE_AMX
+/* AMX-BF16 tiles (amx/attention_amx.c) on a 16-row fp32 base (amx/tiles16.c). */
+extern const attn__cpu_kernels attn__kernels_avx512_16;
+extern const attn__half_kernels attn__half_kernels_amx;
 #endif
 /* The decode contract (decode.c streams the keys and values of a few query
  * rows in place, unpacked; see there). A block is at most ATTN__DEC_NB keys:

@@ -11,25 +11,30 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
     if ((supported >> ATTN_KERNEL_AVX2) & 1) kernel = ATTN_KERNEL_AVX2;
     if ((supported >> ATTN_KERNEL_AVX512) & 1) kernel = ATTN_KERNEL_AVX512;
     if ((supported >> ATTN_KERNEL_AVX512_BF16) & 1) kernel = ATTN_KERNEL_AVX512_BF16;
+    if ((supported >> ATTN_KERNEL_AMX) & 1) kernel = ATTN_KERNEL_AMX;
   }
   d->kernel = kernel;
   d->attention = &attn__kernels_c;
   d->decode = &attn__decode_kernels_c;
   d->gemm = &attn__sgemm_kernel_c;
-  d->half = NULL;
+  d->half = d->half_next = NULL;
   d->gemm_bf16 = NULL;
 #ifdef ATTN_HAVE_X86_KERNELS
   if (kernel == ATTN_KERNEL_AVX2) {
     d->attention = &attn__kernels_avx2;
     d->decode = &attn__decode_kernels_avx2;
     d->gemm = &attn__sgemm_kernel_avx2;
-  } else if (kernel == ATTN_KERNEL_AVX512 || kernel == ATTN_KERNEL_AVX512_BF16) {
+  } else if (kernel == ATTN_KERNEL_AVX512 || kernel == ATTN_KERNEL_AVX512_BF16 || kernel == ATTN_KERNEL_AMX) {
     d->attention = &attn__kernels_avx512;
     d->decode = &attn__decode_kernels_avx512;
     d->gemm = &attn__sgemm_kernel_avx512;
-    const attn__half_kernels *h = &attn__half_kernels_avx512bf16;
-    if (kernel == ATTN_KERNEL_AVX512_BF16 && h->mr == h->base->mr && h->nr == h->base->nr) d->half = h;
-    if (kernel == ATTN_KERNEL_AVX512_BF16) d->gemm_bf16 = &attn__bgemm_kernel_avx512bf16;
+    if (kernel != ATTN_KERNEL_AVX512) {
+      d->half = &attn__half_kernels_avx512bf16;
+      d->gemm_bf16 = &attn__bgemm_kernel_avx512bf16;
+    }
+#ifdef ATTN_HAVE_AMX
+    if (kernel == ATTN_KERNEL_AMX) d->half_next = d->half, d->half = &attn__half_kernels_amx;
+#endif
   }
 #endif
   d->decode_enabled = decode_enabled != 0;
@@ -37,11 +42,18 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
 }
 
 /* The policy of attn.h's attn_precision, for the blocked forward: bf16 tiles
- * when the kernel has them and q, k and v are bf16 (or, under BF16, f32 or bf16). */
+ * when the kernel has them and q, k and v are bf16 (or, under BF16, f32 or
+ * bf16); the first set that takes the head sizes. */
 const attn__half_kernels *attn__dispatch_half(const attn__dispatch *d, const attn__sdpa *p) {
   if (!d->half || d->precision == ATTN_PRECISION_FP32) return NULL;
   const attn_dtype dt[3] = {p->q.dtype, p->k.dtype, p->v.dtype};
   for (int i = 0; i < 3; i++)
     if (dt[i] != ATTN_BF16 && !(d->precision == ATTN_PRECISION_BF16 && dt[i] == ATTN_F32)) return NULL;
-  return d->half;
+  const attn__half_kernels *sets[2] = {d->half, d->half_next};
+  for (int i = 0; i < 2; i++) {
+    const attn__half_kernels *h = sets[i];
+    if (h && h->mr == h->base->mr && h->nr == h->base->nr && p->D % h->d_align == 0 && p->Dv % h->dv_align == 0)
+      return h;
+  }
+  return NULL;
 }

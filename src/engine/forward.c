@@ -235,6 +235,7 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
   const int mr = kn->mr, nr = kn->nr;
   const int64_t nq = attn__queries(p, b);
   int64_t kmax = 0, kmin = attn__key_rows(p, b);
+  if (j->hk && j->hk->begin) j->hk->begin();
   for (int t = 0; t < count; t++) {
     const int64_t r0 = i0 + (int64_t)t * mr;
     tile_begin(j, &s->t[t], b, h, r0, (int)(nq - r0 < mr ? nq - r0 : mr));
@@ -259,6 +260,7 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
     tile_end(p, &s->t[t], b, h);
     if (p->weights) tile_weights(j, s, &s->t[t], Kp, b, h);
   }
+  if (j->hk && j->hk->end) j->hk->end();
 }
 
 void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t head, int64_t blk, int nr, int64_t Nk, int64_t F) {

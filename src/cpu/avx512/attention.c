@@ -23,11 +23,17 @@
 #ifndef NR
 #define NR 64
 #endif
-#define NV (NR / 16) /* zmm per row of a tile */
-#if MR > 12 || NR % 32
-#error "pt_acc keeps MR x PW zmm of X in registers; qk works in passes of 32 keys"
+/* amx/tiles16.c builds this file again as the 16-row set under the AMX tiles
+ * (ATTN_TILE_SET, its name, and ATTN_TILES_ONLY: no decode kernels). */
+#ifndef ATTN_TILE_SET
+#define ATTN_TILE_SET attn__kernels_avx512
+#define ATTN_TILE_SET_NAME "avx512"
 #endif
-#define PW (MR <= 6 ? 4 : 2) /* zmm of X per row that pt_acc keeps in registers */
+#define NV (NR / 16) /* zmm per row of a tile */
+#if MR > 16 || NR % 32
+#error "row statistics sit in the lanes of one zmm; qk works in passes of 32 keys"
+#endif
+#define PW (MR <= 6 ? 4 : MR <= 12 ? 2 : 1) /* zmm of X per row that pt_acc keeps in registers */
 #ifndef CW
 #define CW 4 /* zmm per chunk of output columns in pv */
 #endif
@@ -226,8 +232,10 @@ static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *
 }
 
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
-const attn__cpu_kernels attn__kernels_avx512 = {"avx512",  MR, NR, qk_avx512, softmax_avx512, pv_avx512,
-                                                exp_shift_avx512, ds_avx512, pt_acc_avx512};
+const attn__cpu_kernels ATTN_TILE_SET = {ATTN_TILE_SET_NAME, MR, NR, qk_avx512, softmax_avx512, pv_avx512,
+                                         exp_shift_avx512, ds_avx512, pt_acc_avx512};
+
+#ifndef ATTN_TILES_ONLY
 
 /* ---- decode (kernels.h's attn__decode_kernels) ----------------------------------
  * K and V are read where they lie, in f32, f16 (vcvtph2ps) or bf16 (a shift),
@@ -614,3 +622,4 @@ static void dec_pv_wide(float *O, float *m, float *l, float *S, int rows, const 
 const attn__decode_kernels attn__decode_kernels_avx512 = {(1u << ATTN_F32) | (1u << ATTN_F16) | (1u << ATTN_BF16) |
                                                               (1u << ATTN__Q8_0) | (1u << ATTN__Q4_0),
                                                           dec_qk_wide, dec_pv_wide, widen_avx512};
+#endif /* ATTN_TILES_ONLY */
