@@ -277,15 +277,12 @@ void bench_json_num(const char *key, double x, int last) {
 }
 
 static int parse_kernel(const char *s, attn_kernel *k) {
-  static const struct { const char *name; attn_kernel k; } names[] = {
-      {"auto", ATTN_KERNEL_AUTO}, {"c", ATTN_KERNEL_C}, {"avx2", ATTN_KERNEL_AVX2},
-      {"avx512", ATTN_KERNEL_AVX512}, {"ref", ATTN_KERNEL_REF}};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    if (!strcmp(s, names[i].name)) {
-      *k = names[i].k;
+  for (int i = ATTN_KERNEL_AUTO; i <= ATTN_KERNEL_AMX; i++)
+    if (!strcmp(s, attn_kernel_name((attn_kernel)i))) {
+      *k = (attn_kernel)i;
       return 0;
     }
-  return cli_fail(CLI_EXIT_USAGE, "--kernel wants auto, c, avx2, avx512 or ref, got '%s'", cli_show(s));
+  return cli_fail(CLI_EXIT_USAGE, "--kernel wants auto, c, avx2, avx512, avx512bf16, amx or ref, got '%s'", cli_show(s));
 }
 
 /* The context every case runs on: --threads and --kernel applied. */

@@ -40,10 +40,14 @@
 
 /* e^x for a vector: 2^(x log2 e) with 2^f on f in [-1/2, 1/2] by a degree-6
  * polynomial (about 1 ulp) and vscalefps for 2^n. x <= 88 (softmax arguments
- * are <= 0); -inf gives +0 exactly, NaN stays NaN. */
+ * are <= 0); -inf gives +0 exactly, NaN stays NaN. Results below 2^-125 are 0:
+ * on Intel cores an instruction whose result underflows to a subnormal (or to
+ * zero through one) takes a microcode assist of ~100 cycles, and a masked
+ * logit (-inf) would pay it in every lane; the lanes are left out instead. */
 static inline __m512 exp512(__m512 x) {
   /* max(lo, t) keeps t when t is NaN (the second operand wins on NaN) */
   const __m512 t = _mm512_max_ps(_mm512_set1_ps(-150.0f), _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)));
+  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ); /* NaN too */
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
   __m512 p = _mm512_set1_ps(1.5403530393381606e-4f); /* ln2^6 / 6! ... ln2 / 1! */
@@ -53,7 +57,7 @@ static inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
 /* Sixteen horizontal reductions at once, in 15 shuffle pairs: lane k of the
