@@ -43,10 +43,10 @@
  * are <= 0); -inf gives +0 exactly, NaN stays NaN. Results below 2^-125 are 0:
  * on Intel cores an instruction whose result underflows to a subnormal (or to
  * zero through one) takes a microcode assist of ~100 cycles, and a masked
- * logit (-inf) would pay it in every lane; the lanes are left out instead. */
+ * logit (-inf) would pay it in every lane; the lanes are left out instead
+ * (-inf's t - n is NaN there, and never seen). */
 static inline __m512 exp512(__m512 x) {
-  /* max(lo, t) keeps t when t is NaN (the second operand wins on NaN) */
-  const __m512 t = _mm512_max_ps(_mm512_set1_ps(-150.0f), _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ); /* NaN too */
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
@@ -59,6 +59,31 @@ static inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
+
+#ifdef ATTN_TILE_P_ROUNDED_TO_BF16
+/* e^(x - m), m_l2e = m log2 e, for probabilities that are rounded to bf16
+ * (2^-9) before p.v (the AMX tiles' set): 8 vector operations, not 11. The
+ * argument is one FMA (relative error up to |m| 2^-23 in the result: 1e-5 at
+ * |m| = 100), 2^f on f in [0, 1) a degree-4 minimax polynomial (2.6e-6), and
+ * vscalefps takes floor(t) itself. Zeros and NaN as exp512's. */
+static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e) {
+  (void)m;
+  const __m512 t = _mm512_fmsub_ps(x, _mm512_set1_ps(1.44269504088896341f), m_l2e);
+  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ); /* NaN too */
+  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); /* t - floor(t) */
+  __m512 p = _mm512_set1_ps(0.013534167781472206f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05201146379113197f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2414427548646927f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6930038332939148f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000026226043701f));
+  return _mm512_maskz_scalef_ps(normal, p, t);
+}
+#else
+static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e) {
+  (void)m_l2e;
+  return exp512(_mm512_sub_ps(x, m));
+}
+#endif
 
 /* Sixteen horizontal reductions at once, in 15 shuffle pairs: lane k of the
  * result reduces v[(k % 4) * 4 + k / 4] (a 4 x 4 transpose, its own inverse). */
@@ -128,16 +153,17 @@ static void softmax_avx512(float *S, float *m, float *l, float *alpha) {
   /* rows without a visible key yet: shift by 0, so exp(-inf - 0) = 0 rather than NaN */
   const __m512 shift = _mm512_mask_blend_ps(empty, mnew, _mm512_setzero_ps());
   const __m512 a = _mm512_mask_blend_ps(empty, exp512(_mm512_sub_ps(mold, mnew)), _mm512_set1_ps(1.0f));
-  float sh[16];
+  float sh[16], shl[16];
   _mm512_storeu_ps(sh, shift);
+  _mm512_storeu_ps(shl, _mm512_mul_ps(shift, _mm512_set1_ps(1.44269504088896341f)));
   __m512 sums[16];
   for (int r = MR; r < 16; r++) sums[SLOT(r)] = _mm512_setzero_ps();
   for (int r = 0; r < MR; r++) {
     float *s = S + r * NR;
-    const __m512 mv = _mm512_set1_ps(sh[r]);
+    const __m512 mv = _mm512_set1_ps(sh[r]), mvl = _mm512_set1_ps(shl[r]);
     __m512 sum = _mm512_setzero_ps();
     for (int v = 0; v < NV; v++) {
-      const __m512 p = exp512(_mm512_sub_ps(_mm512_load_ps(s + 16 * v), mv));
+      const __m512 p = exp_minus(_mm512_load_ps(s + 16 * v), mv, mvl);
       _mm512_store_ps(s + 16 * v, p);
       sum = _mm512_add_ps(sum, p);
     }
