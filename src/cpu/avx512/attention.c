@@ -62,20 +62,21 @@ static inline __m512 exp512(__m512 x) {
 
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
 /* e^(x - m), m_l2e = m log2 e, for probabilities that are rounded to bf16
- * (2^-9) before p.v (the AMX tiles' set): 8 vector operations, not 11. The
+ * (2^-9) before p.v (the AMX tiles' set): 9 vector operations, not 11. The
  * argument is one FMA (relative error up to |m| 2^-23 in the result: 1e-5 at
- * |m| = 100), 2^f on f in [0, 1) a degree-4 minimax polynomial (2.6e-6), and
+ * |m| = 100), 2^f on f in [0, 1) a degree-5 minimax polynomial (1e-7), and
  * vscalefps takes floor(t) itself. Zeros and NaN as exp512's. */
 static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e) {
   (void)m;
   const __m512 t = _mm512_fmsub_ps(x, _mm512_set1_ps(1.44269504088896341f), m_l2e);
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ); /* NaN too */
   const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); /* t - floor(t) */
-  __m512 p = _mm512_set1_ps(0.013534167781472206f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05201146379113197f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2414427548646927f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6930038332939148f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000026226043701f));
+  __m512 p = _mm512_set1_ps(0.0018775766948238015f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.008989340625703335f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05582631751894951f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24015361070632935f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931530833244324f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999999403953552f));
   return _mm512_maskz_scalef_ps(normal, p, t);
 }
 #else
