@@ -1,12 +1,13 @@
 /* The bf16 GEMM (bf16 products summed in fp32) behind attn_linear and the
  * layer's projections under ATTN_PRECISION_BF16.
  *
- *   test_gemm_bf16 gemm   the AVX512-BF16 GEMM through attn_linear (skipped
+ *   test_gemm_bf16 gemm [avx512bf16|amx]
+ *                         that kernel's bf16 GEMM through attn_linear (skipped
  *                         where the CPU lacks it): against a float64 product
  *                         of the bf16-rounded operands, bound GEMM_BOUND (the
  *                         products are exact, so only the fp32 sums round);
- *                         sizes of 1, odd, primes, around the tile (12 x 32)
- *                         and the blocks (kc 512, mc 192, nc 512), rows
+ *                         sizes of 1, odd, primes, around the tiles (12 x 32,
+ *                         32 x 32) and the blocks (kc 512, mc 192 or 128, nc 512), rows
  *                         longer than the operands' (gaps NaN: never read),
  *                         out prefilled with NaN (every element written,
  *                         nothing past a row), with and without bias, f32 and
@@ -17,7 +18,8 @@
  *                         bf16) under each precision: bitwise the fp32 GEMM's
  *                         or the bf16 GEMM's result, and within the bound of
  *                         the matching float64 reference; bias of any float dtype.
- *   test_gemm_bf16 layer  the layer under BF16 (skipped without AVX512-BF16):
+ *   test_gemm_bf16 layer [avx512bf16|amx]
+ *                         the layer under BF16 (skipped without that kernel):
  *                         bitwise what attn_linear + attn_sdpa + attn_linear
  *                         give under BF16 (so the projections took bf16
  *                         products), within LAYER_BOUND of the float64 layer
@@ -36,6 +38,9 @@
  * that read them, and the probabilities for p.v (the bf16 tiles' own bound,
  * test_half's 1e-2). Measured: 0.9e-3 to 1.5e-3 on these cases. */
 #define LAYER_BOUND 1e-2
+
+/* The kernel whose bf16 GEMM gemm and layer test (argv[2]: avx512bf16, amx). */
+static attn_kernel bf16_kernel = ATTN_KERNEL_AVX512_BF16;
 
 /* ---- operands --------------------------------------------------------------------- */
 /* rows x cols of dtype dt, rows ld apart, in an exact-size buffer (ASan sees
@@ -127,7 +132,7 @@ static void gemm_case(tu_rng *rng, const gcase *c) {
   reference(ref, &x, &w, bp, 1);
   /* both bf16: DEFAULT runs the bf16 GEMM; otherwise BF16 asks for it */
   const attn_precision prec = c->xt == ATTN_BF16 && c->wt == ATTN_BF16 ? ATTN_PRECISION_DEFAULT : ATTN_PRECISION_BF16;
-  attn_ctx *ctx = context(ATTN_KERNEL_AVX512_BF16, prec);
+  attn_ctx *ctx = context(bf16_kernel, prec);
   const int64_t bs[1] = {N}, os[2] = {M, N};
   const attn_tensor tx = mat_view(&x), tw = mat_view(&w), tb = attn_tensor_view(bias, ATTN_F32, 1, bs);
   char what[200];
@@ -167,7 +172,7 @@ static void gemm_strided(tu_rng *rng, int64_t M, int64_t N, int64_t K, attn_dtyp
   char *xs = malloc((size_t)(M * K) * es), *ws = malloc((size_t)(2 * N * K) * es);
   if (!bias || !want || !os || !bs || !xs || !ws) exit(2);
   tu_fill_f32(rng, bias, N, 1.0);
-  attn_ctx *ctx = context(ATTN_KERNEL_AVX512_BF16, dt == ATTN_BF16 ? ATTN_PRECISION_DEFAULT : ATTN_PRECISION_BF16);
+  attn_ctx *ctx = context(bf16_kernel, dt == ATTN_BF16 ? ATTN_PRECISION_DEFAULT : ATTN_PRECISION_BF16);
   const int64_t sb[1] = {N}, so[2] = {M, N};
   const attn_tensor tx = mat_view(&x), tw = mat_view(&w), tb = attn_tensor_view(bias, ATTN_F32, 1, sb);
   attn_tensor to = attn_tensor_view(want, ATTN_F32, 2, so);
@@ -218,7 +223,9 @@ static void gemm_tests(void) {
       {1, 1, 1},     {1, 1, 2},      {1, 37, 3},     {5, 1, 7},       {3, 5, 0},       {7, 17, 31},
       {12, 32, 64},  {11, 31, 63},   {13, 33, 65},   {24, 64, 2},     {37, 97, 1024},  {29, 61, 1023},
       {191, 511, 511}, {192, 512, 512}, {193, 513, 513}, {97, 130, 1025}, {2000, 13, 301}, {13, 2000, 300},
-      {1, 700, 601}, {700, 1, 600},  {61, 67, 509},  {200, 100, 1031}};
+      {1, 700, 601}, {700, 1, 600},  {61, 67, 509},  {200, 100, 1031},
+      /* and of AMX's 32 x 32 tile, its 16-pair steps and mc 128 */
+      {32, 32, 32},  {31, 33, 33},   {33, 31, 34},   {127, 65, 97},   {128, 96, 510},  {129, 95, 1057}};
   for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
     const gcase c = {fixed[i][0], fixed[i][1], fixed[i][2], (int64_t)(i % 3), (int64_t)(i % 2) * 5, (int64_t)(i % 4),
                      (int)(i % 2), i % 4 == 1 ? H : F, i % 4 == 1 || i % 4 == 2 ? H : F};
@@ -282,21 +289,21 @@ static void rules(void) {
       const attn_tensor tb = attn_tensor_view(bias_store, bt, 1, sb), tb32 = attn_tensor_view(bias32, ATTN_F32, 1, sb);
       reference(ref_exact, &x, &w, bias32, 0);
       reference(ref_rounded, &x, &w, bias32, 1);
-      for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AVX512_BF16; k++) {
+      for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AMX; k++) {
         if (!attn_kernel_supported((attn_kernel)k)) continue;
         /* the two candidates: the fp32 GEMM on the widened values, the bf16 one on them rounded */
         attn_ctx *c32 = context((attn_kernel)k, ATTN_PRECISION_FP32);
         linear_into(c32, want_fp32, &xf, &wf, &tb32);
         attn_ctx_destroy(c32);
-        if (have_bf16) {
-          attn_ctx *c16 = context(ATTN_KERNEL_AVX512_BF16, ATTN_PRECISION_BF16);
+        if (k >= ATTN_KERNEL_AVX512_BF16) { /* this kernel's own bf16 GEMM (each sums in its own order) */
+          attn_ctx *c16 = context((attn_kernel)k, ATTN_PRECISION_BF16);
           linear_into(c16, want_bf16, &xf, &wf, &tb32);
           attn_ctx_destroy(c16);
         }
         for (int p = ATTN_PRECISION_DEFAULT; p <= ATTN_PRECISION_BF16; p++) {
           const int f16 = dts[xi] == ATTN_F16 || dts[wi] == ATTN_F16;
           const int both_bf16 = dts[xi] == ATTN_BF16 && dts[wi] == ATTN_BF16;
-          const int expect_bf16 = k == ATTN_KERNEL_AVX512_BF16 && p != ATTN_PRECISION_FP32 && !f16 &&
+          const int expect_bf16 = k >= ATTN_KERNEL_AVX512_BF16 && p != ATTN_PRECISION_FP32 && !f16 &&
                                   (p == ATTN_PRECISION_BF16 || both_bf16);
           attn_ctx *ctx = context((attn_kernel)k, (attn_precision)p);
           attn_ctx_set_threads(ctx, 1 + (xi + wi) % 3);
@@ -431,7 +438,7 @@ static void composed(attn_ctx *ctx, float *out, attn_mha *m, const lcase *c, con
 static void layer_case(const lcase *c, uint64_t seed) {
   tu_rng rng = {seed};
   const int64_t E = c->E, Mq = c->B * c->Nq, Mk = c->B * c->Nk;
-  attn_ctx *ctx = context(ATTN_KERNEL_AVX512_BF16, ATTN_PRECISION_BF16);
+  attn_ctx *ctx = context(bf16_kernel, ATTN_PRECISION_BF16);
   attn_ctx *oracle = context(ATTN_KERNEL_REF, ATTN_PRECISION_DEFAULT);
   attn_ctx_set_threads(ctx, 3);
   attn_mha_config cfg;
@@ -496,7 +503,7 @@ static void layer_case(const lcase *c, uint64_t seed) {
   /* DEFAULT and FP32: bitwise the fp32 composition (self-attention's fused
    * projection on the portable kernel, which no BLAS replaces) */
   for (int p = ATTN_PRECISION_DEFAULT; p <= ATTN_PRECISION_FP32; p++) {
-    attn_ctx *cf = context(c->self ? ATTN_KERNEL_C : ATTN_KERNEL_AVX512_BF16, (attn_precision)p);
+    attn_ctx *cf = context(c->self ? ATTN_KERNEL_C : bf16_kernel, (attn_precision)p);
     attn_ctx_set_threads(cf, 2);
     tu_poison_f32(out, nq);
     CHECK_OK(cf, attn_mha_forward(cf, m, &to, NULL, &tq, K, V, NULL));
@@ -519,7 +526,7 @@ static void layer_case(const lcase *c, uint64_t seed) {
 static void layer_cached(void) {
   enum { E = 64, H = 4, B = 2, N = 16 };
   tu_rng rng = {99};
-  attn_ctx *ctx = context(ATTN_KERNEL_AVX512_BF16, ATTN_PRECISION_BF16);
+  attn_ctx *ctx = context(bf16_kernel, ATTN_PRECISION_BF16);
   attn_ctx *oracle = context(ATTN_KERNEL_REF, ATTN_PRECISION_DEFAULT);
   attn_mha_config cfg;
   attn_mha_config_init(&cfg, E, H);
@@ -565,20 +572,21 @@ static void layer_cached(void) {
 
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
+  const char *kname = argc > 2 ? argv[2] : "avx512bf16";
   if (!strcmp(mode, "gemm")) {
-    tu_kernel_or_skip("avx512bf16");
+    bf16_kernel = tu_kernel_or_skip(kname);
     gemm_tests();
   } else if (!strcmp(mode, "rules")) {
     rules();
   } else if (!strcmp(mode, "layer")) {
-    tu_kernel_or_skip("avx512bf16");
+    bf16_kernel = tu_kernel_or_skip(kname);
     static const lcase cases[] = {{64, 4, 4, 64, 64, 2, 37, 37, 1},  /* self: one fused projection */
                                   {48, 3, 1, 20, 36, 2, 19, 45, 0},  /* cross, GQA, kdim != vdim != E */
                                   {128, 2, 2, 128, 128, 1, 130, 130, 1}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) layer_case(&cases[i], 300 + i);
     layer_cached();
   } else {
-    fprintf(stderr, "usage: test_gemm_bf16 gemm|rules|layer\n");
+    fprintf(stderr, "usage: test_gemm_bf16 gemm|rules|layer [avx512bf16|amx]\n");
     return 2;
   }
   return tu_finish("test_gemm_bf16");

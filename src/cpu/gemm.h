@@ -66,7 +66,19 @@ extern const attn__sgemm_kernel attn__sgemm_kernel_c;
  * where dot2 is the instruction's fixed sequence for one lane (vdpbf16ps: the
  * two products are exact in fp32; each is added with fp32 rounding; bf16
  * subnormals count as zero). So every element of C is again one chain in k
- * order from the bias or zero, whatever the blocking or thread count. */
+ * order from the bias or zero, whatever the blocking or thread count.
+ *
+ * A matrix unit's kernel (AMX) may ask for two more things:
+ *   kp_align: a block's pairs are padded with zero pairs to kpp, a multiple
+ *             of kp_align (tiles take 16 pairs a step); the kernel is called
+ *             with kpp. Zero pairs add exact zeros, so C does not change.
+ *   a_rows:   A's micro-panels row by row, as a tile's rows are read:
+ *               Ap[(i * kpp + t) * 2 + e] = bf16(A[i][k0 + 2t + e])
+ *             (B's stay k-major: that is already a tile's layout).
+ * and begin/end, run by each thread around its calls of ukr (NULL: none):
+ * the tile configuration lives from one to the other. A tile's sums run in an
+ * order of the unit's own, fixed for the kernel, so C is again the same
+ * whatever the blocking or thread count. */
 typedef void (*attn__bgemm_ukr_fn)(int64_t kp, const uint16_t *Ap, const uint16_t *Bp, float *C, int64_t ldc,
                                    const float *init);
 /* Packs one full micro-panel of r rows (the kernel's mr or nr) of X, an f32
@@ -79,7 +91,10 @@ typedef struct attn__bgemm_kernel {
   int mr, nr;     /* tile of C; nr <= 64, mr <= 32 */
   int kc, mc, nc; /* blocking as attn__sgemm_kernel's; kc counts steps (not pairs) and is even */
   attn__bgemm_ukr_fn ukr;
-  attn__bgemm_pack_fn pack_a, pack_b;
+  attn__bgemm_pack_fn pack_a, pack_b; /* pack_a packs kpp pairs a row when a_rows is set */
+  int kp_align, a_rows;               /* 0: 1 and k-major, as above */
+  void (*begin)(void);
+  void (*end)(void);
 } attn__bgemm_kernel;
 
 /* The portable packing of one micro-panel of r rows into pairs (the contract
@@ -118,6 +133,12 @@ extern const attn__sgemm_kernel attn__sgemm_kernel_avx2;
 extern const attn__sgemm_kernel attn__sgemm_kernel_avx512;
 /* 12 x 32 tile of vdpbf16ps accumulators (avx512/gemm_bf16.c; AVX512-BF16 CPUs only). */
 extern const attn__bgemm_kernel attn__bgemm_kernel_avx512bf16;
+/* Its packing of a B micro-panel of 32 rows (the AMX kernel's too). */
+void attn__bgemm_pack_b32_avx512bf16(const void *X, attn_dtype dt, int64_t ld, int64_t kc, uint16_t *P);
+#endif
+#ifdef ATTN_HAVE_AMX
+/* 32 x 32 tile in four AMX tiles (amx/gemm_amx.c; AMX-BF16 CPUs only). */
+extern const attn__bgemm_kernel attn__bgemm_kernel_amx;
 #endif
 
 #endif

@@ -33,7 +33,10 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
       d->gemm_bf16 = &attn__bgemm_kernel_avx512bf16;
     }
 #ifdef ATTN_HAVE_AMX
-    if (kernel == ATTN_KERNEL_AMX) d->half_next = d->half, d->half = &attn__half_kernels_amx;
+    if (kernel == ATTN_KERNEL_AMX) {
+      d->half_next = d->half, d->half = &attn__half_kernels_amx;
+      d->gemm_bf16 = &attn__bgemm_kernel_amx;
+    }
 #endif
   }
 #endif

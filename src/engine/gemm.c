@@ -109,8 +109,25 @@ typedef struct gemm_args {
 static const float zeros[MAX_NR];
 
 /* Steps a packed micro-panel holds per row for a depth block of kc: bf16
- * pairs round an odd kc up. */
-static int64_t packed_depth(const gemm_args *g, int64_t kc) { return g->kb ? (kc + 1) / 2 * 2 : kc; }
+ * pairs round an odd kc up, and a matrix unit's kernel pads to whole steps. */
+static int64_t packed_depth(const gemm_args *g, int64_t kc) {
+  if (!g->kb) return kc;
+  const int64_t align = g->kb->kp_align > 1 ? g->kb->kp_align : 1;
+  return ((kc + 1) / 2 + align - 1) / align * align * 2;
+}
+
+/* The portable packing of one micro-panel of r rows, row by row (gemm.h's
+ * a_rows), kpp pairs a row: rows past `rows` and pairs past kc zero. */
+static void pack_rows_pairs(const void *X, attn_dtype dt, int64_t ld, int64_t rows, int64_t kc, int r, int64_t kpp,
+                            uint16_t *restrict P) {
+  for (int i = 0; i < r; i++) {
+    uint16_t *p = P + 2 * kpp * i;
+    int64_t k = 0;
+    for (; i < rows && k < kc; k++)
+      p[k] = dt == ATTN_BF16 ? ((const uint16_t *)X)[i * ld + k] : attn__f32_to_bf16(((const float *)X)[i * ld + k]);
+    for (; k < 2 * kpp; k++) p[k] = 0;
+  }
+}
 static size_t packed_size(const gemm_args *g) { return g->kb ? sizeof(uint16_t) : sizeof(float); }
 
 /* rows x kc of operand X (A or B, as dt) from row row0 and step k0 into
@@ -123,13 +140,21 @@ static void pack_operand(const gemm_args *g, const void *X, attn_dtype dt, int64
   }
   const attn__bgemm_pack_fn fast = is_a ? g->kb->pack_a : g->kb->pack_b;
   const size_t es = attn_dtype_size(dt);
+  const int64_t depth = packed_depth(g, kc), kp = (kc + 1) / 2;
   uint16_t *p = P;
-  for (int64_t q = 0; q < rows; q += r, p += r * packed_depth(g, kc)) {
+  for (int64_t q = 0; q < rows; q += r, p += r * depth) {
     const void *x = (const char *)X + (size_t)((row0 + q) * ld + k0) * es;
-    if (rows - q >= r && fast)
+    const int64_t h = rows - q < r ? rows - q : r;
+    if (is_a && g->kb->a_rows) {
+      if (h == r && fast) fast(x, dt, ld, kc, p);
+      else pack_rows_pairs(x, dt, ld, h, kc, r, depth / 2, p);
+      continue;
+    }
+    if (h == r && fast)
       fast(x, dt, ld, kc, p);
     else
-      attn__bgemm_pack_pairs(x, dt, ld, rows - q < r ? rows - q : r, kc, r, p);
+      attn__bgemm_pack_pairs(x, dt, ld, h, kc, r, p);
+    memset(p + 2 * kp * r, 0, (size_t)(depth / 2 - kp) * (size_t)r * 4); /* the zero pairs of a padded block */
   }
 }
 
@@ -143,6 +168,7 @@ static void gemm_rect(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0, in
   _Alignas(64) float tile[MAX_MR * MAX_NR];
   _Alignas(64) float binit[MAX_NR];
   memset(tile, 0, sizeof tile); /* the lanes of an edge tile past C's edge: computed, never stored */
+  if (g->kb && g->kb->begin) g->kb->begin();
   for (int64_t jc = n0; jc < n1; jc += ncb) {
     const int64_t nc = n1 - jc < ncb ? n1 - jc : ncb;
     for (int64_t pc = 0; pc < g->K; pc += kcb) {
@@ -187,6 +213,7 @@ static void gemm_rect(const gemm_args *g, int64_t m0, int64_t m1, int64_t n0, in
       }
     }
   }
+  if (g->kb && g->kb->end) g->kb->end();
 }
 
 /* Without heap buffers (allocation failed): the same arithmetic, one tile of

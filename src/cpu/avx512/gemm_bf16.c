@@ -103,7 +103,7 @@ static inline void pack_pairs4(const void *X, attn_dtype dt, int64_t ld, int64_t
 static void pack_a_avx512bf16(const void *X, attn_dtype dt, int64_t ld, int64_t kc, uint16_t *P) {
   pack_pairs4(X, dt, ld, kc, MR, P);
 }
-static void pack_b_avx512bf16(const void *X, attn_dtype dt, int64_t ld, int64_t kc, uint16_t *P) {
+void attn__bgemm_pack_b32_avx512bf16(const void *X, attn_dtype dt, int64_t ld, int64_t kc, uint16_t *P) {
   pack_pairs4(X, dt, ld, kc, NR, P);
 }
 
@@ -111,4 +111,5 @@ static void pack_b_avx512bf16(const void *X, attn_dtype dt, int64_t ld, int64_t 
  * kernel's at half the bytes per step; mc = 192: the A block 192 KiB (L2);
  * nc = 512: the B block 512 KiB (L2/L3). */
 const attn__bgemm_kernel attn__bgemm_kernel_avx512bf16 = {"avx512bf16", MR, NR, 512, (192 / MR) * MR, 512,
-                                                         ukr_avx512bf16, pack_a_avx512bf16, pack_b_avx512bf16};
+                                                         ukr_avx512bf16, pack_a_avx512bf16,
+                                                         attn__bgemm_pack_b32_avx512bf16, 0, 0, NULL, NULL};
