@@ -166,7 +166,35 @@ static float fma_chains_scalar(long long iters, float a, float b) {
   return s;
 }
 
-static const char *const peak_isa_name[] = {"scalar", "avx2+fma", "avx512f", "avx512bf16"};
+#if defined(__x86_64__) && defined(ATTN_HAVE_AMX)
+/* tdpbf16ps: six independent 16 x 16 fp32 tiles, each += (16 x 32 bf16) x (32 x 16 bf16), 16384 flops. */
+typedef struct amx_config {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_config;
+static const amx_config amx_all_16x64 __attribute__((aligned(64))) = {
+    .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+#define AMX_TDP_FLOPS 16384.0
+#define AMX_TDP_PER_STEP 6
+__attribute__((target("amx-tile,amx-bf16"))) static float amx_dot_tiles(long long iters) {
+  static const uint16_t ones[16 * 32] __attribute__((aligned(64))) = {0};
+  float out[16 * 16] __attribute__((aligned(64)));
+  _tile_loadconfig(&amx_all_16x64);
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); _tile_zero(4); _tile_zero(5);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  for (long long n = 0; n < iters; n++) {
+    _tile_dpbf16ps(0, 6, 7); _tile_dpbf16ps(1, 6, 7); _tile_dpbf16ps(2, 6, 7);
+    _tile_dpbf16ps(3, 6, 7); _tile_dpbf16ps(4, 6, 7); _tile_dpbf16ps(5, 6, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+#endif
+
+static const char *const peak_isa_name[] = {"scalar", "avx2+fma", "avx512f", "avx512bf16", "amx_bf16"};
 
 /* The widest FMA this CPU runs: what the library's dispatcher says, and on x86
  * also the compiler's CPU check (which also asks the OS), so a build of the
@@ -201,6 +229,10 @@ static double peak_pass(peak_isa isa, int threads, long long iters) {
   {
     float r;
 #if defined(__x86_64__)
+#ifdef ATTN_HAVE_AMX
+    if (isa == PEAK_AMX_BF16) r = amx_dot_tiles(iters);
+    else
+#endif
     if (isa == PEAK_AVX512_BF16) r = bf16_dot_chains(iters, b);
     else if (isa == PEAK_AVX512) r = fma_chains_avx512(iters, a, b);
     else if (isa == PEAK_AVX2) r = fma_chains_avx2(iters, a, b);
@@ -234,7 +266,8 @@ static double measure_peak(int threads, peak_isa isa) {
   double best = 0;
   for (int k = 0; k < 3; k++) {
     dt = peak_pass(isa, threads, iters);
-    const double g = 2.0 * lanes * acc * (double)iters * threads / dt * 1e-9;
+    const double per_step = isa == PEAK_AMX_BF16 ? AMX_TDP_FLOPS * AMX_TDP_PER_STEP : 2.0 * lanes * acc;
+    const double g = per_step * (double)iters * threads / dt * 1e-9;
     if (g > best) best = g;
   }
   return best;
@@ -245,8 +278,19 @@ double bench_measure_peak(int threads, peak_isa *isa_out) {
   return measure_peak(threads, *isa_out);
 }
 
-double bench_measure_bf16_peak(int threads) {
-  return attn_kernel_supported(ATTN_KERNEL_AVX512_BF16) ? measure_peak(threads, PEAK_AVX512_BF16) : 0;
+double bench_measure_bf16_peak(int threads, attn_kernel kernel, peak_isa *isa) {
+#if defined(__x86_64__)
+  *isa = kernel == ATTN_KERNEL_AMX ? PEAK_AMX_BF16 : PEAK_AVX512_BF16;
+#ifndef ATTN_HAVE_AMX
+  if (*isa == PEAK_AMX_BF16) return 0;
+#endif
+  if (!attn_kernel_supported(kernel == ATTN_KERNEL_AMX ? ATTN_KERNEL_AMX : ATTN_KERNEL_AVX512_BF16)) return 0;
+  return measure_peak(threads, *isa); /* attn_kernel_supported asked Linux for the tile state */
+#else
+  (void)threads, (void)kernel;
+  *isa = PEAK_AVX512_BF16;
+  return 0;
+#endif
 }
 
 /* ---- limits and the command line ------------------------------------------------------ */

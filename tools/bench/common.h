@@ -79,12 +79,14 @@ int bench_time_runs(bench_fn fn, void *arg, long long repeat, timing *t);
 double bench_min_runs(long long repeat);
 
 /* ---- limits of the machine ---- */
-typedef enum peak_isa { PEAK_SCALAR, PEAK_AVX2, PEAK_AVX512, PEAK_AVX512_BF16 } peak_isa;
+typedef enum peak_isa { PEAK_SCALAR, PEAK_AVX2, PEAK_AVX512, PEAK_AVX512_BF16, PEAK_AMX_BF16 } peak_isa;
 /* GFLOP/s of threads threads doing fp32 FMAs with the widest FMA this CPU runs (*isa). */
 double bench_measure_peak(int threads, peak_isa *isa);
-/* GFLOP/s of threads threads doing vdpbf16ps (4 flops per fp32 lane), the
- * unit of the bf16 tiles; 0 where the CPU or build lacks it. */
-double bench_measure_bf16_peak(int threads);
+/* GFLOP/s of threads threads on the unit of kernel's bf16 tiles and GEMM:
+ * tdpbf16ps (AMX, 16384 flops per instruction) for ATTN_KERNEL_AMX, else
+ * vdpbf16ps (4 flops per fp32 lane); *isa says which. 0 where the CPU or
+ * build lacks it. */
+double bench_measure_bf16_peak(int threads, attn_kernel kernel, peak_isa *isa);
 /* The process's peak resident set so far, MiB. */
 double bench_peak_rss_mib(void);
 

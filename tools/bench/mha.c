@@ -156,8 +156,7 @@ int cmd_bench_mha(int argc, char **argv) {
   rep.tiles = strstr(attn_ctx_plan(ctx), "bf16 tiles") ? "bf16" : "fp32"; /* what the attention ran on */
   rep.peak_gflops = bench_measure_peak(rep.threads, &rep.isa);
   if (!strcmp(rep.tiles, "bf16")) { /* the projections and the attention ran on the bf16 unit */
-    rep.peak_gflops = bench_measure_bf16_peak(rep.threads);
-    rep.isa = PEAK_AVX512_BF16;
+    rep.peak_gflops = bench_measure_bf16_peak(rep.threads, attn_ctx_kernel(ctx), &rep.isa);
   }
   if ((r = mha_oracle(&c, &rep))) goto done;
   bench_print_report(&rep, cli_has(&a, "--json"));

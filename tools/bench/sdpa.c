@@ -476,8 +476,7 @@ int cmd_bench_sdpa(int argc, char **argv) {
   rep.precision = attn_precision_name(attn_ctx_precision(ctx));
   rep.peak_gflops = bench_measure_peak(rep.threads, &rep.isa);
   if (!strcmp(rep.tiles, "bf16")) { /* the unit the tiles ran on */
-    rep.peak_gflops = bench_measure_bf16_peak(rep.threads);
-    rep.isa = PEAK_AVX512_BF16;
+    rep.peak_gflops = bench_measure_bf16_peak(rep.threads, attn_ctx_kernel(ctx), &rep.isa);
   }
   if ((r = sdpa_oracle(&c, &rep, pairs))) goto done;
   if (backward && (r = sdpa_backward_oracle(&c, &rep, pairs))) goto done;
