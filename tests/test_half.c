@@ -20,6 +20,9 @@
 /* out's rel L2 bound on the bf16 tiles, the documented one (README, attn.h):
  * the probabilities' rounding to bf16 (relative 2^-9 each) dominates. */
 #define BF16_OUT_BOUND 1e-2
+/* and on the f16 tiles (AMX: f16 as bf16 hi + lo), whose only rounding is the
+ * probabilities' to f16 (2^-11) */
+#define F16_OUT_BOUND 2e-3
 #define F32_TOL 2e-5 /* the fp32 kernels' bound in test_sdpa */
 
 typedef struct hcase {
@@ -97,6 +100,9 @@ static hcase random_case(tu_rng *r, int one_block) {
   return c;
 }
 
+/* The AMX tiles' shapes (attn.h's ATTN_KERNEL_AMX); the blocked forward's problems only (Nq past decode). */
+static int amx_takes(const hcase *c) { return c->D % 32 == 0 && c->Dv % 16 == 0; }
+
 static void describe(char *buf, size_t n, const hcase *c, int seed) {
   snprintf(buf, n, "case %d: B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld Dv%lld causal %d window %lld softcap %g alibi %d "
                    "sinks %d kpm %d", seed, (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Nq,
@@ -119,7 +125,7 @@ static double err_vs(const float *got, const double *want, int64_t n, int *bad) 
 /* out of one-block problems as the policy defines it: p = exp(s - max s), each
  * rounded to bf16 for p.v, the sum taken from the unrounded p; from the oracle's
  * weights (w = p / sum p, so p = w / max w) and the bf16 values of v. */
-static void emulate(double *out, const double *w, const attn_tensor *v, const hcase *c) {
+static void emulate(double *out, const double *w, const attn_tensor *v, const hcase *c, attn_dtype dt) {
   const int64_t G = c->Hq / c->Hk;
   for (int64_t b = 0; b < c->B; b++)
     for (int64_t h = 0; h < c->Hq; h++)
@@ -131,18 +137,19 @@ static void emulate(double *out, const double *w, const attn_tensor *v, const hc
         for (int64_t d = 0; d < c->Dv; d++) o[d] = 0;
         if (mx == 0) continue; /* nothing visible: 0 */
         for (int64_t j = 0; j < c->Nk; j++) {
-          const double p = wr[j] / mx, pr = tu_bf16_to_f32(tu_f32_to_bf16((float)p));
+          const double p = wr[j] / mx, pr = tu_round_through((float)p, dt);
           l += p;
           if (pr == 0) continue;
           const uint16_t *vr = (const uint16_t *)v->data + ((b * c->Hk + h / G) * c->Nk + j) * c->Dv;
-          for (int64_t d = 0; d < c->Dv; d++) o[d] += pr * tu_bf16_to_f32(vr[d]);
+          for (int64_t d = 0; d < c->Dv; d++) o[d] += pr * (dt == ATTN_F16 ? tu_f16_to_f32(vr[d]) : tu_bf16_to_f32(vr[d]));
         }
         for (int64_t d = 0; d < c->Dv; d++) o[d] /= l;
       }
 }
 
 /* One case through ctx (its kernel and precision as set), against the oracle on the same inputs.
- * tiles: 1 when the bf16 tiles must run (then out is held to BF16_OUT_BOUND), 0 when they must not. */
+ * tiles: 1 when the bf16 tiles must run (then out is held to BF16_OUT_BOUND), 2 the f16 ones
+ * (F16_OUT_BOUND), 0 when none must. */
 static void run(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, attn_dtype dt, int seed, int tiles, int one_block,
                 const char *what) {
   tu_rng r = {(uint64_t)seed * 104729u + 7};
@@ -177,21 +184,23 @@ static void run(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, attn_dtype dt, 
   const attn_status st = attn_sdpa(ctx, &to, &tl, c->weights ? &tw : NULL, &P.q, &P.k, &P.v, &P.o);
   CHECK(st == ATTN_OK, "%s %s: %s", what, desc, attn_ctx_error(ctx));
   if (st == ATTN_OK) {
-    const int ran = strstr(attn_ctx_plan(ctx), "bf16 tiles") != NULL;
-    CHECK(ran == tiles, "%s %s: the bf16 tiles %s, plan: %s", what, desc, ran ? "ran" : "did not run", attn_ctx_plan(ctx));
+    const char *plan = attn_ctx_plan(ctx);
+    const int ran = strstr(plan, "(bf16 hi + lo)") ? 2 : strstr(plan, "bf16 tiles") ? 1 : 0;
+    CHECK(ran == tiles, "%s %s: tiles %d ran, %d expected; plan: %s", what, desc, ran, tiles, plan);
     int bad = 0;
     const double eo = err_vs(out, ro, no, &bad), el = err_vs(lse, rl, nl, &bad);
     for (int64_t e = 0; e < nl; e++) bad |= (rl[e] == -INFINITY) != (lse[e] == -INFINITY);
-    CHECK(!bad && eo <= (tiles ? BF16_OUT_BOUND : F32_TOL), "%s %s: out rel L2 %.3g (or a non-finite value)", what, desc, eo);
+    CHECK(!bad && eo <= (tiles == 2 ? F16_OUT_BOUND : tiles ? BF16_OUT_BOUND : F32_TOL),
+          "%s %s: out rel L2 %.3g (or a non-finite value)", what, desc, eo);
     /* the logits and the softmax's sums stay fp32 on the tiles: lse and weights keep fp32's bound */
     CHECK(el <= F32_TOL, "%s %s: lse rel L2 %.3g", what, desc, el);
     if (c->weights) {
       const double ew = err_vs(w, rw, nw, &bad);
       CHECK(!bad && ew <= F32_TOL, "%s %s: weights rel L2 %.3g", what, desc, ew);
     }
-    if (tiles && one_block && dt == ATTN_BF16) {
+    if (tiles && one_block && dt != ATTN_F32) {
       double *em = arena_alloc(a, sizeof(double) * (size_t)(no + 1));
-      emulate(em, rw, &P.v, c);
+      emulate(em, rw, &P.v, c, dt);
       bad = 0;
       const double ee = err_vs(out, em, no, &bad);
       /* fp32 sums and logits only: far inside the rounding's own 2^-9 */
@@ -287,7 +296,8 @@ static int policy(void) {
       run(ctx, oracle, &c, ATTN_F32, seed, 0, 0, what);
       snprintf(what, sizeof what, "%s, f16 under bf16", attn_kernel_name((attn_kernel)k));
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_BF16));
-      run(ctx, oracle, &c, ATTN_F16, seed, 0, 0, what); /* f16 is never rounded to bf16 */
+      /* f16 is never rounded to bf16: widened, or on AMX's f16 tiles (exact products) where they take the shape */
+      run(ctx, oracle, &c, ATTN_F16, seed, k == ATTN_KERNEL_AMX && amx_takes(&c) ? 2 : 0, 0, what);
       snprintf(what, sizeof what, "%s, bf16 under fp32", attn_kernel_name((attn_kernel)k));
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32));
       run(ctx, oracle, &c, ATTN_BF16, seed, 0, 0, what);
@@ -341,6 +351,11 @@ int main(int argc, char **argv) {
       snprintf(what, sizeof what, "f32 inputs under bf16, %d threads", threads);
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_BF16));
       run(ctx, oracle, &c, ATTN_F32, seed, 1, 0, what);
+      if (kern == ATTN_KERNEL_AMX) { /* f16 inputs: the f16 tiles where they take the shape, else widened */
+        snprintf(what, sizeof what, "f16 inputs, %d threads", threads);
+        CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+        run(ctx, oracle, &c, ATTN_F16, seed, amx_takes(&c) ? 2 : 0, one_block, what);
+      }
     }
   }
   attn_ctx_destroy(ctx);

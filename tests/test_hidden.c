@@ -15,6 +15,7 @@
 enum { MAX_CASES = 400 };
 
 static int half_tiles; /* the kernel under test has bf16 tiles (1: avx512bf16, 2: amx): the forward runs on them */
+static int f16_inputs; /* this case's q, k and v are f16 (amx: its f16 tiles) */
 /* out's rel L2 error bound on the bf16 tiles: the probabilities rounded to bf16 (2^-9) */
 #define HALF_OUT_TOL 1e-2
 
@@ -103,9 +104,10 @@ static void build(problem *P, const hcase *c, tu_rng *r) {
   tu_fill_f32(r, P->k, nk, 1.5);
   tu_fill_f32(r, P->v, nv, 1);
   tu_fill_f32(r, P->dout, c->B * c->Hq * c->Nq * c->Dv, 1);
-  for (int64_t e = 0; half_tiles && e < nq; e++) P->q[e] = tu_round_through(P->q[e], ATTN_BF16);
-  for (int64_t e = 0; half_tiles && e < nk; e++) P->k[e] = tu_round_through(P->k[e], ATTN_BF16);
-  for (int64_t e = 0; half_tiles && e < nv; e++) P->v[e] = tu_round_through(P->v[e], ATTN_BF16);
+  const attn_dtype rt = f16_inputs ? ATTN_F16 : ATTN_BF16;
+  for (int64_t e = 0; half_tiles && e < nq; e++) P->q[e] = tu_round_through(P->q[e], rt);
+  for (int64_t e = 0; half_tiles && e < nk; e++) P->k[e] = tu_round_through(P->k[e], rt);
+  for (int64_t e = 0; half_tiles && e < nv; e++) P->v[e] = tu_round_through(P->v[e], rt);
   P->mask = arena_alloc(a, sizeof(double) * (nm ? nm : 1));
   /* the mask hides whole columns of a row (as padding does) and scattered entries */
   for (int64_t e = 0; e < nm; e++) {
@@ -233,7 +235,16 @@ static void run_case(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed, 
   tu_poison_f32(out, no), tu_poison_f32(w, nw), tu_poison_f32(lse, nl);
   attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, s4o), tw = attn_tensor_view(w, ATTN_F32, 4, s4w);
   attn_tensor tl = attn_tensor_view(lse, ATTN_F32, 3, s3l);
-  attn_status st = attn_sdpa(ctx, &to, &tl, c->weights ? &tw : NULL, &P.tq, &P.tkp, &P.tvp, &o);
+  attn_tensor tq = P.tq, tkp = P.tkp, tvp = P.tvp; /* as f16 (the poison too) for f16 cases */
+  if (f16_inputs) {
+    attn_tensor *ts[3] = {&tq, &tkp, &tvp};
+    for (int i = 0; i < 3; i++) {
+      const attn_tensor src = *ts[i];
+      *ts[i] = attn_tensor_view(arena_alloc(a, 2 * (size_t)attn_tensor_numel(&src) + 2), ATTN_F16, 4, src.shape);
+      CHECK_OK(ctx, attn_tensor_copy(ctx, ts[i], &src));
+    }
+  }
+  attn_status st = attn_sdpa(ctx, &to, &tl, c->weights ? &tw : NULL, &tq, &tkp, &tvp, &o);
   CHECK(st == ATTN_OK, "%s %s: %s", path, desc, attn_ctx_error(ctx));
   if (st) {
     arena_free(a);
@@ -248,9 +259,12 @@ static void run_case(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed, 
   CHECK(agrees(&tl, rl, nl, tol, &e), "%s %s: lse rel err %.3g or a non-finite value", path, desc, e);
   if (c->weights) CHECK(agrees(&tw, rw, nw, tol, &e), "%s %s: weights rel err %.3g", path, desc, e);
   if (half_tiles) {
-    /* the blocked path must have run the bf16 tiles, else this kernel was not tested */
-    CHECK(attn_ctx_decode(ctx) || strstr(attn_ctx_plan(ctx), "bf16 tiles"),
-          "%s %s: the blocked forward did not run the bf16 tiles: %s", path, desc, attn_ctx_plan(ctx));
+    /* the blocked path must have run the half tiles (AMX's f16 ones on the shapes they take), else this
+     * kernel was not tested */
+    const char *want = f16_inputs ? (c->D % 32 == 0 && c->Dv % 16 == 0 ? "(bf16 hi + lo)" : "attn_sdpa forward (")
+                                  : "bf16 tiles";
+    CHECK(attn_ctx_decode(ctx) || strstr(attn_ctx_plan(ctx), want), "%s %s: the blocked forward did not run %s: %s",
+          path, desc, want, attn_ctx_plan(ctx));
     arena_free(a);
     return;
   }
@@ -459,6 +473,7 @@ int main(int argc, char **argv) {
   int64_t dead = 0;
   for (int seed = 0; seed < ncases && seed < MAX_CASES; seed++) {
     const int decode = seed % 2 == 0; /* half the cases small enough for the decode kernel */
+    f16_inputs = half_tiles == 2 && seed % 4 == 1; /* AMX: a quarter of the cases in f16, on its f16 tiles */
     hcase c = random_case(&r, decode);
     for (int threads = 1; threads <= 3; threads += 2)
       for (int pi = 0; pi < 2; pi++) {
@@ -474,6 +489,7 @@ int main(int argc, char **argv) {
     dead += P.ndead;
     arena_free(&P.a);
   }
+  f16_inputs = 0;
   /* the cases must exercise what they claim to */
   CHECK(dead > 1000, "only %lld poisoned keys over all cases", (long long)dead);
   printf("%lld poisoned key rows over %d cases\n", (long long)dead, ncases);

@@ -60,7 +60,8 @@ typedef struct attn__cpu_kernels {
 
 /* Half-precision tiles: bf16 products accumulated in fp32 (vdpbf16ps and the
  * like), on the same MR x NR tile and the same fp32 softmax as `base`. The
- * framework packs every operand as bf16 pairs along the sum's index:
+ * framework packs every operand as bf16 pairs along the sum's index (with
+ * terms = 2, below, each row twice):
  *   Qh is (MR, D2) pairs:  Qh[2 (r D2 + t) + e] = q[r][2t + e], unscaled; rows
  *                          past Nq and an odd D's last pair's upper half are 0
  *   Kh is (D2, NR) pairs:  Kh[2 (t NR + j) + e] = k[j][2t + e]; keys past Nk are 0
@@ -70,12 +71,20 @@ typedef struct attn__cpu_kernels {
  * pv: O[r][:] = O[r][:] * alpha[r] + sum_{j < nkeys} bf16(P[r][j]) * V[j][:]:
  *     the probabilities are rounded to bf16 as PyTorch rounds them for P.V.
  *     Keys at or past nkeys are never read into O, nor (with sparse) keys whose
- *     P is 0, as in attn__cpu_kernels.pv (their V may hold Inf or NaN). */
+ *     P is 0, as in attn__cpu_kernels.pv (their V may hold Inf or NaN).
+ * terms = 2 (f16 inputs on a bf16 unit): each element x is packed as two bf16,
+ * hi = bf16(x) and lo = x - hi (exact: f16 has 11 bits), and each packed row
+ * holds its hi pairs, then its lo pairs: Qh is (MR, 2 D2), Kh (D2, 2 NR), Vh
+ * (., 2 Dv), the lo pair of element (row, t) at (row, t + the row's hi
+ * count). A product sums the four bf16 products, exact in fp32, so q.k and
+ * p.v are f16's exact products summed in fp32; pv rounds P to f16 (as PyTorch
+ * rounds P to the inputs' type) before splitting it the same way. */
 typedef struct attn__half_kernels {
   const char *name;
   const struct attn__cpu_kernels *base; /* softmax, exp_shift */
   int mr, nr; /* the tile it was written for: base's, or this set is not used */
   int d_align, dv_align; /* the shapes it takes: D and Dv multiples of these (others go to the next set) */
+  int terms;             /* 1: bf16 inputs; 2: f16 inputs, each x as hi + lo (above) */
   /* begin, before a thread's run of qk and pv calls on one work item, and end,
    * after it (NULL: nothing to do): a matrix unit's per-thread state (AMX's
    * tile configuration) lives from one to the other, and nothing between them
@@ -100,6 +109,7 @@ extern const attn__half_kernels attn__half_kernels_avx512bf16;
 /* AMX-BF16 tiles (amx/attention_amx.c) on a 16-row fp32 base (amx/tiles16.c). */
 extern const attn__cpu_kernels attn__kernels_avx512_16;
 extern const attn__half_kernels attn__half_kernels_amx;
+extern const attn__half_kernels attn__half_kernels_amx_f16;
 #endif
 /* The decode contract (decode.c streams the keys and values of a few query
  * rows in place, unpacked; see there). A block is at most ATTN__DEC_NB keys:

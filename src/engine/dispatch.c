@@ -17,7 +17,7 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
   d->attention = &attn__kernels_c;
   d->decode = &attn__decode_kernels_c;
   d->gemm = &attn__sgemm_kernel_c;
-  d->half = d->half_next = NULL;
+  d->half = d->half_next = d->half_f16 = NULL;
   d->gemm_bf16 = NULL;
 #ifdef ATTN_HAVE_X86_KERNELS
   if (kernel == ATTN_KERNEL_AVX2) {
@@ -35,6 +35,7 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
 #ifdef ATTN_HAVE_AMX
     if (kernel == ATTN_KERNEL_AMX) {
       d->half_next = d->half, d->half = &attn__half_kernels_amx;
+      d->half_f16 = &attn__half_kernels_amx_f16;
       d->gemm_bf16 = &attn__bgemm_kernel_amx;
     }
 #endif
@@ -44,19 +45,22 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
   d->precision = precision;
 }
 
+static int takes(const attn__half_kernels *h, const attn__sdpa *p) {
+  return h && h->mr == h->base->mr && h->nr == h->base->nr && p->D % h->d_align == 0 && p->Dv % h->dv_align == 0;
+}
+
 /* The policy of attn.h's attn_precision, for the blocked forward: bf16 tiles
  * when the kernel has them and q, k and v are bf16 (or, under BF16, f32 or
- * bf16); the first set that takes the head sizes. */
+ * bf16); the first set that takes the head sizes. f16 q, k and v: the f16
+ * tiles where the kernel has them, unless the policy is FP32. */
 const attn__half_kernels *attn__dispatch_half(const attn__dispatch *d, const attn__sdpa *p) {
   if (!d->half || d->precision == ATTN_PRECISION_FP32) return NULL;
   const attn_dtype dt[3] = {p->q.dtype, p->k.dtype, p->v.dtype};
+  if (dt[0] == ATTN_F16 && dt[1] == ATTN_F16 && dt[2] == ATTN_F16) return takes(d->half_f16, p) ? d->half_f16 : NULL;
   for (int i = 0; i < 3; i++)
     if (dt[i] != ATTN_BF16 && !(d->precision == ATTN_PRECISION_BF16 && dt[i] == ATTN_F32)) return NULL;
   const attn__half_kernels *sets[2] = {d->half, d->half_next};
-  for (int i = 0; i < 2; i++) {
-    const attn__half_kernels *h = sets[i];
-    if (h && h->mr == h->base->mr && h->nr == h->base->nr && p->D % h->d_align == 0 && p->Dv % h->dv_align == 0)
-      return h;
-  }
+  for (int i = 0; i < 2; i++)
+    if (takes(sets[i], p)) return sets[i];
   return NULL;
 }

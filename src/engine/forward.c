@@ -36,14 +36,14 @@ typedef struct scratch {
 /* A thread's tiles, carved from its scratch (the struct sits at its start). */
 static size_t scratch_bytes(int64_t mr, int64_t nr, int64_t D, int64_t Dv) {
   const int64_t up = 16; /* floats per 64 bytes */
-  const int64_t q = (mr * D + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
+  const int64_t q = (mr * (D + 1) + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
   return attn__carve_size(sizeof(fwd_scratch)) + (size_t)(2 * tile + QB_MAX * (q + o + st)) * sizeof(float);
 }
 
 static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t Dv) {
   const int64_t up = 16;
-  const int64_t q = (mr * D + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
+  const int64_t q = (mr * (D + 1) + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
   float *b = (float *)((char *)s + attn__carve_size(sizeof(fwd_scratch)));
   s->base = b;
@@ -53,7 +53,7 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t D, int
   for (int t = 0; t < QB_MAX; t++, b += q + o + st) {
     tile_state *ts = &s->t[t];
     ts->Q = b;
-    ts->Qh = (uint16_t *)b; /* MR (D + 1) halves fit in MR D floats */
+    ts->Qh = (uint16_t *)b; /* two terms of MR (D + 1) halves fit in MR (D + 1) floats */
     ts->O = b + q;
     ts->m = b + q + o;
     ts->l = ts->m + ATTN__STAT_LANES;
@@ -76,7 +76,7 @@ typedef struct fwd_job {
   const attn__half_kernels *hk; /* NULL: fp32 tiles */
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n); /* the kernel set's, in registers */
   int64_t pairs, per_round, kt_bytes, vp_bytes, D2;
-  int qb, v_unit;
+  int qb, v_unit, terms; /* terms: the half tiles' (kernels.h), 1 without them */
   int64_t per[PH_N];
   int64_t *off[PH_N]; /* [pairs + 1] each, or NULL */
   char *Kp, *Vp;
@@ -103,7 +103,7 @@ static attn__tile_mask logits_tile(const fwd_job *j, fwd_scratch *s, const tile_
   if (tm == ATTN__TILE_CLOSED) return tm;
   /* keys past the tile's last visible one (Nk, or the band's end of its last row) need no dot products */
   const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr;
-  if (j->hk) j->hk->qk(s->S, ts->Qh, (const uint16_t *)Kp + j0 * 2 * j->D2, j->D2, nk, (float)p->scale);
+  if (j->hk) j->hk->qk(s->S, ts->Qh, (const uint16_t *)Kp + j0 * 2 * j->D2 * j->terms, j->D2, nk, (float)p->scale);
   else j->kn->qk(s->S, ts->Q, (const float *)Kp + j0 * p->D, p->D, nk);
   attn__logit_tile(p, s->S, NULL, nr, ts->rows, nr, tm, s->Mb);
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
@@ -130,6 +130,19 @@ static inline uint16_t bf16_at(const void *src, attn_dtype dt, int64_t off) {
   return dt == ATTN_BF16 ? ((const uint16_t *)src)[off] : attn__f32_to_bf16(((const float *)src)[off]);
 }
 
+/* Element off of an f16 buffer as the two terms of kernels.h's split: hi = bf16(x), lo = x - hi (exact). */
+static inline void split_at(const void *src, int64_t off, uint16_t *hi, uint16_t *lo) {
+  const float x = attn__f16_to_f32(((const uint16_t *)src)[off]);
+  *hi = attn__f32_to_bf16(x);
+  *lo = attn__f32_to_bf16(x - attn__bf16_to_f32(*hi));
+}
+
+/* load_bf16 for f16 elements: hi terms at dst, lo terms at dst + pad, zeros past n in both. */
+static void load_split(uint16_t *restrict dst, const void *src, int64_t off, int64_t stride, int64_t n, int64_t pad) {
+  for (int64_t e = 0; e < n; e++) split_at(src, off + e * stride, &dst[e], &dst[pad + e]);
+  for (int64_t e = n; e < pad; e++) dst[e] = dst[pad + e] = 0;
+}
+
 /* Loads the tile's queries (scaled; as bf16 pairs, unscaled, for half tiles) and clears its running statistics. */
 static void tile_begin(const fwd_job *j, tile_state *ts, int64_t b, int64_t h, int64_t i0, int rows) {
   const attn__sdpa *p = j->p;
@@ -142,8 +155,10 @@ static void tile_begin(const fwd_job *j, tile_state *ts, int64_t b, int64_t h, i
   ts->kend = attn__key_end(p, b, i0 + rows - 1); /* the last row's band ends last */
   ts->kbeg = attn__key_begin(p, b, i0);        /* the first row's starts first */
   for (int r = 0; r < mr && j->hk; r++) {
-    const int64_t off = attn__qoff(p, q, b, h, i0 + r);
-    load_bf16(ts->Qh + (int64_t)r * 2 * j->D2, q->data, q->dtype, off, q->strides[3], r < rows ? D : 0, 2 * j->D2);
+    const int64_t off = attn__qoff(p, q, b, h, i0 + r), n = r < rows ? D : 0;
+    uint16_t *dst = ts->Qh + (int64_t)r * 2 * j->D2 * j->terms;
+    if (j->terms == 2) load_split(dst, q->data, off, q->strides[3], n, 2 * j->D2);
+    else load_bf16(dst, q->data, q->dtype, off, q->strides[3], n, 2 * j->D2);
   }
   for (int r = 0; r < mr && !j->hk; r++) {
     float *dst = ts->Q + (int64_t)r * D;
@@ -252,7 +267,8 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
       const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr; /* P is 0 past the tile's last visible key */
       kn->softmax(s->S, ts->m, ts->l, ts->alpha);
       if (p->dropout_p > 0) dropout_tile(p, s->S, nr, b, h, ts->i0, ts->rows, j0);
-      if (j->hk) j->hk->pv(ts->O, ts->alpha, s->S, (const uint16_t *)V + j0 * p->Dv, p->Dv, nk, tm == ATTN__TILE_MIXED);
+      if (j->hk)
+        j->hk->pv(ts->O, ts->alpha, s->S, (const uint16_t *)V + j0 * p->Dv * j->terms, p->Dv, nk, tm == ATTN__TILE_MIXED);
       else kn->pv(ts->O, ts->alpha, s->S, (const float *)V + j0 * ldv, ldv, p->Dv, nk, tm == ATTN__TILE_MIXED);
     }
   }
@@ -296,25 +312,34 @@ static void pack_block_widened(float *dst, const attn_tensor *t, int64_t head, i
 }
 
 /* Kh block blk (D2, NR) of the kv head whose key 0 is at element head, as bf16 pairs (kernels.h's half tiles),
- * zero past key Nk. */
+ * zero past key Nk; with two terms (f16 keys) each row of NR hi pairs is followed by its NR lo pairs. */
 static void pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t head, int64_t blk, int nr, int64_t Nk,
-                             int64_t D, int64_t D2) {
-  uint32_t *o = (uint32_t *)(dst + blk * nr * 2 * D2);
+                             int64_t D, int64_t D2, int terms) {
+  uint32_t *o = (uint32_t *)(dst + blk * nr * 2 * D2 * terms);
   const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
-  const int64_t sd = t->strides[3];
+  const int64_t sd = t->strides[3], row = (int64_t)nr * terms; /* pairs between rows of the block */
   for (int jj = 0; jj < nr; jj++) {
     const int64_t off = head + (blk * nr + jj) * t->strides[2];
     if (jj >= n) {
-      for (int64_t p = 0; p < D2; p++) o[p * nr + jj] = 0;
+      for (int64_t p = 0; p < D2; p++)
+        for (int term = 0; term < terms; term++) o[p * row + term * nr + jj] = 0;
+    } else if (terms == 2) {
+      for (int64_t p = 0; p < D2; p++) {
+        uint16_t h[2] = {0, 0}, l[2] = {0, 0};
+        split_at(t->data, off + 2 * p * sd, &h[0], &l[0]);
+        if (2 * p + 1 < D) split_at(t->data, off + (2 * p + 1) * sd, &h[1], &l[1]);
+        o[p * row + jj] = h[0] | (uint32_t)h[1] << 16;
+        o[p * row + nr + jj] = l[0] | (uint32_t)l[1] << 16;
+      }
     } else if (t->dtype == ATTN_BF16 && sd == 1) { /* a key's pairs are 32-bit words of its row */
-      const uint16_t *row = (const uint16_t *)t->data + off;
-      for (int64_t p = 0; p < D / 2; p++) memcpy(&o[p * nr + jj], row + 2 * p, 4);
-      if (D & 1) o[(D2 - 1) * nr + jj] = row[D - 1];
+      const uint16_t *r = (const uint16_t *)t->data + off;
+      for (int64_t p = 0; p < D / 2; p++) memcpy(&o[p * row + jj], r + 2 * p, 4);
+      if (D & 1) o[(D2 - 1) * row + jj] = r[D - 1];
     } else {
       for (int64_t p = 0; p < D2; p++) {
         const uint32_t lo = bf16_at(t->data, t->dtype, off + 2 * p * sd);
         const uint32_t hi = 2 * p + 1 < D ? bf16_at(t->data, t->dtype, off + (2 * p + 1) * sd) : 0;
-        o[p * nr + jj] = lo | hi << 16;
+        o[p * row + jj] = lo | hi << 16;
       }
     }
   }
@@ -344,7 +369,7 @@ static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t fi
     const int64_t head = attn__koff(p, &p->k, b, bg % p->Hk, 0), nk = attn__key_rows(p, b);
     void *dst = j->Kp + (bg - round * j->per_round) * j->kt_bytes;
     if (j->hk)
-      pack_block_pairs(dst, &p->k, head, blk, j->kn->nr, nk, p->D, j->D2);
+      pack_block_pairs(dst, &p->k, head, blk, j->kn->nr, nk, p->D, j->D2, j->terms);
     else if (p->k.dtype != ATTN_F32 && p->k.strides[3] == 1)
       pack_block_widened(dst, &p->k, head, blk, j->kn->nr, nk, p->D, j->widen);
     else
@@ -364,11 +389,18 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
   for (int64_t w = first; w < last && j->hk; w++) {
     int64_t j2;
     const int64_t bg = item_pair(j, PH_V, w0 + w, &j2), b = bg / p->Hk, nk = attn__key_rows(p, b);
-    uint16_t *dst = (uint16_t *)(j->Vp + (bg - round * j->per_round) * j->vp_bytes) + 2 * j2 * p->Dv;
+    uint16_t *dst = (uint16_t *)(j->Vp + (bg - round * j->per_round) * j->vp_bytes) + 2 * j2 * p->Dv * j->terms;
     const int64_t off = attn__koff(p, v, b, bg % p->Hk, 2 * j2);
     const int64_t sd = v->strides[3], s2 = v->strides[2];
     const int second = 2 * j2 + 1 < nk;
-    if (v->dtype == ATTN_BF16 && sd == 1 && second) {
+    if (j->terms == 2) { /* the pair row's Dv hi pairs, then its Dv lo pairs */
+      uint16_t *lo = dst + 2 * p->Dv;
+      for (int64_t c = 0; c < p->Dv; c++) {
+        split_at(v->data, off + c * sd, &dst[2 * c], &lo[2 * c]);
+        if (second) split_at(v->data, off + s2 + c * sd, &dst[2 * c + 1], &lo[2 * c + 1]);
+        else dst[2 * c + 1] = lo[2 * c + 1] = 0;
+      }
+    } else if (v->dtype == ATTN_BF16 && sd == 1 && second) {
       const uint16_t *r0 = (const uint16_t *)v->data + off, *r1 = r0 + s2;
       for (int64_t c = 0; c < p->Dv; c++) dst[2 * c] = r0[c], dst[2 * c + 1] = r1[c];
     } else {
@@ -442,6 +474,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   fwd_job j;
   memset(&j, 0, sizeof j);
   j.p = p, j.kn = kn, j.hk = hk, j.widen = ctx->dispatch.decode->widen, j.D2 = (p->D + 1) / 2, j.qb = QB_MAX;
+  j.terms = hk ? hk->terms : 1;
   /* the longest sequence sizes the packed buffers; its work, the scheduler's choices */
   const int64_t nseq = attn__seqs(p);
   int64_t Nk = p->Nk, Nq = p->Nq;
@@ -462,8 +495,8 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: Nk = %lld keys of %lld + %lld floats are too many to pack",
                       (long long)Nk, (long long)p->D, (long long)p->Dv);
   if (hk) {
-    j.kt_bytes = nblocks * nr * 2 * j.D2 * 2;
-    j.vp_bytes = ((Nk + 1) / 2 * 2 * p->Dv * 2 + 63) / 64 * 64;
+    j.kt_bytes = nblocks * nr * 2 * j.D2 * 2 * j.terms;
+    j.vp_bytes = ((Nk + 1) / 2 * 2 * p->Dv * 2 * j.terms + 63) / 64 * 64;
   } else {
     j.kt_bytes = nblocks * nr * p->D * (int64_t)sizeof(float);
     j.vp_bytes = j.v_unit ? 0 : Nk * p->Dv * (int64_t)sizeof(float);
@@ -499,12 +532,16 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
                          scratch_bytes(mr, nr, p->D, p->Dv), fwd_scratch_init};
   const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, (long long)nseq};
-  return attn__schedule(ctx,
-                        p->cu_q ? (hk ? "attn_sdpa forward, bf16 tiles, packed batch (%lld kv heads per round, query "
-                                        "blocks of %lld x %lld rows, %lld sequences)"
-                                      : "attn_sdpa forward, packed batch (%lld kv heads per round, query blocks of "
-                                        "%lld x %lld rows, %lld sequences)")
-                        : hk ? "attn_sdpa forward, bf16 tiles (%lld kv heads per round, query blocks of %lld x %lld rows)"
-                             : "attn_sdpa forward (%lld kv heads per round, query blocks of %lld x %lld rows)",
-                        args, threads, &job);
+  const char *fmt =
+      p->cu_q ? (hk ? (j.terms == 2 ? "attn_sdpa forward, f16 tiles (bf16 hi + lo), packed batch (%lld kv heads per round, "
+                                      "query blocks of %lld x %lld rows, %lld sequences)"
+                                    : "attn_sdpa forward, bf16 tiles, packed batch (%lld kv heads per round, query "
+                                      "blocks of %lld x %lld rows, %lld sequences)")
+                    : "attn_sdpa forward, packed batch (%lld kv heads per round, query blocks of %lld x %lld rows, "
+                      "%lld sequences)")
+      : hk ? (j.terms == 2 ? "attn_sdpa forward, f16 tiles (bf16 hi + lo) (%lld kv heads per round, query blocks of "
+                             "%lld x %lld rows)"
+                           : "attn_sdpa forward, bf16 tiles (%lld kv heads per round, query blocks of %lld x %lld rows)")
+           : "attn_sdpa forward (%lld kv heads per round, query blocks of %lld x %lld rows)";
+  return attn__schedule(ctx, fmt, args, threads, &job);
 }

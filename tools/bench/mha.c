@@ -153,9 +153,11 @@ int cmd_bench_mha(int argc, char **argv) {
   rep.gflop = rep.attn_gflop + rep.proj_gflop;
   rep.dtype = "f32";
   rep.precision = attn_precision_name(attn_ctx_precision(ctx));
-  rep.tiles = strstr(attn_ctx_plan(ctx), "bf16 tiles") ? "bf16" : "fp32"; /* what the attention ran on */
+  rep.tiles = strstr(attn_ctx_plan(ctx), "(bf16 hi + lo)") ? "f16 split"
+                : strstr(attn_ctx_plan(ctx), "bf16 tiles")   ? "bf16"
+                                                             : "fp32"; /* what the attention ran on */
   rep.peak_gflops = bench_measure_peak(rep.threads, &rep.isa);
-  if (!strcmp(rep.tiles, "bf16")) { /* the projections and the attention ran on the bf16 unit */
+  if (strcmp(rep.tiles, "fp32") != 0) { /* the projections and the attention ran on the bf16 unit */
     rep.peak_gflops = bench_measure_bf16_peak(rep.threads, attn_ctx_kernel(ctx), &rep.isa);
   }
   if ((r = mha_oracle(&c, &rep))) goto done;

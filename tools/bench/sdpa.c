@@ -455,7 +455,9 @@ int cmd_bench_sdpa(int argc, char **argv) {
                                                                                         : attn_ctx_error(ctx));
     goto done;
   }
-  rep.tiles = strstr(attn_ctx_plan(ctx), "bf16 tiles") ? "bf16" : "fp32"; /* what the forward ran on */
+  rep.tiles = strstr(attn_ctx_plan(ctx), "(bf16 hi + lo)") ? "f16 split"
+                : strstr(attn_ctx_plan(ctx), "bf16 tiles")   ? "bf16"
+                                                             : "fp32"; /* what the forward ran on */
   /* forward (with lse) + backward first: it leaves the out and lse the backward alone then reads */
   if (backward && ((r = bench_time_runs(run_sdpa_fwd_bwd, &c, repeat, &rep.tfb)) ||
                    (r = bench_time_runs(run_sdpa_backward, &c, repeat, &rep.tb)))) {
@@ -475,7 +477,7 @@ int cmd_bench_sdpa(int argc, char **argv) {
   rep.dtype = attn_dtype_name(dt);
   rep.precision = attn_precision_name(attn_ctx_precision(ctx));
   rep.peak_gflops = bench_measure_peak(rep.threads, &rep.isa);
-  if (!strcmp(rep.tiles, "bf16")) { /* the unit the tiles ran on */
+  if (strcmp(rep.tiles, "fp32") != 0) { /* the unit the tiles ran on */
     rep.peak_gflops = bench_measure_bf16_peak(rep.threads, attn_ctx_kernel(ctx), &rep.isa);
   }
   if ((r = sdpa_oracle(&c, &rep, pairs))) goto done;

@@ -27,6 +27,7 @@
 #include "../kernels.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 #define MR 16
 #define NR 64
@@ -52,24 +53,53 @@ static inline __mmask16 lanes16(int64_t n) {
   return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-static void qk_amx(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale) {
+/* TERMS = 1: bf16 operands. TERMS = 2: f16 ones, each x as hi + lo, two bf16
+ * (hi = bf16(x), lo = x - hi: an f16's 11 bits leave at most 3 for lo, so the
+ * split is exact), every packed row its hi pairs then its lo pairs; a
+ * product is the four exact bf16 products summed in fp32, so the dot
+ * products are f16's exact products summed in fp32 (kernels.h's terms). */
+static inline __attribute__((always_inline)) void qk_t(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2,
+                                                       int64_t nkeys, float scale, const int TERMS) {
   const int wide = nkeys > 32; /* the second 32 keys: otherwise zeros */
+  const int64_t sq = TERMS * D2 * 4, sk = TERMS * NR * 4; /* bytes between rows of Qh and of Kh */
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t t0 = 0; t0 < D2; t0 += 16) {
-    const uint16_t *kb = Kh + 2 * t0 * NR;
-    _tile_loadd(4, Qh + 2 * t0, D2 * 4);
-    _tile_loadd(5, kb, NR * 4);
-    _tile_loadd(6, kb + 32, NR * 4);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_dpbf16ps(1, 4, 6);
-    if (wide) {
-      _tile_loadd(5, kb + 64, NR * 4);
-      _tile_loadd(6, kb + 96, NR * 4);
-      _tile_dpbf16ps(2, 4, 5);
-      _tile_dpbf16ps(3, 4, 6);
+    const uint16_t *kb = Kh + 2 * TERMS * t0 * NR;
+    _tile_loadd(4, Qh + 2 * t0, sq);
+    if (TERMS == 1) {
+      _tile_loadd(5, kb, sk);
+      _tile_loadd(6, kb + 32, sk);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 6);
+      if (wide) {
+        _tile_loadd(5, kb + 64, sk);
+        _tile_loadd(6, kb + 96, sk);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(3, 4, 6);
+      }
+    } else {
+      /* four passes (hi.hi, hi.lo, lo.hi, lo.lo), each over every column tile: consecutive
+       * products go to different C tiles, whose sums would otherwise wait on each other */
+      _tile_loadd(5, Qh + 2 * (D2 + t0), sq);
+#define QK_PASS(A, b)                                                                      \
+  _tile_loadd(6, (b), sk);                                                                 \
+  _tile_dpbf16ps(0, A, 6);                                                                 \
+  _tile_loadd(7, (b) + 32, sk);                                                            \
+  _tile_dpbf16ps(1, A, 7);                                                                 \
+  if (wide) {                                                                              \
+    _tile_loadd(6, (b) + 64, sk);                                                          \
+    _tile_dpbf16ps(2, A, 6);                                                               \
+    _tile_loadd(7, (b) + 96, sk);                                                          \
+    _tile_dpbf16ps(3, A, 7);                                                               \
+  }
+      QK_PASS(4, kb)
+      QK_PASS(4, kb + 2 * NR)
+      QK_PASS(5, kb)
+      QK_PASS(5, kb + 2 * NR)
+#undef QK_PASS
     }
   }
   _tile_stored(0, S, NR * 4);
@@ -87,6 +117,13 @@ static void qk_amx(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2,
   }
 }
 
+static void qk_amx(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale) {
+  qk_t(S, Qh, Kh, D2, nkeys, scale, 1);
+}
+static void qk_amx_f16(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale) {
+  qk_t(S, Qh, Kh, D2, nkeys, scale, 2);
+}
+
 /* True when any bf16 of pair rows [0, npairs) of a (., ld) pair block, columns [0, cols), is Inf or NaN. */
 static int any_nonfinite(const uint32_t *V, int64_t ld, int64_t npairs, int64_t cols) {
   const __m512i e = _mm512_set1_epi16(0x7f80);
@@ -99,42 +136,66 @@ static int any_nonfinite(const uint32_t *V, int64_t ld, int64_t npairs, int64_t 
   return hit != 0;
 }
 
+/* Key j's values for 16 columns from a pair row (the lower half of each pair: even keys). */
+static inline __m512 pair_half(const uint32_t *row, __mmask16 mk, int64_t j) {
+  const __m512i x = _mm512_maskz_loadu_epi32(mk, row);
+  return _mm512_castsi512_ps(j & 1 ? _mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)) : _mm512_slli_epi32(x, 16));
+}
+
 /* O[r][c0 + c] for c < cols, one row at a time on AVX-512, skipping keys whose
- * rounded probability is 0 (their values may be Inf or NaN). */
-static void pv_rows(float *O, const uint16_t *pb, const uint32_t *V, int64_t Dv, int64_t nkeys, int64_t cols) {
+ * rounded probability is 0 (their values may be Inf or NaN). pb: the rounded
+ * probabilities (TERMS planes of MR x NR bf16, summed); V's rows ld pairs apart. */
+static void pv_rows(float *O, const uint16_t *pb, const uint32_t *V, int64_t ld, int64_t Dv, int64_t nkeys,
+                    int64_t cols, int terms) {
   for (int r = 0; r < MR; r++)
     for (int64_t c = 0; c < cols; c += 16) {
       const __mmask16 mk = lanes16(cols - c);
       __m512 o = _mm512_maskz_loadu_ps(mk, O + r * Dv + c);
       for (int64_t j = 0; j < nkeys; j++) {
-        const uint32_t pbits = (uint32_t)pb[r * NR + j] << 16;
-        if ((pbits & 0x7f800000u) == 0) continue; /* 0, or a subnormal the tiles read as 0 */
-        float p;
-        memcpy(&p, &pbits, sizeof p);
-        const __m512i x = _mm512_maskz_loadu_epi32(mk, V + (j / 2) * Dv + c);
-        const __m512i w = j & 1 ? _mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)) : _mm512_slli_epi32(x, 16);
-        o = _mm512_fmadd_ps(_mm512_set1_ps(p), _mm512_castsi512_ps(w), o);
+        float p = attn__bf16_to_f32(pb[r * NR + j]);
+        if (terms == 2) p += attn__bf16_to_f32(pb[MR * NR + r * NR + j]);
+        if (!(fabsf(p) >= 0x1p-126f)) continue; /* 0, or a subnormal the tiles read as 0 */
+        const uint32_t *row = V + (j / 2) * ld + c;
+        __m512 v = pair_half(row, mk, j);
+        if (terms == 2) v = _mm512_add_ps(v, pair_half(row + Dv, mk, j)); /* hi + lo: exact */
+        o = _mm512_fmadd_ps(_mm512_set1_ps(p), v, o);
       }
       _mm512_mask_storeu_ps(O + r * Dv + c, mk, o);
     }
 }
 
-static void pv_amx(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys,
-                   int sparse) {
-  /* P as bf16, row-major: the A tiles. Keys past nkeys are 0. */
-  uint16_t pb[MR * NR] __attribute__((aligned(64)));
+/* P rounded as the inputs' type for p.v: bf16 (TERMS 1) or f16 (TERMS 2, as hi + lo bf16 planes). */
+static inline __attribute__((always_inline)) void round_p(uint16_t *pb, const float *P, int64_t nkeys, const int TERMS) {
   const uint64_t live = nkeys >= NR ? ~0ull : (1ull << nkeys) - 1;
   for (int r = 0; r < MR; r++)
     for (int v = 0; v < NV; v += 2) {
-      const __m512i b = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(P + r * NR + 16 * v + 16),
-                                                     _mm512_load_ps(P + r * NR + 16 * v));
-      _mm512_store_si512(pb + r * NR + 16 * v, _mm512_maskz_mov_epi16((__mmask32)(live >> (16 * v)), b));
+      __m512 p0 = _mm512_load_ps(P + r * NR + 16 * v), p1 = _mm512_load_ps(P + r * NR + 16 * v + 16);
+      if (TERMS == 2) { /* to f16 and back: round to nearest even, as PyTorch rounds P to f16 */
+        p0 = _mm512_cvtph_ps(_mm512_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        p1 = _mm512_cvtph_ps(_mm512_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
+      const __mmask32 in = (__mmask32)(live >> (16 * v));
+      const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+      _mm512_store_si512(pb + r * NR + 16 * v, _mm512_maskz_mov_epi16(in, hi));
+      if (TERMS == 2) {
+        const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+        const __m512 h1 =
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+        const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(p1, h1), _mm512_sub_ps(p0, h0));
+        _mm512_store_si512(pb + MR * NR + r * NR + 16 * v, _mm512_maskz_mov_epi16(in, lo));
+      }
     }
+}
+
+static inline __attribute__((always_inline)) void pv_t(float *O, const float *alpha, const float *P,
+                                                       const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse,
+                                                       const int TERMS) {
+  /* P rounded, row-major: the A tiles (TERMS planes). Keys past nkeys are 0. */
+  uint16_t pb[TERMS * MR * NR] __attribute__((aligned(64)));
+  round_p(pb, P, nkeys, TERMS);
   const int wide = nkeys > 32;
   const int64_t npairs = (nkeys + 1) / 2;
   const uint32_t *V = (const uint32_t *)Vh;
-  _tile_loadd(4, pb, NR * 2);
-  if (wide) _tile_loadd(7, pb + 32, NR * 2);
   /* alpha is exactly 1 on every row once the running maxima settle: O stays as the tiles left it */
   const int rescale = _mm512_cmp_ps_mask(_mm512_load_ps(alpha), _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
   for (int64_t c0 = 0; c0 < Dv; c0 += CHUNK) {
@@ -146,43 +207,65 @@ static void pv_amx(float *O, const float *alpha, const float *P, const uint16_t 
         _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), a));
       }
     }
-    /* the block's values for these columns as the B tiles read them: in place, or a copy without unread keys */
-    const uint32_t *src = V + c0;
-    int64_t ld = Dv;
-    uint32_t vb[NR / 2 * CHUNK] __attribute__((aligned(64)));
+    /* the block's values for these columns as the B tiles read them: in place (rows TERMS Dv pairs
+     * apart, lo Dv pairs after hi), or a copy without the keys not to be read (rows CHUNK apart, lo
+     * NR / 2 rows after hi) */
+    const uint32_t *src = V + c0, *src_lo = V + Dv + c0;
+    int64_t ld = TERMS * Dv;
+    uint32_t vb[TERMS * NR / 2 * CHUNK] __attribute__((aligned(64)));
     if (sparse && any_nonfinite(src, ld, npairs, cols)) {
-      pv_rows(O + c0, pb, src, Dv, nkeys, cols);
+      pv_rows(O + c0, pb, src, ld, Dv, nkeys, cols, TERMS);
       continue;
     }
     if (nkeys < NR) {
-      for (int64_t j2 = 0; j2 < NR / 2; j2++)
-        for (int64_t c = 0; c < CHUNK; c += 16) {
-          __m512i x = _mm512_maskz_loadu_epi32(j2 < npairs ? lanes16(cols - c) : 0, src + j2 * ld + c);
-          if (2 * j2 + 1 == nkeys) x = _mm512_and_si512(x, _mm512_set1_epi32(0xffff)); /* the lone key's partner */
-          _mm512_store_si512(vb + j2 * CHUNK + c, x);
-        }
-      src = vb, ld = CHUNK;
+      for (int term = 0; term < TERMS; term++)
+        for (int64_t j2 = 0; j2 < NR / 2; j2++)
+          for (int64_t c = 0; c < CHUNK; c += 16) {
+            __m512i x = _mm512_maskz_loadu_epi32(j2 < npairs ? lanes16(cols - c) : 0, src + term * Dv + j2 * ld + c);
+            if (2 * j2 + 1 == nkeys) x = _mm512_and_si512(x, _mm512_set1_epi32(0xffff)); /* the lone key's partner */
+            _mm512_store_si512(vb + (term * NR / 2 + j2) * CHUNK + c, x);
+          }
+      src = vb, src_lo = vb + NR / 2 * CHUNK, ld = CHUNK;
     }
     const int64_t bs = ld * 4; /* bytes between pair rows */
-    const uint32_t *hi = src + 16 * ld; /* keys 32..63 */
     float *o = O + c0;
     const int nt = (int)(cols / 16);
-    /* the four column tiles' products are independent: each 32 keys' step goes over all of them in turn */
     _tile_loadd(0, o, Dv * 4);
     if (nt > 1) _tile_loadd(1, o + 16, Dv * 4);
     if (nt > 2) _tile_loadd(2, o + 32, Dv * 4);
     if (nt > 3) _tile_loadd(3, o + 48, Dv * 4);
-    _tile_loadd(5, src, bs);
-    _tile_dpbf16ps(0, 4, 5);
-    if (nt > 1) { _tile_loadd(6, src + 16, bs); _tile_dpbf16ps(1, 4, 6); }
-    if (nt > 2) { _tile_loadd(5, src + 32, bs); _tile_dpbf16ps(2, 4, 5); }
-    if (nt > 3) { _tile_loadd(6, src + 48, bs); _tile_dpbf16ps(3, 4, 6); }
-    if (wide) {
-      _tile_loadd(5, hi, bs);
-      _tile_dpbf16ps(0, 7, 5);
-      if (nt > 1) { _tile_loadd(6, hi + 16, bs); _tile_dpbf16ps(1, 7, 6); }
-      if (nt > 2) { _tile_loadd(5, hi + 32, bs); _tile_dpbf16ps(2, 7, 5); }
-      if (nt > 3) { _tile_loadd(6, hi + 48, bs); _tile_dpbf16ps(3, 7, 6); }
+    if (TERMS == 1) { /* keys 0-31 from tmm4, 32-63 from tmm7: no step waits to reload its A tile */
+      const uint32_t *h = src + 16 * ld;
+      _tile_loadd(4, pb, NR * 2);
+      if (wide) _tile_loadd(7, pb + 32, NR * 2);
+      _tile_loadd(5, src, bs);
+      _tile_dpbf16ps(0, 4, 5);
+      if (nt > 1) { _tile_loadd(6, src + 16, bs); _tile_dpbf16ps(1, 4, 6); }
+      if (nt > 2) { _tile_loadd(5, src + 32, bs); _tile_dpbf16ps(2, 4, 5); }
+      if (nt > 3) { _tile_loadd(6, src + 48, bs); _tile_dpbf16ps(3, 4, 6); }
+      if (wide) {
+        _tile_loadd(5, h, bs);
+        _tile_dpbf16ps(0, 7, 5);
+        if (nt > 1) { _tile_loadd(6, h + 16, bs); _tile_dpbf16ps(1, 7, 6); }
+        if (nt > 2) { _tile_loadd(5, h + 32, bs); _tile_dpbf16ps(2, 7, 5); }
+        if (nt > 3) { _tile_loadd(6, h + 48, bs); _tile_dpbf16ps(3, 7, 6); }
+      }
+    }
+    for (int ks = 0; TERMS == 2 && ks < 1 + wide; ks++) { /* 32 keys a step, in qk_t's four passes */
+      const uint32_t *h = src + 16 * ks * ld, *l = src_lo + 16 * ks * ld;
+      _tile_loadd(4, pb + 32 * ks, NR * 2);
+      _tile_loadd(5, pb + MR * NR + 32 * ks, NR * 2);
+#define PV_PASS(A, b)                                         \
+  _tile_loadd(6, (b), bs);                                    \
+  _tile_dpbf16ps(0, A, 6);                                    \
+  if (nt > 1) { _tile_loadd(7, (b) + 16, bs); _tile_dpbf16ps(1, A, 7); } \
+  if (nt > 2) { _tile_loadd(6, (b) + 32, bs); _tile_dpbf16ps(2, A, 6); } \
+  if (nt > 3) { _tile_loadd(7, (b) + 48, bs); _tile_dpbf16ps(3, A, 7); }
+      PV_PASS(4, h)
+      PV_PASS(4, l)
+      PV_PASS(5, h)
+      PV_PASS(5, l)
+#undef PV_PASS
     }
     _tile_stored(0, o, Dv * 4);
     if (nt > 1) _tile_stored(1, o + 16, Dv * 4);
@@ -191,6 +274,17 @@ static void pv_amx(float *O, const float *alpha, const float *P, const uint16_t 
   }
 }
 
+static void pv_amx(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys,
+                   int sparse) {
+  pv_t(O, alpha, P, Vh, Dv, nkeys, sparse, 1);
+}
+static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys,
+                       int sparse) {
+  pv_t(O, alpha, P, Vh, Dv, nkeys, sparse, 2);
+}
+
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
-const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 32, 16,
+const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 32, 16, 1,
                                                    amx_begin, amx_end, qk_amx, pv_amx};
+const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 32, 16, 2,
+                                                       amx_begin, amx_end, qk_amx_f16, pv_amx_f16};

@@ -118,5 +118,5 @@ static void pv_bf16(float *O, const float *alpha, const float *P, const uint16_t
   else pv_bf16_t(O, alpha, P, Vh, Dv, nkeys, 0);
 }
 
-const attn__half_kernels attn__half_kernels_avx512bf16 = {"avx512bf16", &attn__kernels_avx512, MR, NR, 1, 1,
+const attn__half_kernels attn__half_kernels_avx512bf16 = {"avx512bf16", &attn__kernels_avx512, MR, NR, 1, 1, 1,
                                                          NULL, NULL, qk_bf16, pv_bf16};
