@@ -95,14 +95,17 @@ typedef enum attn_kernel {
  *            bf16 inputs: as PyTorch computes them (its CPU flash attention):
  *              q.k and p.v as bf16 products (exact in fp32) summed in fp32,
  *              the scale, options and softmax in fp32, and the probabilities
- *              rounded to bf16 for p.v. Runs on the AVX512-BF16 tiles where
- *              the context's kernel has them (ATTN_KERNEL_AVX512_BF16); on
- *              other kernels, and for decode-sized problems (a few query rows
- *              per kv head), bf16 is widened and every step is fp32, which
- *              is at least as accurate.
- *            f16 inputs: widened to fp32 (f16 products are exact in fp32, so
- *              this is PyTorch's half-precision product, summed in fp32, with
- *              the probabilities kept in fp32: at least as accurate as its f16).
+ *              rounded to bf16 for p.v. Runs on the AMX tiles
+ *              (ATTN_KERNEL_AMX; D a multiple of 32, Dv of 16) or the
+ *              AVX512-BF16 ones (ATTN_KERNEL_AVX512_BF16, and AMX's other
+ *              shapes); on other kernels, and for decode-sized problems (a
+ *              few query rows per kv head), bf16 is widened and every step is
+ *              fp32, which is at least as accurate.
+ *            f16 inputs: f16 products are exact in fp32. On the AMX tiles (the
+ *              shapes above), as PyTorch computes them: those products summed
+ *              in fp32 (each f16 as two bf16 whose four products are exact),
+ *              the probabilities rounded to f16 for p.v. Elsewhere widened to
+ *              fp32 with the probabilities kept in fp32: at least as accurate.
  *            Mixed dtypes: widened to fp32.
  *   FP32     every input widened to fp32 and every step in fp32: 0.2's
  *            behaviour, for whoever wants the most accurate answer.
@@ -114,8 +117,9 @@ typedef enum attn_kernel {
  *            attn_mha_forward_save, attn_mha_forward_cached) then also runs
  *            its four projections with bf16 products summed in fp32 (x and
  *            the weights rounded to bf16, the bias added in fp32) where the
- *            kernel has a bf16 GEMM (ATTN_KERNEL_AVX512_BF16), and its
- *            attention on the f32 projections rounded as above.
+ *            kernel has a bf16 GEMM (ATTN_KERNEL_AVX512_BF16: vdpbf16ps;
+ *            ATTN_KERNEL_AMX: AMX tiles), and its attention on the f32
+ *            projections rounded as above.
  * attn_linear follows the same rules for its x and weight (see there).
  * Outside these rules no input loses precision: f32 inputs are rounded only
  * under BF16. The backward and the oracle always run in fp32 / float64. */
@@ -751,7 +755,7 @@ ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int6
  * Bitwise the same for any thread count.
  * The products, by the context's precision (attn_precision's rules):
  *   bf16 products summed in fp32 (vdpbf16ps; bf16 subnormals count as zero),
- *     on the context's bf16 GEMM (ATTN_KERNEL_AVX512_BF16 has one):
+ *     on the context's bf16 GEMM (ATTN_KERNEL_AVX512_BF16 and ATTN_KERNEL_AMX have one):
  *       DEFAULT  when x and weight are both bf16;
  *       BF16     when each of x and weight is f32 or bf16 (f32 rounded to
  *                bf16, nearest even), as PyTorch's "medium" matmul precision;

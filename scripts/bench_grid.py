@@ -413,6 +413,7 @@ def find_torch_python(arg):
 
 
 BF16_PEAKS = {}  # peak.c's vdpbf16ps GFLOP/s per thread count, where the CPU has it
+AMX_PEAKS = {}  # peak.c's AMX-BF16 tdpbf16ps GFLOP/s per thread count, where the CPU has it
 
 
 def run_peak_c():
@@ -438,6 +439,8 @@ def run_peak_c():
                 peaks[j["threads"]] = j["fma_gflops"]
                 if j.get("bf16_dot_gflops"):
                     BF16_PEAKS[j["threads"]] = j["bf16_dot_gflops"]
+                if j.get("amx_bf16_gflops"):
+                    AMX_PEAKS[j["threads"]] = j["amx_bf16_gflops"]
                 lines.append(ln)
         return peaks, lines, None
     finally:
@@ -874,16 +877,19 @@ def render_half(cases, ours, theirs, peaks, info):
                (info["half_load_before"], info["half_load_after"], info["half_wall"]))
     out.append("")
     T = info["threads"]
-    bp = BF16_PEAKS.get(T)
+    bp, ap = BF16_PEAKS.get(T), AMX_PEAKS.get(T)
     out.append("Outside yardstick (`../shared/tools/peak.c`, same run), %d threads: fp32 FMA %s GFLOP/s, AVX512-BF16 "
-               "`vdpbf16ps` %s GFLOP/s." % (T, fmt(peaks.get(T)), fmt(bp) if bp else "absent on this CPU"))
+               "`vdpbf16ps` %s GFLOP/s, AMX-BF16 `tdpbf16ps` %s GFLOP/s." %
+               (T, fmt(peaks.get(T)), fmt(bp) if bp else "absent on this CPU", fmt(ap) if ap else "absent on this CPU"))
     out.append("")
     out.append("Forward SDPA, %d threads, inputs q, k, v in the column's dtype (ours: `attn bench sdpa --dtype`, out in "
                "f32, the context's default precision; PyTorch: `F.scaled_dot_product_attention` on tensors of that "
-               "dtype, out in that dtype). Which tiles ours ran on is in the column (bf16: the AVX512-BF16 tiles; "
-               "fp32: widened). GFLOP/s count the visible pairs as the grid does. Fractions: ours bf16 over our own "
-               "`vdpbf16ps` probe and over peak.c's `bf16_dot_gflops`. Error: ours against the float64 oracle on the "
-               "same rounded inputs (the grid's subset)." % T)
+               "dtype, out in that dtype). Which tiles ours ran on is in the column (bf16: AMX's or AVX512-BF16's bf16 "
+               "tiles, by the kernel; f16 split: AMX's f16 tiles, each f16 as bf16 hi + lo; fp32: widened). GFLOP/s "
+               "count the visible pairs as the grid does. Fractions: ours bf16 over our own probe of the unit its "
+               "tiles ran on (`tdpbf16ps` on AMX, else `vdpbf16ps`) and over peak.c's figure for that unit "
+               "(`amx_bf16_gflops` or `bf16_dot_gflops`). Error: ours against the float64 oracle on the same rounded "
+               "inputs (the grid's subset)." % T)
     out.append("")
     out.append("| case | ours f32 | ours bf16 | ours f16 | PyTorch f32 | PyTorch bf16 | PyTorch f16 | ours bf16 / PyTorch "
                "bf16 | ours bf16 / ours f32 | ours f16 / PyTorch f16 | ours f16 / ours f32 | bf16 fraction of our "
@@ -900,12 +906,14 @@ def render_half(cases, ours, theirs, peaks, info):
                 return "error: " + r["error"] if "error" in r else "—"
             return "%.1f (%s)" % (g[dt], r.get("tiles", "?"))
         err = "%.1e" % rb["oracle_rel_l2"] if rb.get("oracle_rel_l2") is not None else "—"
-        frac = "%.3f" % (g["bf16"] / rb["peak_gflops"]) if g["bf16"] and rb.get("peak_isa") == "avx512bf16" else "—"
+        on_amx = rb.get("peak_isa") == "amx_bf16"
+        frac = "%.3f" % (g["bf16"] / rb["peak_gflops"]) if g["bf16"] and rb.get("peak_isa") in ("avx512bf16", "amx_bf16") else "—"
+        unit_peak = ap if on_amx else bp
         out.append("| %s [%.3g GFLOP] | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             c["label"][len("half "):], gf, cell("f32"), cell("bf16"), cell("f16"),
             fmt(tg["f32"]), fmt(tg["bf16"]), fmt(tg["f16"]), fmt(ratio(g["bf16"], tg["bf16"]), "%.2f×"),
             fmt(ratio(g["bf16"], g["f32"]), "%.2f×"), fmt(ratio(g["f16"], tg["f16"]), "%.2f×"),
-            fmt(ratio(g["f16"], g["f32"]), "%.2f×"), frac, fmt(ratio(g["bf16"], bp), "%.3f"), err))
+            fmt(ratio(g["f16"], g["f32"]), "%.2f×"), frac, fmt(ratio(g["bf16"], unit_peak), "%.3f"), err))
     out.append("")
     out.append(HALF_END)
     return "\n".join(out)
