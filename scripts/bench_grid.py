@@ -157,8 +157,9 @@ for line in sys.stdin:
                     res["unfused"] = timed(unfused, c.get("unfused_repeat"))
             else:
                 B, N, E, H = c["batch"], c["seq"], c["embed"], c["heads"]
-                mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
-                x = rand(B, N, E, gen=gen)
+                dt = getattr(torch, c.get("torch_dtype", "float32"))
+                mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval().to(dt)
+                x = rand(B, N, E, gen=gen).to(dt)
                 if c.get("sdpa_skip"):
                     res["sdpa_note"] = c["sdpa_skip"]
                 else:
@@ -229,7 +230,9 @@ def half_grid(T, first_id):
           sdpa_case("half B1 H4 N2048 D128", 1, 4, 2048, 128, group="half"),
           sdpa_case("half causal B1 H8 N2048 D64", 1, 8, 2048, 64, causal=True, group="half"),
           sdpa_case("half B1 H8 N4096 D64", 1, 8, 4096, 64, group="half"),
-          sdpa_case("half GQA B1 H32 G8 N2048 D128", 1, 32, 2048, 128, G=8, group="half")]
+          sdpa_case("half GQA B1 H32 G8 N2048 D128", 1, 32, 2048, 128, G=8, group="half"),
+          {"op": "mha", "label": "half MHA layer B1 N2048 E512 H8", "batch": 1, "seq": 2048, "embed": 512,
+           "heads": 8, "group": "half"}]
     for i, c in enumerate(cs):
         c["id"] = first_id + i
         c["threads"] = T
@@ -295,6 +298,8 @@ def run_attn(attn, c, timeout):
             cmd += ["--dtype", c["dtype"]]
     else:
         cmd += ["--embed", str(c["embed"])]
+        if c.get("dtype"):
+            cmd += ["--dtype", c["dtype"]]
     cmd += ["--threads", str(c["threads"]), "--json"]
     if c.get("repeat"):
         cmd += ["--repeat", str(c["repeat"])]
@@ -884,7 +889,9 @@ def render_half(cases, ours, theirs, peaks, info):
     out.append("")
     out.append("Forward SDPA, %d threads, inputs q, k, v in the column's dtype (ours: `attn bench sdpa --dtype`, out in "
                "f32, the context's default precision; PyTorch: `F.scaled_dot_product_attention` on tensors of that "
-               "dtype, out in that dtype). Which tiles ours ran on is in the column (bf16: AMX's or AVX512-BF16's bf16 "
+               "dtype, out in that dtype; the MHA row: `attn bench mha --dtype`, x and the parameters rounded to the dtype, "
+               "bf16 under the bf16 policy (projections on the bf16 GEMM), beside `nn.MultiheadAttention` in that "
+               "dtype). Which tiles ours ran on is in the column (bf16: AMX's or AVX512-BF16's bf16 "
                "tiles, by the kernel; f16 split: AMX's f16 tiles, each f16 as bf16 hi + lo; fp32: widened). GFLOP/s "
                "count the visible pairs as the grid does. Fractions: ours bf16 over our own probe of the unit its "
                "tiles ran on (`tdpbf16ps` on AMX, else `vdpbf16ps`) and over peak.c's figure for that unit "

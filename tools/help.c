@@ -51,7 +51,9 @@ static const struct {
      "            key padding; GFLOP/s count the sequences' own flops either way)\n"},
     {"bench", "mha",
      "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel K]\n"
-     "            [--precision default|fp32|bf16] [--max-gflop F] [--json]\n"},
+     "            [--dtype f32|bf16|f16] [--precision default|fp32|bf16] [--max-gflop F] [--json]\n"
+     "            (--dtype: a model in that type: x and the parameters rounded to it; bf16 implies\n"
+     "            --precision bf16 unless given)\n"},
     {"bench", "decode",
      "  attn bench decode --batch B (--kv-seq L | --lengths L1,L2,...) --heads H [--kv-heads G] --dim D [--seq Nq]\n"
      "            [--dtype f32|f16|bf16|q8_0|q4_0] [--k-dtype DT] [--v-dtype DT] [--cache] [--paged BLOCK_TOKENS\n"

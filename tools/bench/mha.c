@@ -1,6 +1,9 @@
 /* attn bench mha: the multi-head attention layer forward (projections
  * included) against the float64 layer (on the f32 inputs as given, so
- * --precision bf16 shows its rounding in the error). */
+ * --precision bf16 shows its rounding in the error). --dtype bf16|f16: a
+ * model in that type, as the layer holds one: x and every parameter rounded
+ * to it (the layer stores f32, which holds them exactly), and for bf16 the
+ * bf16 precision policy unless --precision says otherwise. */
 #include "common.h"
 #include "commands.h"
 
@@ -85,9 +88,18 @@ static int mha_oracle(mha_case *c, report *rep) {
   return ret;
 }
 
+/* t's f32 values rounded to dt (nearest even) and back: what a model stored in dt holds. */
+static int round_through(attn_ctx *ctx, attn_tensor *t, attn_dtype dt) {
+  attn_tensor h;
+  if (attn_tensor_alloc(ctx, &h, dt, t->rank, t->shape)) return cli_fail(CLI_EXIT_FAIL, "out of memory");
+  const int bad = attn_tensor_copy(ctx, &h, t) || attn_tensor_copy(ctx, t, &h);
+  attn_tensor_free(&h);
+  return bad ? cli_fail(CLI_EXIT_FAIL, "mha: %s", attn_ctx_error(ctx)) : 0;
+}
+
 int cmd_bench_mha(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--seq", "--embed", "--heads", "--threads", "--repeat", "--kernel",
-                                      "--max-gflop", "--precision", NULL};
+                                      "--max-gflop", "--precision", "--dtype", NULL};
   static const char *const switches[] = {"--json", "--backward", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
@@ -105,9 +117,12 @@ int cmd_bench_mha(int argc, char **argv) {
   if ((r = bench_check_fits(4.0 * (6.0 * B * N * E + 4.0 * E * E)))) return r;
   attn_ctx *ctx;
   if ((r = bench_ctx(&a, &ctx))) return r;
-  if ((r = bench_precision(&a, ctx))) {
+  attn_dtype dt;
+  if ((r = bench_dtype(&a, &dt)) || (dt == ATTN_BF16 && !cli_has(&a, "--precision") &&
+                                      attn_ctx_set_precision(ctx, ATTN_PRECISION_BF16)) ||
+      (r = bench_precision(&a, ctx))) {
     attn_ctx_destroy(ctx);
-    return r;
+    return r ? r : 1;
   }
 
   mha_case c;
@@ -126,6 +141,7 @@ int cmd_bench_mha(int argc, char **argv) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, c.mha, (attn_mha_param)p)) continue; /* no such bias */
     bench_fill(t.data, attn_tensor_numel(&t), 100 + (uint64_t)p, (float)(1.0 / sqrt((double)E))); /* nn.Linear's range */
+    if (dt != ATTN_F32 && (r = round_through(ctx, &t, dt))) goto done;
     param_bytes += 4.0 * (double)attn_tensor_numel(&t);
   }
   int64_t xs[3] = {B, N, E};
@@ -134,6 +150,7 @@ int cmd_bench_mha(int argc, char **argv) {
     goto done;
   }
   bench_fill(c.x.data, attn_tensor_numel(&c.x), 1, 1.0f);
+  if (dt != ATTN_F32 && (r = round_through(ctx, &c.x, dt))) goto done;
   bench_fill(c.out.data, attn_tensor_numel(&c.out), 4, 1.0f);
 
   if ((r = bench_time_runs(run_mha, &c, repeat, &rep.t))) {
@@ -151,7 +168,7 @@ int cmd_bench_mha(int argc, char **argv) {
   rep.attn_gflop = attn_gflop;
   rep.proj_gflop = proj_gflop;
   rep.gflop = rep.attn_gflop + rep.proj_gflop;
-  rep.dtype = "f32";
+  rep.dtype = attn_dtype_name(dt);
   rep.precision = attn_precision_name(attn_ctx_precision(ctx));
   rep.tiles = strstr(attn_ctx_plan(ctx), "(bf16 hi + lo)") ? "f16 split"
                 : strstr(attn_ctx_plan(ctx), "bf16 tiles")   ? "bf16"
