@@ -26,6 +26,8 @@
  * in a tile they would meet as 0 * Inf = NaN. */
 #include "../kernels.h"
 
+#include "tiles.h"
+
 #include <immintrin.h>
 #include <math.h>
 
@@ -34,20 +36,6 @@
 #define NV (NR / 16)
 #define CHUNK 64 /* output columns per pass of pv: four C tiles */
 
-typedef struct tile_config {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} tile_config;
-
-/* Static: GCC does not count ldtilecfg as reading its operand, and drops stores to a stack copy. */
-static const tile_config every_tile_16x64 __attribute__((aligned(64))) = {
-    .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
-
-static void amx_begin(void) { _tile_loadconfig(&every_tile_16x64); }
-
-static void amx_end(void) { _tile_release(); }
 
 static inline __mmask16 lanes16(int64_t n) {
   return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
@@ -285,6 +273,6 @@ static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint1
 
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
 const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 32, 16, 1,
-                                                   amx_begin, amx_end, qk_amx, pv_amx};
+                                                   attn__amx_begin, attn__amx_end, qk_amx, pv_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 32, 16, 2,
-                                                       amx_begin, amx_end, qk_amx_f16, pv_amx_f16};
+                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16};

@@ -11,6 +11,8 @@
  * The bias starts the C tiles through a load with stride 0 (one row, sixteen times). */
 #include "../gemm.h"
 
+#include "tiles.h"
+
 #include <immintrin.h>
 #include <string.h>
 
@@ -18,19 +20,6 @@
 #define NR 32
 #define KP_ALIGN 16 /* pairs per tile step */
 
-typedef struct tile_config {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} tile_config;
-
-/* Static: GCC does not count ldtilecfg as reading its operand, and drops stores to a stack copy. */
-static const tile_config every_tile_16x64 __attribute__((aligned(64))) = {
-    .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
-
-static void amx_begin(void) { _tile_loadconfig(&every_tile_16x64); }
-static void amx_end(void) { _tile_release(); }
 
 static void ukr_amx(int64_t kp, const uint16_t *Ap, const uint16_t *Bp, float *C, int64_t ldc, const float *init) {
   const int64_t sc = ldc * 4, sa = kp * 4; /* bytes between rows of C and of A's panel */
@@ -89,4 +78,4 @@ static void pack_a_amx(const void *X, attn_dtype dt, int64_t ld, int64_t kc, uin
  * 128 rows (the A block 128 KiB, L2), nc = 512 columns. B's packing is the
  * AVX512-BF16 kernel's (the same 32 columns, the same k-major pairs). */
 const attn__bgemm_kernel attn__bgemm_kernel_amx = {"amx", MR, NR, 512, 128, 512, ukr_amx, pack_a_amx,
-                                                   attn__bgemm_pack_b32_avx512bf16, KP_ALIGN, 1, amx_begin, amx_end};
+                                                   attn__bgemm_pack_b32_avx512bf16, KP_ALIGN, 1, attn__amx_begin, attn__amx_end};
