@@ -166,6 +166,9 @@ static float fma_chains_scalar(long long iters, float a, float b) {
   return s;
 }
 
+/* tdpbf16ps: 16 x 16 fp32 sums of 32 products each; six independent tiles a step */
+#define AMX_TDP_FLOPS 16384.0
+#define AMX_TDP_PER_STEP 6
 #if defined(__x86_64__) && defined(ATTN_HAVE_AMX)
 /* tdpbf16ps: six independent 16 x 16 fp32 tiles, each += (16 x 32 bf16) x (32 x 16 bf16), 16384 flops. */
 typedef struct amx_config {
@@ -175,8 +178,6 @@ typedef struct amx_config {
 } amx_config;
 static const amx_config amx_all_16x64 __attribute__((aligned(64))) = {
     .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
-#define AMX_TDP_FLOPS 16384.0
-#define AMX_TDP_PER_STEP 6
 __attribute__((target("amx-tile,amx-bf16"))) static float amx_dot_tiles(long long iters) {
   static const uint16_t ones[16 * 32] __attribute__((aligned(64))) = {0};
   float out[16 * 16] __attribute__((aligned(64)));
