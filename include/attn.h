@@ -84,7 +84,8 @@ typedef enum attn_kernel {
   ATTN_KERNEL_AVX2 = 3,   /* x86-64 AVX2 + FMA */
   ATTN_KERNEL_AVX512 = 4, /* x86-64 AVX-512 (F, DQ, BW, VL) */
   ATTN_KERNEL_AVX512_BF16 = 5, /* AVX-512 for fp32, and vdpbf16ps (AVX512-BF16) tiles for bf16 */
-  ATTN_KERNEL_AMX = 6 /* AVX512_BF16's, with AMX-BF16 tiles for bf16 attention (D a multiple of 32, Dv of 16);
+  ATTN_KERNEL_AMX = 6 /* AVX-512 for fp32, AMX-BF16 tiles for bf16 and f16 attention (Dv a multiple of 16) and
+                         the bf16 GEMM;
                          Linux grants the tile state per process (arch_prctl), asked once when a context is
                          made: a refusal leaves the CPU without this kernel */
 } attn_kernel;
@@ -96,13 +97,13 @@ typedef enum attn_kernel {
  *              q.k and p.v as bf16 products (exact in fp32) summed in fp32,
  *              the scale, options and softmax in fp32, and the probabilities
  *              rounded to bf16 for p.v. Runs on the AMX tiles
- *              (ATTN_KERNEL_AMX; D a multiple of 32, Dv of 16) or the
- *              AVX512-BF16 ones (ATTN_KERNEL_AVX512_BF16, and AMX's other
- *              shapes); on other kernels, and for decode-sized problems (a
- *              few query rows per kv head), bf16 is widened and every step is
- *              fp32, which is at least as accurate.
- *            f16 inputs: f16 products are exact in fp32. On the AMX tiles (the
- *              shapes above), as PyTorch computes them: those products summed
+ *              (ATTN_KERNEL_AMX; Dv a multiple of 16) or the AVX512-BF16 ones
+ *              (ATTN_KERNEL_AVX512_BF16); on other kernels and shapes, and
+ *              for decode-sized problems (a few query rows per kv head), bf16
+ *              is widened and every step is fp32, which is at least as
+ *              accurate.
+ *            f16 inputs: f16 products are exact in fp32. On the AMX tiles (Dv a
+ *              multiple of 16), as PyTorch computes them: those products summed
  *              in fp32 (each f16 as two bf16 whose four products are exact),
  *              the probabilities rounded to f16 for p.v. Elsewhere widened to
  *              fp32 with the probabilities kept in fp32: at least as accurate.

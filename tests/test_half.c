@@ -85,10 +85,10 @@ static hcase random_case(tu_rng *r, int one_block) {
   const int64_t dims[] = {1, 7, 16, 33, 64, 80, 128};
   c.D = dims[tu_int(r, 0, 6)];
   c.Dv = tu_int(r, 0, 2) ? c.D : dims[tu_int(r, 0, 6)];
-  if (amx_shapes && tu_int(r, 0, 5)) { /* mostly shapes the AMX tiles take (D % 32, Dv % 16), a few that fall back */
-    const int64_t ad[] = {32, 64, 96, 128, 160}, av[] = {16, 48, 64, 128, 144};
-    c.D = ad[tu_int(r, 0, 4)];
-    c.Dv = tu_int(r, 0, 2) ? c.D : av[tu_int(r, 0, 4)];
+  if (amx_shapes && tu_int(r, 0, 5)) { /* mostly shapes the AMX tiles take (Dv % 16; D padded to 32), a few widened */
+    const int64_t ad[] = {32, 64, 80, 128, 160, 7}, av[] = {16, 48, 64, 128, 144, 80};
+    c.D = ad[tu_int(r, 0, 5)];
+    c.Dv = tu_int(r, 0, 2) && c.D % 16 == 0 ? c.D : av[tu_int(r, 0, 5)];
   }
   c.causal = (attn_causal)tu_int(r, 0, 2);
   c.window = tu_int(r, 0, 4) == 0 ? tu_int(r, 1, 50) : 0;
@@ -100,8 +100,8 @@ static hcase random_case(tu_rng *r, int one_block) {
   return c;
 }
 
-/* The AMX tiles' shapes (attn.h's ATTN_KERNEL_AMX); the blocked forward's problems only (Nq past decode). */
-static int amx_takes(const hcase *c) { return c->D % 32 == 0 && c->Dv % 16 == 0; }
+/* The AMX tiles' shapes (attn.h's ATTN_KERNEL_AMX: any D, Dv a multiple of 16; others are widened). */
+static int amx_takes(const hcase *c) { return c->Dv % 16 == 0; }
 
 static void describe(char *buf, size_t n, const hcase *c, int seed) {
   snprintf(buf, n, "case %d: B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld Dv%lld causal %d window %lld softcap %g alibi %d "
@@ -347,10 +347,11 @@ int main(int argc, char **argv) {
       char what[64];
       snprintf(what, sizeof what, "bf16 inputs, %d threads", threads);
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
-      run(ctx, oracle, &c, ATTN_BF16, seed, 1, one_block, what);
+      const int bf16_tiles = !amx_shapes || amx_takes(&c); /* AMX widens the shapes its tiles do not take */
+      run(ctx, oracle, &c, ATTN_BF16, seed, bf16_tiles, one_block, what);
       snprintf(what, sizeof what, "f32 inputs under bf16, %d threads", threads);
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_BF16));
-      run(ctx, oracle, &c, ATTN_F32, seed, 1, 0, what);
+      run(ctx, oracle, &c, ATTN_F32, seed, bf16_tiles, 0, what);
       if (kern == ATTN_KERNEL_AMX) { /* f16 inputs: the f16 tiles where they take the shape, else widened */
         snprintf(what, sizeof what, "f16 inputs, %d threads", threads);
         CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));

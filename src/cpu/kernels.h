@@ -63,7 +63,8 @@ typedef struct attn__cpu_kernels {
 /* Half-precision tiles: bf16 products accumulated in fp32 (vdpbf16ps and the
  * like), on the same MR x NR tile and the same fp32 softmax as `base`. The
  * framework packs every operand as bf16 pairs along the sum's index (with
- * terms = 2, below, each row twice):
+ * terms = 2, below, each row twice), D2 pairs of q and k padded with zero
+ * pairs to a multiple of d2_align:
  *   Qh is (MR, D2) pairs:  Qh[2 (r D2 + t) + e] = q[r][2t + e], unscaled; rows
  *                          past Nq and an odd D's last pair's upper half are 0
  *   Kh is (D2, NR) pairs:  Kh[2 (t NR + j) + e] = k[j][2t + e]; keys past Nk are 0
@@ -85,7 +86,8 @@ typedef struct attn__half_kernels {
   const char *name;
   const struct attn__cpu_kernels *base; /* softmax, exp_shift */
   int mr, nr; /* the tile it was written for: base's, or this set is not used */
-  int d_align, dv_align; /* the shapes it takes: D and Dv multiples of these (others go to the next set) */
+  int d2_align; /* the framework pads D2 (pairs) with zero pairs to a multiple of this: any D is taken */
+  int dv_align; /* the shapes it takes: Dv a multiple of this (others go to the next set) */
   int terms;             /* 1: bf16 inputs; 2: f16 inputs, each x as hi + lo (above) */
   /* begin, before a thread's run of qk and pv calls on one work item, and end,
    * after it (NULL: nothing to do): a matrix unit's per-thread state (AMX's

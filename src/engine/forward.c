@@ -34,16 +34,17 @@ typedef struct scratch {
 } fwd_scratch;
 
 /* A thread's tiles, carved from its scratch (the struct sits at its start). */
-static size_t scratch_bytes(int64_t mr, int64_t nr, int64_t D, int64_t Dv) {
+/* qrow: floats a tile's query row takes (D, or the half tiles' padded pairs and terms). */
+static size_t scratch_bytes(int64_t mr, int64_t nr, int64_t qrow, int64_t Dv) {
   const int64_t up = 16; /* floats per 64 bytes */
-  const int64_t q = (mr * (D + 1) + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
+  const int64_t q = (mr * qrow + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
   return attn__carve_size(sizeof(fwd_scratch)) + (size_t)(2 * tile + QB_MAX * (q + o + st)) * sizeof(float);
 }
 
-static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t D, int64_t Dv) {
+static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, int64_t Dv) {
   const int64_t up = 16;
-  const int64_t q = (mr * (D + 1) + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
+  const int64_t q = (mr * qrow + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
   float *b = (float *)((char *)s + attn__carve_size(sizeof(fwd_scratch)));
   s->base = b;
@@ -53,7 +54,7 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t D, int
   for (int t = 0; t < QB_MAX; t++, b += q + o + st) {
     tile_state *ts = &s->t[t];
     ts->Q = b;
-    ts->Qh = (uint16_t *)b; /* two terms of MR (D + 1) halves fit in MR (D + 1) floats */
+    ts->Qh = (uint16_t *)b; /* terms x 2 D2 halves a row: qrow floats */
     ts->O = b + q;
     ts->m = b + q + o;
     ts->l = ts->m + ATTN__STAT_LANES;
@@ -326,7 +327,7 @@ static void pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t head, 
     } else if (terms == 2) {
       for (int64_t p = 0; p < D2; p++) {
         uint16_t h[2] = {0, 0}, l[2] = {0, 0};
-        split_at(t->data, off + 2 * p * sd, &h[0], &l[0]);
+        if (2 * p < D) split_at(t->data, off + 2 * p * sd, &h[0], &l[0]);
         if (2 * p + 1 < D) split_at(t->data, off + (2 * p + 1) * sd, &h[1], &l[1]);
         o[p * row + jj] = h[0] | (uint32_t)h[1] << 16;
         o[p * row + nr + jj] = l[0] | (uint32_t)l[1] << 16;
@@ -334,10 +335,11 @@ static void pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t head, 
     } else if (t->dtype == ATTN_BF16 && sd == 1) { /* a key's pairs are 32-bit words of its row */
       const uint16_t *r = (const uint16_t *)t->data + off;
       for (int64_t p = 0; p < D / 2; p++) memcpy(&o[p * row + jj], r + 2 * p, 4);
-      if (D & 1) o[(D2 - 1) * row + jj] = r[D - 1];
+      if (D & 1) o[(D / 2) * row + jj] = r[D - 1];
+      for (int64_t p = (D + 1) / 2; p < D2; p++) o[p * row + jj] = 0; /* the zero pairs of a padded D2 */
     } else {
       for (int64_t p = 0; p < D2; p++) {
-        const uint32_t lo = bf16_at(t->data, t->dtype, off + 2 * p * sd);
+        const uint32_t lo = 2 * p < D ? bf16_at(t->data, t->dtype, off + 2 * p * sd) : 0;
         const uint32_t hi = 2 * p + 1 < D ? bf16_at(t->data, t->dtype, off + (2 * p + 1) * sd) : 0;
         o[p * row + jj] = lo | hi << 16;
       }
@@ -450,9 +452,13 @@ static void tiles_run(const void *arg, void *scratch, int64_t round, int64_t fir
   }
 }
 
+static int64_t query_row(const fwd_job *j) {
+  return j->hk ? j->D2 * j->terms : j->p->D;
+}
+
 static void fwd_scratch_init(const void *arg, void *scratch) {
   const fwd_job *j = arg;
-  scratch_carve(scratch, j->kn->mr, j->kn->nr, j->p->D, j->p->Dv);
+  scratch_carve(scratch, j->kn->mr, j->kn->nr, query_row(j), j->p->Dv);
 }
 
 /* Items of phase ph for kv head bg. */
@@ -474,6 +480,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   fwd_job j;
   memset(&j, 0, sizeof j);
   j.p = p, j.kn = kn, j.hk = hk, j.widen = ctx->dispatch.decode->widen, j.D2 = (p->D + 1) / 2, j.qb = QB_MAX;
+  if (hk && hk->d2_align > 1) j.D2 = (j.D2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align; /* zero pairs */
   j.terms = hk ? hk->terms : 1;
   /* the longest sequence sizes the packed buffers; its work, the scheduler's choices */
   const int64_t nseq = attn__seqs(p);
@@ -530,7 +537,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
                                        {"pack_v", pack_v_items, pack_v_run, 0},
                                        {"query_blocks", tiles_items, tiles_run, 1}};
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
-                         scratch_bytes(mr, nr, p->D, p->Dv), fwd_scratch_init};
+                         scratch_bytes(mr, nr, query_row(&j), p->Dv), fwd_scratch_init};
   const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, (long long)nseq};
   const char *fmt =
       p->cu_q ? (hk ? (j.terms == 2 ? "attn_sdpa forward, f16 tiles (bf16 hi + lo), packed batch (%lld kv heads per round, "

@@ -15,8 +15,10 @@
  *       AVX-512, is loaded as the C tiles, 64 columns at a time.
  * Every tile is configured 16 rows x 64 bytes by begin (once per work item,
  * not per call: ldtilecfg clears the tiles and costs as much as a step), so
- * D must be a multiple of 32 and Dv of 16; other shapes take the AVX512-BF16
- * tiles. The fp32 parts (softmax, the rescale) are the 16-row AVX-512 set's.
+ * q and k come padded to whole steps of 16 pairs (d2_align) and Dv must be a
+ * multiple of 16; other Dv are widened to fp32 (vdpbf16ps is slower than
+ * fp32 FMAs on these CPUs). The fp32 parts (softmax, the rescale) are the
+ * 16-row AVX-512 set's.
  *
  * A tile reads whole rows, so the keys of a block the call must not read
  * (at or past nkeys: past the packed buffer's end, or hidden with NaN/Inf in
@@ -272,7 +274,7 @@ static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint1
 }
 
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
-const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 32, 16, 1,
+const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 16, 16, 1,
                                                    attn__amx_begin, attn__amx_end, qk_amx, pv_amx};
-const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 32, 16, 2,
+const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
                                                        attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16};
