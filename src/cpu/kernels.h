@@ -40,8 +40,6 @@ typedef struct attn__cpu_kernels {
   void (*qk)(float *S, const float *Q, const float *Kt, int64_t D, int64_t nkeys);
   /* Online-softmax step for MR rows of S (masked logits are -inf):
    *   m_new = max(m, max_j S[r][j])  (NaN propagates);  alpha[r] = exp(m - m_new);
-   *   (a set may keep a finite m while max_j S[r][j] <= m + 8: alpha is then 1 and
-   *   P up to e^8; m is a reference, lse = m + log(l) holds either way)
    *   S[r][j] = exp(S[r][j] - m_new);  l[r] = l[r] * alpha[r] + sum_j S[r][j];  m = m_new.
    * A row still without a visible key (m_new = -inf) gets P = 0, alpha = 1. */
   void (*softmax)(float *S, float *m, float *l, float *alpha);

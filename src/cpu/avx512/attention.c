@@ -141,13 +141,6 @@ static void softmax_avx512(float *S, float *m, float *l, float *alpha) {
   __m512 mnew = _mm512_max_ps(mold, tile_max);
   /* NaN wins: max skips it, and a row with nothing else visible would lose it */
   mnew = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mold, mold, _CMP_UNORD_Q), mnew, mold);
-#ifdef ATTN_TILE_LAZY_MAX
-  /* A row keeps its reference m while the tile's max stays within 8 of it (finite both): the
-   * probabilities are then up to e^8, and alpha is exactly 1, so pv need not rescale O. */
-  const __mmask16 keep = _mm512_cmp_ps_mask(tile_max, _mm512_add_ps(mold, _mm512_set1_ps(8.0f)), _CMP_LE_OQ) &
-                         _mm512_cmp_ps_mask(mold, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
-  mnew = _mm512_mask_blend_ps(keep, mnew, mold);
-#endif
   __mmask16 empty = _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
   for (int r = 0; r < MR; r++)
     if ((empty >> r) & 1)
