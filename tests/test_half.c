@@ -6,8 +6,9 @@
  *                         the backward on f16/bf16 inputs is the backward on
  *                         their values in f32, bitwise
  *   test_half avx512bf16  the bf16 tiles (skipped where the CPU lacks them),
- *   test_half amx         and the AMX ones (mostly D % 32 = Dv % 16 = 0, the
- *                         shapes they take, a few falling back to avx512bf16):
+ *   test_half amx         and the AMX ones (mostly Dv % 16 = 0, the shapes
+ *                         they take, D padded to 16-pair steps; a few widened),
+ *                         f16 inputs on them too:
  *                         bf16 inputs, and f32 inputs under BF16, against the
  *                         float64 oracle on the same (rounded) inputs with the
  *                         documented bound; out exactly as the policy says

@@ -61,7 +61,7 @@ static hcase random_case(tu_rng *r, int decode) {
   c.Nq = decode ? tu_int(r, 1, 8 / (c.Hq / c.Hk)) : tu_int(r, 1, 70);
   c.Nk = tu_int(r, 1, 150);
   const int64_t dims[] = {1, 4, 16, 33, 64, 72}, amx_dims[] = {32, 64, 96, 16, 33, 64};
-  const int64_t *dd = half_tiles == 2 ? amx_dims : dims; /* AMX: mostly D % 32 = 0, the shapes its tiles take */
+  const int64_t *dd = half_tiles == 2 ? amx_dims : dims; /* AMX: whole and padded 16-pair steps of D */
   c.D = dd[tu_int(r, 0, 5)];
   c.Dv = tu_int(r, 0, 3) ? c.D : dd[tu_int(r, 0, 5)];
   c.causal = (attn_causal)tu_int(r, 0, 2);
