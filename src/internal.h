@@ -185,7 +185,8 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, a
 
 /* Checks the backward's arguments (q/k/v/out/opts as attn__sdpa_prepare, then
  * the optional mask_grad and sinks_grad, dq, dk, dv, dout, lse) and fills p.
- * f32_only: every tensor must be f32. */
+ * f32_only 1: every tensor must be f32; 2: q, k, v, dout and out f32, f16 or bf16,
+ * dq, dk and dv f32, f16 or bf16, lse f32 (the blocked backward's own checks). */
 attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
                                         attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *dout,
                                         const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
@@ -205,7 +206,8 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p);
 attn_status attn__sdpa_backward_run_ref(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
                                         attn_tensor *dv, const attn_tensor *dout, const attn_tensor *out,
                                         const attn_tensor *lse);
-/* The fp32 backward (src/engine/backward.c); shapes already checked. */
+/* The blocked backward (src/engine/backward.c): fp32, or the half tiles of
+ * attn__dispatch_half_backward with f32/f16/bf16 gradients; shapes already checked. */
 attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq,
                                         attn_tensor *dk, attn_tensor *dv, const attn_tensor *dout,
                                         const attn_tensor *out, const attn_tensor *lse);

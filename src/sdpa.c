@@ -2,6 +2,7 @@
 #include "internal.h"
 #include "logit.h"
 #include "opts.h"
+#include "cpu/kernels.h"
 
 #include <float.h>
 #include <stdio.h>
@@ -193,11 +194,11 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, a
 }
 
 /* A tensor of the backward of exactly [a, b, c, d]: an input (any float dtype) or, when grad,
- * a gradient output (f32 or f64, writable). f32_only: f32 either way. */
+ * a gradient output (f32 or f64, writable; grad 2: f32, f16 or bf16). f32_only: f32 either way. */
 static attn_status check_bwd4(attn_ctx *ctx, const attn_tensor *t, const char *what, const char *want, int64_t a,
                               int64_t b, int64_t c, int64_t d, int f32_only, int grad) {
   attn_status st;
-  if ((st = attn__check_tensor(ctx, t, what, 4)) || (st = check_float_dtype(ctx, t, what, f32_only, grad))) return st;
+  if ((st = attn__check_tensor(ctx, t, what, 4)) || (st = check_float_dtype(ctx, t, what, f32_only != 0, grad))) return st;
   if (!dims_equal(t, a, b, c, d)) {
     char s[96];
     attn__format_shape(s, sizeof s, t);
@@ -249,12 +250,14 @@ attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tenso
     return attn__fail(ctx, ATTN_E_SHAPE, "lse %s must be [B, Hq, Nq] = [%lld, %lld, %lld] (the forward's lse)", s,
                       (long long)p->B, (long long)p->Hq, (long long)p->Nq);
   }
-  if (f32_only && ((st = check_f32(ctx, q, "q")) || (st = check_f32(ctx, k, "k")) || (st = check_f32(ctx, v, "v")) ||
-                   (st = check_f32(ctx, dout, "dout")) || (st = check_f32(ctx, lse, "lse"))))
+  if (f32_only == 1 && ((st = check_f32(ctx, q, "q")) || (st = check_f32(ctx, k, "k")) || (st = check_f32(ctx, v, "v")) ||
+                        (st = check_f32(ctx, dout, "dout")) || (st = check_f32(ctx, lse, "lse"))))
     return st;
-  if ((st = check_bwd4(ctx, dq, "dq", "[B, Hq, Nq, D]", p->B, p->Hq, p->Nq, p->D, f32_only, 1)) ||
-      (st = check_bwd4(ctx, dk, "dk", "[B, Hk, Nk, D]", p->B, p->Hk, p->Nk, p->D, f32_only, 1)) ||
-      (st = check_bwd4(ctx, dv, "dv", "[B, Hk, Nk, Dv]", p->B, p->Hk, p->Nk, p->Dv, f32_only, 1)))
+  if (f32_only == 2 && (st = check_f32(ctx, lse, "lse"))) return st;
+  const int grad = f32_only == 2 ? 2 : 1;
+  if ((st = check_bwd4(ctx, dq, "dq", "[B, Hq, Nq, D]", p->B, p->Hq, p->Nq, p->D, f32_only, grad)) ||
+      (st = check_bwd4(ctx, dk, "dk", "[B, Hk, Nk, D]", p->B, p->Hk, p->Nk, p->D, f32_only, grad)) ||
+      (st = check_bwd4(ctx, dv, "dv", "[B, Hk, Nk, Dv]", p->B, p->Hk, p->Nk, p->Dv, f32_only, grad)))
     return st;
   return ATTN_OK;
 }
@@ -296,25 +299,38 @@ attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor *lse, att
 }
 
 /* The fp32 backward reads its inputs in place, as f32: f16/bf16 ones (bf16
- * training) are widened into f32 copies first, O(N D) each, and the call then
- * computes in fp32 (at least as accurate as a half-precision backward). */
+ * training off the half tiles) are widened into f32 copies first, O(N D) each,
+ * and the call then computes in fp32 (at least as accurate as a half-precision
+ * backward); f16/bf16 gradients are computed in f32 copies and rounded into
+ * place once every step has succeeded. */
 static attn_status backward_widened(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
                                     attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *in[5],
                                     const attn_tensor *lse, const attn_sdpa_opts *opts) {
   static const char *const names[5] = {"dout", "q", "k", "v", "out"};
-  attn_tensor wide[5];
+  attn_tensor wide[5], gw[3];
+  attn_tensor *grads[3] = {dq, dk, dv}, *gout[3] = {dq, dk, dv};
   const attn_tensor *use[5];
   attn_status st = ATTN_OK;
   for (int i = 0; i < 5; i++) wide[i].data = NULL, use[i] = in[i];
+  for (int i = 0; i < 3; i++) gw[i].data = NULL;
   for (int i = 0; i < 5 && !st; i++) {
     if (!in[i] || (in[i]->dtype != ATTN_F16 && in[i]->dtype != ATTN_BF16)) continue;
     if (!(st = attn__check_tensor(ctx, in[i], names[i], 4)) && !(st = attn_tensor_alloc(ctx, &wide[i], ATTN_F32, 4, in[i]->shape)))
       st = attn_tensor_copy(ctx, &wide[i], in[i]);
     use[i] = &wide[i];
   }
-  if (!st) st = attn_sdpa_backward(ctx, dq, dk, dv, mask_grad, sinks_grad, use[0], use[1], use[2], use[3], use[4], lse, opts);
+  for (int i = 0; i < 3 && !st; i++) {
+    if (!grads[i] || (grads[i]->dtype != ATTN_F16 && grads[i]->dtype != ATTN_BF16)) continue;
+    st = attn_tensor_alloc(ctx, &gw[i], ATTN_F32, 4, grads[i]->shape);
+    gout[i] = &gw[i];
+  }
+  if (!st) st = attn_sdpa_backward(ctx, gout[0], gout[1], gout[2], mask_grad, sinks_grad, use[0], use[1], use[2], use[3], use[4], lse, opts);
+  for (int i = 0; i < 3 && !st; i++)
+    if (gw[i].data) st = attn_tensor_copy(ctx, grads[i], &gw[i]);
   for (int i = 0; i < 5; i++)
     if (wide[i].data) attn_tensor_free(&wide[i]);
+  for (int i = 0; i < 3; i++)
+    if (gw[i].data) attn_tensor_free(&gw[i]);
   return st;
 }
 
@@ -324,11 +340,18 @@ attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, 
                                const attn_tensor *lse, const attn_sdpa_opts *opts) {
   ATTN__ENTER(ctx);
   const int ref = ctx->dispatch.kernel == ATTN_KERNEL_REF;
-  const attn_tensor *in[5] = {dout, q, k, v, out};
-  for (int i = 0; i < 5 && !ref; i++)
-    if (in[i] && (in[i]->dtype == ATTN_F16 || in[i]->dtype == ATTN_BF16))
-      return backward_widened(ctx, dq, dk, dv, mask_grad, sinks_grad, in, lse, opts);
+  const attn_tensor *in[8] = {dout, q, k, v, out, dq, dk, dv};
+  int halves = 0;
+  for (int i = 0; i < 8; i++) halves |= in[i] && (in[i]->dtype == ATTN_F16 || in[i]->dtype == ATTN_BF16);
   attn__sdpa p;
+  if (halves && !ref) { /* the half tiles where they take the problem, else widened to fp32 */
+    attn_status st =
+        attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts, 2);
+    if (st) return st;
+    if (attn__dispatch_half_backward(&ctx->dispatch, &p))
+      return attn__sdpa_backward_run_blocked(ctx, &p, dq, dk, dv, dout, out, lse);
+    return backward_widened(ctx, dq, dk, dv, mask_grad, sinks_grad, in, lse, opts);
+  }
   attn_status st =
       attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts, !ref);
   if (st) return st;

@@ -25,6 +25,9 @@
  * probabilities' to f16 (2^-11) */
 #define F16_OUT_BOUND 2e-3
 #define F32_TOL 2e-5 /* the fp32 kernels' bound in test_sdpa */
+/* dq, dk and dv's rel L2 bound on the bf16 backward tiles (attn.h): P and dS
+ * rounded to bf16 for their products, and dO to bf16 */
+#define BF16_GRAD_BOUND 1e-2
 
 typedef struct hcase {
   int64_t B, Hq, Hk, Nq, Nk, D, Dv;
@@ -211,7 +214,8 @@ static void run(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, attn_dtype dt, 
   arena_free(a);
 }
 
-/* The backward on f16/bf16 inputs is the backward on their f32 values, bitwise (it widens them). */
+/* The backward on f16/bf16 inputs is the backward on their f32 values, bitwise (it widens them), off
+ * the bf16 backward tiles. */
 static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int seed) {
   tu_rng r = {(uint64_t)seed * 31u + 5};
   prob H, F;
@@ -242,8 +246,12 @@ static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int se
       tu_poison_f32(g[w][i], n3[i]);
       tg[w][i] = attn_tensor_view(g[w][i], ATTN_F32, 4, (i == 0 ? &H.q : i == 1 ? &H.k : &H.v)->shape);
     }
+  /* bf16 on AMX runs the bf16 backward tiles by DEFAULT (backward_tiles); FP32 keeps the widened one */
+  const attn_precision was = attn_ctx_precision(ctx);
+  if (dt == ATTN_BF16 && attn_ctx_kernel(ctx) == ATTN_KERNEL_AMX) CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32));
   CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[0][0], &tg[0][1], &tg[0][2], NULL, NULL, &tdo, &H.q, &H.k, &H.v, &to, &tl, &H.o));
   CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[1][0], &tg[1][1], &tg[1][2], NULL, NULL, &tdo, &F.q, &F.k, &F.v, &to, &tl, &F.o));
+  CHECK_OK(ctx, attn_ctx_set_precision(ctx, was));
   int same = 1;
   for (int i = 0; i < 3; i++) same &= memcmp(g[0][i], g[1][i], sizeof(float) * (size_t)n3[i]) == 0;
   CHECK(same, "%s: backward on %s inputs differs from the backward on their f32 values (case %d)",
@@ -272,6 +280,96 @@ static void half_out(attn_ctx *ctx, const hcase *c, attn_dtype in_dt, attn_dtype
   CHECK(wrong == 0, "%s, %s in, %s out (decode %d): %lld of %lld elements are not the f32 out rounded (case %d)",
         attn_kernel_name(attn_ctx_kernel(ctx)), attn_dtype_name(in_dt), attn_dtype_name(out_dt), attn_ctx_decode(ctx),
         (long long)wrong, (long long)no, seed);
+  arena_free(a);
+}
+
+/* The bf16 backward on the AMX tiles: bf16 q, k, v (dout f32, as a loss may
+ * give it), from the oracle's out and lse in f32, against the oracle's backward on
+ * the same values with BF16_GRAD_BOUND; the same bits on 1 and 3 threads;
+ * bf16 gradients are the f32 ones rounded; poisoned outputs. Shapes the tiles
+ * do not take (D or Dv not a multiple of 16) must run the fp32 backward. */
+static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed) {
+  tu_rng r = {(uint64_t)seed * 7001u + 11};
+  prob P;
+  make(&P, c, ATTN_BF16, &r);
+  arena *a = &P.a;
+  char desc[300];
+  describe(desc, sizeof desc, c, seed);
+  const int64_t no = c->B * c->Hq * c->Nq * c->Dv, nl = c->B * c->Hq * c->Nq;
+  const int64_t n3[3] = {c->B * c->Hq * c->Nq * c->D, c->B * c->Hk * c->Nk * c->D, c->B * c->Hk * c->Nk * c->Dv};
+  const int64_t so[4] = {c->B, c->Hq, c->Nq, c->Dv}, sl[3] = {c->B, c->Hq, c->Nq}, sh[1] = {c->Hq};
+  float *out = arena_alloc(a, sizeof(float) * (size_t)(no + 1)), *lse = arena_alloc(a, sizeof(float) * (size_t)(nl + 1));
+  float *dout = arena_alloc(a, sizeof(float) * (size_t)(no + 1));
+  tu_fill_f32(&r, dout, no, 1);
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, so), tl = attn_tensor_view(lse, ATTN_F32, 3, sl);
+  attn_tensor tdo = attn_tensor_view(dout, ATTN_F32, 4, so);
+  /* out and lse as exact as f32 holds them: the oracle's Dd comes from its own probabilities, not from out */
+  CHECK_OK(oracle, attn_sdpa_ref(oracle, &to, &tl, NULL, &P.q, &P.k, &P.v, &P.o));
+  /* the oracle: f64 gradients from the same out and lse (sinks_grad is f32 on every path) */
+  double *rg[3];
+  attn_tensor trg[3];
+  const attn_tensor *shp[3] = {&P.q, &P.k, &P.v};
+  float *rsink = arena_alloc(a, sizeof(float) * (size_t)c->Hq);
+  attn_tensor trs = attn_tensor_view(rsink, ATTN_F32, 1, sh);
+  for (int i = 0; i < 3; i++) {
+    rg[i] = arena_alloc(a, sizeof(double) * (size_t)(n3[i] + 1));
+    trg[i] = attn_tensor_view(rg[i], ATTN_F64, 4, shp[i]->shape);
+  }
+  CHECK_OK(oracle, attn_sdpa_backward_ref(oracle, &trg[0], &trg[1], &trg[2], NULL, c->sinks ? &trs : NULL, &tdo, &P.q,
+                                          &P.k, &P.v, &to, &tl, &P.o));
+  const int tiles = c->D % 16 == 0 && c->Dv % 16 == 0;
+  float *g[2][3], *sink[2];
+  attn_tensor tg[2][3], ts[2];
+  for (int w = 0; w < 2; w++) { /* w: 1 thread, 3 threads */
+    for (int i = 0; i < 3; i++) {
+      g[w][i] = arena_alloc(a, sizeof(float) * (size_t)(n3[i] + 1));
+      tu_poison_f32(g[w][i], n3[i]);
+      tg[w][i] = attn_tensor_view(g[w][i], ATTN_F32, 4, shp[i]->shape);
+    }
+    sink[w] = arena_alloc(a, sizeof(float) * (size_t)c->Hq);
+    tu_poison_f32(sink[w], c->Hq);
+    ts[w] = attn_tensor_view(sink[w], ATTN_F32, 1, sh);
+    attn_ctx_set_threads(ctx, 1 + 2 * w);
+    const attn_status st = attn_sdpa_backward(ctx, &tg[w][0], &tg[w][1], &tg[w][2], NULL, c->sinks ? &ts[w] : NULL, &tdo,
+                                              &P.q, &P.k, &P.v, &to, &tl, &P.o);
+    CHECK(st == ATTN_OK, "backward %s: %s", desc, attn_ctx_error(ctx));
+    if (st) {
+      arena_free(a);
+      return;
+    }
+    const int ran = strstr(attn_ctx_plan(ctx), "attn_sdpa_backward, bf16 tiles") != NULL;
+    CHECK(ran == tiles, "backward %s: bf16 tiles ran %d, expected %d; plan: %s", desc, ran, tiles, attn_ctx_plan(ctx));
+  }
+  static const char *const names[3] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; i++) {
+    int bad = 0;
+    const double e = err_vs(g[0][i], rg[i], n3[i], &bad);
+    CHECK(!bad && e <= (tiles ? BF16_GRAD_BOUND : F32_TOL * 10), "backward %s: %s rel L2 %.3g (or a non-finite value)",
+          desc, names[i], e);
+    CHECK(!memcmp(g[0][i], g[1][i], sizeof(float) * (size_t)n3[i]), "backward %s: %s differs between 1 and 3 threads",
+          desc, names[i]);
+  }
+  if (c->sinks) {
+    int bad = 0;
+    double rs[8];
+    for (int64_t h = 0; h < c->Hq; h++) rs[h] = rsink[h];
+    CHECK(err_vs(sink[0], rs, c->Hq, &bad) <= 1e-4 && !bad, "backward %s: sinks_grad", desc);
+  }
+  /* gradients in bf16: the f32 ones, rounded */
+  uint16_t *gh[3];
+  attn_tensor tgh[3];
+  for (int i = 0; i < 3; i++) {
+    gh[i] = arena_alloc(a, sizeof(uint16_t) * (size_t)(n3[i] + 1));
+    for (int64_t e = 0; e < n3[i]; e++) gh[i][e] = 0x7fc1;
+    tgh[i] = attn_tensor_view(gh[i], ATTN_BF16, 4, shp[i]->shape);
+  }
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &tgh[0], &tgh[1], &tgh[2], NULL, NULL, &tdo, &P.q, &P.k, &P.v, &to, &tl, &P.o));
+  for (int i = 0; i < 3; i++) {
+    int64_t wrong = 0;
+    for (int64_t e = 0; e < n3[i]; e++) wrong += gh[i][e] != tu_f32_to_bf16(g[0][i][e]);
+    CHECK(wrong == 0, "backward %s: %lld of %lld bf16 %s entries are not the f32 gradient rounded", desc,
+          (long long)wrong, (long long)n3[i], names[i]);
+  }
   arena_free(a);
 }
 
@@ -358,6 +456,10 @@ int main(int argc, char **argv) {
         CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
         run(ctx, oracle, &c, ATTN_F16, seed, amx_takes(&c) ? 2 : 0, one_block, what);
       }
+    }
+    if (kern == ATTN_KERNEL_AMX) {
+      CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+      backward_tiles(ctx, oracle, &c, seed);
     }
   }
   attn_ctx_destroy(ctx);

@@ -95,11 +95,26 @@ typedef struct attn__half_kernels {
   void (*end)(void);
   void (*qk)(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale);
   void (*pv)(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse);
+  /* The backward's transposed products (NULL: the set has no backward; terms 1 only):
+   *   OutT[c][j] += sum_{r < rows} XT[c * ldx + r] * bf16(P[r][j])  for c < C, j < NR
+   * OutT (C, NR) fp32, row-major; XT (C, rows) bf16, rows ldx apart; P (rows, NR)
+   * fp32, 64-byte aligned, rounded to bf16 as pv rounds it. rows is a multiple of
+   * ATTN__BWD_ROWS_ALIGN and at most ATTN__BWD_MAX_ROWS; C a multiple of dv_align.
+   * Every XT entry and every P entry is finite (hidden entries are exact zeros). */
+  void (*pt_acc)(float *OutT, int64_t C, const float *P, int64_t rows, const uint16_t *XT, int64_t ldx);
 } attn__half_kernels;
+#define ATTN__BWD_ROWS_ALIGN 32
+#define ATTN__BWD_MAX_ROWS 64
 /* The half tiles a blocked forward of p runs on, or NULL for fp32 ones (engine/dispatch.c). */
 struct attn__dispatch;
 struct attn__sdpa;
 const attn__half_kernels *attn__dispatch_half(const struct attn__dispatch *d, const struct attn__sdpa *p);
+/* The half tiles its backward runs on (bf16 q, k and v), or NULL: the inputs are widened and the backward is fp32. */
+const attn__half_kernels *attn__dispatch_half_backward(const struct attn__dispatch *d, const struct attn__sdpa *p);
+/* Kh block blk (D2, NR) of a [B, H, N, D] view whose key 0 of the head is at element head, as bf16 pairs
+ * (the half tiles' layout above), zero past key Nk and past D (engine/forward.c). */
+void attn__pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t head, int64_t blk, int nr, int64_t Nk,
+                            int64_t D, int64_t D2, int terms);
 
 extern const attn__cpu_kernels attn__kernels_c;
 #ifdef ATTN_HAVE_X86_KERNELS

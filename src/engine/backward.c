@@ -9,7 +9,18 @@
  * dQ. The partials are then summed in chunk order. So every gradient element
  * is summed in one fixed order whatever the thread count (bitwise the same
  * results), no two threads add into the same memory, and there is no second
- * pass recomputing the scores. C does not depend on the threads. */
+ * pass recomputing the scores. C does not depend on the threads.
+ *
+ * bf16 q, k and v on a kernel set with backward tiles (kernels.h's pt_acc;
+ * attn__dispatch_half_backward) take the same path on the half tiles, as
+ * PyTorch computes its bf16 backward: q.k and dO.v on bf16 pairs, P and dS in
+ * fp32 (the same logit, exp_shift and ds as fp32), then dV, dK and dQ with P
+ * and dS rounded to bf16, every sum in fp32. A query "tile" is then a group
+ * of ATTN__BWD_MAX_ROWS rows (16-row tiles inside), because dV^T += dO^T P and
+ * dK^T += Q^T dS sum over a group's rows: q and dO are packed once more,
+ * transposed (QT, dOT), and dK, dV are kept transposed per key block and
+ * turned when written out. dQ's dS.K is pv's product on K packed as pairs of
+ * keys. */
 #include "../internal.h"
 #include "../logit.h"
 #include "../cpu/kernels.h"
@@ -48,6 +59,8 @@ static size_t bwd_scratch_layout(bwd_scratch *into, int mr, int nr, int64_t D, i
  * Rows past Nq (up to a whole tile) are zero, with lse -inf. */
 typedef struct bwd_rows {
   float *Q, *dO, *lse, *Dd;
+  /* the half path instead of Q and dO: bf16 pairs (nqp, D2), (nqp, Dv2) and transposed (D, nqp), (Dv, nqp) */
+  uint16_t *Qh, *dOh, *QT, *dOT;
 } bwd_rows;
 
 /* Everything one pass needs about the problem beyond p. */
@@ -57,28 +70,38 @@ typedef struct bwd_args {
   const bwd_rows *rows;       /* [group] for the kv head at hand */
   const float *Kt, *Vt, *Kr;  /* one kv head: Kt (nblk, D, NR), Vt (nblk, Dv, NR), K rows ldk apart */
   int64_t ldk;
+  /* the half path: Kt, Vt and Kr hold Kh (nblk, D2, NR) and Vh (nblk, Dv2, NR) as bf16
+   * pairs, and K as pairs of keys (ceil(Nk / 2), D) */
+  const attn__half_kernels *hk;
+  int64_t D2, Dv2, nqp;
 } bwd_args;
 
 /* For query tile t of query head h (slot hs in the group) against key block j0:
  * s->S becomes A = P * M and s->dP becomes dS. Returns the tile's class: CLOSED
  * when the block is entirely masked for this tile (nothing to add), MIXED when
  * some of its keys are hidden from some rows (dS and A are exactly 0 there). */
-static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t hs, int64_t t, int64_t j0,
-                      int write_mask_grad) {
+static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, float *S, float *dP, int64_t b, int64_t h,
+                                  int64_t hs, int64_t i0, int64_t j0, int write_mask_grad) {
   const attn__sdpa *p = a->p;
   const attn__cpu_kernels *kn = a->kn;
   const int mr = kn->mr, nr = kn->nr;
-  const int64_t i0 = t * mr, nq = attn__queries(p, b);
+  const int64_t nq = attn__queries(p, b);
+  if (i0 >= nq) return ATTN__TILE_CLOSED; /* a group's padding */
   const int rows = (int)(nq - i0 < mr ? nq - i0 : mr);
   const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, i0, rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
   const bwd_rows *R = &a->rows[hs];
-  const float *Q = R->Q + i0 * p->D, *dO = R->dO + i0 * p->Dv;
   const int64_t blk = j0 / nr, nk = attn__key_rows(p, b) - j0 < nr ? attn__key_rows(p, b) - j0 : nr;
-  kn->qk(s->S, Q, a->Kt + blk * nr * p->D, p->D, nk);
-  attn__logit_tile(p, s->S, s->Cf, nr, rows, nr, tm, s->Mb); /* keeps the slope for dS */
-  kn->exp_shift(s->S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
-  kn->qk(s->dP, dO, a->Vt + blk * nr * p->Dv, p->Dv, nk);
+  if (a->hk)
+    a->hk->qk(S, R->Qh + i0 * 2 * a->D2, (const uint16_t *)a->Kt + blk * nr * 2 * a->D2, a->D2, nk, (float)p->scale);
+  else
+    kn->qk(S, R->Q + i0 * p->D, a->Kt + blk * nr * p->D, p->D, nk);
+  attn__logit_tile(p, S, s->Cf, nr, rows, nr, tm, s->Mb); /* keeps the slope for dS */
+  kn->exp_shift(S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
+  if (a->hk)
+    a->hk->qk(dP, R->dOh + i0 * 2 * a->Dv2, (const uint16_t *)a->Vt + blk * nr * 2 * a->Dv2, a->Dv2, nk, 1.0f);
+  else
+    kn->qk(dP, R->dO + i0 * p->Dv, a->Vt + blk * nr * p->Dv, p->Dv, nk);
   if (p->dropout_p > 0) { /* dP * M before dS; A = P * M after */
     const float keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
     float *M = s->Mb; /* free again: the mask is in S */
@@ -86,24 +109,24 @@ static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, 
       for (int jj = 0; jj < nr; jj++)
         M[r * nr + jj] = r < rows && jj < nk && attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i0 + r, j0 + jj)
                              ? keep_scale : 0.0f;
-    for (int e = 0; e < mr * nr; e++) s->dP[e] *= M[e];
-    kn->ds(s->S, s->dP, R->Dd + i0);
-    for (int e = 0; e < mr * nr; e++) s->S[e] *= M[e];
+    for (int e = 0; e < mr * nr; e++) dP[e] *= M[e];
+    kn->ds(S, dP, R->Dd + i0);
+    for (int e = 0; e < mr * nr; e++) S[e] *= M[e];
   } else {
-    kn->ds(s->S, s->dP, R->Dd + i0);
+    kn->ds(S, dP, R->Dd + i0);
   }
   if (write_mask_grad) {
     const attn_tensor *mg = p->mask_grad;
     for (int r = 0; r < rows; r++) {
       float *m = (float *)mg->data + attn__qoff(p, mg, b, h, i0 + r);
-      for (int64_t jj = 0; jj < nk; jj++) m[(j0 + jj) * mg->strides[3]] = s->dP[r * nr + jj];
+      for (int64_t jj = 0; jj < nk; jj++) m[(j0 + jj) * mg->strides[3]] = dP[r * nr + jj];
     }
   }
   /* dq and dk need the gradient of the raw logit (the mask's is above). A
    * hidden key's slope may be NaN (its q.k was); its dS stays exactly 0. */
   if (attn__logit_has_slope(p))
     for (int e = 0; e < rows * nr; e++)
-      if (s->dP[e] != 0) s->dP[e] *= s->Cf[e];
+      if (dP[e] != 0) dP[e] *= s->Cf[e];
   return tm;
 }
 
@@ -129,7 +152,7 @@ static void pass_item(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_t
       const int64_t h = g * p->group + hs;
       const bwd_rows *Rw = &a->rows[hs];
       for (int64_t t = t0; t * mr < iend; t += R) {
-        const attn__tile_mask tm = bwd_scores(a, s, b, h, hs, t, j0, p->mask_grad != NULL);
+        const attn__tile_mask tm = bwd_scores(a, s, s->S, s->dP, b, h, hs, t * mr, j0, p->mask_grad != NULL);
         if (tm == ATTN__TILE_CLOSED) continue;
         /* hidden entries are exact zeros in A and dS, times finite dO and Q rows; the
          * K rows of hidden keys are another matter: pv runs sparse there */
@@ -145,10 +168,69 @@ static void pass_item(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_t
       continue;
     }
     for (int64_t jj = 0; jj < nk; jj++) {
-      float *kd = (float *)dk->data + attn__koff(p, dk, b, g, j0 + jj);
-      float *vd = (float *)dv->data + attn__koff(p, dv, b, g, j0 + jj);
-      for (int64_t d = 0; d < p->D; d++) kd[d * dk->strides[3]] = s->dK[jj * p->D + d];
-      for (int64_t e = 0; e < p->Dv; e++) vd[e * dv->strides[3]] = s->dV[jj * p->Dv + e];
+      const int64_t ko = attn__koff(p, dk, b, g, j0 + jj), vo = attn__koff(p, dv, b, g, j0 + jj);
+      for (int64_t d = 0; d < p->D; d++) attn__store_f32(dk->data, dk->dtype, ko + d * dk->strides[3], s->dK[jj * p->D + d]);
+      for (int64_t e = 0; e < p->Dv; e++) attn__store_f32(dv->data, dv->dtype, vo + e * dv->strides[3], s->dV[jj * p->Dv + e]);
+    }
+  }
+}
+
+/* The half path's QT and dOT rows: nqp entries and 64 bytes more, so that a row's transposed
+ * writes (one per column, 2 nqp bytes apart) do not all fall in one L1 set when nqp is a
+ * multiple of 2048. */
+static int64_t t_ld(int64_t nqp) { return nqp + 32; }
+
+/* pass_item on the half tiles: query groups (ATTN__BWD_MAX_ROWS rows) in place of tiles, dK and dV kept
+ * transposed, (D, NR) and (Dv, NR), in s->dK and s->dV, and dK's scale applied as a block is written. */
+static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_tensor *dv, float *dQc, float *dKr,
+                           float *dVr, int64_t b, int64_t g, int64_t c, int64_t C, int64_t r, int64_t R) {
+  const attn__sdpa *p = a->p;
+  const attn__half_kernels *hk = a->hk;
+  const int mr = a->kn->mr, nr = a->kn->nr, qg = ATTN__BWD_MAX_ROWS;
+  const int64_t Nk = attn__key_rows(p, b), nblk = (Nk + nr - 1) / nr, nqp = a->nqp, D = p->D, Dv = p->Dv;
+  const float scale = (float)p->scale;
+  for (int64_t hs = 0; hs < p->group; hs++)
+    for (int64_t t = r; t * qg < nqp; t += R) memset(dQc + (hs * nqp + t * qg) * D, 0, (size_t)(qg * D) * sizeof(float));
+  for (int64_t blk = c; blk < nblk; blk += C) {
+    const int64_t j0 = blk * nr, nk = Nk - j0 < nr ? Nk - j0 : nr;
+    const uint16_t *Kv = (const uint16_t *)(a->Kr + blk * (nr / 2) * D);
+    memset(s->dK, 0, (size_t)(nr * D) * sizeof(float));
+    memset(s->dV, 0, (size_t)(nr * Dv) * sizeof(float));
+    int64_t t0 = attn__first_row_seeing(p, b, j0) / qg;
+    const int64_t iend = attn__rows_seeing_end(p, b, j0 + nk);
+    t0 += ((r - t0) % R + R) % R;
+    for (int64_t hs = 0; hs < p->group; hs++) {
+      const int64_t h = g * p->group + hs;
+      const bwd_rows *Rw = &a->rows[hs];
+      for (int64_t t = t0; t * qg < iend; t += R) {
+        int open = 0;
+        for (int sub = 0; sub < qg / mr; sub++) {
+          const int64_t i0 = t * qg + sub * mr;
+          float *S = s->S + sub * mr * nr, *dP = s->dP + sub * mr * nr;
+          const attn__tile_mask tm = i0 < iend ? bwd_scores(a, s, S, dP, b, h, hs, i0, j0, p->mask_grad != NULL)
+                                               : ATTN__TILE_CLOSED;
+          if (tm == ATTN__TILE_CLOSED) { /* zeros in the group's sums */
+            memset(S, 0, (size_t)(mr * nr) * sizeof(float));
+            memset(dP, 0, (size_t)(mr * nr) * sizeof(float));
+            continue;
+          }
+          open = 1;
+          hk->pv(dQc + (hs * nqp + i0) * D, s->ones, dP, Kv, D, nk, tm == ATTN__TILE_MIXED);
+        }
+        if (!open) continue;
+        hk->pt_acc(s->dV, Dv, s->S, qg, Rw->dOT + t * qg, t_ld(nqp));
+        hk->pt_acc(s->dK, D, s->dP, qg, Rw->QT + t * qg, t_ld(nqp));
+      }
+    }
+    for (int64_t jj = 0; jj < nk; jj++) {
+      if (R > 1) {
+        for (int64_t d = 0; d < D; d++) dKr[(j0 + jj) * D + d] = s->dK[d * nr + jj] * scale;
+        for (int64_t e = 0; e < Dv; e++) dVr[(j0 + jj) * Dv + e] = s->dV[e * nr + jj];
+        continue;
+      }
+      const int64_t ko = attn__koff(p, dk, b, g, j0 + jj), vo = attn__koff(p, dv, b, g, j0 + jj);
+      for (int64_t d = 0; d < D; d++) attn__store_f32(dk->data, dk->dtype, ko + d * dk->strides[3], s->dK[d * nr + jj] * scale);
+      for (int64_t e = 0; e < Dv; e++) attn__store_f32(dv->data, dv->dtype, vo + e * dv->strides[3], s->dV[e * nr + jj]);
     }
   }
 }
@@ -179,6 +261,35 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
   R->Dd[i] = (float)dd; /* subtracted from every dP of the row: summed in double */
 }
 
+/* pack_row for the half path: q as bf16 pairs and transposed (QT column i), dO rounded to bf16 the same
+ * two ways, lse, and Dd in double from dO and out as given. Rows past Nq: zeros, lse -inf. */
+static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, int64_t Dv2, int64_t nqp,
+                          const attn_tensor *dout, const attn_tensor *out, const attn_tensor *lse, int64_t b, int64_t h,
+                          int64_t i) {
+  uint16_t *qh = R->Qh + i * 2 * D2, *oh = R->dOh + i * 2 * Dv2;
+  memset(qh, 0, (size_t)(2 * D2) * sizeof(uint16_t));
+  memset(oh, 0, (size_t)(2 * Dv2) * sizeof(uint16_t));
+  if (i >= attn__queries(p, b)) {
+    for (int64_t d = 0; d < p->D; d++) R->QT[d * t_ld(nqp) + i] = 0;
+    for (int64_t c = 0; c < p->Dv; c++) R->dOT[c * t_ld(nqp) + i] = 0;
+    R->lse[i] = -INFINITY;
+    R->Dd[i] = 0;
+    return;
+  }
+  const attn_tensor *q = &p->q;
+  const uint16_t *qs = (const uint16_t *)q->data + attn__qoff(p, q, b, h, i); /* bf16 (the dispatch's condition) */
+  for (int64_t d = 0; d < p->D; d++) R->QT[d * t_ld(nqp) + i] = qh[d] = qs[d * q->strides[3]];
+  const int64_t go = attn__qoff(p, dout, b, h, i), oo = attn__qoff(p, out, b, h, i);
+  double dd = 0;
+  for (int64_t c = 0; c < p->Dv; c++) {
+    const float g = attn__load_f32(dout->data, dout->dtype, go + c * dout->strides[3]);
+    R->dOT[c * t_ld(nqp) + i] = oh[c] = attn__f32_to_bf16(g);
+    dd += (double)g * attn__load_f32(out->data, out->dtype, oo + c * out->strides[3]);
+  }
+  R->lse[i] = ((const float *)lse->data)[attn__qoff(p, lse, b, h, i)];
+  R->Dd[i] = (float)dd;
+}
+
 /* dsink_h = -sum_{b, i} exp(sink_h - lse_i) Dd_i with Dd_i = dO_i . out_i: one
  * serial pass in double, in (b, i) order, so no thread count changes the sum.
  * O(B Hq Nq Dv), small beside the pass above. */
@@ -191,24 +302,24 @@ static void sinks_grad(const attn__sdpa *p, const attn_tensor *dout, const attn_
       for (int64_t i = 0; i < attn__queries(p, b); i++) {
         const float l = ((const float *)lse->data)[attn__qoff(p, lse, b, h, i)];
         if (l == -INFINITY) continue; /* nothing to renormalise */
-        const float *gs = (const float *)dout->data + attn__qoff(p, dout, b, h, i);
-        const float *os = (const float *)out->data + attn__qoff(p, out, b, h, i);
+        const int64_t go = attn__qoff(p, dout, b, h, i), oo = attn__qoff(p, out, b, h, i);
         double dd = 0;
-        for (int64_t c = 0; c < p->Dv; c++) dd += (double)gs[c * dout->strides[3]] * os[c * out->strides[3]];
+        for (int64_t c = 0; c < p->Dv; c++)
+          dd += (double)attn__load_f32(dout->data, dout->dtype, go + c * dout->strides[3]) *
+                attn__load_f32(out->data, out->dtype, oo + c * out->strides[3]);
         if (dd != 0) acc -= exp(sink - (double)l) * dd;
       }
     ((float *)sg->data)[h * sg->strides[0]] = (float)acc;
   }
 }
 
-/* Zeros every element of an f32 output (a no-op for an empty one, whatever its shape). */
+/* Zeros every element of an f32, f16 or bf16 output (a no-op for an empty one, whatever its shape). */
 static void zero_f32(attn_tensor *t) {
   const int64_t n = attn_tensor_numel(t);
   if (n <= 0) return;
   int64_t idx[ATTN_MAX_RANK] = {0}, off = 0;
-  float *d = t->data;
   for (int64_t e = 0; e < n; e++) {
-    d[off] = 0.0f;
+    attn__store_f32(t->data, t->dtype, off, 0.0f);
     for (int i = t->rank - 1; i >= 0; i--) {
       if (++idx[i] < t->shape[i]) {
         off += t->strides[i];
@@ -249,6 +360,8 @@ enum { PH_KV, PH_ROWS, PH_KR, PH_GRID, PH_DQ, PH_DKV, PH_N };
 typedef struct bwd_job {
   const attn__sdpa *p;
   const attn__cpu_kernels *kn;
+  const attn__half_kernels *hk; /* NULL: fp32 */
+  int64_t D2, Dv2;              /* the half path's pairs of q and k, of dO and v (padded) */
   attn_tensor *dq, *dk, *dv;
   const attn_tensor *dout, *out, *lse;
   int64_t pairs, per_round, grid_pairs, nqp_max;
@@ -261,9 +374,12 @@ typedef struct bwd_job {
   int64_t *off[PH_N]; /* a packed batch's prefix sums ([pairs + 1] each), else NULL */
 } bwd_job;
 
+/* Query rows per tile of the work grid: the kernels' tile, or the half path's group. */
+static int grid_rows(const bwd_job *j) { return j->hk ? ATTN__BWD_MAX_ROWS : j->kn->mr; }
+
 static bwd_geom geom(const bwd_job *j, int64_t b) {
   const attn__sdpa *p = j->p;
-  const int mr = j->kn->mr, nr = j->kn->nr;
+  const int mr = grid_rows(j), nr = j->kn->nr;
   bwd_geom e;
   e.nq = attn__queries(p, b), e.nk = attn__key_rows(p, b);
   e.nblk = (e.nk + nr - 1) / nr, e.ntiles = (e.nq + mr - 1) / mr, e.nqp = e.ntiles * mr;
@@ -289,7 +405,7 @@ static int64_t pair_items(const bwd_job *j, int ph, int64_t bg) {
   switch (ph) {
     case PH_KV: return e.nblk;
     case PH_ROWS: return j->p->group * e.nqp;
-    case PH_KR: return j->k_unit ? 0 : e.nk;
+    case PH_KR: return j->k_unit || j->hk ? 0 : e.nk;
     case PH_GRID: return e.C * e.R;
     case PH_DQ: return j->p->group * e.nq;
     default: return e.R > 1 || e.C * e.R == 0 ? e.nk : 0;
@@ -343,6 +459,22 @@ static void pack_kv_run(const void *arg, void *scratch, int64_t round, int64_t f
     int64_t blk;
     const int64_t bg = item_pair(j, PH_KV, round, w, &blk), slot = bg - round * j->per_round;
     const int64_t b = bg / p->Hk, g = bg % p->Hk, nk = attn__key_rows(p, b);
+    if (j->hk) {
+      const int nr = j->kn->nr;
+      attn__pack_block_pairs((uint16_t *)(j->Kt + slot * j->kt_size), &p->k, attn__koff(p, &p->k, b, g, 0), blk, nr,
+                             nk, p->D, j->D2, 1);
+      attn__pack_block_pairs((uint16_t *)(j->Vt + slot * j->vt_size), &p->v, attn__koff(p, &p->v, b, g, 0), blk, nr,
+                             nk, p->Dv, j->Dv2, 1);
+      /* K as pairs of keys for dS.K: kv[2 (j2 D + d) + e] = k[2 j2 + e][d], zero past Nk */
+      uint16_t *kv = (uint16_t *)(j->Kr + slot * j->kr_size) + blk * nr * p->D;
+      const uint16_t *kd = p->k.data;
+      for (int jj = 0; jj < nr; jj++) {
+        const int64_t key = blk * nr + jj, off = key < nk ? attn__koff(p, &p->k, b, g, key) : 0;
+        uint16_t *o = kv + (jj / 2) * 2 * p->D + (jj & 1);
+        for (int64_t d = 0; d < p->D; d++) o[2 * d] = key < nk ? kd[off + d * p->k.strides[3]] : 0;
+      }
+      continue;
+    }
     attn__pack_block_t(j->Kt + slot * j->kt_size, &p->k, attn__koff(p, &p->k, b, g, 0), blk, j->kn->nr, nk, p->D);
     attn__pack_block_t(j->Vt + slot * j->vt_size, &p->v, attn__koff(p, &p->v, b, g, 0), blk, j->kn->nr, nk, p->Dv);
   }
@@ -359,7 +491,10 @@ static void pack_rows_run(const void *arg, void *scratch, int64_t round, int64_t
     const int64_t bg = item_pair(j, PH_ROWS, round, w, &local), slot = bg - round * j->per_round;
     const int64_t nqp = geom(j, bg / p->Hk).nqp, hs = local / nqp, i = local % nqp;
     const bwd_rows R = slot_row(j, slot, hs);
-    pack_row(p, &R, j->dout, j->out, j->lse, bg / p->Hk, (bg % p->Hk) * p->group + hs, i);
+    if (j->hk)
+      pack_row_half(p, &R, j->D2, j->Dv2, nqp, j->dout, j->out, j->lse, bg / p->Hk, (bg % p->Hk) * p->group + hs, i);
+    else
+      pack_row(p, &R, j->dout, j->out, j->lse, bg / p->Hk, (bg % p->Hk) * p->group + hs, i);
   }
 }
 
@@ -398,11 +533,19 @@ static void grid_run(const void *arg, void *scratch, int64_t round, int64_t firs
       Kr = j->Kr + slot * j->kr_size;
       ldk = p->D;
     }
-    const bwd_args a = {p, j->kn, j->rows + slot * p->group, j->Kt + slot * j->kt_size, j->Vt + slot * j->vt_size, Kr, ldk};
+    if (j->hk) Kr = j->Kr + slot * j->kr_size;
+    const bwd_args a = {p, j->kn, j->rows + slot * p->group, j->Kt + slot * j->kt_size, j->Vt + slot * j->vt_size,
+                        Kr, ldk, j->hk, j->D2, j->Dv2, e.nqp};
     float *dQc = j->dQp + slot * j->dq_size + c * p->group * e.nqp * p->D;
     float *dKr = e.R > 1 ? j->dKp + slot * j->dk_size + r * e.nk * p->D : NULL;
     float *dVr = e.R > 1 ? j->dVp + slot * j->dv_size + r * e.nk * p->Dv : NULL;
-    pass_item(&a, scratch, j->dk, j->dv, dQc, dKr, dVr, e.nqp, b, g, c, e.C, r, e.R);
+    if (j->hk) {
+      if (j->hk->begin) j->hk->begin();
+      pass_item_half(&a, scratch, j->dk, j->dv, dQc, dKr, dVr, b, g, c, e.C, r, e.R);
+      if (j->hk->end) j->hk->end();
+    } else {
+      pass_item(&a, scratch, j->dk, j->dv, dQc, dKr, dVr, e.nqp, b, g, c, e.C, r, e.R);
+    }
   }
 }
 
@@ -426,9 +569,9 @@ static void reduce_dq_run(const void *arg, void *scratch, int64_t round, int64_t
     const int64_t hs = local / e.nq, i = local % e.nq, h = (bg % p->Hk) * p->group + hs;
     const int64_t C = e.C, cstride = p->group * e.nqp * D;
     const float *part = j->dQp + slot * j->dq_size + (hs * e.nqp + i) * D;
-    float *qd = (float *)dq->data + attn__qoff(p, dq, b, h, i);
+    const int64_t qo = attn__qoff(p, dq, b, h, i);
     if (C == 0) { /* no keys: no gradient (a plain 0, not 0 * scale) */
-      for (int64_t d = 0; d < D; d++) qd[d * sd] = 0.0f;
+      for (int64_t d = 0; d < D; d++) attn__store_f32(dq->data, dq->dtype, qo + d * sd, 0.0f);
       continue;
     }
     for (int64_t d0 = 0; d0 < D; d0 += 64) {
@@ -438,7 +581,10 @@ static void reduce_dq_run(const void *arg, void *scratch, int64_t round, int64_t
         const float *pc = part + c * cstride + d0;
         for (int e2 = 0; e2 < n; e2++) acc[e2] += pc[e2];
       }
-      for (int e2 = 0; e2 < n; e2++) qd[(d0 + e2) * sd] = acc[e2] * scale;
+      if (dq->dtype == ATTN_F32)
+        for (int e2 = 0; e2 < n; e2++) ((float *)dq->data)[qo + (d0 + e2) * sd] = acc[e2] * scale;
+      else
+        for (int e2 = 0; e2 < n; e2++) attn__store_f32(dq->data, dq->dtype, qo + (d0 + e2) * sd, acc[e2] * scale);
     }
   }
 }
@@ -457,25 +603,24 @@ static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_
     const bwd_geom e = geom(j, b);
     const int64_t R = e.R; /* 0: no item ran, zeros */
     const attn_tensor *dk = j->dk, *dv = j->dv;
-    float *kd = (float *)dk->data + attn__koff(p, dk, b, g, jk);
-    float *vd = (float *)dv->data + attn__koff(p, dv, b, g, jk);
+    const int64_t ko = attn__koff(p, dk, b, g, jk), vo = attn__koff(p, dv, b, g, jk);
     const float *pk = j->dKp + slot * j->dk_size + jk * p->D, *pv = j->dVp + slot * j->dv_size + jk * p->Dv;
     for (int64_t d = 0; d < p->D; d++) {
       float acc = 0;
       for (int64_t r = 0; r < R; r++) acc += pk[r * e.nk * p->D + d];
-      kd[d * dk->strides[3]] = acc;
+      attn__store_f32(dk->data, dk->dtype, ko + d * dk->strides[3], acc);
     }
     for (int64_t c = 0; c < p->Dv; c++) {
       float acc = 0;
       for (int64_t r = 0; r < R; r++) acc += pv[r * e.nk * p->Dv + c];
-      vd[c * dv->strides[3]] = acc;
+      attn__store_f32(dv->data, dv->dtype, vo + c * dv->strides[3], acc);
     }
   }
 }
 
 static void bwd_scratch_init(const void *arg, void *scratch) {
   const bwd_job *j = arg;
-  bwd_scratch_layout(scratch, j->kn->mr, j->kn->nr, j->p->D, j->p->Dv);
+  bwd_scratch_layout(scratch, grid_rows(j), j->kn->nr, j->p->D, j->p->Dv);
 }
 
 attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
@@ -489,11 +634,19 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
     if (p->sinks_grad) zero_f32(p->sinks_grad);
     return ATTN_OK;
   }
-  const attn__cpu_kernels *kn = ctx->dispatch.attention;
-  const int mr = kn->mr, nr = kn->nr;
+  const attn__half_kernels *hk = attn__dispatch_half_backward(&ctx->dispatch, p);
+  const attn__cpu_kernels *kn = hk ? hk->base : ctx->dispatch.attention;
+  const int nr = kn->nr;
   bwd_job j;
   memset(&j, 0, sizeof j);
-  j.p = p, j.kn = kn, j.dq = dq, j.dk = dk, j.dv = dv, j.dout = dout, j.out = out, j.lse = lse;
+  j.hk = hk;
+  if (hk) { /* pairs, padded to the tiles' steps */
+    j.D2 = ((p->D + 1) / 2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align;
+    j.Dv2 = ((p->Dv + 1) / 2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align;
+  }
+  j.p = p, j.kn = kn;
+  const int mr = grid_rows(&j);
+  j.dq = dq, j.dk = dk, j.dv = dv, j.dout = dout, j.out = out, j.lse = lse;
   const int64_t nseq = attn__seqs(p);
   j.pairs = nseq * p->Hk;
   j.grid_pairs = p->cu_q ? p->Hk : j.pairs; /* a sequence's grid is the one it has alone */
@@ -511,10 +664,13 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   }
   j.nqp_max = nqp_max;
   const int64_t Dp = p->D > 0 ? p->D : 1;
-  j.kt_size = nblk_max * nr * p->D;
-  j.vt_size = nblk_max * nr * (p->Dv > 0 ? p->Dv : 1);
-  j.kr_size = j.k_unit ? 0 : nk_max * p->D;
-  j.rows_size = p->group * nqp_max * (p->D + p->Dv + 2);
+  /* per query head: Q, dO, lse, Dd as floats, or (half) Qh, dOh, QT, dOT as bf16 (a pair per float), lse, Dd */
+  const int64_t row_floats = hk ? j.D2 + j.Dv2 + (p->D + p->Dv + 1) / 2 + 2 : p->D + p->Dv + 2;
+  const int64_t t_pad = hk ? (p->D + p->Dv) * (t_ld(0) / 2) : 0; /* QT's and dOT's extra floats */
+  j.kt_size = nblk_max * nr * (hk ? j.D2 : p->D);
+  j.vt_size = nblk_max * nr * (hk ? j.Dv2 : p->Dv > 0 ? p->Dv : 1);
+  j.kr_size = hk ? nblk_max * nr * p->D / 2 : j.k_unit ? 0 : nk_max * p->D;
+  j.rows_size = p->group * (nqp_max * row_floats + t_pad);
   const size_t packed = attn__bytes(1, j.kt_size + j.vt_size + j.kr_size + j.rows_size, 1, sizeof(float));
   j.dq_size = cn_max * p->group * Dp;
   j.dk_size = rk_max * p->D;
@@ -546,9 +702,16 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   j.dKp = attn__carve(&work, dk_b), j.dVp = attn__carve(&work, dv_b);
   j.rows = attn__carve(&work, rv_b);
   for (int64_t e = 0; e < n * p->group; e++) { /* slot e / group, query head e % group of its kv head */
-    float *base = j.Rows + (e / p->group) * j.rows_size + (e % p->group) * nqp_max * (p->D + p->Dv + 2);
-    j.rows[e] = (bwd_rows){base, base + nqp_max * p->D, base + nqp_max * (p->D + p->Dv),
-                           base + nqp_max * (p->D + p->Dv + 1)};
+    float *base = j.Rows + (e / p->group) * j.rows_size + (e % p->group) * (nqp_max * row_floats + t_pad);
+    if (hk) { /* nqp_max is a whole number of groups: even */
+      uint16_t *h16 = (uint16_t *)base, *qt = h16 + nqp_max * 2 * (j.D2 + j.Dv2);
+      float *stats = base + nqp_max * (row_floats - 2) + t_pad;
+      j.rows[e] = (bwd_rows){NULL, NULL, stats, stats + nqp_max, h16, h16 + nqp_max * 2 * j.D2, qt,
+                             qt + p->D * t_ld(nqp_max)};
+    } else {
+      j.rows[e] = (bwd_rows){base, base + nqp_max * p->D, base + nqp_max * (p->D + p->Dv),
+                             base + nqp_max * (p->D + p->Dv + 1), NULL, NULL, NULL, NULL};
+    }
   }
   if (p->cu_q) {
     int64_t *off = attn__carve(&work, off_b);
@@ -570,10 +733,15 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
                          bwd_scratch_layout(NULL, mr, nr, p->D, p->Dv), bwd_scratch_init};
   const bwd_geom e0 = geom(&j, 0);
   const long long args[4] = {(long long)n, (long long)e0.C, (long long)e0.R, (long long)nseq};
-  attn_status st = attn__schedule(ctx, p->cu_q ? "attn_sdpa_backward, packed batch (%lld kv heads per round, the "
-                                                 "first sequence's %lld key chunks x %lld query splits, %lld sequences)"
-                                               : "attn_sdpa_backward (%lld kv heads per round, %lld key chunks x %lld "
-                                                 "query splits each)",
+  attn_status st = attn__schedule(ctx,
+                                  p->cu_q ? (hk ? "attn_sdpa_backward, bf16 tiles, packed batch (%lld kv heads per round, "
+                                                  "the first sequence's %lld key chunks x %lld query splits, %lld sequences)"
+                                                : "attn_sdpa_backward, packed batch (%lld kv heads per round, the "
+                                                  "first sequence's %lld key chunks x %lld query splits, %lld sequences)")
+                                  : hk ? "attn_sdpa_backward, bf16 tiles (%lld kv heads per round, %lld key chunks x %lld "
+                                         "query splits each)"
+                                       : "attn_sdpa_backward (%lld kv heads per round, %lld key chunks x %lld "
+                                         "query splits each)",
                                   args, (int)threads, &job);
   if (st) return st;
   if (p->sinks_grad) sinks_grad(p, dout, out, lse);

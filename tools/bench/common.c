@@ -423,7 +423,7 @@ void bench_print_report(const report *r, int json) {
     printf("\"oracle_subset\":\"%s\"", r->subset);
     if (r->backward) {
       const double bg = BWD_FLOP_FACTOR * r->gflop, fbg = FWD_BWD_FLOP_FACTOR * r->gflop;
-      printf(",\"backward\":true,");
+      printf(",\"backward\":true,\"backward_tiles\":\"%s\",", r->backward_tiles ? r->backward_tiles : "fp32");
       bench_json_num("backward_median_s", r->tb.median_s, 0);
       bench_json_num("backward_min_s", r->tb.min_s, 0);
       printf("\"backward_repeats\":%lld,", r->tb.repeats);
@@ -464,8 +464,8 @@ void bench_print_report(const report *r, int json) {
     else printf(" | oracle: %s", r->subset);
     if (r->backward) {
       const double bg = BWD_FLOP_FACTOR * r->gflop, fbg = FWD_BWD_FLOP_FACTOR * r->gflop;
-      printf("\n  backward: median %.4g ms of %lld (min %.4g ms) | %.2f GFLOP/s (%.4g GFLOP = %.1fx forward) | "
-             "%.1f%% of peak", r->tb.median_s * 1e3, r->tb.repeats, r->tb.min_s * 1e3, bg / r->tb.median_s, bg,
+      printf("\n  backward (%s tiles): median %.4g ms of %lld (min %.4g ms) | %.2f GFLOP/s (%.4g GFLOP = %.1fx forward) | "
+             "%.1f%% of peak", r->backward_tiles ? r->backward_tiles : "fp32", r->tb.median_s * 1e3, r->tb.repeats, r->tb.min_s * 1e3, bg / r->tb.median_s, bg,
              BWD_FLOP_FACTOR, 100 * bg / r->tb.median_s / r->peak_gflops);
       printf("\n  forward+backward: median %.4g ms of %lld (min %.4g ms) | %.2f GFLOP/s (%.4g GFLOP = %.1fx forward) | "
              "%.1f%% of peak", r->tfb.median_s * 1e3, r->tfb.repeats, r->tfb.min_s * 1e3, fbg / r->tfb.median_s, fbg,

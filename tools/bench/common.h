@@ -122,6 +122,7 @@ typedef struct report {
   const char *kernel;
   const char *dtype, *precision; /* of q, k, v (and the layer's parameters); the context's policy */
   const char *tiles;              /* what the forward ran on: "fp32", "bf16" */
+  const char *backward_tiles;     /* what the backward ran on: "fp32", "bf16" (--backward) */
   timing t;
   double gflop, attn_gflop, proj_gflop;
   double peak_gflops;

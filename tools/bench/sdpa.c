@@ -346,8 +346,6 @@ int cmd_bench_sdpa(int argc, char **argv) {
   const int backward = cli_has(&a, "--backward");
   attn_dtype dt;
   if ((r = bench_dtype(&a, &dt))) return r;
-  if (backward && dt != ATTN_F32)
-    return cli_fail(CLI_EXIT_USAGE, "--backward takes --dtype f32 (the backward pass reads f32 inputs)");
   double padding = 0; /* the fraction of each row's keys, at its end, hidden by key_padding */
   if ((r = cli_double(&a, "--padding", &padding))) return r;
   if (!(padding >= 0 && padding < 1))
@@ -466,6 +464,7 @@ int cmd_bench_sdpa(int argc, char **argv) {
     goto done;
   }
   rep.backward = backward;
+  rep.backward_tiles = backward && strstr(attn_ctx_plan(ctx), "bf16 tiles") ? "bf16" : "fp32";
   rep.rss_mib = bench_peak_rss_mib();
   rep.io_mib = io_bytes / 1048576.0;
   rep.op = "sdpa";

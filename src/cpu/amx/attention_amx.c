@@ -274,7 +274,52 @@ static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint1
 }
 
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
+/* The backward's transposed products (kernels.h's pt_acc): OutT (C, NR) +=
+ * XT (C, rows) . bf16(P) (rows, NR). P's rows become B tiles as bf16 pairs of
+ * rows (2t, 2t + 1), one vpermw a 16-key group; XT's rows are already the A
+ * tiles' (32 rows of the sum per step). OutT is the C tiles, four at a time. */
+static void pt_acc_amx(float *OutT, int64_t C, const float *P, int64_t rows, const uint16_t *XT, int64_t ldx) {
+  uint32_t pp[(ATTN__BWD_MAX_ROWS / 2) * NR] __attribute__((aligned(64)));
+  /* word 2i of the permuted vector is row 2t's key i, word 2i + 1 row 2t + 1's */
+  __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                   20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t t = 0; t < rows / 2; t++)
+    for (int v = 0; v < NV; v++) {
+      const __m512i x = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(P + (2 * t + 1) * NR + 16 * v),
+                                                     _mm512_load_ps(P + 2 * t * NR + 16 * v));
+      _mm512_store_si512(pp + t * NR + 16 * v, _mm512_permutexvar_epi16(inter, x));
+    }
+  const int64_t steps = rows / 32, sa = ldx * 2, so = NR * 4;
+  for (int kb = 0; kb < NV; kb++)
+    for (int64_t c0 = 0; c0 < C; c0 += 64) {
+      const int nt = C - c0 >= 64 ? 4 : (int)((C - c0) / 16);
+      float *o = OutT + c0 * NR + 16 * kb;
+      const uint16_t *a = XT + c0 * ldx;
+      _tile_loadd(0, o, so);
+      if (nt > 1) _tile_loadd(1, o + 16 * NR, so);
+      if (nt > 2) _tile_loadd(2, o + 32 * NR, so);
+      if (nt > 3) _tile_loadd(3, o + 48 * NR, so);
+      /* A tiles alternate between tmm4 and tmm5, B tiles between tmm6 and tmm7: no load waits on a tdp */
+#define PT_STEP(s, B)                                                                   \
+  _tile_loadd(B, pp + 16 * (s) * NR + 16 * kb, so);                                     \
+  _tile_loadd(4, a + 32 * (s), sa);                                                     \
+  _tile_dpbf16ps(0, 4, B);                                                              \
+  if (nt > 1) { _tile_loadd(5, a + 16 * ldx + 32 * (s), sa); _tile_dpbf16ps(1, 5, B); } \
+  if (nt > 2) { _tile_loadd(4, a + 32 * ldx + 32 * (s), sa); _tile_dpbf16ps(2, 4, B); } \
+  if (nt > 3) { _tile_loadd(5, a + 48 * ldx + 32 * (s), sa); _tile_dpbf16ps(3, 5, B); }
+      for (int64_t s = 0; s < steps; s += 2) {
+        PT_STEP(s, 6)
+        if (s + 1 < steps) { PT_STEP(s + 1, 7) }
+      }
+#undef PT_STEP
+      _tile_stored(0, o, so);
+      if (nt > 1) _tile_stored(1, o + 16 * NR, so);
+      if (nt > 2) _tile_stored(2, o + 32 * NR, so);
+      if (nt > 3) _tile_stored(3, o + 48 * NR, so);
+    }
+}
+
 const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 16, 16, 1,
-                                                   attn__amx_begin, attn__amx_end, qk_amx, pv_amx};
+                                                   attn__amx_begin, attn__amx_end, qk_amx, pv_amx, pt_acc_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
-                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16};
+                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL};

@@ -225,8 +225,9 @@ static void exp_shift_avx512(float *S, const float *shift) {
       for (int v = 0; v < NV; v++) _mm512_store_ps(s + 16 * v, _mm512_setzero_ps());
       continue;
     }
-    const __m512 mv = _mm512_set1_ps(shift[r]);
-    for (int v = 0; v < NV; v++) _mm512_store_ps(s + 16 * v, exp512(_mm512_sub_ps(_mm512_load_ps(s + 16 * v), mv)));
+    /* the softmax's exponential: under AMX's tiles P and dS are rounded to bf16 next */
+    const __m512 mv = _mm512_set1_ps(shift[r]), mvl = _mm512_set1_ps(shift[r] * 1.44269504088896341f);
+    for (int v = 0; v < NV; v++) _mm512_store_ps(s + 16 * v, exp_minus(_mm512_load_ps(s + 16 * v), mv, mvl));
   }
 }
 
