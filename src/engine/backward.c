@@ -262,7 +262,7 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
 }
 
 /* pack_row for the half path: q as bf16 pairs and transposed (QT column i), dO rounded to bf16 the same
- * two ways, lse, and Dd in double from dO and out as given. Rows past Nq: zeros, lse -inf. */
+ * two ways, lse, and Dd in double from that dO and out as given. Rows past Nq: zeros, lse -inf. */
 static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, int64_t Dv2, int64_t nqp,
                           const attn_tensor *dout, const attn_tensor *out, const attn_tensor *lse, int64_t b, int64_t h,
                           int64_t i) {
@@ -282,9 +282,10 @@ static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, in
   const int64_t go = attn__qoff(p, dout, b, h, i), oo = attn__qoff(p, out, b, h, i);
   double dd = 0;
   for (int64_t c = 0; c < p->Dv; c++) {
-    const float g = attn__load_f32(dout->data, dout->dtype, go + c * dout->strides[3]);
-    R->dOT[c * t_ld(nqp) + i] = oh[c] = attn__f32_to_bf16(g);
-    dd += (double)g * attn__load_f32(out->data, out->dtype, oo + c * out->strides[3]);
+    const uint16_t g = attn__f32_to_bf16(attn__load_f32(dout->data, dout->dtype, go + c * dout->strides[3]));
+    R->dOT[c * t_ld(nqp) + i] = oh[c] = g;
+    /* from the dO the products see: sum_j P dP = Dd holds for it, and dS sums to 0 over a row */
+    dd += (double)attn__bf16_to_f32(g) * attn__load_f32(out->data, out->dtype, oo + c * out->strides[3]);
   }
   R->lse[i] = ((const float *)lse->data)[attn__qoff(p, lse, b, h, i)];
   R->Dd[i] = (float)dd;
