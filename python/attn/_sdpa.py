@@ -72,8 +72,8 @@ class _SdpaCall:
 
     q [..., L, D], k [..., S, D], v [..., S, Dv] with up to two leading dims; the
     views and ctypes structs in .keep must outlive the call. halves: pass
-    float16/bfloat16 q, k, v through (the forward widens them; the backward
-    takes float32 only)."""
+    float16/bfloat16 q, k, v through (the library widens them, or computes
+    bfloat16 ones on its bf16 tiles)."""
 
     def __init__(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask,
                  causal_align, dropout_seed, mask_mode, halves=False, window=None, softcap=None, alibi=None,
@@ -153,7 +153,7 @@ def _sdpa_forward(c, want_weights, want_lse, threads, precision=None):
     return out, weights, lse
 
 
-def _sdpa_backward(c, dout, out, lse, want_mask_grad, threads):
+def _sdpa_backward(c, dout, out, lse, want_mask_grad, threads, precision=None):
     """dq, dk, dv (4-D float32) and the mask's gradient in the mask's own shape (or None)."""
     d4 = _to4(_to_numpy(dout, "dout"))
     o4 = _to4(_to_numpy(out, "out"))
@@ -171,6 +171,7 @@ def _sdpa_backward(c, dout, out, lse, want_mask_grad, threads):
     ts = [_tensor(a) for a in (dq, dk, dv, d4, c.q4, c.k4, c.v4, o4, l3)]
     x = _ctx()
     x.set_threads(threads)
+    x.set_precision(precision)
     args = [ctypes.byref(t) for t in ts]
     x.check(_capi.lib.attn_sdpa_backward(x.h, *args[:3], mg_arg, None, *args[3:], ctypes.byref(c.opts)))
     dmask = None
@@ -221,9 +222,10 @@ def _autograd_fn():
         def backward(fctx, dout, *unused):
             q, k, v, m, o, l_ = fctx.saved_tensors
             m = fctx.np_mask if m is None else m
-            c = _SdpaCall(q, k, v, m, **fctx.kw["call"])
+            c = _SdpaCall(q, k, v, m, halves=True, **fctx.kw["call"])
             want_mg = fctx.needs_input_grad[3]
-            dq, dk, dv, dm = _sdpa_backward(c, dout.contiguous(), o, l_, want_mg, fctx.kw["threads"])
+            dq, dk, dv, dm = _sdpa_backward(c, dout.contiguous(), o, l_, want_mg, fctx.kw["threads"],
+                                            fctx.kw["precision"])
             g = [torch.from_numpy(x.reshape(shp)) for x, shp in zip((dq, dk, dv), c.shapes)]
             g = [x.to(t.dtype) for x, t in zip(g, (q, k, v))]
             gm = torch.from_numpy(dm).to(m.dtype) if want_mg else None
@@ -247,9 +249,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     bfloat16 inputs as PyTorch does (bf16 products, fp32 sums and softmax, the
     probabilities rounded to bf16 for p.v) where the CPU has AVX512-BF16, and
     everything else in fp32; 'fp32' widens every input; 'bf16' also rounds
-    float32 inputs to bf16 (PyTorch's matmul precision "medium"). The backward pass takes
-    float32, so halves that require grad are widened for it. The result is float32, a
-    NumPy array or a torch tensor like q. Differences from PyTorch: a query
+    float32 inputs to bf16 (PyTorch's matmul precision "medium"). The backward
+    pass (autograd) runs bfloat16 q, k and v on bf16 tiles too where the CPU
+    has AMX, else widens them to fp32; the gradients come back in q's dtype.
+    The result is float32, a NumPy array or a torch tensor like q. Differences from PyTorch: a query
     row whose keys are all masked gives zeros, not NaN.
     attn_mask: bool (True = attend) or float (added to the logits),
     broadcastable to [..., L, S]. Library extras: key_padding_mask bool [B, S],
@@ -293,7 +296,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
 def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False, *, key_padding_mask=None, causal_align="top-left", mask_mode=None,
                   dropout_seed=None, return_mask_grad=False, threads=None, window=None, softcap=None, alibi=None,
-                  sinks=None, cu_seqlens_q=None, cu_seqlens_k=None):
+                  sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, precision=None):
     """Gradients of a loss L through scaled_dot_product_attention, given dout = dL/dout.
 
     out and lse come from the forward call (return_lse=True) made with the same
@@ -302,14 +305,17 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
     attn_mask's gradient, summed down to the mask's own shape). float32, NumPy
     or torch like q. With grouped-query attention dk/dv sum over each group.
     window, softcap, alibi, sinks, cu_seqlens_q and cu_seqlens_k as the forward's.
+    torch bfloat16 q, k and v run on the bf16 backward tiles where the CPU has
+    AMX (bf16 products, fp32 sums; precision='fp32' widens them instead); the
+    gradients are float32 either way.
     """
     if dropout_p and dropout_seed is None:
         raise ValueError("sdpa_backward with dropout needs the forward's dropout_seed")
     like_torch = _is_torch(q)
     c = _SdpaCall(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask, causal_align,
-                  dropout_seed, mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks,
-                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    dq, dk, dv, dm = _sdpa_backward(c, dout, out, lse, return_mask_grad, threads)
+                  dropout_seed, mask_mode, halves=True, window=window, softcap=softcap, alibi=alibi,
+                  sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    dq, dk, dv, dm = _sdpa_backward(c, dout, out, lse, return_mask_grad, threads, precision)
     res = [_wrap(x.reshape(shp), like_torch) for x, shp in zip((dq, dk, dv), c.shapes)]
     if return_mask_grad:
         res.append(_wrap(dm, like_torch))
