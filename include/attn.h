@@ -123,7 +123,14 @@ typedef enum attn_kernel {
  *            projections rounded as above.
  * attn_linear follows the same rules for its x and weight (see there).
  * Outside these rules no input loses precision: f32 inputs are rounded only
- * under BF16. The backward and the oracle always run in fp32 / float64. */
+ * under BF16. The oracle always runs in float64.
+ * The backward (attn_sdpa_backward) of bf16 q, k and v under DEFAULT or BF16,
+ * on ATTN_KERNEL_AMX with D and Dv multiples of 16, computes as PyTorch's bf16
+ * backward: q.k and dout.v as bf16 products (dout rounded to bf16), P and
+ * dS = P (dP - Dd) in fp32 with every option, then dV = P^T dout, dK = dS^T q
+ * and dQ = dS k with P and dS rounded to bf16, every sum in fp32. Every other
+ * backward (f16 or f32 inputs, FP32, other kernels and head sizes) runs in
+ * fp32 on widened copies. */
 typedef enum attn_precision {
   ATTN_PRECISION_DEFAULT = 0,
   ATTN_PRECISION_FP32 = 1,
@@ -337,13 +344,14 @@ ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor 
                                    const attn_sdpa_opts *opts);
 
 /* Backward of attn_sdpa: gradients of a loss L given dout = dL/dout.
- *   dq is [B, Hq, Nq, D], dk [B, Hk, Nk, D], dv [B, Hk, Nk, Dv] (f32, overwritten);
+ *   dq is [B, Hq, Nq, D], dk [B, Hk, Nk, D], dv [B, Hk, Nk, Dv] (overwritten);
  *   mask_grad (or NULL) f32 [B, Hq, Nq, Nk], the gradient of an ADDITIVE mask
  *   (sum it over the dimensions the mask broadcast along);
  *   sinks_grad (or NULL) f32 [Hq], dL/dsinks (summed over batch and rows);
- *   q, k, v, dout and out are f32, f16 or bf16 (halves are widened into f32
- *   copies, O(N D) each, and every step is fp32 whatever the precision policy);
- *   lse is f32
+ *   q, k, v, dout and out are f32, f16 or bf16 (bf16 q, k, v run on the bf16
+ *   tiles where attn_precision says so; other halves are widened into f32
+ *   copies, O(N D) each, and every step is fp32); lse is f32;
+ *   dq, dk and dv may also be f16 or bf16: the f32 gradients, rounded
  *   dout, out [B, Hq, Nq, Dv] and lse [B, Hq, Nq] come from the forward call,
  *   made with the same q, k, v and opts (mask, causal, scale, dropout); the
  *   weights are not needed: scores are recomputed tile by tile.

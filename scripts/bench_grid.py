@@ -80,8 +80,9 @@ def backward_case(c, res, gen):
     """Forward + backward under autograd: SDPA and the unfused path, then .backward(G)."""
     B, H, N, D = c["batch"], c["heads"], c["seq"], c["dim"]
     causal = c["causal"]
-    q, k, v = [rand(B, H, N, D, gen=gen).requires_grad_() for _ in range(3)]
-    g = rand(B, H, N, D, gen=gen)
+    dt = getattr(torch, c.get("torch_dtype", "float32"))
+    q, k, v = [rand(B, H, N, D, gen=gen).to(dt).requires_grad_() for _ in range(3)]
+    g = rand(B, H, N, D, gen=gen).to(dt)
     scale = 1.0 / math.sqrt(D)
     mask = torch.ones(N, N, dtype=torch.bool).triu(1) if causal else None
     def clear():
@@ -100,6 +101,12 @@ def backward_case(c, res, gen):
             res[key + "_note"] = c[key + "_skip"]
         else:
             res[key] = timed(fn, c.get(key + "_repeat"))
+    if c.get("backward_alone"):  # the backward alone: one forward's graph, kept, walked again each time
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        def bwd():
+            clear()
+            o.backward(g, retain_graph=True)
+        res["sdpa_backward"] = timed(bwd, c.get("sdpa_repeat"))
 
 print(json.dumps({"torch": torch.__version__}), flush=True)
 for line in sys.stdin:
@@ -233,6 +240,11 @@ def half_grid(T, first_id):
           sdpa_case("half GQA B1 H32 G8 N2048 D128", 1, 32, 2048, 128, G=8, group="half"),
           {"op": "mha", "label": "half MHA layer B1 N2048 E512 H8", "batch": 1, "seq": 2048, "embed": 512,
            "heads": 8, "group": "half"}]
+    for label, H, D, causal in (("B1 H8 N2048 D64", 8, 64, False), ("B1 H4 N2048 D128", 4, 128, False),
+                                ("causal B1 H8 N2048 D64", 8, 64, True)):
+        c = sdpa_case("half backward " + label, 1, H, 2048, D, causal=causal, group="half")
+        c["half_backward"] = True
+        cs.append(c)
     for i, c in enumerate(cs):
         c["id"] = first_id + i
         c["threads"] = T
@@ -292,7 +304,7 @@ def run_attn(attn, c, timeout):
             cmd += ["--causal"]
         if c.get("padding"):
             cmd += ["--padding", repr(c["padding"])]
-        if c.get("backward"):
+        if c.get("backward") or c.get("half_backward"):
             cmd += ["--backward"]
         if c.get("dtype"):
             cmd += ["--dtype", c["dtype"]]
@@ -860,15 +872,23 @@ def run_half_cases(cases, attn, worker, args, ours, theirs):
     """Each case in f32, bf16 and f16, ours then PyTorch's, into ours/theirs[(id, dtype)]."""
     for c in cases:
         gf = case_gflop(c)
-        for dt in HALF_DTYPES:
-            r = run_attn(attn, dict(c, dtype=dt), 3 * args.case_budget + 60)
+        bwd = c.get("half_backward")
+        for dt in (("f32", "bf16") if bwd else HALF_DTYPES):
+            r = run_attn(attn, dict(c, dtype=dt), (7 if bwd else 3) * args.case_budget + 60)
             ours[(c["id"], dt)] = r
-            line = "%-36s ours %-4s: %s" % (c["label"], dt, ("%.1f GFLOP/s on %s tiles" % (r["gflops"], r.get("tiles")))
-                                              if "gflops" in r else r.get("error"))
+            if bwd:
+                line = "%-36s ours %-4s: %s" % (c["label"], dt, ("backward %.1f GFLOP/s on %s tiles" % (
+                    r["backward_gflops"], r.get("backward_tiles"))) if "backward_gflops" in r else r.get("error"))
+            else:
+                line = "%-36s ours %-4s: %s" % (c["label"], dt, ("%.1f GFLOP/s on %s tiles" % (r["gflops"], r.get("tiles")))
+                                                  if "gflops" in r else r.get("error"))
             if worker:
-                t = worker.run(dict(c, torch_dtype=TORCH_DTYPE[dt], unfused_skip="n/a"), 2 * (3 * args.case_budget + 60))
+                tc = dict(c, torch_dtype=TORCH_DTYPE[dt], unfused_skip="n/a")
+                if bwd:
+                    tc.update(backward=True, backward_alone=True)
+                t = worker.run(tc, 2 * ((7 if bwd else 3) * args.case_budget + 60))
                 theirs[(c["id"], dt)] = t
-                line += ", torch %s" % torch_cell(t, "sdpa", gf)
+                line += ", torch %s" % (torch_cell(t, "sdpa_backward", BWD_FACTOR * gf) if bwd else torch_cell(t, "sdpa", gf))
             log(line)
 
 
@@ -902,7 +922,7 @@ def render_half(cases, ours, theirs, peaks, info):
                "bf16 | ours bf16 / ours f32 | ours f16 / PyTorch f16 | ours f16 / ours f32 | bf16 fraction of our "
                "probe | of peak.c's | ours bf16 error |")
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for c in cases:
+    for c in [c for c in cases if not c.get("half_backward")]:
         gf = case_gflop(c)
         g = {dt: gflops_of(ours.get((c["id"], dt))) for dt in HALF_DTYPES}
         tg = {dt: torch_gflops(theirs.get((c["id"], dt)), "sdpa", gf) for dt in HALF_DTYPES}
@@ -922,6 +942,37 @@ def render_half(cases, ours, theirs, peaks, info):
             fmt(ratio(g["bf16"], g["f32"]), "%.2f×"), fmt(ratio(g["f16"], tg["f16"]), "%.2f×"),
             fmt(ratio(g["f16"], g["f32"]), "%.2f×"), frac, fmt(ratio(g["bf16"], unit_peak), "%.3f"), err))
     out.append("")
+    bcases = [c for c in cases if c.get("half_backward")]
+    if bcases:
+        out.append("The backward alone, %d threads, q, k, v in the column's dtype (ours: `attn bench sdpa --backward "
+                   "--dtype`, dout and the gradients in f32, its backward timed on the forward's out and lse; PyTorch: "
+                   "`.backward(G, retain_graph=True)` on one `F.scaled_dot_product_attention` of `requires_grad` "
+                   "tensors of that dtype, G in that dtype). GFLOP/s count %.1f× the forward's visible-pair flops. "
+                   "Which tiles our backward ran on is in the column (bf16: AMX's; fp32: widened). Fraction: ours "
+                   "bf16 over peak.c's `amx_bf16_gflops`. Error: the largest of dq, dk, dv against the float64 "
+                   "oracle on the same bf16 inputs (all rows where it fits the oracle's budget)." % (T, BWD_FACTOR))
+        out.append("")
+        out.append("| case | ours f32 | ours bf16 | PyTorch f32 | PyTorch bf16 | ours bf16 / PyTorch bf16 | ours bf16 / "
+                   "ours f32 | fwd+bwd: ours bf16 / PyTorch bf16 | bf16 of peak.c's AMX | ours bf16 error |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        for c in bcases:
+            gb = BWD_FACTOR * case_gflop(c)
+            r = {dt: ours.get((c["id"], dt)) or {} for dt in ("f32", "bf16")}
+            g = {dt: r[dt].get("backward_gflops") for dt in r}
+            tg = {dt: torch_gflops(theirs.get((c["id"], dt)), "sdpa_backward", gb) for dt in r}
+            fb = r["bf16"].get("fwd_bwd_median_s")
+            tfb = (theirs.get((c["id"], "bf16")) or {}).get("sdpa", {}).get("median_s")
+            def cell(dt):
+                if g[dt] is None:
+                    return "error: " + r[dt]["error"] if "error" in r[dt] else "—"
+                return "%.1f (%s)" % (g[dt], r[dt].get("backward_tiles", "?"))
+            err = r["bf16"].get("backward_oracle_rel_l2")
+            out.append("| %s [%.3g GFLOP] | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                c["label"][len("half backward "):], gb, cell("f32"), cell("bf16"), fmt(tg["f32"]), fmt(tg["bf16"]),
+                fmt(ratio(g["bf16"], tg["bf16"]), "%.2f×"), fmt(ratio(g["bf16"], g["f32"]), "%.2f×"),
+                fmt(ratio(tfb, fb), "%.2f×"), fmt(ratio(g["bf16"], ap), "%.3f"),
+                "%.1e" % err if err is not None else "— (" + r["bf16"].get("backward_oracle_subset", "") + ")"))
+        out.append("")
     out.append(HALF_END)
     return "\n".join(out)
 

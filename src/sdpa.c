@@ -320,8 +320,10 @@ static attn_status backward_widened(attn_ctx *ctx, attn_tensor *dq, attn_tensor 
     use[i] = &wide[i];
   }
   for (int i = 0; i < 3 && !st; i++) {
+    static const char *const gnames[3] = {"dq", "dk", "dv"};
     if (!grads[i] || (grads[i]->dtype != ATTN_F16 && grads[i]->dtype != ATTN_BF16)) continue;
-    st = attn_tensor_alloc(ctx, &gw[i], ATTN_F32, 4, grads[i]->shape);
+    if (!(st = attn__check_tensor(ctx, grads[i], gnames[i], 4)) && !(st = attn__check_writable(ctx, grads[i], gnames[i])))
+      st = attn_tensor_alloc(ctx, &gw[i], ATTN_F32, 4, grads[i]->shape);
     gout[i] = &gw[i];
   }
   if (!st) st = attn_sdpa_backward(ctx, gout[0], gout[1], gout[2], mask_grad, sinks_grad, use[0], use[1], use[2], use[3], use[4], lse, opts);
@@ -352,6 +354,9 @@ attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, 
       return attn__sdpa_backward_run_blocked(ctx, &p, dq, dk, dv, dout, out, lse);
     return backward_widened(ctx, dq, dk, dv, mask_grad, sinks_grad, in, lse, opts);
   }
+  for (int i = 5; i < 8 && ref; i++) /* the oracle writes f32 or f64: half gradients through f32 copies */
+    if (in[i] && (in[i]->dtype == ATTN_F16 || in[i]->dtype == ATTN_BF16))
+      return backward_widened(ctx, dq, dk, dv, mask_grad, sinks_grad, in, lse, opts);
   attn_status st =
       attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts, !ref);
   if (st) return st;

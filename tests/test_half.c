@@ -251,6 +251,21 @@ static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int se
   if (dt == ATTN_BF16 && attn_ctx_kernel(ctx) == ATTN_KERNEL_AMX) CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32));
   CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[0][0], &tg[0][1], &tg[0][2], NULL, NULL, &tdo, &H.q, &H.k, &H.v, &to, &tl, &H.o));
   CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[1][0], &tg[1][1], &tg[1][2], NULL, NULL, &tdo, &F.q, &F.k, &F.v, &to, &tl, &F.o));
+  /* gradients in bf16: the same f32 gradients, rounded (through f32 copies off the tiles) */
+  uint16_t *gh[3];
+  attn_tensor tgh[3];
+  for (int i = 0; i < 3; i++) {
+    gh[i] = arena_alloc(a, sizeof(uint16_t) * (size_t)(n3[i] + 1));
+    for (int64_t e = 0; e < n3[i]; e++) gh[i][e] = 0x7fc1;
+    tgh[i] = attn_tensor_view(gh[i], ATTN_BF16, 4, tg[0][i].shape);
+  }
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &tgh[0], &tgh[1], &tgh[2], NULL, NULL, &tdo, &H.q, &H.k, &H.v, &to, &tl, &H.o));
+  for (int i = 0; i < 3; i++) {
+    int64_t wrong = 0;
+    for (int64_t e = 0; e < n3[i]; e++) wrong += gh[i][e] != tu_f32_to_bf16(g[0][i][e]);
+    CHECK(wrong == 0, "%s: %lld bf16 gradient entries are not the f32 ones rounded (case %d)",
+          attn_kernel_name(attn_ctx_kernel(ctx)), (long long)wrong, seed);
+  }
   CHECK_OK(ctx, attn_ctx_set_precision(ctx, was));
   int same = 1;
   for (int i = 0; i < 3; i++) same &= memcmp(g[0][i], g[1][i], sizeof(float) * (size_t)n3[i]) == 0;
@@ -402,6 +417,11 @@ static int policy(void) {
       run(ctx, oracle, &c, ATTN_BF16, seed, 0, 0, what);
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
       backward_halves(ctx, &c, seed % 2 ? ATTN_BF16 : ATTN_F16, seed);
+      if (k == ATTN_KERNEL_C) { /* and the oracle, which writes f32 or f64 itself */
+        CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF));
+        backward_halves(ctx, &c, seed % 2 ? ATTN_BF16 : ATTN_F16, seed);
+        CHECK_OK(ctx, attn_ctx_set_kernel(ctx, (attn_kernel)k));
+      }
       hcase small = c; /* few query rows per kv head: the decode kernel */
       small.Nq = 1 + seed % 2;
       small.Hq = small.Hk * (1 + seed % 3);
