@@ -102,6 +102,9 @@ typedef struct attn__half_kernels {
    * ATTN__BWD_ROWS_ALIGN and at most ATTN__BWD_MAX_ROWS; C a multiple of dv_align.
    * Every XT entry and every P entry is finite (hidden entries are exact zeros). */
   void (*pt_acc)(float *OutT, int64_t C, const float *P, int64_t rows, const uint16_t *XT, int64_t ldx);
+  /* The backward's write-out of such a block, turned: Out[j * ldo + c] = scale * T[c * NR + j] for
+   * j < nk, c < C (unit stride within Out's rows). */
+  void (*t_out)(float *Out, int64_t ldo, const float *T, int64_t C, int64_t nk, float scale);
 } attn__half_kernels;
 #define ATTN__BWD_ROWS_ALIGN 32
 #define ATTN__BWD_MAX_ROWS 64

@@ -222,16 +222,24 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
         hk->pt_acc(s->dK, D, s->dP, qg, Rw->QT + t * qg, t_ld(nqp));
       }
     }
-    for (int64_t jj = 0; jj < nk; jj++) {
-      if (R > 1) {
-        for (int64_t d = 0; d < D; d++) dKr[(j0 + jj) * D + d] = s->dK[d * nr + jj] * scale;
-        for (int64_t e = 0; e < Dv; e++) dVr[(j0 + jj) * Dv + e] = s->dV[e * nr + jj];
-        continue;
-      }
-      const int64_t ko = attn__koff(p, dk, b, g, j0 + jj), vo = attn__koff(p, dv, b, g, j0 + jj);
-      for (int64_t d = 0; d < D; d++) attn__store_f32(dk->data, dk->dtype, ko + d * dk->strides[3], s->dK[d * nr + jj] * scale);
-      for (int64_t e = 0; e < Dv; e++) attn__store_f32(dv->data, dv->dtype, vo + e * dv->strides[3], s->dV[e * nr + jj]);
+    if (R > 1) {
+      hk->t_out(dKr + j0 * D, D, s->dK, D, nk, scale);
+      hk->t_out(dVr + j0 * Dv, Dv, s->dV, Dv, nk, 1.0f);
+      continue;
     }
+    const int64_t ko = attn__koff(p, dk, b, g, j0), vo = attn__koff(p, dv, b, g, j0);
+    if (dk->dtype == ATTN_F32 && dk->strides[3] == 1) /* a head's keys are strides[2] apart, packed batch or not */
+      hk->t_out((float *)dk->data + ko, dk->strides[2], s->dK, D, nk, scale);
+    else
+      for (int64_t jj = 0; jj < nk; jj++)
+        for (int64_t d = 0; d < D; d++)
+          attn__store_f32(dk->data, dk->dtype, ko + jj * dk->strides[2] + d * dk->strides[3], s->dK[d * nr + jj] * scale);
+    if (dv->dtype == ATTN_F32 && dv->strides[3] == 1)
+      hk->t_out((float *)dv->data + vo, dv->strides[2], s->dV, Dv, nk, 1.0f);
+    else
+      for (int64_t jj = 0; jj < nk; jj++)
+        for (int64_t e = 0; e < Dv; e++)
+          attn__store_f32(dv->data, dv->dtype, vo + jj * dv->strides[2] + e * dv->strides[3], s->dV[e * nr + jj]);
   }
 }
 
@@ -592,6 +600,21 @@ static void reduce_dq_run(const void *arg, void *scratch, int64_t round, int64_t
 
 static int64_t reduce_dkv_items(const void *arg, int64_t round) { return round_items(arg, PH_DKV, round); }
 
+/* t's n elements from off (strides[3] apart) = sum_{r < R} part[r * stride + c], added in r order
+ * (64 columns at a time, so that the sums vectorise) */
+static void sum_splits(const attn_tensor *t, int64_t off, const float *part, int64_t stride, int64_t R, int64_t n) {
+  for (int64_t c0 = 0; c0 < n; c0 += 64) {
+    const int m = n - c0 < 64 ? (int)(n - c0) : 64;
+    float acc[64] = {0};
+    for (int64_t r = 0; r < R; r++)
+      for (int e = 0; e < m; e++) acc[e] += part[r * stride + c0 + e];
+    if (t->dtype == ATTN_F32 && t->strides[3] == 1)
+      memcpy((float *)t->data + off + c0, acc, (size_t)m * sizeof(float));
+    else
+      for (int e = 0; e < m; e++) attn__store_f32(t->data, t->dtype, off + (c0 + e) * t->strides[3], acc[e]);
+  }
+}
+
 /* dk, dv = the splits' partials, summed in split order (zeros for keys no row sees) */
 static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
@@ -606,16 +629,8 @@ static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_
     const attn_tensor *dk = j->dk, *dv = j->dv;
     const int64_t ko = attn__koff(p, dk, b, g, jk), vo = attn__koff(p, dv, b, g, jk);
     const float *pk = j->dKp + slot * j->dk_size + jk * p->D, *pv = j->dVp + slot * j->dv_size + jk * p->Dv;
-    for (int64_t d = 0; d < p->D; d++) {
-      float acc = 0;
-      for (int64_t r = 0; r < R; r++) acc += pk[r * e.nk * p->D + d];
-      attn__store_f32(dk->data, dk->dtype, ko + d * dk->strides[3], acc);
-    }
-    for (int64_t c = 0; c < p->Dv; c++) {
-      float acc = 0;
-      for (int64_t r = 0; r < R; r++) acc += pv[r * e.nk * p->Dv + c];
-      attn__store_f32(dv->data, dv->dtype, vo + c * dv->strides[3], acc);
-    }
+    sum_splits(dk, ko, pk, e.nk * p->D, R, p->D);
+    sum_splits(dv, vo, pv, e.nk * p->Dv, R, p->Dv);
   }
 }
 

@@ -319,7 +319,20 @@ static void pt_acc_amx(float *OutT, int64_t C, const float *P, int64_t rows, con
     }
 }
 
+/* One gather per output row: column j of T, 16 channels at a time. */
+static void t_out_amx(float *Out, int64_t ldo, const float *T, int64_t C, int64_t nk, float scale) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(NR));
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < nk; j++)
+    for (int64_t c0 = 0; c0 < C; c0 += 16) {
+      const __mmask16 mk = lanes16(C - c0);
+      const __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mk, idx, T + c0 * NR + j, 4);
+      _mm512_mask_storeu_ps(Out + j * ldo + c0, mk, _mm512_mul_ps(x, sv));
+    }
+}
+
 const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 16, 16, 1,
-                                                   attn__amx_begin, attn__amx_end, qk_amx, pv_amx, pt_acc_amx};
+                                                   attn__amx_begin, attn__amx_end, qk_amx, pv_amx, pt_acc_amx, t_out_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
-                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL};
+                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL, NULL};
