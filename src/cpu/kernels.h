@@ -107,7 +107,7 @@ typedef struct attn__half_kernels {
   void (*t_out)(float *Out, int64_t ldo, const float *T, int64_t C, int64_t nk, float scale);
 } attn__half_kernels;
 #define ATTN__BWD_ROWS_ALIGN 32
-#define ATTN__BWD_MAX_ROWS 64
+#define ATTN__BWD_MAX_ROWS 128
 /* The half tiles a blocked forward of p runs on, or NULL for fp32 ones (engine/dispatch.c). */
 struct attn__dispatch;
 struct attn__sdpa;

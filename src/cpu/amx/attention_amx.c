@@ -96,7 +96,8 @@ static inline __attribute__((always_inline)) void qk_t(float *S, const uint16_t 
   _tile_stored(1, S + 16, NR * 4);
   _tile_stored(2, S + 32, NR * 4);
   _tile_stored(3, S + 48, NR * 4);
-  /* columns past nkeys: finite (0), whatever their keys held */
+  /* columns past nkeys: finite (0), whatever their keys held (nothing to do for a whole block unscaled: dO.v) */
+  if (scale == 1.0f && nkeys >= NR) return;
   const __m512 sv = _mm512_set1_ps(scale);
   for (int v = 0; v < NV; v++) {
     const __mmask16 live = lanes16(nkeys - 16 * v);
