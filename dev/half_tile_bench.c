@@ -1,7 +1,9 @@
 /* The half-precision tiles alone (kernels.h's attn__half_kernels: qk, the
  * base's softmax, pv) on one tile whose operands stay in L1, each call timed
  * in a loop of its own and then the three in turn, in this thread's CPU time
- * (best of 7 trials). It says where a tile's time goes; that the tiles are
+ * (best of 7 trials); then, for a set with backward tiles, the backward's own
+ * calls: pairs of one tile, pt_acc over a group of ATTN__BWD_MAX_ROWS rows,
+ * the base's exp_shift and ds on one tile, and t_out of a key block. It says where a tile's time goes; that the tiles are
  * right is test_half's business (tests/test_half.c amx|avx512bf16).
  *   gcc -O2 -fopenmp -DATTN_STATIC -DATTN_HAVE_X86_KERNELS -DATTN_HAVE_AMX -Iinclude -Ibuild/include -Isrc \
  *       dev/half_tile_bench.c build/libattn.a -lm -o /tmp/htb
@@ -24,7 +26,9 @@ enum { CALLS = 20000, TRIALS = 7 };
 typedef struct tile {
   const attn__half_kernels *h;
   uint16_t *Q, *K, *V;
-  float *S, *O;
+  float *S, *O, *OutT, *Out;
+  uint32_t *Pp;
+  uint16_t *XT;
   float m[ATTN__STAT_LANES] __attribute__((aligned(64))), l[ATTN__STAT_LANES] __attribute__((aligned(64)));
   float alpha[ATTN__STAT_LANES] __attribute__((aligned(64)));
   int64_t D;
@@ -37,6 +41,11 @@ static void run(tile *t, int which) {
     if (which == 0 || which == 3) h->qk(t->S, t->Q, t->K, D2, h->nr, 0.125f);
     if (which == 1 || which == 3) h->base->softmax(t->S, t->m, t->l, t->alpha);
     if (which == 2 || which == 3) h->pv(t->O, t->alpha, t->S, t->V, t->D, h->nr, 0);
+    if (which == 4) h->pt_acc(t->OutT, t->D, t->Pp, ATTN__BWD_MAX_ROWS, t->XT, ATTN__BWD_MAX_ROWS + 32);
+    if (which == 8) h->pairs(t->Pp, t->S);
+    if (which == 5) h->base->exp_shift(t->S, t->m);
+    if (which == 6) h->base->ds(t->S, t->O, t->l);
+    if (which == 7) h->t_out(t->Out, t->D, t->OutT, t->D, h->nr, 0.5f);
   }
 }
 
@@ -71,11 +80,20 @@ int main(int argc, char **argv) {
   for (int64_t e = 0; e < nr * D * terms; e++) t.K[e] = (uint16_t)(0x3c00 + (e * 7 & 63));
   for (int64_t e = 0; e < nr * D * terms; e++) t.V[e] = (uint16_t)(0x3f00 + (e & 31));
   memset(t.O, 0, (size_t)(mr * D * 4));
+  const int64_t G = ATTN__BWD_MAX_ROWS;
+  t.Pp = aligned_alloc(64, (size_t)(G / 2 * nr * 4));
+  t.OutT = aligned_alloc(64, (size_t)(D * nr * 4));
+  t.Out = aligned_alloc(64, (size_t)(D * nr * 4));
+  t.XT = aligned_alloc(64, (size_t)(D * (G + 32) * 2));
+  for (int64_t e = 0; e < G / 2 * nr; e++) t.Pp[e] = 0x3c003c00u + (uint32_t)(e % 61);
+  for (int64_t e = 0; e < D * (G + 32); e++) t.XT[e] = (uint16_t)(0x3c00 + (e & 63));
+  memset(t.OutT, 0, (size_t)(D * nr * 4));
   for (int r = 0; r < ATTN__STAT_LANES; r++) t.m[r] = -INFINITY, t.l[r] = 0, t.alpha[r] = 1;
   if (t.h->begin) t.h->begin();
-  static const char *what[4] = {"qk", "softmax", "pv", "all three"};
-  double ns[4];
-  for (int w = 0; w < 4; w++) {
+  static const char *what[9] = {"qk", "softmax", "pv", "all three", "pt_acc", "exp_shift", "ds", "t_out", "pairs"};
+  double ns[9];
+  const int nw = t.h->pt_acc ? 9 : 4;
+  for (int w = 0; w < nw; w++) {
     double best = 1e30;
     for (int k = 0; k < TRIALS; k++) {
       const double t0 = now();
@@ -90,6 +108,9 @@ int main(int argc, char **argv) {
   printf("%s, %d x %d tile, D = Dv = %lld:", t.h->name, mr, nr, (long long)D);
   for (int w = 0; w < 4; w++) printf(" %s %.1f ns%s", what[w], ns[w], w < 3 ? "," : "");
   printf(" (%.0f GFLOP/s on one core)\n", flops / ns[3]);
-  free(t.Q), free(t.K), free(t.V), free(t.S), free(t.O);
+  if (nw == 9)
+    printf("backward: pairs %.1f ns, pt_acc (%lld rows) %.1f ns, exp_shift %.1f ns, ds %.1f ns, t_out %.1f ns\n", ns[8],
+           (long long)G, ns[4], ns[5], ns[6], ns[7]);
+  free(t.Q), free(t.K), free(t.V), free(t.S), free(t.O), free(t.Pp), free(t.OutT), free(t.Out), free(t.XT);
   return 0;
 }

@@ -95,13 +95,16 @@ typedef struct attn__half_kernels {
   void (*end)(void);
   void (*qk)(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale);
   void (*pv)(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse);
-  /* The backward's transposed products (NULL: the set has no backward; terms 1 only):
-   *   OutT[c][j] += sum_{r < rows} XT[c * ldx + r] * bf16(P[r][j])  for c < C, j < NR
-   * OutT (C, NR) fp32, row-major; XT (C, rows) bf16, rows ldx apart; P (rows, NR)
-   * fp32, 64-byte aligned, rounded to bf16 as pv rounds it. rows is a multiple of
-   * ATTN__BWD_ROWS_ALIGN and at most ATTN__BWD_MAX_ROWS; C a multiple of dv_align.
-   * Every XT entry and every P entry is finite (hidden entries are exact zeros). */
-  void (*pt_acc)(float *OutT, int64_t C, const float *P, int64_t rows, const uint16_t *XT, int64_t ldx);
+  /* The backward's transposed products (NULL: the set has no backward; terms 1 only).
+   * pairs: one tile X (MR, NR) fp32 (64-byte aligned) as MR / 2 rows of bf16 pairs,
+   *   Xp[t * NR + j] = bf16(X[2t][j]) | bf16(X[2t + 1][j]) << 16, rounded as pv rounds P;
+   * pt_acc: OutT[c][j] += sum_{r < rows} XT[c * ldx + r] * P[r][j]  for c < C, j < NR,
+   *   P's rows as pairs made so (rows / 2, NR); OutT (C, NR) fp32, row-major; XT (C,
+   *   rows) bf16, rows ldx apart. rows is a multiple of ATTN__BWD_ROWS_ALIGN and at most
+   *   ATTN__BWD_MAX_ROWS; C a multiple of dv_align. Every XT entry and every P entry is
+   *   finite (hidden entries are exact zeros). */
+  void (*pairs)(uint32_t *Xp, const float *X);
+  void (*pt_acc)(float *OutT, int64_t C, const uint32_t *Pp, int64_t rows, const uint16_t *XT, int64_t ldx);
   /* The backward's write-out of such a block, turned: Out[j * ldo + c] = scale * T[c * NR + j] for
    * j < nk, c < C (unit stride within Out's rows). */
   void (*t_out)(float *Out, int64_t ldo, const float *T, int64_t C, int64_t nk, float scale);

@@ -31,23 +31,27 @@
 
 typedef struct bwd_scratch {
   float *S, *dP, *Mb, *dK, *dV, *dQ, *ones;
+  uint32_t *Pp, *dSp; /* the half path: a query group's P and dS as bf16 pairs of rows (kernels.h's pairs) */
   float *Cf; /* (MR, NR) the logit's slope by its raw q.k (logit.h), where it is not 1 */
   float *base;
 } bwd_scratch;
 
 /* A thread's buffers, carved from its scratch (the struct sits at its start). */
-static size_t bwd_scratch_layout(bwd_scratch *into, int mr, int nr, int64_t D, int64_t Dv) {
+static size_t bwd_scratch_layout(bwd_scratch *into, int mr, int nr, int64_t D, int64_t Dv, int64_t pair_rows) {
   const int64_t up = 16, Dp = D > 0 ? D : 1, Dvp = Dv > 0 ? Dv : 1;
   bwd_scratch sizing, *s = into ? into : &sizing; /* NULL: only the size is wanted */
   float *b = into ? (float *)((char *)into + attn__carve_size(sizeof *s)) : NULL;
-  float **bufs[] = {&s->S, &s->dP, &s->Mb, &s->dK, &s->dV, &s->dQ, &s->ones, &s->Cf};
-  const int64_t sizes[] = {mr * nr, mr * nr, mr * nr, nr * Dp, nr * Dvp, mr * Dp, ATTN__STAT_LANES, mr * nr};
+  float *pp = NULL, *dsp = NULL;
+  float **bufs[] = {&s->S, &s->dP, &s->Mb, &s->dK, &s->dV, &s->dQ, &s->ones, &s->Cf, &pp, &dsp};
+  const int64_t sizes[] = {mr * nr, mr * nr, mr * nr, nr * Dp, nr * Dvp, mr * Dp, ATTN__STAT_LANES, mr * nr,
+                           pair_rows * nr, pair_rows * nr};
   int64_t total = 0;
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     if (into) *bufs[i] = b + total;
     total += (sizes[i] + up - 1) / up * up;
   }
   if (into) {
+    s->Pp = (uint32_t *)pp, s->dSp = (uint32_t *)dsp;
     s->base = b;
     for (int i = 0; i < ATTN__STAT_LANES; i++) s->ones[i] = 1.0f;
   }
@@ -206,20 +210,22 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
         int open = 0;
         for (int sub = 0; sub < qg / mr; sub++) {
           const int64_t i0 = t * qg + sub * mr;
-          float *S = s->S + sub * mr * nr, *dP = s->dP + sub * mr * nr;
-          const attn__tile_mask tm = i0 < iend ? bwd_scores(a, s, S, dP, b, h, hs, i0, j0, p->mask_grad != NULL)
+          uint32_t *Pp = s->Pp + sub * (mr / 2) * nr, *dSp = s->dSp + sub * (mr / 2) * nr;
+          const attn__tile_mask tm = i0 < iend ? bwd_scores(a, s, s->S, s->dP, b, h, hs, i0, j0, p->mask_grad != NULL)
                                                : ATTN__TILE_CLOSED;
           if (tm == ATTN__TILE_CLOSED) { /* zeros in the group's sums */
-            memset(S, 0, (size_t)(mr * nr) * sizeof(float));
-            memset(dP, 0, (size_t)(mr * nr) * sizeof(float));
+            memset(Pp, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
+            memset(dSp, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
             continue;
           }
           open = 1;
-          hk->pv(dQc + (hs * nqp + i0) * D, s->ones, dP, Kv, D, nk, tm == ATTN__TILE_MIXED);
+          hk->pairs(Pp, s->S);
+          hk->pairs(dSp, s->dP);
+          hk->pv(dQc + (hs * nqp + i0) * D, s->ones, s->dP, Kv, D, nk, tm == ATTN__TILE_MIXED);
         }
         if (!open) continue;
-        hk->pt_acc(s->dV, Dv, s->S, qg, Rw->dOT + t * qg, t_ld(nqp));
-        hk->pt_acc(s->dK, D, s->dP, qg, Rw->QT + t * qg, t_ld(nqp));
+        hk->pt_acc(s->dV, Dv, s->Pp, qg, Rw->dOT + t * qg, t_ld(nqp));
+        hk->pt_acc(s->dK, D, s->dSp, qg, Rw->QT + t * qg, t_ld(nqp));
       }
     }
     if (R > 1) {
@@ -636,7 +642,7 @@ static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_
 
 static void bwd_scratch_init(const void *arg, void *scratch) {
   const bwd_job *j = arg;
-  bwd_scratch_layout(scratch, grid_rows(j), j->kn->nr, j->p->D, j->p->Dv);
+  bwd_scratch_layout(scratch, j->kn->mr, j->kn->nr, j->p->D, j->p->Dv, j->hk ? ATTN__BWD_MAX_ROWS / 2 : 0);
 }
 
 attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
@@ -661,7 +667,6 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
     j.Dv2 = ((p->Dv + 1) / 2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align;
   }
   j.p = p, j.kn = kn;
-  const int mr = grid_rows(&j);
   j.dq = dq, j.dk = dk, j.dv = dv, j.dout = dout, j.out = out, j.lse = lse;
   const int64_t nseq = attn__seqs(p);
   j.pairs = nseq * p->Hk;
@@ -746,7 +751,8 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
       {"key_chunks_x_query_splits", grid_items, grid_run, 1},         {"sum_dq", reduce_dq_items, reduce_dq_run, 0},
       {"sum_dk_dv", reduce_dkv_items, reduce_dkv_run, 0}};
   const attn__job job = {&j, (j.pairs + n - 1) / n, phases, (int)(sizeof phases / sizeof phases[0]),
-                         bwd_scratch_layout(NULL, mr, nr, p->D, p->Dv), bwd_scratch_init};
+                         bwd_scratch_layout(NULL, kn->mr, nr, p->D, p->Dv, hk ? ATTN__BWD_MAX_ROWS / 2 : 0),
+                         bwd_scratch_init};
   const bwd_geom e0 = geom(&j, 0);
   const long long args[4] = {(long long)n, (long long)e0.C, (long long)e0.R, (long long)nseq};
   attn_status st = attn__schedule(ctx,

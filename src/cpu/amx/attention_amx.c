@@ -275,21 +275,25 @@ static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint1
 }
 
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
-/* The backward's transposed products (kernels.h's pt_acc): OutT (C, NR) +=
- * XT (C, rows) . bf16(P) (rows, NR). P's rows become B tiles as bf16 pairs of
- * rows (2t, 2t + 1), one vpermw a 16-key group; XT's rows are already the A
- * tiles' (32 rows of the sum per step). OutT is the C tiles, four at a time. */
-static void pt_acc_amx(float *OutT, int64_t C, const float *P, int64_t rows, const uint16_t *XT, int64_t ldx) {
-  uint32_t pp[(ATTN__BWD_MAX_ROWS / 2) * NR] __attribute__((aligned(64)));
+/* The backward's transposed products (kernels.h's pairs and pt_acc): OutT (C, NR) +=
+ * XT (C, rows) . bf16(P) (rows, NR). pairs turns a tile of P into the B tiles' rows, bf16
+ * pairs of rows (2t, 2t + 1), one vpermw a 16-key group, as the tile is made (on AVX-512,
+ * beside the rest of its vector work: converting inside pt_acc, between its tile loads,
+ * measured 2x slower than the two apart); XT's rows are already the A tiles' (32 rows of
+ * the sum per step). OutT is the C tiles, four at a time. */
+static void pairs_amx(uint32_t *Xp, const float *X) {
   /* word 2i of the permuted vector is row 2t's key i, word 2i + 1 row 2t + 1's */
-  __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
-                                   20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  for (int64_t t = 0; t < rows / 2; t++)
+  const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int t = 0; t < MR / 2; t++)
     for (int v = 0; v < NV; v++) {
-      const __m512i x = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(P + (2 * t + 1) * NR + 16 * v),
-                                                     _mm512_load_ps(P + 2 * t * NR + 16 * v));
-      _mm512_store_si512(pp + t * NR + 16 * v, _mm512_permutexvar_epi16(inter, x));
+      const __m512i x = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(X + (2 * t + 1) * NR + 16 * v),
+                                                     _mm512_load_ps(X + 2 * t * NR + 16 * v));
+      _mm512_store_si512(Xp + t * NR + 16 * v, _mm512_permutexvar_epi16(inter, x));
     }
+}
+
+static void pt_acc_amx(float *OutT, int64_t C, const uint32_t *pp, int64_t rows, const uint16_t *XT, int64_t ldx) {
   const int64_t steps = rows / 32, sa = ldx * 2, so = NR * 4;
   for (int kb = 0; kb < NV; kb++)
     for (int64_t c0 = 0; c0 < C; c0 += 64) {
@@ -334,6 +338,6 @@ static void t_out_amx(float *Out, int64_t ldo, const float *T, int64_t C, int64_
 }
 
 const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 16, 16, 1,
-                                                   attn__amx_begin, attn__amx_end, qk_amx, pv_amx, pt_acc_amx, t_out_amx};
+                                                   attn__amx_begin, attn__amx_end, qk_amx, pv_amx, pairs_amx, pt_acc_amx, t_out_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
-                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL, NULL};
+                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL, NULL, NULL};
