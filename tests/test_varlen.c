@@ -206,7 +206,8 @@ static void run_case(attn_ctx *ctx, attn_kernel kern, const vcase *c, uint64_t s
   e = rel_err(&b.lse, &rl);
   CHECK(e < tol, "forward lse vs oracle: %.3g (%s)", e, desc);
 
-  /* backward (fp32 whatever the inputs) against the oracle */
+  /* backward against the oracle: AMX's bf16 backward tiles for bf16 inputs (the shapes they take),
+   * else fp32 */
   b.dout = tensor4(&a, ATTN_F32, 1, c->Hq, TQ, c->Dv);
   fill(&r, &b.dout);
   b.dq = tensor4(&a, ATTN_F32, 1, c->Hq, TQ, c->D);
@@ -216,6 +217,9 @@ static void run_case(attn_ctx *ctx, attn_kernel kern, const vcase *c, uint64_t s
   if (bwd) {
     poison(&b.dq), poison(&b.dk), poison(&b.dv);
     CHECK_OK(ctx, attn_sdpa_backward(ctx, &b.dq, &b.dk, &b.dv, NULL, NULL, &b.dout, &b.q, &b.k, &b.v, &b.out, &b.lse, &b.o));
+    const int bwd_tiles = kern == ATTN_KERNEL_AMX && c->dt == ATTN_BF16 && c->D % 16 == 0 && c->Dv % 16 == 0;
+    CHECK(bwd_tiles == (strstr(attn_ctx_plan(ctx), "bf16 tiles, packed batch") != NULL),
+          "the backward's bf16 tiles %s (%s): %s", bwd_tiles ? "did not run" : "ran", desc, attn_ctx_plan(ctx));
     attn_tensor rq = tensor4(&a, ATTN_F64, 1, c->Hq, TQ, c->D), rk = tensor4(&a, ATTN_F64, 1, c->Hk, TK, c->D);
     attn_tensor rv = tensor4(&a, ATTN_F64, 1, c->Hk, TK, c->Dv);
     CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &rq, &rk, &rv, NULL, NULL, &b.dout, &b.q, &b.k, &b.v, &b.out, &b.lse, &b.o));
