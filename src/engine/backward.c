@@ -80,13 +80,14 @@ typedef struct bwd_args {
   int64_t D2, Dv2, nqp;
 } bwd_args;
 
-/* For query tile t of query head h (slot hs in the group) against key block j0:
+/* For the tile of query rows i0.. of query head h (slot hs in the group) against key block j0:
  * s->S becomes A = P * M and s->dP becomes dS. Returns the tile's class: CLOSED
  * when the block is entirely masked for this tile (nothing to add), MIXED when
  * some of its keys are hidden from some rows (dS and A are exactly 0 there). */
-static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, float *S, float *dP, int64_t b, int64_t h,
-                                  int64_t hs, int64_t i0, int64_t j0, int write_mask_grad) {
+static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t hs, int64_t i0,
+                                  int64_t j0, int write_mask_grad) {
   const attn__sdpa *p = a->p;
+  float *S = s->S, *dP = s->dP;
   const attn__cpu_kernels *kn = a->kn;
   const int mr = kn->mr, nr = kn->nr;
   const int64_t nq = attn__queries(p, b);
@@ -156,7 +157,7 @@ static void pass_item(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_t
       const int64_t h = g * p->group + hs;
       const bwd_rows *Rw = &a->rows[hs];
       for (int64_t t = t0; t * mr < iend; t += R) {
-        const attn__tile_mask tm = bwd_scores(a, s, s->S, s->dP, b, h, hs, t * mr, j0, p->mask_grad != NULL);
+        const attn__tile_mask tm = bwd_scores(a, s, b, h, hs, t * mr, j0, p->mask_grad != NULL);
         if (tm == ATTN__TILE_CLOSED) continue;
         /* hidden entries are exact zeros in A and dS, times finite dO and Q rows; the
          * K rows of hidden keys are another matter: pv runs sparse there */
@@ -211,7 +212,7 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
         for (int sub = 0; sub < qg / mr; sub++) {
           const int64_t i0 = t * qg + sub * mr;
           uint32_t *Pp = s->Pp + sub * (mr / 2) * nr, *dSp = s->dSp + sub * (mr / 2) * nr;
-          const attn__tile_mask tm = i0 < iend ? bwd_scores(a, s, s->S, s->dP, b, h, hs, i0, j0, p->mask_grad != NULL)
+          const attn__tile_mask tm = i0 < iend ? bwd_scores(a, s, b, h, hs, i0, j0, p->mask_grad != NULL)
                                                : ATTN__TILE_CLOSED;
           if (tm == ATTN__TILE_CLOSED) { /* zeros in the group's sums */
             memset(Pp, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
@@ -329,7 +330,7 @@ static void sinks_grad(const attn__sdpa *p, const attn_tensor *dout, const attn_
 }
 
 /* Zeros every element of an f32, f16 or bf16 output (a no-op for an empty one, whatever its shape). */
-static void zero_f32(attn_tensor *t) {
+static void zero_output(attn_tensor *t) {
   const int64_t n = attn_tensor_numel(t);
   if (n <= 0) return;
   int64_t idx[ATTN_MAX_RANK] = {0}, off = 0;
@@ -482,7 +483,7 @@ static void pack_kv_run(const void *arg, void *scratch, int64_t round, int64_t f
                              nk, p->Dv, j->Dv2, 1);
       /* K as pairs of keys for dS.K: kv[2 (j2 D + d) + e] = k[2 j2 + e][d], zero past Nk */
       uint16_t *kv = (uint16_t *)(j->Kr + slot * j->kr_size) + blk * nr * p->D;
-      const uint16_t *kd = p->k.data;
+      const uint16_t *kd = p->k.data; /* bf16 (the dispatch's condition) */
       for (int jj = 0; jj < nr; jj++) {
         const int64_t key = blk * nr + jj, off = key < nk ? attn__koff(p, &p->k, b, g, key) : 0;
         uint16_t *o = kv + (jj / 2) * 2 * p->D + (jj & 1);
@@ -651,9 +652,9 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   /* Without a query row or a key nothing flows back: every gradient is zero, at
    * the cost of the gradients' own elements, not of B x Hk empty passes. */
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0 || p->Nk == 0) {
-    zero_f32(dq), zero_f32(dk), zero_f32(dv);
-    if (p->mask_grad) zero_f32(p->mask_grad);
-    if (p->sinks_grad) zero_f32(p->sinks_grad);
+    zero_output(dq), zero_output(dk), zero_output(dv);
+    if (p->mask_grad) zero_output(p->mask_grad);
+    if (p->sinks_grad) zero_output(p->sinks_grad);
     return ATTN_OK;
   }
   const attn__half_kernels *hk = attn__dispatch_half_backward(&ctx->dispatch, p);
