@@ -214,6 +214,46 @@ static void run(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, attn_dtype dt, 
   arena_free(a);
 }
 
+/* A backward's f32 inputs beside q, k, v: out and lse (left for the caller to fill), dout random. */
+typedef struct bwd_io {
+  attn_tensor out, lse, dout;
+} bwd_io;
+
+static bwd_io bwd_inputs(arena *a, const hcase *c, tu_rng *r) {
+  const int64_t no = c->B * c->Hq * c->Nq * c->Dv, nl = c->B * c->Hq * c->Nq;
+  const int64_t so[4] = {c->B, c->Hq, c->Nq, c->Dv}, sl[3] = {c->B, c->Hq, c->Nq};
+  float *dout = arena_alloc(a, sizeof(float) * (size_t)(no + 1));
+  tu_fill_f32(r, dout, no, 1);
+  bwd_io io = {attn_tensor_view(arena_alloc(a, sizeof(float) * (size_t)(no + 1)), ATTN_F32, 4, so),
+               attn_tensor_view(arena_alloc(a, sizeof(float) * (size_t)(nl + 1)), ATTN_F32, 3, sl),
+               attn_tensor_view(dout, ATTN_F32, 4, so)};
+  return io;
+}
+
+/* The backward of P's q, k, v with bf16 gradients (poisoned first) must give the f32 gradients g, rounded. */
+static void bf16_grads_are_rounded(attn_ctx *ctx, arena *a, const prob *P, const bwd_io *io, float *const g[3],
+                                   const char *desc) {
+  static const char *const names[3] = {"dq", "dk", "dv"};
+  const attn_tensor *shp[3] = {&P->q, &P->k, &P->v};
+  uint16_t *gh[3];
+  attn_tensor tgh[3];
+  for (int i = 0; i < 3; i++) {
+    const int64_t n = attn_tensor_numel(shp[i]);
+    gh[i] = arena_alloc(a, sizeof(uint16_t) * (size_t)(n + 1));
+    for (int64_t e = 0; e < n; e++) gh[i][e] = 0x7fc1;
+    tgh[i] = attn_tensor_view(gh[i], ATTN_BF16, 4, shp[i]->shape);
+  }
+  CHECK_OK(ctx, attn_sdpa_backward(ctx, &tgh[0], &tgh[1], &tgh[2], NULL, NULL, &io->dout, &P->q, &P->k, &P->v, &io->out,
+                                   &io->lse, &P->o));
+  for (int i = 0; i < 3; i++) {
+    const int64_t n = attn_tensor_numel(shp[i]);
+    int64_t wrong = 0;
+    for (int64_t e = 0; e < n; e++) wrong += gh[i][e] != tu_f32_to_bf16(g[i][e]);
+    CHECK(wrong == 0, "%s %s: %lld of %lld bf16 %s entries are not the f32 gradient rounded",
+          attn_kernel_name(attn_ctx_kernel(ctx)), desc, (long long)wrong, (long long)n, names[i]);
+  }
+}
+
 /* The backward on f16/bf16 inputs is the backward on their f32 values, bitwise (it widens them), off
  * the bf16 backward tiles. */
 static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int seed) {
@@ -228,14 +268,9 @@ static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int se
       ((float *)fs[i]->data)[e] = dt == ATTN_F16 ? tu_f16_to_f32(((uint16_t *)hs[i]->data)[e])
                                                  : tu_bf16_to_f32(((uint16_t *)hs[i]->data)[e]);
   arena *a = &F.a;
-  const int64_t no = c->B * c->Hq * c->Nq * c->Dv, nl = c->B * c->Hq * c->Nq;
   const int64_t nq = c->B * c->Hq * c->Nq * c->D, nk = c->B * c->Hk * c->Nk * c->D, nv = c->B * c->Hk * c->Nk * c->Dv;
-  const int64_t so[4] = {c->B, c->Hq, c->Nq, c->Dv}, sl[3] = {c->B, c->Hq, c->Nq};
-  float *out = arena_alloc(a, sizeof(float) * (size_t)(no + 1)), *lse = arena_alloc(a, sizeof(float) * (size_t)(nl + 1));
-  float *dout = arena_alloc(a, sizeof(float) * (size_t)(no + 1));
-  tu_fill_f32(&r, dout, no, 1);
-  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, so), tl = attn_tensor_view(lse, ATTN_F32, 3, sl);
-  attn_tensor tdo = attn_tensor_view(dout, ATTN_F32, 4, so);
+  const bwd_io io = bwd_inputs(a, c, &r);
+  attn_tensor to = io.out, tl = io.lse, tdo = io.dout;
   CHECK_OK(ctx, attn_sdpa(ctx, &to, &tl, NULL, &F.q, &F.k, &F.v, &F.o));
   float *g[2][3];
   attn_tensor tg[2][3];
@@ -252,20 +287,9 @@ static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int se
   CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[0][0], &tg[0][1], &tg[0][2], NULL, NULL, &tdo, &H.q, &H.k, &H.v, &to, &tl, &H.o));
   CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[1][0], &tg[1][1], &tg[1][2], NULL, NULL, &tdo, &F.q, &F.k, &F.v, &to, &tl, &F.o));
   /* gradients in bf16: the same f32 gradients, rounded (through f32 copies off the tiles) */
-  uint16_t *gh[3];
-  attn_tensor tgh[3];
-  for (int i = 0; i < 3; i++) {
-    gh[i] = arena_alloc(a, sizeof(uint16_t) * (size_t)(n3[i] + 1));
-    for (int64_t e = 0; e < n3[i]; e++) gh[i][e] = 0x7fc1;
-    tgh[i] = attn_tensor_view(gh[i], ATTN_BF16, 4, tg[0][i].shape);
-  }
-  CHECK_OK(ctx, attn_sdpa_backward(ctx, &tgh[0], &tgh[1], &tgh[2], NULL, NULL, &tdo, &H.q, &H.k, &H.v, &to, &tl, &H.o));
-  for (int i = 0; i < 3; i++) {
-    int64_t wrong = 0;
-    for (int64_t e = 0; e < n3[i]; e++) wrong += gh[i][e] != tu_f32_to_bf16(g[0][i][e]);
-    CHECK(wrong == 0, "%s: %lld bf16 gradient entries are not the f32 ones rounded (case %d)",
-          attn_kernel_name(attn_ctx_kernel(ctx)), (long long)wrong, seed);
-  }
+  char desc[32];
+  snprintf(desc, sizeof desc, "(case %d)", seed);
+  bf16_grads_are_rounded(ctx, a, &H, &io, g[0], desc);
   CHECK_OK(ctx, attn_ctx_set_precision(ctx, was));
   int same = 1;
   for (int i = 0; i < 3; i++) same &= memcmp(g[0][i], g[1][i], sizeof(float) * (size_t)n3[i]) == 0;
@@ -310,14 +334,10 @@ static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int 
   arena *a = &P.a;
   char desc[300];
   describe(desc, sizeof desc, c, seed);
-  const int64_t no = c->B * c->Hq * c->Nq * c->Dv, nl = c->B * c->Hq * c->Nq;
   const int64_t n3[3] = {c->B * c->Hq * c->Nq * c->D, c->B * c->Hk * c->Nk * c->D, c->B * c->Hk * c->Nk * c->Dv};
-  const int64_t so[4] = {c->B, c->Hq, c->Nq, c->Dv}, sl[3] = {c->B, c->Hq, c->Nq}, sh[1] = {c->Hq};
-  float *out = arena_alloc(a, sizeof(float) * (size_t)(no + 1)), *lse = arena_alloc(a, sizeof(float) * (size_t)(nl + 1));
-  float *dout = arena_alloc(a, sizeof(float) * (size_t)(no + 1));
-  tu_fill_f32(&r, dout, no, 1);
-  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, so), tl = attn_tensor_view(lse, ATTN_F32, 3, sl);
-  attn_tensor tdo = attn_tensor_view(dout, ATTN_F32, 4, so);
+  const int64_t sh[1] = {c->Hq};
+  const bwd_io io = bwd_inputs(a, c, &r);
+  attn_tensor to = io.out, tl = io.lse, tdo = io.dout;
   /* out and lse as exact as f32 holds them: the oracle's Dd comes from its own probabilities, not from out */
   CHECK_OK(oracle, attn_sdpa_ref(oracle, &to, &tl, NULL, &P.q, &P.k, &P.v, &P.o));
   /* the oracle: f64 gradients from the same out and lse (sinks_grad is f32 on every path) */
@@ -370,21 +390,7 @@ static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int 
     for (int64_t h = 0; h < c->Hq; h++) rs[h] = rsink[h];
     CHECK(err_vs(sink[0], rs, c->Hq, &bad) <= 1e-4 && !bad, "backward %s: sinks_grad", desc);
   }
-  /* gradients in bf16: the f32 ones, rounded */
-  uint16_t *gh[3];
-  attn_tensor tgh[3];
-  for (int i = 0; i < 3; i++) {
-    gh[i] = arena_alloc(a, sizeof(uint16_t) * (size_t)(n3[i] + 1));
-    for (int64_t e = 0; e < n3[i]; e++) gh[i][e] = 0x7fc1;
-    tgh[i] = attn_tensor_view(gh[i], ATTN_BF16, 4, shp[i]->shape);
-  }
-  CHECK_OK(ctx, attn_sdpa_backward(ctx, &tgh[0], &tgh[1], &tgh[2], NULL, NULL, &tdo, &P.q, &P.k, &P.v, &to, &tl, &P.o));
-  for (int i = 0; i < 3; i++) {
-    int64_t wrong = 0;
-    for (int64_t e = 0; e < n3[i]; e++) wrong += gh[i][e] != tu_f32_to_bf16(g[0][i][e]);
-    CHECK(wrong == 0, "backward %s: %lld of %lld bf16 %s entries are not the f32 gradient rounded", desc,
-          (long long)wrong, (long long)n3[i], names[i]);
-  }
+  bf16_grads_are_rounded(ctx, a, &P, &io, g[0], desc); /* the tiles' f32 gradients, rounded */
   arena_free(a);
 }
 
