@@ -130,7 +130,7 @@ typedef enum attn_kernel {
  * dS = P (dP - Dd) in fp32 with every option, then dV = P^T dout, dK = dS^T q
  * and dQ = dS k with P and dS rounded to bf16, every sum in fp32. Every other
  * backward (f16 or f32 inputs, FP32, other kernels and head sizes) runs in
- * fp32 on widened copies. */
+ * fp32, halves widened as they are read. */
 typedef enum attn_precision {
   ATTN_PRECISION_DEFAULT = 0,
   ATTN_PRECISION_FP32 = 1,
@@ -349,8 +349,8 @@ ATTN_API attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor 
  *   (sum it over the dimensions the mask broadcast along);
  *   sinks_grad (or NULL) f32 [Hq], dL/dsinks (summed over batch and rows);
  *   q, k, v, dout and out are f32, f16 or bf16 (bf16 q, k, v run on the bf16
- *   tiles where attn_precision says so; other halves are widened into f32
- *   copies, O(N D) each, and every step is fp32); lse is f32;
+ *   tiles where attn_precision says so; other halves are widened as they are
+ *   read, and every step is fp32); lse is f32;
  *   dq, dk and dv may also be f16 or bf16: the f32 gradients, rounded
  *   dout, out [B, Hq, Nq, Dv] and lse [B, Hq, Nq] come from the forward call,
  *   made with the same q, k, v and opts (mask, causal, scale, dropout); the

@@ -298,39 +298,25 @@ attn_status attn_sdpa_ref(attn_ctx *ctx, attn_tensor *out, attn_tensor *lse, att
   return attn__sdpa_run_ref(ctx, &p);
 }
 
-/* The fp32 backward reads its inputs in place, as f32: f16/bf16 ones (bf16
- * training off the half tiles) are widened into f32 copies first, O(N D) each,
- * and the call then computes in fp32 (at least as accurate as a half-precision
- * backward); f16/bf16 gradients are computed in f32 copies and rounded into
- * place once every step has succeeded. */
-static attn_status backward_widened(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
-                                    attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *in[5],
-                                    const attn_tensor *lse, const attn_sdpa_opts *opts) {
-  static const char *const names[5] = {"dout", "q", "k", "v", "out"};
-  attn_tensor wide[5], gw[3];
-  attn_tensor *grads[3] = {dq, dk, dv}, *gout[3] = {dq, dk, dv};
-  const attn_tensor *use[5];
+/* The oracle writes f32 or f64 gradients: f16/bf16 ones are computed in f32
+ * copies and rounded into place once every step has succeeded. */
+static attn_status backward_ref_rounded(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
+                                        attn_tensor *mask_grad, attn_tensor *sinks_grad, const attn_tensor *dout,
+                                        const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                        const attn_tensor *out, const attn_tensor *lse, const attn_sdpa_opts *opts) {
+  static const char *const names[3] = {"dq", "dk", "dv"};
+  attn_tensor *grads[3] = {dq, dk, dv}, *use[3] = {dq, dk, dv}, gw[3];
   attn_status st = ATTN_OK;
-  for (int i = 0; i < 5; i++) wide[i].data = NULL, use[i] = in[i];
   for (int i = 0; i < 3; i++) gw[i].data = NULL;
-  for (int i = 0; i < 5 && !st; i++) {
-    if (!in[i] || (in[i]->dtype != ATTN_F16 && in[i]->dtype != ATTN_BF16)) continue;
-    if (!(st = attn__check_tensor(ctx, in[i], names[i], 4)) && !(st = attn_tensor_alloc(ctx, &wide[i], ATTN_F32, 4, in[i]->shape)))
-      st = attn_tensor_copy(ctx, &wide[i], in[i]);
-    use[i] = &wide[i];
-  }
   for (int i = 0; i < 3 && !st; i++) {
-    static const char *const gnames[3] = {"dq", "dk", "dv"};
     if (!grads[i] || (grads[i]->dtype != ATTN_F16 && grads[i]->dtype != ATTN_BF16)) continue;
-    if (!(st = attn__check_tensor(ctx, grads[i], gnames[i], 4)) && !(st = attn__check_writable(ctx, grads[i], gnames[i])))
+    if (!(st = attn__check_tensor(ctx, grads[i], names[i], 4)) && !(st = attn__check_writable(ctx, grads[i], names[i])))
       st = attn_tensor_alloc(ctx, &gw[i], ATTN_F32, 4, grads[i]->shape);
-    gout[i] = &gw[i];
+    use[i] = &gw[i];
   }
-  if (!st) st = attn_sdpa_backward(ctx, gout[0], gout[1], gout[2], mask_grad, sinks_grad, use[0], use[1], use[2], use[3], use[4], lse, opts);
+  if (!st) st = attn_sdpa_backward(ctx, use[0], use[1], use[2], mask_grad, sinks_grad, dout, q, k, v, out, lse, opts);
   for (int i = 0; i < 3 && !st; i++)
     if (gw[i].data) st = attn_tensor_copy(ctx, grads[i], &gw[i]);
-  for (int i = 0; i < 5; i++)
-    if (wide[i].data) attn_tensor_free(&wide[i]);
   for (int i = 0; i < 3; i++)
     if (gw[i].data) attn_tensor_free(&gw[i]);
   return st;
@@ -343,20 +329,21 @@ attn_status attn_sdpa_backward(attn_ctx *ctx, attn_tensor *dq, attn_tensor *dk, 
   ATTN__ENTER(ctx);
   const int ref = ctx->dispatch.kernel == ATTN_KERNEL_REF;
   const attn_tensor *in[8] = {dout, q, k, v, out, dq, dk, dv};
-  int halves = 0;
-  for (int i = 0; i < 8; i++) halves |= in[i] && (in[i]->dtype == ATTN_F16 || in[i]->dtype == ATTN_BF16);
+  int halves = 0, half_grads = 0;
+  for (int i = 0; i < 8; i++) {
+    const int half = in[i] && (in[i]->dtype == ATTN_F16 || in[i]->dtype == ATTN_BF16);
+    halves |= half;
+    half_grads |= half && i >= 5;
+  }
   attn__sdpa p;
-  if (halves && !ref) { /* the half tiles where they take the problem, else widened to fp32 */
+  if (halves && !ref) { /* the half tiles where they take the problem (dispatch.c), else fp32 on the widened values */
     attn_status st =
         attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts, 2);
     if (st) return st;
-    if (attn__dispatch_half_backward(&ctx->dispatch, &p))
-      return attn__sdpa_backward_run_blocked(ctx, &p, dq, dk, dv, dout, out, lse);
-    return backward_widened(ctx, dq, dk, dv, mask_grad, sinks_grad, in, lse, opts);
+    return attn__sdpa_backward_run_blocked(ctx, &p, dq, dk, dv, dout, out, lse);
   }
-  for (int i = 5; i < 8 && ref; i++) /* the oracle writes f32 or f64: half gradients through f32 copies */
-    if (in[i] && (in[i]->dtype == ATTN_F16 || in[i]->dtype == ATTN_BF16))
-      return backward_widened(ctx, dq, dk, dv, mask_grad, sinks_grad, in, lse, opts);
+  if (ref && half_grads)
+    return backward_ref_rounded(ctx, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts);
   attn_status st =
       attn__sdpa_backward_prepare(ctx, &p, dq, dk, dv, mask_grad, sinks_grad, dout, q, k, v, out, lse, opts, !ref);
   if (st) return st;

@@ -263,15 +263,13 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
   }
   const attn_tensor *q = &p->q;
   const float scale = (float)p->scale;
-  const float *qs = (const float *)q->data + attn__qoff(p, q, b, h, i);
-  const float *gs = (const float *)dout->data + attn__qoff(p, dout, b, h, i);
-  const float *os = (const float *)out->data + attn__qoff(p, out, b, h, i);
+  /* f16 and bf16 inputs are widened here, as they are read */
+  attn__widen_strided(qd, q->data, q->dtype, attn__qoff(p, q, b, h, i), q->strides[3], p->D);
+  for (int64_t d = 0; d < p->D; d++) qd[d] *= scale;
+  attn__widen_strided(od, dout->data, dout->dtype, attn__qoff(p, dout, b, h, i), dout->strides[3], p->Dv);
+  const int64_t oo = attn__qoff(p, out, b, h, i);
   double dd = 0;
-  for (int64_t d = 0; d < p->D; d++) qd[d] = qs[d * q->strides[3]] * scale;
-  for (int64_t c = 0; c < p->Dv; c++) {
-    od[c] = gs[c * dout->strides[3]];
-    dd += (double)od[c] * os[c * out->strides[3]];
-  }
+  for (int64_t c = 0; c < p->Dv; c++) dd += (double)od[c] * attn__load_f32(out->data, out->dtype, oo + c * out->strides[3]);
   R->lse[i] = ((const float *)lse->data)[attn__qoff(p, lse, b, h, i)];
   R->Dd[i] = (float)dd; /* subtracted from every dP of the row: summed in double */
 }
@@ -672,7 +670,7 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   const int64_t nseq = attn__seqs(p);
   j.pairs = nseq * p->Hk;
   j.grid_pairs = p->cu_q ? p->Hk : j.pairs; /* a sequence's grid is the one it has alone */
-  j.k_unit = p->k.strides[3] == 1;
+  j.k_unit = p->k.strides[3] == 1 && p->k.dtype == ATTN_F32; /* K's rows read in place by dS.K */
   /* the per-slot buffers hold the largest sequence's (every batch's, without a packed batch) */
   int64_t nk_max = 0, nblk_max = 0, nqp_max = 0, cn_max = 0, rk_max = 0, cr_max = 1;
   for (int64_t b = 0; b < (p->cu_q ? nseq : 1); b++) {
