@@ -15,6 +15,8 @@
  *                         (probabilities rounded to bf16 for p.v), checked on
  *                         one-block problems against a float64 emulation of
  *                         that rounding; 1 and 3 threads; poisoned outputs.
+ * amx also: the bf16 backward on the tiles (backward_tiles) and a bf16 KV
+ * cache's multi-row steps on them (kv_cache_tiles).
  * Hidden keys holding NaN/Inf on these tiles: test_hidden avx512bf16. */
 #include "testutil.h"
 
@@ -394,6 +396,67 @@ static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int 
   arena_free(a);
 }
 
+/* A KV cache in bf16 attended by bf16 queries with more rows per kv head than the decode kernel
+ * takes (a chunk of a prefill, or a wide GQA group): each row goes through the blocked forward, so
+ * the AMX tiles must run, and out agrees with the oracle on the cached values (BF16_OUT_BOUND).
+ * f32 queries under DEFAULT are widened (mixed dtypes), and under BF16 rounded onto the tiles. */
+static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
+  enum { B = 2, Hk = 2, Hq = 8, D = 64, Nq = 12, CAP = 300 };
+  const int64_t lens[B] = {150, 77};
+  arena a = {{0}, 0};
+  tu_rng r = {99};
+  attn_kv_cache_config kc;
+  attn_kv_cache_config_init(&kc, B, CAP, Hk, D);
+  kc.dtype = ATTN_BF16;
+  attn_kv_cache *cache;
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &cache, &kc));
+  const int64_t sk[4] = {B, Hk, 150, D}, sq[4] = {B, Hq, Nq, D}, so[4] = {B, Hq, Nq, D};
+  float *k = arena_alloc(&a, sizeof(float) * B * Hk * 150 * D), *v = arena_alloc(&a, sizeof(float) * B * Hk * 150 * D);
+  tu_fill_f32(&r, k, B * Hk * 150 * D, 1.5), tu_fill_f32(&r, v, B * Hk * 150 * D, 1);
+  attn_tensor tk = attn_tensor_view(k, ATTN_F32, 4, sk), tv = attn_tensor_view(v, ATTN_F32, 4, sk);
+  CHECK_OK(ctx, attn_kv_cache_append(ctx, cache, &tk, &tv, lens));
+  float *q32 = arena_alloc(&a, sizeof(float) * B * Hq * Nq * D);
+  uint16_t *q16 = arena_alloc(&a, sizeof(uint16_t) * B * Hq * Nq * D);
+  tu_fill_f32(&r, q32, B * Hq * Nq * D, 1.5);
+  for (int64_t e = 0; e < B * Hq * Nq * D; e++) q16[e] = tu_f32_to_bf16(q32[e]), q32[e] = tu_bf16_to_f32(q16[e]);
+  attn_tensor tq16 = attn_tensor_view(q16, ATTN_BF16, 4, sq), tq32 = attn_tensor_view(q32, ATTN_F32, 4, sq);
+  float *out = arena_alloc(&a, sizeof(float) * B * Hq * Nq * D);
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, so);
+  for (int c = 0; c < 3; c++) { /* bf16 q; f32 q under DEFAULT; f32 q under BF16 */
+    CHECK_OK(ctx, attn_ctx_set_precision(ctx, c == 2 ? ATTN_PRECISION_BF16 : ATTN_PRECISION_DEFAULT));
+    tu_poison_f32(out, B * Hq * Nq * D);
+    CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, NULL, c ? &tq32 : &tq16, NULL));
+    const int tiles = strstr(attn_ctx_plan(ctx), "bf16 tiles") != NULL;
+    CHECK(tiles == (c != 1), "kv cache, %s queries%s: bf16 tiles ran %d: %s", c ? "f32" : "bf16",
+          c == 2 ? " under bf16" : "", tiles, attn_ctx_plan(ctx));
+    /* the oracle on what the cache holds (the keys and values rounded to bf16), row by row */
+    for (int64_t b = 0; b < B; b++) {
+      const int64_t L = lens[b], skr[4] = {1, Hk, L, D}, sqr[4] = {1, Hq, Nq, D};
+      float *kr = arena_alloc(&a, sizeof(float) * Hk * L * D), *vr = arena_alloc(&a, sizeof(float) * Hk * L * D);
+      for (int64_t g = 0; g < Hk; g++)
+        for (int64_t j = 0; j < L * D; j++) {
+          kr[g * L * D + j] = tu_round_through(k[((b * Hk + g) * 150) * D + j], ATTN_BF16);
+          vr[g * L * D + j] = tu_round_through(v[((b * Hk + g) * 150) * D + j], ATTN_BF16);
+        }
+      double *ro = arena_alloc(&a, sizeof(double) * Hq * Nq * D);
+      attn_tensor tkr = attn_tensor_view(kr, ATTN_F32, 4, skr), tvr = attn_tensor_view(vr, ATTN_F32, 4, skr);
+      attn_tensor tqr = attn_tensor_view(q32 + b * Hq * Nq * D, ATTN_F32, 4, sqr);
+      attn_tensor tro = attn_tensor_view(ro, ATTN_F64, 4, sqr);
+      attn_sdpa_opts o;
+      attn_sdpa_opts_init(&o);
+      o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+      CHECK_OK(oracle, attn_sdpa_ref(oracle, &tro, NULL, NULL, &tqr, &tkr, &tvr, &o));
+      int bad = 0;
+      const double e = err_vs(out + b * Hq * Nq * D, ro, Hq * Nq * D, &bad);
+      CHECK(!bad && e <= (c == 1 ? F32_TOL : BF16_OUT_BOUND), "kv cache row %lld, case %d: out rel L2 %.3g",
+            (long long)b, c, e);
+    }
+  }
+  CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+  attn_kv_cache_destroy(cache);
+  arena_free(&a);
+}
+
 static int policy(void) {
   attn_ctx *ctx, *oracle;
   attn_ctx_create(&ctx);
@@ -487,6 +550,11 @@ int main(int argc, char **argv) {
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
       backward_tiles(ctx, oracle, &c, seed);
     }
+  }
+  if (kern == ATTN_KERNEL_AMX) {
+    attn_ctx_set_threads(ctx, 2);
+    CHECK_OK(ctx, attn_ctx_set_decode(ctx, 1)); /* the cache's own dispatch: too many rows for the decode kernel */
+    kv_cache_tiles(ctx, oracle);
   }
   attn_ctx_destroy(ctx);
   attn_ctx_destroy(oracle);
