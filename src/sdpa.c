@@ -2,7 +2,6 @@
 #include "internal.h"
 #include "logit.h"
 #include "opts.h"
-#include "cpu/kernels.h"
 
 #include <float.h>
 #include <stdio.h>

@@ -71,7 +71,7 @@ const attn__half_kernels *attn__dispatch_half(const attn__dispatch *d, const att
 /* The backward's policy: bf16 q, k and v (as the forward's DEFAULT and BF16
  * take them) on a set with backward tiles, for D and Dv the tiles take (dQ's
  * dS.K runs on pv with D as its columns). Everything else, f16 and f32 under
- * BF16 included, is widened to fp32 by the caller. */
+ * BF16 included, runs the fp32 backward, halves widened as they are packed. */
 const attn__half_kernels *attn__dispatch_half_backward(const attn__dispatch *d, const attn__sdpa *p) {
   const attn__half_kernels *h = d->half;
   if (!h || !h->pt_acc || d->precision == ATTN_PRECISION_FP32) return NULL;
