@@ -429,23 +429,18 @@ static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
     const int tiles = strstr(attn_ctx_plan(ctx), "bf16 tiles") != NULL;
     CHECK(tiles == (c != 1), "kv cache, %s queries%s: bf16 tiles ran %d: %s", c ? "f32" : "bf16",
           c == 2 ? " under bf16" : "", tiles, attn_ctx_plan(ctx));
-    /* the oracle on what the cache holds (the keys and values rounded to bf16), row by row */
+    /* the oracle on what the cache holds, row by row */
     for (int64_t b = 0; b < B; b++) {
-      const int64_t L = lens[b], skr[4] = {1, Hk, L, D}, sqr[4] = {1, Hq, Nq, D};
-      float *kr = arena_alloc(&a, sizeof(float) * Hk * L * D), *vr = arena_alloc(&a, sizeof(float) * Hk * L * D);
-      for (int64_t g = 0; g < Hk; g++)
-        for (int64_t j = 0; j < L * D; j++) {
-          kr[g * L * D + j] = tu_round_through(k[((b * Hk + g) * 150) * D + j], ATTN_BF16);
-          vr[g * L * D + j] = tu_round_through(v[((b * Hk + g) * 150) * D + j], ATTN_BF16);
-        }
+      const int64_t sqr[4] = {1, Hq, Nq, D};
+      attn_tensor kv, vv;
+      CHECK_OK(ctx, attn_kv_cache_view(ctx, &kv, &vv, cache, b));
       double *ro = arena_alloc(&a, sizeof(double) * Hq * Nq * D);
-      attn_tensor tkr = attn_tensor_view(kr, ATTN_F32, 4, skr), tvr = attn_tensor_view(vr, ATTN_F32, 4, skr);
       attn_tensor tqr = attn_tensor_view(q32 + b * Hq * Nq * D, ATTN_F32, 4, sqr);
       attn_tensor tro = attn_tensor_view(ro, ATTN_F64, 4, sqr);
       attn_sdpa_opts o;
       attn_sdpa_opts_init(&o);
       o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-      CHECK_OK(oracle, attn_sdpa_ref(oracle, &tro, NULL, NULL, &tqr, &tkr, &tvr, &o));
+      CHECK_OK(oracle, attn_sdpa_ref(oracle, &tro, NULL, NULL, &tqr, &kv, &vv, &o));
       int bad = 0;
       const double e = err_vs(out + b * Hq * Nq * D, ro, Hq * Nq * D, &bad);
       CHECK(!bad && e <= (c == 1 ? F32_TOL : BF16_OUT_BOUND), "kv cache row %lld, case %d: out rel L2 %.3g",
