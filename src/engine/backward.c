@@ -185,6 +185,19 @@ static void pass_item(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_t
  * multiple of 2048. */
 static int64_t t_ld(int64_t nqp) { return nqp + 32; }
 
+/* Keys j < nk of a gradient t (f32, f16 or bf16) from offset off = scale * T[c * nr + j], T a key block
+ * kept turned (C, nr). A head's keys are strides[2] apart, packed batch or not. */
+static void write_turned(const attn__half_kernels *hk, const attn_tensor *t, int64_t off, const float *T, int64_t C,
+                         int64_t nk, int nr, float scale) {
+  if (t->dtype == ATTN_F32 && t->strides[3] == 1) {
+    hk->t_out((float *)t->data + off, t->strides[2], T, C, nk, scale);
+    return;
+  }
+  for (int64_t jj = 0; jj < nk; jj++)
+    for (int64_t c = 0; c < C; c++)
+      attn__store_f32(t->data, t->dtype, off + jj * t->strides[2] + c * t->strides[3], T[c * nr + jj] * scale);
+}
+
 /* pass_item on the half tiles: query groups (ATTN__BWD_MAX_ROWS rows) in place of tiles, dK and dV kept
  * transposed, (D, NR) and (Dv, NR), in s->dK and s->dV, and dK's scale applied as a block is written. */
 static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_tensor *dv, float *dQc, float *dKr,
@@ -234,19 +247,8 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
       hk->t_out(dVr + j0 * Dv, Dv, s->dV, Dv, nk, 1.0f);
       continue;
     }
-    const int64_t ko = attn__koff(p, dk, b, g, j0), vo = attn__koff(p, dv, b, g, j0);
-    if (dk->dtype == ATTN_F32 && dk->strides[3] == 1) /* a head's keys are strides[2] apart, packed batch or not */
-      hk->t_out((float *)dk->data + ko, dk->strides[2], s->dK, D, nk, scale);
-    else
-      for (int64_t jj = 0; jj < nk; jj++)
-        for (int64_t d = 0; d < D; d++)
-          attn__store_f32(dk->data, dk->dtype, ko + jj * dk->strides[2] + d * dk->strides[3], s->dK[d * nr + jj] * scale);
-    if (dv->dtype == ATTN_F32 && dv->strides[3] == 1)
-      hk->t_out((float *)dv->data + vo, dv->strides[2], s->dV, Dv, nk, 1.0f);
-    else
-      for (int64_t jj = 0; jj < nk; jj++)
-        for (int64_t e = 0; e < Dv; e++)
-          attn__store_f32(dv->data, dv->dtype, vo + jj * dv->strides[2] + e * dv->strides[3], s->dV[e * nr + jj]);
+    write_turned(hk, dk, attn__koff(p, dk, b, g, j0), s->dK, D, nk, nr, scale);
+    write_turned(hk, dv, attn__koff(p, dv, b, g, j0), s->dV, Dv, nk, nr, 1.0f);
   }
 }
 
@@ -563,10 +565,26 @@ static void grid_run(const void *arg, void *scratch, int64_t round, int64_t firs
   }
 }
 
+/* t's n elements from off (strides[3] apart) = scale * sum_{r < R} part[r * stride + c], added in r
+ * order (64 columns at a time, so that the sums vectorise; each element still adds r = 0, 1, ...) */
+static void sum_parts(const attn_tensor *t, int64_t off, const float *part, int64_t stride, int64_t R, int64_t n,
+                      float scale) {
+  for (int64_t c0 = 0; c0 < n; c0 += 64) {
+    const int m = n - c0 < 64 ? (int)(n - c0) : 64;
+    float acc[64] = {0};
+    for (int64_t r = 0; r < R; r++)
+      for (int e = 0; e < m; e++) acc[e] += part[r * stride + c0 + e];
+    for (int e = 0; e < m; e++) acc[e] *= scale;
+    if (t->dtype == ATTN_F32 && t->strides[3] == 1)
+      memcpy((float *)t->data + off + c0, acc, (size_t)m * sizeof(float));
+    else
+      for (int e = 0; e < m; e++) attn__store_f32(t->data, t->dtype, off + (c0 + e) * t->strides[3], acc[e]);
+  }
+}
+
 static int64_t reduce_dq_items(const void *arg, int64_t round) { return round_items(arg, PH_DQ, round); }
 
-/* dq = scale * the chunks' partials, summed in chunk order (64 columns at a
- * time, so that the sums vectorise; each element still adds c = 0, 1, ...) */
+/* dq = scale * the chunks' partials, summed in chunk order */
 static void reduce_dq_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const bwd_job *j = arg;
@@ -588,37 +606,11 @@ static void reduce_dq_run(const void *arg, void *scratch, int64_t round, int64_t
       for (int64_t d = 0; d < D; d++) attn__store_f32(dq->data, dq->dtype, qo + d * sd, 0.0f);
       continue;
     }
-    for (int64_t d0 = 0; d0 < D; d0 += 64) {
-      const int n = D - d0 < 64 ? (int)(D - d0) : 64;
-      float acc[64] = {0};
-      for (int64_t c = 0; c < C; c++) {
-        const float *pc = part + c * cstride + d0;
-        for (int e2 = 0; e2 < n; e2++) acc[e2] += pc[e2];
-      }
-      if (dq->dtype == ATTN_F32)
-        for (int e2 = 0; e2 < n; e2++) ((float *)dq->data)[qo + (d0 + e2) * sd] = acc[e2] * scale;
-      else
-        for (int e2 = 0; e2 < n; e2++) attn__store_f32(dq->data, dq->dtype, qo + (d0 + e2) * sd, acc[e2] * scale);
-    }
+    sum_parts(dq, qo, part, cstride, C, D, scale);
   }
 }
 
 static int64_t reduce_dkv_items(const void *arg, int64_t round) { return round_items(arg, PH_DKV, round); }
-
-/* t's n elements from off (strides[3] apart) = sum_{r < R} part[r * stride + c], added in r order
- * (64 columns at a time, so that the sums vectorise) */
-static void sum_splits(const attn_tensor *t, int64_t off, const float *part, int64_t stride, int64_t R, int64_t n) {
-  for (int64_t c0 = 0; c0 < n; c0 += 64) {
-    const int m = n - c0 < 64 ? (int)(n - c0) : 64;
-    float acc[64] = {0};
-    for (int64_t r = 0; r < R; r++)
-      for (int e = 0; e < m; e++) acc[e] += part[r * stride + c0 + e];
-    if (t->dtype == ATTN_F32 && t->strides[3] == 1)
-      memcpy((float *)t->data + off + c0, acc, (size_t)m * sizeof(float));
-    else
-      for (int e = 0; e < m; e++) attn__store_f32(t->data, t->dtype, off + (c0 + e) * t->strides[3], acc[e]);
-  }
-}
 
 /* dk, dv = the splits' partials, summed in split order (zeros for keys no row sees) */
 static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
@@ -634,8 +626,8 @@ static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_
     const attn_tensor *dk = j->dk, *dv = j->dv;
     const int64_t ko = attn__koff(p, dk, b, g, jk), vo = attn__koff(p, dv, b, g, jk);
     const float *pk = j->dKp + slot * j->dk_size + jk * p->D, *pv = j->dVp + slot * j->dv_size + jk * p->Dv;
-    sum_splits(dk, ko, pk, e.nk * p->D, R, p->D);
-    sum_splits(dv, vo, pv, e.nk * p->Dv, R, p->Dv);
+    sum_parts(dk, ko, pk, e.nk * p->D, R, p->D, 1.0f);
+    sum_parts(dv, vo, pv, e.nk * p->Dv, R, p->Dv, 1.0f);
   }
 }
 
