@@ -279,6 +279,12 @@ const attn__cpu_kernels ATTN_TILE_SET = {ATTN_TILE_SET_NAME, MR, NR, qk_avx512, 
  * block of K or V widened once into d * q for all the rows of the call (up to
  * eight), q4_0 by a table lookup (vpermps), so that the FMAs the rows need, not
  * the dequantization, set the pace. */
+/* The read-ahead's cache level (a lab knob, as DEC_PF_BYTES). On the Xeon of
+ * BENCHMARKS.md, _MM_HINT_T1 (to L2) took f16 steps 8-10% faster and f32 3%;
+ * not measured on Zen 5, where T0 was tuned, so T0 stays. */
+#ifndef DEC_PF_HINT
+#define DEC_PF_HINT _MM_HINT_T0
+#endif
 #define DEC_NAME(x) x##_avx512
 #define DEC_OWN_QK_PV
 #include "../decode_generic.inc"
@@ -339,25 +345,36 @@ static inline __attribute__((always_inline)) void widen_block(const uint8_t *blk
   }
 }
 
+/* The RR x KG dot products of keys [j0, j0 + KG) (acc[j * RR + r]) reduced in
+ * one shuffle tree, lane r * KG + j holding row r's key j, so that each row's
+ * run of keys is one masked store into S (keys past nkeys are not stored). */
+static inline __attribute__((always_inline)) void store_dots(float *S, const __m512 acc[16], const int RR,
+                                                             const int KG, int j0, int nkeys) {
+  __m512 v[16];
+  for (int e = 0; e < 16; e++) v[SLOT(e)] = e < RR * KG ? acc[(e % KG) * RR + e / KG] : _mm512_setzero_ps();
+  const __m512 dots = reduce16_add(v);
+  const __mmask16 keys = lanes16(nkeys - j0) & (__mmask16)((1u << KG) - 1);
+  for (int r = 0; r < RR; r++) /* lane r * KG + j to S[r][j0 + j]; the base stays inside S, as r * KG < ATTN__DEC_NB */
+    _mm512_mask_storeu_ps(S + r * ATTN__DEC_NB + j0 - r * KG, (__mmask16)(keys << (r * KG)), dots);
+}
+
 /* RR rows (1..4) against KG = 16 / RR keys at a time, as dec_qk_rows, in steps
  * of a block: each key's block is widened once for the RR rows, and each half
- * of a row's query block loaded once for the KG keys. */
+ * of a row's query block loaded once for the KG keys. The rows pf ahead are
+ * asked for block by block, between the FMAs, rather than in a loop of their own. */
 static inline __attribute__((always_inline)) void dec_qk_qrows(float *S, const float *Q, const int RR,
                                                                const uint8_t *K, int64_t ldk, int nkeys, int64_t D,
                                                                attn_dtype dt) {
   const int KG = 16 / RR;
   const size_t bb = attn__qblock_bytes(dt), bytes = attn__row_bytes(dt, D);
-  const int64_t pf = pf_rows_avx512((int64_t)bytes);
+  const int64_t ahead = pf_rows_avx512((int64_t)bytes) * ldk;
   for (int j0 = 0; j0 < nkeys; j0 += KG) {
     const uint8_t *row[16]; /* keys past nkeys repeat the last one: their dot products are not stored */
     for (int j = 0; j < KG; j++) row[j] = K + (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
-    for (int j = 0; j < KG; j++) {
-      const char *pr = (const char *)K + (j0 + j + pf) * ldk;
-      for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, _MM_HINT_T0);
-    }
     __m512 acc[16];
     for (int e = 0; e < 16; e++) acc[e] = _mm512_setzero_ps();
     for (int64_t c = 0, o = 0; c < D; c += ATTN__QK, o += (int64_t)bb) {
+      for (int j = 0; j < KG; j++) _mm_prefetch((const char *)row[j] + ahead + o, DEC_PF_HINT);
       if (KG >= 8) { /* 1-2 rows: the block's queries stay in registers, each key's block is used at once */
         const __m512 q0[2] = {_mm512_loadu_ps(Q + c), _mm512_loadu_ps(Q + (RR - 1) * D + c)};
         const __m512 q1[2] = {_mm512_loadu_ps(Q + c + 16), _mm512_loadu_ps(Q + (RR - 1) * D + c + 16)};
@@ -380,12 +397,7 @@ static inline __attribute__((always_inline)) void dec_qk_qrows(float *S, const f
         }
       }
     }
-    __m512 v[16];
-    for (int e = 0; e < 16; e++) v[SLOT(e)] = acc[e];
-    float dots[16];
-    _mm512_storeu_ps(dots, reduce16_add(v));
-    for (int j = 0; j < KG && j0 + j < nkeys; j++)
-      for (int r = 0; r < RR; r++) S[r * ATTN__DEC_NB + j0 + j] = dots[j * RR + r];
+    store_dots(S, acc, RR, KG, j0, nkeys);
   }
 }
 
@@ -408,7 +420,7 @@ static inline __attribute__((always_inline)) void dec_pv_qpass(float *O, const f
   const uint8_t *vb = V + (c0 / ATTN__QK) * (int64_t)bb;
   for (int j = 0; j < nkeys; j++, vb += ldv) {
     if (PF)
-      for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)V + (j + pf) * ldv + off, _MM_HINT_T0);
+      for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)V + (j + pf) * ldv + off, DEC_PF_HINT);
     __m512 vv[8];
     for (int b = 0; b < NB; b++) widen_block(vb + b * (int64_t)bb, dt, &vv[2 * b], &vv[2 * b + 1]);
     for (int r = 0; r < RR; r++) {
@@ -459,25 +471,23 @@ static inline __attribute__((always_inline)) void dec_pv_qgroup(float *O, const 
 
 /* RR rows (1..8) against KG = 16 / RR keys at a time: the RR x KG dot products
  * fill the sixteen accumulators, so each K element is loaded (and widened)
- * once for every row of the group, and one shuffle tree reduces them all. */
+ * once for every row of the group, and one shuffle tree reduces them all.
+ * Each step of 16 columns asks for the same line pf rows ahead (halves: every
+ * other step, a line holding 32 of them). */
 static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const float *Q, const int RR, const void *K,
                                                               int64_t ldk, int nkeys, int64_t D, attn_dtype dt) {
   const int KG = 16 / RR;
+  const size_t es = ld_unit(dt);
+  const int64_t ahead = pf_rows_avx512((int64_t)row_bytes_of(dt, D)) * ldk * (int64_t)es;
   for (int j0 = 0; j0 < nkeys; j0 += KG) {
     int64_t row[16]; /* keys past nkeys repeat the last one: their dot products are not stored */
     for (int j = 0; j < KG; j++) row[j] = (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
-    {
-      const size_t es = ld_unit(dt), bytes = row_bytes_of(dt, D);
-      const int64_t pf = pf_rows_avx512((int64_t)bytes);
-      for (int j = 0; j < KG; j++) {
-        const char *pr = (const char *)K + (size_t)((j0 + j + pf) * ldk) * es;
-        for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, _MM_HINT_T0);
-      }
-    }
     __m512 acc[16];
     for (int e = 0; e < 16; e++) acc[e] = _mm512_setzero_ps();
     for (int64_t c = 0; c < D; c += 16) {
       const __mmask16 m = lanes16(D - c);
+      if (es == 4 || !(c & 16))
+        for (int j = 0; j < KG; j++) _mm_prefetch((const char *)K + (row[j] + c) * (int64_t)es + ahead, DEC_PF_HINT);
       __m512 kv[16];
       for (int j = 0; j < KG; j++) kv[j] = load_kv(K, row[j], c, m, dt);
       for (int r = 0; r < RR; r++) {
@@ -485,12 +495,7 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
         for (int j = 0; j < KG; j++) acc[j * RR + r] = _mm512_fmadd_ps(qv, kv[j], acc[j * RR + r]);
       }
     }
-    __m512 v[16];
-    for (int e = 0; e < 16; e++) v[SLOT(e)] = acc[e];
-    float dots[16];
-    _mm512_storeu_ps(dots, reduce16_add(v));
-    for (int j = 0; j < KG && j0 + j < nkeys; j++)
-      for (int r = 0; r < RR; r++) S[r * ATTN__DEC_NB + j0 + j] = dots[j * RR + r];
+    store_dots(S, acc, RR, KG, j0, nkeys);
   }
 }
 
@@ -530,7 +535,7 @@ static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const fl
       if (c0 == 0) {
         const size_t es = ld_unit(dt), bytes = row_bytes_of(dt, Dv);
         const char *pr = (const char *)V + (size_t)((j + pf_rows_avx512((int64_t)bytes)) * ldv) * es;
-        for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, _MM_HINT_T0);
+        for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, DEC_PF_HINT);
       }
       __m512 vv[4];
       for (int w = 0; w < 4; w++) vv[w] = load_kv(V, j * ldv, c0 + 16 * w, mk[w], dt);
