@@ -179,6 +179,13 @@ ATTN_API int attn_kernel_supported(attn_kernel kernel);
 ATTN_API const char *attn_ctx_plan(attn_ctx *ctx);
 /* The message of the last failed call on ctx ("" if none). Valid until the next call. */
 ATTN_API const char *attn_ctx_error(const attn_ctx *ctx);
+/* Records a failure on ctx as the library's own calls do (printf-style
+ * message) and returns status: for libraries built on this one (attn_mpi.h). */
+ATTN_API attn_status attn_ctx_fail(attn_ctx *ctx, attn_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 
 /* ---- tensors --------------------------------------------------------------- */
 typedef enum attn_dtype {
@@ -304,6 +311,14 @@ typedef struct attn_sdpa_opts {
    * output. NULL / 0 = off (num_seqs must then be 0). */
   const int64_t *cu_seqlens_q, *cu_seqlens_k;
   int64_t num_seqs;
+  /* A shard of a longer sequence (sequence parallelism, attn_mpi.h): the
+   * global positions of query row 0 and of key 0. Every position-dependent
+   * option then counts globally: row i sits at q_offset + i' and key j at
+   * k_offset + j for the causal bound, the window and ALiBi, and dropout's
+   * entry is (b, h, q_offset + i, k_offset + j), so shards computed apart and
+   * merged by their lse give the whole sequence's result. 0 <= each <= 2^48;
+   * 0 = off. Refused with a packed batch (cu_seqlens) and by the KV caches. */
+  int64_t q_offset, k_offset;
 } attn_sdpa_opts;
 
 /* The ALiBi paper's slopes for heads heads into slopes[0..heads): for a power

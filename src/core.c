@@ -49,6 +49,16 @@ attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...) 
   return status;
 }
 
+attn_status attn_ctx_fail(attn_ctx *ctx, attn_status status, const char *fmt, ...) {
+  if (ctx) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->msg, sizeof ctx->msg, fmt, ap);
+    va_end(ap);
+  }
+  return status;
+}
+
 /* Bit k: kernel k runs on this CPU and build (CPUID, slow in a VM: once per context). */
 static unsigned supported_kernels(void) {
   unsigned supported = 0;

@@ -50,9 +50,15 @@ attn_status attn__logit_prepare(attn_ctx *ctx, attn__sdpa *p, const attn_sdpa_op
       opts->causal != ATTN_CAUSAL_BOTTOM_RIGHT)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown causal mode %d", (int)opts->causal);
   p->causal = opts->causal;
+  const int64_t max_offset = (int64_t)1 << 48;
+  if (opts->q_offset < 0 || opts->q_offset > max_offset || opts->k_offset < 0 || opts->k_offset > max_offset)
+    return attn__fail(ctx, ATTN_E_INVALID, "q_offset and k_offset must be in [0, 2^48], got %lld and %lld",
+                      (long long)opts->q_offset, (long long)opts->k_offset);
+  p->q_offset = opts->q_offset, p->k_offset = opts->k_offset;
   if (opts->window < 0) return attn__fail(ctx, ATTN_E_INVALID, "window must be >= 0 (0 = off), got %lld", (long long)opts->window);
   /* a window past every position hides nothing more: capping it keeps i' - window from overflowing */
-  const int64_t no_op_window = (p->Nk > p->Nq ? p->Nk : p->Nq) + 1;
+  const int64_t shift = p->q_offset > p->k_offset ? p->q_offset - p->k_offset : p->k_offset - p->q_offset;
+  const int64_t no_op_window = (p->Nk > p->Nq ? p->Nk : p->Nq) + shift + 1;
   p->window = opts->window < no_op_window ? opts->window : no_op_window;
   if (p->window > 0 && p->causal == ATTN_CAUSAL_NONE) p->causal = ATTN_CAUSAL_TOP_LEFT;
   if (!(opts->softcap >= 0) || !isfinite(opts->softcap))

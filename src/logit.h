@@ -74,6 +74,8 @@ struct attn__sdpa {
    * rows start at cu_q[b] and keys at cu_k[b] along dim 2. NULL: off. */
   const int64_t *cu_q, *cu_k;
   int64_t nseq;
+  /* attn_sdpa_opts.q_offset, k_offset: global positions of row 0 and key 0 (a shard). */
+  int64_t q_offset, k_offset;
 };
 
 /* Fills p's logit options from opts (scale, causal, window, softcap, ALiBi,
@@ -147,9 +149,16 @@ static inline int64_t attn__keys(const attn__sdpa *p, int64_t b) {
   return p->kv_len ? p->kv_len[b] : attn__key_rows(p, b);
 }
 
-/* Query row i's position among its keys (the causal alignment in use). */
+/* Query row i's position among its keys (the causal alignment in use; a
+ * shard's rows and keys counted from their global offsets). */
 static inline int64_t attn__qpos(const attn__sdpa *p, int64_t b, int64_t i) {
-  return p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + attn__keys(p, b) - attn__queries(p, b) : i;
+  const int64_t shift = p->q_offset - p->k_offset;
+  return shift + (p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + attn__keys(p, b) - attn__queries(p, b) : i);
+}
+
+/* Dropout's decision for (b, h, i, j), at the shard's global positions. */
+static inline int attn__dropout_kept(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  return attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, p->q_offset + i, p->k_offset + j);
 }
 
 /* The end (exclusive) of row i's band: the causal bound, or the row's keys. */

@@ -115,6 +115,9 @@ static attn_status prepare_varlen(attn_ctx *ctx, attn__sdpa *p, const attn_sdpa_
   if (weights)
     return attn__fail(ctx, ATTN_E_UNSUPPORTED, "a packed batch (cu_seqlens_q) has no weights output: run the "
                       "sequence alone for its weights");
+  if (o->q_offset || o->k_offset)
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "a packed batch (cu_seqlens_q) takes no q_offset or k_offset: each "
+                      "sequence counts its positions from its own start");
   p->cu_q = o->cu_seqlens_q;
   p->cu_k = o->cu_seqlens_k ? o->cu_seqlens_k : o->cu_seqlens_q;
   p->nseq = o->num_seqs;

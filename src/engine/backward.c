@@ -112,7 +112,7 @@ static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, 
     float *M = s->Mb; /* free again: the mask is in S */
     for (int r = 0; r < mr; r++)
       for (int jj = 0; jj < nr; jj++)
-        M[r * nr + jj] = r < rows && jj < nk && attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i0 + r, j0 + jj)
+        M[r * nr + jj] = r < rows && jj < nk && attn__dropout_kept(p, b, h, i0 + r, j0 + jj)
                              ? keep_scale : 0.0f;
     for (int e = 0; e < mr * nr; e++) dP[e] *= M[e];
     kn->ds(S, dP, R->Dd + i0);

@@ -227,7 +227,7 @@ static void tile_weights(const fwd_job *j, fwd_scratch *s, const tile_state *ts,
         float *dst = wd + b * w->strides[0] + h * w->strides[1] + (ts->i0 + r) * w->strides[2];
         for (int64_t jj = 0; jj < nk; jj++)
           dst[(j0 + jj) * w->strides[3]] *=
-              attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, ts->i0 + r, j0 + jj) ? (float)(1.0 / (1.0 - p->dropout_p)) : 0.0f;
+              attn__dropout_kept(p, b, h, ts->i0 + r, j0 + jj) ? (float)(1.0 / (1.0 - p->dropout_p)) : 0.0f;
       }
     }
   }
@@ -240,7 +240,7 @@ static void dropout_tile(const attn__sdpa *p, float *P, int nr, int64_t b, int64
   const int64_t nk = attn__key_rows(p, b);
   for (int r = 0; r < rows; r++)
     for (int jj = 0; jj < nr && j0 + jj < nk; jj++)
-      P[r * nr + jj] *= attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i0 + r, j0 + jj) ? keep_scale : 0.0f;
+      P[r * nr + jj] *= attn__dropout_kept(p, b, h, i0 + r, j0 + jj) ? keep_scale : 0.0f;
 }
 
 // Query block: `count` tiles of MR rows from row i0 of head h, against the packed keys of its kv head.

@@ -45,7 +45,7 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
     /* Dropout on the probabilities: w * keep / (1 - p), so a NaN weight stays NaN even when
      * dropped (as in PyTorch); lse stays that of the softmax. */
     for (int64_t j = 0; j < nk; j++) {
-      const double keep = attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, i, j);
+      const double keep = attn__dropout_kept(p, b, h, i, j);
       logits[j] = logits[j] * keep / (1 - p->dropout_p);
     }
   }
