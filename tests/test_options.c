@@ -800,6 +800,15 @@ static void argument_checks(attn_ctx *ctx) {
     EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_DTYPE, "f64 slopes");
     attn_sdpa_opts_init(&o); o.sinks = &three;
     EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_SHAPE, "3 sinks for 2 heads");
+    attn_sdpa_opts_init(&o); o.q_offset = -1;
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_INVALID, "negative q_offset");
+    attn_sdpa_opts_init(&o); o.k_offset = ((int64_t)1 << 48) + 1;
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_INVALID, "k_offset past 2^48");
+    {
+      const int64_t cu[2] = {0, 5};
+      attn_sdpa_opts_init(&o); o.cu_seqlens_q = cu, o.num_seqs = 1, o.q_offset = 3;
+      EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_UNSUPPORTED, "q_offset in a packed batch");
+    }
     attn_sdpa_opts_init(&o);
     CHECK_OK(ctx, attn_sdpa(ctx, &out, &lse, NULL, &q, &k, &v, &o));
     attn_sdpa_opts_init(&o);
@@ -811,6 +820,51 @@ static void argument_checks(attn_ctx *ctx) {
            "3 sinks_grad for 2 heads");
   }
 #undef EXPECT
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
+  arena_free(&a);
+}
+
+/* A shard's rows against part of the keys, at their global positions
+ * (q_offset, k_offset), give the whole sequence's rows: causal, window, ALiBi
+ * and dropout all count globally. Rows [30, 70) of 70 see keys from
+ * 30 - window + 1 = 11 on, so keys [11, 70) are all they need. */
+static void shard_offsets(attn_ctx *ctx) {
+  arena a = {{0}, 0};
+  tu_rng r = {77};
+  const int64_t N = 70, H = 2, D = 16, q0 = 30, k0 = 11, s4[4] = {1, H, N, D}, ls[3] = {1, H, N};
+  const attn_tensor q = make4(&a, &r, s4, ATTN_F32, 0, 1), k = make4(&a, &r, s4, ATTN_F32, 0, 1);
+  const attn_tensor v = make4(&a, &r, s4, ATTN_F32, 0, 1);
+  attn_tensor ref = make4(&a, &r, s4, ATTN_F32, 0, 0), ref_lse = attn_tensor_view(arena_alloc(&a, 4 * H * N), ATTN_F32, 3, ls);
+  attn_tensor slopes = make_vec(&a, H, ATTN_F32);
+  CHECK_OK(ctx, attn_alibi_slopes(slopes.data, H));
+  attn_sdpa_opts o;
+  attn_sdpa_opts_init(&o);
+  o.causal = ATTN_CAUSAL_TOP_LEFT, o.window = 20, o.alibi_slopes = &slopes, o.dropout_p = 0.15, o.dropout_seed = 9;
+  CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF));
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &ref, &ref_lse, NULL, &q, &k, &v, &o));
+  for (size_t ki = 0; ki <= sizeof kernels / sizeof kernels[0]; ki++) {
+    const attn_kernel kern = ki < sizeof kernels / sizeof kernels[0] ? kernels[ki] : ATTN_KERNEL_REF;
+    if (!attn_kernel_supported(kern)) continue;
+    CHECK_OK(ctx, attn_ctx_set_kernel(ctx, kern));
+    attn_tensor qs = q, ks = k, vs = v;
+    qs.data = (float *)q.data + q0 * D, qs.shape[2] = N - q0;
+    ks.data = (float *)k.data + k0 * D, ks.shape[2] = N - k0;
+    vs.data = (float *)v.data + k0 * D, vs.shape[2] = N - k0;
+    const int64_t so[4] = {1, H, N - q0, D}, sl[3] = {1, H, N - q0};
+    attn_tensor out = make4(&a, &r, so, ATTN_F32, 0, 0), lse = attn_tensor_view(arena_alloc(&a, 4 * H * N), ATTN_F32, 3, sl);
+    poison(&out);
+    attn_sdpa_opts p = o;
+    p.q_offset = q0, p.k_offset = k0;
+    CHECK_OK(ctx, attn_sdpa(ctx, &out, &lse, NULL, &qs, &ks, &vs, &p));
+    attn_tensor rs = ref, rl = ref_lse;
+    rs.data = (float *)ref.data + q0 * D, rs.shape[2] = N - q0;
+    rl.data = (float *)ref_lse.data + q0, rl.shape[2] = N - q0;
+    double *x = tu_to_f64(&out), *y = tu_to_f64(&rs), *xl = tu_to_f64(&lse), *yl = tu_to_f64(&rl);
+    const double e = tu_rel_l2(x, y, attn_tensor_numel(&out)), el = tu_rel_l2(xl, yl, attn_tensor_numel(&lse));
+    CHECK(e <= 1e-6 && el <= 1e-6, "kernel %s: a shard at offsets (%lld, %lld): out %.2e, lse %.2e",
+          attn_kernel_name(kern), (long long)q0, (long long)k0, e, el);
+    free(x), free(y), free(xl), free(yl);
+  }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
   arena_free(&a);
 }
@@ -837,6 +891,7 @@ int main(int argc, char **argv) {
   alibi_slopes();
   fast_tanh();
   argument_checks(ctx);
+  shard_offsets(ctx);
   oracle_vs_plain(ctx);
   options_as_masks(ctx);
   dead_rows_with_sinks(ctx);
