@@ -222,7 +222,11 @@ static void refusals(attn_ctx *ctx) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  /* "serialized": the ring's helper thread moves the blocks (else polls between calls) */
+  const int serialized = argc > 1 && !strcmp(argv[1], "serialized");
+  int level;
+  if (serialized) MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &level);
+  else MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &R);
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   attn_ctx *ctx;

@@ -13,10 +13,13 @@
 #include "attn_mpi.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MSG_LEN 512
 
@@ -386,6 +389,55 @@ static attn_tensor f32_view(float *data, int rank, int64_t a, int64_t b, int64_t
 }
 
 /* ---- ring and zigzag ---------------------------------------------------------------- */
+/* Open MPI's TCP transport moves a message only inside MPI calls, so a block
+ * in flight would travel only once the current one is computed. Where MPI
+ * was initialised with MPI_THREAD_SERIALIZED or MULTIPLE, a helper thread
+ * calls MPI_Testall every 50 us while the rank computes (the computing
+ * threads make no MPI call meanwhile, and the helper is joined before the
+ * next one); else the ring polls between attn_sdpa calls of POLL_ROWS query
+ * rows (more calls would repack K and V more often). */
+#define POLL_ROWS 1024
+
+typedef struct pump {
+  MPI_Request *req;
+  int nreq, threaded;
+  atomic_int stop;
+  pthread_t thread;
+} pump;
+
+static void *pump_loop(void *arg) {
+  pump *p = arg;
+  const struct timespec pause = {0, 50000};
+  while (!atomic_load(&p->stop)) {
+    int done = 0;
+    MPI_Testall(p->nreq, p->req, &done, MPI_STATUSES_IGNORE);
+    if (done) break;
+    nanosleep(&pause, NULL);
+  }
+  return NULL;
+}
+
+static void pump_start(pump *p, MPI_Request *req, int nreq) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  p->req = req, p->nreq = nreq, p->threaded = 0;
+  atomic_store(&p->stop, 0);
+  if (nreq && level >= MPI_THREAD_SERIALIZED) p->threaded = pthread_create(&p->thread, NULL, pump_loop, p) == 0;
+}
+
+/* Between the calls of a step: a poll, unless the helper thread is pumping. */
+static void progress(pump *p) {
+  int done;
+  if (p->nreq && !p->threaded) MPI_Testall(p->nreq, p->req, &done, MPI_STATUSES_IGNORE);
+}
+
+static void pump_stop(pump *p) {
+  if (!p->threaded) return;
+  atomic_store(&p->stop, 1);
+  pthread_join(p->thread, NULL);
+  p->threaded = 0;
+}
+
 static attn_status ring_forward(attn_ctx *ctx, MPI_Comm comm, const plan *pl, attn_tensor *out, attn_tensor *lse,
                                 const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                                 const attn_sdpa_opts *o) {
@@ -413,19 +465,26 @@ static attn_status ring_forward(attn_ctx *ctx, MPI_Comm comm, const plan *pl, at
       MPI_Irecv(bl[cur ^ 1].mem, (int)bl[cur ^ 1].kv_bytes, MPI_BYTE, (r - 1 + P) % P, 7, comm, &req[nreq++]);
       MPI_Isend(bl[cur].mem, (int)bl[cur].kv_bytes, MPI_BYTE, (r + 1) % P, 7, comm, &req[nreq++]);
     }
+    pump pm;
+    pump_start(&pm, req, nreq);
     const shard *theirs = &pl->shards[src];
     for (int a = 0; a < mine->nseg && !st; a++)
-      for (int c = 0; c < theirs->nseg && !st; c++) {
-        const segment *qs = &mine->seg[a], *ks = &theirs->seg[c];
-        if (!pair_visible(qs, ks, o)) continue;
-        const attn_tensor qv = rows_of(q, qs->local, qs->rows), kv = block_k(&bl[cur], pl, ks->local, ks->rows),
-                          vv = block_v(&bl[cur], pl, ks->local, ks->rows);
-        const attn_tensor kp = block_kp(&bl[cur], pl, ks->local, ks->rows);
-        const attn_sdpa_opts po_opts = piece_opts(o, qs, ks, o->key_padding ? &kp : NULL);
-        attn_tensor ov = f32_view(po, 4, B, Hq, qs->rows, Dv), lv = f32_view(pls, 3, B, Hq, qs->rows, 0);
-        st = attn_sdpa(ctx, &ov, &lv, NULL, &qv, &kv, &vv, &po_opts);
-        if (!st) merge(acc, acc_lse, po, pls, pl, n, qs->local, qs->rows);
-      }
+      for (int c = 0; c < theirs->nseg && !st; c++)
+        for (int64_t i0 = 0; i0 < mine->seg[a].rows && !st; i0 += POLL_ROWS) {
+          const segment *ks = &theirs->seg[c], *whole = &mine->seg[a];
+          const segment qpart = {whole->global + i0, whole->local + i0,
+                                 whole->rows - i0 < POLL_ROWS ? whole->rows - i0 : POLL_ROWS}, *qs = &qpart;
+          if (!pair_visible(qs, ks, o)) continue;
+          const attn_tensor qv = rows_of(q, qs->local, qs->rows), kv = block_k(&bl[cur], pl, ks->local, ks->rows),
+                            vv = block_v(&bl[cur], pl, ks->local, ks->rows);
+          const attn_tensor kp = block_kp(&bl[cur], pl, ks->local, ks->rows);
+          const attn_sdpa_opts po_opts = piece_opts(o, qs, ks, o->key_padding ? &kp : NULL);
+          attn_tensor ov = f32_view(po, 4, B, Hq, qs->rows, Dv), lv = f32_view(pls, 3, B, Hq, qs->rows, 0);
+          st = attn_sdpa(ctx, &ov, &lv, NULL, &qv, &kv, &vv, &po_opts);
+          if (!st) merge(acc, acc_lse, po, pls, pl, n, qs->local, qs->rows);
+          progress(&pm);
+        }
+    pump_stop(&pm);
     if (nreq) MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE);
   }
   if ((st = agree(ctx, comm, st))) goto done;
@@ -506,10 +565,15 @@ static attn_status ring_backward(attn_ctx *ctx, MPI_Comm comm, const plan *pl, a
       MPI_Irecv(bl[cur ^ 1].mem, (int)bl[cur ^ 1].kv_bytes, MPI_BYTE, (r - 1 + P) % P, 8, comm, &req[nreq++]);
       MPI_Isend(bl[cur].mem, (int)bl[cur].kv_bytes, MPI_BYTE, (r + 1) % P, 8, comm, &req[nreq++]);
     }
+    pump pm;
+    pump_start(&pm, req, nreq);
     const shard *theirs = &pl->shards[src];
     for (int a = 0; a < mine->nseg && !st; a++)
-      for (int c = 0; c < theirs->nseg && !st; c++) {
-        const segment *qs = &mine->seg[a], *ks = &theirs->seg[c];
+      for (int c = 0; c < theirs->nseg && !st; c++)
+        for (int64_t i0 = 0; i0 < mine->seg[a].rows && !st; i0 += POLL_ROWS) {
+        const segment *ks = &theirs->seg[c], *whole = &mine->seg[a];
+        const segment qpart = {whole->global + i0, whole->local + i0,
+                               whole->rows - i0 < POLL_ROWS ? whole->rows - i0 : POLL_ROWS}, *qs = &qpart;
         if (!pair_visible(qs, ks, o)) continue;
         const attn_tensor qv = rows_of(q, qs->local, qs->rows), ov = rows_of(out, qs->local, qs->rows),
                           gv = rows_of(dout, qs->local, qs->rows), lv = rows_of3(lse, qs->local, qs->rows);
@@ -523,7 +587,9 @@ static attn_status ring_backward(attn_ctx *ctx, MPI_Comm comm, const plan *pl, a
         add_rows(dq_acc, nn, pq, B * Hq, qs->local, qs->rows, D);
         add_rows((float *)(bl[cur].mem + bl[cur].dk_off), bl[cur].cap, pk, B * Hk, ks->local, ks->rows, D);
         add_rows((float *)(bl[cur].mem + bl[cur].dv_off), bl[cur].cap, pv, B * Hk, ks->local, ks->rows, Dv);
+        progress(&pm);
       }
+    pump_stop(&pm);
     if (nreq) MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE);
     /* the block's gradients to the next rank; after the last step that is the block's owner */
     const int into = cur ^ 1;
