@@ -104,6 +104,27 @@ if command -v pkg-config >/dev/null 2>&1; then
   else
     bad "pkg-config, static: compile or link failed: $cc $cflags main.c $slibs"
   fi
+  # libattn_mpi, where the build made it: attn_mpi.pc brings attn's and MPI's flags along
+  if [ -n "$(find "$prefix" -name attn_mpi.pc | head -1)" ]; then
+    cat >"$work/src/mpi_main.c" <<'EOF'
+#include <attn_mpi.h>
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int64_t rg[4];
+  const int ok = attn_mpi_zigzag_range(10, 2, 1, rg) == ATTN_OK && rg[0] == 3 && rg[1] == 6 && rg[2] == 6 &&
+                 rg[3] == 8 && attn_mpi_auto_strategy(4, 2, 0) == ATTN_MPI_ULYSSES;
+  MPI_Finalize();
+  return ok ? 0 : 1;
+}
+EOF
+    mcflags=$(pkg-config --cflags attn_mpi) && mlibs=$(pkg-config --libs attn_mpi) || bad "pkg-config cannot read attn_mpi.pc"
+    # shellcheck disable=SC2086
+    if "$cc" $mcflags "$work/src/mpi_main.c" -o "$work/pc_mpi" $mlibs -Wl,-rpath,"$libdir"; then
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$work/pc_mpi" || bad "pkg-config, attn_mpi: the program failed"
+    else
+      bad "pkg-config, attn_mpi: compile or link failed: $cc $mcflags mpi_main.c $mlibs"
+    fi
+  fi
 else
   echo "pkg-config not found: the pkg-config half is skipped"
   skipped=1

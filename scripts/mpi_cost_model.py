@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Cost model of libattn_mpi's strategies (ring, zigzag, ulysses), forward and
+backward, and its check against measured runs.
+
+  scripts/mpi_cost_model.py predict --ranks 8 --seq 131072 --heads 32 --kv-heads 8 --dim 128 \
+      --gflops 2000 --gbits 25 --latency-us 20 [--causal] [--bytes 2]
+  scripts/mpi_cost_model.py check RESULTS.json       measured runs (scripts/bench_mpi.py) against the model
+  scripts/mpi_cost_model.py plot OUT.png             predicted efficiency against P for a few link speeds
+
+The model, per rank (P ranks of F FLOP/s each; links of beta bytes/s each way
+and alpha seconds of latency; a shard of n = N / P tokens; e bytes a value):
+  a block   K and V of a shard: 2 B Hk n D e bytes; its forward work on one
+            shard's queries: 4 B H n^2 D flops (a causal diagonal block half).
+  ring      P steps; step s computes one block while the next travels (sent
+            before, moved by the helper thread): max(compute, alpha + bytes / beta),
+            the last step without a transfer. Causal: every step waits for the
+            rank with the most work, a full block from step 1 on: P - 1/2 blocks
+            of time for P/2 of work.
+  zigzag    the ring with every step holding half a block of causal work on every
+            rank: P/2 blocks of time.
+  backward  2.5 times the forward's flops a step; K and V travel ahead as in the
+            forward, but dK and dV (f32) are sent after the step's computation
+            and waited for, so they add alpha + 2 B Hk n D 4 / beta a step.
+  ulysses   all-to-alls of q, k, v in and of out (f32) and lse back, (P - 1)/P
+            of each rank's shard each way, not overlapped; the computation is
+            the whole sequence for H / P heads (causal: half), perfectly balanced.
+            Backward: q, k, v, out, dout and lse in, dq, dk, dv (f32) back.
+Efficiency is the ideal time, total flops / (P F), over the predicted time.
+F comes from one rank alone (measured: `attn-mpi-bench -np 1 --strategy none`).
+"""
+import argparse
+import json
+import os
+import sys
+
+
+def predict(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e=4, backward=False):
+    """Seconds for one call (forward, or forward + backward) and the ideal time."""
+    n = N / P
+    blk_flops = 4.0 * B * H * n * n * D
+    kv_bytes = 2.0 * B * Hk * n * D * e
+    total_flops = 4.0 * B * H * N * N * D * (0.5 if causal else 1.0)
+    bwd = 2.5
+    ideal = total_flops / (P * F) * (1 + (bwd if backward else 0))
+    if P == 1:
+        return ideal, ideal
+    if strategy in ("ring", "zigzag"):
+        def steps(flop_scale, extra_after):
+            t = 0.0
+            for s in range(P):
+                if not causal:
+                    work = 1.0
+                elif strategy == "zigzag":
+                    work = 0.5
+                else:
+                    work = 0.5 if s == 0 else 1.0
+                comp = work * blk_flops * flop_scale / F
+                comm = alpha + kv_bytes / beta if s < P - 1 else 0.0
+                t += max(comp, comm) + extra_after
+            return t
+        t = steps(1.0, 0.0)
+        if backward:
+            dkv = alpha + 2.0 * B * Hk * n * D * 4 / beta
+            t += steps(bwd, dkv)
+        return t, ideal
+    if strategy == "ulysses":
+        frac = (P - 1) / P
+        a2a = lambda nbytes: (P - 1) * alpha + frac * nbytes / beta
+        q_b, kv_b = B * H * n * D * e, 2 * B * Hk * n * D * e
+        out_b, lse_b = B * H * n * D * 4, B * H * n * 4
+        comp = total_flops / (P * F)
+        t = a2a(q_b) + a2a(kv_b) + comp + a2a(out_b) + a2a(lse_b)
+        if backward:
+            t += a2a(q_b) + a2a(kv_b) + a2a(out_b) * 2 + a2a(lse_b) + comp * bwd + a2a(B * H * n * D * 4) + \
+                a2a(2 * B * Hk * n * D * 4)
+        return t, ideal
+    raise ValueError(strategy)
+
+
+def comm_bound(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e=4):
+    """Whether a ring step's transfer outlasts its computation (the ring paper's condition)."""
+    n = N / P
+    comp = (0.5 if causal else 1.0) * 4.0 * B * H * n * n * D / F
+    return alpha + 2.0 * B * Hk * n * D * e / beta > comp
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("predict")
+    for name, default in (("ranks", 8), ("seq", 131072), ("batch", 1), ("heads", 32), ("kv-heads", 8), ("dim", 128),
+                          ("gflops", 2000.0), ("gbits", 25.0), ("latency-us", 20.0), ("bytes", 4)):
+        p.add_argument("--" + name, type=type(default), default=default)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--backward", action="store_true")
+    c = sub.add_parser("check")
+    c.add_argument("results")
+    c.add_argument("--latency-us", type=float, default=50.0)
+    c.add_argument("--cores", type=int, default=os.cpu_count(), help="ranks past this share the cores")
+    pl = sub.add_parser("plot")
+    pl.add_argument("out")
+    a = ap.parse_args()
+    if a.cmd == "predict":
+        for s in ("ring", "zigzag", "ulysses"):
+            if s == "ulysses" and a.kv_heads % a.ranks:
+                continue
+            t, ideal = predict(s, a.ranks, a.seq, a.batch, a.heads, a.kv_heads, a.dim, a.gflops * 1e9,
+                               a.gbits * 1e9 / 8, a.latency_us * 1e-6, a.causal, a.bytes, a.backward)
+            print(f"{s:8s} {t * 1e3:10.2f} ms  efficiency {ideal / t:.3f}")
+        return 0
+    if a.cmd == "check":
+        runs = json.load(open(a.results))
+        base = {}  # one rank, one thread: F per (seq, causal, backward)
+        for r in runs:
+            if r["ranks"] == 1 and r["threads"] == 1:
+                base[(r["seq"], r["causal"], r["backward"])] = r["gflops"] * 1e9
+        worst = 0.0
+        print("| ranks | strategy | seq | causal | backward | link Gbit/s | measured s | predicted s | predicted / measured |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in runs:
+            if r["ranks"] == 1 or not r.get("gbits"):
+                continue
+            F = base.get((r["seq"], r["causal"], r["backward"]))
+            if not F:
+                continue
+            # one rank alone on one core, its useful FLOP/s (fwd+bwd: the whole call's); ranks past the
+            # cores share them
+            F *= min(1.0, a.cores / r["ranks"])
+            t, _ = predict(r["strategy"], r["ranks"], r["seq"], r["batch"], r["heads"], r["kv_heads"], r["dim"],
+                           F, r["gbits"] * 1e9 / 8, a.latency_us * 1e-6, bool(r["causal"]), 4, bool(r["backward"]))
+            ratio = t / r["median_s"]
+            worst = max(worst, abs(ratio - 1))
+            print(f"| {r['ranks']} | {r['strategy']} | {r['seq']} | {r['causal']} | {r['backward']} | {r['gbits']:g} | "
+                  f"{r['median_s']:.3f} | {t:.3f} | {ratio:.2f} |")
+        print(f"\nlargest deviation: {worst * 100:.0f}%")
+        return 0
+    if a.cmd == "plot":
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        Ps = [2 ** k for k in range(1, 11)]
+        B, H, Hk, D, F, alpha = 1, 32, 8, 128, 2e12, 20e-6
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110, sharey=True)
+        colors = {"ring": "tab:red", "zigzag": "tab:blue", "ulysses": "tab:green"}
+        styles = {1: ":", 10: "--", 25: "-", 100: "-."}
+        for ax, logn in zip(axes, (17, 20)):
+            N = 1 << logn
+            for s, col in colors.items():
+                for gb, ls in styles.items():
+                    xs, ys = [], []
+                    for P in Ps:
+                        if s == "ulysses" and Hk % P:
+                            continue
+                        t, ideal = predict(s, P, N, B, H, Hk, D, F, gb * 1e9 / 8, alpha, True, 2)
+                        xs.append(P), ys.append(ideal / t)
+                    ax.plot(xs, ys, ls, color=col, label=f"{s}, {gb} Gbit/s")
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(0, 1.05)
+            ax.set_xlabel("ranks P")
+            ax.set_title(f"causal forward, N = 2^{logn}", fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("predicted efficiency (ideal / predicted time)")
+        axes[1].legend(fontsize=6, ncol=3, loc="lower left")
+        fig.suptitle("libattn_mpi cost model: H 32/8, D 128, bf16; 2 TFLOP/s a rank, 20 us latency "
+                     "(ulysses: kv heads divide by P)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(a.out)
+        print(f"wrote {a.out}")
+        return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
