@@ -1031,6 +1031,13 @@ ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor
  * to is replaced, the link stays), gathers any strides and replaces path atomically
  * (a temporary file, then rename). */
 ATTN_API attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path);
+/* Elements [start, start + count) of dimension dim only (a shard of a
+ * sequence: attn_mpi.h), each contiguous run of the file read by offset; the
+ * rest is not read. The file is checked as attn_npy_read checks it. */
+ATTN_API attn_status attn_npy_read_slice(attn_ctx *ctx, attn_tensor *out, const char *path, int dim, int64_t start,
+                                         int64_t count);
+/* The array's dtype, rank and shape from its header (out->data NULL, nothing to free). */
+ATTN_API attn_status attn_npy_info(attn_ctx *ctx, attn_tensor *out, const char *path);
 ATTN_API attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t);
 
 /* safetensors: a file of named tensors (F32, F64, F16, BF16, BOOL, U8).

@@ -673,8 +673,33 @@ done
 expect 2 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --precision half
 expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --max-gflop 0
 
+# --- mpi-sdpa under mpirun (a build with MPI): the files attn sdpa writes, from every rank's shard ---
+if command -v mpirun >/dev/null && ! OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$ATTN" mpi-sdpa 2>&1 | grep -q "without MPI"; then
+  # under ASan, what Open MPI keeps until exit is not a leak of ours (tests/lsan_mpi.supp)
+  M=(env ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0
+     LSAN_OPTIONS=suppressions=$PWD/lsan_mpi.supp:fast_unwind_on_malloc=0 mpirun -np 2 --oversubscribe --quiet)
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  D=$G/sdpa_causal_tl SQKV="--q $D/q.npy --k $D/k.npy --v $D/v.npy"
+  expect 0 "" -- sdpa $SQKV --out "$T/m_ref.npy" --causal --window 5
+  for s in ring zigzag ulysses auto; do
+    if "${M[@]}" "$ATTN" mpi-sdpa $SQKV --out "$T/m_$s.npy" --causal --window 5 --strategy $s >"$T/stdout" 2>"$T/stderr"; then
+      ok; close "$T/m_$s.npy" "$T/m_ref.npy" 1e-5
+    else bad "mpi-sdpa --strategy $s: $(cat "$T/stderr")"; fi
+  done
+  # a rank that cannot read its shard: one 'attn: ' line from rank 0, exit 1, the old file kept
+  echo keep >"$T/m_keep.npy"
+  if "${M[@]}" "$ATTN" mpi-sdpa --q $D/q.npy --k $D/k.npy --v "$T/m_keep.npy" --out "$T/m_keep2.npy" >"$T/stdout" 2>"$T/stderr"; then
+    bad "mpi-sdpa with a bad --v succeeded"
+  elif [ "$(grep -c '^attn: ' "$T/stderr")" = 1 ] && [ ! -e "$T/m_keep2.npy" ]; then ok
+  else bad "mpi-sdpa with a bad --v: $(cat "$T/stderr")"; fi
+  if "${M[@]}" "$ATTN" mpi-sdpa $SQKV --out "$T/m_keep.npy" --strategy spiral >/dev/null 2>&1; then bad "--strategy spiral taken"
+  elif [ "$(cat "$T/m_keep.npy")" = keep ]; then ok; else bad "a refused mpi-sdpa touched its --out"; fi
+else
+  echo "test_cli: mpi-sdpa not tested (no mpirun, or attn built without MPI)"
+fi
+
 # --- --help and -h: every command's usage on stdout, exit 0, whatever else is given ---
-for c in sdpa mha map demo version bench "bench sdpa" "bench mha" "bench decode"; do
+for c in sdpa mpi-sdpa mha map demo version bench "bench sdpa" "bench mha" "bench decode"; do
   for h in --help -h; do
     expect 0 "" -- $c $h
     if grep -q "attn $c" "$T/stdout" && [ ! -s "$T/stderr" ]; then ok; else bad "attn $c $h: no usage on stdout"; fi

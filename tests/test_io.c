@@ -1018,6 +1018,71 @@ static void test_long_name(attn_ctx *ctx) {
   CHECK(leftovers() == 0, "temporaries left");
 }
 
+/* attn_npy_read_slice: every slice of every dimension equals the whole read's
+ * elements there; attn_npy_info the header's shape; out-of-range slices and a
+ * truncated file are refused. f32 and an int32 file (read as exact f64). */
+static void test_slices(attn_ctx *ctx) {
+  char p[1100];
+  tpath(p, sizeof p, "slice.npy");
+  tu_rng r = {7};
+  const int64_t shape[4] = {2, 3, 5, 4};
+  float x[120];
+  for (int i = 0; i < 120; i++) x[i] = (float)tu_uniform(&r);
+  attn_tensor src = attn_tensor_view(x, ATTN_F32, 4, shape), info, s;
+  CHECK_OK(ctx, attn_npy_write(ctx, p, &src));
+  CHECK_OK(ctx, attn_npy_info(ctx, &info, p));
+  CHECK(info.data == NULL && info.rank == 4 && info.dtype == ATTN_F32 && info.shape[2] == 5, "npy_info: rank %d",
+        info.rank);
+  for (int dim = 0; dim < 4; dim++)
+    for (int64_t start = 0; start <= shape[dim]; start++)
+      for (int64_t count = 0; start + count <= shape[dim]; count++) {
+        if (attn_npy_read_slice(ctx, &s, p, dim, start, count) != ATTN_OK) {
+          CHECK(0, "slice dim %d [%lld, +%lld): %s", dim, (long long)start, (long long)count, attn_ctx_error(ctx));
+          continue;
+        }
+        int same = s.shape[dim] == count;
+        int64_t i[4];
+        for (i[0] = 0; i[0] < s.shape[0] && same; i[0]++)
+          for (i[1] = 0; i[1] < s.shape[1]; i[1]++)
+            for (i[2] = 0; i[2] < s.shape[2]; i[2]++)
+              for (i[3] = 0; i[3] < s.shape[3]; i[3]++) {
+                int64_t j[4] = {i[0], i[1], i[2], i[3]};
+                j[dim] += start;
+                const float got = ((float *)s.data)[((i[0] * s.shape[1] + i[1]) * s.shape[2] + i[2]) * s.shape[3] + i[3]];
+                same &= got == x[((j[0] * 3 + j[1]) * 5 + j[2]) * 4 + j[3]];
+              }
+        CHECK(same, "slice dim %d [%lld, +%lld) differs from the whole", dim, (long long)start, (long long)count);
+        attn_tensor_free(&s);
+      }
+  CHECK_ERR(ctx, attn_npy_read_slice(ctx, &s, p, 2, 4, 2), ATTN_E_SHAPE, "dimension 2");
+  CHECK_ERR(ctx, attn_npy_read_slice(ctx, &s, p, 4, 0, 1), ATTN_E_SHAPE, "rank 4");
+  CHECK_ERR(ctx, attn_npy_read_slice(ctx, &s, p, 1, -1, 1), ATTN_E_SHAPE, "dimension 1");
+  CHECK_ERR(ctx, attn_npy_read_slice(ctx, &s, p, -1, 0, 1), ATTN_E_INVALID, "negative");
+  if (truncate(p, 200) == 0) /* the header survives, the data does not: refused before any slice is read */
+    CHECK_ERR(ctx, attn_npy_read_slice(ctx, &s, p, 0, 0, 1), ATTN_E_FORMAT, "truncated");
+  /* integers, as exact f64 */
+  int32_t iv[6] = {-3, 0, 7, 1 << 30, -(1 << 30), 5};
+  unsigned char file[128 + 24];
+  const char hdr[] = "{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3), }";
+  memset(file, ' ', 128);
+  memcpy(file, "\x93NUMPY\x01\x00", 8);
+  file[8] = 118, file[9] = 0;
+  memcpy(file + 10, hdr, sizeof hdr - 1);
+  file[127] = '\n';
+  memcpy(file + 128, iv, sizeof iv);
+  FILE *f = fopen(p, "wb");
+  if (f) fwrite(file, 1, 128 + sizeof iv, f), fclose(f);
+  if (attn_npy_read_slice(ctx, &s, p, 1, 1, 2) == ATTN_OK) {
+    const double *d = s.data;
+    CHECK(s.dtype == ATTN_F64 && d[0] == 0 && d[1] == 7 && d[2] == -(1 << 30) && d[3] == 5, "int32 slice %g %g %g %g",
+          d[0], d[1], d[2], d[3]);
+    attn_tensor_free(&s);
+  } else {
+    CHECK(0, "int32 slice: %s", attn_ctx_error(ctx));
+  }
+  unlink(p);
+}
+
 int main(void) {
   const char *env = getenv("ATTN_TEST_TMP");
   snprintf(tdir, sizeof tdir, "%s/test_io_%ld", env && env[0] ? env : "/tmp", (long)getpid());
@@ -1029,6 +1094,7 @@ int main(void) {
   if (attn_ctx_create(&ctx) != ATTN_OK) return 1;
   test_roundtrip(ctx);
   test_npy_handmade(ctx);
+  test_slices(ctx);
   test_st_handmade(ctx);
   test_lazy(ctx);
   test_atomic(ctx);

@@ -4,6 +4,7 @@
 #define ATTN_COMMANDS_H
 
 int cmd_sdpa(int argc, char **argv);         /* tools/sdpa.c */
+int cmd_mpi_sdpa(int argc, char **argv);     /* tools/mpi_sdpa.c */
 int cmd_mha(int argc, char **argv);          /* tools/mha.c */
 int cmd_map(int argc, char **argv);          /* tools/map.c */
 int cmd_demo(int argc, char **argv);         /* tools/demo.c */

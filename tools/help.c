@@ -21,6 +21,13 @@ static const struct {
      "            [--cu-seqlens CU.npy [--cu-seqlens-k CUK.npy]]\n"
      "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
      "             [--sinks-grad-out DS.npy]]\n"},
+    {"mpi-sdpa", NULL,
+     "  mpirun -np P attn mpi-sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--lse-out L.npy]\n"
+     "            [--strategy ring|zigzag|ulysses|auto] [--causal] [--scale S] [--threads N] [--window W]\n"
+     "            [--softcap C] [--alibi] [--dropout P [--seed S]]\n"
+     "            [--grad-out G.npy --dq-out DQ.npy --dk-out DK.npy --dv-out DV.npy]\n"
+     "            attn sdpa over MPI ranks (libattn_mpi): each rank reads its shard of the whole-sequence\n"
+     "            files, rank 0 writes the gathered results (needs a build with MPI)\n"},
     {"mha", NULL,
      "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
      "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"

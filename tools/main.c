@@ -1,6 +1,7 @@
 /* attn: the command line tool. Its flags are a contract that scripts rely on.
  *
  *   attn sdpa ...                     (tools/sdpa.c)
+ *   attn mpi-sdpa ...                 (tools/mpi_sdpa.c, under mpirun)
  *   attn mha ...                      (tools/mha.c)
  *   attn map ...                      (tools/map.c)
  *   attn bench sdpa|mha|decode ...    (tools/bench/)
@@ -34,7 +35,7 @@ static int bench(int argc, char **argv) {
 int attn_cli_main(int argc, char **argv) {
   static const struct { const char *name; command_fn run; } commands[] = {
       {"sdpa", cmd_sdpa}, {"mha", cmd_mha},         {"demo", cmd_demo},          {"bench", bench},
-      {"map", cmd_map},   {"version", cmd_version}, {"--version", cmd_version}};
+      {"map", cmd_map},   {"version", cmd_version}, {"--version", cmd_version}, {"mpi-sdpa", cmd_mpi_sdpa}};
   if (argc < 2) return cli_fail(CLI_EXIT_USAGE, "no command given (see 'attn help')");
   const char *cmd = argv[1];
   if (!strcmp(cmd, "help") || help_is_flag(cmd)) return cmd_help(argc - 2, argv + 2);

@@ -209,8 +209,17 @@ static attn_status widen_integers(attn_ctx *ctx, const char *path, void *buf, in
   return ATTN_OK;
 }
 
+/* What to read: everything, or elements [start, start + count) of dimension
+ * dim (the rest of the file unread), or the header alone (shape and dtype in
+ * out, no data). */
+typedef struct npy_part {
+  int dim; /* -1: the whole array */
+  int64_t start, count;
+  int header_only;
+} npy_part;
+
 /* The reader proper, on a file or on bytes in memory alike. */
-static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *src) {
+static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *src, const npy_part *part) {
   const char *path = src->path;
   const int64_t size = src->size;
   attn_status st;
@@ -299,6 +308,28 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
                   (long long)bytes, (long long)(size - data_off));
     goto done;
   }
+  if (part->header_only) {
+    out->data = NULL, out->dtype = dt, out->rank = h.rank;
+    for (int i = 0; i < h.rank; i++) out->shape[i] = h.shape[i];
+    goto done;
+  }
+  /* a slice: outer runs of count * inner elements, start * inner into each of the file's runs */
+  int64_t outer = 1, inner = 1, full = 0;
+  if (part->dim >= 0) {
+    if (part->dim >= h.rank || part->start < 0 || part->count < 0 || part->start > h.shape[part->dim] ||
+        part->count > h.shape[part->dim] - part->start) {
+      st = npy_fail(ctx, ATTN_E_SHAPE, path, "no elements [%lld, %lld) of dimension %d in an array of rank %d%s",
+                    (long long)part->start, (long long)(part->start + part->count), part->dim, h.rank,
+                    part->dim < h.rank ? " of that size" : "");
+      goto done;
+    }
+    for (int i = 0; i < part->dim; i++) outer *= h.shape[i];
+    for (int i = part->dim + 1; i < h.rank; i++) inner *= h.shape[i];
+    full = h.shape[part->dim];
+    h.shape[part->dim] = part->count;
+    numel = outer * part->count * inner;
+    bytes = numel * file_esize;
+  }
   if ((st = attn_tensor_alloc(ctx, &t, dt, h.rank, h.shape))) {
     char m[ATTN__MSG_LEN];
     snprintf(m, sizeof m, "%s", attn_ctx_error(ctx));
@@ -306,10 +337,22 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
     goto done;
   }
   /* integers land in the tensor's own f64 buffer (at least as large), then widen in place, front to back */
-  if ((st = attn__src_read(ctx, src, data_off, t.data, (size_t)bytes, &got))) goto done;
-  if (got < (size_t)bytes) {
-    st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
-    goto done;
+  if (part->dim < 0) {
+    if ((st = attn__src_read(ctx, src, data_off, t.data, (size_t)bytes, &got))) goto done;
+    if (got < (size_t)bytes) {
+      st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
+      goto done;
+    }
+  } else {
+    const int64_t run = part->count * inner * file_esize; /* within the file's size, checked above */
+    for (int64_t o = 0; o < outer && run > 0; o++) {
+      const int64_t from = data_off + ((o * full + part->start) * inner) * file_esize;
+      if ((st = attn__src_read(ctx, src, from, (char *)t.data + o * run, (size_t)run, &got))) goto done;
+      if (got < (size_t)run) {
+        st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
+        goto done;
+      }
+    }
   }
   if (swap) attn__swap_elems(t.data, (size_t)file_esize, (size_t)numel);
   if (int_size && (st = widen_integers(ctx, path, t.data, int_size, numel))) goto done;
@@ -322,16 +365,37 @@ done:
   return st;
 }
 
-attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
-  ATTN__ENTER(ctx);
-  if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_read: null argument");
+static attn_status npy_read_path(attn_ctx *ctx, attn_tensor *out, const char *path, const npy_part *part) {
   memset(out, 0, sizeof *out);
   attn__src src;
   attn_status st = attn__src_open(ctx, &src, "npy", path);
   if (st) return st;
-  st = npy_read(ctx, out, &src);
+  st = npy_read(ctx, out, &src, part);
   attn__src_close(&src);
   return st;
+}
+
+attn_status attn_npy_read(attn_ctx *ctx, attn_tensor *out, const char *path) {
+  ATTN__ENTER(ctx);
+  if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_read: null argument");
+  const npy_part whole = {-1, 0, 0, 0};
+  return npy_read_path(ctx, out, path, &whole);
+}
+
+attn_status attn_npy_read_slice(attn_ctx *ctx, attn_tensor *out, const char *path, int dim, int64_t start,
+                                int64_t count) {
+  ATTN__ENTER(ctx);
+  if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_read_slice: null argument");
+  if (dim < 0) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_read_slice: dim %d is negative", dim);
+  const npy_part slice = {dim, start, count, 0};
+  return npy_read_path(ctx, out, path, &slice);
+}
+
+attn_status attn_npy_info(attn_ctx *ctx, attn_tensor *out, const char *path) {
+  ATTN__ENTER(ctx);
+  if (!out || !path) return attn__fail(ctx, ATTN_E_INVALID, "attn_npy_info: null argument");
+  const npy_part header = {-1, 0, 0, 1};
+  return npy_read_path(ctx, out, path, &header);
 }
 
 attn_status attn__npy_read_mem(attn_ctx *ctx, attn_tensor *out, const void *data, size_t size, const char *name) {
@@ -340,7 +404,8 @@ attn_status attn__npy_read_mem(attn_ctx *ctx, attn_tensor *out, const void *data
   memset(out, 0, sizeof *out);
   attn__src src;
   attn__src_mem(&src, "npy", name, data, size);
-  return npy_read(ctx, out, &src);
+  const npy_part whole = {-1, 0, 0, 0};
+  return npy_read(ctx, out, &src, &whole);
 }
 
 attn_status attn_npy_write(attn_ctx *ctx, const char *path, const attn_tensor *t) {

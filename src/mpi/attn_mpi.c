@@ -207,7 +207,7 @@ static attn_status make_plan(attn_ctx *ctx, MPI_Comm comm, plan *pl, attn_mpi_st
   for (int r = 0; r < pl->P; r++) {
     shard *s = &pl->shards[r];
     if (pl->strategy == ATTN_MPI_ZIGZAG) {
-      int64_t rg[4];
+      int64_t rg[4] = {0, 0, 0, 0};
       attn_mpi_zigzag_range(N, pl->P, r, rg);
       s->nseg = 2;
       s->seg[0] = (segment){rg[0], 0, rg[1] - rg[0]};
