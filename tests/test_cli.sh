@@ -673,6 +673,15 @@ done
 expect 2 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --precision half
 expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --max-gflop 0
 
+# --- --q-offset/--k-offset: rows far past every key see them all (causal = none); keys far ahead, none
+D=$G/sdpa_plain SQKV="--q $D/q.npy --k $D/k.npy --v $D/v.npy"
+expect 0 "" -- sdpa $SQKV --out "$T/off_none.npy"
+expect 0 "" -- sdpa $SQKV --out "$T/off_far.npy" --causal --q-offset 100000
+close "$T/off_far.npy" "$T/off_none.npy" 1e-6
+expect 0 "" -- sdpa $SQKV --out "$T/off_ahead.npy" --causal --k-offset 100000
+differ "$T/off_ahead.npy" "$T/off_none.npy"
+expect 2 "$T/never_o.npy" -- sdpa $SQKV --out "$T/never_o.npy" --q-offset -1
+
 # --- mpi-sdpa under mpirun (a build with MPI): the files attn sdpa writes, from every rank's shard ---
 if command -v mpirun >/dev/null && ! OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$ATTN" mpi-sdpa 2>&1 | grep -q "without MPI"; then
   # under ASan, what Open MPI keeps until exit is not a leak of ours (tests/lsan_mpi.supp)

@@ -18,7 +18,7 @@ static const struct {
      "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
      "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
      "            [--kv-dtype f32|f16|bf16] [--precision default|fp32|bf16]\n"
-     "            [--cu-seqlens CU.npy [--cu-seqlens-k CUK.npy]]\n"
+     "            [--cu-seqlens CU.npy [--cu-seqlens-k CUK.npy]] [--q-offset I --k-offset J]\n"
      "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
      "             [--sinks-grad-out DS.npy]]\n"},
     {"mpi-sdpa", NULL,

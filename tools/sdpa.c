@@ -69,7 +69,7 @@ int cmd_sdpa(int argc, char **argv) {
                                       "--weights-out", "--threads", "--key-padding", "--grad-out", "--dq-out",
                                       "--dk-out", "--dv-out", "--mask-grad-out", "--dropout", "--seed",
                                       "--window", "--softcap", "--sinks", "--sinks-grad-out", "--kv-dtype", "--precision",
-                                      "--cu-seqlens", "--cu-seqlens-k", NULL};
+                                      "--cu-seqlens", "--cu-seqlens-k", "--q-offset", "--k-offset", NULL};
   static const char *const switches[] = {"--causal", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--dq-out", "--dk-out", "--dv-out",
                                           "--mask-grad-out", "--sinks-grad-out", NULL};
@@ -93,6 +93,11 @@ int cmd_sdpa(int argc, char **argv) {
   if (cli_has(&a, "--scale") && !(fabs(scale) <= FLT_MAX))
     return cli_fail(CLI_EXIT_USAGE, "--scale wants a number finite in float32 (|S| <= %.4g), got '%s'", (double)FLT_MAX,
                     cli_show(cli_get(&a, "--scale")));
+  /* a shard of a longer sequence: its rows' and keys' global positions */
+  long long q_offset = 0, k_offset = 0;
+  if ((cli_has(&a, "--q-offset") && (r = cli_int(&a, "--q-offset", 0, 1LL << 48, &q_offset))) ||
+      (cli_has(&a, "--k-offset") && (r = cli_int(&a, "--k-offset", 0, 1LL << 48, &k_offset))))
+    return r;
   attn_mask_mode mode_flag = ATTN_MASK_KEEP;
   if (cli_has(&a, "--mask-mode")) {
     if (!cli_has(&a, "--mask")) return cli_fail(CLI_EXIT_USAGE, "--mask-mode needs --mask");
@@ -139,6 +144,7 @@ int cmd_sdpa(int argc, char **argv) {
   o.dropout_seed = seed;
   o.window = window;
   o.softcap = softcap;
+  o.q_offset = q_offset, o.k_offset = k_offset;
   if ((r = cli_load_head_options(ctx, &a, q.shape[1], &slopes, &sinks))) goto done;
   o.alibi_slopes = cli_has(&a, "--alibi") ? &slopes : NULL;
   o.sinks = cli_has(&a, "--sinks") ? &sinks : NULL;

@@ -53,6 +53,8 @@ class SdpaOpts(ctypes.Structure):
         ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int64)),
         ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int64)),
         ("num_seqs", ctypes.c_int64),
+        ("q_offset", ctypes.c_int64),
+        ("k_offset", ctypes.c_int64),
     ]
 
 
