@@ -32,6 +32,11 @@ def single(bench, threads, args):
                 "--strategy", "none", "--json"] + args)
 
 
+def blocks(bench, P, args):
+    return run(["mpirun", "-np", str(P), "--oversubscribe", "--bind-to", "none", "-x", "OMP_WAIT_POLICY", bench,
+                "--threads", "1", "--strategy", "none", "--json"] + args)
+
+
 def netns(bench, P, gbits, strategy, args):
     subprocess.run(["bash", f"{HERE}/mpi_netns.sh", "up", str(P), f"{gbits}gbit"], env=ENV, check=True)
     r = run(["bash", f"{HERE}/mpi_netns.sh", "run", str(P), bench, "--threads", "1", "--strategy", strategy,
@@ -64,6 +69,10 @@ def main():
             runs.append(single(bench, 1, ["--seq", str(n)] + shape))
             runs.append(single(bench, 2, ["--seq", str(n)] + shape))
             runs.append(netns(bench, 2, 1, "ring", ["--seq", str(n)] + shape))
+        for P in (2, 4):  # the cost model's F: every rank computing a block of its own at once
+            for n in ([big] if P == 4 else seqs):
+                runs.append(blocks(bench, P, ["--seq", str(n)] + shape))
+            runs.append(blocks(bench, P, ["--seq", str(big // 2), "--backward"] + shape))
         for strategy in ("zigzag", "ring"):  # 4 ranks on 2 cores: the causal balance
             runs.append(netns(bench, 4, 25, strategy, ["--seq", str(big)] + shape + ["--causal"]))
         b = ["--backward", "--seq", str(big // 2)] + shape
@@ -82,8 +91,8 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         b = base.get((r["seq"], r["causal"], r["backward"]))
-        rel = f"{r['gflops'] / b['gflops']:.2f}" if b and r["ranks"] > 1 else "—"
-        link = f"{r['gbits']} Gbit/s" if r.get("gbits") else "—"
+        rel = f"{r['gflops'] / b['gflops']:.2f}" if b and r["ranks"] > 1 and r["strategy"] != "none" else "—"
+        link = f"{r['gbits']} Gbit/s" if r.get("gbits") else "none (each rank its own block)" if r["ranks"] > 1 else "—"
         print(f"| {r['ranks']} x {r['threads']} | {r['strategy']} | {link} | {r['seq']} | {'yes' if r['causal'] else 'no'} | "
               f"{'fwd+bwd' if r['backward'] else 'fwd'} | {r['median_s']:.3f} | {r['gflops']:.1f} | {rel} |")
     return 0

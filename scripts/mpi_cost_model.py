@@ -26,7 +26,8 @@ and alpha seconds of latency; a shard of n = N / P tokens; e bytes a value):
             the whole sequence for H / P heads (causal: half), perfectly balanced.
             Backward: q, k, v, out, dout and lse in, dq, dk, dv (f32) back.
 Efficiency is the ideal time, total flops / (P F), over the predicted time.
-F comes from one rank alone (measured: `attn-mpi-bench -np 1 --strategy none`).
+F is measured: P ranks each computing one block of their own at once, no communication
+(`mpirun -np P attn-mpi-bench --strategy none`), or failing that one rank alone.
 """
 import argparse
 import json
@@ -111,21 +112,26 @@ def main():
     if a.cmd == "check":
         runs = json.load(open(a.results))
         base = {}  # one rank, one thread: F per (seq, causal, backward)
+        block = {}  # P ranks each computing one ring block at once, no communication: F per rank
         for r in runs:
             if r["ranks"] == 1 and r["threads"] == 1:
                 base[(r["seq"], r["causal"], r["backward"])] = r["gflops"] * 1e9
+            elif r["strategy"] == "none" and r["threads"] == 1 and not r["causal"]:
+                block[(r["ranks"], r["seq"], r["backward"])] = r["gflops"] * 1e9 / r["ranks"]
         worst = 0.0
         print("| ranks | strategy | seq | causal | backward | link Gbit/s | measured s | predicted s | predicted / measured |")
         print("|---|---|---|---|---|---|---|---|---|")
         for r in runs:
             if r["ranks"] == 1 or not r.get("gbits"):
                 continue
-            F = base.get((r["seq"], r["causal"], r["backward"]))
+            # F: a rank's rate on a block while the other ranks compute theirs (measured, where the runs
+            # have it); else one rank alone on one core, ranks past the cores sharing them
+            F = block.get((r["ranks"], r["seq"], r["backward"]))
             if not F:
-                continue
-            # one rank alone on one core, its useful FLOP/s (fwd+bwd: the whole call's); ranks past the
-            # cores share them
-            F *= min(1.0, a.cores / r["ranks"])
+                F = base.get((r["seq"], r["causal"], r["backward"]))
+                if not F:
+                    continue
+                F *= min(1.0, a.cores / r["ranks"])
             t, _ = predict(r["strategy"], r["ranks"], r["seq"], r["batch"], r["heads"], r["kv_heads"], r["dim"],
                            F, r["gbits"] * 1e9 / 8, a.latency_us * 1e-6, bool(r["causal"]), 4, bool(r["backward"]))
             ratio = t / r["median_s"]
