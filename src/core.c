@@ -39,16 +39,6 @@ const char *attn_strerror(attn_status status) {
   return "unknown status";
 }
 
-attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...) {
-  if (ctx) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ctx->msg, sizeof ctx->msg, fmt, ap);
-    va_end(ap);
-  }
-  return status;
-}
-
 attn_status attn_ctx_fail(attn_ctx *ctx, attn_status status, const char *fmt, ...) {
   if (ctx) {
     va_list ap;

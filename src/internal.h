@@ -78,11 +78,9 @@ static inline void *attn__carve(char **cursor, size_t bytes) {
   return p;
 }
 
-/* Records a printf-style message on ctx (if any) and returns status. */
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-attn_status attn__fail(attn_ctx *ctx, attn_status status, const char *fmt, ...);
+/* Records a printf-style message on ctx (if any) and returns status: the
+ * library's own calls fail through the public attn_ctx_fail (attn.h). */
+#define attn__fail attn_ctx_fail
 
 /* The first statement of every public call that takes a context: a NULL
  * context is refused (there is nowhere to put a message), else the last

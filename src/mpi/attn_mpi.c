@@ -135,9 +135,6 @@ static attn_status local_checks(attn_ctx *ctx, int P, attn_mpi_strategy strategy
                          (long long)Hq, (long long)n);
   if (strategy < ATTN_MPI_AUTO || strategy > ATTN_MPI_ULYSSES)
     return attn_ctx_fail(ctx, ATTN_E_INVALID, "unknown strategy %d", (int)strategy);
-  if (o->size != sizeof *o)
-    return attn_ctx_fail(ctx, ATTN_E_INVALID, "opts.size is %zu, not %zu: initialise with attn_sdpa_opts_init", o->size,
-                         sizeof *o);
   if (o->mask)
     return attn_ctx_fail(ctx, ATTN_E_UNSUPPORTED, "a mask tensor is not taken over MPI (key_padding is: each rank "
                          "passes its tokens' [B, n] shard)");
@@ -233,19 +230,11 @@ static void free_plan(plan *pl) {
 }
 
 /* ---- views and buffers ------------------------------------------------------------ */
-/* Rows [r0, r0 + rows) of a [B, H, n, F] view (dim 2). */
-static attn_tensor rows_of(const attn_tensor *t, int64_t r0, int64_t rows) {
+/* Elements [start, start + count) of dimension dim of a view: rows (dim 2), heads (dim 1), an [Hq] option's entries. */
+static attn_tensor along(const attn_tensor *t, int dim, int64_t start, int64_t count) {
   attn_tensor v = *t;
-  v.data = (char *)t->data + (size_t)(r0 * t->strides[2]) * attn_dtype_size(t->dtype);
-  v.shape[2] = rows;
-  return v;
-}
-
-/* Elements [r0, r0 + rows) of dim 2 of a rank-3 [B, H, n] view. */
-static attn_tensor rows_of3(const attn_tensor *t, int64_t r0, int64_t rows) {
-  attn_tensor v = *t;
-  v.data = (char *)t->data + (size_t)(r0 * t->strides[2]) * attn_dtype_size(t->dtype);
-  v.shape[2] = rows;
+  v.data = (char *)t->data + (size_t)(start * t->strides[dim]) * attn_dtype_size(t->dtype);
+  v.shape[dim] = count;
   return v;
 }
 
@@ -306,16 +295,16 @@ static attn_status block_pack(attn_ctx *ctx, block *bl, const plan *pl, const at
 
 static attn_tensor block_k(const block *bl, const plan *pl, int64_t r0, int64_t rows) {
   attn_tensor t = block_view(bl->mem + bl->k_off, pl->kt, pl->B, pl->Hk, bl->cap, bl->cap, pl->D);
-  return rows_of(&t, r0, rows);
+  return along(&t, 2, r0, rows);
 }
 static attn_tensor block_v(const block *bl, const plan *pl, int64_t r0, int64_t rows) {
   attn_tensor t = block_view(bl->mem + bl->v_off, pl->vt, pl->B, pl->Hk, bl->cap, bl->cap, pl->Dv);
-  return rows_of(&t, r0, rows);
+  return along(&t, 2, r0, rows);
 }
 static attn_tensor block_grad(const block *bl, const plan *pl, int dv, int64_t r0, int64_t rows) {
   attn_tensor t = block_view(bl->mem + (dv ? bl->dv_off : bl->dk_off), ATTN_F32, pl->B, pl->Hk, bl->cap, bl->cap,
                              dv ? pl->Dv : pl->D);
-  return rows_of(&t, r0, rows);
+  return along(&t, 2, r0, rows);
 }
 static attn_tensor block_kp(const block *bl, const plan *pl, int64_t r0, int64_t rows) {
   attn_tensor t;
@@ -438,32 +427,25 @@ static void pump_stop(pump *p) {
   p->threaded = 0;
 }
 
-static attn_status ring_forward(attn_ctx *ctx, MPI_Comm comm, const plan *pl, attn_tensor *out, attn_tensor *lse,
-                                const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
-                                const attn_sdpa_opts *o) {
-  const int P = pl->P, r = pl->rank;
-  const int64_t n = pl->counts[r], B = pl->B, Hq = pl->Hq, Dv = pl->Dv;
+/* One piece of a ring step: this rank's queries qs against the keys ks of the block in hand. */
+typedef attn_status (*piece_fn)(void *arg, const block *bl, const segment *qs, const segment *ks);
+
+/* The ring's P steps over bl (bl[0]: this rank's block, packed): step s runs fn on every visible
+ * piece of this rank's queries, POLL_ROWS rows at a time, against the block of rank (r - s) mod P
+ * while the next block travels; with grads the block's dK and dV then go on to the next rank
+ * (after the last step, to their owner: bl[P & 1] ends up holding this rank's own). */
+static attn_status ring_steps(MPI_Comm comm, const plan *pl, block bl[2], const attn_sdpa_opts *o, int grads,
+                              piece_fn fn, void *arg) {
+  const int P = pl->P, r = pl->rank, tag = grads ? 8 : 7;
   const shard *mine = &pl->shards[r];
-  block bl[2] = {{0}, {0}};
-  const size_t acc_n = (size_t)(B * Hq * (n > 0 ? n : 1));
-  float *acc = malloc(acc_n * (size_t)Dv * sizeof *acc + 1), *acc_lse = malloc(acc_n * sizeof *acc_lse);
-  float *po = malloc(acc_n * (size_t)Dv * sizeof *po + 1), *pls = malloc(acc_n * sizeof *pls);
   attn_status st = ATTN_OK;
-  if (!acc || !acc_lse || !po || !pls || !block_init(&bl[0], pl, o->key_padding != NULL, 0) ||
-      !block_init(&bl[1], pl, o->key_padding != NULL, 0))
-    st = attn_ctx_fail(ctx, ATTN_E_NOMEM, "out of memory for the ring's buffers (%lld tokens a block)",
-                       (long long)pl->max_rows);
-  if (!st) st = block_pack(ctx, &bl[0], pl, k, v, o->key_padding);
-  if ((st = agree(ctx, comm, st))) goto done;
-  for (size_t i = 0; i < acc_n; i++) acc_lse[i] = -INFINITY;
-  memset(acc, 0, acc_n * (size_t)Dv * sizeof *acc);
   for (int s = 0; s < P; s++) {
     const int src = (r - s + P) % P, cur = s & 1;
     MPI_Request req[2];
     int nreq = 0;
-    if (s < P - 1) { /* the next block travels while this one is computed */
-      MPI_Irecv(bl[cur ^ 1].mem, (int)bl[cur ^ 1].kv_bytes, MPI_BYTE, (r - 1 + P) % P, 7, comm, &req[nreq++]);
-      MPI_Isend(bl[cur].mem, (int)bl[cur].kv_bytes, MPI_BYTE, (r + 1) % P, 7, comm, &req[nreq++]);
+    if (s < P - 1) { /* the next block's K, V and padding travel while this one is computed */
+      MPI_Irecv(bl[cur ^ 1].mem, (int)bl[cur ^ 1].kv_bytes, MPI_BYTE, (r - 1 + P) % P, tag, comm, &req[nreq++]);
+      MPI_Isend(bl[cur].mem, (int)bl[cur].kv_bytes, MPI_BYTE, (r + 1) % P, tag, comm, &req[nreq++]);
     }
     pump pm;
     pump_start(&pm, req, nreq);
@@ -472,31 +454,73 @@ static attn_status ring_forward(attn_ctx *ctx, MPI_Comm comm, const plan *pl, at
       for (int c = 0; c < theirs->nseg && !st; c++)
         for (int64_t i0 = 0; i0 < mine->seg[a].rows && !st; i0 += POLL_ROWS) {
           const segment *ks = &theirs->seg[c], *whole = &mine->seg[a];
-          const segment qpart = {whole->global + i0, whole->local + i0,
-                                 whole->rows - i0 < POLL_ROWS ? whole->rows - i0 : POLL_ROWS}, *qs = &qpart;
-          if (!pair_visible(qs, ks, o)) continue;
-          const attn_tensor qv = rows_of(q, qs->local, qs->rows), kv = block_k(&bl[cur], pl, ks->local, ks->rows),
-                            vv = block_v(&bl[cur], pl, ks->local, ks->rows);
-          const attn_tensor kp = block_kp(&bl[cur], pl, ks->local, ks->rows);
-          const attn_sdpa_opts po_opts = piece_opts(o, qs, ks, o->key_padding ? &kp : NULL);
-          attn_tensor ov = f32_view(po, 4, B, Hq, qs->rows, Dv), lv = f32_view(pls, 3, B, Hq, qs->rows, 0);
-          st = attn_sdpa(ctx, &ov, &lv, NULL, &qv, &kv, &vv, &po_opts);
-          if (!st) merge(acc, acc_lse, po, pls, pl, n, qs->local, qs->rows);
+          const segment qs = {whole->global + i0, whole->local + i0,
+                              whole->rows - i0 < POLL_ROWS ? whole->rows - i0 : POLL_ROWS};
+          if (!pair_visible(&qs, ks, o)) continue;
+          st = fn(arg, &bl[cur], &qs, ks);
           progress(&pm);
         }
     pump_stop(&pm);
     if (nreq) MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE);
+    if (grads) { /* dK and dV, once this rank has added to them */
+      const int into = cur ^ 1;
+      MPI_Irecv(bl[into].mem + bl[into].dk_off, (int)(bl[into].bytes - bl[into].dk_off), MPI_BYTE, (r - 1 + P) % P,
+                9, comm, &req[0]);
+      MPI_Isend(bl[cur].mem + bl[cur].dk_off, (int)(bl[cur].bytes - bl[cur].dk_off), MPI_BYTE, (r + 1) % P, 9, comm,
+                &req[1]);
+      MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
+    }
   }
+  return st;
+}
+
+typedef struct fwd_pieces {
+  attn_ctx *ctx;
+  const plan *pl;
+  const attn_tensor *q;
+  const attn_sdpa_opts *o;
+  float *acc, *acc_lse, *po, *pls; /* the running out and lse of this rank's rows; a piece's */
+} fwd_pieces;
+
+static attn_status fwd_piece(void *arg, const block *bl, const segment *qs, const segment *ks) {
+  fwd_pieces *f = arg;
+  const plan *pl = f->pl;
+  const attn_tensor qv = along(f->q, 2, qs->local, qs->rows), kv = block_k(bl, pl, ks->local, ks->rows),
+                    vv = block_v(bl, pl, ks->local, ks->rows), kp = block_kp(bl, pl, ks->local, ks->rows);
+  const attn_sdpa_opts po = piece_opts(f->o, qs, ks, f->o->key_padding ? &kp : NULL);
+  attn_tensor ov = f32_view(f->po, 4, pl->B, pl->Hq, qs->rows, pl->Dv), lv = f32_view(f->pls, 3, pl->B, pl->Hq, qs->rows, 0);
+  const attn_status st = attn_sdpa(f->ctx, &ov, &lv, NULL, &qv, &kv, &vv, &po);
+  if (!st) merge(f->acc, f->acc_lse, f->po, f->pls, pl, pl->counts[pl->rank], qs->local, qs->rows);
+  return st;
+}
+
+static attn_status ring_forward(attn_ctx *ctx, MPI_Comm comm, const plan *pl, attn_tensor *out, attn_tensor *lse,
+                                const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                const attn_sdpa_opts *o) {
+  const int64_t n = pl->counts[pl->rank], B = pl->B, Hq = pl->Hq, Dv = pl->Dv;
+  block bl[2] = {{0}, {0}};
+  const size_t acc_n = (size_t)(B * Hq * (n > 0 ? n : 1));
+  fwd_pieces f = {ctx, pl, q, o, malloc(acc_n * (size_t)Dv * sizeof(float) + 1), malloc(acc_n * sizeof(float)),
+                  malloc(acc_n * (size_t)Dv * sizeof(float) + 1), malloc(acc_n * sizeof(float))};
+  attn_status st = ATTN_OK;
+  if (!f.acc || !f.acc_lse || !f.po || !f.pls || !block_init(&bl[0], pl, o->key_padding != NULL, 0) ||
+      !block_init(&bl[1], pl, o->key_padding != NULL, 0))
+    st = attn_ctx_fail(ctx, ATTN_E_NOMEM, "out of memory for the ring's buffers (%lld tokens a block)",
+                       (long long)pl->max_rows);
+  if (!st) st = block_pack(ctx, &bl[0], pl, k, v, o->key_padding);
   if ((st = agree(ctx, comm, st))) goto done;
-  join_sinks(acc, acc_lse, pl, n, o->sinks);
+  for (size_t i = 0; i < acc_n; i++) f.acc_lse[i] = -INFINITY;
+  memset(f.acc, 0, acc_n * (size_t)Dv * sizeof(float));
+  if ((st = agree(ctx, comm, ring_steps(comm, pl, bl, o, 0, fwd_piece, &f)))) goto done;
+  join_sinks(f.acc, f.acc_lse, pl, n, o->sinks);
   {
-    attn_tensor av = f32_view(acc, 4, B, Hq, n, Dv), alv = f32_view(acc_lse, 3, B, Hq, n, 0);
+    attn_tensor av = f32_view(f.acc, 4, B, Hq, n, Dv), alv = f32_view(f.acc_lse, 3, B, Hq, n, 0);
     st = attn_tensor_copy(ctx, out, &av);
     if (!st && lse) st = attn_tensor_copy(ctx, lse, &alv);
   }
   st = agree(ctx, comm, st);
 done:
-  free(acc), free(acc_lse), free(po), free(pls), free(bl[0].mem), free(bl[1].mem);
+  free(f.acc), free(f.acc_lse), free(f.po), free(f.pls), free(bl[0].mem), free(bl[1].mem);
   return st;
 }
 
@@ -538,72 +562,54 @@ static attn_status sinks_gradient(attn_ctx *ctx, MPI_Comm comm, const plan *pl, 
   return st;
 }
 
+typedef struct bwd_pieces {
+  attn_ctx *ctx;
+  const plan *pl;
+  const attn_tensor *q, *out, *dout, *lse;
+  const attn_sdpa_opts *o;
+  float *dq_acc, *pq, *pk, *pv; /* this rank's dq; a piece's dq, dk, dv */
+} bwd_pieces;
+
+static attn_status bwd_piece(void *arg, const block *bl, const segment *qs, const segment *ks) {
+  bwd_pieces *w = arg;
+  const plan *pl = w->pl;
+  const int64_t B = pl->B, Hq = pl->Hq, Hk = pl->Hk, D = pl->D, Dv = pl->Dv, n = pl->counts[pl->rank];
+  const attn_tensor qv = along(w->q, 2, qs->local, qs->rows), ov = along(w->out, 2, qs->local, qs->rows),
+                    gv = along(w->dout, 2, qs->local, qs->rows), lv = along(w->lse, 2, qs->local, qs->rows);
+  const attn_tensor kv = block_k(bl, pl, ks->local, ks->rows), vv = block_v(bl, pl, ks->local, ks->rows),
+                    kp = block_kp(bl, pl, ks->local, ks->rows);
+  const attn_sdpa_opts po = piece_opts(w->o, qs, ks, w->o->key_padding ? &kp : NULL);
+  attn_tensor dqv = f32_view(w->pq, 4, B, Hq, qs->rows, D), dkv = f32_view(w->pk, 4, B, Hk, ks->rows, D),
+              dvv = f32_view(w->pv, 4, B, Hk, ks->rows, Dv);
+  const attn_status st = attn_sdpa_backward(w->ctx, &dqv, &dkv, &dvv, NULL, NULL, &gv, &qv, &kv, &vv, &ov, &lv, &po);
+  if (st) return st;
+  add_rows(w->dq_acc, n > 0 ? n : 1, w->pq, B * Hq, qs->local, qs->rows, D);
+  add_rows((float *)(bl->mem + bl->dk_off), bl->cap, w->pk, B * Hk, ks->local, ks->rows, D);
+  add_rows((float *)(bl->mem + bl->dv_off), bl->cap, w->pv, B * Hk, ks->local, ks->rows, Dv);
+  return ATTN_OK;
+}
+
 static attn_status ring_backward(attn_ctx *ctx, MPI_Comm comm, const plan *pl, attn_tensor *dq, attn_tensor *dk,
                                  attn_tensor *dv, attn_tensor *sinks_grad, const attn_tensor *dout,
                                  const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                                  const attn_tensor *out, const attn_tensor *lse, const attn_sdpa_opts *o) {
-  const int P = pl->P, r = pl->rank;
-  const int64_t n = pl->counts[r], B = pl->B, Hq = pl->Hq, Hk = pl->Hk, D = pl->D, Dv = pl->Dv;
+  const int64_t n = pl->counts[pl->rank], B = pl->B, Hq = pl->Hq, Hk = pl->Hk, D = pl->D, Dv = pl->Dv;
   const int64_t m = pl->max_rows > 0 ? pl->max_rows : 1, nn = n > 0 ? n : 1;
-  const shard *mine = &pl->shards[r];
   block bl[2] = {{0}, {0}};
-  float *dq_acc = calloc((size_t)(B * Hq * nn * D), sizeof(float));
-  float *pq = malloc((size_t)(B * Hq * m * D) * sizeof(float)), *pk = malloc((size_t)(B * Hk * m * D) * sizeof(float));
-  float *pv = malloc((size_t)(B * Hk * m * Dv) * sizeof(float));
+  bwd_pieces w = {ctx, pl, q, out, dout, lse, o, calloc((size_t)(B * Hq * nn * D), sizeof(float)),
+                  malloc((size_t)(B * Hq * m * D) * sizeof(float)), malloc((size_t)(B * Hk * m * D) * sizeof(float)),
+                  malloc((size_t)(B * Hk * m * Dv) * sizeof(float))};
   attn_status st = ATTN_OK;
-  if (!dq_acc || !pq || !pk || !pv || !block_init(&bl[0], pl, o->key_padding != NULL, 1) ||
+  if (!w.dq_acc || !w.pq || !w.pk || !w.pv || !block_init(&bl[0], pl, o->key_padding != NULL, 1) ||
       !block_init(&bl[1], pl, o->key_padding != NULL, 1))
     st = attn_ctx_fail(ctx, ATTN_E_NOMEM, "out of memory for the ring's buffers (%lld tokens a block)",
                        (long long)pl->max_rows);
   if (!st) st = block_pack(ctx, &bl[0], pl, k, v, o->key_padding);
   if ((st = agree(ctx, comm, st))) goto done;
-  for (int s = 0; s < P; s++) {
-    const int src = (r - s + P) % P, cur = s & 1;
-    MPI_Request req[4];
-    int nreq = 0;
-    if (s < P - 1) { /* K, V and padding go ahead; dK and dV follow once this rank has added to them */
-      MPI_Irecv(bl[cur ^ 1].mem, (int)bl[cur ^ 1].kv_bytes, MPI_BYTE, (r - 1 + P) % P, 8, comm, &req[nreq++]);
-      MPI_Isend(bl[cur].mem, (int)bl[cur].kv_bytes, MPI_BYTE, (r + 1) % P, 8, comm, &req[nreq++]);
-    }
-    pump pm;
-    pump_start(&pm, req, nreq);
-    const shard *theirs = &pl->shards[src];
-    for (int a = 0; a < mine->nseg && !st; a++)
-      for (int c = 0; c < theirs->nseg && !st; c++)
-        for (int64_t i0 = 0; i0 < mine->seg[a].rows && !st; i0 += POLL_ROWS) {
-        const segment *ks = &theirs->seg[c], *whole = &mine->seg[a];
-        const segment qpart = {whole->global + i0, whole->local + i0,
-                               whole->rows - i0 < POLL_ROWS ? whole->rows - i0 : POLL_ROWS}, *qs = &qpart;
-        if (!pair_visible(qs, ks, o)) continue;
-        const attn_tensor qv = rows_of(q, qs->local, qs->rows), ov = rows_of(out, qs->local, qs->rows),
-                          gv = rows_of(dout, qs->local, qs->rows), lv = rows_of3(lse, qs->local, qs->rows);
-        const attn_tensor kv = block_k(&bl[cur], pl, ks->local, ks->rows), vv = block_v(&bl[cur], pl, ks->local, ks->rows);
-        const attn_tensor kp = block_kp(&bl[cur], pl, ks->local, ks->rows);
-        const attn_sdpa_opts po = piece_opts(o, qs, ks, o->key_padding ? &kp : NULL);
-        attn_tensor dqv = f32_view(pq, 4, B, Hq, qs->rows, D), dkv = f32_view(pk, 4, B, Hk, ks->rows, D),
-                    dvv = f32_view(pv, 4, B, Hk, ks->rows, Dv);
-        st = attn_sdpa_backward(ctx, &dqv, &dkv, &dvv, NULL, NULL, &gv, &qv, &kv, &vv, &ov, &lv, &po);
-        if (st) break;
-        add_rows(dq_acc, nn, pq, B * Hq, qs->local, qs->rows, D);
-        add_rows((float *)(bl[cur].mem + bl[cur].dk_off), bl[cur].cap, pk, B * Hk, ks->local, ks->rows, D);
-        add_rows((float *)(bl[cur].mem + bl[cur].dv_off), bl[cur].cap, pv, B * Hk, ks->local, ks->rows, Dv);
-        progress(&pm);
-      }
-    pump_stop(&pm);
-    if (nreq) MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE);
-    /* the block's gradients to the next rank; after the last step that is the block's owner */
-    const int into = cur ^ 1;
-    nreq = 0;
-    MPI_Irecv(bl[into].mem + bl[into].dk_off, (int)(bl[into].bytes - bl[into].dk_off), MPI_BYTE, (r - 1 + P) % P, 9,
-              comm, &req[nreq++]);
-    MPI_Isend(bl[cur].mem + bl[cur].dk_off, (int)(bl[cur].bytes - bl[cur].dk_off), MPI_BYTE, (r + 1) % P, 9, comm,
-              &req[nreq++]);
-    MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE);
-  }
-  if ((st = agree(ctx, comm, st))) goto done;
+  if ((st = agree(ctx, comm, ring_steps(comm, pl, bl, o, 1, bwd_piece, &w)))) goto done;
   { /* after P steps and P hand-overs, bl[P & 1] holds this rank's own dK and dV */
-    const block *own = &bl[P & 1];
-    attn_tensor dqa = f32_view(dq_acc, 4, B, Hq, n, D);
+    const block *own = &bl[pl->P & 1];
+    attn_tensor dqa = f32_view(w.dq_acc, 4, B, Hq, n, D);
     attn_tensor dka = block_grad(own, pl, 0, 0, n), dva = block_grad(own, pl, 1, 0, n);
     st = attn_tensor_copy(ctx, dq, &dqa);
     if (!st) st = attn_tensor_copy(ctx, dk, &dka);
@@ -612,19 +618,11 @@ static attn_status ring_backward(attn_ctx *ctx, MPI_Comm comm, const plan *pl, a
   if (!(st = agree(ctx, comm, st)) && sinks_grad) st = sinks_gradient(ctx, comm, pl, sinks_grad, dout, out, lse, o->sinks);
   st = agree(ctx, comm, st);
 done:
-  free(dq_acc), free(pq), free(pk), free(pv), free(bl[0].mem), free(bl[1].mem);
+  free(w.dq_acc), free(w.pq), free(w.pk), free(w.pv), free(bl[0].mem), free(bl[1].mem);
   return st;
 }
 
 /* ---- ulysses: sequence shards to head shards and back --------------------------------- */
-/* A [B, H, n, F] view's heads [h0, h0 + count). */
-static attn_tensor heads_of(const attn_tensor *t, int64_t h0, int64_t count) {
-  attn_tensor v = *t;
-  v.data = (char *)t->data + (size_t)(h0 * t->strides[1]) * attn_dtype_size(t->dtype);
-  v.shape[1] = count;
-  return v;
-}
-
 /* lse [B, H, n] as [B, H, n, 1]. */
 static attn_tensor as4(const attn_tensor *t) {
   attn_tensor v = *t;
@@ -652,7 +650,7 @@ static attn_status seq_to_heads(attn_ctx *ctx, MPI_Comm comm, const plan *pl, co
   for (int t = 0; t < P; t++) { /* to rank t: heads slice t of my tokens, as [B, Hs, n, F] */
     sc[t] = (int)(row * (size_t)n), sd[t] = (int)(row * (size_t)n * (size_t)t);
     rc[t] = (int)(row * (size_t)pl->counts[t]), rd[t] = (int)(row * (size_t)seq_offset(pl, t));
-    attn_tensor dst = block_view(send + sd[t], local->dtype, B, Hs, n, n, F), src = heads_of(local, t * Hs, Hs);
+    attn_tensor dst = block_view(send + sd[t], local->dtype, B, Hs, n, n, F), src = along(local, 1, t * Hs, Hs);
     if (!st && n) st = attn_tensor_copy(ctx, &dst, &src);
   }
   MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, comm);
@@ -660,7 +658,7 @@ static attn_status seq_to_heads(attn_ctx *ctx, MPI_Comm comm, const plan *pl, co
   for (int t = 0; t < P && !st; t++) { /* rank t's tokens, [B, Hs, n_t, F], into rows o_t of whole */
     if (!pl->counts[t]) continue;
     attn_tensor src = block_view(recv + rd[t], local->dtype, B, Hs, pl->counts[t], pl->counts[t], F);
-    attn_tensor dst = rows_of(whole, seq_offset(pl, t), pl->counts[t]);
+    attn_tensor dst = along(whole, 2, seq_offset(pl, t), pl->counts[t]);
     st = attn_tensor_copy(ctx, &dst, &src);
   }
 done:
@@ -685,12 +683,12 @@ static attn_status heads_to_seq(attn_ctx *ctx, MPI_Comm comm, const plan *pl, co
     rc[t] = (int)(row * (size_t)n), rd[t] = (int)(row * (size_t)n * (size_t)t);
     if (!pl->counts[t]) continue;
     attn_tensor dst = block_view(send + sd[t], whole->dtype, B, Hs, pl->counts[t], pl->counts[t], F);
-    attn_tensor src = rows_of(whole, seq_offset(pl, t), pl->counts[t]);
+    attn_tensor src = along(whole, 2, seq_offset(pl, t), pl->counts[t]);
     if (!st) st = attn_tensor_copy(ctx, &dst, &src);
   }
   MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, comm);
   for (int t = 0; t < P && !st && n; t++) { /* heads slice t of my tokens */
-    attn_tensor src = block_view(recv + rd[t], whole->dtype, B, Hs, n, n, F), dst = heads_of(local, t * Hs, Hs);
+    attn_tensor src = block_view(recv + rd[t], whole->dtype, B, Hs, n, n, F), dst = along(local, 1, t * Hs, Hs);
     st = attn_tensor_copy(ctx, &dst, &src);
   }
 done:
@@ -722,21 +720,13 @@ done:
   return st;
 }
 
-/* An f32 [Hq] option's slice for this rank's heads. */
-static attn_tensor head_slice(const attn_tensor *t, int64_t h0, int64_t count) {
-  attn_tensor v = *t;
-  v.data = (char *)t->data + (size_t)(h0 * t->strides[0]) * sizeof(float);
-  v.shape[0] = count;
-  return v;
-}
-
 /* The options of this rank's heads over the whole sequence. */
 static attn_sdpa_opts ulysses_opts(const attn_sdpa_opts *o, const plan *pl, attn_tensor *alibi, attn_tensor *sinks,
                                    const attn_tensor *kp_all) {
   attn_sdpa_opts u = *o;
   const int64_t Hs = pl->Hq / pl->P;
-  if (o->alibi_slopes) *alibi = head_slice(o->alibi_slopes, pl->rank * Hs, Hs), u.alibi_slopes = alibi;
-  if (o->sinks) *sinks = head_slice(o->sinks, pl->rank * Hs, Hs), u.sinks = sinks;
+  if (o->alibi_slopes) *alibi = along(o->alibi_slopes, 0, pl->rank * Hs, Hs), u.alibi_slopes = alibi;
+  if (o->sinks) *sinks = along(o->sinks, 0, pl->rank * Hs, Hs), u.sinks = sinks;
   u.key_padding = kp_all;
   return u;
 }
@@ -834,17 +824,22 @@ static attn_status grad_checks(attn_ctx *ctx, const attn_tensor *dq, const attn_
   return same_shape(ctx, dout, "dout", q->shape[0], q->shape[1], q->shape[2], v->shape[3]);
 }
 
+/* The caller's options over the defaults, by their size: an older attn.h's are a prefix of these. */
+static attn_status read_opts(attn_ctx *ctx, attn_sdpa_opts *o, const attn_sdpa_opts *opts) {
+  attn_sdpa_opts_init(o);
+  if (!opts) return ATTN_OK;
+  if (opts->size <= sizeof opts->size || opts->size > sizeof *o || opts->size % sizeof(size_t))
+    return attn_ctx_fail(ctx, ATTN_E_INVALID, "opts.size is %zu, not the size of any attn_sdpa_opts (%zu here): "
+                         "initialise with attn_sdpa_opts_init", opts->size, sizeof *o);
+  memcpy((char *)o + sizeof o->size, (const char *)opts + sizeof o->size, opts->size - sizeof o->size);
+  return ATTN_OK;
+}
+
 attn_status attn_mpi_sdpa(attn_ctx *ctx, MPI_Comm comm, attn_mpi_strategy strategy, attn_tensor *out,
                           attn_tensor *lse, const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                           const attn_sdpa_opts *opts) {
   attn_sdpa_opts o;
-  attn_sdpa_opts_init(&o);
-  attn_status st = ATTN_OK;
-  if (opts && opts->size != sizeof o)
-    st = attn_ctx_fail(ctx, ATTN_E_INVALID, "opts.size is %zu, not %zu: initialise with attn_sdpa_opts_init",
-                       opts->size, sizeof o);
-  else if (opts)
-    o = *opts;
+  attn_status st = read_opts(ctx, &o, opts);
   if (!st && !out) st = attn_ctx_fail(ctx, ATTN_E_INVALID, "out is NULL");
   plan pl;
   if ((st = make_plan(ctx, comm, &pl, strategy, q, k, v, lse, out, &o, 0, st))) {
@@ -862,13 +857,7 @@ attn_status attn_mpi_sdpa_backward(attn_ctx *ctx, MPI_Comm comm, attn_mpi_strate
                                    const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                                    const attn_tensor *out, const attn_tensor *lse, const attn_sdpa_opts *opts) {
   attn_sdpa_opts o;
-  attn_sdpa_opts_init(&o);
-  attn_status st = ATTN_OK;
-  if (opts && opts->size != sizeof o)
-    st = attn_ctx_fail(ctx, ATTN_E_INVALID, "opts.size is %zu, not %zu: initialise with attn_sdpa_opts_init",
-                       opts->size, sizeof o);
-  else if (opts)
-    o = *opts;
+  attn_status st = read_opts(ctx, &o, opts);
   if (!st && (!dq || !dk || !dv || !dout || !out || !lse))
     st = attn_ctx_fail(ctx, ATTN_E_INVALID, "dq, dk, dv, dout, out and lse are required");
   if (!st) st = grad_checks(ctx, dq, dk, dv, dout, q, k, v);
