@@ -26,8 +26,9 @@
  *            the next block's transfer posted before the current block is
  *            computed, so it hides behind that computation when the link is
  *            fast enough. Causal blocks wholly in a shard's future are skipped.
- *            Backward: dK and dV travel with their block and reach its owner
- *            after a full turn.
+ *            Backward: dK and dV travel behind their block and reach its owner
+ *            after a full turn; each rank's sum moves on during its next
+ *            step's computation, so only the last hand-over is waited for.
  *   ZIGZAG   RING on the zigzag layout.
  *   ULYSSES  two all-to-alls trade the sequence shards for head shards
  *            (Hk must divide by P), each rank attends over the whole
@@ -75,6 +76,12 @@ ATTN_API attn_mpi_strategy attn_mpi_auto_strategy(int64_t kv_heads, int ranks, c
 /* ZIGZAG's shard of rank r of P over N tokens: tokens [range[0], range[1])
  * then [range[2], range[3]]; its size is range[1] - range[0] + range[3] - range[2]. */
 ATTN_API attn_status attn_mpi_zigzag_range(int64_t N, int P, int r, int64_t range[4]);
+
+/* The shard of rank r of P over N tokens that the CLI and the benchmarks use, in the same form:
+ * ZIGZAG's two chunks (attn_mpi_zigzag_range); else the even contiguous split, N / P tokens
+ * each and the first N % P ranks one more ([range[0], range[1]), range[2] = range[3] = range[1]).
+ * AUTO is taken as RING or ULYSSES, whose layout it is. */
+ATTN_API attn_status attn_mpi_shard_range(attn_mpi_strategy strategy, int64_t N, int P, int r, int64_t range[4]);
 
 /* This rank's out (and lse) of attention over the whole sequence. */
 ATTN_API attn_status attn_mpi_sdpa(attn_ctx *ctx, MPI_Comm comm, attn_mpi_strategy strategy, attn_tensor *out,

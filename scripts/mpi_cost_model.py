@@ -19,8 +19,10 @@ and alpha seconds of latency; a shard of n = N / P tokens; e bytes a value):
   zigzag    the ring with every step holding half a block of causal work on every
             rank: P/2 blocks of time.
   backward  2.5 times the forward's flops a step; K and V travel ahead as in the
-            forward, but dK and dV (f32) are sent after the step's computation
-            and waited for, so they add alpha + 2 B Hk n D 4 / beta a step.
+            forward, and a block's dK and dV (f32, 2 B Hk n D 4 bytes) summed
+            over the ranks so far move on during the next step, so step s moves
+            the next K, V (s < P - 1) and the previous dK, dV (s > 0) under its
+            computation; the last hand-over, to the owner, is waited for.
   ulysses   all-to-alls of q, k, v in and of out (f32) and lse back, (P - 1)/P
             of each rank's shard each way, not overlapped; the computation is
             the whole sequence for H / P heads (causal: half), perfectly balanced.
@@ -46,7 +48,9 @@ def predict(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e=4, backward=F
     if P == 1:
         return ideal, ideal
     if strategy in ("ring", "zigzag"):
-        def steps(flop_scale, extra_after):
+        grad_bytes = 2.0 * B * Hk * n * D * 4
+
+        def steps(flop_scale, grads):
             t = 0.0
             for s in range(P):
                 if not causal:
@@ -56,13 +60,12 @@ def predict(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e=4, backward=F
                 else:
                     work = 0.5 if s == 0 else 1.0
                 comp = work * blk_flops * flop_scale / F
-                comm = alpha + kv_bytes / beta if s < P - 1 else 0.0
-                t += max(comp, comm) + extra_after
-            return t
-        t = steps(1.0, 0.0)
+                moved = (kv_bytes if s < P - 1 else 0.0) + (grad_bytes if grads and s > 0 else 0.0)
+                t += max(comp, alpha + moved / beta if moved else 0.0)
+            return t + (alpha + grad_bytes / beta if grads else 0.0)
+        t = steps(1.0, False)
         if backward:
-            dkv = alpha + 2.0 * B * Hk * n * D * 4 / beta
-            t += steps(bwd, dkv)
+            t += steps(bwd, True)
         return t, ideal
     if strategy == "ulysses":
         frac = (P - 1) / P

@@ -441,6 +441,22 @@ static int copy__walk(const attn_tensor *dst, const attn_tensor *src, int (*visi
   }
 }
 
+/* Same dtype, unit innermost strides: a memcpy a row (the bits as they are, NaN payloads too). */
+static void copy__rows(const attn_tensor *dst, const attn_tensor *src) {
+  const int outer = src->rank - 1;
+  const int64_t es = (int64_t)attn_dtype_size(src->dtype);
+  const size_t row = (size_t)(src->shape[outer] * es);
+  int64_t idx[ATTN_MAX_RANK] = {0};
+  for (;;) {
+    int64_t d = 0, s = 0;
+    for (int i = 0; i < outer; i++) d += idx[i] * dst->strides[i], s += idx[i] * src->strides[i];
+    memcpy((char *)dst->data + d * es, (const char *)src->data + s * es, row);
+    int i = outer - 1;
+    for (; i >= 0 && ++idx[i] == src->shape[i]; i--) idx[i] = 0;
+    if (i < 0) return;
+  }
+}
+
 static int copy__out_of_u8(char *d, const char *s, attn_dtype dt, attn_dtype st) {
   (void)d, (void)dt;
   const double x = rint(copy__load(s, st));
@@ -469,7 +485,11 @@ attn_status attn_tensor_copy(attn_ctx *ctx, attn_tensor *dst, const attn_tensor 
   if (slo < dhi && dlo < shi) return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_copy: dst overlaps src");
   if (dst->dtype == ATTN_U8 && attn__is_float(src->dtype) && copy__walk(dst, src, copy__out_of_u8))
     return attn__fail(ctx, ATTN_E_INVALID, "attn_tensor_copy: a value of src rounds outside u8's 0..255 (or is NaN)");
-  copy__walk(dst, src, copy__element);
+  if (dst->dtype == src->dtype && src->rank > 0 && src->strides[src->rank - 1] == 1 &&
+      dst->strides[dst->rank - 1] == 1)
+    copy__rows(dst, src);
+  else
+    copy__walk(dst, src, copy__element);
   return ATTN_OK;
 }
 /* ---- end of attn_tensor_copy ---------------------------------------------------- */

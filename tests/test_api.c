@@ -395,6 +395,24 @@ static void tensor_copy(void) {
       CHECK_OK(ctx, attn_tensor_copy(ctx, &d, &s));
       CHECK(!memcmp(dst, want, 8 * ts), "copy %s -> %s", attn_dtype_name(from), attn_dtype_name(to));
     }
+  {
+    /* same dtype with unit innermost strides goes row by row: rows of 5 in padded rows of 7, the
+     * outer dimension broadcast (stride 0) and the middle one reversed; the bits as they are */
+    uint32_t src[2 * 7], dst[3 * 2 * 6];
+    for (int i = 0; i < 14; i++) src[i] = 0x7fc00000u + (uint32_t)i; /* NaNs with payloads */
+    memset(dst, 0xee, sizeof dst);
+    const int64_t shape[3] = {3, 2, 5};
+    attn_tensor s = attn_tensor_view(src, ATTN_F32, 3, shape), d = attn_tensor_view(dst, ATTN_F32, 3, shape);
+    s.strides[0] = 0, s.strides[1] = -7, s.data = src + 7;
+    d.strides[1] = 6, d.strides[0] = 12;
+    CHECK_OK(ctx, attn_tensor_copy(ctx, &d, &s));
+    int ok = 1;
+    for (int a = 0; a < 3; a++)
+      for (int b = 0; b < 2; b++)
+        for (int c = 0; c < 6; c++)
+          ok &= dst[a * 12 + b * 6 + c] == (c < 5 ? src[(1 - b) * 7 + c] : 0xeeeeeeeeu);
+    CHECK(ok, "same-dtype row copy: broadcast, reversed and padded rows, NaN payloads kept");
+  }
   /* ties go to the even neighbour; f64 rounds to a half once (through f32 it would tie at 1 + 2^-11 and go down) */
   CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F32, 1 + ldexp(1, -11)) == 0x3c00, "f16 tie down to even");
   CHECK(copy_one_half(ctx, ATTN_F16, ATTN_F32, 1 + 3 * ldexp(1, -11)) == 0x3c02, "f16 tie up to even");

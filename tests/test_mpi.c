@@ -188,6 +188,38 @@ static void run_case(attn_ctx *ctx, const tcase *c, int idx) {
   arena_free(&a);
 }
 
+/* attn_mpi_shard_range: every token in exactly one shard, in the layout of its strategy. */
+static void shard_ranges(void) {
+  const attn_mpi_strategy all[4] = {ATTN_MPI_AUTO, ATTN_MPI_RING, ATTN_MPI_ZIGZAG, ATTN_MPI_ULYSSES};
+  for (int s = 0; s < 4; s++)
+    for (int p = 1; p <= 7; p++)
+      for (int64_t N = 0; N <= 40; N += 3) {
+        int seen[41] = {0}, ok = 1;
+        int64_t prev_end = 0;
+        for (int r = 0; r < p; r++) {
+          int64_t rg[4], zz[4];
+          CHECK(attn_mpi_shard_range(all[s], N, p, r, rg) == ATTN_OK, "shard_range %d %d %lld", s, r, (long long)N);
+          for (int part = 0; part < 2; part++)
+            for (int64_t t = rg[2 * part]; t < rg[2 * part + 1]; t++) ok &= t >= 0 && t < N && !seen[t]++;
+          if (all[s] == ATTN_MPI_ZIGZAG) {
+            attn_mpi_zigzag_range(N, p, r, zz);
+            ok &= !memcmp(zz, rg, sizeof rg);
+          } else { /* contiguous, in rank order, sizes differing by at most one */
+            const int64_t size = rg[1] - rg[0];
+            ok &= rg[0] == prev_end && rg[2] == rg[1] && rg[3] == rg[1] && (size == N / p || size == N / p + 1);
+            prev_end = rg[1];
+          }
+        }
+        for (int64_t t = 0; t < N; t++) ok &= seen[t] == 1;
+        CHECK(ok, "shard_range: strategy %d, %d ranks, %lld tokens", (int)all[s], p, (long long)N);
+      }
+  int64_t rg[4];
+  CHECK(attn_mpi_shard_range(ATTN_MPI_RING, 10, 2, 2, rg) == ATTN_E_INVALID, "rank out of range");
+  CHECK(attn_mpi_shard_range(ATTN_MPI_RING, -1, 2, 0, rg) == ATTN_E_INVALID, "negative N");
+  CHECK(attn_mpi_shard_range((attn_mpi_strategy)9, 10, 2, 0, rg) == ATTN_E_INVALID, "unknown strategy");
+  CHECK(attn_mpi_shard_range(ATTN_MPI_ZIGZAG, 10, 0, 0, rg) == ATTN_E_INVALID, "no ranks");
+}
+
 /* Every rank gets the refusal of the one rank whose arguments are wrong. */
 static void refusals(attn_ctx *ctx) {
   arena a = {0};
@@ -248,9 +280,12 @@ int main(int argc, char **argv) {
       {"ulysses gqa kpm window", 2, 24, 12, 45, 16, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 9, 0, 0, 1, 1, 1,
        ATTN_MPI_ULYSSES},
       {"ulysses bf16 softcap", 1, 12, 12, 66, 32, 16, ATTN_BF16, ATTN_CAUSAL_NONE, 0, 30, 0, 0, 0, 0, ATTN_MPI_ULYSSES},
+      /* shards past POLL_ROWS (1024): without the helper thread a step runs in several pieces */
+      {"long shards causal gqa", 1, 2, 1, 4300, 16, 16, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &cases[i], (int)i);
   refusals(ctx);
+  shard_ranges();
   int fails = tu_failures, all;
   MPI_Allreduce(&fails, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (R == 0) printf("test_mpi (%d ranks): %d checks on rank 0, %d failed on all ranks\n", P, tu_checks, all);

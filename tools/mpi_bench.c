@@ -73,11 +73,7 @@ int main(int argc, char **argv) {
   if (N < 1 || B < 1 || H < 1 || G < 1 || H % G || D < 1 || repeat < 1 || threads < 1 || N > ((int64_t)1 << 24))
     return fail(rank, "sizes must be positive (heads a multiple of kv-heads, seq <= 2^24)");
   int64_t rg[4] = {0, 0, 0, 0};
-  if (strategy == ATTN_MPI_ZIGZAG) attn_mpi_zigzag_range(N, P, rank, rg);
-  else {
-    rg[0] = rank * (N / P) + (rank < N % P ? rank : N % P);
-    rg[1] = rg[0] + N / P + (rank < N % P), rg[2] = rg[3] = rg[1];
-  }
+  attn_mpi_shard_range(strategy, N, P, rank, rg);
   const int64_t n = rg[1] - rg[0] + rg[3] - rg[2];
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx) != ATTN_OK || attn_ctx_set_threads(ctx, threads) != ATTN_OK) return fail(rank, "context");
@@ -92,7 +88,7 @@ int main(int argc, char **argv) {
   uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1);
   attn_tensor *fill[4] = {&q, &k, &v, &g};
   for (int t = 0; t < 4; t++)
-    for (int64_t i = 0; i < attn_tensor_numel(fill[t]); i++) {
+    for (int64_t i = 0, count = attn_tensor_numel(fill[t]); i < count; i++) {
       s = s * 6364136223846793005ull + 1442695040888963407ull;
       ((float *)fill[t]->data)[i] = (float)((double)(s >> 40) / (double)(1 << 24) - 0.5);
     }

@@ -83,7 +83,8 @@ static int read_shard(attn_ctx *ctx, attn_tensor *t, const char *path, const cha
 }
 
 /* Every rank's shard of a f32 [B, H, n, F] (or [B, H, n]) tensor, into rank 0's whole [.., N, ..]. */
-static int gather(attn_ctx *ctx, attn_tensor *whole, const attn_tensor *mine, int64_t N, int P, int rank, int zigzag) {
+static int gather(attn_ctx *ctx, attn_tensor *whole, const attn_tensor *mine, int64_t N, int P, int rank,
+                  attn_mpi_strategy layout) {
   const int r3 = mine->rank == 3;
   const int64_t B = mine->shape[0], H = mine->shape[1], F = r3 ? 1 : mine->shape[3];
   const size_t row = (size_t)(B * H * F) * sizeof(float);
@@ -101,11 +102,7 @@ static int gather(attn_ctx *ctx, attn_tensor *whole, const attn_tensor *mine, in
     if ((r = cli_alloc_f32(ctx, whole, mine->rank, shape)) == 0) {
       for (int t = 0, base = 0; t < P; t++) {
         int64_t rg[4] = {0, 0, 0, 0};
-        if (zigzag) attn_mpi_zigzag_range(N, P, t, rg);
-        else {
-          rg[0] = t * (N / P) + (t < N % P ? t : N % P);
-          rg[1] = rg[0] + N / P + (t < N % P), rg[2] = rg[3] = rg[1];
-        }
+        attn_mpi_shard_range(layout, N, P, t, rg);
         const float *src = (const float *)((const char *)buf + base);
         for (int part = 0, at = 0; part < 2; part++) {
           const int64_t lo = rg[2 * part], len = rg[2 * part + 1] - lo;
@@ -180,11 +177,7 @@ int cmd_mpi_sdpa(int argc, char **argv) {
   const int64_t N = info.shape[2];
   int64_t rg[4] = {0, 0, 0, 0};
   const attn_mpi_strategy ran = strategy == ATTN_MPI_AUTO ? attn_mpi_auto_strategy(0, P, NULL) : strategy;
-  if (ran == ATTN_MPI_ZIGZAG) attn_mpi_zigzag_range(N, P, rank, rg);
-  else {
-    rg[0] = rank * (N / P) + (rank < N % P ? rank : N % P);
-    rg[1] = rg[0] + N / P + (rank < N % P), rg[2] = rg[3] = rg[1];
-  }
+  attn_mpi_shard_range(ran, N, P, rank, rg);
   r = read_shard(ctx, &q, cli_get(&a, "--q"), "--q", rg);
   if (!r) r = read_shard(ctx, &k, cli_get(&a, "--k"), "--k", rg);
   if (!r) r = read_shard(ctx, &v, cli_get(&a, "--v"), "--v", rg);
@@ -223,7 +216,7 @@ int cmd_mpi_sdpa(int argc, char **argv) {
   attn_tensor *parts[5] = {&out, &lse, &dq, &dk, &dv};
   for (int i = 0; i < 5; i++) {
     if (!cli_has(&a, flags[i])) continue;
-    if ((r = gather(ctx, &whole, parts[i], N, P, rank, ran == ATTN_MPI_ZIGZAG))) goto done;
+    if ((r = gather(ctx, &whole, parts[i], N, P, rank, ran))) goto done;
     if (rank == 0) r = cli_write_npy(ctx, &outs, flags[i], &whole);
     attn_tensor_free(&whole);
     if ((r = all_agree(r))) goto done;

@@ -9,7 +9,7 @@ Each rank passes its shard of one sequence ([B, H, n, D], or [H, n, D]; NumPy
 or torch, float32/float16/bfloat16) and gets its shard of the results
 (float32 NumPy arrays, or torch tensors like q). Which tokens a rank holds
 depends on the strategy (zigzag_range for "zigzag"; contiguous shards in rank
-order otherwise); the options count positions over the whole sequence.
+order otherwise, of any sizes; shard_range gives the even split the CLI uses); the options count positions over the whole sequence.
 "ring" and "zigzag" give attn_sdpa's result within about 1e-6, "ulysses"'s
 forward bitwise. A refusal on any rank raises AttnError on every rank. Needs
 libattn_mpi (a build with MPI: next to libattn, or ATTN_MPI_LIBRARY) and
@@ -62,6 +62,16 @@ def zigzag_range(n_tokens, ranks, rank):
     rg = (ctypes.c_int64 * 4)()
     if _lib.attn_mpi_zigzag_range(ctypes.c_int64(n_tokens), ctypes.c_int(ranks), ctypes.c_int(rank), rg) != 0:
         raise ValueError(f"no zigzag shard {rank} of {ranks} over {n_tokens} tokens")
+    return (rg[0], rg[1]), (rg[2], rg[3])
+
+
+def shard_range(n_tokens, ranks, rank, strategy="ring"):
+    """The shard the CLI uses for `strategy` (attn_mpi_shard_range): zigzag's two chunks, else the even
+    contiguous split (n_tokens // ranks each, the first n_tokens % ranks one more) as ((a0, a1), (a1, a1))."""
+    rg = (ctypes.c_int64 * 4)()
+    if _lib.attn_mpi_shard_range(_strategy(strategy), ctypes.c_int64(n_tokens), ctypes.c_int(ranks),
+                                 ctypes.c_int(rank), rg) != 0:
+        raise ValueError(f"no shard {rank} of {ranks} over {n_tokens} tokens")
     return (rg[0], rg[1]), (rg[2], rg[3])
 
 

@@ -55,11 +55,8 @@ for strategy, opts in (("ring", dict(is_causal=True, window=17, alibi=True)),
         continue
     ref, ref_lse = attn.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_lse=True, **opts)
     rdq, rdk, rdv = attn.sdpa_backward(g, q, k, v, ref, ref_lse, enable_gqa=True, **opts)
-    if strategy == "zigzag":
-        rg = attn.mpi.zigzag_range(N, P, R)
-    else:
-        lo = R * (N // P) + min(R, N % P)
-        rg = ((lo, lo + N // P + (R < N % P)), (0, 0))
+    rg = attn.mpi.shard_range(N, P, R, strategy)
+    check(strategy != "zigzag" or rg == attn.mpi.zigzag_range(N, P, R), "zigzag's shard_range is zigzag_range")
     out, lse = attn.mpi.sdpa(comm, shard(q, rg), shard(k, rg), shard(v, rg), strategy=strategy, return_lse=True,
                              **opts)
     e_out, e_lse = rel(out, shard(ref, rg)), rel(lse[..., None], shard(ref_lse[..., None], rg))
