@@ -319,6 +319,12 @@ typedef struct attn_sdpa_opts {
    * merged by their lse give the whole sequence's result. 0 <= each <= 2^48;
    * 0 = off. Refused with a packed batch (cu_seqlens) and by the KV caches. */
   int64_t q_offset, k_offset;
+  /* A shard of the heads (head parallelism, attn_mpi.h's ULYSSES): the global
+   * index of q head 0, for dropout alone, whose entry is then
+   * (b, head_offset + h, i, j) (ALiBi slopes and sinks are per-head tensors:
+   * pass their slice). 0 <= head_offset <= 2^31; 0 = off. Refused by the KV
+   * caches. */
+  int64_t head_offset;
 } attn_sdpa_opts;
 
 /* The ALiBi paper's slopes for heads heads into slopes[0..heads): for a power

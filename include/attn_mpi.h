@@ -32,17 +32,19 @@
  *   ZIGZAG   RING on the zigzag layout.
  *   ULYSSES  two all-to-alls trade the sequence shards for head shards
  *            (Hk must divide by P), each rank attends over the whole
- *            sequence for Hq / P heads, and trades back. No dropout.
- *   AUTO     ULYSSES where it applies (Hk % P == 0, no dropout), else RING.
+ *            sequence for Hq / P heads (head_offset set for dropout), and
+ *            trades back.
+ *   AUTO     ULYSSES where it applies (Hk % P == 0), else RING.
  *            The layout decides between ZIGZAG and the others, so AUTO never
  *            picks ZIGZAG.
  *
  * Options (attn_sdpa_opts), with positions counted over the whole sequence:
  * causal (TOP_LEFT and BOTTOM_RIGHT agree, as Nq = Nk), window, softcap,
  * ALiBi, sinks, key padding (each rank passes the [B, n] shard for its own
- * tokens), dropout (RING and ZIGZAG: entry (b, h, i, j) at global positions,
- * so the result is the single process's). Refused (ATTN_E_UNSUPPORTED): a mask
- * tensor, a packed batch (cu_seqlens), q_offset/k_offset (set here).
+ * tokens), dropout (entry (b, h, i, j) at global positions and heads, so the
+ * result is the single process's). Refused (ATTN_E_UNSUPPORTED): a mask
+ * tensor, a packed batch (cu_seqlens); q_offset, k_offset and head_offset are
+ * set here (ATTN_E_INVALID unless 0).
  *
  * Collective: every rank of comm calls with the same strategy, dtypes, head
  * counts and options. Arguments are checked on every rank before any data

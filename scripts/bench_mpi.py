@@ -5,8 +5,10 @@ needs root), beside the single process (attn_sdpa, --strategy none).
 
   scripts/bench_mpi.py [--bench build/attn-mpi-bench] [--out results.json] [--quick]
 
-Prints a markdown table (BENCHMARKS.md's MPI section) and writes every run as
-JSON for `scripts/mpi_cost_model.py check`.
+Prints markdown tables (BENCHMARKS.md's MPI section): the runs, and each link's
+rate for one ring block (attn-mpi-bench --strategy link; "unshaped" is the TCP
+stack's own rate on this CPU), and writes them all as JSON for
+`scripts/mpi_cost_model.py check`.
 """
 import argparse
 import json
@@ -37,8 +39,27 @@ def blocks(bench, P, args):
                 "--threads", "1", "--strategy", "none", "--json"] + args)
 
 
+LINKS = {}  # (ranks, gbits or None for an unshaped link, seq): the link's measured rate (attn-mpi-bench --strategy link)
+
+
+def link(bench, P, gbits, args):
+    """The rate one ring block crosses the link at, measured once per (ranks, rate, N) on the link as set up."""
+    seq = args[args.index("--seq") + 1]
+    key = (P, gbits, int(seq))
+    if key not in LINKS:
+        shape = [a for a in args if a not in ("--causal", "--backward")]
+        r = run(["bash", f"{HERE}/mpi_netns.sh", "run", str(P), bench, "--strategy", "link", "--json"] + shape)
+        if r:
+            r["gbits"] = gbits
+        LINKS[key] = r
+
+
 def netns(bench, P, gbits, strategy, args):
-    subprocess.run(["bash", f"{HERE}/mpi_netns.sh", "up", str(P), f"{gbits}gbit"], env=ENV, check=True)
+    subprocess.run(["bash", f"{HERE}/mpi_netns.sh", "up", str(P), f"{gbits}gbit" if gbits else "none"], env=ENV,
+                   check=True)
+    link(bench, P, gbits, args)
+    if strategy == "link":
+        return None
     r = run(["bash", f"{HERE}/mpi_netns.sh", "run", str(P), bench, "--threads", "1", "--strategy", strategy,
              "--json"] + args)
     if r:
@@ -73,6 +94,11 @@ def main():
             for n in ([big] if P == 4 else seqs):
                 runs.append(blocks(bench, P, ["--seq", str(n)] + shape))
             runs.append(blocks(bench, P, ["--seq", str(big // 2), "--backward"] + shape))
+            runs.append(blocks(bench, P, ["--seq", str(big), "--causal"] + shape))  # a causal shard: masked pieces
+            if P == 2:
+                runs.append(blocks(bench, P, ["--seq", str(big // 2), "--backward", "--causal"] + shape))
+            for n in ([big] if P == 4 else [big, big // 2]):  # the TCP stack's own rate: an unshaped link
+                netns(bench, P, None, "link", ["--seq", str(n)] + shape)
         for strategy in ("zigzag", "ring"):  # 4 ranks on 2 cores: the causal balance
             runs.append(netns(bench, 4, 25, strategy, ["--seq", str(big)] + shape + ["--causal"]))
         b = ["--backward", "--seq", str(big // 2)] + shape
@@ -85,16 +111,22 @@ def main():
     finally:
         subprocess.run(["bash", f"{HERE}/mpi_netns.sh", "down"], env=ENV)
     runs = [r for r in runs if r]
-    json.dump(runs, open(a.out, "w"), indent=1)
+    links = [r for r in LINKS.values() if r]
+    json.dump(runs + links, open(a.out, "w"), indent=1)
     base = {(r["seq"], r["causal"], r["backward"]): r for r in runs if r["ranks"] == 1 and r["threads"] == 2}
     print("| ranks x threads | strategy | link | N | causal | pass | median s | GFLOP/s | x the 2-thread process |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         b = base.get((r["seq"], r["causal"], r["backward"]))
         rel = f"{r['gflops'] / b['gflops']:.2f}" if b and r["ranks"] > 1 and r["strategy"] != "none" else "—"
-        link = f"{r['gbits']} Gbit/s" if r.get("gbits") else "none (each rank its own block)" if r["ranks"] > 1 else "—"
-        print(f"| {r['ranks']} x {r['threads']} | {r['strategy']} | {link} | {r['seq']} | {'yes' if r['causal'] else 'no'} | "
+        where = f"{r['gbits']} Gbit/s" if r.get("gbits") else "none (each rank its own block)" if r["ranks"] > 1 else "—"
+        print(f"| {r['ranks']} x {r['threads']} | {r['strategy']} | {where} | {r['seq']} | {'yes' if r['causal'] else 'no'} | "
               f"{'fwd+bwd' if r['backward'] else 'fwd'} | {r['median_s']:.3f} | {r['gflops']:.1f} | {rel} |")
+    print("\n| ranks | link | N | ring block MB | median s | GB/s a link |")
+    print("|---|---|---|---|---|---|")
+    for r in links:
+        print(f"| {r['ranks']} | {str(r['gbits']) + ' Gbit/s' if r['gbits'] else 'unshaped'} | {r['seq']} | "
+              f"{r['bytes'] / 1e6:.1f} | {r['median_s']:.4f} | {r['gbytes']:.3f} |")
     return 0
 
 

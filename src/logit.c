@@ -55,6 +55,9 @@ attn_status attn__logit_prepare(attn_ctx *ctx, attn__sdpa *p, const attn_sdpa_op
     return attn__fail(ctx, ATTN_E_INVALID, "q_offset and k_offset must be in [0, 2^48], got %lld and %lld",
                       (long long)opts->q_offset, (long long)opts->k_offset);
   p->q_offset = opts->q_offset, p->k_offset = opts->k_offset;
+  if (opts->head_offset < 0 || opts->head_offset > ((int64_t)1 << 31))
+    return attn__fail(ctx, ATTN_E_INVALID, "head_offset must be in [0, 2^31], got %lld", (long long)opts->head_offset);
+  p->head_offset = opts->head_offset;
   if (opts->window < 0) return attn__fail(ctx, ATTN_E_INVALID, "window must be >= 0 (0 = off), got %lld", (long long)opts->window);
   /* a window past every position hides nothing more: capping it keeps i' - window from overflowing */
   const int64_t shift = p->q_offset > p->k_offset ? p->q_offset - p->k_offset : p->k_offset - p->q_offset;

@@ -74,8 +74,9 @@ struct attn__sdpa {
    * rows start at cu_q[b] and keys at cu_k[b] along dim 2. NULL: off. */
   const int64_t *cu_q, *cu_k;
   int64_t nseq;
-  /* attn_sdpa_opts.q_offset, k_offset: global positions of row 0 and key 0 (a shard). */
-  int64_t q_offset, k_offset;
+  /* attn_sdpa_opts.q_offset, k_offset: global positions of row 0 and key 0 (a shard);
+   * head_offset: the global index of head 0 (a head shard), for dropout. */
+  int64_t q_offset, k_offset, head_offset;
 };
 
 /* Fills p's logit options from opts (scale, causal, window, softcap, ALiBi,
@@ -158,7 +159,7 @@ static inline int64_t attn__qpos(const attn__sdpa *p, int64_t b, int64_t i) {
 
 /* Dropout's decision for (b, h, i, j), at the shard's global positions. */
 static inline int attn__dropout_kept(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, int64_t j) {
-  return attn_dropout_keep(p->dropout_seed, p->dropout_p, b, h, p->q_offset + i, p->k_offset + j);
+  return attn_dropout_keep(p->dropout_seed, p->dropout_p, b, p->head_offset + h, p->q_offset + i, p->k_offset + j);
 }
 
 /* The end (exclusive) of row i's band: the causal bound, or the row's keys. */

@@ -34,9 +34,9 @@ attn_status attn__cached_opts(attn_ctx *ctx, attn_sdpa_opts *dst, const attn_sdp
   if (dst->cu_seqlens_q || dst->cu_seqlens_k || dst->num_seqs)
     return attn__fail(ctx, ATTN_E_UNSUPPORTED, "%s: a packed batch (cu_seqlens) is not taken here (the cache's rows "
                       "are the sequences, each row's length says which keys exist)", fn);
-  if (dst->q_offset || dst->k_offset)
-    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "%s: q_offset and k_offset are not taken here (the cache's rows "
-                      "count their tokens from 0)", fn);
+  if (dst->q_offset || dst->k_offset || dst->head_offset)
+    return attn__fail(ctx, ATTN_E_UNSUPPORTED, "%s: q_offset, k_offset and head_offset are not taken here (the "
+                      "cache's rows count their tokens from 0)", fn);
   dst->causal = ATTN_CAUSAL_BOTTOM_RIGHT;
   return ATTN_OK;
 }

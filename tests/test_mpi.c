@@ -280,6 +280,8 @@ int main(int argc, char **argv) {
       {"ulysses gqa kpm window", 2, 24, 12, 45, 16, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 9, 0, 0, 1, 1, 1,
        ATTN_MPI_ULYSSES},
       {"ulysses bf16 softcap", 1, 12, 12, 66, 32, 16, ATTN_BF16, ATTN_CAUSAL_NONE, 0, 30, 0, 0, 0, 0, ATTN_MPI_ULYSSES},
+      {"ulysses dropout gqa alibi", 2, 24, 12, 57, 32, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.25, 1, 0, 0,
+       ATTN_MPI_ULYSSES},
       /* shards past POLL_ROWS (1024): without the helper thread a step runs in several pieces */
       {"long shards causal gqa", 1, 2, 1, 4300, 16, 16, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING},
   };

@@ -1,6 +1,6 @@
 /* attn-mpi-bench: times attn_mpi_sdpa (and its backward) under mpirun.
  *   mpirun -np P attn-mpi-bench --seq N [--batch B] [--heads H] [--kv-heads G] [--dim D]
- *          [--causal] [--strategy ring|zigzag|ulysses|auto|none] [--threads T] [--backward]
+ *          [--causal] [--strategy ring|zigzag|ulysses|auto|none|link] [--threads T] [--backward]
  *          [--repeat R] [--json]
  * Every rank holds its shard of random f32 q, k, v (ZIGZAG: its two chunks;
  * else N / P tokens each, the first N % P ranks one more). A step starts
@@ -12,7 +12,10 @@
  * communication: with -np 1 the whole sequence (the single-process baseline;
  * run it with mpirun's --bind-to none for T > 1), with -np P the rate a rank
  * computes one ring block at while the others do too (the cost model's F;
- * GFLOP/s then counts the P blocks). */
+ * GFLOP/s then counts the P blocks). --strategy link times the link alone:
+ * every rank sends one ring block (K and V of its shard, f32) to the next
+ * rank and receives one from the previous (MPI_Sendrecv), and the rate is
+ * the block's bytes over the median step (the cost model's link bandwidth). */
 #include "attn_mpi.h"
 
 #include <math.h>
@@ -40,7 +43,7 @@ int main(int argc, char **argv) {
   int64_t N = 4096, B = 1, H = 8, G = 0, D = 64;
   int causal = 0, threads = 1, backward = 0, repeat = 5, json = 0;
   attn_mpi_strategy strategy = ATTN_MPI_AUTO;
-  int single = 0;
+  int single = 0, link = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--causal")) causal = 1;
@@ -59,9 +62,10 @@ int main(int argc, char **argv) {
                  : !strcmp(v, "ulysses") ? ATTN_MPI_ULYSSES
                  : !strcmp(v, "auto")    ? ATTN_MPI_AUTO
                  : !strcmp(v, "none")    ? ATTN_MPI_RING
+                 : !strcmp(v, "link")    ? ATTN_MPI_RING
                                          : (attn_mpi_strategy)-1;
-      single = !strcmp(v, "none");
-      if ((int)strategy < 0) return fail(rank, "--strategy takes ring, zigzag, ulysses, auto or none");
+      single = !strcmp(v, "none"), link = !strcmp(v, "link");
+      if ((int)strategy < 0) return fail(rank, "--strategy takes ring, zigzag, ulysses, auto, none or link");
       i++;
     } else {
       char m[160];
@@ -75,6 +79,10 @@ int main(int argc, char **argv) {
   int64_t rg[4] = {0, 0, 0, 0};
   attn_mpi_shard_range(strategy, N, P, rank, rg);
   const int64_t n = rg[1] - rg[0] + rg[3] - rg[2];
+  const size_t link_bytes = link ? (size_t)(2 * B * G * n * D) * 4 : 0; /* K and V of the shard, f32 */
+  if (link_bytes > (size_t)INT32_MAX) return fail(rank, "--strategy link: a block passes 2 GiB");
+  char *link_buf = link ? calloc(2, link_bytes) : NULL;
+  if (link && !link_buf) return fail(rank, "out of memory");
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx) != ATTN_OK || attn_ctx_set_threads(ctx, threads) != ATTN_OK) return fail(rank, "context");
   const int64_t sq[4] = {B, H, n, D}, skv[4] = {B, G, n, D}, sl[3] = {B, H, n};
@@ -99,9 +107,13 @@ int main(int argc, char **argv) {
   for (int r = -1; r < repeat; r++) { /* one warm-up step */
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
-    attn_status st = single ? attn_sdpa(ctx, &out, &lse, NULL, &q, &k, &v, &o)
+    if (link) /* one message, as the ring sends a block (each message pays a handshake) */
+      MPI_Sendrecv(link_buf, (int)link_bytes, MPI_BYTE, (rank + 1) % P, 1, link_buf + link_bytes, (int)link_bytes,
+                   MPI_BYTE, (rank - 1 + P) % P, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    attn_status st = link     ? ATTN_OK
+                     : single ? attn_sdpa(ctx, &out, &lse, NULL, &q, &k, &v, &o)
                             : attn_mpi_sdpa(ctx, MPI_COMM_WORLD, strategy, &out, &lse, &q, &k, &v, &o);
-    if (!st && backward)
+    if (!st && backward && !link)
       st = single ? attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, NULL, &g, &q, &k, &v, &out, &lse, &o)
                   : attn_mpi_sdpa_backward(ctx, MPI_COMM_WORLD, strategy, &dq, &dk, &dv, NULL, &g, &q, &k, &v, &out,
                                            &lse, &o);
@@ -119,7 +131,16 @@ int main(int argc, char **argv) {
   /* single with P ranks: P blocks of n tokens (n the largest shard) */
   const double tokens2 = single && P > 1 ? (double)P * (double)n * (double)n : (double)N * (double)N;
   const double flops = 4.0 * (double)B * (double)H * tokens2 * (double)D * (causal ? 0.5 : 1.0) * (backward ? 3.5 : 1.0);
-  if (rank == 0) {
+  if (rank == 0 && link) {
+    const double bytes = (double)link_bytes;
+    if (json)
+      printf("{\"op\": \"link\", \"ranks\": %d, \"seq\": %lld, \"batch\": %lld, \"kv_heads\": %lld, \"dim\": %lld, "
+             "\"bytes\": %.0f, \"median_s\": %.6g, \"min_s\": %.6g, \"gbytes\": %.4g}\n",
+             P, (long long)N, (long long)B, (long long)G, (long long)D, bytes, med, times[0], bytes / med * 1e-9);
+    else
+      printf("%d ranks, a ring block of %.1f MB (N %lld): median %.4f s (min %.4f), %.3f GB/s a link\n", P, bytes * 1e-6,
+             (long long)N, med, times[0], bytes / med * 1e-9);
+  } else if (rank == 0) {
     const attn_mpi_strategy ran = strategy == ATTN_MPI_AUTO ? attn_mpi_auto_strategy(G, P, &o) : strategy;
     const char *name = single ? "none" : attn_mpi_strategy_name(ran);
     if (json)
@@ -133,7 +154,7 @@ int main(int argc, char **argv) {
              P, threads, name, (long long)N, (long long)B, (long long)H, (long long)G,
              (long long)D, causal ? " causal" : "", backward ? " fwd+bwd" : "", med, times[0], flops / med * 1e-9);
   }
-  free(times);
+  free(times), free(link_buf);
   attn_tensor *all[9] = {&q, &k, &v, &out, &lse, &dq, &dk, &dv, &g};
   for (int t = 0; t < 9; t++) attn_tensor_free(all[t]);
   attn_ctx_destroy(ctx);

@@ -55,6 +55,7 @@ class SdpaOpts(ctypes.Structure):
         ("num_seqs", ctypes.c_int64),
         ("q_offset", ctypes.c_int64),
         ("k_offset", ctypes.c_int64),
+        ("head_offset", ctypes.c_int64),
     ]
 
 

@@ -77,7 +77,7 @@ class _SdpaCall:
 
     def __init__(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask,
                  causal_align, dropout_seed, mask_mode, halves=False, window=None, softcap=None, alibi=None,
-                 sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, k_offset=0):
+                 sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, k_offset=0, head_offset=0):
         kind = "half" if halves else "float"
         qa, ka, va = (_to_numpy(x, n, kind) for x, n in ((q, "q"), (k, "k"), (v, "v")))
         self.batch = tuple(qa.shape[:-2])
@@ -116,7 +116,8 @@ class _SdpaCall:
             o.key_padding = ctypes.pointer(kpt)
         _model_options(o, self.keep, self.H, window, softcap, alibi, sinks, dropout_p, dropout_seed)
         _cu_seqlens(o, self.keep, cu_seqlens_q, cu_seqlens_k)
-        for attr, val in (("q_offset", q_offset), ("k_offset", k_offset)):  # the library checks the range
+        for attr, val in (("q_offset", q_offset), ("k_offset", k_offset), ("head_offset", head_offset)):
+            # the library checks the range
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
                 raise TypeError(f"{attr} must be an int, got {type(val).__name__}")
             if not -2 ** 63 <= int(val) < 2 ** 63:
@@ -245,7 +246,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                                  enable_gqa=False, *, key_padding_mask=None, causal_align="top-left",
                                  mask_mode=None, return_weights=False, return_lse=False, threads=None,
                                  dropout_seed=None, window=None, softcap=None, alibi=None, sinks=None,
-                                 precision=None, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, k_offset=0):
+                                 precision=None, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, k_offset=0,
+                                 head_offset=0):
     """Like torch.nn.functional.scaled_dot_product_attention, on CPU.
 
     q [..., L, D], k [..., S, D], v [..., S, Dv] with up to two leading dims
@@ -277,7 +279,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     key_padding_mask and return_weights are refused with it.
     q_offset, k_offset: the global positions of q's row 0 and k's key 0 when
     the call is a shard of a longer sequence (causal bound, window, ALiBi and
-    dropout then count globally; see attn_mpi.h).
+    dropout then count globally; see attn_mpi.h); head_offset: the global
+    index of q's head 0 when the call is a shard of the heads (dropout's).
     torch tensors that require grad get a grad_fn: the backward pass is
     libattn's attn_sdpa_backward (q, k, v and a float attn_mask).
     Returns out, or a tuple (out, weights?, lse?) when return_weights/return_lse.
@@ -285,7 +288,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     call = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                 key_padding_mask=key_padding_mask, causal_align=causal_align, dropout_seed=dropout_seed,
                 mask_mode=mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks,
-                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_offset=q_offset, k_offset=k_offset)
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_offset=q_offset, k_offset=k_offset,
+                head_offset=head_offset)
     if _wants_autograd(q, k, v, attn_mask):
         res = _autograd_fn().apply(q, k, v, attn_mask, dict(call=call, return_weights=return_weights,
                                                             return_lse=return_lse, threads=threads,
@@ -305,7 +309,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
 def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False, *, key_padding_mask=None, causal_align="top-left", mask_mode=None,
                   dropout_seed=None, return_mask_grad=False, threads=None, window=None, softcap=None, alibi=None,
-                  sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, precision=None, q_offset=0, k_offset=0):
+                  sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, precision=None, q_offset=0, k_offset=0,
+                  head_offset=0):
     """Gradients of a loss L through scaled_dot_product_attention, given dout = dL/dout.
 
     out and lse come from the forward call (return_lse=True) made with the same
@@ -313,7 +318,8 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
     Returns (dq, dk, dv), or (dq, dk, dv, dmask) with return_mask_grad (a float
     attn_mask's gradient, summed down to the mask's own shape). float32, NumPy
     or torch like q. With grouped-query attention dk/dv sum over each group.
-    window, softcap, alibi, sinks, cu_seqlens_q, cu_seqlens_k, q_offset and k_offset as the forward's.
+    window, softcap, alibi, sinks, cu_seqlens_q, cu_seqlens_k, q_offset, k_offset and head_offset as the
+    forward's.
     torch bfloat16 q, k and v run on the bf16 backward tiles where the CPU has
     AMX (bf16 products, fp32 sums; precision='fp32' widens them instead); the
     gradients are float32 either way.
@@ -324,7 +330,7 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
     c = _SdpaCall(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask, causal_align,
                   dropout_seed, mask_mode, halves=True, window=window, softcap=softcap, alibi=alibi,
                   sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_offset=q_offset,
-                  k_offset=k_offset)
+                  k_offset=k_offset, head_offset=head_offset)
     dq, dk, dv, dm = _sdpa_backward(c, dout, out, lse, return_mask_grad, threads, precision)
     res = [_wrap(x.reshape(shp), like_torch) for x, shp in zip((dq, dk, dv), c.shapes)]
     if return_mask_grad:

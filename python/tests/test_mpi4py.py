@@ -44,7 +44,8 @@ v = rng.standard_normal((B, G, N, D), dtype=np.float32)
 g = rng.standard_normal((B, H, N, D), dtype=np.float32)
 for strategy, opts in (("ring", dict(is_causal=True, window=17, alibi=True)),
                        ("zigzag", dict(is_causal=True, softcap=20.0)),
-                       ("ulysses", dict(is_causal=False, sinks=np.array([0.5, -1, 2, 0], np.float32))),
+                       ("ulysses", dict(is_causal=False, sinks=np.array([0.5, -1, 2, 0], np.float32),
+                                        dropout_p=0.2, dropout_seed=11)),
                        ("auto", dict(is_causal=True))):
     if strategy == "ulysses" and G % P:
         try:
