@@ -2,8 +2,10 @@
 """Cost model of libattn_mpi's strategies (ring, zigzag, ulysses), forward and
 backward, and its check against measured runs.
 
-  scripts/mpi_cost_model.py predict --ranks 8 --seq 131072 --heads 32 --kv-heads 8 --dim 128 \
-      --gflops 2000 --gbits 25 --latency-us 20 [--stack-gbytes 1.3] [--causal] [--bytes 2]
+  scripts/mpi_cost_model.py predict [--ranks 2,4,...,1024] --seq 131072 --heads 32 --kv-heads 8 --dim 128 \
+      --gflops 2000 --gbits 25 --latency-us 20 [--stack-gbytes 1.3] [--causal] [--backward] [--bytes 2]
+      (each strategy's time and efficiency, the share of the time the links add, and whether it is
+      communication-bound: see comm_bound)
   scripts/mpi_cost_model.py check RESULTS.json       measured runs (scripts/bench_mpi.py) against the model
   scripts/mpi_cost_model.py plot OUT.png             predicted efficiency against P for a few link speeds
 
@@ -92,18 +94,35 @@ def predict(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e=4, backward=F
     raise ValueError(strategy)
 
 
-def comm_bound(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e=4):
-    """Whether a ring step's transfer outlasts its computation (the ring paper's condition)."""
-    n = N / P
-    comp = (0.5 if causal else 1.0) * 4.0 * B * H * n * n * D / F
-    return alpha + 2.0 * B * Hk * n * D * e / beta > comp
+def link_share(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e=4, backward=False, Fc=None,
+               gamma=float("inf")):
+    """The share of the predicted time that the links add over the computation alone (the same model with
+    infinitely fast links)."""
+    t, _ = predict(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e, backward, Fc, gamma)
+    t_comp, _ = predict(strategy, P, N, B, H, Hk, D, F, float("inf"), 0.0, causal, e, backward, Fc, gamma)
+    return (t - t_comp) / t
+
+
+def comm_bound(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e=4, backward=False, Fc=None,
+               gamma=float("inf")):
+    """Ring and zigzag: whether a middle step's transfer outlasts its computation (the ring paper's
+    condition; the forward's, or the backward's, which moves dK and dV too). Ulysses: whether the
+    all-to-alls take longer than the computation."""
+    if strategy == "ulysses" or P < 2:
+        return link_share(strategy, P, N, B, H, Hk, D, F, beta, alpha, causal, e, backward, Fc, gamma) > 0.5
+    n, Fc = N / P, Fc or F
+    work, rate = (1.0, F) if not causal else (0.5, Fc) if strategy == "zigzag" else (1.0, F)
+    kv, grads = 2.0 * B * Hk * n * D * e, 2.0 * B * Hk * n * D * 4
+    moved, scale = (kv + grads, 2.5) if backward and P > 2 else (kv, 1.0)
+    return alpha + moved / beta > work * 4.0 * B * H * n * n * D * scale / rate + moved / gamma
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("predict")
-    for name, default in (("ranks", 8), ("seq", 131072), ("batch", 1), ("heads", 32), ("kv-heads", 8), ("dim", 128),
+    p.add_argument("--ranks", default="2,4,8,16,32,64,128,256,512,1024", help="one P or a comma-separated list")
+    for name, default in (("seq", 131072), ("batch", 1), ("heads", 32), ("kv-heads", 8), ("dim", 128),
                           ("gflops", 2000.0), ("gbits", 25.0), ("latency-us", 20.0), ("bytes", 4),
                           ("stack-gbytes", 0.0)):
         p.add_argument("--" + name, type=type(default), default=default)
@@ -117,13 +136,18 @@ def main():
     pl.add_argument("out")
     a = ap.parse_args()
     if a.cmd == "predict":
-        for s in ("ring", "zigzag", "ulysses"):
-            if s == "ulysses" and a.kv_heads % a.ranks:
-                continue
-            t, ideal = predict(s, a.ranks, a.seq, a.batch, a.heads, a.kv_heads, a.dim, a.gflops * 1e9,
-                               a.gbits * 1e9 / 8, a.latency_us * 1e-6, a.causal, a.bytes, a.backward,
-                               gamma=a.stack_gbytes * 1e9 if a.stack_gbytes else float("inf"))
-            print(f"{s:8s} {t * 1e3:10.2f} ms  efficiency {ideal / t:.3f}")
+        print("| ranks | strategy | predicted ms | efficiency | link share | bound by |")
+        print("|---|---|---|---|---|---|")
+        for P in (int(x) for x in a.ranks.split(",")):
+            for s in ("ring", "zigzag", "ulysses"):
+                if s == "ulysses" and a.kv_heads % P:
+                    continue
+                args = (s, P, a.seq, a.batch, a.heads, a.kv_heads, a.dim, a.gflops * 1e9, a.gbits * 1e9 / 8,
+                        a.latency_us * 1e-6, a.causal, a.bytes, a.backward, None,
+                        a.stack_gbytes * 1e9 if a.stack_gbytes else float("inf"))
+                t, ideal = predict(*args)
+                print(f"| {P} | {s} | {t * 1e3:.2f} | {ideal / t:.3f} | {link_share(*args):.2f} | "
+                      f"{'communication' if comm_bound(*args) else 'computation'} |")
         return 0
     if a.cmd == "check":
         everything = json.load(open(a.results))
