@@ -85,6 +85,16 @@ ATTN_API attn_status attn_mpi_zigzag_range(int64_t N, int P, int r, int64_t rang
  * AUTO is taken as RING or ULYSSES, whose layout it is. */
 ATTN_API attn_status attn_mpi_shard_range(attn_mpi_strategy strategy, int64_t N, int P, int r, int64_t range[4]);
 
+/* Sharding and unsharding a whole sequence held by one process (no communication):
+ *   whole [B, H, N, F] (or [B, H, N]), shard [B, H, n_r, F] (or [B, H, n_r]): dim 2 the tokens
+ * attn_mpi_shard copies rank r's tokens of whole (attn_mpi_shard_range's, in that order: ZIGZAG's
+ * two chunks one after the other) into shard; attn_mpi_unshard writes them back to their places
+ * in whole, touching nothing else. Any dtypes and strides (converted as attn_tensor_copy does). */
+ATTN_API attn_status attn_mpi_shard(attn_ctx *ctx, attn_tensor *shard, const attn_tensor *whole,
+                                    attn_mpi_strategy strategy, int P, int r);
+ATTN_API attn_status attn_mpi_unshard(attn_ctx *ctx, attn_tensor *whole, const attn_tensor *shard,
+                                      attn_mpi_strategy strategy, int P, int r);
+
 /* This rank's out (and lse) of attention over the whole sequence. */
 ATTN_API attn_status attn_mpi_sdpa(attn_ctx *ctx, MPI_Comm comm, attn_mpi_strategy strategy, attn_tensor *out,
                                    attn_tensor *lse, const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,

@@ -213,6 +213,42 @@ static void shard_ranges(void) {
         for (int64_t t = 0; t < N; t++) ok &= seen[t] == 1;
         CHECK(ok, "shard_range: strategy %d, %d ranks, %lld tokens", (int)all[s], p, (long long)N);
       }
+  /* attn_mpi_shard and attn_mpi_unshard: every rank's shard taken out and put back rebuilds the whole,
+   * each shard holding its ranges' tokens in order; a whole poisoned with NaN is overwritten exactly */
+  attn_ctx *ctx;
+  CHECK_OK(NULL, attn_ctx_create(&ctx));
+  const int64_t B = 2, H = 3, F = 5, N = 37;
+  float whole[2 * 3 * 37 * 5], back[2 * 3 * 37 * 5], part[2 * 3 * 37 * 5];
+  for (int64_t i = 0; i < B * H * N * F; i++) whole[i] = (float)i;
+  const int64_t ws[4] = {B, H, N, F};
+  const attn_tensor wt = attn_tensor_view(whole, ATTN_F32, 4, ws);
+  for (int s = 0; s < 4; s++)
+    for (int p = 1; p <= 5; p++) {
+      for (int64_t i = 0; i < B * H * N * F; i++) back[i] = NAN;
+      attn_tensor bt = attn_tensor_view(back, ATTN_F32, 4, ws);
+      int ok = 1;
+      for (int r = 0; r < p; r++) {
+        int64_t rg[4];
+        attn_mpi_shard_range(all[s], N, p, r, rg);
+        const int64_t n = rg[1] - rg[0] + rg[3] - rg[2], ps[4] = {B, H, n, F};
+        attn_tensor pt = attn_tensor_view(part, ATTN_F32, 4, ps);
+        CHECK_OK(ctx, attn_mpi_shard(ctx, &pt, &wt, all[s], p, r));
+        for (int64_t bh = 0; bh < B * H; bh++)
+          for (int64_t j = 0; j < n; j++) {
+            const int64_t tok = j < rg[1] - rg[0] ? rg[0] + j : rg[2] + j - (rg[1] - rg[0]);
+            for (int64_t f = 0; f < F; f++) ok &= part[(bh * n + j) * F + f] == whole[(bh * N + tok) * F + f];
+          }
+        CHECK_OK(ctx, attn_mpi_unshard(ctx, &bt, &pt, all[s], p, r));
+      }
+      CHECK(ok && !memcmp(back, whole, sizeof whole), "shard/unshard: strategy %d, %d ranks", (int)all[s], p);
+    }
+  {
+    const int64_t bad[4] = {B, H, 5, F};
+    attn_tensor pt = attn_tensor_view(part, ATTN_F32, 4, bad);
+    CHECK_ERR(ctx, attn_mpi_shard(ctx, &pt, &wt, ATTN_MPI_ZIGZAG, 2, 0), ATTN_E_SHAPE, "holds 19 of the 37");
+    CHECK_ERR(ctx, attn_mpi_unshard(ctx, &pt, &wt, ATTN_MPI_RING, 2, 3), ATTN_E_INVALID, "no shard 3 of 2");
+  }
+  attn_ctx_destroy(ctx);
   int64_t rg[4];
   CHECK(attn_mpi_shard_range(ATTN_MPI_RING, 10, 2, 2, rg) == ATTN_E_INVALID, "rank out of range");
   CHECK(attn_mpi_shard_range(ATTN_MPI_RING, -1, 2, 0, rg) == ATTN_E_INVALID, "negative N");

@@ -100,16 +100,11 @@ static int gather(attn_ctx *ctx, attn_tensor *whole, const attn_tensor *mine, in
   if (rank == 0) { /* rank t's [B, H, n_t, F] block, its rows at their places in the sequence */
     int64_t shape[4] = {B, H, N, F};
     if ((r = cli_alloc_f32(ctx, whole, mine->rank, shape)) == 0) {
-      for (int t = 0, base = 0; t < P; t++) {
-        int64_t rg[4] = {0, 0, 0, 0};
-        attn_mpi_shard_range(layout, N, P, t, rg);
-        const float *src = (const float *)((const char *)buf + base);
-        for (int part = 0, at = 0; part < 2; part++) {
-          const int64_t lo = rg[2 * part], len = rg[2 * part + 1] - lo;
-          for (int64_t bh = 0; bh < B * H && len > 0; bh++)
-            memcpy((float *)whole->data + (bh * N + lo) * F, src + (bh * rows[t] + at) * F, (size_t)(len * F) * 4);
-          at += (int)len;
-        }
+      for (int t = 0, base = 0; t < P && !r; t++) {
+        const int64_t part_shape[4] = {B, H, rows[t], F};
+        const attn_tensor part = attn_tensor_view((char *)buf + base, ATTN_F32, mine->rank, part_shape);
+        if (attn_mpi_unshard(ctx, whole, &part, layout, P, t))
+          r = cli_fail(CLI_EXIT_FAIL, "gathering the result: %s", attn_ctx_error(ctx));
         base += cnt[t];
       }
     }

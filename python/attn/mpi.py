@@ -9,7 +9,8 @@ Each rank passes its shard of one sequence ([B, H, n, D], or [H, n, D]; NumPy
 or torch, float32/float16/bfloat16) and gets its shard of the results
 (float32 NumPy arrays, or torch tensors like q). Which tokens a rank holds
 depends on the strategy (zigzag_range for "zigzag"; contiguous shards in rank
-order otherwise, of any sizes; shard_range gives the even split the CLI uses); the options count positions over the whole sequence.
+order otherwise, of any sizes; shard_range gives the even split the CLI uses,
+shard and unshard cut a whole sequence into it and put it back); the options count positions over the whole sequence.
 "ring" and "zigzag" give attn_sdpa's result within about 1e-6, "ulysses"'s
 forward bitwise. A refusal on any rank raises AttnError on every rank. Needs
 libattn_mpi (a build with MPI: next to libattn, or ATTN_MPI_LIBRARY) and
@@ -73,6 +74,37 @@ def shard_range(n_tokens, ranks, rank, strategy="ring"):
                                  ctypes.c_int(rank), rg) != 0:
         raise ValueError(f"no shard {rank} of {ranks} over {n_tokens} tokens")
     return (rg[0], rg[1]), (rg[2], rg[3])
+
+
+def shard(x, ranks, rank, strategy="ring"):
+    """Rank `rank`'s tokens of a whole sequence x (NumPy or torch, the tokens along dim -2: [B, H, N, D]
+    or [H, N, D]), in the order sdpa takes them (shard_range's): the local part of attn_mpi_shard."""
+    (a0, a1), (b0, b1) = shard_range(x.shape[-2], ranks, rank, strategy)
+    parts = [x[..., a0:a1, :], x[..., b0:b1, :]]
+    if _is_torch(x):
+        import torch
+        return torch.cat(parts, dim=-2).contiguous()
+    return np.ascontiguousarray(np.concatenate(parts, axis=-2))
+
+
+def unshard(shards, strategy="ring"):
+    """The whole sequence from every rank's shard, listed in rank order (e.g. comm.allgather(out)): the
+    inverse of shard, attn_mpi_unshard's local part. Tokens along dim -2, as in shard."""
+    P = len(shards)
+    N = sum(s.shape[-2] for s in shards)
+    first = shards[0]
+    if _is_torch(first):
+        import torch
+        whole = torch.empty(first.shape[:-2] + (N, first.shape[-1]), dtype=first.dtype)
+    else:
+        whole = np.empty(first.shape[:-2] + (N, first.shape[-1]), first.dtype)
+    for r, s in enumerate(shards):
+        (a0, a1), (b0, b1) = shard_range(N, P, r, strategy)
+        if s.shape[-2] != a1 - a0 + b1 - b0:
+            raise ValueError(f"shard {r} holds {s.shape[-2]} tokens; rank {r} of {P} holds {a1 - a0 + b1 - b0}")
+        whole[..., a0:a1, :] = s[..., :a1 - a0, :]
+        whole[..., b0:b1, :] = s[..., a1 - a0:, :]
+    return whole
 
 
 def _call(q, k, v, is_causal, scale, key_padding_mask, dropout_p, dropout_seed, window, softcap, alibi, sinks):

@@ -58,12 +58,15 @@ for strategy, opts in (("ring", dict(is_causal=True, window=17, alibi=True)),
     rdq, rdk, rdv = attn.sdpa_backward(g, q, k, v, ref, ref_lse, enable_gqa=True, **opts)
     rg = attn.mpi.shard_range(N, P, R, strategy)
     check(strategy != "zigzag" or rg == attn.mpi.zigzag_range(N, P, R), "zigzag's shard_range is zigzag_range")
+    check(np.array_equal(attn.mpi.shard(q, P, R, strategy), shard(q, rg)), f"{strategy}: attn.mpi.shard")
     out, lse = attn.mpi.sdpa(comm, shard(q, rg), shard(k, rg), shard(v, rg), strategy=strategy, return_lse=True,
                              **opts)
     e_out, e_lse = rel(out, shard(ref, rg)), rel(lse[..., None], shard(ref_lse[..., None], rg))
     dq, dk, dv = attn.mpi.sdpa_backward(comm, shard(g, rg), shard(q, rg), shard(k, rg), shard(v, rg), out, lse,
                                         strategy=strategy, **opts)
     e = [rel(a, shard(b, rg)) for a, b in ((dq, rdq), (dk, rdk), (dv, rdv))]
+    whole = attn.mpi.unshard(comm.allgather(out), strategy)  # every rank's out, put back in sequence order
+    check(whole.shape == ref.shape and rel(whole, ref) <= 1e-6, f"{strategy}: unshard of the gathered out")
     check(e_out <= 1e-6 and e_lse <= 1e-6 and max(e) <= 1e-6,
           f"{strategy}: out {e_out:.2e} lse {e_lse:.2e} dq/dk/dv {e[0]:.2e} {e[1]:.2e} {e[2]:.2e}")
     if R == 0:

@@ -245,6 +245,44 @@ static attn_tensor along(const attn_tensor *t, int dim, int64_t start, int64_t c
   return v;
 }
 
+/* One copy of attn_mpi_shard (to_whole 0) or attn_mpi_unshard (1) after the shapes are checked. */
+static attn_status reshard(attn_ctx *ctx, const attn_tensor *whole, const attn_tensor *local,
+                           attn_mpi_strategy strategy, int P, int r, int to_whole) {
+  const char *fn = to_whole ? "attn_mpi_unshard" : "attn_mpi_shard";
+  if (!ctx) return ATTN_E_INVALID;
+  if (!whole || !local) return attn_ctx_fail(ctx, ATTN_E_INVALID, "%s: a NULL tensor", fn);
+  if ((whole->rank != 3 && whole->rank != 4) || local->rank != whole->rank)
+    return attn_ctx_fail(ctx, ATTN_E_SHAPE, "%s: whole and shard must both be [B, H, N, F] or [B, H, N]", fn);
+  int64_t rg[4];
+  if (attn_mpi_shard_range(strategy, whole->shape[2], P, r, rg))
+    return attn_ctx_fail(ctx, ATTN_E_INVALID, "%s: no shard %d of %d ranks with strategy %d", fn, r, P, (int)strategy);
+  const int64_t n = rg[1] - rg[0] + rg[3] - rg[2];
+  for (int d = 0; d < whole->rank; d++)
+    if (local->shape[d] != (d == 2 ? n : whole->shape[d]))
+      return attn_ctx_fail(ctx, ATTN_E_SHAPE, "%s: rank %d of %d holds %lld of the %lld tokens: shard's dim %d is "
+                           "%lld, not %lld", fn, r, P, (long long)n, (long long)whole->shape[2], d,
+                           (long long)local->shape[d], (long long)(d == 2 ? n : whole->shape[d]));
+  attn_status st = ATTN_OK;
+  for (int part = 0, at = 0; part < 2 && !st; part++) {
+    const int64_t len = rg[2 * part + 1] - rg[2 * part];
+    if (!len) continue;
+    attn_tensor w = along(whole, 2, rg[2 * part], len), s = along(local, 2, at, len);
+    st = to_whole ? attn_tensor_copy(ctx, &w, &s) : attn_tensor_copy(ctx, &s, &w);
+    at += (int)len;
+  }
+  return st;
+}
+
+attn_status attn_mpi_shard(attn_ctx *ctx, attn_tensor *local, const attn_tensor *whole, attn_mpi_strategy strategy,
+                           int P, int r) {
+  return reshard(ctx, whole, local, strategy, P, r, 0);
+}
+
+attn_status attn_mpi_unshard(attn_ctx *ctx, attn_tensor *whole, const attn_tensor *local, attn_mpi_strategy strategy,
+                             int P, int r) {
+  return reshard(ctx, whole, local, strategy, P, r, 1);
+}
+
 /* A contiguous [B, H, cap, F] buffer's first n rows of each head, as a view. */
 static attn_tensor block_view(void *data, attn_dtype dt, int64_t B, int64_t H, int64_t cap, int64_t n, int64_t F) {
   attn_tensor t;
