@@ -263,12 +263,13 @@ static attn_status reshard(attn_ctx *ctx, const attn_tensor *whole, const attn_t
                            "%lld, not %lld", fn, r, P, (long long)n, (long long)whole->shape[2], d,
                            (long long)local->shape[d], (long long)(d == 2 ? n : whole->shape[d]));
   attn_status st = ATTN_OK;
-  for (int part = 0, at = 0; part < 2 && !st; part++) {
+  int64_t at = 0;
+  for (int part = 0; part < 2 && !st; part++) {
     const int64_t len = rg[2 * part + 1] - rg[2 * part];
     if (!len) continue;
     attn_tensor w = along(whole, 2, rg[2 * part], len), s = along(local, 2, at, len);
     st = to_whole ? attn_tensor_copy(ctx, &w, &s) : attn_tensor_copy(ctx, &s, &w);
-    at += (int)len;
+    at += len;
   }
   return st;
 }
