@@ -483,8 +483,8 @@ static void pump_stop(pump *p) {
 typedef attn_status (*piece_fn)(void *arg, const block *bl, const segment *qs, const segment *ks);
 
 /* The ring's P steps over bl (bl[0]: this rank's block, packed): step s runs fn on every visible
- * piece of this rank's queries, POLL_ROWS rows at a time, against the block of rank (r - s) mod P
- * while the next block travels. With grads_in (the backward) a step's pieces add their dK and dV
+ * piece of this rank's queries (whole segments, or POLL_ROWS rows at a time where the ring must
+ * poll between calls) against the block of rank (r - s) mod P while the next block travels. With grads_in (the backward) a step's pieces add their dK and dV
  * to the block's zeroed ones while the sum of the ranks before arrives in grads_in; the two are
  * added and sent on during the next step, the last sum to the block's owner, so the hand-overs
  * hide behind computation but the last (bl[P & 1] ends up holding this rank's own). */
