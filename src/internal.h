@@ -151,6 +151,25 @@ static inline void attn__widen_strided(float *restrict dst, const void *src, att
   }
 }
 
+/* Elements off, off + stride, ... of an f32, f16 or bf16 output = src[0..n) * scale (rounded to nearest
+ * even for halves): the write-out loops' conversion, one loop per dtype so that each vectorises. */
+static inline void attn__narrow_strided(void *dst, attn_dtype dt, int64_t off, int64_t stride, const float *restrict src,
+                                        int64_t n, float scale) {
+  if (dt == ATTN_F32) {
+    float *d = (float *)dst + off;
+    if (stride == 1)
+      for (int64_t e = 0; e < n; e++) d[e] = src[e] * scale;
+    else
+      for (int64_t e = 0; e < n; e++) d[e * stride] = src[e] * scale;
+  } else if (dt == ATTN_BF16) {
+    uint16_t *d = (uint16_t *)dst + off;
+    for (int64_t e = 0; e < n; e++) d[e * stride] = attn__f32_to_bf16(src[e] * scale);
+  } else {
+    uint16_t *d = (uint16_t *)dst + off;
+    for (int64_t e = 0; e < n; e++) d[e * stride] = attn__f32_to_f16(src[e] * scale);
+  }
+}
+
 static inline int attn__is_float(attn_dtype dt) {
   return dt == ATTN_F32 || dt == ATTN_F64 || dt == ATTN_F16 || dt == ATTN_BF16;
 }

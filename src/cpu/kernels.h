@@ -56,6 +56,9 @@ typedef struct attn__cpu_kernels {
   /* Backward pass, transposed accumulate: Out[j][c] += sum_{r < MR} P[r][j] * X[r][c]
    * for j < NR, c < C; Out rows ldo apart, X rows ldx apart (unit stride within rows). */
   void (*pt_acc)(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C);
+  /* Packing, optional (NULL: attn__pack_block_t's portable gather): Kt[f][j] = rows[j * ld + f] for f < F,
+   * j < n (n <= NR f32 rows, unit stride), and 0 for n <= j < NR. */
+  void (*pack_t)(float *Kt, const float *rows, int64_t ld, int n, int64_t F);
 } attn__cpu_kernels;
 
 /* Half-precision tiles: bf16 products accumulated in fp32 (vdpbf16ps and the
@@ -171,8 +174,9 @@ extern const attn__decode_kernels attn__decode_kernels_avx512;
 
 /* Packs key block blk of one kv head of a [B, Hk, N, F] view (f32, f16 or
  * bf16, widened to f32), transposed, as
- * Kt is laid out: dst[blk][f][jj] for f < F, jj < nr, zero past row Nk (engine/forward.c).
+ * Kt is laid out: dst[blk][f][jj] for f < F, jj < kn->nr, zero past row Nk (engine/forward.c).
  * base: the element offset of the kv head's key 0 (logit.h's attn__koff). */
-void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t base, int64_t blk, int nr, int64_t Nk, int64_t F);
+void attn__pack_block_t(const attn__cpu_kernels *kn, float *dst, const attn_tensor *t, int64_t base, int64_t blk,
+                        int64_t Nk, int64_t F);
 
 #endif

@@ -173,9 +173,10 @@ static void pass_item(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_t
       continue;
     }
     for (int64_t jj = 0; jj < nk; jj++) {
-      const int64_t ko = attn__koff(p, dk, b, g, j0 + jj), vo = attn__koff(p, dv, b, g, j0 + jj);
-      for (int64_t d = 0; d < p->D; d++) attn__store_f32(dk->data, dk->dtype, ko + d * dk->strides[3], s->dK[jj * p->D + d]);
-      for (int64_t e = 0; e < p->Dv; e++) attn__store_f32(dv->data, dv->dtype, vo + e * dv->strides[3], s->dV[jj * p->Dv + e]);
+      attn__narrow_strided(dk->data, dk->dtype, attn__koff(p, dk, b, g, j0 + jj), dk->strides[3], s->dK + jj * p->D,
+                           p->D, 1.0f);
+      attn__narrow_strided(dv->data, dv->dtype, attn__koff(p, dv, b, g, j0 + jj), dv->strides[3], s->dV + jj * p->Dv,
+                           p->Dv, 1.0f);
     }
   }
 }
@@ -252,6 +253,21 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
   }
 }
 
+/* sum_c x[c] * t[off + c * strides[3]] for c < n, in double: eight running sums (lane c % 8), then added
+ * in lane order, a fixed order that vectorises (one chain of n dependent adds did not: it was most of the
+ * backward's packing time) */
+static double dot_double(const float *x, const attn_tensor *t, int64_t off, int64_t n) {
+  double lane[8] = {0};
+  int64_t c = 0;
+  if (t->dtype == ATTN_F32 && t->strides[3] == 1) {
+    const float *y = (const float *)t->data + off;
+    for (; c + 8 <= n; c += 8)
+      for (int e = 0; e < 8; e++) lane[e] += (double)x[c + e] * y[c + e];
+  }
+  for (; c < n; c++) lane[c % 8] += (double)x[c] * attn__load_f32(t->data, t->dtype, off + c * t->strides[3]);
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 /* Packs query row i of head h into slot R: scaled q, dO, lse, and Dd in double. */
 static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *dout, const attn_tensor *out,
                      const attn_tensor *lse, int64_t b, int64_t h, int64_t i) {
@@ -269,11 +285,8 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
   attn__widen_strided(qd, q->data, q->dtype, attn__qoff(p, q, b, h, i), q->strides[3], p->D);
   for (int64_t d = 0; d < p->D; d++) qd[d] *= scale;
   attn__widen_strided(od, dout->data, dout->dtype, attn__qoff(p, dout, b, h, i), dout->strides[3], p->Dv);
-  const int64_t oo = attn__qoff(p, out, b, h, i);
-  double dd = 0;
-  for (int64_t c = 0; c < p->Dv; c++) dd += (double)od[c] * attn__load_f32(out->data, out->dtype, oo + c * out->strides[3]);
   R->lse[i] = ((const float *)lse->data)[attn__qoff(p, lse, b, h, i)];
-  R->Dd[i] = (float)dd; /* subtracted from every dP of the row: summed in double */
+  R->Dd[i] = (float)dot_double(od, out, attn__qoff(p, out, b, h, i), p->Dv); /* subtracted from every dP of the row */
 }
 
 /* pack_row for the half path: q as bf16 pairs and transposed (QT column i), dO rounded to bf16 the same
@@ -491,8 +504,8 @@ static void pack_kv_run(const void *arg, void *scratch, int64_t round, int64_t f
       }
       continue;
     }
-    attn__pack_block_t(j->Kt + slot * j->kt_size, &p->k, attn__koff(p, &p->k, b, g, 0), blk, j->kn->nr, nk, p->D);
-    attn__pack_block_t(j->Vt + slot * j->vt_size, &p->v, attn__koff(p, &p->v, b, g, 0), blk, j->kn->nr, nk, p->Dv);
+    attn__pack_block_t(j->kn, j->Kt + slot * j->kt_size, &p->k, attn__koff(p, &p->k, b, g, 0), blk, nk, p->D);
+    attn__pack_block_t(j->kn, j->Vt + slot * j->vt_size, &p->v, attn__koff(p, &p->v, b, g, 0), blk, nk, p->Dv);
   }
 }
 
@@ -502,10 +515,12 @@ static void pack_rows_run(const void *arg, void *scratch, int64_t round, int64_t
   (void)scratch;
   const bwd_job *j = arg;
   const attn__sdpa *p = j->p;
+  int64_t nqp = 0, geom_bg = -1;
   for (int64_t w = first; w < last; w++) {
     int64_t local;
     const int64_t bg = item_pair(j, PH_ROWS, round, w, &local), slot = bg - round * j->per_round;
-    const int64_t nqp = geom(j, bg / p->Hk).nqp, hs = local / nqp, i = local % nqp;
+    if (bg != geom_bg) nqp = geom(j, bg / p->Hk).nqp, geom_bg = bg;
+    const int64_t hs = local / nqp, i = local % nqp;
     const bwd_rows R = slot_row(j, slot, hs);
     if (j->hk)
       pack_row_half(p, &R, j->D2, j->Dv2, nqp, j->dout, j->out, j->lse, bg / p->Hk, (bg % p->Hk) * p->group + hs, i);
@@ -569,16 +584,20 @@ static void grid_run(const void *arg, void *scratch, int64_t round, int64_t firs
  * order (64 columns at a time, so that the sums vectorise; each element still adds r = 0, 1, ...) */
 static void sum_parts(const attn_tensor *t, int64_t off, const float *part, int64_t stride, int64_t R, int64_t n,
                       float scale) {
-  for (int64_t c0 = 0; c0 < n; c0 += 64) {
+  int64_t c0 = 0;
+  if (t->dtype == ATTN_F32 && t->strides[3] == 1) /* 16 columns at a time, the sums in registers */
+    for (float *d = (float *)t->data + off; c0 + 16 <= n; c0 += 16) {
+      float acc[16] = {0};
+      for (int64_t r = 0; r < R; r++)
+        for (int e = 0; e < 16; e++) acc[e] += part[r * stride + c0 + e];
+      for (int e = 0; e < 16; e++) d[c0 + e] = acc[e] * scale;
+    }
+  for (; c0 < n; c0 += 64) {
     const int m = n - c0 < 64 ? (int)(n - c0) : 64;
     float acc[64] = {0};
     for (int64_t r = 0; r < R; r++)
       for (int e = 0; e < m; e++) acc[e] += part[r * stride + c0 + e];
-    for (int e = 0; e < m; e++) acc[e] *= scale;
-    if (t->dtype == ATTN_F32 && t->strides[3] == 1)
-      memcpy((float *)t->data + off + c0, acc, (size_t)m * sizeof(float));
-    else
-      for (int e = 0; e < m; e++) attn__store_f32(t->data, t->dtype, off + (c0 + e) * t->strides[3], acc[e]);
+    attn__narrow_strided(t->data, t->dtype, off + c0 * t->strides[3], t->strides[3], acc, m, scale);
   }
 }
 
@@ -593,11 +612,12 @@ static void reduce_dq_run(const void *arg, void *scratch, int64_t round, int64_t
   const int64_t D = p->D;
   const attn_tensor *dq = j->dq;
   const int64_t sd = dq->strides[3];
-  for (int64_t w = first; w < last; w++) {
+  bwd_geom e = {0};
+  for (int64_t w = first, geom_b = -1; w < last; w++) {
     int64_t local;
     const int64_t bg = item_pair(j, PH_DQ, round, w, &local), slot = bg - round * j->per_round;
     const int64_t b = bg / p->Hk;
-    const bwd_geom e = geom(j, b);
+    if (b != geom_b) e = geom(j, b), geom_b = b;
     const int64_t hs = local / e.nq, i = local % e.nq, h = (bg % p->Hk) * p->group + hs;
     const int64_t C = e.C, cstride = p->group * e.nqp * D;
     const float *part = j->dQp + slot * j->dq_size + (hs * e.nqp + i) * D;
@@ -617,11 +637,12 @@ static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_
   (void)scratch;
   const bwd_job *j = arg;
   const attn__sdpa *p = j->p;
-  for (int64_t w = first; w < last; w++) {
+  bwd_geom e = {0};
+  for (int64_t w = first, geom_b = -1; w < last; w++) {
     int64_t jk;
     const int64_t bg = item_pair(j, PH_DKV, round, w, &jk), slot = bg - round * j->per_round;
     const int64_t b = bg / p->Hk, g = bg % p->Hk;
-    const bwd_geom e = geom(j, b);
+    if (b != geom_b) e = geom(j, b), geom_b = b;
     const int64_t R = e.R; /* 0: no item ran, zeros */
     const attn_tensor *dk = j->dk, *dv = j->dv;
     const int64_t ko = attn__koff(p, dk, b, g, jk), vo = attn__koff(p, dv, b, g, jk);

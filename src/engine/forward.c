@@ -280,10 +280,16 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
   if (j->hk && j->hk->end) j->hk->end();
 }
 
-void attn__pack_block_t(float *dst, const attn_tensor *t, int64_t head, int64_t blk, int nr, int64_t Nk, int64_t F) {
+void attn__pack_block_t(const attn__cpu_kernels *kn, float *dst, const attn_tensor *t, int64_t head, int64_t blk,
+                        int64_t Nk, int64_t F) {
+  const int nr = kn->nr;
   const int64_t base = head + blk * nr * t->strides[2];
   float *o = dst + blk * nr * F;
   const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
+  if (kn->pack_t && t->dtype == ATTN_F32 && t->strides[3] == 1) {
+    kn->pack_t(o, (const float *)t->data + base, t->strides[2], n, F);
+    return;
+  }
   /* writes run along the packed rows: the reads' nr rows stay in L1 across f */
   for (int64_t f = 0; f < F; f++) {
     attn__widen_strided(o + f * nr, t->data, t->dtype, base + f * t->strides[3], t->strides[2], n);
@@ -375,7 +381,7 @@ static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t fi
     else if (p->k.dtype != ATTN_F32 && p->k.strides[3] == 1)
       pack_block_widened(dst, &p->k, head, blk, j->kn->nr, nk, p->D, j->widen);
     else
-      attn__pack_block_t(dst, &p->k, head, blk, j->kn->nr, nk, p->D);
+      attn__pack_block_t(j->kn, dst, &p->k, head, blk, nk, p->D);
   }
 }
 

@@ -71,6 +71,7 @@ attn_status attn__schedule(attn_ctx *ctx, const char *what, const long long args
       for (int k = 0; k < job->nphases; k++) {
         const attn__phase *ph = &job->phases[k];
         const int64_t items = ph->items(job->arg, round);
+        if (items == 0) continue; /* every thread sees the same count: no barrier is owed */
         if (ph->on_demand) {
 #pragma omp for schedule(dynamic, 1)
           for (int64_t it = 0; it < items; it++) ph->run(job->arg, scratch, round, it, it + 1);

@@ -263,9 +263,48 @@ static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *
   }
 }
 
+/* r[i][c] becomes r[c][i]: pairs of rows interleaved by 32-bit, then 64-bit lanes, then 128-bit quarters twice. */
+static void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 16; i += 4)
+    for (int k = 0; k < 2; k++) {
+      const __m512d a = _mm512_castps_pd(t[i + k]), b = _mm512_castps_pd(t[i + k + 2]);
+      r[i + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      r[i + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  /* lanes 4q..4q+3 of r[i] now hold column c = i % 4 + 4 q' of rows 4 (i / 4) .. + 3 (q' = the lane's quarter) */
+  for (int h = 0; h < 2; h++)
+    for (int k = 0; k < 4; k++) {
+      t[8 * h + k] = _mm512_shuffle_f32x4(r[8 * h + k], r[8 * h + 4 + k], 0x88);
+      t[8 * h + 4 + k] = _mm512_shuffle_f32x4(r[8 * h + k], r[8 * h + 4 + k], 0xdd);
+    }
+  for (int k = 0; k < 8; k++) {
+    r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
+    r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
+  }
+}
+
+/* Kt[f][j] = rows[j * ld + f] for f < F, j < n, and 0 for n <= j < NR: sixteen keys by sixteen features a step,
+ * turned in registers (the portable gather reads one strided float at a time). */
+static void pack_t_avx512(float *Kt, const float *rows, int64_t ld, int n, int64_t F) {
+  for (int64_t f0 = 0; f0 < F; f0 += 16) {
+    const int fm = F - f0 < 16 ? (int)(F - f0) : 16;
+    const __mmask16 km = lanes16(fm);
+    for (int j0 = 0; j0 < NR; j0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; i++)
+        r[i] = j0 + i < n ? _mm512_maskz_loadu_ps(km, rows + (j0 + i) * ld + f0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int f = 0; f < fm; f++) _mm512_storeu_ps(Kt + (f0 + f) * NR + j0, r[f]);
+    }
+  }
+}
+
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
+_Static_assert(NR % 16 == 0, "pack_t turns sixteen keys at a time");
 const attn__cpu_kernels ATTN_TILE_SET = {ATTN_TILE_SET_NAME, MR, NR, qk_avx512, softmax_avx512, pv_avx512,
-                                         exp_shift_avx512, ds_avx512, pt_acc_avx512};
+                                         exp_shift_avx512, ds_avx512, pt_acc_avx512, pack_t_avx512};
 
 #ifndef ATTN_TILES_ONLY
 
