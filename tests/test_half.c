@@ -546,6 +546,13 @@ int main(int argc, char **argv) {
       backward_tiles(ctx, oracle, &c, seed);
     }
   }
+  { /* a kv head's K and V past 1 MiB: 16 tiles share each key block (engine/forward.c), shown by the plan */
+    const hcase c = {1, 2, 1, 300, 4200, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 0};
+    attn_ctx_set_threads(ctx, 1);
+    CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+    run(ctx, oracle, &c, ATTN_BF16, 9001, 1, 0, "bf16 inputs, long keys, 1 thread");
+    CHECK(strstr(attn_ctx_plan(ctx), "query blocks of 16 x") != NULL, "long keys: the plan is %s", attn_ctx_plan(ctx));
+  }
   if (kern == ATTN_KERNEL_AMX) {
     attn_ctx_set_threads(ctx, 2);
     CHECK_OK(ctx, attn_ctx_set_decode(ctx, 1)); /* the cache's own dispatch: too many rows for the decode kernel */

@@ -334,19 +334,25 @@ static void edge_cases(attn_ctx *ctx) {
 }
 
 /* A longer sequence than the random cases reach: many key blocks, many tiles. */
-static void long_case(attn_ctx *ctx) {
-  enum { B = 1, H = 2, N = 300, D = 64 };
-  float *q = malloc(sizeof(float) * B * H * N * D), *k = malloc(sizeof(float) * B * H * N * D);
-  float *v = malloc(sizeof(float) * B * H * N * D), *out = malloc(sizeof(float) * B * H * N * D);
-  double *ref = malloc(sizeof(double) * B * H * N * D);
+/* Nq query rows against Nk keys, 2 heads, D 64, every causal mode, every kernel at 1-3 threads. qb: the
+ * tiles per query block the forward must pick (a kv head's K and V past 1 MiB share a key block among 16
+ * tiles, else 4; engine/forward.c), read from the plan so that both ways are known to have run. */
+static void long_case(attn_ctx *ctx, int Nq, int Nk, int qb) {
+  enum { B = 1, H = 2, D = 64 };
+  const int64_t nq = (int64_t)B * H * Nq * D, nk = (int64_t)B * H * Nk * D;
+  float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk);
+  float *v = malloc(sizeof(float) * nk), *out = malloc(sizeof(float) * nq), *first = malloc(sizeof(float) * nq);
+  double *ref = malloc(sizeof(double) * nq);
   tu_rng r = {7};
-  tu_fill_f32(&r, q, B * H * N * D, 2);
-  tu_fill_f32(&r, k, B * H * N * D, 2);
-  tu_fill_f32(&r, v, B * H * N * D, 1);
-  int64_t s[4] = {B, H, N, D};
-  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, s), tk = attn_tensor_view(k, ATTN_F32, 4, s);
-  attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, s), to = attn_tensor_view(out, ATTN_F32, 4, s);
-  attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 4, s);
+  tu_fill_f32(&r, q, nq, 2);
+  tu_fill_f32(&r, k, nk, 2);
+  tu_fill_f32(&r, v, nk, 1);
+  int64_t sq[4] = {B, H, Nq, D}, sk[4] = {B, H, Nk, D};
+  attn_tensor tq = attn_tensor_view(q, ATTN_F32, 4, sq), tk = attn_tensor_view(k, ATTN_F32, 4, sk);
+  attn_tensor tv = attn_tensor_view(v, ATTN_F32, 4, sk), to = attn_tensor_view(out, ATTN_F32, 4, sq);
+  attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 4, sq);
+  char want[64];
+  snprintf(want, sizeof want, "query blocks of %d x", qb);
   for (int causal = 0; causal < 3; causal++) {
     attn_sdpa_opts o;
     attn_sdpa_opts_init(&o);
@@ -355,25 +361,26 @@ static void long_case(attn_ctx *ctx) {
     for (int kern = ATTN_KERNEL_C; kern <= ATTN_KERNEL_AVX512; kern++) {
       if (!attn_kernel_supported((attn_kernel)kern)) continue;
       attn_ctx_set_kernel(ctx, (attn_kernel)kern);
-      float *first = malloc(sizeof(float) * B * H * N * D);
       for (int threads = 1; threads <= 3; threads++) { /* large enough that every thread works */
         attn_ctx_set_threads(ctx, threads);
-        tu_poison_f32(out, B * H * N * D);
+        tu_poison_f32(out, nq);
         CHECK_OK(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &o));
+        CHECK(strstr(attn_ctx_plan(ctx), want) != NULL, "Nq=%d Nk=%d: the plan \"%s\" lacks \"%s\"", Nq, Nk,
+              attn_ctx_plan(ctx), want);
         double *got = tu_to_f64(&to);
-        double e = tu_rel_l2(got, ref, B * H * N * D);
-        CHECK(e <= 1e-5, "N=%d causal %d kernel %s: rel err %.3g", N, causal, attn_kernel_name((attn_kernel)kern), e);
-        if (threads == 1) memcpy(first, out, sizeof(float) * B * H * N * D);
-        else CHECK(!memcmp(first, out, sizeof(float) * B * H * N * D), "N=%d kernel %s: threads %d changed the bits", N,
-                   attn_kernel_name((attn_kernel)kern), threads);
+        double e = tu_rel_l2(got, ref, nq);
+        CHECK(e <= 1e-5, "Nq=%d Nk=%d causal %d kernel %s: rel err %.3g", Nq, Nk, causal,
+              attn_kernel_name((attn_kernel)kern), e);
+        if (threads == 1) memcpy(first, out, sizeof(float) * nq);
+        else CHECK(!memcmp(first, out, sizeof(float) * nq), "Nq=%d Nk=%d kernel %s: threads %d changed the bits", Nq,
+                   Nk, attn_kernel_name((attn_kernel)kern), threads);
         free(got);
       }
       attn_ctx_set_threads(ctx, 0);
-      free(first);
     }
   }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
-  free(q); free(k); free(v); free(out); free(ref);
+  free(q); free(k); free(v); free(out); free(first); free(ref);
 }
 
 // out is (N, Dv) for one head: the textbook fp32 loop (scores, softmax, weighted sum), no blocking.
@@ -453,7 +460,8 @@ int main(int argc, char **argv) {
   CHECK_OK(blocked, attn_ctx_set_decode(blocked, 0));
   edge_cases(blocked);
   attn_ctx_destroy(blocked);
-  long_case(ctx);
+  long_case(ctx, 300, 300, 4);
+  long_case(ctx, 800, 2100, 16); /* 2100 keys of 64 + 64 floats: 1.03 MiB */
   accuracy_vs_plain(ctx);
   for (int i = 0; i < cases; i++) random_case(ctx, 1000 + (uint64_t)i);
   attn_ctx_destroy(ctx);
