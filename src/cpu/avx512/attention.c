@@ -180,42 +180,61 @@ static inline __mmask16 lanes16(int64_t n) {
   return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-/* SPARSE: a zero P adds nothing (its V row may be a hidden key's Inf); the
- * masked FMA costs one compare per row and key, paid only by tiles with hidden keys. */
-static inline __attribute__((always_inline)) void pv_avx512_t(float *O, const float *alpha, const float *P,
-                                                              const float *V, int64_t ldv, int64_t Dv, int64_t nkeys,
-                                                              const int SPARSE) {
-  for (int64_t c0 = 0; c0 < Dv; c0 += 16 * CW) {
-    __mmask16 mk[CW];
-    for (int w = 0; w < CW; w++) mk[w] = lanes16(Dv - c0 - 16 * w);
-    __m512 o[MR][CW];
-    for (int r = 0; r < MR; r++) {
-      const __m512 a = _mm512_set1_ps(alpha[r]);
-      for (int w = 0; w < CW; w++) o[r][w] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w), a);
-    }
-    for (int64_t j = 0; j < nkeys; j++) {
-      const float *vr = V + j * ldv + c0;
-      __m512 vv[CW];
-      for (int w = 0; w < CW; w++) vv[w] = _mm512_maskz_loadu_ps(mk[w], vr + 16 * w);
-      for (int r = 0; r < MR; r++) {
-        const __m512 p = _mm512_set1_ps(P[r * NR + j]);
-        if (SPARSE) { /* NaN counts as nonzero: it propagates */
-          const __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-          for (int w = 0; w < CW; w++) o[r][w] = _mm512_mask3_fmadd_ps(p, vv[w], o[r][w], nz);
-        } else {
-          for (int w = 0; w < CW; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);
-        }
-      }
-    }
-    for (int r = 0; r < MR; r++)
-      for (int w = 0; w < CW; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);
+/* Columns [c0, c0 + 16 W) of O, W zmm (the last one masked at Dv), one function for each W: arrays sized
+ * exactly W stay in registers (sized CW and partly used, GCC stored them to the stack every key). SPARSE: a
+ * zero P adds nothing (its V row may be a hidden key's Inf); the masked FMA costs one compare per row and
+ * key, paid only by tiles with hidden keys. */
+#define PV_COLS(W)                                                                                                    \
+  static inline __attribute__((always_inline)) void pv_cols_##W##_t(float *O, const float *alpha, const float *P,    \
+                                                                     const float *V, int64_t ldv, int64_t Dv,         \
+                                                                     int64_t nkeys, int64_t c0, const int SPARSE) {   \
+    __mmask16 mk[W];                                                                                                  \
+    _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) mk[w] = lanes16(Dv - c0 - 16 * w);                                                    \
+    __m512 o[MR][W];                                                                                                  \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                                                                                    \
+      const __m512 a = _mm512_set1_ps(alpha[r]);                                                                      \
+      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) o[r][w] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w), a); \
+    }                                                                                                                 \
+    for (int64_t j = 0; j < nkeys; j++) {                                                                             \
+      const float *vr = V + j * ldv + c0;                                                                             \
+      __m512 vv[W];                                                                                                   \
+      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) vv[w] = _mm512_maskz_loadu_ps(mk[w], vr + 16 * w);                                  \
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                                                                                  \
+        const __m512 p = _mm512_set1_ps(P[r * NR + j]);                                                               \
+        if (SPARSE) { /* NaN counts as nonzero: it propagates */                                                      \
+          const __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);                               \
+          _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) o[r][w] = _mm512_mask3_fmadd_ps(p, vv[w], o[r][w], nz);                         \
+        } else {                                                                                                      \
+          _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);                                   \
+        }                                                                                                             \
+      }                                                                                                               \
+    }                                                                                                                 \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++)                                                                                      \
+      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);                    \
+  }                                                                                                                   \
+  static void pv_cols_##W(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,      \
+                          int64_t nkeys, int64_t c0, int sparse) {                                                    \
+    if (sparse) pv_cols_##W##_t(O, alpha, P, V, ldv, Dv, nkeys, c0, 1);                                               \
+    else pv_cols_##W##_t(O, alpha, P, V, ldv, Dv, nkeys, c0, 0);                                                      \
   }
-}
+PV_COLS(1)
+PV_COLS(2)
+PV_COLS(3)
+PV_COLS(4)
+#if CW != 4
+#error "pv_avx512 has a function for each width up to CW = 4"
+#endif
 
+/* Chunks of CW zmm of columns, then one of as many zmm as the rest of Dv needs: a Dv of 32, 80 or 96 runs
+ * no FMA on columns past it (one chunk of 4 did: half of D 32's p.v, 3 of 8 zmm at D 80). Each column's
+ * sum is the same whatever its chunk, so results do not change. */
 static void pv_avx512(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,
                       int64_t nkeys, int sparse) {
-  if (sparse) pv_avx512_t(O, alpha, P, V, ldv, Dv, nkeys, 1);
-  else pv_avx512_t(O, alpha, P, V, ldv, Dv, nkeys, 0);
+  static void (*const width[CW + 1])(float *, const float *, const float *, const float *, int64_t, int64_t, int64_t,
+                                     int64_t, int) = {NULL, pv_cols_1, pv_cols_2, pv_cols_3, pv_cols_4};
+  int64_t c0 = 0;
+  for (; c0 + 16 * CW <= Dv; c0 += 16 * CW) pv_cols_4(O, alpha, P, V, ldv, Dv, nkeys, c0, sparse);
+  if (c0 < Dv) width[(Dv - c0 + 15) / 16](O, alpha, P, V, ldv, Dv, nkeys, c0, sparse);
 }
 
 static void exp_shift_avx512(float *S, const float *shift) {
