@@ -511,9 +511,9 @@ static void random_case(attn_ctx *ctx, uint64_t seed) {
   sp.Hq = sp.Hk * tu_int(&r, 1, 3);
   sp.Nq = tu_int(&r, 1, 24);
   sp.Nk = tu_int(&r, 0, 7) == 0 ? tu_int(&r, 0, 2) : tu_int(&r, 1, 28);
-  static const int64_t dims[] = {1, 3, 8, 16, 17, 32};
-  sp.D = dims[tu_int(&r, 0, 5)];
-  sp.Dv = tu_int(&r, 0, 2) ? sp.D : dims[tu_int(&r, 0, 5)];
+  static const int64_t dims[] = {1, 3, 8, 16, 17, 32, 48, 80}; /* 48, 80: every chunk width of the tiles' sums */
+  sp.D = dims[tu_int(&r, 0, 7)];
+  sp.Dv = tu_int(&r, 0, 2) ? sp.D : dims[tu_int(&r, 0, 7)];
   sp.layout = (int)tu_int(&r, 0, 2);
   sp.causal = (attn_causal)tu_int(&r, 0, 2);
   sp.mask_mode = (int)tu_int(&r, -1, 3);

@@ -261,25 +261,51 @@ static void ds_avx512(const float *P, float *dP, const float *Dd) {
   }
 }
 
-/* The MR rows of X for 16 * PW columns stay in registers while every key row of Out streams past. */
-static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
-  for (int64_t c0 = 0; c0 < C; c0 += 16 * PW) {
-    __mmask16 mk[PW];
-    for (int w = 0; w < PW; w++) mk[w] = lanes16(C - c0 - 16 * w);
-    __m512 x[MR][PW];
-    for (int r = 0; r < MR; r++)
-      for (int w = 0; w < PW; w++) x[r][w] = _mm512_maskz_loadu_ps(mk[w], X + r * ldx + c0 + 16 * w);
-    for (int j = 0; j < NR; j++) {
-      float *o = Out + j * ldo + c0;
-      __m512 acc[PW];
-      for (int w = 0; w < PW; w++) acc[w] = _mm512_maskz_loadu_ps(mk[w], o + 16 * w);
-      for (int r = 0; r < MR; r++) {
-        const __m512 pv = _mm512_set1_ps(P[r * NR + j]);
-        for (int w = 0; w < PW; w++) acc[w] = _mm512_fmadd_ps(pv, x[r][w], acc[w]);
-      }
-      for (int w = 0; w < PW; w++) _mm512_mask_storeu_ps(o + 16 * w, mk[w], acc[w]);
-    }
+/* Columns [c0, c0 + 16 W) of Out: the MR rows of X for them stay in registers while every key row of Out
+ * streams past. One function for each W (as p.v's), so that a C of 32 or 80 runs no FMA past C. */
+#define PT_ACC_COLS(W)                                                                                                \
+  static void pt_acc_cols_##W(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C,       \
+                              int64_t c0) {                                                                           \
+    __mmask16 mk[W];                                                                                                  \
+    _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) mk[w] = lanes16(C - c0 - 16 * w);                             \
+    __m512 x[MR][W];                                                                                                  \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++)                                                             \
+      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++)                                                             \
+        x[r][w] = _mm512_maskz_loadu_ps(mk[w], X + r * ldx + c0 + 16 * w);                                            \
+    for (int j = 0; j < NR; j++) {                                                                                    \
+      float *o = Out + j * ldo + c0;                                                                                  \
+      __m512 acc[W];                                                                                                  \
+      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) acc[w] = _mm512_maskz_loadu_ps(mk[w], o + 16 * w);          \
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                                                         \
+        const __m512 pv = _mm512_set1_ps(P[r * NR + j]);                                                              \
+        _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) acc[w] = _mm512_fmadd_ps(pv, x[r][w], acc[w]);            \
+      }                                                                                                               \
+      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) _mm512_mask_storeu_ps(o + 16 * w, mk[w], acc[w]);           \
+    }                                                                                                                 \
   }
+PT_ACC_COLS(1)
+#if PW > 1
+PT_ACC_COLS(2)
+PT_ACC_COLS(3)
+PT_ACC_COLS(4)
+#endif
+#if PW != 4 && PW != 1
+#error "pt_acc_avx512 has a function for each width up to PW (1 or 4)"
+#endif
+
+static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
+  int64_t c0 = 0;
+#if PW > 1
+  for (; c0 + 16 * PW <= C; c0 += 16 * PW) pt_acc_cols_4(Out, ldo, P, X, ldx, C, c0);
+  switch ((C - c0 + 15) / 16) {
+    case 0: break;
+    case 1: pt_acc_cols_1(Out, ldo, P, X, ldx, C, c0); break;
+    case 2: pt_acc_cols_2(Out, ldo, P, X, ldx, C, c0); break;
+    default: pt_acc_cols_3(Out, ldo, P, X, ldx, C, c0); break;
+  }
+#else
+  for (; c0 < C; c0 += 16) pt_acc_cols_1(Out, ldo, P, X, ldx, C, c0);
+#endif
 }
 
 /* r[i][c] becomes r[c][i]: pairs of rows interleaved by 32-bit, then 64-bit lanes, then 128-bit quarters twice. */
