@@ -218,23 +218,37 @@ static inline __mmask16 lanes16(int64_t n) {
     else pv_cols_##W##_t(O, alpha, P, V, ldv, Dv, nkeys, c0, 0);                                                      \
   }
 PV_COLS(1)
+#if CW >= 2
 PV_COLS(2)
-PV_COLS(3)
-PV_COLS(4)
-#if CW != 4
-#error "pv_avx512 has a function for each width up to CW = 4"
 #endif
+#if CW >= 3
+PV_COLS(3)
+#endif
+#if CW >= 4
+PV_COLS(4)
+#endif
+typedef void (*pv_fn)(float *, const float *, const float *, const float *, int64_t, int64_t, int64_t, int64_t, int);
+static const pv_fn pv_width[] = {NULL, pv_cols_1,
+#if CW >= 2
+                                 pv_cols_2,
+#endif
+#if CW >= 3
+                                 pv_cols_3,
+#endif
+#if CW >= 4
+                                 pv_cols_4,
+#endif
+};
+_Static_assert(sizeof pv_width / sizeof pv_width[0] == CW + 1, "a function for each width up to CW (at most 4)");
 
 /* Chunks of CW zmm of columns, then one of as many zmm as the rest of Dv needs: a Dv of 32, 80 or 96 runs
  * no FMA on columns past it (one chunk of 4 did: half of D 32's p.v, 3 of 8 zmm at D 80). Each column's
  * sum is the same whatever its chunk, so results do not change. */
 static void pv_avx512(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,
                       int64_t nkeys, int sparse) {
-  static void (*const width[CW + 1])(float *, const float *, const float *, const float *, int64_t, int64_t, int64_t,
-                                     int64_t, int) = {NULL, pv_cols_1, pv_cols_2, pv_cols_3, pv_cols_4};
   int64_t c0 = 0;
-  for (; c0 + 16 * CW <= Dv; c0 += 16 * CW) pv_cols_4(O, alpha, P, V, ldv, Dv, nkeys, c0, sparse);
-  if (c0 < Dv) width[(Dv - c0 + 15) / 16](O, alpha, P, V, ldv, Dv, nkeys, c0, sparse);
+  for (; c0 + 16 * CW <= Dv; c0 += 16 * CW) pv_width[CW](O, alpha, P, V, ldv, Dv, nkeys, c0, sparse);
+  if (c0 < Dv) pv_width[(Dv - c0 + 15) / 16](O, alpha, P, V, ldv, Dv, nkeys, c0, sparse);
 }
 
 static void exp_shift_avx512(float *S, const float *shift) {
@@ -284,28 +298,33 @@ static void ds_avx512(const float *P, float *dP, const float *Dd) {
     }                                                                                                                 \
   }
 PT_ACC_COLS(1)
-#if PW > 1
+#if PW >= 2
 PT_ACC_COLS(2)
+#endif
+#if PW >= 3
 PT_ACC_COLS(3)
+#endif
+#if PW >= 4
 PT_ACC_COLS(4)
 #endif
-#if PW != 4 && PW != 1
-#error "pt_acc_avx512 has a function for each width up to PW (1 or 4)"
+typedef void (*pt_acc_fn)(float *, int64_t, const float *, const float *, int64_t, int64_t, int64_t);
+static const pt_acc_fn pt_acc_width[] = {NULL, pt_acc_cols_1,
+#if PW >= 2
+                                         pt_acc_cols_2,
 #endif
+#if PW >= 3
+                                         pt_acc_cols_3,
+#endif
+#if PW >= 4
+                                         pt_acc_cols_4,
+#endif
+};
+_Static_assert(sizeof pt_acc_width / sizeof pt_acc_width[0] == PW + 1, "a function for each width up to PW");
 
 static void pt_acc_avx512(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C) {
   int64_t c0 = 0;
-#if PW > 1
-  for (; c0 + 16 * PW <= C; c0 += 16 * PW) pt_acc_cols_4(Out, ldo, P, X, ldx, C, c0);
-  switch ((C - c0 + 15) / 16) {
-    case 0: break;
-    case 1: pt_acc_cols_1(Out, ldo, P, X, ldx, C, c0); break;
-    case 2: pt_acc_cols_2(Out, ldo, P, X, ldx, C, c0); break;
-    default: pt_acc_cols_3(Out, ldo, P, X, ldx, C, c0); break;
-  }
-#else
-  for (; c0 < C; c0 += 16) pt_acc_cols_1(Out, ldo, P, X, ldx, C, c0);
-#endif
+  for (; c0 + 16 * PW <= C; c0 += 16 * PW) pt_acc_width[PW](Out, ldo, P, X, ldx, C, c0);
+  if (c0 < C) pt_acc_width[(C - c0 + 15) / 16](Out, ldo, P, X, ldx, C, c0);
 }
 
 /* r[i][c] becomes r[c][i]: pairs of rows interleaved by 32-bit, then 64-bit lanes, then 128-bit quarters twice. */
