@@ -18,9 +18,10 @@
 /* Tiles of query rows that share each key block while it is in L1: fewer
  * passes over K and V. QB_NEAR while a kv head's K and V fit in L2_SHARE;
  * past that every pass streams them from L3 or memory, and QB_FAR tiles a
- * pass measured 1.1-1.25x faster (Intel Xeon 4th gen., 2 threads, D 64-256,
- * N 2048-16384) and level at N 512-2048 D 64. A tile's arithmetic does not
- * depend on how many tiles share a block, so results do not either. */
+ * pass measured 1.1-1.25x faster (the Intel Xeon with AMX of BENCHMARKS.md,
+ * 2 threads, D 64-256, N 2048-16384) and level at N 512-2048 D 64. A tile's
+ * arithmetic does not depend on how many tiles share a block, so results do
+ * not either. */
 #define QB_NEAR 4
 #define QB_FAR 16
 #define QB_MAX QB_FAR
