@@ -180,42 +180,43 @@ static inline __mmask16 lanes16(int64_t n) {
   return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-/* Columns [c0, c0 + 16 W) of O, W zmm (the last one masked at Dv), one function for each W: arrays sized
- * exactly W stay in registers (sized CW and partly used, GCC stored them to the stack every key). SPARSE: a
- * zero P adds nothing (its V row may be a hidden key's Inf); the masked FMA costs one compare per row and
- * key, paid only by tiles with hidden keys. */
-#define PV_COLS(W)                                                                                                    \
-  static inline __attribute__((always_inline)) void pv_cols_##W##_t(float *O, const float *alpha, const float *P,    \
-                                                                     const float *V, int64_t ldv, int64_t Dv,         \
-                                                                     int64_t nkeys, int64_t c0, const int SPARSE) {   \
-    __mmask16 mk[W];                                                                                                  \
-    _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) mk[w] = lanes16(Dv - c0 - 16 * w);                                                    \
-    __m512 o[MR][W];                                                                                                  \
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                                                                                    \
-      const __m512 a = _mm512_set1_ps(alpha[r]);                                                                      \
-      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) o[r][w] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w), a); \
-    }                                                                                                                 \
-    for (int64_t j = 0; j < nkeys; j++) {                                                                             \
-      const float *vr = V + j * ldv + c0;                                                                             \
-      __m512 vv[W];                                                                                                   \
-      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) vv[w] = _mm512_maskz_loadu_ps(mk[w], vr + 16 * w);                                  \
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                                                                                  \
-        const __m512 p = _mm512_set1_ps(P[r * NR + j]);                                                               \
-        if (SPARSE) { /* NaN counts as nonzero: it propagates */                                                      \
-          const __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);                               \
-          _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) o[r][w] = _mm512_mask3_fmadd_ps(p, vv[w], o[r][w], nz);                         \
-        } else {                                                                                                      \
-          _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);                                   \
-        }                                                                                                             \
-      }                                                                                                               \
-    }                                                                                                                 \
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++)                                                                                      \
-      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);                    \
-  }                                                                                                                   \
-  static void pv_cols_##W(float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,      \
-                          int64_t nkeys, int64_t c0, int sparse) {                                                    \
-    if (sparse) pv_cols_##W##_t(O, alpha, P, V, ldv, Dv, nkeys, c0, 1);                                               \
-    else pv_cols_##W##_t(O, alpha, P, V, ldv, Dv, nkeys, c0, 0);                                                      \
+/* Columns [c0, c0 + 16 W) of O, W zmm (the last one masked at Dv), one function for each W. The loops
+ * over rows and zmm are unrolled by pragma: without it GCC kept the accumulators on the stack as well and
+ * stored them on every key. SPARSE: a zero P adds nothing (its V row may be a hidden key's Inf); the
+ * masked FMA costs one compare per row and key, paid only by tiles with hidden keys. */
+#define EACH_W(W) _Pragma("GCC unroll 4") for (int w = 0; w < (W); w++)
+#define EACH_ROW _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++)
+#define PV_COLS(W)                                                                                       \
+  static inline __attribute__((always_inline)) void pv_cols_##W##_t(                                     \
+      float *O, const float *alpha, const float *P, const float *V, int64_t ldv, int64_t Dv,             \
+      int64_t nkeys, int64_t c0, const int SPARSE) {                                                     \
+    __mmask16 mk[W];                                                                                     \
+    EACH_W(W) mk[w] = lanes16(Dv - c0 - 16 * w);                                                         \
+    __m512 o[MR][W];                                                                                     \
+    EACH_ROW {                                                                                           \
+      const __m512 a = _mm512_set1_ps(alpha[r]);                                                         \
+      EACH_W(W) o[r][w] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w), a);      \
+    }                                                                                                    \
+    for (int64_t j = 0; j < nkeys; j++) {                                                                \
+      const float *vr = V + j * ldv + c0;                                                                \
+      __m512 vv[W];                                                                                      \
+      EACH_W(W) vv[w] = _mm512_maskz_loadu_ps(mk[w], vr + 16 * w);                                       \
+      EACH_ROW {                                                                                         \
+        const __m512 p = _mm512_set1_ps(P[r * NR + j]);                                                  \
+        if (SPARSE) { /* NaN counts as nonzero: it propagates */                                         \
+          const __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);                  \
+          EACH_W(W) o[r][w] = _mm512_mask3_fmadd_ps(p, vv[w], o[r][w], nz);                              \
+        } else {                                                                                         \
+          EACH_W(W) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);                                        \
+        }                                                                                                \
+      }                                                                                                  \
+    }                                                                                                    \
+    EACH_ROW EACH_W(W) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);                  \
+  }                                                                                                      \
+  static void pv_cols_##W(float *O, const float *alpha, const float *P, const float *V, int64_t ldv,     \
+                          int64_t Dv, int64_t nkeys, int64_t c0, int sparse) {                           \
+    if (sparse) pv_cols_##W##_t(O, alpha, P, V, ldv, Dv, nkeys, c0, 1);                                  \
+    else pv_cols_##W##_t(O, alpha, P, V, ldv, Dv, nkeys, c0, 0);                                         \
   }
 PV_COLS(1)
 #if CW >= 2
@@ -276,26 +277,24 @@ static void ds_avx512(const float *P, float *dP, const float *Dd) {
 }
 
 /* Columns [c0, c0 + 16 W) of Out: the MR rows of X for them stay in registers while every key row of Out
- * streams past. One function for each W (as p.v's), so that a C of 32 or 80 runs no FMA past C. */
-#define PT_ACC_COLS(W)                                                                                                \
-  static void pt_acc_cols_##W(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx, int64_t C,       \
-                              int64_t c0) {                                                                           \
-    __mmask16 mk[W];                                                                                                  \
-    _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) mk[w] = lanes16(C - c0 - 16 * w);                             \
-    __m512 x[MR][W];                                                                                                  \
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++)                                                             \
-      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++)                                                             \
-        x[r][w] = _mm512_maskz_loadu_ps(mk[w], X + r * ldx + c0 + 16 * w);                                            \
-    for (int j = 0; j < NR; j++) {                                                                                    \
-      float *o = Out + j * ldo + c0;                                                                                  \
-      __m512 acc[W];                                                                                                  \
-      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) acc[w] = _mm512_maskz_loadu_ps(mk[w], o + 16 * w);          \
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                                                         \
-        const __m512 pv = _mm512_set1_ps(P[r * NR + j]);                                                              \
-        _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) acc[w] = _mm512_fmadd_ps(pv, x[r][w], acc[w]);            \
-      }                                                                                                               \
-      _Pragma("GCC unroll 4") for (int w = 0; w < W; w++) _mm512_mask_storeu_ps(o + 16 * w, mk[w], acc[w]);           \
-    }                                                                                                                 \
+ * streams past. One function for each W, unrolled as p.v's, so that a C of 32 or 80 runs no FMA past C. */
+#define PT_ACC_COLS(W)                                                                                   \
+  static void pt_acc_cols_##W(float *Out, int64_t ldo, const float *P, const float *X, int64_t ldx,      \
+                              int64_t C, int64_t c0) {                                                   \
+    __mmask16 mk[W];                                                                                     \
+    EACH_W(W) mk[w] = lanes16(C - c0 - 16 * w);                                                          \
+    __m512 x[MR][W];                                                                                     \
+    EACH_ROW EACH_W(W) x[r][w] = _mm512_maskz_loadu_ps(mk[w], X + r * ldx + c0 + 16 * w);                \
+    for (int j = 0; j < NR; j++) {                                                                       \
+      float *o = Out + j * ldo + c0;                                                                     \
+      __m512 acc[W];                                                                                     \
+      EACH_W(W) acc[w] = _mm512_maskz_loadu_ps(mk[w], o + 16 * w);                                       \
+      EACH_ROW {                                                                                         \
+        const __m512 pv = _mm512_set1_ps(P[r * NR + j]);                                                 \
+        EACH_W(W) acc[w] = _mm512_fmadd_ps(pv, x[r][w], acc[w]);                                         \
+      }                                                                                                  \
+      EACH_W(W) _mm512_mask_storeu_ps(o + 16 * w, mk[w], acc[w]);                                        \
+    }                                                                                                    \
   }
 PT_ACC_COLS(1)
 #if PW >= 2
