@@ -452,6 +452,58 @@ static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
   arena_free(&a);
 }
 
+/* Logits that rise from one key block to the next by a set amount per head, so that the fused
+ * softmax (kernels.h's softmax_round) meets each of its cases: +3 a block leaves m trailing the
+ * row's maximum (it moves only past LAZY_MAX), +30 moves it every block (the two passes; were it
+ * kept, P would pass fp32's range by the fourth block), -4 never moves it. lse must stay within
+ * fp32's bound and out within bf16's (the weights, asked for on 2 threads, fp32's); with a last
+ * partial tile, on 1 and 2 threads. */
+static void rising_logits(attn_ctx *ctx, attn_ctx *oracle) {
+  enum { H = 3, Nq = 40, Nk = 320, D = 64 };
+  const double rise[H] = {3, 30, -4};
+  arena a = {{0}, 0};
+  tu_rng r = {4242};
+  const int64_t sq[4] = {1, H, Nq, D}, sk[4] = {1, H, Nk, D}, sl[3] = {1, H, Nq}, sw[4] = {1, H, Nq, Nk};
+  uint16_t *q = arena_alloc(&a, 2 * H * Nq * D), *k = arena_alloc(&a, 2 * H * Nk * D), *v = arena_alloc(&a, 2 * H * Nk * D);
+  for (int64_t e = 0; e < H * Nq * D; e++) q[e] = tu_f32_to_bf16((float)(1 + 0.25 * tu_uniform(&r)));
+  for (int64_t h = 0; h < H; h++)
+    for (int64_t j = 0; j < Nk; j++)
+      for (int64_t d = 0; d < D; d++) { /* scale * q.k is about rise * (j / 64) + a little */
+        const int64_t e = (h * Nk + j) * D + d;
+        k[e] = tu_f32_to_bf16((float)((rise[h] * (double)(j / 64) + tu_uniform(&r)) / 8));
+        v[e] = tu_f32_to_bf16((float)tu_uniform(&r));
+      }
+  attn_tensor tq = attn_tensor_view(q, ATTN_BF16, 4, sq), tk = attn_tensor_view(k, ATTN_BF16, 4, sk);
+  attn_tensor tv = attn_tensor_view(v, ATTN_BF16, 4, sk);
+  double *ro = arena_alloc(&a, sizeof(double) * H * Nq * D), *rl = arena_alloc(&a, sizeof(double) * H * Nq);
+  double *rw = arena_alloc(&a, sizeof(double) * H * Nq * Nk);
+  attn_tensor tro = attn_tensor_view(ro, ATTN_F64, 4, sq), trl = attn_tensor_view(rl, ATTN_F64, 3, sl);
+  attn_tensor trw = attn_tensor_view(rw, ATTN_F64, 4, sw);
+  attn_sdpa_opts o;
+  attn_sdpa_opts_init(&o);
+  CHECK_OK(oracle, attn_sdpa_ref(oracle, &tro, &trl, &trw, &tq, &tk, &tv, &o));
+  float *out = arena_alloc(&a, sizeof(float) * H * Nq * D), *lse = arena_alloc(&a, sizeof(float) * H * Nq);
+  float *w = arena_alloc(&a, sizeof(float) * H * Nq * Nk);
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, sq), tl = attn_tensor_view(lse, ATTN_F32, 3, sl);
+  attn_tensor tw = attn_tensor_view(w, ATTN_F32, 4, sw);
+  for (int threads = 1; threads <= 2; threads++) {
+    attn_ctx_set_threads(ctx, threads);
+    tu_poison_f32(out, H * Nq * D), tu_poison_f32(lse, H * Nq), tu_poison_f32(w, H * Nq * Nk);
+    CHECK_OK(ctx, attn_sdpa(ctx, &to, &tl, threads == 2 ? &tw : NULL, &tq, &tk, &tv, &o));
+    CHECK(strstr(attn_ctx_plan(ctx), "bf16 tiles") != NULL, "rising logits: the plan is %s", attn_ctx_plan(ctx));
+    for (int64_t h = 0; h < H; h++) {
+      int bad = 0;
+      const double eo = err_vs(out + h * Nq * D, ro + h * Nq * D, Nq * D, &bad);
+      const double el = err_vs(lse + h * Nq, rl + h * Nq, Nq, &bad);
+      const double ew = threads == 2 ? err_vs(w + h * Nq * Nk, rw + h * Nq * Nk, Nq * Nk, &bad) : 0;
+      CHECK(!bad && eo <= BF16_OUT_BOUND && el <= F32_TOL && ew <= F32_TOL,
+            "rising logits, %+g a block, %d threads: out rel L2 %.3g, lse %.3g, weights %.3g", rise[h], threads, eo, el,
+            ew);
+    }
+  }
+  arena_free(&a);
+}
+
 static int policy(void) {
   attn_ctx *ctx, *oracle;
   attn_ctx_create(&ctx);
@@ -553,6 +605,8 @@ int main(int argc, char **argv) {
     run(ctx, oracle, &c, ATTN_BF16, 9001, 1, 0, "bf16 inputs, long keys, 1 thread");
     CHECK(strstr(attn_ctx_plan(ctx), "query blocks of 16 x") != NULL, "long keys: the plan is %s", attn_ctx_plan(ctx));
   }
+  CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+  rising_logits(ctx, oracle);
   if (kern == ATTN_KERNEL_AMX) {
     attn_ctx_set_threads(ctx, 2);
     CHECK_OK(ctx, attn_ctx_set_decode(ctx, 1)); /* the cache's own dispatch: too many rows for the decode kernel */

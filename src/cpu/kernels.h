@@ -98,6 +98,16 @@ typedef struct attn__half_kernels {
   void (*end)(void);
   void (*qk)(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale);
   void (*pv)(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse);
+  /* Optional (NULL: base's softmax, then pv), terms 1 only, for a tile whose NR keys all exist and are
+   * visible to every row, nothing but scale between its dot products and the softmax:
+   * softmax_round: base's softmax step on scale * S (scale > 0), with P rounded as pv rounds it written
+   *   to Pb (MR, NR) bf16, 64-byte aligned, instead of S (S is left as it was or clobbered), except
+   *   that m may trail the running maximum by up to 8 (m moves only when a tile's maximum passes it by
+   *   more: P <= e^8, and alpha is exactly 1 for most tiles); l and P are exp(. - m) for that m, so
+   *   lse = m + log(l) and P / l are the same function either way;
+   * pv_rounded: pv on such a Pb, for all NR keys. One pass over S fewer, and none over P. */
+  void (*softmax_round)(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha);
+  void (*pv_rounded)(float *O, const float *alpha, const uint16_t *Pb, const uint16_t *Vh, int64_t Dv);
   /* The backward's transposed products (NULL: the set has no backward; terms 1 only).
    * pairs: one tile X (MR, NR) fp32 (64-byte aligned) as MR / 2 rows of bf16 pairs,
    *   Xp[t * NR + j] = bf16(X[2t][j]) | bf16(X[2t + 1][j]) << 16, rounded as pv rounds P;
@@ -136,6 +146,7 @@ extern const attn__half_kernels attn__half_kernels_avx512bf16;
 extern const attn__cpu_kernels attn__kernels_avx512_16;
 extern const attn__half_kernels attn__half_kernels_amx;
 extern const attn__half_kernels attn__half_kernels_amx_f16;
+void attn__softmax_round_amx16(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha);
 #endif
 /* The decode contract (decode.c streams the keys and values of a few query
  * rows in place, unpacked; see there). A block is at most ATTN__DEC_NB keys:

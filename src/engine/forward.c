@@ -37,6 +37,7 @@ typedef struct tile_state {
 typedef struct scratch {
   tile_state t[QB_MAX];
   float *S, *Mb;
+  uint16_t *Pb; /* kernels.h's softmax_round output; it shares Mb, which an OPEN tile leaves unused */
   float *base; /* one allocation behind everything above */
 } fwd_scratch;
 
@@ -57,6 +58,7 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, 
   s->base = b;
   s->S = b;
   s->Mb = b + tile;
+  s->Pb = (uint16_t *)s->Mb;
   b += 2 * tile;
   for (int t = 0; t < QB_MAX; t++, b += q + o + st) {
     tile_state *ts = &s->t[t];
@@ -85,6 +87,7 @@ typedef struct fwd_job {
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n); /* the kernel set's, in registers */
   int64_t pairs, per_round, kt_bytes, vp_bytes, D2;
   int qb, v_unit, terms; /* terms: the half tiles' (kernels.h), 1 without them */
+  int fused; /* OPEN tiles take hk's softmax_round and pv_rounded, the scale deferred to the softmax */
   int64_t per[PH_N];
   int64_t *off[PH_N]; /* [pairs + 1] each, or NULL */
   char *Kp, *Vp;
@@ -102,16 +105,21 @@ static int64_t item_pair(const fwd_job *j, int ph, int64_t w, int64_t *local) {
   return bg;
 }
 
-/* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too. */
+/* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too.
+ * raw (NULL: never): set when S holds the unscaled products of an OPEN tile that the fused kernels take. */
 static attn__tile_mask logits_tile(const fwd_job *j, fwd_scratch *s, const tile_state *ts, const char *Kp, int64_t b,
-                                   int64_t h, int64_t j0) {
+                                   int64_t h, int64_t j0, int *raw) {
   const attn__sdpa *p = j->p;
   const int mr = j->kn->mr, nr = j->kn->nr;
   const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, ts->i0, ts->rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
+  const int unscaled = raw && j->fused && tm == ATTN__TILE_OPEN;
+  if (raw) *raw = unscaled;
   /* keys past the tile's last visible one (Nk, or the band's end of its last row) need no dot products */
   const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr;
-  if (j->hk) j->hk->qk(s->S, ts->Qh, (const uint16_t *)Kp + j0 * 2 * j->D2 * j->terms, j->D2, nk, (float)p->scale);
+  if (j->hk)
+    j->hk->qk(s->S, ts->Qh, (const uint16_t *)Kp + j0 * 2 * j->D2 * j->terms, j->D2, nk,
+              unscaled ? 1.0f : (float)p->scale);
   else j->kn->qk(s->S, ts->Q, (const float *)Kp + j0 * p->D, p->D, nk);
   attn__logit_tile(p, s->S, NULL, nr, ts->rows, nr, tm, s->Mb);
   for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
@@ -220,7 +228,7 @@ static void tile_weights(const fwd_job *j, fwd_scratch *s, const tile_state *ts,
   float *wd = w->data;
   for (int64_t j0 = 0; j0 < p->Nk; j0 += nr) {
     const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-    const int open = j0 < ts->kend && j0 + nr > ts->kbeg && logits_tile(j, s, ts, Kp, b, h, j0) != ATTN__TILE_CLOSED;
+    const int open = j0 < ts->kend && j0 + nr > ts->kbeg && logits_tile(j, s, ts, Kp, b, h, j0, NULL) != ATTN__TILE_CLOSED;
     for (int r = 0; r < ts->rows; r++) {
       float *dst = wd + b * w->strides[0] + h * w->strides[1] + (ts->i0 + r) * w->strides[2];
       const float l = ts->l[r], mx = ts->m[r];
@@ -270,8 +278,14 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
     for (int t = 0; t < count; t++) {
       tile_state *ts = &s->t[t];
       if (j0 >= ts->kend || j0 + nr <= ts->kbeg) continue;
-      const attn__tile_mask tm = logits_tile(j, s, ts, Kp, b, h, j0);
+      int raw;
+      const attn__tile_mask tm = logits_tile(j, s, ts, Kp, b, h, j0, &raw);
       if (tm == ATTN__TILE_CLOSED) continue;
+      if (raw) {
+        j->hk->softmax_round(s->Pb, s->S, (float)p->scale, ts->m, ts->l, ts->alpha);
+        j->hk->pv_rounded(ts->O, ts->alpha, s->Pb, (const uint16_t *)V + j0 * p->Dv, p->Dv);
+        continue;
+      }
       const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr; /* P is 0 past the tile's last visible key */
       kn->softmax(s->S, ts->m, ts->l, ts->alpha);
       if (p->dropout_p > 0) dropout_tile(p, s->S, nr, b, h, ts->i0, ts->rows, j0);
@@ -495,6 +509,8 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   j.p = p, j.kn = kn, j.hk = hk, j.widen = ctx->dispatch.decode->widen, j.D2 = (p->D + 1) / 2;
   if (hk && hk->d2_align > 1) j.D2 = (j.D2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align; /* zero pairs */
   j.terms = hk ? hk->terms : 1;
+  /* dropout and the cap change P or the logits between the steps the fused kernels join */
+  j.fused = hk && hk->softmax_round && hk->terms == 1 && p->dropout_p == 0 && !(p->softcap > 0);
   /* the longest sequence sizes the packed buffers; its work, the scheduler's choices */
   const int64_t nseq = attn__seqs(p);
   int64_t Nk = p->Nk, Nq = p->Nq;

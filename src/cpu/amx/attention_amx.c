@@ -178,12 +178,10 @@ static inline __attribute__((always_inline)) void round_p(uint16_t *pb, const fl
     }
 }
 
-static inline __attribute__((always_inline)) void pv_t(float *O, const float *alpha, const float *P,
-                                                       const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse,
-                                                       const int TERMS) {
-  /* P rounded, row-major: the A tiles (TERMS planes). Keys past nkeys are 0. */
-  uint16_t pb[TERMS * MR * NR] __attribute__((aligned(64)));
-  round_p(pb, P, nkeys, TERMS);
+/* pv on P already rounded: pb, the A tiles (TERMS planes of MR x NR, row-major), 0 past nkeys. */
+static inline __attribute__((always_inline)) void pv_pb(float *O, const float *alpha, const uint16_t *pb,
+                                                        const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse,
+                                                        const int TERMS) {
   const int wide = nkeys > 32;
   const int64_t npairs = (nkeys + 1) / 2;
   const uint32_t *V = (const uint32_t *)Vh;
@@ -265,6 +263,14 @@ static inline __attribute__((always_inline)) void pv_t(float *O, const float *al
   }
 }
 
+static inline __attribute__((always_inline)) void pv_t(float *O, const float *alpha, const float *P,
+                                                       const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse,
+                                                       const int TERMS) {
+  uint16_t pb[TERMS * MR * NR] __attribute__((aligned(64)));
+  round_p(pb, P, nkeys, TERMS);
+  pv_pb(O, alpha, pb, Vh, Dv, nkeys, sparse, TERMS);
+}
+
 static void pv_amx(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys,
                    int sparse) {
   pv_t(O, alpha, P, Vh, Dv, nkeys, sparse, 1);
@@ -272,6 +278,9 @@ static void pv_amx(float *O, const float *alpha, const float *P, const uint16_t 
 static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys,
                        int sparse) {
   pv_t(O, alpha, P, Vh, Dv, nkeys, sparse, 2);
+}
+static void pv_rounded_amx(float *O, const float *alpha, const uint16_t *Pb, const uint16_t *Vh, int64_t Dv) {
+  pv_pb(O, alpha, Pb, Vh, Dv, NR, 0, 1);
 }
 
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
@@ -339,6 +348,8 @@ static void t_out_amx(float *Out, int64_t ldo, const float *T, int64_t C, int64_
 }
 
 const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 16, 16, 1,
-                                                   attn__amx_begin, attn__amx_end, qk_amx, pv_amx, pairs_amx, pt_acc_amx, t_out_amx};
+                                                   attn__amx_begin, attn__amx_end, qk_amx, pv_amx, attn__softmax_round_amx16,
+                                                   pv_rounded_amx, pairs_amx, pt_acc_amx, t_out_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
-                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL, NULL, NULL};
+                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL, NULL, NULL,
+                                                       NULL, NULL};

@@ -61,14 +61,15 @@ static inline __m512 exp512(__m512 x) {
 }
 
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
-/* e^(x - m), m_l2e = m log2 e, for probabilities that are rounded to bf16
- * (2^-9) before p.v (the AMX tiles' set): 9 vector operations, not 11. The
+/* e^(scale x - m), m_l2e = m log2 e, for probabilities that are rounded to
+ * bf16 (2^-9) before p.v (the AMX tiles' set): 9 vector operations, not 11. The
  * argument is one FMA (relative error up to |m| 2^-23 in the result: 1e-5 at
- * |m| = 100), 2^f on f in [0, 1) a degree-5 minimax polynomial (1e-7), and
- * vscalefps takes floor(t) itself. Zeros and NaN as exp512's. */
-static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e) {
+ * |m| = 100), 2^f on f in [0, 1) a degree-5 minimax polynomial (1e-7: a degree-4
+ * one, 2.7e-6, turned enough roundings of P to bf16 the other way to fail
+ * test_half's check of the rounding policy), and vscalefps takes floor(t) itself. Zeros and NaN as exp512's. */
+static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e, float scale) {
   (void)m;
-  const __m512 t = _mm512_fmsub_ps(x, _mm512_set1_ps(1.44269504088896341f), m_l2e);
+  const __m512 t = _mm512_fmsub_ps(x, _mm512_set1_ps(scale * 1.44269504088896341f), m_l2e);
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ); /* NaN too */
   const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); /* t - floor(t) */
   __m512 p = _mm512_set1_ps(0.0018775766948238015f);
@@ -80,8 +81,8 @@ static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e) {
   return _mm512_maskz_scalef_ps(normal, p, t);
 }
 #else
-static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e) {
-  (void)m_l2e;
+static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e, float scale) {
+  (void)m_l2e, (void)scale; /* 1: only the AMX set defers the scale */
   return exp512(_mm512_sub_ps(x, m));
 }
 #endif
@@ -128,8 +129,54 @@ static void qk_avx512(float *S, const float *Q, const float *Kt, int64_t D, int6
   }
 }
 
-/* Row statistics live in lanes: row r of the tile is lane r of m, l, alpha. */
-static void softmax_avx512(float *S, float *m, float *l, float *alpha) {
+#define LAZY_MAX 8.0f
+/* Row statistics live in lanes: row r of the tile is lane r of m, l, alpha.
+ * The step on scale * S (scale > 0, so the raw maximum scales to the scaled
+ * one); P goes to S, or with Pb (the AMX set only) rounded to bf16 straight
+ * into Pb's rows of NR, as pv's A tiles read them. */
+#ifdef ATTN_TILE_P_ROUNDED_TO_BF16
+/* softmax_t's step with Pb in one pass over S, for the common tile: every row's m is finite and the
+ * tile's maximum stays within LAZY_MAX of it, so m does not move and P = exp(scale x - m) can be made
+ * while the maximum is found. Returns 0, having written only Pb, when that does not hold; the two
+ * passes then run, on the same formula. */
+static inline __attribute__((always_inline)) int softmax_one_pass(const float *S, float *m, float *l, float *alpha,
+                                                                  float scale, uint16_t *Pb) {
+  const __mmask16 rows = (__mmask16)((1u << MR) - 1);
+  const __m512 mold = _mm512_load_ps(m);
+  if (_mm512_fpclass_ps_mask(mold, 0x99) & rows) return 0; /* NaN or +-inf */
+  float shl[16];
+  _mm512_storeu_ps(shl, _mm512_mul_ps(mold, _mm512_set1_ps(1.44269504088896341f)));
+  __m512 part[16], sums[16];
+  for (int r = MR; r < 16; r++) part[SLOT(r)] = sums[SLOT(r)] = _mm512_setzero_ps();
+  for (int r = 0; r < MR; r++) {
+    const float *s = S + r * NR;
+    const __m512 mvl = _mm512_set1_ps(shl[r]);
+    __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps(), p[NV];
+    for (int v = 0; v < NV; v++) {
+      const __m512 x = _mm512_load_ps(s + 16 * v);
+      mx = _mm512_max_ps(mx, x);
+      p[v] = exp_minus(x, mold, mvl, scale);
+      sum = _mm512_add_ps(sum, p[v]);
+    }
+    for (int v = 0; v < NV; v += 2)
+      _mm512_store_si512(Pb + r * NR + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(p[v + 1], p[v]));
+    part[SLOT(r)] = mx;
+    sums[SLOT(r)] = sum;
+  }
+  const __m512 tile_max = _mm512_mul_ps(reduce16_max(part), _mm512_set1_ps(scale));
+  const __m512 bound = _mm512_add_ps(mold, _mm512_set1_ps(LAZY_MAX));
+  if ((_mm512_cmp_ps_mask(tile_max, bound, _CMP_LE_OQ) & rows) != rows) return 0; /* NaN too */
+  _mm512_store_ps(l, _mm512_add_ps(_mm512_load_ps(l), reduce16_add(sums)));
+  _mm512_store_ps(alpha, _mm512_set1_ps(1.0f));
+  return 1;
+}
+#endif
+
+static inline __attribute__((always_inline)) void softmax_t(float *S, float *m, float *l, float *alpha, float scale,
+                                                            uint16_t *Pb) {
+#ifdef ATTN_TILE_P_ROUNDED_TO_BF16
+  if (Pb && softmax_one_pass(S, m, l, alpha, scale, Pb)) return;
+#endif
   __m512 part[16];
   for (int r = MR; r < 16; r++) part[SLOT(r)] = _mm512_set1_ps(-INFINITY);
   for (int r = 0; r < MR; r++) {
@@ -137,10 +184,17 @@ static void softmax_avx512(float *S, float *m, float *l, float *alpha) {
     for (int v = 1; v < NV; v++) mx = _mm512_max_ps(mx, _mm512_load_ps(S + r * NR + 16 * v));
     part[SLOT(r)] = mx;
   }
-  const __m512 mold = _mm512_load_ps(m), tile_max = reduce16_max(part);
+  const __m512 mold = _mm512_load_ps(m), tile_max = _mm512_mul_ps(reduce16_max(part), _mm512_set1_ps(scale));
   __m512 mnew = _mm512_max_ps(mold, tile_max);
   /* NaN wins: max skips it, and a row with nothing else visible would lose it */
   mnew = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mold, mold, _CMP_UNORD_Q), mnew, mold);
+#ifdef ATTN_TILE_P_ROUNDED_TO_BF16
+  /* With Pb, m stays put while the tile's maximum is within LAZY_MAX of it (P is then at most e^LAZY_MAX,
+   * which fp32 sums and bf16 hold as well as 1): alpha is then exactly 1, and p.v skips rescaling O,
+   * which it otherwise did for most key blocks of a row's first thousand keys. */
+  if (Pb) mnew = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(tile_max, _mm512_add_ps(mold, _mm512_set1_ps(LAZY_MAX)),
+                                                         _CMP_LE_OQ), mnew, mold);
+#endif
   __mmask16 empty = _mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
   for (int r = 0; r < MR; r++)
     if ((empty >> r) & 1)
@@ -162,18 +216,30 @@ static void softmax_avx512(float *S, float *m, float *l, float *alpha) {
   for (int r = 0; r < MR; r++) {
     float *s = S + r * NR;
     const __m512 mv = _mm512_set1_ps(sh[r]), mvl = _mm512_set1_ps(shl[r]);
-    __m512 sum = _mm512_setzero_ps();
+    __m512 sum = _mm512_setzero_ps(), p[NV];
     for (int v = 0; v < NV; v++) {
-      const __m512 p = exp_minus(_mm512_load_ps(s + 16 * v), mv, mvl);
-      _mm512_store_ps(s + 16 * v, p);
-      sum = _mm512_add_ps(sum, p);
+      p[v] = exp_minus(_mm512_load_ps(s + 16 * v), mv, mvl, scale);
+      if (!Pb) _mm512_store_ps(s + 16 * v, p[v]);
+      sum = _mm512_add_ps(sum, p[v]);
     }
+#ifdef ATTN_TILE_P_ROUNDED_TO_BF16
+    for (int v = 0; Pb && v < NV; v += 2)
+      _mm512_store_si512(Pb + r * NR + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(p[v + 1], p[v]));
+#endif
     sums[SLOT(r)] = sum;
   }
   _mm512_store_ps(l, _mm512_fmadd_ps(_mm512_load_ps(l), a, reduce16_add(sums)));
   _mm512_store_ps(alpha, a);
   _mm512_store_ps(m, _mm512_mask_blend_ps(empty, mnew, mold));
 }
+
+static void softmax_avx512(float *S, float *m, float *l, float *alpha) { softmax_t(S, m, l, alpha, 1.0f, NULL); }
+
+#ifdef ATTN_TILE_P_ROUNDED_TO_BF16
+void ATTN_SOFTMAX_ROUND(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha) {
+  softmax_t(S, m, l, alpha, scale, Pb);
+}
+#endif
 
 /* Lanes [0, n) of a zmm, n clamped to 0..16. */
 static inline __mmask16 lanes16(int64_t n) {
@@ -261,7 +327,7 @@ static void exp_shift_avx512(float *S, const float *shift) {
     }
     /* the softmax's exponential: under AMX's tiles P and dS are rounded to bf16 next */
     const __m512 mv = _mm512_set1_ps(shift[r]), mvl = _mm512_set1_ps(shift[r] * 1.44269504088896341f);
-    for (int v = 0; v < NV; v++) _mm512_store_ps(s + 16 * v, exp_minus(_mm512_load_ps(s + 16 * v), mv, mvl));
+    for (int v = 0; v < NV; v++) _mm512_store_ps(s + 16 * v, exp_minus(_mm512_load_ps(s + 16 * v), mv, mvl, 1.0f));
   }
 }
 
