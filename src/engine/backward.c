@@ -36,6 +36,12 @@ typedef struct bwd_scratch {
   float *base;
 } bwd_scratch;
 
+/* Key blocks of a chunk that the half path takes together: each query group's rows (q, dO, both
+ * turned, and dQ: 2 KiB a row at D 128) are then read once for BWD_SUPER blocks rather than once a
+ * block, from L2 rather than L3, while the blocks' dK and dV (BWD_SUPER x 64 KiB at D 128) stay in L2.
+ * Every gradient element is summed in the same order either way. */
+#define BWD_SUPER 4
+
 /* A thread's buffers, carved from its scratch (the struct sits at its start). */
 static size_t bwd_scratch_layout(bwd_scratch *into, int mr, int nr, int64_t D, int64_t Dv, int64_t pair_rows) {
   const int64_t up = 16, Dp = D > 0 ? D : 1, Dvp = Dv > 0 ? Dv : 1;
@@ -43,7 +49,9 @@ static size_t bwd_scratch_layout(bwd_scratch *into, int mr, int nr, int64_t D, i
   float *b = into ? (float *)((char *)into + attn__carve_size(sizeof *s)) : NULL;
   float *pp = NULL, *dsp = NULL;
   float **bufs[] = {&s->S, &s->dP, &s->Mb, &s->dK, &s->dV, &s->dQ, &s->ones, &s->Cf, &pp, &dsp};
-  const int64_t sizes[] = {mr * nr, mr * nr, mr * nr, nr * Dp, nr * Dvp, mr * Dp, ATTN__STAT_LANES, mr * nr,
+  /* the half path keeps dK and dV for a super block, and S, dP, Mb and Cf for a query group's tiles */
+  const int64_t kb = pair_rows ? BWD_SUPER : 1, tr = pair_rows ? 2 * pair_rows : mr;
+  const int64_t sizes[] = {tr * nr, tr * nr, tr * nr, kb * nr * Dp, kb * nr * Dvp, mr * Dp, ATTN__STAT_LANES, tr * nr,
                            pair_rows * nr, pair_rows * nr};
   int64_t total = 0;
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -80,36 +88,56 @@ typedef struct bwd_args {
   int64_t D2, Dv2, nqp;
 } bwd_args;
 
-/* For the tile of query rows i0.. of query head h (slot hs in the group) against key block j0:
- * s->S becomes A = P * M and s->dP becomes dS. Returns the tile's class: CLOSED
- * when the block is entirely masked for this tile (nothing to add), MIXED when
- * some of its keys are hidden from some rows (dS and A are exactly 0 there). */
-static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, int64_t h, int64_t hs, int64_t i0,
-                                  int64_t j0, int write_mask_grad) {
+/* A tile's buffers for bwd_probs and bwd_dscores: S, dP, the mask's Mb and the cap's slope Cf, each (MR, NR). */
+typedef struct bwd_tile {
+  float *S, *dP, *Mb, *Cf;
+} bwd_tile;
+
+/* For the tile of query rows i0.. of query head h (slot hs in the group) against key block j0, in two
+ * steps (the half path takes each for a whole query group while one operand stays in L1):
+ * bwd_probs: T->S becomes P (q.k, the logit, exp against lse). Returns the tile's class: CLOSED when
+ *   the block is entirely masked for this tile (nothing to add, nor a bwd_dscores), MIXED when some of
+ *   its keys are hidden from some rows (dS and A are exactly 0 there).
+ * bwd_dscores: T->S becomes A = P * M and T->dP becomes dS. */
+static attn__tile_mask bwd_probs(const bwd_args *a, const bwd_tile *T, int64_t b, int64_t h, int64_t hs, int64_t i0,
+                                 int64_t j0) {
   const attn__sdpa *p = a->p;
-  float *S = s->S, *dP = s->dP;
   const attn__cpu_kernels *kn = a->kn;
   const int mr = kn->mr, nr = kn->nr;
   const int64_t nq = attn__queries(p, b);
   if (i0 >= nq) return ATTN__TILE_CLOSED; /* a group's padding */
   const int rows = (int)(nq - i0 < mr ? nq - i0 : mr);
-  const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, i0, rows, j0);
+  const attn__tile_mask tm = attn__mask_tile(p, T->Mb, nr, nr, b, h, i0, rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
   const bwd_rows *R = &a->rows[hs];
   const int64_t blk = j0 / nr, nk = attn__key_rows(p, b) - j0 < nr ? attn__key_rows(p, b) - j0 : nr;
   if (a->hk)
-    a->hk->qk(S, R->Qh + i0 * 2 * a->D2, (const uint16_t *)a->Kt + blk * nr * 2 * a->D2, a->D2, nk, (float)p->scale);
+    a->hk->qk(T->S, R->Qh + i0 * 2 * a->D2, (const uint16_t *)a->Kt + blk * nr * 2 * a->D2, a->D2, nk,
+              (float)p->scale);
   else
-    kn->qk(S, R->Q + i0 * p->D, a->Kt + blk * nr * p->D, p->D, nk);
-  attn__logit_tile(p, S, s->Cf, nr, rows, nr, tm, s->Mb); /* keeps the slope for dS */
-  kn->exp_shift(S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
+    kn->qk(T->S, R->Q + i0 * p->D, a->Kt + blk * nr * p->D, p->D, nk);
+  attn__logit_tile(p, T->S, T->Cf, nr, rows, nr, tm, T->Mb); /* keeps the slope for dS */
+  kn->exp_shift(T->S, R->lse + i0); /* padded rows have lse -inf: P = 0 */
+  return tm;
+}
+
+static void bwd_dscores(const bwd_args *a, const bwd_tile *T, int64_t b, int64_t h, int64_t hs, int64_t i0, int64_t j0,
+                        int write_mask_grad) {
+  const attn__sdpa *p = a->p;
+  float *S = T->S, *dP = T->dP;
+  const attn__cpu_kernels *kn = a->kn;
+  const int mr = kn->mr, nr = kn->nr;
+  const int64_t nq = attn__queries(p, b);
+  const int rows = (int)(nq - i0 < mr ? nq - i0 : mr);
+  const bwd_rows *R = &a->rows[hs];
+  const int64_t blk = j0 / nr, nk = attn__key_rows(p, b) - j0 < nr ? attn__key_rows(p, b) - j0 : nr;
   if (a->hk)
     a->hk->qk(dP, R->dOh + i0 * 2 * a->Dv2, (const uint16_t *)a->Vt + blk * nr * 2 * a->Dv2, a->Dv2, nk, 1.0f);
   else
     kn->qk(dP, R->dO + i0 * p->Dv, a->Vt + blk * nr * p->Dv, p->Dv, nk);
   if (p->dropout_p > 0) { /* dP * M before dS; A = P * M after */
     const float keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
-    float *M = s->Mb; /* free again: the mask is in S */
+    float *M = T->Mb; /* free again: the mask is in S */
     for (int r = 0; r < mr; r++)
       for (int jj = 0; jj < nr; jj++)
         M[r * nr + jj] = r < rows && jj < nk && attn__dropout_kept(p, b, h, i0 + r, j0 + jj)
@@ -131,8 +159,7 @@ static attn__tile_mask bwd_scores(const bwd_args *a, bwd_scratch *s, int64_t b, 
    * hidden key's slope may be NaN (its q.k was); its dS stays exactly 0. */
   if (attn__logit_has_slope(p))
     for (int e = 0; e < rows * nr; e++)
-      if (dP[e] != 0) dP[e] *= s->Cf[e];
-  return tm;
+      if (dP[e] != 0) dP[e] *= T->Cf[e];
 }
 
 // Item (c, r) of kv head (b, g): key blocks blk = c, c + C, ... against the query tiles t = r, r + R, ...
@@ -157,8 +184,10 @@ static void pass_item(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_t
       const int64_t h = g * p->group + hs;
       const bwd_rows *Rw = &a->rows[hs];
       for (int64_t t = t0; t * mr < iend; t += R) {
-        const attn__tile_mask tm = bwd_scores(a, s, b, h, hs, t * mr, j0, p->mask_grad != NULL);
+        const bwd_tile T = {s->S, s->dP, s->Mb, s->Cf};
+        const attn__tile_mask tm = bwd_probs(a, &T, b, h, hs, t * mr, j0);
         if (tm == ATTN__TILE_CLOSED) continue;
+        bwd_dscores(a, &T, b, h, hs, t * mr, j0, p->mask_grad != NULL);
         /* hidden entries are exact zeros in A and dS, times finite dO and Q rows; the
          * K rows of hidden keys are another matter: pv runs sparse there */
         a->kn->pt_acc(s->dV, p->Dv, s->S, Rw->dO + t * mr * p->Dv, p->Dv, p->Dv);
@@ -200,7 +229,9 @@ static void write_turned(const attn__half_kernels *hk, const attn_tensor *t, int
 }
 
 /* pass_item on the half tiles: query groups (ATTN__BWD_MAX_ROWS rows) in place of tiles, dK and dV kept
- * transposed, (D, NR) and (Dv, NR), in s->dK and s->dV, and dK's scale applied as a block is written. */
+ * transposed, (D, NR) and (Dv, NR), in s->dK and s->dV, and dK's scale applied as a block is written.
+ * The chunk's blocks go BWD_SUPER at a time, each query group meeting all of them in turn: a block's
+ * dK and dV still sum the groups in order, and a row's dQ the blocks in order. */
 static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, attn_tensor *dv, float *dQc, float *dKr,
                            float *dVr, int64_t b, int64_t g, int64_t c, int64_t C, int64_t r, int64_t R) {
   const attn__sdpa *p = a->p;
@@ -210,46 +241,69 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
   const float scale = (float)p->scale;
   for (int64_t hs = 0; hs < p->group; hs++)
     for (int64_t t = r; t * qg < nqp; t += R) memset(dQc + (hs * nqp + t * qg) * D, 0, (size_t)(qg * D) * sizeof(float));
-  for (int64_t blk = c; blk < nblk; blk += C) {
-    const int64_t j0 = blk * nr, nk = Nk - j0 < nr ? Nk - j0 : nr;
-    const uint16_t *Kv = (const uint16_t *)(a->Kr + blk * (nr / 2) * D);
-    memset(s->dK, 0, (size_t)(nr * D) * sizeof(float));
-    memset(s->dV, 0, (size_t)(nr * Dv) * sizeof(float));
-    int64_t t0 = attn__first_row_seeing(p, b, j0) / qg;
-    const int64_t iend = attn__rows_seeing_end(p, b, j0 + nk);
-    t0 += ((r - t0) % R + R) % R;
+  for (int64_t blk0 = c; blk0 < nblk; blk0 += BWD_SUPER * C) {
+    int64_t t0[BWD_SUPER], iend[BWD_SUPER], tmin = INT64_MAX, imax = 0;
+    int nb = 0;
+    for (int64_t blk = blk0; blk < nblk && nb < BWD_SUPER; blk += C, nb++) {
+      const int64_t j0 = blk * nr, nk = Nk - j0 < nr ? Nk - j0 : nr;
+      memset(s->dK + nb * nr * D, 0, (size_t)(nr * D) * sizeof(float));
+      memset(s->dV + nb * nr * Dv, 0, (size_t)(nr * Dv) * sizeof(float));
+      t0[nb] = attn__first_row_seeing(p, b, j0) / qg;
+      t0[nb] += ((r - t0[nb]) % R + R) % R; /* the first group of split r from there */
+      iend[nb] = attn__rows_seeing_end(p, b, j0 + nk);
+      tmin = t0[nb] < tmin ? t0[nb] : tmin;
+      imax = iend[nb] > imax ? iend[nb] : imax;
+    }
     for (int64_t hs = 0; hs < p->group; hs++) {
       const int64_t h = g * p->group + hs;
       const bwd_rows *Rw = &a->rows[hs];
-      for (int64_t t = t0; t * qg < iend; t += R) {
-        int open = 0;
-        for (int sub = 0; sub < qg / mr; sub++) {
-          const int64_t i0 = t * qg + sub * mr;
-          uint32_t *Pp = s->Pp + sub * (mr / 2) * nr, *dSp = s->dSp + sub * (mr / 2) * nr;
-          const attn__tile_mask tm = i0 < iend ? bwd_scores(a, s, b, h, hs, i0, j0, p->mask_grad != NULL)
-                                               : ATTN__TILE_CLOSED;
-          if (tm == ATTN__TILE_CLOSED) { /* zeros in the group's sums */
-            memset(Pp, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
-            memset(dSp, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
-            continue;
+      for (int64_t t = tmin; t * qg < imax; t += R)
+        for (int k = 0; k < nb; k++) {
+          if (t < t0[k] || t * qg >= iend[k]) continue;
+          const int64_t blk = blk0 + k * C, j0 = blk * nr, nk = Nk - j0 < nr ? Nk - j0 : nr;
+          const uint16_t *Kv = (const uint16_t *)(a->Kr + blk * (nr / 2) * D);
+          /* the group's tiles a step at a time, so that each step's operand from the block (K, V, then K
+           * as pairs of keys: 16 KiB each at D 128) stays in L1 across the tiles */
+          attn__tile_mask tm[ATTN__BWD_MAX_ROWS / 16];
+          bwd_tile T[ATTN__BWD_MAX_ROWS / 16];
+          int open = 0;
+          for (int sub = 0; sub < qg / mr; sub++) {
+            const int64_t i0 = t * qg + sub * mr, e = (int64_t)sub * mr * nr;
+            T[sub] = (bwd_tile){s->S + e, s->dP + e, s->Mb + e, s->Cf + e};
+            tm[sub] = i0 < iend[k] ? bwd_probs(a, &T[sub], b, h, hs, i0, j0) : ATTN__TILE_CLOSED;
+            open |= tm[sub] != ATTN__TILE_CLOSED;
           }
-          open = 1;
-          hk->pairs(Pp, s->S);
-          hk->pairs(dSp, s->dP);
-          hk->pv(dQc + (hs * nqp + i0) * D, s->ones, s->dP, Kv, D, nk, tm == ATTN__TILE_MIXED);
+          if (!open) continue;
+          for (int sub = 0; sub < qg / mr; sub++) {
+            uint32_t *Pp = s->Pp + sub * (mr / 2) * nr, *dSp = s->dSp + sub * (mr / 2) * nr;
+            if (tm[sub] == ATTN__TILE_CLOSED) { /* zeros in the group's sums */
+              memset(Pp, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
+              memset(dSp, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
+              continue;
+            }
+            bwd_dscores(a, &T[sub], b, h, hs, t * qg + sub * mr, j0, p->mask_grad != NULL);
+            hk->pairs(Pp, T[sub].S);
+            hk->pairs(dSp, T[sub].dP);
+          }
+          for (int sub = 0; sub < qg / mr; sub++)
+            if (tm[sub] != ATTN__TILE_CLOSED)
+              hk->pv(dQc + (hs * nqp + t * qg + sub * mr) * D, s->ones, T[sub].dP, Kv, D, nk,
+                     tm[sub] == ATTN__TILE_MIXED);
+          hk->pt_acc(s->dV + k * nr * Dv, Dv, s->Pp, qg, Rw->dOT + t * qg, t_ld(nqp));
+          hk->pt_acc(s->dK + k * nr * D, D, s->dSp, qg, Rw->QT + t * qg, t_ld(nqp));
         }
-        if (!open) continue;
-        hk->pt_acc(s->dV, Dv, s->Pp, qg, Rw->dOT + t * qg, t_ld(nqp));
-        hk->pt_acc(s->dK, D, s->dSp, qg, Rw->QT + t * qg, t_ld(nqp));
+    }
+    for (int k = 0; k < nb; k++) {
+      const int64_t j0 = (blk0 + k * C) * nr, nk = Nk - j0 < nr ? Nk - j0 : nr;
+      const float *dKb = s->dK + k * nr * D, *dVb = s->dV + k * nr * Dv;
+      if (R > 1) {
+        hk->t_out(dKr + j0 * D, D, dKb, D, nk, scale);
+        hk->t_out(dVr + j0 * Dv, Dv, dVb, Dv, nk, 1.0f);
+        continue;
       }
+      write_turned(hk, dk, attn__koff(p, dk, b, g, j0), dKb, D, nk, nr, scale);
+      write_turned(hk, dv, attn__koff(p, dv, b, g, j0), dVb, Dv, nk, nr, 1.0f);
     }
-    if (R > 1) {
-      hk->t_out(dKr + j0 * D, D, s->dK, D, nk, scale);
-      hk->t_out(dVr + j0 * Dv, Dv, s->dV, Dv, nk, 1.0f);
-      continue;
-    }
-    write_turned(hk, dk, attn__koff(p, dk, b, g, j0), s->dK, D, nk, nr, scale);
-    write_turned(hk, dv, attn__koff(p, dv, b, g, j0), s->dV, Dv, nk, nr, 1.0f);
   }
 }
 
