@@ -359,15 +359,25 @@ static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, in
     return;
   }
   const attn_tensor *q = &p->q;
+  const int64_t ld = t_ld(nqp), sq = q->strides[3];
   const uint16_t *qs = (const uint16_t *)q->data + attn__qoff(p, q, b, h, i); /* bf16 (the dispatch's condition) */
-  for (int64_t d = 0; d < p->D; d++) R->QT[d * t_ld(nqp) + i] = qh[d] = qs[d * q->strides[3]];
+  if (sq == 1) memcpy(qh, qs, (size_t)p->D * sizeof(uint16_t));
+  else
+    for (int64_t d = 0; d < p->D; d++) qh[d] = qs[d * sq];
+  for (int64_t d = 0; d < p->D; d++) R->QT[d * ld + i] = qh[d];
   const int64_t go = attn__qoff(p, dout, b, h, i), oo = attn__qoff(p, out, b, h, i);
   double dd = 0;
-  for (int64_t c = 0; c < p->Dv; c++) {
-    const uint16_t g = attn__f32_to_bf16(attn__load_f32(dout->data, dout->dtype, go + c * dout->strides[3]));
-    R->dOT[c * t_ld(nqp) + i] = oh[c] = g;
+  float g[64]; /* dO, 64 columns at a time: widened, rounded to bf16 as the products see it, and back */
+  for (int64_t c0 = 0; c0 < p->Dv; c0 += 64) {
+    const int64_t n = p->Dv - c0 < 64 ? p->Dv - c0 : 64;
+    attn__widen_strided(g, dout->data, dout->dtype, go + c0 * dout->strides[3], dout->strides[3], n);
+    for (int64_t c = 0; c < n; c++) {
+      oh[c0 + c] = attn__f32_to_bf16(g[c]);
+      g[c] = attn__bf16_to_f32(oh[c0 + c]);
+    }
+    for (int64_t c = 0; c < n; c++) R->dOT[(c0 + c) * ld + i] = oh[c0 + c];
     /* from the dO the products see: sum_j P dP = Dd holds for it, and dS sums to 0 over a row */
-    dd += (double)attn__bf16_to_f32(g) * attn__load_f32(out->data, out->dtype, oo + c * out->strides[3]);
+    dd += dot_double(g, out, oo + c0 * out->strides[3], n);
   }
   R->lse[i] = ((const float *)lse->data)[attn__qoff(p, lse, b, h, i)];
   R->Dd[i] = (float)dd;

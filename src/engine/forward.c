@@ -204,13 +204,8 @@ static void tile_end(const attn__sdpa *p, const tile_state *ts, int64_t b, int64
   for (int r = 0; r < ts->rows; r++) {
     const float l = ts->l[r];
     const float inv = l == 0 ? 0.0f : 1.0f / l; /* l = 0 only when every key is masked */
-    const int64_t off = attn__qoff(p, o, b, h, ts->i0 + r);
-    if (o->dtype == ATTN_F32) {
-      float *dst = (float *)o->data + off;
-      for (int64_t c = 0; c < Dv; c++) dst[c * o->strides[3]] = ts->O[r * Dv + c] * inv;
-    } else { /* out in the inputs' half type: the f32 value, rounded */
-      for (int64_t c = 0; c < Dv; c++) attn__store_f32(o->data, o->dtype, off + c * o->strides[3], ts->O[r * Dv + c] * inv);
-    }
+    /* out in f32, or in the inputs' half type: the f32 value, rounded */
+    attn__narrow_strided(o->data, o->dtype, attn__qoff(p, o, b, h, ts->i0 + r), o->strides[3], ts->O + r * Dv, Dv, inv);
     if (p->lse) {
       const attn_tensor *lt = p->lse;
       ((float *)lt->data)[attn__qoff(p, lt, b, h, ts->i0 + r)] =
