@@ -131,9 +131,10 @@ const attn__half_kernels *attn__dispatch_half(const struct attn__dispatch *d, co
 /* The half tiles its backward runs on (bf16 q, k and v), or NULL: the inputs are widened and the backward is fp32. */
 const attn__half_kernels *attn__dispatch_half_backward(const struct attn__dispatch *d, const struct attn__sdpa *p);
 /* Kh block blk (D2, NR) of a [B, H, N, D] view whose key 0 of the head is at element head, as bf16 pairs
- * (the half tiles' layout above), zero past key Nk and past D (engine/forward.c). */
-void attn__pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t head, int64_t blk, int nr, int64_t Nk,
-                            int64_t D, int64_t D2, int terms);
+ * (the half tiles' layout above, NR = kn->nr), zero past key Nk and past D; bf16 rows go through kn's
+ * pack_t where it has one (engine/forward.c). */
+void attn__pack_block_pairs(const attn__cpu_kernels *kn, uint16_t *dst, const attn_tensor *t, int64_t head,
+                            int64_t blk, int64_t Nk, int64_t D, int64_t D2, int terms);
 
 extern const attn__cpu_kernels attn__kernels_c;
 #ifdef ATTN_HAVE_X86_KERNELS

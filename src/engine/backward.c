@@ -554,9 +554,9 @@ static void pack_kv_run(const void *arg, void *scratch, int64_t round, int64_t f
     const int64_t b = bg / p->Hk, g = bg % p->Hk, nk = attn__key_rows(p, b);
     if (j->hk) {
       const int nr = j->kn->nr;
-      attn__pack_block_pairs((uint16_t *)(j->Kt + slot * j->kt_size), &p->k, attn__koff(p, &p->k, b, g, 0), blk, nr,
+      attn__pack_block_pairs(j->kn, (uint16_t *)(j->Kt + slot * j->kt_size), &p->k, attn__koff(p, &p->k, b, g, 0), blk,
                              nk, p->D, j->D2, 1);
-      attn__pack_block_pairs((uint16_t *)(j->Vt + slot * j->vt_size), &p->v, attn__koff(p, &p->v, b, g, 0), blk, nr,
+      attn__pack_block_pairs(j->kn, (uint16_t *)(j->Vt + slot * j->vt_size), &p->v, attn__koff(p, &p->v, b, g, 0), blk,
                              nk, p->Dv, j->Dv2, 1);
       /* K as pairs of keys for dS.K: kv[2 (j2 D + d) + e] = k[2 j2 + e][d], zero past Nk */
       uint16_t *kv = (uint16_t *)(j->Kr + slot * j->kr_size) + blk * nr * p->D;

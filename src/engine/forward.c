@@ -336,11 +336,20 @@ static void pack_block_widened(float *dst, const attn_tensor *t, int64_t head, i
 
 /* Kh block blk (D2, NR) of the kv head whose key 0 is at element head, as bf16 pairs (kernels.h's half tiles),
  * zero past key Nk; with two terms (f16 keys) each row of NR hi pairs is followed by its NR lo pairs. */
-void attn__pack_block_pairs(uint16_t *dst, const attn_tensor *t, int64_t head, int64_t blk, int nr, int64_t Nk,
-                            int64_t D, int64_t D2, int terms) {
+void attn__pack_block_pairs(const attn__cpu_kernels *kn, uint16_t *dst, const attn_tensor *t, int64_t head,
+                            int64_t blk, int64_t Nk, int64_t D, int64_t D2, int terms) {
+  const int nr = kn->nr;
   uint32_t *o = (uint32_t *)(dst + blk * nr * 2 * D2 * terms);
   const int n = Nk - blk * nr < nr ? (int)(Nk - blk * nr) : nr;
   const int64_t sd = t->strides[3], row = (int64_t)nr * terms; /* pairs between rows of the block */
+  const int64_t first = head + blk * nr * t->strides[2]; /* the block's key 0 */
+  if (kn->pack_t && terms == 1 && t->dtype == ATTN_BF16 && sd == 1 && D % 2 == 0 && first % 2 == 0 &&
+      t->strides[2] % 2 == 0 && ((uintptr_t)t->data & 3) == 0) {
+    /* a key's pairs are 32-bit words of its row: the same turn as fp32's (bits moved, never computed on) */
+    kn->pack_t((float *)o, (const float *)((const uint16_t *)t->data + first), t->strides[2] / 2, n, D / 2);
+    if (D2 > D / 2) memset(o + (D / 2) * row, 0, (size_t)((D2 - D / 2) * row) * sizeof(uint32_t));
+    return;
+  }
   for (int jj = 0; jj < nr; jj++) {
     const int64_t off = head + (blk * nr + jj) * t->strides[2];
     if (jj >= n) {
@@ -393,7 +402,7 @@ static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t fi
     const int64_t head = attn__koff(p, &p->k, b, bg % p->Hk, 0), nk = attn__key_rows(p, b);
     void *dst = j->Kp + (bg - round * j->per_round) * j->kt_bytes;
     if (j->hk)
-      attn__pack_block_pairs(dst, &p->k, head, blk, j->kn->nr, nk, p->D, j->D2, j->terms);
+      attn__pack_block_pairs(j->kn, dst, &p->k, head, blk, nk, p->D, j->D2, j->terms);
     else if (p->k.dtype != ATTN_F32 && p->k.strides[3] == 1)
       pack_block_widened(dst, &p->k, head, blk, j->kn->nr, nk, p->D, j->widen);
     else

@@ -130,15 +130,17 @@ static void qk_avx512(float *S, const float *Q, const float *Kt, int64_t D, int6
 }
 
 #define LAZY_MAX 8.0f
+#define LAZY_MAX_EXP 2980.9579870417283f /* e^LAZY_MAX */
 /* Row statistics live in lanes: row r of the tile is lane r of m, l, alpha.
  * The step on scale * S (scale > 0, so the raw maximum scales to the scaled
  * one); P goes to S, or with Pb (the AMX set only) rounded to bf16 straight
  * into Pb's rows of NR, as pv's A tiles read them. */
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
-/* softmax_t's step with Pb in one pass over S, for the common tile: every row's m is finite and the
- * tile's maximum stays within LAZY_MAX of it, so m does not move and P = exp(scale x - m) can be made
- * while the maximum is found. Returns 0, having written only Pb, when that does not hold; the two
- * passes then run, on the same formula. */
+/* softmax_t's step with Pb in one pass over S, for the common tile: every row's m is finite and stays
+ * where it is, P = exp(scale x - m) made without first finding the tile's maximum. The row's sum says
+ * whether that was right: at most e^LAZY_MAX, no P passed it (and none was NaN). Returns 0, having
+ * written only Pb, when some row's sum is more; the two passes then run on the same formula, and move
+ * m where the tile's maximum passed it by more than LAZY_MAX. */
 static inline __attribute__((always_inline)) int softmax_one_pass(const float *S, float *m, float *l, float *alpha,
                                                                   float scale, uint16_t *Pb) {
   const __mmask16 rows = (__mmask16)((1u << MR) - 1);
@@ -146,27 +148,23 @@ static inline __attribute__((always_inline)) int softmax_one_pass(const float *S
   if (_mm512_fpclass_ps_mask(mold, 0x99) & rows) return 0; /* NaN or +-inf */
   float shl[16];
   _mm512_storeu_ps(shl, _mm512_mul_ps(mold, _mm512_set1_ps(1.44269504088896341f)));
-  __m512 part[16], sums[16];
-  for (int r = MR; r < 16; r++) part[SLOT(r)] = sums[SLOT(r)] = _mm512_setzero_ps();
+  __m512 sums[16];
+  for (int r = MR; r < 16; r++) sums[SLOT(r)] = _mm512_setzero_ps();
   for (int r = 0; r < MR; r++) {
     const float *s = S + r * NR;
     const __m512 mvl = _mm512_set1_ps(shl[r]);
-    __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps(), p[NV];
+    __m512 sum = _mm512_setzero_ps(), p[NV];
     for (int v = 0; v < NV; v++) {
-      const __m512 x = _mm512_load_ps(s + 16 * v);
-      mx = _mm512_max_ps(mx, x);
-      p[v] = exp_minus(x, mold, mvl, scale);
+      p[v] = exp_minus(_mm512_load_ps(s + 16 * v), mold, mvl, scale);
       sum = _mm512_add_ps(sum, p[v]);
     }
     for (int v = 0; v < NV; v += 2)
       _mm512_store_si512(Pb + r * NR + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(p[v + 1], p[v]));
-    part[SLOT(r)] = mx;
     sums[SLOT(r)] = sum;
   }
-  const __m512 tile_max = _mm512_mul_ps(reduce16_max(part), _mm512_set1_ps(scale));
-  const __m512 bound = _mm512_add_ps(mold, _mm512_set1_ps(LAZY_MAX));
-  if ((_mm512_cmp_ps_mask(tile_max, bound, _CMP_LE_OQ) & rows) != rows) return 0; /* NaN too */
-  _mm512_store_ps(l, _mm512_add_ps(_mm512_load_ps(l), reduce16_add(sums)));
+  const __m512 tile_sum = reduce16_add(sums);
+  if ((_mm512_cmp_ps_mask(tile_sum, _mm512_set1_ps(LAZY_MAX_EXP), _CMP_LE_OQ) & rows) != rows) return 0;
+  _mm512_store_ps(l, _mm512_add_ps(_mm512_load_ps(l), tile_sum));
   _mm512_store_ps(alpha, _mm512_set1_ps(1.0f));
   return 1;
 }
