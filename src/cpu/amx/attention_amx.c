@@ -187,6 +187,10 @@ static inline __attribute__((always_inline)) void pv_pb(float *O, const float *a
   const uint32_t *V = (const uint32_t *)Vh;
   /* alpha is exactly 1 on every row once the running maxima settle: O stays as the tiles left it */
   const int rescale = _mm512_cmp_ps_mask(_mm512_load_ps(alpha), _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
+  if (TERMS == 1) { /* keys 0-31 from tmm4, 32-63 from tmm7, for every chunk */
+    _tile_loadd(4, pb, NR * 2);
+    if (wide) _tile_loadd(7, pb + 32, NR * 2);
+  }
   for (int64_t c0 = 0; c0 < Dv; c0 += CHUNK) {
     const int64_t cols = Dv - c0 < CHUNK ? Dv - c0 : CHUNK;
     for (int r = 0; r < MR && rescale; r++) {
@@ -219,28 +223,34 @@ static inline __attribute__((always_inline)) void pv_pb(float *O, const float *a
     const int64_t bs = ld * 4; /* bytes between pair rows */
     float *o = O + c0;
     const int nt = (int)(cols / 16);
+    if (TERMS == 1) {
+      /* columns 0-31 of the chunk in C tiles 0 and 1, 32-63 in 2 and 3: one pair's stores drain while
+       * the other's products run (one set of four waited on its own stores: 1.25x slower at Dv 64 and
+       * 128 in the lab) */
+      const uint32_t *h = src + 16 * ld;
+#define PV_HALF(C0, C1, c, two)                                                   \
+  _tile_loadd(C0, o + (c), Dv * 4);                                               \
+  if (two) _tile_loadd(C1, o + (c) + 16, Dv * 4);                                 \
+  _tile_loadd(5, src + (c), bs);                                                  \
+  _tile_dpbf16ps(C0, 4, 5);                                                       \
+  if (two) { _tile_loadd(6, src + (c) + 16, bs); _tile_dpbf16ps(C1, 4, 6); }       \
+  if (wide) {                                                                     \
+    _tile_loadd(5, h + (c), bs);                                                  \
+    _tile_dpbf16ps(C0, 7, 5);                                                     \
+    if (two) { _tile_loadd(6, h + (c) + 16, bs); _tile_dpbf16ps(C1, 7, 6); }       \
+  }                                                                               \
+  _tile_stored(C0, o + (c), Dv * 4);                                              \
+  if (two) _tile_stored(C1, o + (c) + 16, Dv * 4);
+      PV_HALF(0, 1, 0, nt > 1)
+      if (nt > 2) { PV_HALF(2, 3, 32, nt > 3) }
+#undef PV_HALF
+      continue;
+    }
     _tile_loadd(0, o, Dv * 4);
     if (nt > 1) _tile_loadd(1, o + 16, Dv * 4);
     if (nt > 2) _tile_loadd(2, o + 32, Dv * 4);
     if (nt > 3) _tile_loadd(3, o + 48, Dv * 4);
-    if (TERMS == 1) { /* keys 0-31 from tmm4, 32-63 from tmm7: no step waits to reload its A tile */
-      const uint32_t *h = src + 16 * ld;
-      _tile_loadd(4, pb, NR * 2);
-      if (wide) _tile_loadd(7, pb + 32, NR * 2);
-      _tile_loadd(5, src, bs);
-      _tile_dpbf16ps(0, 4, 5);
-      if (nt > 1) { _tile_loadd(6, src + 16, bs); _tile_dpbf16ps(1, 4, 6); }
-      if (nt > 2) { _tile_loadd(5, src + 32, bs); _tile_dpbf16ps(2, 4, 5); }
-      if (nt > 3) { _tile_loadd(6, src + 48, bs); _tile_dpbf16ps(3, 4, 6); }
-      if (wide) {
-        _tile_loadd(5, h, bs);
-        _tile_dpbf16ps(0, 7, 5);
-        if (nt > 1) { _tile_loadd(6, h + 16, bs); _tile_dpbf16ps(1, 7, 6); }
-        if (nt > 2) { _tile_loadd(5, h + 32, bs); _tile_dpbf16ps(2, 7, 5); }
-        if (nt > 3) { _tile_loadd(6, h + 48, bs); _tile_dpbf16ps(3, 7, 6); }
-      }
-    }
-    for (int ks = 0; TERMS == 2 && ks < 1 + wide; ks++) { /* 32 keys a step, in qk_t's four passes */
+    for (int ks = 0; ks < 1 + wide; ks++) { /* 32 keys a step, in qk_t's four passes */
       const uint32_t *h = src + 16 * ks * ld, *l = src_lo + 16 * ks * ld;
       _tile_loadd(4, pb + 32 * ks, NR * 2);
       _tile_loadd(5, pb + MR * NR + 32 * ks, NR * 2);
