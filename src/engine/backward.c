@@ -312,13 +312,17 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
  * backward's packing time) */
 static double dot_double(const float *x, const attn_tensor *t, int64_t off, int64_t n) {
   double lane[8] = {0};
-  int64_t c = 0;
-  if (t->dtype == ATTN_F32 && t->strides[3] == 1) {
-    const float *y = (const float *)t->data + off;
-    for (; c + 8 <= n; c += 8)
-      for (int e = 0; e < 8; e++) lane[e] += (double)x[c + e] * y[c + e];
+  float buf[64]; /* t's elements widened, 64 at a time (a multiple of 8: each c keeps its lane) */
+  for (int64_t c0 = 0; c0 < n; c0 += 64) {
+    const int64_t m = n - c0 < 64 ? n - c0 : 64;
+    const float *y = buf;
+    if (t->dtype == ATTN_F32 && t->strides[3] == 1) y = (const float *)t->data + off + c0;
+    else attn__widen_strided(buf, t->data, t->dtype, off + c0 * t->strides[3], t->strides[3], m);
+    int64_t c = 0;
+    for (; c + 8 <= m; c += 8)
+      for (int e = 0; e < 8; e++) lane[e] += (double)x[c0 + c + e] * y[c + e];
+    for (; c < m; c++) lane[c % 8] += (double)x[c0 + c] * y[c];
   }
-  for (; c < n; c++) lane[c % 8] += (double)x[c] * attn__load_f32(t->data, t->dtype, off + c * t->strides[3]);
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 

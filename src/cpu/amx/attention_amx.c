@@ -316,31 +316,33 @@ static void pairs_amx(uint32_t *Xp, const float *X) {
 
 static void pt_acc_amx(float *OutT, int64_t C, const uint32_t *pp, int64_t rows, const uint16_t *XT, int64_t ldx) {
   const int64_t steps = rows / 32, sa = ldx * 2, so = NR * 4;
-  for (int kb = 0; kb < NV; kb++)
-    for (int64_t c0 = 0; c0 < C; c0 += 64) {
-      const int nt = C - c0 >= 64 ? 4 : (int)((C - c0) / 16);
+  /* 32 rows of OutT at a time, on C tile pairs (0, 1) and (2, 3) in turn: one pair's stores drain while
+   * the other's products run (as p.v's halves); B alternates between tmm6 and tmm7 */
+  int half = 0;
+  for (int64_t c0 = 0; c0 < C; c0 += 32) /* keys inner: these rows' A tiles stay in L1 */
+    for (int kb = 0; kb < NV; kb++, half ^= 1) {
+      const int two = C - c0 >= 32;
       float *o = OutT + c0 * NR + 16 * kb;
       const uint16_t *a = XT + c0 * ldx;
-      _tile_loadd(0, o, so);
-      if (nt > 1) _tile_loadd(1, o + 16 * NR, so);
-      if (nt > 2) _tile_loadd(2, o + 32 * NR, so);
-      if (nt > 3) _tile_loadd(3, o + 48 * NR, so);
-#define PT_STEP(s, B)                                                                   \
-  _tile_loadd(B, pp + 16 * (s) * NR + 16 * kb, so);                                     \
-  _tile_loadd(4, a + 32 * (s), sa);                                                     \
-  _tile_dpbf16ps(0, 4, B);                                                              \
-  if (nt > 1) { _tile_loadd(5, a + 16 * ldx + 32 * (s), sa); _tile_dpbf16ps(1, 5, B); } \
-  if (nt > 2) { _tile_loadd(4, a + 32 * ldx + 32 * (s), sa); _tile_dpbf16ps(2, 4, B); } \
-  if (nt > 3) { _tile_loadd(5, a + 48 * ldx + 32 * (s), sa); _tile_dpbf16ps(3, 5, B); }
-      for (int64_t s = 0; s < steps; s += 2) {
-        PT_STEP(s, 6)
-        if (s + 1 < steps) { PT_STEP(s + 1, 7) }
-      }
-#undef PT_STEP
-      _tile_stored(0, o, so);
-      if (nt > 1) _tile_stored(1, o + 16 * NR, so);
-      if (nt > 2) _tile_stored(2, o + 32 * NR, so);
-      if (nt > 3) _tile_stored(3, o + 48 * NR, so);
+#define PT_HALF(C0, C1, A0, A1)                                                           \
+  _tile_loadd(C0, o, so);                                                                 \
+  if (two) _tile_loadd(C1, o + 16 * NR, so);                                              \
+  for (int64_t s = 0; s < steps; s++) {                                                   \
+    if (s & 1) _tile_loadd(7, pp + 16 * s * NR + 16 * kb, so);                            \
+    else _tile_loadd(6, pp + 16 * s * NR + 16 * kb, so);                                  \
+    _tile_loadd(A0, a + 32 * s, sa);                                                      \
+    if (s & 1) _tile_dpbf16ps(C0, A0, 7);                                                 \
+    else _tile_dpbf16ps(C0, A0, 6);                                                       \
+    if (two) {                                                                            \
+      _tile_loadd(A1, a + 16 * ldx + 32 * s, sa);                                         \
+      if (s & 1) _tile_dpbf16ps(C1, A1, 7);                                               \
+      else _tile_dpbf16ps(C1, A1, 6);                                                     \
+    }                                                                                     \
+  }                                                                                       \
+  _tile_stored(C0, o, so);                                                                \
+  if (two) _tile_stored(C1, o + 16 * NR, so);
+      if (half) { PT_HALF(2, 3, 4, 5) } else { PT_HALF(0, 1, 4, 5) }
+#undef PT_HALF
     }
 }
 
