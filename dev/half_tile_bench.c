@@ -3,7 +3,9 @@
  * in a loop of its own and then the three in turn, in this thread's CPU time
  * (best of 7 trials); then, for a set with backward tiles, the backward's own
  * calls: pairs of one tile, pt_acc over a group of ATTN__BWD_MAX_ROWS rows,
- * the base's exp_shift and ds on one tile, and t_out of a key block. It says where a tile's time goes; that the tiles are
+ * the base's exp_shift and ds on one tile, and t_out of a key block; and for a set with the fused pair
+ * (softmax_round, pv_rounded: what OPEN tiles take) those two and the three in turn. It says where a
+ * tile's time goes; that the tiles are
  * right is test_half's business (tests/test_half.c amx|avx512bf16).
  *   gcc -O2 -fopenmp -DATTN_STATIC -DATTN_HAVE_X86_KERNELS -DATTN_HAVE_AMX -Iinclude -Ibuild/include -Isrc \
  *       dev/half_tile_bench.c build/libattn.a -lm -o /tmp/htb
@@ -28,7 +30,7 @@ typedef struct tile {
   uint16_t *Q, *K, *V;
   float *S, *O, *OutT, *Out;
   uint32_t *Pp;
-  uint16_t *XT;
+  uint16_t *XT, *Pb;
   float m[ATTN__STAT_LANES] __attribute__((aligned(64))), l[ATTN__STAT_LANES] __attribute__((aligned(64)));
   float alpha[ATTN__STAT_LANES] __attribute__((aligned(64)));
   int64_t D;
@@ -46,6 +48,9 @@ static void run(tile *t, int which) {
     if (which == 5) h->base->exp_shift(t->S, t->m);
     if (which == 6) h->base->ds(t->S, t->O, t->l);
     if (which == 7) h->t_out(t->Out, t->D, t->OutT, t->D, h->nr, 0.5f);
+    if (which == 11) h->qk(t->S, t->Q, t->K, D2, h->nr, 1.0f);
+    if (which == 9 || which == 11) h->softmax_round(t->Pb, t->S, 0.125f, t->m, t->l, t->alpha);
+    if (which == 10 || which == 11) h->pv_rounded(t->O, t->alpha, t->Pb, t->V, t->D);
   }
 }
 
@@ -88,12 +93,15 @@ int main(int argc, char **argv) {
   for (int64_t e = 0; e < G / 2 * nr; e++) t.Pp[e] = 0x3c003c00u + (uint32_t)(e % 61);
   for (int64_t e = 0; e < D * (G + 32); e++) t.XT[e] = (uint16_t)(0x3c00 + (e & 63));
   memset(t.OutT, 0, (size_t)(D * nr * 4));
+  t.Pb = aligned_alloc(64, (size_t)(mr * nr * 2));
+  for (int64_t e = 0; e < mr * nr; e++) t.Pb[e] = (uint16_t)(0x3c00 + (e & 63));
   for (int r = 0; r < ATTN__STAT_LANES; r++) t.m[r] = -INFINITY, t.l[r] = 0, t.alpha[r] = 1;
   if (t.h->begin) t.h->begin();
-  static const char *what[9] = {"qk", "softmax", "pv", "all three", "pt_acc", "exp_shift", "ds", "t_out", "pairs"};
-  double ns[9];
-  const int nw = t.h->pt_acc ? 9 : 4;
-  for (int w = 0; w < nw; w++) {
+  static const char *what[12] = {"qk", "softmax", "pv", "all three", "pt_acc", "exp_shift", "ds", "t_out", "pairs",
+                                 "softmax_round", "pv_rounded", "fused three"};
+  double ns[12];
+  for (int w = 0; w < 12; w++) {
+    if ((w >= 4 && w < 9 && !t.h->pt_acc) || (w >= 9 && !t.h->softmax_round)) continue;
     double best = 1e30;
     for (int k = 0; k < TRIALS; k++) {
       const double t0 = now();
@@ -108,9 +116,12 @@ int main(int argc, char **argv) {
   printf("%s, %d x %d tile, D = Dv = %lld:", t.h->name, mr, nr, (long long)D);
   for (int w = 0; w < 4; w++) printf(" %s %.1f ns%s", what[w], ns[w], w < 3 ? "," : "");
   printf(" (%.0f GFLOP/s on one core)\n", flops / ns[3]);
-  if (nw == 9)
+  if (t.h->softmax_round)
+    printf("fused (OPEN tiles): qk unscaled, softmax_round %.1f ns, pv_rounded %.1f ns, the three %.1f ns (%.0f GFLOP/s)\n",
+           ns[9], ns[10], ns[11], flops / ns[11]);
+  if (t.h->pt_acc)
     printf("backward: pairs %.1f ns, pt_acc (%lld rows) %.1f ns, exp_shift %.1f ns, ds %.1f ns, t_out %.1f ns\n", ns[8],
            (long long)G, ns[4], ns[5], ns[6], ns[7]);
-  free(t.Q), free(t.K), free(t.V), free(t.S), free(t.O), free(t.Pp), free(t.OutT), free(t.Out), free(t.XT);
+  free(t.Q), free(t.K), free(t.V), free(t.S), free(t.O), free(t.Pp), free(t.OutT), free(t.Out), free(t.XT), free(t.Pb);
   return 0;
 }

@@ -10,9 +10,13 @@
  * The packed operands (kernels.h) are already the tiles' layouts:
  *   qk: A = Qh, 16 rows of D2 pairs; B = Kh, D2 rows of NR keys' pairs; four
  *       16-key C tiles (tmm0-3) per 64 keys, D / 32 steps.
- *   pv: A = P rounded to bf16, 16 rows of 64 keys (two tiles, tmm4 and tmm7);
- *       B = Vh, pairs of keys by 16 output columns; O, rescaled by alpha on
- *       AVX-512, is loaded as the C tiles, 64 columns at a time.
+ *   pv: A = P rounded to bf16, 16 rows of 64 keys (two tiles, tmm4 and tmm7,
+ *       loaded once a call); B = Vh, pairs of keys by 16 output columns; O,
+ *       rescaled by alpha on AVX-512 (rarely: kernels.h's softmax_round lets m
+ *       trail), is loaded as the C tiles, 32 columns at a time on tiles 0-1
+ *       and 2-3 in turn.
+ *   softmax_round (tiles16.c): the 16-row set's softmax on AVX-512 writing P
+ *       as bf16 rows for pv's A tiles, the scale folded into its exponent.
  * Every tile is configured 16 rows x 64 bytes by begin (once per work item,
  * not per call: ldtilecfg clears the tiles and costs as much as a step), so
  * q and k come padded to whole steps of 16 pairs (d2_align) and Dv must be a
@@ -29,6 +33,7 @@
 #include "../kernels.h"
 
 #include "tiles.h"
+#include "../avx512/transpose4.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -316,42 +321,49 @@ static void pairs_amx(uint32_t *Xp, const float *X) {
 
 static void pt_acc_amx(float *OutT, int64_t C, const uint32_t *pp, int64_t rows, const uint16_t *XT, int64_t ldx) {
   const int64_t steps = rows / 32, sa = ldx * 2, so = NR * 4;
-  /* 32 rows of OutT at a time, on C tile pairs (0, 1) and (2, 3) in turn: one pair's stores drain while
-   * the other's products run (as p.v's halves); B alternates between tmm6 and tmm7 */
-  int half = 0;
-  for (int64_t c0 = 0; c0 < C; c0 += 32) /* keys inner: these rows' A tiles stay in L1 */
-    for (int kb = 0; kb < NV; kb++, half ^= 1) {
+  /* 2 x 2: 32 rows of OutT by 32 keys in C tiles 0-3, A tiles 4-5 (the rows), B tiles 6-7 (the keys):
+   * four loads for four products */
+  for (int64_t c0 = 0; c0 < C; c0 += 32)
+    for (int kb = 0; kb < NV; kb += 2) {
       const int two = C - c0 >= 32;
       float *o = OutT + c0 * NR + 16 * kb;
       const uint16_t *a = XT + c0 * ldx;
-#define PT_HALF(C0, C1, A0, A1)                                                           \
-  _tile_loadd(C0, o, so);                                                                 \
-  if (two) _tile_loadd(C1, o + 16 * NR, so);                                              \
-  for (int64_t s = 0; s < steps; s++) {                                                   \
-    if (s & 1) _tile_loadd(7, pp + 16 * s * NR + 16 * kb, so);                            \
-    else _tile_loadd(6, pp + 16 * s * NR + 16 * kb, so);                                  \
-    _tile_loadd(A0, a + 32 * s, sa);                                                      \
-    if (s & 1) _tile_dpbf16ps(C0, A0, 7);                                                 \
-    else _tile_dpbf16ps(C0, A0, 6);                                                       \
-    if (two) {                                                                            \
-      _tile_loadd(A1, a + 16 * ldx + 32 * s, sa);                                         \
-      if (s & 1) _tile_dpbf16ps(C1, A1, 7);                                               \
-      else _tile_dpbf16ps(C1, A1, 6);                                                     \
-    }                                                                                     \
-  }                                                                                       \
-  _tile_stored(C0, o, so);                                                                \
-  if (two) _tile_stored(C1, o + 16 * NR, so);
-      if (half) { PT_HALF(2, 3, 4, 5) } else { PT_HALF(0, 1, 4, 5) }
-#undef PT_HALF
+      _tile_loadd(0, o, so);
+      _tile_loadd(1, o + 16, so);
+      if (two) { _tile_loadd(2, o + 16 * NR, so); _tile_loadd(3, o + 16 * NR + 16, so); }
+      for (int64_t s = 0; s < steps; s++) {
+        _tile_loadd(6, pp + 16 * s * NR + 16 * kb, so);
+        _tile_loadd(4, a + 32 * s, sa);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, pp + 16 * s * NR + 16 * kb + 16, so);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+          _tile_loadd(5, a + 16 * ldx + 32 * s, sa);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, o, so);
+      _tile_stored(1, o + 16, so);
+      if (two) { _tile_stored(2, o + 16 * NR, so); _tile_stored(3, o + 16 * NR + 16, so); }
     }
 }
 
-/* One gather per output row: column j of T, 16 channels at a time. */
+/* Whole groups of 16 keys: four rows of T (four channels) turned at a time by transpose4.h; the last
+ * nk % 16 keys one gather per output row (column j of T, 16 channels at a time). */
 static void t_out_amx(float *Out, int64_t ldo, const float *T, int64_t C, int64_t nk, float scale) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  int64_t j0 = 0;
+  for (; j0 + 16 <= nk && ldo <= INT32_MAX; j0 += 16)
+    for (int64_t c = 0; c < C; c += 4) {
+      const float *t = T + c * NR + j0;
+      attn__store_4x16_transposed(Out + j0 * ldo + c, (int)ldo, _mm512_mul_ps(_mm512_loadu_ps(t), sv),
+                                  _mm512_mul_ps(_mm512_loadu_ps(t + NR), sv), _mm512_mul_ps(_mm512_loadu_ps(t + 2 * NR), sv),
+                                  _mm512_mul_ps(_mm512_loadu_ps(t + 3 * NR), sv));
+    }
   const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                          _mm512_set1_epi32(NR));
-  const __m512 sv = _mm512_set1_ps(scale);
-  for (int64_t j = 0; j < nk; j++)
+  for (int64_t j = j0; j < nk; j++)
     for (int64_t c0 = 0; c0 < C; c0 += 16) {
       const __mmask16 mk = lanes16(C - c0);
       const __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mk, idx, T + c0 * NR + j, 4);
