@@ -96,7 +96,10 @@ typedef enum attn_kernel {
  *            bf16 inputs: as PyTorch computes them (its CPU flash attention):
  *              q.k and p.v as bf16 products (exact in fp32) summed in fp32,
  *              the scale, options and softmax in fp32, and the probabilities
- *              rounded to bf16 for p.v. Runs on the AMX tiles
+ *              rounded to bf16 for p.v (on AMX, unmasked tiles' probabilities
+ *              are exp(s - m) for a running maximum m that may trail the
+ *              row's by up to 8: the same weights, P up to e^8 before the
+ *              division by the sum, the largest one rounded too). Runs on the AMX tiles
  *              (ATTN_KERNEL_AMX; Dv a multiple of 16) or the AVX512-BF16 ones
  *              (ATTN_KERNEL_AVX512_BF16); on other kernels and shapes, and
  *              for decode-sized problems (a few query rows per kv head), bf16
