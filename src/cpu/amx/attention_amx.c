@@ -304,9 +304,8 @@ _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the 
  * pairs of rows (2t, 2t + 1), one vpermw a 16-key group, as the tile is made (on AVX-512,
  * beside the rest of its vector work: a 128-row pt_acc that converted its own P took 1.2 us
  * in the lab against 0.55 for its tiles and 0.27 for the conversion apart); XT's rows are
- * already the A tiles' (32 rows of the sum per step). OutT is the C tiles, four at a time;
- * B tiles alternate between tmm6 and tmm7, A tiles between tmm4 and tmm5, so no load waits
- * for the tdp before it. */
+ * already the A tiles' (32 rows of the sum per step). OutT is the C tiles, 32 rows by 32
+ * keys at a time (pt_acc_amx). */
 static void pairs_amx(uint32_t *Xp, const float *X) {
   /* word 2i of the permuted vector is row 2t's key i, word 2i + 1 row 2t + 1's */
   const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,

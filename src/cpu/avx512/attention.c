@@ -66,7 +66,8 @@ static inline __m512 exp512(__m512 x) {
  * argument is one FMA (relative error up to |m| 2^-23 in the result: 1e-5 at
  * |m| = 100), 2^f on f in [0, 1) a degree-5 minimax polynomial (1e-7: a degree-4
  * one, 2.7e-6, turned enough roundings of P to bf16 the other way to fail
- * test_half's check of the rounding policy), and vscalefps takes floor(t) itself. Zeros and NaN as exp512's. */
+ * test_half's check of the rounding policy), and vscalefps takes floor(t)
+ * itself. Zeros and NaN as exp512's. */
 static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e, float scale) {
   (void)m;
   const __m512 t = _mm512_fmsub_ps(x, _mm512_set1_ps(scale * 1.44269504088896341f), m_l2e);
@@ -131,10 +132,6 @@ static void qk_avx512(float *S, const float *Q, const float *Kt, int64_t D, int6
 
 #define LAZY_MAX 8.0f
 #define LAZY_MAX_EXP 2980.9579870417283f /* e^LAZY_MAX */
-/* Row statistics live in lanes: row r of the tile is lane r of m, l, alpha.
- * The step on scale * S (scale > 0, so the raw maximum scales to the scaled
- * one); P goes to S, or with Pb (the AMX set only) rounded to bf16 straight
- * into Pb's rows of NR, as pv's A tiles read them. */
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
 /* softmax_t's step with Pb in one pass over S, for the common tile: every row's m is finite and stays
  * where it is, P = exp(scale x - m) made without first finding the tile's maximum. The row's sum says
@@ -170,6 +167,10 @@ static inline __attribute__((always_inline)) int softmax_one_pass(const float *S
 }
 #endif
 
+/* Row statistics live in lanes: row r of the tile is lane r of m, l, alpha.
+ * The step on scale * S (scale > 0, so the raw maximum scales to the scaled
+ * one); P goes to S, or with Pb (the AMX set only) rounded to bf16 straight
+ * into Pb's rows of NR, as pv's A tiles read them. */
 static inline __attribute__((always_inline)) void softmax_t(float *S, float *m, float *l, float *alpha, float scale,
                                                             uint16_t *Pb) {
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
