@@ -264,8 +264,8 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
           const uint16_t *Kv = (const uint16_t *)(a->Kr + blk * (nr / 2) * D);
           /* the group's tiles a step at a time, so that each step's operand from the block (K, V, then K
            * as pairs of keys: 16 KiB each at D 128) stays in L1 across the tiles */
-          attn__tile_mask tm[ATTN__BWD_MAX_ROWS / 16];
-          bwd_tile T[ATTN__BWD_MAX_ROWS / 16];
+          attn__tile_mask tm[ATTN__BWD_MAX_ROWS]; /* qg / mr tiles: at most a row each */
+          bwd_tile T[ATTN__BWD_MAX_ROWS];
           int open = 0;
           for (int sub = 0; sub < qg / mr; sub++) {
             const int64_t i0 = t * qg + sub * mr, e = (int64_t)sub * mr * nr;
