@@ -86,13 +86,13 @@ int main(int argc, char **argv) {
   for (int trial = 0; trial < 15; trial++) {
     const double t0 = now();
     for (int r = 0; r < reps; r++)
-      for (int b = 0; b < NB; b++) dk->qk(S, Q, rows, K + rb * 128 * b, ld, 128, D, dt);
+      for (int b = 0; b < NB; b++) dk->qk(S, Q, rows, K + rb * 128 * b, ld, 128, D, dt, NULL);
     const double t1 = now();
     for (int r = 0; r < reps; r++) {
       for (int i = 0; i < rows; i++) m[i] = -INFINITY, l[i] = 0;
       for (int b = 0; b < NB; b++) {
         memcpy(S, S0, sizeof S0);
-        dk->pv(O, m, l, S, rows, V + rb * 128 * b, ld, 128, D, dt, 0);
+        dk->pv(O, m, l, S, rows, V + rb * 128 * b, ld, 128, D, dt, 0, NULL);
       }
     }
     const double t2 = now();

@@ -165,18 +165,27 @@ typedef struct attn__decode_kernels {
    * quant.h's ATTN__Q8_0 and ATTN__Q4_0 (a KV cache's blocks) are types too:
    * rows of D / 32 blocks, ldk and ldv then counted in bytes; D, Dv multiples of 32. */
   unsigned dtypes;
-  /* S[r][j] = Q[r] . K[j] for r < rows, j < nkeys (other columns untouched). */
-  void (*qk)(float *S, const float *Q, int rows, const void *K, int64_t ldk, int nkeys, int64_t D, attn_dtype kt);
+  /* S[r][j] = Q[r] . K[j] for r < rows, j < nkeys (other columns untouched).
+   * Knext: where the rows past nkeys go on (the next run of a paged cache's
+   * blocks), for the read-ahead alone; NULL: in place, ldk after ldk. */
+  void (*qk)(float *S, const float *Q, int rows, const void *K, int64_t ldk, int nkeys, int64_t D, attn_dtype kt,
+             const void *Knext);
   /* The online-softmax step of kernels.h's softmax on columns j < nkeys of each
    * row (masked logits are -inf; a row with nothing visible yet gets P = 0),
    * then O[r][:] = O[r][:] * alpha[r] + sum_j P[r][j] V[j][:]. S becomes P.
    * sparse: as in attn__cpu_kernels.pv, some keys are hidden from some rows
    * and their V rows must not reach O. */
   void (*pv)(float *O, float *m, float *l, float *S, int rows, const void *V, int64_t ldv, int nkeys, int64_t Dv,
-             attn_dtype vt, int sparse);
+             attn_dtype vt, int sparse, const void *Vnext); /* Vnext: as qk's Knext */
   /* dst[0..n) = src[0..n) widened to f32 from f32, f16 or bf16 (contiguous). */
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n);
 } attn__decode_kernels;
+
+/* Where the read-ahead finds row j of a call's n rows, ld bytes apart from
+ * base, when they go on at next (NULL: in place). */
+static inline const char *attn__dec_ahead(const void *base, int64_t j, int n, int64_t ld, const void *next) {
+  return next && j >= n ? (const char *)next + (j - n) * ld : (const char *)base + j * ld;
+}
 
 extern const attn__decode_kernels attn__decode_kernels_c;
 #ifdef ATTN_HAVE_X86_KERNELS

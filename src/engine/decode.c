@@ -138,17 +138,18 @@ static void prefetch_rows(const attn__sdpa *p, const attn_tensor *t, int64_t b, 
   }
 }
 
-/* At a page boundary of a paged cache: asks for the first 8 KiB of rows of the
- * next page [j, j + n) when it does not follow the current one in the pool
- * (the kernels asked for that much past the current page's end instead). */
-static void prefetch_page(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j, int64_t n,
-                          int64_t F) {
-  const int64_t e = b * p->table_stride + j / p->block_tokens;
-  if (p->block_table[e] == p->block_table[e - 1] + 1) return;
-  const int quant = attn__is_quant(t->dtype);
-  const size_t row = quant ? attn__row_bytes(t->dtype, F) : (size_t)F * attn_dtype_size(t->dtype);
-  const int64_t rows = (int64_t)(8192 / row) < 2 ? 2 : (int64_t)(8192 / row);
-  prefetch_rows(p, t, b, g, j, (int)(n < rows ? n : rows), F);
+/* Where the kernels' read-ahead goes on after a call whose keys end at key
+ * next (of [.., hi)) of a paged cache: when key next starts a page that does
+ * not follow the call's last one in the pool, that page's first row in t
+ * (kernels.h's Knext, Vnext); NULL when the rows go on in place, or when the
+ * kernels read a widened copy of them. */
+static const void *next_run(const attn__sdpa *p, const attn_tensor *t, int in_place, int64_t b, int64_t g,
+                            int64_t next, int64_t hi) {
+  if (!p->block_table || !in_place || next >= hi || next % p->block_tokens) return NULL;
+  const int64_t e = b * p->table_stride + next / p->block_tokens;
+  if (p->block_table[e] == p->block_table[e - 1] + 1) return NULL;
+  const size_t es = attn__is_quant(t->dtype) ? 1 : attn_dtype_size(t->dtype);
+  return (const char *)t->data + (size_t)row_at(p, t, b, g, next) * es;
 }
 
 // One chunk [k0, k1) of kv head (b, g) for its R rows; the partial goes to part: (R, Dv) then m (R), l (R).
@@ -186,13 +187,10 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
       const int nn = (int)(hi - next < ATTN__DEC_NB ? hi - next : ATTN__DEC_NB);
       prefetch_rows(p, &p->k, b, g, next, nn, D);
       prefetch_rows(p, &p->v, b, g, next, nn, Dv);
-    } else if (p->block_table && next < hi && next % p->block_tokens == 0) { /* see prefetch_page */
-      prefetch_page(p, &p->k, b, g, next, hi - next, D);
-      prefetch_page(p, &p->v, b, g, next, hi - next, Dv);
     }
-    dk->qk(s->S, s->Q, (int)R, K, ldk, (int)n, D, kt);
+    dk->qk(s->S, s->Q, (int)R, K, ldk, (int)n, D, kt, next_run(p, &p->k, K != s->Kc, b, g, next, hi));
     const int sparse = block_logits(p, s->S, s->Mb, b, g, j0, (int)n);
-    dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, (int)n, Dv, vt, sparse);
+    dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, (int)n, Dv, vt, sparse, next_run(p, &p->v, V != s->Vc, b, g, next, hi));
   }
   memcpy(part, s->O, (size_t)(R * Dv) * sizeof(float));
   memcpy(part + R * Dv, s->m, (size_t)R * sizeof(float));

@@ -531,17 +531,21 @@ static inline __attribute__((always_inline)) void store_dots(float *S, const __m
  * asked for block by block, between the FMAs, rather than in a loop of their own. */
 static inline __attribute__((always_inline)) void dec_qk_qrows(float *S, const float *Q, const int RR,
                                                                const uint8_t *K, int64_t ldk, int nkeys, int64_t D,
-                                                               attn_dtype dt) {
+                                                               attn_dtype dt, const void *Knext) {
   const int KG = 16 / RR;
   const size_t bb = attn__qblock_bytes(dt), bytes = attn__row_bytes(dt, D);
-  const int64_t ahead = pf_rows_avx512((int64_t)bytes) * ldk;
+  const int64_t pf = pf_rows_avx512((int64_t)bytes);
   for (int j0 = 0; j0 < nkeys; j0 += KG) {
     const uint8_t *row[16]; /* keys past nkeys repeat the last one: their dot products are not stored */
-    for (int j = 0; j < KG; j++) row[j] = K + (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
+    const char *ahead[16];
+    for (int j = 0; j < KG; j++) {
+      row[j] = K + (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
+      ahead[j] = attn__dec_ahead(K, j0 + j + pf, nkeys, ldk, Knext);
+    }
     __m512 acc[16];
     for (int e = 0; e < 16; e++) acc[e] = _mm512_setzero_ps();
     for (int64_t c = 0, o = 0; c < D; c += ATTN__QK, o += (int64_t)bb) {
-      for (int j = 0; j < KG; j++) _mm_prefetch((const char *)row[j] + ahead + o, DEC_PF_HINT);
+      for (int j = 0; j < KG; j++) _mm_prefetch(ahead[j] + o, DEC_PF_HINT);
       if (KG >= 8) { /* 1-2 rows: the block's queries stay in registers, each key's block is used at once */
         const __m512 q0[2] = {_mm512_loadu_ps(Q + c), _mm512_loadu_ps(Q + (RR - 1) * D + c)};
         const __m512 q1[2] = {_mm512_loadu_ps(Q + c + 16), _mm512_loadu_ps(Q + (RR - 1) * D + c + 16)};
@@ -576,7 +580,8 @@ static inline __attribute__((always_inline)) void dec_qk_qrows(float *S, const f
 static inline __attribute__((always_inline)) void dec_pv_qpass(float *O, const float *alpha, const float *P,
                                                                const int RR, const int NB, const uint8_t *V,
                                                                int64_t ldv, int nkeys, int64_t Dv, int64_t c0,
-                                                               attn_dtype dt, const int SPARSE, const int PF) {
+                                                               attn_dtype dt, const int SPARSE, const int PF,
+                                                               const void *Vnext) {
   const size_t bb = attn__qblock_bytes(dt), bytes = attn__row_bytes(dt, Dv);
   const int64_t pf = pf_rows_avx512((int64_t)bytes);
   __m512 o[8][8];
@@ -586,8 +591,10 @@ static inline __attribute__((always_inline)) void dec_pv_qpass(float *O, const f
   }
   const uint8_t *vb = V + (c0 / ATTN__QK) * (int64_t)bb;
   for (int j = 0; j < nkeys; j++, vb += ldv) {
-    if (PF)
-      for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char *)V + (j + pf) * ldv + off, DEC_PF_HINT);
+    if (PF) {
+      const char *a = attn__dec_ahead(V, j + pf, nkeys, ldv, Vnext);
+      for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(a + off, DEC_PF_HINT);
+    }
     __m512 vv[8];
     for (int b = 0; b < NB; b++) widen_block(vb + b * (int64_t)bb, dt, &vv[2 * b], &vv[2 * b + 1]);
     for (int r = 0; r < RR; r++) {
@@ -610,29 +617,29 @@ static inline __attribute__((always_inline)) void dec_pv_qpass(float *O, const f
 static inline __attribute__((always_inline)) void dec_pv_qrows(float *O, const float *alpha, const float *P,
                                                                const int RR, const int NB, const uint8_t *V,
                                                                int64_t ldv, int nkeys, int64_t Dv, attn_dtype dt,
-                                                               const int SPARSE) {
+                                                               const int SPARSE, const void *Vnext) {
   int64_t c0 = 0;
   for (; c0 + ATTN__QK * NB <= Dv; c0 += ATTN__QK * NB)
-    if (c0 == 0) dec_pv_qpass(O, alpha, P, RR, NB, V, ldv, nkeys, Dv, c0, dt, SPARSE, 1);
-    else dec_pv_qpass(O, alpha, P, RR, NB, V, ldv, nkeys, Dv, c0, dt, SPARSE, 0);
+    if (c0 == 0) dec_pv_qpass(O, alpha, P, RR, NB, V, ldv, nkeys, Dv, c0, dt, SPARSE, 1, Vnext);
+    else dec_pv_qpass(O, alpha, P, RR, NB, V, ldv, nkeys, Dv, c0, dt, SPARSE, 0, Vnext);
   for (; c0 < Dv; c0 += ATTN__QK)
-    if (c0 == 0) dec_pv_qpass(O, alpha, P, RR, 1, V, ldv, nkeys, Dv, c0, dt, SPARSE, 1);
-    else dec_pv_qpass(O, alpha, P, RR, 1, V, ldv, nkeys, Dv, c0, dt, SPARSE, 0);
+    if (c0 == 0) dec_pv_qpass(O, alpha, P, RR, 1, V, ldv, nkeys, Dv, c0, dt, SPARSE, 1, Vnext);
+    else dec_pv_qpass(O, alpha, P, RR, 1, V, ldv, nkeys, Dv, c0, dt, SPARSE, 0, Vnext);
 }
 
 // rows 1..8 at once; blocks per pass: 4 (128 columns) for 1-2 rows, 2 for 3-4, 1 for 5-8.
 static inline __attribute__((always_inline)) void dec_pv_qgroup(float *O, const float *a, const float *P, int rows,
                                                                 const void *V, int64_t ldv, int nkeys, int64_t Dv,
-                                                                attn_dtype dt, const int SPARSE) {
+                                                                attn_dtype dt, const int SPARSE, const void *Vnext) {
   switch (rows) {
-    case 1: dec_pv_qrows(O, a, P, 1, 4, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 2: dec_pv_qrows(O, a, P, 2, 4, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 3: dec_pv_qrows(O, a, P, 3, 2, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 4: dec_pv_qrows(O, a, P, 4, 2, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 5: dec_pv_qrows(O, a, P, 5, 1, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 6: dec_pv_qrows(O, a, P, 6, 1, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 7: dec_pv_qrows(O, a, P, 7, 1, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    default: dec_pv_qrows(O, a, P, 8, 1, V, ldv, nkeys, Dv, dt, SPARSE); break;
+    case 1: dec_pv_qrows(O, a, P, 1, 4, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 2: dec_pv_qrows(O, a, P, 2, 4, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 3: dec_pv_qrows(O, a, P, 3, 2, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 4: dec_pv_qrows(O, a, P, 4, 2, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 5: dec_pv_qrows(O, a, P, 5, 1, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 6: dec_pv_qrows(O, a, P, 6, 1, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 7: dec_pv_qrows(O, a, P, 7, 1, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    default: dec_pv_qrows(O, a, P, 8, 1, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
   }
 }
 
@@ -642,19 +649,23 @@ static inline __attribute__((always_inline)) void dec_pv_qgroup(float *O, const 
  * Each step of 16 columns asks for the same line pf rows ahead (halves: every
  * other step, a line holding 32 of them). */
 static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const float *Q, const int RR, const void *K,
-                                                              int64_t ldk, int nkeys, int64_t D, attn_dtype dt) {
+                                                              int64_t ldk, int nkeys, int64_t D, attn_dtype dt, const void *Knext) {
   const int KG = 16 / RR;
   const size_t es = ld_unit(dt);
-  const int64_t ahead = pf_rows_avx512((int64_t)row_bytes_of(dt, D)) * ldk * (int64_t)es;
+  const int64_t pf = pf_rows_avx512((int64_t)row_bytes_of(dt, D));
   for (int j0 = 0; j0 < nkeys; j0 += KG) {
     int64_t row[16]; /* keys past nkeys repeat the last one: their dot products are not stored */
-    for (int j = 0; j < KG; j++) row[j] = (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
+    const char *ahead[16];
+    for (int j = 0; j < KG; j++) {
+      row[j] = (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
+      ahead[j] = attn__dec_ahead(K, j0 + j + pf, nkeys, ldk * (int64_t)es, Knext);
+    }
     __m512 acc[16];
     for (int e = 0; e < 16; e++) acc[e] = _mm512_setzero_ps();
     for (int64_t c = 0; c < D; c += 16) {
       const __mmask16 m = lanes16(D - c);
       if (es == 4 || !(c & 16))
-        for (int j = 0; j < KG; j++) _mm_prefetch((const char *)K + (row[j] + c) * (int64_t)es + ahead, DEC_PF_HINT);
+        for (int j = 0; j < KG; j++) _mm_prefetch(ahead[j] + c * (int64_t)es, DEC_PF_HINT);
       __m512 kv[16];
       for (int j = 0; j < KG; j++) kv[j] = load_kv(K, row[j], c, m, dt);
       for (int r = 0; r < RR; r++) {
@@ -667,20 +678,20 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
 }
 
 static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float *Q, int rows, const void *K,
-                                                           int64_t ldk, int nkeys, int64_t D, attn_dtype dt) {
+                                                           int64_t ldk, int nkeys, int64_t D, attn_dtype dt, const void *Knext) {
   for (int r0 = 0; r0 < rows; r0 += 8) {
     const int rr = rows - r0 < 8 ? rows - r0 : 8;
     float *s = S + r0 * ATTN__DEC_NB;
     const float *q = Q + r0 * D;
     switch (rr) { /* a constant row count keeps the accumulators in registers */
-      case 1: dec_qk_rows(s, q, 1, K, ldk, nkeys, D, dt); break;
-      case 2: dec_qk_rows(s, q, 2, K, ldk, nkeys, D, dt); break;
-      case 3: dec_qk_rows(s, q, 3, K, ldk, nkeys, D, dt); break;
-      case 4: dec_qk_rows(s, q, 4, K, ldk, nkeys, D, dt); break;
-      case 5: dec_qk_rows(s, q, 5, K, ldk, nkeys, D, dt); break;
-      case 6: dec_qk_rows(s, q, 6, K, ldk, nkeys, D, dt); break;
-      case 7: dec_qk_rows(s, q, 7, K, ldk, nkeys, D, dt); break;
-      default: dec_qk_rows(s, q, 8, K, ldk, nkeys, D, dt); break;
+      case 1: dec_qk_rows(s, q, 1, K, ldk, nkeys, D, dt, Knext); break;
+      case 2: dec_qk_rows(s, q, 2, K, ldk, nkeys, D, dt, Knext); break;
+      case 3: dec_qk_rows(s, q, 3, K, ldk, nkeys, D, dt, Knext); break;
+      case 4: dec_qk_rows(s, q, 4, K, ldk, nkeys, D, dt, Knext); break;
+      case 5: dec_qk_rows(s, q, 5, K, ldk, nkeys, D, dt, Knext); break;
+      case 6: dec_qk_rows(s, q, 6, K, ldk, nkeys, D, dt, Knext); break;
+      case 7: dec_qk_rows(s, q, 7, K, ldk, nkeys, D, dt, Knext); break;
+      default: dec_qk_rows(s, q, 8, K, ldk, nkeys, D, dt, Knext); break;
     }
   }
 }
@@ -689,7 +700,7 @@ static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float
 // SPARSE: a zero P adds nothing (a hidden key's V row may hold Inf), at a compare per row and key.
 static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const float *alpha, const float *P, int RR,
                                                               const void *V, int64_t ldv, int nkeys, int64_t Dv,
-                                                              attn_dtype dt, const int SPARSE) {
+                                                              attn_dtype dt, const int SPARSE, const void *Vnext) {
   for (int64_t c0 = 0; c0 < Dv; c0 += 64) {
     __mmask16 mk[4];
     for (int w = 0; w < 4; w++) mk[w] = lanes16(Dv - c0 - 16 * w);
@@ -701,7 +712,7 @@ static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const fl
     for (int j = 0; j < nkeys; j++) {
       if (c0 == 0) {
         const size_t es = ld_unit(dt), bytes = row_bytes_of(dt, Dv);
-        const char *pr = (const char *)V + (size_t)((j + pf_rows_avx512((int64_t)bytes)) * ldv) * es;
+        const char *pr = attn__dec_ahead(V, j + pf_rows_avx512((int64_t)bytes), nkeys, ldv * (int64_t)es, Vnext);
         for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, DEC_PF_HINT);
       }
       __m512 vv[4];
@@ -724,20 +735,20 @@ static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const fl
 // rr (1..6) rows: a constant row count keeps the outputs in registers.
 static inline __attribute__((always_inline)) void dec_pv_group(float *o, const float *a, const float *P, int rr,
                                                                const void *V, int64_t ldv, int nkeys, int64_t Dv,
-                                                               attn_dtype dt, const int SPARSE) {
+                                                               attn_dtype dt, const int SPARSE, const void *Vnext) {
   switch (rr) {
-    case 1: dec_pv_rows(o, a, P, 1, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 2: dec_pv_rows(o, a, P, 2, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 3: dec_pv_rows(o, a, P, 3, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 4: dec_pv_rows(o, a, P, 4, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    case 5: dec_pv_rows(o, a, P, 5, V, ldv, nkeys, Dv, dt, SPARSE); break;
-    default: dec_pv_rows(o, a, P, 6, V, ldv, nkeys, Dv, dt, SPARSE); break;
+    case 1: dec_pv_rows(o, a, P, 1, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 2: dec_pv_rows(o, a, P, 2, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 3: dec_pv_rows(o, a, P, 3, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 4: dec_pv_rows(o, a, P, 4, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    case 5: dec_pv_rows(o, a, P, 5, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
+    default: dec_pv_rows(o, a, P, 6, V, ldv, nkeys, Dv, dt, SPARSE, Vnext); break;
   }
 }
 
 static inline __attribute__((always_inline)) void dec_pv_t(float *O, float *m, float *l, float *S, int rows,
                                                            const void *V, int64_t ldv, int nkeys, int64_t Dv,
-                                                           attn_dtype dt, int sparse) {
+                                                           attn_dtype dt, int sparse, const void *Vnext) {
   float alpha[ATTN__DEC_MAX_ROWS_K];
   for (int r = 0; r < rows; r++) { /* the softmax step, one row at a time */
     float *s = S + r * ATTN__DEC_NB;
@@ -771,8 +782,8 @@ static inline __attribute__((always_inline)) void dec_pv_t(float *O, float *m, f
   if (attn__is_quant(dt)) { /* blocks: all rows of a call at once (at most 8) */
     for (int r0 = 0; r0 < rows; r0 += 8) {
       const int rr = rows - r0 < 8 ? rows - r0 : 8;
-      if (sparse) dec_pv_qgroup(O + r0 * Dv, alpha + r0, S + r0 * ATTN__DEC_NB, rr, V, ldv, nkeys, Dv, dt, 1);
-      else dec_pv_qgroup(O + r0 * Dv, alpha + r0, S + r0 * ATTN__DEC_NB, rr, V, ldv, nkeys, Dv, dt, 0);
+      if (sparse) dec_pv_qgroup(O + r0 * Dv, alpha + r0, S + r0 * ATTN__DEC_NB, rr, V, ldv, nkeys, Dv, dt, 1, Vnext);
+      else dec_pv_qgroup(O + r0 * Dv, alpha + r0, S + r0 * ATTN__DEC_NB, rr, V, ldv, nkeys, Dv, dt, 0, Vnext);
     }
     return;
   }
@@ -780,47 +791,47 @@ static inline __attribute__((always_inline)) void dec_pv_t(float *O, float *m, f
     const int rr = rows - r0 < 6 ? rows - r0 : 6;
     float *o = O + r0 * Dv;
     const float *a = alpha + r0, *P = S + r0 * ATTN__DEC_NB;
-    if (sparse) dec_pv_group(o, a, P, rr, V, ldv, nkeys, Dv, dt, 1);
-    else dec_pv_group(o, a, P, rr, V, ldv, nkeys, Dv, dt, 0);
+    if (sparse) dec_pv_group(o, a, P, rr, V, ldv, nkeys, Dv, dt, 1, Vnext);
+    else dec_pv_group(o, a, P, rr, V, ldv, nkeys, Dv, dt, 0, Vnext);
   }
 }
 
 static inline __attribute__((always_inline)) void dec_qk_q(float *S, const float *Q, int rows, const void *K,
-                                                           int64_t ldk, int nkeys, int64_t D, attn_dtype dt) {
+                                                           int64_t ldk, int nkeys, int64_t D, attn_dtype dt, const void *Knext) {
   for (int r0 = 0; r0 < rows; r0 += 8) {
     const int rr = rows - r0 < 8 ? rows - r0 : 8;
     float *s = S + r0 * ATTN__DEC_NB;
     const float *q = Q + r0 * D;
     switch (rr) { /* a constant row count keeps the accumulators in registers */
-      case 1: dec_qk_qrows(s, q, 1, K, ldk, nkeys, D, dt); break;
-      case 2: dec_qk_qrows(s, q, 2, K, ldk, nkeys, D, dt); break;
-      case 3: dec_qk_qrows(s, q, 3, K, ldk, nkeys, D, dt); break;
-      case 4: dec_qk_qrows(s, q, 4, K, ldk, nkeys, D, dt); break;
+      case 1: dec_qk_qrows(s, q, 1, K, ldk, nkeys, D, dt, Knext); break;
+      case 2: dec_qk_qrows(s, q, 2, K, ldk, nkeys, D, dt, Knext); break;
+      case 3: dec_qk_qrows(s, q, 3, K, ldk, nkeys, D, dt, Knext); break;
+      case 4: dec_qk_qrows(s, q, 4, K, ldk, nkeys, D, dt, Knext); break;
       /* 5-8 rows (2-3 keys a pass): by 16 columns, as dec_qk_rows, measured faster on Zen 5 */
-      case 5: dec_qk_rows(s, q, 5, K, ldk, nkeys, D, dt); break;
-      case 6: dec_qk_rows(s, q, 6, K, ldk, nkeys, D, dt); break;
-      case 7: dec_qk_rows(s, q, 7, K, ldk, nkeys, D, dt); break;
-      default: dec_qk_rows(s, q, 8, K, ldk, nkeys, D, dt); break;
+      case 5: dec_qk_rows(s, q, 5, K, ldk, nkeys, D, dt, Knext); break;
+      case 6: dec_qk_rows(s, q, 6, K, ldk, nkeys, D, dt, Knext); break;
+      case 7: dec_qk_rows(s, q, 7, K, ldk, nkeys, D, dt, Knext); break;
+      default: dec_qk_rows(s, q, 8, K, ldk, nkeys, D, dt, Knext); break;
     }
   }
 }
 
 static void dec_qk_wide(float *S, const float *Q, int rows, const void *K, int64_t ldk, int nkeys, int64_t D,
-                        attn_dtype dt) {
-  if (dt == ATTN_F16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F16);
-  else if (dt == ATTN_BF16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_BF16);
-  else if (dt == ATTN__Q8_0) dec_qk_q(S, Q, rows, K, ldk, nkeys, D, ATTN__Q8_0);
-  else if (dt == ATTN__Q4_0) dec_qk_q(S, Q, rows, K, ldk, nkeys, D, ATTN__Q4_0);
-  else dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F32);
+                        attn_dtype dt, const void *Knext) {
+  if (dt == ATTN_F16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F16, Knext);
+  else if (dt == ATTN_BF16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_BF16, Knext);
+  else if (dt == ATTN__Q8_0) dec_qk_q(S, Q, rows, K, ldk, nkeys, D, ATTN__Q8_0, Knext);
+  else if (dt == ATTN__Q4_0) dec_qk_q(S, Q, rows, K, ldk, nkeys, D, ATTN__Q4_0, Knext);
+  else dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F32, Knext);
 }
 
 static void dec_pv_wide(float *O, float *m, float *l, float *S, int rows, const void *V, int64_t ldv, int nkeys,
-                        int64_t Dv, attn_dtype dt, int sparse) {
-  if (dt == ATTN_F16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F16, sparse);
-  else if (dt == ATTN_BF16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_BF16, sparse);
-  else if (dt == ATTN__Q8_0) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN__Q8_0, sparse);
-  else if (dt == ATTN__Q4_0) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN__Q4_0, sparse);
-  else dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F32, sparse);
+                        int64_t Dv, attn_dtype dt, int sparse, const void *Vnext) {
+  if (dt == ATTN_F16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F16, sparse, Vnext);
+  else if (dt == ATTN_BF16) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_BF16, sparse, Vnext);
+  else if (dt == ATTN__Q8_0) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN__Q8_0, sparse, Vnext);
+  else if (dt == ATTN__Q4_0) dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN__Q4_0, sparse, Vnext);
+  else dec_pv_t(O, m, l, S, rows, V, ldv, nkeys, Dv, ATTN_F32, sparse, Vnext);
 }
 
 const attn__decode_kernels attn__decode_kernels_avx512 = {(1u << ATTN_F32) | (1u << ATTN_F16) | (1u << ATTN_BF16) |
