@@ -221,8 +221,15 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_
     kc->rope = rope;
     kc->cfg.rope = c.rope ? &kc->rope : NULL;
     kc->kt = kinds[0], kc->vt = kinds[1];
-    kc->k = attn__aligned_alloc((size_t)nk);
-    kc->v = attn__aligned_alloc((size_t)nv);
+    /* a kv head's capacity of 2 MiB or more in huge pages: a decoding step streams each
+     * head's rows, and with 4 KiB pages their page walks held a step on a Xeon VM to 22 GB/s
+     * where huge pages gave 31 (BENCHMARKS.md). Smaller heads stay in small pages, where
+     * one touched huge page would make several heads' unused capacity resident. */
+    const int64_t huge = (int64_t)2 << 20;
+    kc->k = c.capacity * (int64_t)attn__row_bytes(kinds[0], c.head_dim) >= huge ? attn__huge_alloc((size_t)nk)
+                                                                              : attn__aligned_alloc((size_t)nk);
+    kc->v = c.capacity * (int64_t)attn__row_bytes(kinds[1], c.v_head_dim) >= huge ? attn__huge_alloc((size_t)nv)
+                                                                                : attn__aligned_alloc((size_t)nv);
     kc->len = calloc((size_t)c.batch, sizeof(int64_t));
   }
   if (!kc || !kc->k || !kc->v || !kc->len) {
