@@ -596,6 +596,13 @@ typedef struct attn_kv_cache_config {
 /* batch, capacity, kv_heads, head_dim as given; Dv = D; f32 storage. */
 ATTN_API void attn_kv_cache_config_init(attn_kv_cache_config *cfg, int64_t batch, int64_t capacity, int64_t kv_heads,
                                         int64_t head_dim);
+/* Reserves B x Hk x capacity rows of K and of V. Memory becomes resident as
+ * rows are appended, in 4 KiB pages, or, where a kv head's capacity holds 2
+ * MiB or more, in 2 MiB huge pages where the OS gives them on request (Linux
+ * THP "madvise" or "always"): decoding streams each head's rows, and small
+ * pages' walks slowed it by up to 1.2x (BENCHMARKS.md). A touched head then
+ * rounds up to whole 2 MiB pages; for many short rows in a large capacity,
+ * the paged cache below holds only the blocks used. */
 ATTN_API attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_kv_cache_config *cfg);
 ATTN_API void attn_kv_cache_destroy(attn_kv_cache *cache);
 ATTN_API const attn_kv_cache_config *attn_kv_cache_get_config(const attn_kv_cache *cache);
