@@ -808,10 +808,7 @@ static inline __attribute__((always_inline)) void dec_qk_q(float *S, const float
       case 3: dec_qk_qrows(s, q, 3, K, ldk, nkeys, D, dt, Knext); break;
       case 4: dec_qk_qrows(s, q, 4, K, ldk, nkeys, D, dt, Knext); break;
       /* 5-8 rows (2-3 keys a pass): by 16 columns, as dec_qk_rows, measured faster on Zen 5 */
-      case 5: dec_qk_rows(s, q, 5, K, ldk, nkeys, D, dt, Knext); break;
-      case 6: dec_qk_rows(s, q, 6, K, ldk, nkeys, D, dt, Knext); break;
-      case 7: dec_qk_rows(s, q, 7, K, ldk, nkeys, D, dt, Knext); break;
-      default: dec_qk_rows(s, q, 8, K, ldk, nkeys, D, dt, Knext); break;
+      default: dec_qk_t(s, q, rr, K, ldk, nkeys, D, dt, Knext); break;
     }
   }
 }
