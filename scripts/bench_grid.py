@@ -948,15 +948,15 @@ def render_half(cases, ours, theirs, peaks, info):
                    "--dtype`, dout and the gradients in f32, its backward timed on the forward's out and lse; PyTorch: "
                    "`.backward(G, retain_graph=True)` on one `F.scaled_dot_product_attention` of `requires_grad` "
                    "tensors of that dtype, G in that dtype). GFLOP/s count %.1f× the forward's visible-pair flops. "
-                   "Which tiles our backward ran on is in the column (bf16: AMX's; fp32: widened, as f16 always is). "
-                   "Fraction: ours "
-                   "bf16 over peak.c's `amx_bf16_gflops`. Error: the largest of dq, dk, dv against the float64 "
-                   "oracle on the same bf16 inputs (all rows where it fits the oracle's budget)." % (T, BWD_FACTOR))
+                   "Which tiles our backward ran on is in the column (bf16: AMX's bf16 tiles; f16 split: AMX's f16 "
+                   "tiles, each f16 as bf16 hi + lo; fp32: widened). Fraction: ours "
+                   "bf16 over peak.c's `amx_bf16_gflops`. Errors: the largest of dq, dk, dv against the float64 "
+                   "oracle on the same bf16 (f16) inputs (all rows where it fits the oracle's budget)." % (T, BWD_FACTOR))
         out.append("")
         out.append("| case | ours f32 | ours bf16 | ours f16 | PyTorch f32 | PyTorch bf16 | PyTorch f16 | ours bf16 / "
-                   "PyTorch bf16 | ours bf16 / ours f32 | ours f16 / PyTorch f16 | fwd+bwd: ours bf16 / PyTorch bf16 | "
-                   "bf16 of peak.c's AMX | ours bf16 error |")
-        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+                   "PyTorch bf16 | ours bf16 / ours f32 | ours f16 / PyTorch f16 | ours f16 / ours f32 | fwd+bwd: ours "
+                   "bf16 / PyTorch bf16 | bf16 of peak.c's AMX | ours bf16 error | ours f16 error |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
         for c in bcases:
             gb = BWD_FACTOR * case_gflop(c)
             r = {dt: ours.get((c["id"], dt)) or {} for dt in HALF_DTYPES}
@@ -968,13 +968,15 @@ def render_half(cases, ours, theirs, peaks, info):
                 if g[dt] is None:
                     return "error: " + r[dt]["error"] if "error" in r[dt] else "—"
                 return "%.1f (%s)" % (g[dt], r[dt].get("backward_tiles", "?"))
-            err = r["bf16"].get("backward_oracle_rel_l2")
-            out.append("| %s [%.3g GFLOP] | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            def bwd_err(dt):
+                e = r[dt].get("backward_oracle_rel_l2")
+                return "%.1e" % e if e is not None else "— (" + r[dt].get("backward_oracle_subset", "") + ")"
+            out.append("| %s [%.3g GFLOP] | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 c["label"][len("half backward "):], gb, cell("f32"), cell("bf16"), cell("f16"), fmt(tg["f32"]),
                 fmt(tg["bf16"]), fmt(tg["f16"]), fmt(ratio(g["bf16"], tg["bf16"]), "%.2f×"),
                 fmt(ratio(g["bf16"], g["f32"]), "%.2f×"), fmt(ratio(g["f16"], tg["f16"]), "%.2f×"),
-                fmt(ratio(tfb, fb), "%.2f×"), fmt(ratio(g["bf16"], ap), "%.3f"),
-                "%.1e" % err if err is not None else "— (" + r["bf16"].get("backward_oracle_subset", "") + ")"))
+                fmt(ratio(g["f16"], g["f32"]), "%.2f×"), fmt(ratio(tfb, fb), "%.2f×"), fmt(ratio(g["bf16"], ap), "%.3f"),
+                bwd_err("bf16"), bwd_err("f16")))
         out.append("")
     out.append(HALF_END)
     return "\n".join(out)

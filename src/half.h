@@ -37,4 +37,12 @@ static inline uint16_t attn__f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+/* An f16 as the two bf16 terms of the half tiles' split (cpu/kernels.h): hi = bf16(x), lo = x - hi,
+ * exact (an f16's 11 bits leave at most 3 for lo, within bf16's exponent range). */
+static inline void attn__split_f16(uint16_t h, uint16_t *hi, uint16_t *lo) {
+  const float x = attn__f16_to_f32(h);
+  *hi = attn__f32_to_bf16(x);
+  *lo = attn__f32_to_bf16(x - attn__bf16_to_f32(*hi));
+}
+
 #endif

@@ -15,7 +15,7 @@
  *                         (probabilities rounded to bf16 for p.v), checked on
  *                         one-block problems against a float64 emulation of
  *                         that rounding; 1 and 3 threads; poisoned outputs.
- * amx also: the bf16 backward on the tiles (backward_tiles) and a bf16 KV
+ * amx also: the bf16 and f16 backward on the tiles (backward_tiles) and a bf16 KV
  * cache's multi-row steps on them (kv_cache_tiles).
  * Hidden keys holding NaN/Inf on these tiles: test_hidden avx512bf16. */
 #include "testutil.h"
@@ -30,6 +30,8 @@
 /* dq, dk and dv's rel L2 bound on the bf16 backward tiles (attn.h): P and dS
  * rounded to bf16 for their products, and dO to bf16 */
 #define BF16_GRAD_BOUND 1e-2
+/* and on the f16 ones (AMX: f16 as bf16 hi + lo), P, dS and dO rounded to f16 */
+#define F16_GRAD_BOUND 1e-3
 
 typedef struct hcase {
   int64_t B, Hq, Hk, Nq, Nk, D, Dv;
@@ -232,9 +234,10 @@ static bwd_io bwd_inputs(arena *a, const hcase *c, tu_rng *r) {
   return io;
 }
 
-/* The backward of P's q, k, v with bf16 gradients (poisoned first) must give the f32 gradients g, rounded. */
-static void bf16_grads_are_rounded(attn_ctx *ctx, arena *a, const prob *P, const bwd_io *io, float *const g[3],
-                                   const char *desc) {
+/* The backward of P's q, k, v with gradients in gdt (bf16 or f16, poisoned first) must give the f32
+ * gradients g, rounded. */
+static void grads_are_rounded(attn_ctx *ctx, arena *a, const prob *P, const bwd_io *io, float *const g[3],
+                              const char *desc, attn_dtype gdt) {
   static const char *const names[3] = {"dq", "dk", "dv"};
   const attn_tensor *shp[3] = {&P->q, &P->k, &P->v};
   uint16_t *gh[3];
@@ -243,21 +246,21 @@ static void bf16_grads_are_rounded(attn_ctx *ctx, arena *a, const prob *P, const
     const int64_t n = attn_tensor_numel(shp[i]);
     gh[i] = arena_alloc(a, sizeof(uint16_t) * (size_t)(n + 1));
     for (int64_t e = 0; e < n; e++) gh[i][e] = 0x7fc1;
-    tgh[i] = attn_tensor_view(gh[i], ATTN_BF16, 4, shp[i]->shape);
+    tgh[i] = attn_tensor_view(gh[i], gdt, 4, shp[i]->shape);
   }
   CHECK_OK(ctx, attn_sdpa_backward(ctx, &tgh[0], &tgh[1], &tgh[2], NULL, NULL, &io->dout, &P->q, &P->k, &P->v, &io->out,
                                    &io->lse, &P->o));
   for (int i = 0; i < 3; i++) {
     const int64_t n = attn_tensor_numel(shp[i]);
     int64_t wrong = 0;
-    for (int64_t e = 0; e < n; e++) wrong += gh[i][e] != tu_f32_to_bf16(g[i][e]);
-    CHECK(wrong == 0, "%s %s: %lld of %lld bf16 %s entries are not the f32 gradient rounded",
-          attn_kernel_name(attn_ctx_kernel(ctx)), desc, (long long)wrong, (long long)n, names[i]);
+    for (int64_t e = 0; e < n; e++) wrong += gh[i][e] != (gdt == ATTN_F16 ? tu_f32_to_f16(g[i][e]) : tu_f32_to_bf16(g[i][e]));
+    CHECK(wrong == 0, "%s %s: %lld of %lld %s %s entries are not the f32 gradient rounded",
+          attn_kernel_name(attn_ctx_kernel(ctx)), desc, (long long)wrong, (long long)n, attn_dtype_name(gdt), names[i]);
   }
 }
 
 /* The backward on f16/bf16 inputs is the backward on their f32 values, bitwise (it widens them), off
- * the bf16 backward tiles. */
+ * the half backward tiles. */
 static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int seed) {
   tu_rng r = {(uint64_t)seed * 31u + 5};
   prob H, F;
@@ -283,15 +286,15 @@ static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int se
       tu_poison_f32(g[w][i], n3[i]);
       tg[w][i] = attn_tensor_view(g[w][i], ATTN_F32, 4, (i == 0 ? &H.q : i == 1 ? &H.k : &H.v)->shape);
     }
-  /* bf16 on AMX runs the bf16 backward tiles by DEFAULT (backward_tiles); FP32 keeps the widened one */
+  /* halves on AMX run the backward tiles by DEFAULT (backward_tiles); FP32 keeps the widened one */
   const attn_precision was = attn_ctx_precision(ctx);
-  if (dt == ATTN_BF16 && attn_ctx_kernel(ctx) == ATTN_KERNEL_AMX) CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32));
+  if (attn_ctx_kernel(ctx) == ATTN_KERNEL_AMX) CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32));
   CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[0][0], &tg[0][1], &tg[0][2], NULL, NULL, &tdo, &H.q, &H.k, &H.v, &to, &tl, &H.o));
   CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[1][0], &tg[1][1], &tg[1][2], NULL, NULL, &tdo, &F.q, &F.k, &F.v, &to, &tl, &F.o));
   /* gradients in bf16: the same f32 gradients, rounded (through f32 copies off the tiles) */
   char desc[32];
   snprintf(desc, sizeof desc, "(case %d)", seed);
-  bf16_grads_are_rounded(ctx, a, &H, &io, g[0], desc);
+  grads_are_rounded(ctx, a, &H, &io, g[0], desc, ATTN_BF16);
   CHECK_OK(ctx, attn_ctx_set_precision(ctx, was));
   int same = 1;
   for (int i = 0; i < 3; i++) same &= memcmp(g[0][i], g[1][i], sizeof(float) * (size_t)n3[i]) == 0;
@@ -324,15 +327,16 @@ static void half_out(attn_ctx *ctx, const hcase *c, attn_dtype in_dt, attn_dtype
   arena_free(a);
 }
 
-/* The bf16 backward on the AMX tiles: bf16 q, k, v (dout f32, as a loss may
- * give it), from the oracle's out and lse in f32, against the oracle's backward on
- * the same values with BF16_GRAD_BOUND; the same bits on 1 and 3 threads;
- * bf16 gradients are the f32 ones rounded; poisoned outputs. Shapes the tiles
- * do not take (D or Dv not a multiple of 16) must run the fp32 backward. */
-static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed) {
+/* The half backward on the AMX tiles: bf16 (or f16) q, k, v (dout f32, as a
+ * loss may give it), from the oracle's out and lse in f32, against the oracle's
+ * backward on the same values with BF16_GRAD_BOUND (F16_GRAD_BOUND); the same
+ * bits on 1 and 3 threads; gradients in the inputs' type are the f32 ones
+ * rounded; poisoned outputs. Shapes the tiles do not take (D or Dv not a
+ * multiple of 16) must run the fp32 backward. */
+static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed, attn_dtype dt) {
   tu_rng r = {(uint64_t)seed * 7001u + 11};
   prob P;
-  make(&P, c, ATTN_BF16, &r);
+  make(&P, c, dt, &r);
   arena *a = &P.a;
   char desc[300];
   describe(desc, sizeof desc, c, seed);
@@ -374,15 +378,17 @@ static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int 
       arena_free(a);
       return;
     }
-    const int ran = strstr(attn_ctx_plan(ctx), "attn_sdpa_backward, bf16 tiles") != NULL;
-    CHECK(ran == tiles, "backward %s: bf16 tiles ran %d, expected %d; plan: %s", desc, ran, tiles, attn_ctx_plan(ctx));
+    const char *want = dt == ATTN_F16 ? "attn_sdpa_backward, f16 tiles (bf16 hi + lo)" : "attn_sdpa_backward, bf16 tiles";
+    const int ran = strstr(attn_ctx_plan(ctx), want) != NULL;
+    CHECK(ran == tiles, "backward %s: %s ran %d, expected %d; plan: %s", desc, want, ran, tiles, attn_ctx_plan(ctx));
   }
   static const char *const names[3] = {"dq", "dk", "dv"};
   for (int i = 0; i < 3; i++) {
     int bad = 0;
     const double e = err_vs(g[0][i], rg[i], n3[i], &bad);
-    CHECK(!bad && e <= (tiles ? BF16_GRAD_BOUND : F32_TOL * 10), "backward %s: %s rel L2 %.3g (or a non-finite value)",
-          desc, names[i], e);
+    const double bound = !tiles ? F32_TOL * 10 : dt == ATTN_F16 ? F16_GRAD_BOUND : BF16_GRAD_BOUND;
+    CHECK(!bad && e <= bound, "backward %s, %s: %s rel L2 %.3g (or a non-finite value)", desc, attn_dtype_name(dt),
+          names[i], e);
     CHECK(!memcmp(g[0][i], g[1][i], sizeof(float) * (size_t)n3[i]), "backward %s: %s differs between 1 and 3 threads",
           desc, names[i]);
   }
@@ -392,7 +398,7 @@ static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int 
     for (int64_t h = 0; h < c->Hq; h++) rs[h] = rsink[h];
     CHECK(err_vs(sink[0], rs, c->Hq, &bad) <= 1e-4 && !bad, "backward %s: sinks_grad", desc);
   }
-  bf16_grads_are_rounded(ctx, a, &P, &io, g[0], desc); /* the tiles' f32 gradients, rounded */
+  grads_are_rounded(ctx, a, &P, &io, g[0], desc, dt); /* the tiles' f32 gradients, rounded */
   arena_free(a);
 }
 
@@ -595,7 +601,8 @@ int main(int argc, char **argv) {
     }
     if (kern == ATTN_KERNEL_AMX) {
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
-      backward_tiles(ctx, oracle, &c, seed);
+      backward_tiles(ctx, oracle, &c, seed, ATTN_BF16);
+      backward_tiles(ctx, oracle, &c, seed, ATTN_F16);
     }
   }
   { /* a kv head's K and V past 1 MiB: 16 tiles share each key block (engine/forward.c), shown by the plan */

@@ -9,13 +9,16 @@
  * written out again here, independently of the library's definition.
  * With avx512bf16 the forward runs on the bf16 tiles (precision BF16, inputs
  * already bf16 values so the oracle sees what the tiles see); its out is held
- * to the bf16 bound, and its backward (fp32, as avx512's) is not repeated. */
+ * to the bf16 bound, and its backward (fp32, as avx512's) is not repeated.
+ * With amx a quarter of the cases are f16, forward and backward on its f16
+ * tiles (bf16 hi + lo), the poison in f16 too. */
 #include "testutil.h"
 
 enum { MAX_CASES = 400 };
 
 static int half_tiles; /* the kernel under test has bf16 tiles (1: avx512bf16, 2: amx): the forward runs on them */
 static int f16_inputs; /* this case's q, k and v are f16 (amx: its f16 tiles) */
+static int half_bwd_runs[2]; /* backward runs on the bf16 and on the f16 tiles */
 /* out's rel L2 error bound on the bf16 tiles: the probabilities rounded to bf16 (2^-9) */
 #define HALF_OUT_TOL 1e-2
 
@@ -267,18 +270,20 @@ static void run_case(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed, 
                                                      : "bf16 tiles";
     CHECK(attn_ctx_decode(ctx) || strstr(attn_ctx_plan(ctx), want), "%s %s: the blocked forward did not run %s: %s",
           path, desc, want, attn_ctx_plan(ctx));
-    if (half_tiles != 2 || f16_inputs) { /* avx512bf16's backward is fp32, as avx512's */
+    if (half_tiles != 2) { /* avx512bf16's backward is fp32, as avx512's */
       arena_free(a);
       return;
     }
   }
-  /* AMX: the bf16 backward tiles, on bf16 q, k and v (their values already are bf16), from the
-   * oracle's out and lse in f32 (the oracle's Dd comes from its own probabilities, not from out) */
-  const int bf16_bwd = half_tiles == 2;
+  /* AMX: the half backward tiles, on bf16 q, k and v (their values already are bf16), or on the f16
+   * ones (the poison too), from the oracle's out and lse in f32 (the oracle's Dd comes from its own
+   * probabilities, not from out) */
+  const int half_bwd = half_tiles == 2;
   attn_tensor bq = P.tq, bk = P.tkp, bv = P.tvp, bo = to, bl = tl;
-  if (bf16_bwd) {
+  if (half_bwd) {
     attn_tensor *ts[3] = {&bq, &bk, &bv};
-    for (int i = 0; i < 3; i++) {
+    if (f16_inputs) bq = tq, bk = tkp, bv = tvp;
+    for (int i = 0; i < 3 && !f16_inputs; i++) {
       const attn_tensor src = *ts[i];
       *ts[i] = attn_tensor_view(arena_alloc(a, 2 * (size_t)attn_tensor_numel(&src) + 2), ATTN_BF16, 4, src.shape);
       CHECK_OK(ctx, attn_tensor_copy(ctx, ts[i], &src));
@@ -317,14 +322,16 @@ static void run_case(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int seed, 
   st = attn_sdpa_backward(ctx, &tdq, &tdk, &tdv, additive ? &tdm : NULL, c->sinks ? &tds : NULL, &P.tdout, &bq, &bk,
                           &bv, &bo, &bl, &ob);
   CHECK(st == ATTN_OK, "%s %s: backward: %s", path, desc, attn_ctx_error(ctx));
-  if (bf16_bwd && st == ATTN_OK) {
+  if (half_bwd && st == ATTN_OK) {
     const int tiles = c->D % 16 == 0 && c->Dv % 16 == 0; /* the shapes they take */
-    CHECK(!tiles || strstr(attn_ctx_plan(ctx), "attn_sdpa_backward, bf16 tiles"),
-          "%s %s: the backward did not run the bf16 tiles: %s", path, desc, attn_ctx_plan(ctx));
+    const char *want = f16_inputs ? "attn_sdpa_backward, f16 tiles (bf16 hi + lo)" : "attn_sdpa_backward, bf16 tiles";
+    CHECK(!tiles || strstr(attn_ctx_plan(ctx), want), "%s %s: the backward did not run %s: %s", path, desc, want,
+          attn_ctx_plan(ctx));
+    half_bwd_runs[f16_inputs] += tiles;
   }
   if (st == ATTN_OK) {
-    /* the f32 lse the backward starts from; on the bf16 tiles test_half's BF16_GRAD_BOUND */
-    const double gtol = exact ? 1e-5 : bf16_bwd ? 1e-2 : 2e-4;
+    /* the f32 lse the backward starts from; on the half tiles test_half's BF16_GRAD_BOUND (F16_GRAD_BOUND) */
+    const double gtol = exact ? 1e-5 : half_bwd ? (f16_inputs ? 1e-3 : 1e-2) : 2e-4;
     CHECK(agrees(&tdq, rdq, nq, gtol, &e), "%s %s: dq rel err %.3g or a non-finite value", path, desc, e);
     CHECK(agrees(&tdk, rdk, nk, gtol, &e), "%s %s: dk rel err %.3g or a non-finite value", path, desc, e);
     CHECK(agrees(&tdv, rdv, nv, gtol, &e), "%s %s: dv rel err %.3g or a non-finite value", path, desc, e);
@@ -517,6 +524,8 @@ int main(int argc, char **argv) {
   }
   f16_inputs = 0;
   /* the cases must exercise what they claim to */
+  CHECK(half_tiles != 2 || (half_bwd_runs[0] > 20 && half_bwd_runs[1] > 10),
+        "the backward ran the bf16 tiles %d times, the f16 ones %d", half_bwd_runs[0], half_bwd_runs[1]);
   CHECK(dead > 1000, "only %lld poisoned keys over all cases", (long long)dead);
   printf("%lld poisoned key rows over %d cases\n", (long long)dead, ncases);
   for (int i = 0; i < 2; i++) CHECK_OK(ctx[i], attn_ctx_set_precision(ctx[i], ATTN_PRECISION_DEFAULT));

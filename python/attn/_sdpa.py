@@ -259,7 +259,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     everything else in fp32; 'fp32' widens every input; 'bf16' also rounds
     float32 inputs to bf16 (PyTorch's matmul precision "medium"). The backward
     pass (autograd) runs bfloat16 q, k and v on bf16 tiles too where the CPU
-    has AMX, else widens them to fp32; the gradients come back in q's dtype.
+    has AMX, and float16 ones on its f16 tiles (exact f16 products, fp32 sums,
+    P, dS and dout rounded to f16), else widens them to fp32; the gradients
+    come back in q's dtype.
     The result is float32, a NumPy array or a torch tensor like q. Differences from PyTorch: a query
     row whose keys are all masked gives zeros, not NaN.
     attn_mask: bool (True = attend) or float (added to the logits),
@@ -321,7 +323,8 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
     window, softcap, alibi, sinks, cu_seqlens_q, cu_seqlens_k, q_offset, k_offset and head_offset as the
     forward's.
     torch bfloat16 q, k and v run on the bf16 backward tiles where the CPU has
-    AMX (bf16 products, fp32 sums; precision='fp32' widens them instead); the
+    AMX (bf16 products, fp32 sums; precision='fp32' widens them instead), and
+    float16 ones on its f16 tiles (exact f16 products, fp32 sums); the
     gradients are float32 either way.
     """
     if dropout_p and dropout_seed is None:

@@ -1079,12 +1079,12 @@ if torch is not None:
              lambda dt=dt: half_case(dt, 1, 4, 4, 190, 190, 64, window=40, softcap=30.0))
 
 
-def half_bwd_case(B, H, Hk, L, S, D, causal=False, kpm=False):
-    """The bf16 backward (autograd through ours: the bf16 backward tiles where the CPU has AMX,
-    else fp32) beside PyTorch's bf16 SDPA backward, both against float64 autograd on the same
-    bf16 q, k, v and dout; the error is the worst of dq, dk and dv, the bound PyTorch's."""
-    q, k, v = (torch.from_numpy(randn(B, h, n, D)).bfloat16() for h, n in ((H, L), (Hk, S), (Hk, S)))
-    G = torch.from_numpy(randn(B, H, L, D)).bfloat16()
+def half_bwd_case(dtype, B, H, Hk, L, S, D, causal=False, kpm=False):
+    """The half backward (autograd through ours: the bf16 or f16 backward tiles where the CPU has
+    AMX, else fp32) beside PyTorch's SDPA backward in the same dtype, both against float64 autograd
+    on the same q, k, v and dout in dtype; the error is the worst of dq, dk and dv, the bound PyTorch's."""
+    q, k, v = (torch.from_numpy(randn(B, h, n, D)).to(dtype) for h, n in ((H, L), (Hk, S), (Hk, S)))
+    G = torch.from_numpy(randn(B, H, L, D)).to(dtype)
     kp = None
     mask = None
     if kpm:
@@ -1094,7 +1094,7 @@ def half_bwd_case(B, H, Hk, L, S, D, causal=False, kpm=False):
 
     def grads(dt, fn):
         leaves = [x.detach().clone().to(dt).requires_grad_() for x in (q, k, v)]
-        o = fn(*leaves)  # ours is float32 (exact bf16 values of G), PyTorch's in its inputs' dtype
+        o = fn(*leaves)  # ours is float32 (exact values of G), PyTorch's in its inputs' dtype
         o.backward(G.to(o.dtype))
         return [x.grad.double() for x in leaves]
 
@@ -1106,7 +1106,7 @@ def half_bwd_case(B, H, Hk, L, S, D, causal=False, kpm=False):
         return attn.scaled_dot_product_attention(q_, k_, v_, is_causal=causal, enable_gqa=H != Hk,
                                                  key_padding_mask=kp)
     ref = grads(torch.float64, theirs)
-    got, pt = grads(torch.bfloat16, ours), grads(torch.bfloat16, theirs)
+    got, pt = grads(dtype, ours), grads(dtype, theirs)
     return max(rel(a, b) for a, b in zip(got, ref)), max(rel(a, b) for a, b in zip(pt, ref))
 
 
@@ -1114,8 +1114,9 @@ if torch is not None:
     for shape, kw in (("H8 N256 D64", dict(B=1, H=8, Hk=8, L=256, S=256, D=64)),
                       ("causal H4 N300 D128", dict(B=1, H=4, Hk=4, L=300, S=300, D=128, causal=True)),
                       ("GQA 8/2 N200 S333 D64, key padding", dict(B=2, H=8, Hk=2, L=200, S=333, D=64, kpm=True))):
-        case(HALF, f"bf16 backward: {shape}, no worse than PyTorch's bf16 backward",
-             lambda kw=kw: half_bwd_case(**kw))
+        for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "f16")):
+            case(HALF, f"{name} backward: {shape}, no worse than PyTorch's {name} backward",
+                 lambda kw=kw, dt=dt: half_bwd_case(dt, **kw))
 
 
 # ---- rotary embeddings: attn.rope against transformers' own rotary code ----------------

@@ -108,14 +108,17 @@ typedef struct attn__half_kernels {
    * pv_rounded: pv on such a Pb, for all NR keys. One pass over S fewer, and none over P. */
   void (*softmax_round)(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha);
   void (*pv_rounded)(float *O, const float *alpha, const uint16_t *Pb, const uint16_t *Vh, int64_t Dv);
-  /* The backward's transposed products (NULL: the set has no backward; terms 1 only).
+  /* The backward's transposed products (NULL: the set has no backward).
    * pairs: one tile X (MR, NR) fp32 (64-byte aligned) as MR / 2 rows of bf16 pairs,
    *   Xp[t * NR + j] = bf16(X[2t][j]) | bf16(X[2t + 1][j]) << 16, rounded as pv rounds P;
    * pt_acc: OutT[c][j] += sum_{r < rows} XT[c * ldx + r] * P[r][j]  for c < C, j < NR,
    *   P's rows as pairs made so (rows / 2, NR); OutT (C, NR) fp32, row-major; XT (C,
    *   rows) bf16, rows ldx apart. rows is a multiple of ATTN__BWD_ROWS_ALIGN and at most
    *   ATTN__BWD_MAX_ROWS; C a multiple of dv_align. Every XT entry and every P entry is
-   *   finite (hidden entries are exact zeros). */
+   *   finite (hidden entries are exact zeros).
+   * terms = 2: pairs rounds X to f16 and writes the hi terms as above and the lo terms
+   *   ATTN__BWD_MAX_ROWS / 2 pair rows after them; XT's lo terms are C rows (C * ldx)
+   *   after its hi ones; a product is again the four exact bf16 products. */
   void (*pairs)(uint32_t *Xp, const float *X);
   void (*pt_acc)(float *OutT, int64_t C, const uint32_t *Pp, int64_t rows, const uint16_t *XT, int64_t ldx);
   /* The backward's write-out of such a block, turned: Out[j * ldo + c] = scale * T[c * NR + j] for

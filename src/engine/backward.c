@@ -20,7 +20,8 @@
  * dK^T += Q^T dS sum over a group's rows: q and dO are packed once more,
  * transposed (QT, dOT), and dK, dV are kept transposed per key block and
  * turned when written out. dQ's dS.K is pv's product on K packed as pairs of
- * keys. */
+ * keys. f16 q, k and v take the same path on the f16 tiles (kernels.h's terms:
+ * every packed operand twice, hi and lo, and P, dS and dO rounded to f16). */
 #include "../internal.h"
 #include "../logit.h"
 #include "../cpu/kernels.h"
@@ -43,7 +44,8 @@ typedef struct bwd_scratch {
 #define BWD_SUPER 4
 
 /* A thread's buffers, carved from its scratch (the struct sits at its start). */
-static size_t bwd_scratch_layout(bwd_scratch *into, int mr, int nr, int64_t D, int64_t Dv, int64_t pair_rows) {
+static size_t bwd_scratch_layout(bwd_scratch *into, int mr, int nr, int64_t D, int64_t Dv, int64_t pair_rows,
+                                 int terms) {
   const int64_t up = 16, Dp = D > 0 ? D : 1, Dvp = Dv > 0 ? Dv : 1;
   bwd_scratch sizing, *s = into ? into : &sizing; /* NULL: only the size is wanted */
   float *b = into ? (float *)((char *)into + attn__carve_size(sizeof *s)) : NULL;
@@ -52,7 +54,7 @@ static size_t bwd_scratch_layout(bwd_scratch *into, int mr, int nr, int64_t D, i
   /* the half path keeps dK and dV for a super block, and S, dP, Mb and Cf for a query group's tiles */
   const int64_t kb = pair_rows ? BWD_SUPER : 1, tr = pair_rows ? 2 * pair_rows : mr;
   const int64_t sizes[] = {tr * nr, tr * nr, tr * nr, kb * nr * Dp, kb * nr * Dvp, mr * Dp, ATTN__STAT_LANES, tr * nr,
-                           pair_rows * nr, pair_rows * nr};
+                           terms * pair_rows * nr, terms * pair_rows * nr};
   int64_t total = 0;
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     if (into) *bufs[i] = b + total;
@@ -71,7 +73,8 @@ static size_t bwd_scratch_layout(bwd_scratch *into, int mr, int nr, int64_t D, i
  * Rows past Nq (up to a whole tile) are zero, with lse -inf. */
 typedef struct bwd_rows {
   float *Q, *dO, *lse, *Dd;
-  /* the half path instead of Q and dO: bf16 pairs (nqp, D2), (nqp, Dv2) and transposed (D, nqp), (Dv, nqp) */
+  /* the half path instead of Q and dO: bf16 pairs (nqp, D2), (nqp, Dv2) and transposed (D, nqp), (Dv, nqp);
+   * with two terms (f16) each row twice, as kernels.h's terms: (nqp, 2 D2), (nqp, 2 Dv2), (2 D, nqp), (2 Dv, nqp) */
   uint16_t *Qh, *dOh, *QT, *dOT;
 } bwd_rows;
 
@@ -83,7 +86,7 @@ typedef struct bwd_args {
   const float *Kt, *Vt, *Kr;  /* one kv head: Kt (nblk, D, NR), Vt (nblk, Dv, NR), K rows ldk apart */
   int64_t ldk;
   /* the half path: Kt, Vt and Kr hold Kh (nblk, D2, NR) and Vh (nblk, Dv2, NR) as bf16
-   * pairs, and K as pairs of keys (ceil(Nk / 2), D) */
+   * pairs, and K as pairs of keys (ceil(Nk / 2), D), each row twice with two terms */
   const attn__half_kernels *hk;
   int64_t D2, Dv2, nqp;
 } bwd_args;
@@ -112,8 +115,8 @@ static attn__tile_mask bwd_probs(const bwd_args *a, const bwd_tile *T, int64_t b
   const bwd_rows *R = &a->rows[hs];
   const int64_t blk = j0 / nr, nk = attn__key_rows(p, b) - j0 < nr ? attn__key_rows(p, b) - j0 : nr;
   if (a->hk)
-    a->hk->qk(T->S, R->Qh + i0 * 2 * a->D2, (const uint16_t *)a->Kt + blk * nr * 2 * a->D2, a->D2, nk,
-              (float)p->scale);
+    a->hk->qk(T->S, R->Qh + i0 * 2 * a->D2 * a->hk->terms, (const uint16_t *)a->Kt + blk * nr * 2 * a->D2 * a->hk->terms,
+              a->D2, nk, (float)p->scale);
   else
     kn->qk(T->S, R->Q + i0 * p->D, a->Kt + blk * nr * p->D, p->D, nk);
   attn__logit_tile(p, T->S, T->Cf, nr, rows, nr, tm, T->Mb); /* keeps the slope for dS */
@@ -132,7 +135,8 @@ static void bwd_dscores(const bwd_args *a, const bwd_tile *T, int64_t b, int64_t
   const bwd_rows *R = &a->rows[hs];
   const int64_t blk = j0 / nr, nk = attn__key_rows(p, b) - j0 < nr ? attn__key_rows(p, b) - j0 : nr;
   if (a->hk)
-    a->hk->qk(dP, R->dOh + i0 * 2 * a->Dv2, (const uint16_t *)a->Vt + blk * nr * 2 * a->Dv2, a->Dv2, nk, 1.0f);
+    a->hk->qk(dP, R->dOh + i0 * 2 * a->Dv2 * a->hk->terms,
+              (const uint16_t *)a->Vt + blk * nr * 2 * a->Dv2 * a->hk->terms, a->Dv2, nk, 1.0f);
   else
     kn->qk(dP, R->dO + i0 * p->Dv, a->Vt + blk * nr * p->Dv, p->Dv, nk);
   if (p->dropout_p > 0) { /* dP * M before dS; A = P * M after */
@@ -261,7 +265,7 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
         for (int k = 0; k < nb; k++) {
           if (t < t0[k] || t * qg >= iend[k]) continue;
           const int64_t blk = blk0 + k * C, j0 = blk * nr, nk = Nk - j0 < nr ? Nk - j0 : nr;
-          const uint16_t *Kv = (const uint16_t *)(a->Kr + blk * (nr / 2) * D);
+          const uint16_t *Kv = (const uint16_t *)(a->Kr + blk * (nr / 2) * D * hk->terms);
           /* the group's tiles a step at a time, so that each step's operand from the block (K, V, then K
            * as pairs of keys: 16 KiB each at D 128) stays in L1 across the tiles */
           attn__tile_mask tm[ATTN__BWD_MAX_ROWS]; /* qg / mr tiles: at most a row each */
@@ -276,9 +280,11 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
           if (!open) continue;
           for (int sub = 0; sub < qg / mr; sub++) {
             uint32_t *Pp = s->Pp + sub * (mr / 2) * nr, *dSp = s->dSp + sub * (mr / 2) * nr;
-            if (tm[sub] == ATTN__TILE_CLOSED) { /* zeros in the group's sums */
-              memset(Pp, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
-              memset(dSp, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
+            if (tm[sub] == ATTN__TILE_CLOSED) { /* zeros in the group's sums (each term's plane) */
+              for (int term = 0; term < hk->terms; term++) {
+                memset(Pp + term * (qg / 2) * nr, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
+                memset(dSp + term * (qg / 2) * nr, 0, (size_t)(mr / 2 * nr) * sizeof(uint32_t));
+              }
               continue;
             }
             bwd_dscores(a, &T[sub], b, h, hs, t * qg + sub * mr, j0, p->mask_grad != NULL);
@@ -348,36 +354,50 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
 }
 
 /* pack_row for the half path: q as bf16 pairs and transposed (QT column i), dO rounded to bf16 the same
- * two ways, lse, and Dd in double from that dO and out as given. Rows past Nq: zeros, lse -inf. */
-static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, int64_t Dv2, int64_t nqp,
+ * two ways, lse, and Dd in double from that dO and out as given. Rows past Nq: zeros, lse -inf.
+ * terms 2 (f16 q): q split into hi + lo (exact), dO rounded to f16 and split, as kernels.h's terms. */
+static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, int64_t Dv2, int64_t nqp, int terms,
                           const attn_tensor *dout, const attn_tensor *out, const attn_tensor *lse, int64_t b, int64_t h,
                           int64_t i) {
-  uint16_t *qh = R->Qh + i * 2 * D2, *oh = R->dOh + i * 2 * Dv2;
-  memset(qh, 0, (size_t)(2 * D2) * sizeof(uint16_t));
-  memset(oh, 0, (size_t)(2 * Dv2) * sizeof(uint16_t));
+  uint16_t *qh = R->Qh + i * 2 * D2 * terms, *oh = R->dOh + i * 2 * Dv2 * terms;
+  const int64_t ld = t_ld(nqp);
+  memset(qh, 0, (size_t)(2 * D2 * terms) * sizeof(uint16_t));
+  memset(oh, 0, (size_t)(2 * Dv2 * terms) * sizeof(uint16_t));
   if (i >= attn__queries(p, b)) {
-    for (int64_t d = 0; d < p->D; d++) R->QT[d * t_ld(nqp) + i] = 0;
-    for (int64_t c = 0; c < p->Dv; c++) R->dOT[c * t_ld(nqp) + i] = 0;
+    for (int64_t d = 0; d < terms * p->D; d++) R->QT[d * ld + i] = 0;
+    for (int64_t c = 0; c < terms * p->Dv; c++) R->dOT[c * ld + i] = 0;
     R->lse[i] = -INFINITY;
     R->Dd[i] = 0;
     return;
   }
   const attn_tensor *q = &p->q;
-  const int64_t ld = t_ld(nqp), sq = q->strides[3];
-  const uint16_t *qs = (const uint16_t *)q->data + attn__qoff(p, q, b, h, i); /* bf16 (the dispatch's condition) */
-  if (sq == 1) memcpy(qh, qs, (size_t)p->D * sizeof(uint16_t));
-  else
+  const int64_t sq = q->strides[3];
+  const uint16_t *qs = (const uint16_t *)q->data + attn__qoff(p, q, b, h, i); /* bf16 or f16 (the dispatch's condition) */
+  if (terms == 2) {
+    for (int64_t d = 0; d < p->D; d++) attn__split_f16(qs[d * sq], &qh[d], &qh[2 * D2 + d]);
+  } else if (sq == 1) {
+    memcpy(qh, qs, (size_t)p->D * sizeof(uint16_t));
+  } else {
     for (int64_t d = 0; d < p->D; d++) qh[d] = qs[d * sq];
+  }
   for (int64_t d = 0; d < p->D; d++) R->QT[d * ld + i] = qh[d];
+  for (int64_t d = 0; d < p->D && terms == 2; d++) R->QT[(p->D + d) * ld + i] = qh[2 * D2 + d];
   const int64_t go = attn__qoff(p, dout, b, h, i), oo = attn__qoff(p, out, b, h, i);
   double dd = 0;
-  float g[64]; /* dO, 64 columns at a time: widened, rounded to bf16 as the products see it, and back */
+  float g[64]; /* dO, 64 columns at a time: widened, rounded to the inputs' type as the products see it, and back */
   for (int64_t c0 = 0; c0 < p->Dv; c0 += 64) {
     const int64_t n = p->Dv - c0 < 64 ? p->Dv - c0 : 64;
     attn__widen_strided(g, dout->data, dout->dtype, go + c0 * dout->strides[3], dout->strides[3], n);
     for (int64_t c = 0; c < n; c++) {
-      oh[c0 + c] = attn__f32_to_bf16(g[c]);
-      g[c] = attn__bf16_to_f32(oh[c0 + c]);
+      if (terms == 2) {
+        uint16_t *lo = &oh[2 * Dv2 + c0 + c];
+        attn__split_f16(attn__f32_to_f16(g[c]), &oh[c0 + c], lo);
+        g[c] = attn__bf16_to_f32(oh[c0 + c]) + attn__bf16_to_f32(*lo);
+        R->dOT[(p->Dv + c0 + c) * ld + i] = *lo;
+      } else {
+        oh[c0 + c] = attn__f32_to_bf16(g[c]);
+        g[c] = attn__bf16_to_f32(oh[c0 + c]);
+      }
     }
     for (int64_t c = 0; c < n; c++) R->dOT[(c0 + c) * ld + i] = oh[c0 + c];
     /* from the dO the products see: sum_j P dP = Dd holds for it, and dS sums to 0 over a row */
@@ -557,18 +577,23 @@ static void pack_kv_run(const void *arg, void *scratch, int64_t round, int64_t f
     const int64_t bg = item_pair(j, PH_KV, round, w, &blk), slot = bg - round * j->per_round;
     const int64_t b = bg / p->Hk, g = bg % p->Hk, nk = attn__key_rows(p, b);
     if (j->hk) {
-      const int nr = j->kn->nr;
+      const int nr = j->kn->nr, terms = j->hk->terms;
       attn__pack_block_pairs(j->kn, (uint16_t *)(j->Kt + slot * j->kt_size), &p->k, attn__koff(p, &p->k, b, g, 0), blk,
-                             nk, p->D, j->D2, 1);
+                             nk, p->D, j->D2, terms);
       attn__pack_block_pairs(j->kn, (uint16_t *)(j->Vt + slot * j->vt_size), &p->v, attn__koff(p, &p->v, b, g, 0), blk,
-                             nk, p->Dv, j->Dv2, 1);
-      /* K as pairs of keys for dS.K: kv[2 (j2 D + d) + e] = k[2 j2 + e][d], zero past Nk */
-      uint16_t *kv = (uint16_t *)(j->Kr + slot * j->kr_size) + blk * nr * p->D;
-      const uint16_t *kd = p->k.data; /* bf16 (the dispatch's condition) */
+                             nk, p->Dv, j->Dv2, terms);
+      /* K as pairs of keys for dS.K: kv[2 (j2 D + d) + e] = k[2 j2 + e][d], zero past Nk (two terms: each
+       * pair row's D hi pairs, then its D lo pairs) */
+      uint16_t *kv = (uint16_t *)(j->Kr + slot * j->kr_size) + blk * nr * p->D * terms;
+      const uint16_t *kd = p->k.data; /* bf16 or f16 (the dispatch's condition) */
       for (int jj = 0; jj < nr; jj++) {
         const int64_t key = blk * nr + jj, off = key < nk ? attn__koff(p, &p->k, b, g, key) : 0;
-        uint16_t *o = kv + (jj / 2) * 2 * p->D + (jj & 1);
-        for (int64_t d = 0; d < p->D; d++) o[2 * d] = key < nk ? kd[off + d * p->k.strides[3]] : 0;
+        uint16_t *o = kv + (jj / 2) * 2 * p->D * terms + (jj & 1);
+        for (int64_t d = 0; d < p->D; d++) {
+          const uint16_t x = key < nk ? kd[off + d * p->k.strides[3]] : 0;
+          if (terms == 2) attn__split_f16(x, &o[2 * d], &o[2 * (p->D + d)]);
+          else o[2 * d] = x;
+        }
       }
       continue;
     }
@@ -591,7 +616,8 @@ static void pack_rows_run(const void *arg, void *scratch, int64_t round, int64_t
     const int64_t hs = local / nqp, i = local % nqp;
     const bwd_rows R = slot_row(j, slot, hs);
     if (j->hk)
-      pack_row_half(p, &R, j->D2, j->Dv2, nqp, j->dout, j->out, j->lse, bg / p->Hk, (bg % p->Hk) * p->group + hs, i);
+      pack_row_half(p, &R, j->D2, j->Dv2, nqp, j->hk->terms, j->dout, j->out, j->lse, bg / p->Hk,
+                    (bg % p->Hk) * p->group + hs, i);
     else
       pack_row(p, &R, j->dout, j->out, j->lse, bg / p->Hk, (bg % p->Hk) * p->group + hs, i);
   }
@@ -722,7 +748,8 @@ static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_
 
 static void bwd_scratch_init(const void *arg, void *scratch) {
   const bwd_job *j = arg;
-  bwd_scratch_layout(scratch, j->kn->mr, j->kn->nr, j->p->D, j->p->Dv, j->hk ? ATTN__BWD_MAX_ROWS / 2 : 0);
+  bwd_scratch_layout(scratch, j->kn->mr, j->kn->nr, j->p->D, j->p->Dv, j->hk ? ATTN__BWD_MAX_ROWS / 2 : 0,
+                     j->hk ? j->hk->terms : 1);
 }
 
 attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, attn_tensor *dq, attn_tensor *dk,
@@ -765,12 +792,14 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   }
   j.nqp_max = nqp_max;
   const int64_t Dp = p->D > 0 ? p->D : 1;
-  /* per query head: Q, dO, lse, Dd as floats, or (half) Qh, dOh, QT, dOT as bf16 (a pair per float), lse, Dd */
-  const int64_t row_floats = hk ? j.D2 + j.Dv2 + (p->D + p->Dv + 1) / 2 + 2 : p->D + p->Dv + 2;
-  const int64_t t_pad = hk ? (p->D + p->Dv) * (t_ld(0) / 2) : 0; /* QT's and dOT's extra floats */
-  j.kt_size = nblk_max * nr * (hk ? j.D2 : p->D);
-  j.vt_size = nblk_max * nr * (hk ? j.Dv2 : p->Dv > 0 ? p->Dv : 1);
-  j.kr_size = hk ? nblk_max * nr * p->D / 2 : j.k_unit ? 0 : nk_max * p->D;
+  /* per query head: Q, dO, lse, Dd as floats, or (half) Qh, dOh, QT, dOT as bf16 (a pair per float, each
+   * twice with two terms), lse, Dd */
+  const int64_t terms = hk ? hk->terms : 1;
+  const int64_t row_floats = hk ? terms * (j.D2 + j.Dv2 + (p->D + p->Dv + 1) / 2) + 2 : p->D + p->Dv + 2;
+  const int64_t t_pad = hk ? terms * (p->D + p->Dv) * (t_ld(0) / 2) : 0; /* QT's and dOT's extra floats */
+  j.kt_size = nblk_max * nr * (hk ? terms * j.D2 : p->D);
+  j.vt_size = nblk_max * nr * (hk ? terms * j.Dv2 : p->Dv > 0 ? p->Dv : 1);
+  j.kr_size = hk ? terms * nblk_max * nr * p->D / 2 : j.k_unit ? 0 : nk_max * p->D;
   j.rows_size = p->group * (nqp_max * row_floats + t_pad);
   const size_t packed = attn__bytes(1, j.kt_size + j.vt_size + j.kr_size + j.rows_size, 1, sizeof(float));
   j.dq_size = cn_max * p->group * Dp;
@@ -805,10 +834,10 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
   for (int64_t e = 0; e < n * p->group; e++) { /* slot e / group, query head e % group of its kv head */
     float *base = j.Rows + (e / p->group) * j.rows_size + (e % p->group) * (nqp_max * row_floats + t_pad);
     if (hk) { /* nqp_max is a whole number of groups: even */
-      uint16_t *h16 = (uint16_t *)base, *qt = h16 + nqp_max * 2 * (j.D2 + j.Dv2);
+      uint16_t *h16 = (uint16_t *)base, *qt = h16 + nqp_max * 2 * terms * (j.D2 + j.Dv2);
       float *stats = base + nqp_max * (row_floats - 2) + t_pad;
-      j.rows[e] = (bwd_rows){NULL, NULL, stats, stats + nqp_max, h16, h16 + nqp_max * 2 * j.D2, qt,
-                             qt + p->D * t_ld(nqp_max)};
+      j.rows[e] = (bwd_rows){NULL, NULL, stats, stats + nqp_max, h16, h16 + nqp_max * 2 * terms * j.D2, qt,
+                             qt + terms * p->D * t_ld(nqp_max)};
     } else {
       j.rows[e] = (bwd_rows){base, base + nqp_max * p->D, base + nqp_max * (p->D + p->Dv),
                              base + nqp_max * (p->D + p->Dv + 1), NULL, NULL, NULL, NULL};
@@ -831,20 +860,23 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
       {"key_chunks_x_query_splits", grid_items, grid_run, 1},         {"sum_dq", reduce_dq_items, reduce_dq_run, 0},
       {"sum_dk_dv", reduce_dkv_items, reduce_dkv_run, 0}};
   const attn__job job = {&j, (j.pairs + n - 1) / n, phases, (int)(sizeof phases / sizeof phases[0]),
-                         bwd_scratch_layout(NULL, kn->mr, nr, p->D, p->Dv, hk ? ATTN__BWD_MAX_ROWS / 2 : 0),
+                         bwd_scratch_layout(NULL, kn->mr, nr, p->D, p->Dv, hk ? ATTN__BWD_MAX_ROWS / 2 : 0, (int)terms),
                          bwd_scratch_init};
   const bwd_geom e0 = geom(&j, 0);
   const long long args[4] = {(long long)n, (long long)e0.C, (long long)e0.R, (long long)nseq};
-  attn_status st = attn__schedule(ctx,
-                                  p->cu_q ? (hk ? "attn_sdpa_backward, bf16 tiles, packed batch (%lld kv heads per round, "
-                                                  "the first sequence's %lld key chunks x %lld query splits, %lld sequences)"
-                                                : "attn_sdpa_backward, packed batch (%lld kv heads per round, the "
-                                                  "first sequence's %lld key chunks x %lld query splits, %lld sequences)")
-                                  : hk ? "attn_sdpa_backward, bf16 tiles (%lld kv heads per round, %lld key chunks x %lld "
-                                         "query splits each)"
-                                       : "attn_sdpa_backward (%lld kv heads per round, %lld key chunks x %lld "
-                                         "query splits each)",
-                                  args, (int)threads, &job);
+  /* the plan names the tiles: "bf16 tiles", "f16 tiles (bf16 hi + lo)", or none (fp32) */
+  static const char *const plans[2][3] = {
+      {"attn_sdpa_backward (%lld kv heads per round, %lld key chunks x %lld query splits each)",
+       "attn_sdpa_backward, bf16 tiles (%lld kv heads per round, %lld key chunks x %lld query splits each)",
+       "attn_sdpa_backward, f16 tiles (bf16 hi + lo) (%lld kv heads per round, %lld key chunks x %lld query splits "
+       "each)"},
+      {"attn_sdpa_backward, packed batch (%lld kv heads per round, the first sequence's %lld key chunks x %lld query "
+       "splits, %lld sequences)",
+       "attn_sdpa_backward, bf16 tiles, packed batch (%lld kv heads per round, the first sequence's %lld key chunks x "
+       "%lld query splits, %lld sequences)",
+       "attn_sdpa_backward, f16 tiles (bf16 hi + lo), packed batch (%lld kv heads per round, the first sequence's %lld "
+       "key chunks x %lld query splits, %lld sequences)"}};
+  attn_status st = attn__schedule(ctx, plans[p->cu_q != NULL][hk ? (int)terms : 0], args, (int)threads, &job);
   if (st) return st;
   if (p->sinks_grad) sinks_grad(p, dout, out, lse);
   return ATTN_OK;

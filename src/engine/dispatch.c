@@ -69,12 +69,13 @@ const attn__half_kernels *attn__dispatch_half(const attn__dispatch *d, const att
 }
 
 /* The backward's policy: bf16 q, k and v (as the forward's DEFAULT and BF16
- * take them) on a set with backward tiles, for D and Dv the tiles take (dQ's
- * dS.K runs on pv with D as its columns). Everything else, f16 and f32 under
- * BF16 included, runs the fp32 backward, halves widened as they are packed. */
+ * take them) on a set with backward tiles, and f16 ones on the f16 set, for
+ * D and Dv the tiles take (dQ's dS.K runs on pv with D as its columns).
+ * Everything else, f32 under BF16 included, runs the fp32 backward, halves
+ * widened as they are packed. */
 const attn__half_kernels *attn__dispatch_half_backward(const attn__dispatch *d, const attn__sdpa *p) {
-  const attn__half_kernels *h = d->half;
-  if (!h || !h->pt_acc || d->precision == ATTN_PRECISION_FP32) return NULL;
-  if (p->q.dtype != ATTN_BF16 || p->k.dtype != ATTN_BF16 || p->v.dtype != ATTN_BF16) return NULL;
+  if (d->precision == ATTN_PRECISION_FP32 || p->q.dtype != p->k.dtype || p->q.dtype != p->v.dtype) return NULL;
+  const attn__half_kernels *h = p->q.dtype == ATTN_BF16 ? d->half : p->q.dtype == ATTN_F16 ? d->half_f16 : NULL;
+  if (!h || !h->pt_acc) return NULL;
   return takes(h, p) && p->D > 0 && p->Dv > 0 && p->D % h->dv_align == 0 && h->nr % h->mr == 0 ? h : NULL;
 }

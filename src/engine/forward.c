@@ -148,9 +148,7 @@ static inline uint16_t bf16_at(const void *src, attn_dtype dt, int64_t off) {
 
 /* Element off of an f16 buffer as the two terms of kernels.h's split: hi = bf16(x), lo = x - hi (exact). */
 static inline void split_at(const void *src, int64_t off, uint16_t *hi, uint16_t *lo) {
-  const float x = attn__f16_to_f32(((const uint16_t *)src)[off]);
-  *hi = attn__f32_to_bf16(x);
-  *lo = attn__f32_to_bf16(x - attn__bf16_to_f32(*hi));
+  attn__split_f16(((const uint16_t *)src)[off], hi, lo);
 }
 
 /* load_bf16 for f16 elements: hi terms at dst, lo terms at dst + pad, zeros past n in both. */

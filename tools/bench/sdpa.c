@@ -464,7 +464,10 @@ int cmd_bench_sdpa(int argc, char **argv) {
     goto done;
   }
   rep.backward = backward;
-  rep.backward_tiles = backward && strstr(attn_ctx_plan(ctx), "bf16 tiles") ? "bf16" : "fp32";
+  rep.backward_tiles = !backward                                                     ? "fp32"
+                      : strstr(attn_ctx_plan(ctx), "attn_sdpa_backward, f16 tiles (bf16 hi + lo)") ? "f16 split"
+                      : strstr(attn_ctx_plan(ctx), "attn_sdpa_backward, bf16 tiles")              ? "bf16"
+                                                                                           : "fp32";
   rep.rss_mib = bench_peak_rss_mib();
   rep.io_mib = io_bytes / 1048576.0;
   rep.op = "sdpa";

@@ -160,6 +160,18 @@ static void pv_rows(float *O, const uint16_t *pb, const uint32_t *V, int64_t ld,
     }
 }
 
+/* x rounded to f16 (nearest even) and back: as PyTorch rounds P and dS for their f16 products. */
+static inline __m512 through_f16(__m512 x) {
+  return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* The lo terms of f16 values x0, x1 (16 each) whose hi terms are hi = cvtne2ps_pbh(x1, x0): x - hi, exact. */
+static inline __m512i lo_terms(__m512i hi, __m512 x0, __m512 x1) {
+  const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+  const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
+}
+
 /* P rounded as the inputs' type for p.v: bf16 (TERMS 1) or f16 (TERMS 2, as hi + lo bf16 planes). */
 static inline __attribute__((always_inline)) void round_p(uint16_t *pb, const float *P, int64_t nkeys, const int TERMS) {
   const uint64_t live = nkeys >= NR ? ~0ull : (1ull << nkeys) - 1;
@@ -167,17 +179,14 @@ static inline __attribute__((always_inline)) void round_p(uint16_t *pb, const fl
     for (int v = 0; v < NV; v += 2) {
       __m512 p0 = _mm512_load_ps(P + r * NR + 16 * v), p1 = _mm512_load_ps(P + r * NR + 16 * v + 16);
       if (TERMS == 2) { /* to f16 and back: round to nearest even, as PyTorch rounds P to f16 */
-        p0 = _mm512_cvtph_ps(_mm512_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        p1 = _mm512_cvtph_ps(_mm512_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        p0 = through_f16(p0);
+        p1 = through_f16(p1);
       }
       const __mmask32 in = (__mmask32)(live >> (16 * v));
       const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
       _mm512_store_si512(pb + r * NR + 16 * v, _mm512_maskz_mov_epi16(in, hi));
       if (TERMS == 2) {
-        const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
-        const __m512 h1 =
-            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
-        const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(p1, h1), _mm512_sub_ps(p0, h0));
+        const __m512i lo = lo_terms(hi, p0, p1);
         _mm512_store_si512(pb + MR * NR + r * NR + 16 * v, _mm512_maskz_mov_epi16(in, lo));
       }
     }
@@ -306,46 +315,90 @@ _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the 
  * in the lab against 0.55 for its tiles and 0.27 for the conversion apart); XT's rows are
  * already the A tiles' (32 rows of the sum per step). OutT is the C tiles, 32 rows by 32
  * keys at a time (pt_acc_amx). */
-static void pairs_amx(uint32_t *Xp, const float *X) {
-  /* word 2i of the permuted vector is row 2t's key i, word 2i + 1 row 2t + 1's */
+/* word 2i of the permuted vector is row 2t's key i, word 2i + 1 row 2t + 1's */
+static inline __m512i interleave_rows(__m512i x) {
   const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                          21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(inter, x);
+}
+
+/* Xp's hi pairs and, with TERMS 2, its lo pairs ATTN__BWD_MAX_ROWS / 2 pair rows further (X rounded to
+ * f16 first, as round_p rounds P). */
+static inline __attribute__((always_inline)) void pairs_t(uint32_t *Xp, const float *X, const int TERMS) {
   for (int t = 0; t < MR / 2; t++)
     for (int v = 0; v < NV; v++) {
-      const __m512i x = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(X + (2 * t + 1) * NR + 16 * v),
-                                                     _mm512_load_ps(X + 2 * t * NR + 16 * v));
-      _mm512_store_si512(Xp + t * NR + 16 * v, _mm512_permutexvar_epi16(inter, x));
+      __m512 x0 = _mm512_load_ps(X + 2 * t * NR + 16 * v), x1 = _mm512_load_ps(X + (2 * t + 1) * NR + 16 * v);
+      if (TERMS == 2) {
+        x0 = through_f16(x0);
+        x1 = through_f16(x1);
+      }
+      const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+      _mm512_store_si512(Xp + t * NR + 16 * v, interleave_rows(hi));
+      if (TERMS == 2) {
+        const __m512i lo = lo_terms(hi, x0, x1);
+        _mm512_store_si512(Xp + (ATTN__BWD_MAX_ROWS / 2 + t) * NR + 16 * v, interleave_rows(lo));
+      }
     }
 }
 
-static void pt_acc_amx(float *OutT, int64_t C, const uint32_t *pp, int64_t rows, const uint16_t *XT, int64_t ldx) {
+static void pairs_amx(uint32_t *Xp, const float *X) { pairs_t(Xp, X, 1); }
+static void pairs_amx_f16(uint32_t *Xp, const float *X) { pairs_t(Xp, X, 2); }
+
+static inline __attribute__((always_inline)) void pt_acc_t(float *OutT, int64_t C, const uint32_t *pp, int64_t rows,
+                                                           const uint16_t *XT, int64_t ldx, const int TERMS) {
   const int64_t steps = rows / 32, sa = ldx * 2, so = NR * 4;
+  const uint32_t *pl = pp + ATTN__BWD_MAX_ROWS / 2 * NR; /* TERMS 2: the lo planes */
+  const uint16_t *xl = XT + C * ldx;
   /* 2 x 2: 32 rows of OutT by 32 keys in C tiles 0-3, A tiles 4-5 (the rows), B tiles 6-7 (the keys):
-   * four loads for four products */
+   * four loads for four products (TERMS 2: ten for sixteen, the four passes of qk_t) */
   for (int64_t c0 = 0; c0 < C; c0 += 32)
     for (int kb = 0; kb < NV; kb += 2) {
       const int two = C - c0 >= 32;
       float *o = OutT + c0 * NR + 16 * kb;
-      const uint16_t *a = XT + c0 * ldx;
+      const uint16_t *a = XT + c0 * ldx, *al = xl + c0 * ldx;
       _tile_loadd(0, o, so);
       _tile_loadd(1, o + 16, so);
       if (two) { _tile_loadd(2, o + 16 * NR, so); _tile_loadd(3, o + 16 * NR + 16, so); }
       for (int64_t s = 0; s < steps; s++) {
-        _tile_loadd(6, pp + 16 * s * NR + 16 * kb, so);
-        _tile_loadd(4, a + 32 * s, sa);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, pp + 16 * s * NR + 16 * kb + 16, so);
-        _tile_dpbf16ps(1, 4, 7);
-        if (two) {
-          _tile_loadd(5, a + 16 * ldx + 32 * s, sa);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
+        const int64_t bo = 16 * s * NR + 16 * kb;
+        if (TERMS == 1) {
+          _tile_loadd(6, pp + bo, so);
+          _tile_loadd(4, a + 32 * s, sa);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_loadd(7, pp + bo + 16, so);
+          _tile_dpbf16ps(1, 4, 7);
+          if (two) {
+            _tile_loadd(5, a + 16 * ldx + 32 * s, sa);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+          continue;
         }
+#define PT_A(x) _tile_loadd(4, (x) + 32 * s, sa); if (two) _tile_loadd(5, (x) + 16 * ldx + 32 * s, sa);
+#define PT_B(b) _tile_loadd(6, (b) + bo, so); _tile_loadd(7, (b) + bo + 16, so);
+#define PT_DP                                                         \
+  _tile_dpbf16ps(0, 4, 6);                                            \
+  _tile_dpbf16ps(1, 4, 7);                                            \
+  if (two) { _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+        PT_A(a) PT_B(pp) PT_DP  /* hi . hi */
+        PT_B(pl) PT_DP          /* hi . lo */
+        PT_A(al) PT_DP          /* lo . lo */
+        PT_B(pp) PT_DP          /* lo . hi */
+#undef PT_A
+#undef PT_B
+#undef PT_DP
       }
       _tile_stored(0, o, so);
       _tile_stored(1, o + 16, so);
       if (two) { _tile_stored(2, o + 16 * NR, so); _tile_stored(3, o + 16 * NR + 16, so); }
     }
+}
+
+static void pt_acc_amx(float *OutT, int64_t C, const uint32_t *pp, int64_t rows, const uint16_t *XT, int64_t ldx) {
+  pt_acc_t(OutT, C, pp, rows, XT, ldx, 1);
+}
+static void pt_acc_amx_f16(float *OutT, int64_t C, const uint32_t *pp, int64_t rows, const uint16_t *XT, int64_t ldx) {
+  pt_acc_t(OutT, C, pp, rows, XT, ldx, 2);
 }
 
 /* Whole groups of 16 keys: four rows of T (four channels) turned at a time by transpose4.h; the last
@@ -374,5 +427,5 @@ const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_
                                                    attn__amx_begin, attn__amx_end, qk_amx, pv_amx, attn__softmax_round_amx16,
                                                    pv_rounded_amx, pairs_amx, pt_acc_amx, t_out_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
-                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL, NULL, NULL,
-                                                       NULL, NULL};
+                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL, NULL,
+                                                       pairs_amx_f16, pt_acc_amx_f16, t_out_amx};
