@@ -124,9 +124,18 @@ typedef enum attn_kernel {
  *            kernel has a bf16 GEMM (ATTN_KERNEL_AVX512_BF16: vdpbf16ps;
  *            ATTN_KERNEL_AMX: AMX tiles), and its attention on the f32
  *            projections rounded as above.
+ *   F16      opt-in, the same for f16 (PyTorch's model.half()): f32 inputs are
+ *            rounded to f16 (to nearest even; past 65504 they become Inf) and
+ *            then computed as f16 inputs are by DEFAULT: f16 products, exact in
+ *            fp32, summed in fp32, and on the AMX tiles the probabilities
+ *            rounded to f16 for p.v. bf16 inputs are never rounded to f16 (f16
+ *            holds a narrower range): they stay as DEFAULT computes them. The
+ *            layer's projections take x and the weights rounded to f16 (the
+ *            fp32 GEMM then computes f16's products exactly; the bias is added
+ *            in fp32), and its attention the f32 projections rounded so.
  * attn_linear follows the same rules for its x and weight (see there).
  * Outside these rules no input loses precision: f32 inputs are rounded only
- * under BF16. The oracle always runs in float64.
+ * under BF16 and F16. The oracle always runs in float64.
  * The backward (attn_sdpa_backward) of bf16 q, k and v under DEFAULT or BF16,
  * on ATTN_KERNEL_AMX with D and Dv multiples of 16, computes as PyTorch's bf16
  * backward: q.k and dout.v as bf16 products (dout rounded to bf16), P and
@@ -139,7 +148,8 @@ typedef enum attn_kernel {
 typedef enum attn_precision {
   ATTN_PRECISION_DEFAULT = 0,
   ATTN_PRECISION_FP32 = 1,
-  ATTN_PRECISION_BF16 = 2
+  ATTN_PRECISION_BF16 = 2,
+  ATTN_PRECISION_F16 = 3
 } attn_precision;
 
 /* The environment (ATTN_KERNEL, ATTN_DECODE) is read here, once: a context's
@@ -169,7 +179,7 @@ ATTN_API attn_status attn_ctx_set_decode(attn_ctx *ctx, int enabled);
 /* 1 when the decode kernel may be used, else 0. NULL: 1 (the default). */
 ATTN_API int attn_ctx_decode(const attn_ctx *ctx);
 /* The precision policy of the context's forward calls and attn_linear (see attn_precision);
- * DEFAULT, or ATTN_PRECISION (default, fp32, bf16) when the context was made. */
+ * DEFAULT, or ATTN_PRECISION (default, fp32, bf16, f16) when the context was made. */
 ATTN_API attn_status attn_ctx_set_precision(attn_ctx *ctx, attn_precision precision);
 ATTN_API attn_precision attn_ctx_precision(const attn_ctx *ctx);
 ATTN_API const char *attn_precision_name(attn_precision precision);
@@ -801,11 +811,14 @@ ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int6
  *       DEFAULT  when x and weight are both bf16;
  *       BF16     when each of x and weight is f32 or bf16 (f32 rounded to
  *                bf16, nearest even), as PyTorch's "medium" matmul precision;
+ *   f16 products (exact in fp32) summed in fp32, on the fp32 GEMM:
+ *       F16      when neither is bf16 (f32 rounded to f16, nearest even), as
+ *                PyTorch's Linear in f16; otherwise as DEFAULT;
  *   otherwise fp32: the context's fp32 GEMM kernel (the portable one under
  *     ATTN_KERNEL_REF) on halves widened to f32 (exactly): always under FP32,
  *     for any f16 operand, for f32 mixed with bf16 under DEFAULT, and on
  *     kernels without a bf16 GEMM. A build with -DATTN_WITH_CBLAS=ON hands the
- *     fp32 AVX2/AVX-512 cases to its BLAS. */
+ *     fp32 AVX2/AVX-512 cases to its BLAS (not those of F16: it cannot round). */
 ATTN_API attn_status attn_linear(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
                                  const attn_tensor *bias);
 /* Projection parameters start zeroed; QK-norm weights start as the identity

@@ -78,7 +78,7 @@ attn_status attn_ctx_create(attn_ctx **out) {
   const char *dec = getenv("ATTN_DECODE");
   c->decode = !(dec && strcmp(dec, "0") == 0);
   const char *prec = getenv("ATTN_PRECISION");
-  for (int k = ATTN_PRECISION_DEFAULT; prec && k <= ATTN_PRECISION_BF16; k++)
+  for (int k = ATTN_PRECISION_DEFAULT; prec && k <= ATTN__PRECISION_LAST; k++)
     if (!strcmp(prec, attn_precision_name((attn_precision)k))) c->precision = (attn_precision)k;
   refresh_dispatch(c);
   return ATTN_OK;
@@ -168,7 +168,7 @@ int attn_ctx_decode(const attn_ctx *ctx) { return ctx ? ctx->dispatch.decode_ena
 
 attn_status attn_ctx_set_precision(attn_ctx *ctx, attn_precision precision) {
   ATTN__ENTER(ctx);
-  if ((int)precision < ATTN_PRECISION_DEFAULT || precision > ATTN_PRECISION_BF16)
+  if ((int)precision < ATTN_PRECISION_DEFAULT || precision > ATTN__PRECISION_LAST)
     return attn__fail(ctx, ATTN_E_INVALID, "unknown precision %d", (int)precision);
   ctx->precision = precision;
   refresh_dispatch(ctx);
@@ -182,6 +182,7 @@ const char *attn_precision_name(attn_precision precision) {
     case ATTN_PRECISION_DEFAULT: return "default";
     case ATTN_PRECISION_FP32: return "fp32";
     case ATTN_PRECISION_BF16: return "bf16";
+    case ATTN_PRECISION_F16: return "f16";
   }
   return "unknown";
 }

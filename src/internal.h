@@ -30,6 +30,7 @@ typedef struct attn__dispatch {
 } attn__dispatch;
 
 #define ATTN__KERNEL_LAST ATTN_KERNEL_AMX
+#define ATTN__PRECISION_LAST ATTN_PRECISION_F16
 
 /* The table for kernel (AUTO: the fastest in supported, bit k for kernel k;
  * the portable sets serve REF, whose projections run in fp32) and the decode switch. */
@@ -248,8 +249,14 @@ void attn__sgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const 
 void attn__bgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const void *A, attn_dtype at, int64_t lda,
                     const void *B, attn_dtype bt, int64_t ldb, float *C, int64_t ldc, const float *bias);
 
+/* attn__sgemm_nt with A and B rounded to f16 (nearest even) as they are packed:
+ * f16 products, exact in fp32, summed in fp32 (ATTN_PRECISION_F16). */
+void attn__f16gemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias);
+
 /* The layer's projections (f32 operands, as attn__sgemm_nt): the bf16 GEMM
- * under ATTN_PRECISION_BF16 where the context has it, else the fp32 one. */
+ * under ATTN_PRECISION_BF16 where the context has it, the f16-rounding one
+ * under ATTN_PRECISION_F16, else the fp32 one. */
 void attn__project_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias);
 

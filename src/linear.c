@@ -118,8 +118,13 @@ attn_status attn_linear(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, c
     b = copy;
   }
   if (ldo < 0) C = attn__carve(&cursor, bo);
+  /* under F16, f32 and f16 operands as f16 (rounding an f16's widened value changes nothing); bf16 never */
+  const int f16 = !half && ctx->dispatch.precision == ATTN_PRECISION_F16 && x->dtype != ATTN_BF16 &&
+                  weight->dtype != ATTN_BF16;
   if (half)
     attn__bgemm_nt(ctx, M, N, K, A, at, ldx < 0 ? K : ldx, B, bt, ldw < 0 ? K : ldw, C, ldo < 0 ? N : ldo, b);
+  else if (f16)
+    attn__f16gemm_nt(ctx, M, N, K, A, ldx < 0 ? K : ldx, B, ldw < 0 ? K : ldw, C, ldo < 0 ? N : ldo, b);
   else
     attn__sgemm_nt(ctx, M, N, K, A, ldx < 0 ? K : ldx, B, ldw < 0 ? K : ldw, C, ldo < 0 ? N : ldo, b);
   if (ldo < 0) /* in row order, so rows that overlap end as the last one written */

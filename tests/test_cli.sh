@@ -182,12 +182,14 @@ expect 2 "" -- bench sdpa --batch 1 --seq 8 --heads 2 --dim 8 --padded
 expect 1 "$T/never_o.npy" -- sdpa $VL --out "$T/never_o.npy" --cu-seqlens "$T/cu64.npy" --key-padding $G/sdpa_plain/q.npy
 expect 2 "$T/never_o.npy" -- sdpa $VL --out "$T/never_o.npy" --cu-seqlens-k "$T/cu64.npy"
 
-# --precision reaches the context (test_half checks what each policy computes): bf16 is close to the f32
-# answer (this case is decode-sized, which stays fp32), fp32 is the f32 answer, a wrong name is refused
+# --precision reaches the context (test_half checks what each policy computes): bf16 and f16 are close to
+# the f32 answer (this case is decode-sized, which stays fp32), fp32 is the f32 answer, a wrong name is refused
 expect 0 "" -- sdpa $SQKV --out "$T/opb.npy" --precision bf16
 close "$T/opb.npy" $D/out.npy 3e-2
 expect 0 "" -- sdpa $SQKV --out "$T/opf.npy" --precision fp32
 close "$T/opf.npy" $D/out.npy 1e-6
+expect 0 "" -- sdpa $SQKV --out "$T/oph.npy" --precision f16
+close "$T/oph.npy" $D/out.npy 3e-3
 expect 2 "$T/never_o.npy" -- sdpa $SQKV --out "$T/never_o.npy" --precision f8
 
 # --- mha on the goldens ---
@@ -666,7 +668,7 @@ expect 2 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --repeat 1 --back
 expect 0 "" -- bench sdpa --batch 1 --heads 1 --seq 64 --dim 8 --repeat 1 --max-gflop 1e-3
 expect 2 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-5
 expect 0 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-3
-for p in default fp32 bf16; do
+for p in default fp32 bf16 f16; do
   expect 0 "" -- bench mha --batch 1 --seq 64 --embed 8 --heads 1 --repeat 1 --max-gflop 1e-3 --precision $p
   if grep -q "precision $p" "$T/stdout"; then ok; else bad "bench mha --precision $p: not reported: $(cat "$T/stdout")"; fi
 done

@@ -15,15 +15,17 @@
  *                         strided views bitwise their contiguous copies'.
  *   test_gemm_bf16 rules  on every kernel here: which products attn_linear
  *                         runs for each dtype of x and weight (f32, f16,
- *                         bf16) under each precision: bitwise the fp32 GEMM's
- *                         or the bf16 GEMM's result, and within the bound of
- *                         the matching float64 reference; bias of any float dtype.
+ *                         bf16) under each precision: bitwise the fp32 GEMM's,
+ *                         the bf16 GEMM's or (F16) the f16-rounding one's
+ *                         result, and within the bound of the matching float64
+ *                         reference; bias of any float dtype.
  *   test_gemm_bf16 layer [avx512bf16|amx]
- *                         the layer under BF16 (skipped without that kernel):
- *                         bitwise what attn_linear + attn_sdpa + attn_linear
- *                         give under BF16 (so the projections took bf16
- *                         products), within LAYER_BOUND of the float64 layer
- *                         on bf16-rounded inputs and weights (self and cross
+ *                         the layer under BF16, then F16 (skipped without that
+ *                         kernel): bitwise what attn_linear + attn_sdpa +
+ *                         attn_linear give under that policy (so the
+ *                         projections took bf16 or f16 products), within
+ *                         LAYER_BOUND (LAYER_BOUND_F16) of the float64 layer
+ *                         on rounded inputs and weights (self and cross
  *                         attention, forward_save, the cached step), and
  *                         under DEFAULT and FP32 bitwise the fp32 composition. */
 #include "testutil.h"
@@ -38,6 +40,8 @@
  * that read them, and the probabilities for p.v (the bf16 tiles' own bound,
  * test_half's 1e-2). Measured: 0.9e-3 to 1.5e-3 on these cases. */
 #define LAYER_BOUND 1e-2
+/* and under F16 (f16 rounds 2^-11 relative), on f16-rounded x and weights: measured 1.1e-4 to 1.7e-4 */
+#define LAYER_BOUND_F16 1e-3
 
 /* The kernel whose bf16 GEMM gemm and layer test (argv[2]: avx512bf16, amx). */
 static attn_kernel bf16_kernel = ATTN_KERNEL_AVX512_BF16;
@@ -90,15 +94,17 @@ static mat mat_widened(const mat *m) {
 }
 
 static double round_bf16(double x) { return tu_bf16_to_f32(tu_f32_to_bf16((float)x)); }
+static double round_f16(double x) { return tu_f16_to_f32(tu_f32_to_f16((float)x)); }
 
-/* ref [M, N] = x . w^T + bias in float64, on the operands rounded to bf16 when `rounded` */
+/* ref [M, N] = x . w^T + bias in float64, on the operands rounded to bf16 when `rounded` (to f16 when
+ * it is 2) */
 static void reference(double *ref, const mat *x, const mat *w, const float *bias, int rounded) {
   for (int64_t i = 0; i < x->rows; i++)
     for (int64_t j = 0; j < w->rows; j++) {
       double s = bias ? bias[j] : 0.0;
       for (int64_t k = 0; k < x->cols; k++) {
         const double a = mat_at(x, i, k), b = mat_at(w, j, k);
-        s += rounded ? round_bf16(a) * round_bf16(b) : a * b;
+        s += rounded == 2 ? round_f16(a) * round_f16(b) : rounded ? round_bf16(a) * round_bf16(b) : a * b;
       }
       ref[i * w->rows + j] = s;
     }
@@ -267,14 +273,19 @@ static void rules(void) {
   static const attn_dtype bias_dts[4] = {ATTN_F32, ATTN_F64, ATTN_F16, ATTN_BF16};
   const int have_bf16 = attn_kernel_supported(ATTN_KERNEL_AVX512_BF16);
   if (!have_bf16) printf("test_gemm_bf16 rules: no AVX512-BF16 here: only the fp32 rules checked\n");
-  static float got[M * N], want_fp32[M * N], want_bf16[M * N], bias32[N];
-  static double ref_exact[M * N], ref_rounded[M * N], gotd[M * N], bias_store[N];
+  static float got[M * N], want_fp32[M * N], want_bf16[M * N], want_f16[M * N], bias32[N];
+  static double ref_exact[M * N], ref_rounded[M * N], ref_f16[M * N], gotd[M * N], bias_store[N];
   tu_rng rng = {4242};
   int n_bias = 0;
   for (int xi = 0; xi < 3; xi++)
     for (int wi = 0; wi < 3; wi++) {
       const mat x = mat_new(&rng, dts[xi], M, K, K), w = mat_new(&rng, dts[wi], N, K, K);
       const mat xf = mat_widened(&x), wf = mat_widened(&w);
+      /* the same values rounded to f16 and stored so: what F16 must compute on f32 and f16 operands */
+      mat xh = {malloc((size_t)(M * K) * 2), ATTN_F16, M, K, K}, wh = {malloc((size_t)(N * K) * 2), ATTN_F16, N, K, K};
+      if (!xh.data || !wh.data) exit(2);
+      for (int64_t e = 0; e < M * K; e++) ((uint16_t *)xh.data)[e] = tu_f32_to_f16(((const float *)xf.data)[e]);
+      for (int64_t e = 0; e < N * K; e++) ((uint16_t *)wh.data)[e] = tu_f32_to_f16(((const float *)wf.data)[e]);
       /* a bias of each float dtype in turn: its values as f32 (f64 ones rounded) are what is added */
       const attn_dtype bt = bias_dts[n_bias++ % 4];
       for (int64_t j = 0; j < N; j++) {
@@ -289,6 +300,7 @@ static void rules(void) {
       const attn_tensor tb = attn_tensor_view(bias_store, bt, 1, sb), tb32 = attn_tensor_view(bias32, ATTN_F32, 1, sb);
       reference(ref_exact, &x, &w, bias32, 0);
       reference(ref_rounded, &x, &w, bias32, 1);
+      reference(ref_f16, &x, &w, bias32, 2);
       for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AMX; k++) {
         if (!attn_kernel_supported((attn_kernel)k)) continue;
         /* the two candidates: the fp32 GEMM on the widened values, the bf16 one on them rounded */
@@ -300,38 +312,48 @@ static void rules(void) {
           linear_into(c16, want_bf16, &xf, &wf, &tb32);
           attn_ctx_destroy(c16);
         }
-        for (int p = ATTN_PRECISION_DEFAULT; p <= ATTN_PRECISION_BF16; p++) {
+        /* and f16 products: the operands stored as f16 (widened exactly), under F16 */
+        attn_ctx *ch = context((attn_kernel)k, ATTN_PRECISION_F16);
+        linear_into(ch, want_f16, &xh, &wh, &tb32);
+        attn_ctx_destroy(ch);
+        for (int p = ATTN_PRECISION_DEFAULT; p <= ATTN_PRECISION_F16; p++) {
           const int f16 = dts[xi] == ATTN_F16 || dts[wi] == ATTN_F16;
           const int both_bf16 = dts[xi] == ATTN_BF16 && dts[wi] == ATTN_BF16;
           const int expect_bf16 = k >= ATTN_KERNEL_AVX512_BF16 && p != ATTN_PRECISION_FP32 && !f16 &&
                                   (p == ATTN_PRECISION_BF16 || both_bf16);
+          /* F16 rounds f32 and f16 operands (the latter to themselves), never bf16 ones */
+          const int expect_f16 = p == ATTN_PRECISION_F16 && dts[xi] != ATTN_BF16 && dts[wi] != ATTN_BF16;
           attn_ctx *ctx = context((attn_kernel)k, (attn_precision)p);
           attn_ctx_set_threads(ctx, 1 + (xi + wi) % 3);
           linear_into(ctx, got, &x, &w, &tb);
           attn_ctx_destroy(ctx);
-          const float *want = expect_bf16 ? want_bf16 : want_fp32;
+          const float *want = expect_bf16 ? want_bf16 : expect_f16 ? want_f16 : want_fp32;
           for (int64_t e = 0; e < M * N; e++) gotd[e] = got[e];
-          const double err = tu_rel_l2(gotd, expect_bf16 ? ref_rounded : ref_exact, M * N);
-          const double other = tu_rel_l2(gotd, expect_bf16 ? ref_exact : ref_rounded, M * N);
+          const double err = tu_rel_l2(gotd, expect_bf16 ? ref_rounded : expect_f16 ? ref_f16 : ref_exact, M * N);
+          const double other = tu_rel_l2(gotd, expect_bf16 || expect_f16 ? ref_exact : ref_rounded, M * N);
           char what[160];
           snprintf(what, sizeof what, "kernel %s precision %s x %s weight %s bias %s (%s products expected)",
                    attn_kernel_name((attn_kernel)k), attn_precision_name((attn_precision)p), attn_dtype_name(dts[xi]),
-                   attn_dtype_name(dts[wi]), attn_dtype_name(bt), expect_bf16 ? "bf16" : "fp32");
+                   attn_dtype_name(dts[wi]), attn_dtype_name(bt), expect_bf16 ? "bf16" : expect_f16 ? "f16" : "fp32");
           CHECK(memcmp(got, want, sizeof got) == 0, "%s: not bitwise the expected GEMM's result", what);
           CHECK(err <= GEMM_BOUND, "%s: rel L2 %.3g against its float64 reference", what, err);
-          /* bf16 operands are their own rounding: then both references agree */
-          if (!both_bf16)
-            CHECK(other > 100 * GEMM_BOUND, "%s: rel L2 %.3g against the other reference: the paths look alike", what,
-                  other);
+          /* bf16 operands are their own rounding, f16 ones too for f16 products: then the references agree */
+          if (!both_bf16 && !(expect_f16 && dts[xi] == ATTN_F16 && dts[wi] == ATTN_F16))
+            CHECK(other > (expect_f16 ? 10 : 100) * GEMM_BOUND, /* f16 rounds 8x finer than bf16 */
+                  "%s: rel L2 %.3g against the other reference: the paths look alike", what, other);
         }
       }
       if (have_bf16)
         CHECK(memcmp(want_fp32, want_bf16, sizeof want_fp32) != 0, "the fp32 and bf16 GEMMs must differ somewhere");
-      free(x.data), free(w.data), free(xf.data), free(wf.data);
+      free(x.data), free(w.data), free(xf.data), free(wf.data), free(xh.data), free(wh.data);
     }
 }
 
-/* ---- layer: the multi-head layer under BF16 ------------------------------------------- */
+/* ---- layer: the multi-head layer under BF16 (and F16) ---------------------------------- */
+static attn_precision layer_prec = ATTN_PRECISION_BF16; /* the half policy the layer cases run under */
+static double round_layer(double x) { return layer_prec == ATTN_PRECISION_F16 ? round_f16(x) : round_bf16(x); }
+static double layer_bound(void) { return layer_prec == ATTN_PRECISION_F16 ? LAYER_BOUND_F16 : LAYER_BOUND; }
+
 typedef struct lcase {
   int64_t E, H, Hk, kdim, vdim, B, Nq, Nk;
   int self;
@@ -345,7 +367,7 @@ static void fill_params(attn_ctx *ctx, attn_mha *m, tu_rng *r, double amp) {
   }
 }
 
-/* dst's parameters = src's, the weights rounded to bf16 (biases as they are). */
+/* dst's parameters = src's, the weights rounded to bf16 or f16 (layer_prec; biases as they are). */
 static void copy_params_rounded(attn_ctx *ctx, attn_mha *dst, attn_mha *src) {
   for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
     attn_tensor s, d;
@@ -353,7 +375,7 @@ static void copy_params_rounded(attn_ctx *ctx, attn_mha *dst, attn_mha *src) {
       continue;
     for (int64_t e = 0; e < attn_tensor_numel(&s); e++) {
       const float v = ((float *)s.data)[e];
-      ((float *)d.data)[e] = s.rank == 2 ? (float)round_bf16(v) : v;
+      ((float *)d.data)[e] = s.rank == 2 ? (float)round_layer(v) : v;
     }
   }
 }
@@ -366,7 +388,7 @@ static attn_tensor t3(float *data, int64_t a, int64_t b, int64_t c) {
 static float *rounded_copy(const float *x, int64_t n) {
   float *r = malloc((size_t)(n ? n : 1) * sizeof(float));
   if (!r) exit(2);
-  for (int64_t e = 0; e < n; e++) r[e] = (float)round_bf16(x[e]);
+  for (int64_t e = 0; e < n; e++) r[e] = (float)round_layer(x[e]);
   return r;
 }
 
@@ -406,16 +428,16 @@ static void composed(attn_ctx *ctx, float *out, attn_mha *m, const lcase *c, con
     attn_tensor ty = attn_tensor_view(lin[i].y, ATTN_F32, 2, sy);
     CHECK_OK(ctx, attn_linear(ctx, &ty, &tx, &tw, &tb));
   }
-  if (attn_ctx_precision(ctx) == ATTN_PRECISION_BF16) { /* q's projection: bf16 products, not the fp32 GEMM's */
+  if (attn_ctx_precision(ctx) == layer_prec) { /* q's projection: half products, not the fp32 GEMM's */
     double *rounded = malloc((size_t)(Mq * E) * sizeof(double)), *exact = malloc((size_t)(Mq * E) * sizeof(double));
     if (!rounded || !exact) exit(2);
     const mat x = {(void *)xq, ATTN_F32, Mq, E, E}, w = {param(ctx, m, ATTN_MHA_Q_WEIGHT), ATTN_F32, E, E, E};
-    reference(rounded, &x, &w, param(ctx, m, ATTN_MHA_Q_BIAS), 1);
+    reference(rounded, &x, &w, param(ctx, m, ATTN_MHA_Q_BIAS), layer_prec == ATTN_PRECISION_F16 ? 2 : 1);
     reference(exact, &x, &w, param(ctx, m, ATTN_MHA_Q_BIAS), 0);
     const double err = rel_l2_f32(Q, rounded, Mq * E), other = rel_l2_f32(Q, exact, Mq * E);
-    CHECK(err <= GEMM_BOUND && other > 100 * GEMM_BOUND,
-          "q's projection under BF16: rel L2 %.3g against float64 on bf16-rounded operands, %.3g on the f32 ones", err,
-          other);
+    CHECK(err <= GEMM_BOUND && other > (layer_prec == ATTN_PRECISION_F16 ? 10 : 100) * GEMM_BOUND,
+          "q's projection under %s: rel L2 %.3g against float64 on rounded operands, %.3g on the f32 ones",
+          attn_precision_name(layer_prec), err, other);
     free(rounded), free(exact);
   }
   /* [B, N, H*D] rows viewed as [B, H, N, D] */
@@ -438,7 +460,7 @@ static void composed(attn_ctx *ctx, float *out, attn_mha *m, const lcase *c, con
 static void layer_case(const lcase *c, uint64_t seed) {
   tu_rng rng = {seed};
   const int64_t E = c->E, Mq = c->B * c->Nq, Mk = c->B * c->Nk;
-  attn_ctx *ctx = context(bf16_kernel, ATTN_PRECISION_BF16);
+  attn_ctx *ctx = context(bf16_kernel, layer_prec);
   attn_ctx *oracle = context(ATTN_KERNEL_REF, ATTN_PRECISION_DEFAULT);
   attn_ctx_set_threads(ctx, 3);
   attn_mha_config cfg;
@@ -473,21 +495,22 @@ static void layer_case(const lcase *c, uint64_t seed) {
            c->self ? "self" : "cross", (long long)E, (long long)c->H, (long long)c->Hk, (long long)c->kdim,
            (long long)c->vdim, (long long)c->B, (long long)c->Nq, (long long)c->Nk);
 
-  /* BF16: the float64 layer on rounded x and weights, and the composition of bf16 linear + sdpa */
+  /* BF16 (F16): the float64 layer on rounded x and weights, and the composition of half linear + sdpa */
+  const char *pn = attn_precision_name(layer_prec);
   CHECK_OK(oracle, attn_mha_forward(oracle, mr, &tref, NULL, &rtq, c->self ? NULL : &rtk, c->self ? NULL : &rtv, NULL));
   tu_poison_f32(out, nq);
   CHECK_OK(ctx, attn_mha_forward(ctx, m, &to, NULL, &tq, K, V, NULL));
   const double err = rel_l2_f32(out, ref, nq);
-  printf("layer %s under BF16: rel L2 %.3g against the float64 layer on bf16-rounded x and weights\n", what, err);
-  CHECK(err <= LAYER_BOUND, "%s: rel L2 %.3g under BF16 (bound %g)", what, err, LAYER_BOUND);
+  printf("layer %s under %s: rel L2 %.3g against the float64 layer on rounded x and weights\n", what, pn, err);
+  CHECK(err <= layer_bound(), "%s: rel L2 %.3g under %s (bound %g)", what, err, pn, layer_bound());
   composed(ctx, comp, m, c, xq, c->self ? xq : xk, c->self ? xq : xv);
-  CHECK(memcmp(out, comp, (size_t)nq * sizeof(float)) == 0, "%s: under BF16 not bitwise bf16 linear + sdpa + linear",
-        what);
+  CHECK(memcmp(out, comp, (size_t)nq * sizeof(float)) == 0, "%s: under %s not bitwise half linear + sdpa + linear",
+        what, pn);
   /* forward_save computes the same, and the (fp32) backward runs on what it saved */
   attn_mha_saved *sv = NULL;
   tu_poison_f32(out2, nq);
   CHECK_OK(ctx, attn_mha_forward_save(ctx, m, &to2, NULL, &sv, &tq, K, V, NULL));
-  CHECK(memcmp(out, out2, (size_t)nq * sizeof(float)) == 0, "%s: forward_save differs from forward under BF16", what);
+  CHECK(memcmp(out, out2, (size_t)nq * sizeof(float)) == 0, "%s: forward_save differs from forward under %s", what, pn);
   attn_mha *grads;
   CHECK_OK(ctx, attn_mha_create(ctx, &grads, &cfg));
   float *dx = malloc((size_t)nq * sizeof(float));
@@ -495,7 +518,7 @@ static void layer_case(const lcase *c, uint64_t seed) {
   CHECK_OK(ctx, attn_mha_backward(ctx, m, c->self ? &tdx : NULL, NULL, NULL, grads, sv, &to));
   int finite = 1;
   for (int64_t e = 0; c->self && e < nq; e++) finite &= isfinite(dx[e]) != 0;
-  CHECK(finite, "%s: the backward after a BF16 forward gave non-finite gradients", what);
+  CHECK(finite, "%s: the backward after a %s forward gave non-finite gradients", what, pn);
   attn_mha_saved_free(sv);
   attn_mha_destroy(grads);
   free(dx);
@@ -521,12 +544,12 @@ static void layer_case(const lcase *c, uint64_t seed) {
   attn_ctx_destroy(oracle);
 }
 
-/* The cached step under BF16, token blocks of 5 then 1: each step's out
+/* The cached step under BF16 (F16), token blocks of 5 then 1: each step's out
  * against the float64 causal layer on rounded inputs at those positions. */
 static void layer_cached(void) {
   enum { E = 64, H = 4, B = 2, N = 16 };
   tu_rng rng = {99};
-  attn_ctx *ctx = context(bf16_kernel, ATTN_PRECISION_BF16);
+  attn_ctx *ctx = context(bf16_kernel, layer_prec);
   attn_ctx *oracle = context(ATTN_KERNEL_REF, ATTN_PRECISION_DEFAULT);
   attn_mha_config cfg;
   attn_mha_config_init(&cfg, E, H);
@@ -560,8 +583,10 @@ static void layer_cached(void) {
     t0 += n;
   }
   const double err = rel_l2_f32(got, ref, B * N * E);
-  printf("layer cached steps under BF16: rel L2 %.3g against the float64 causal layer on bf16-rounded x and weights\n", err);
-  CHECK(err <= LAYER_BOUND, "cached steps under BF16: rel L2 %.3g (bound %g)", err, LAYER_BOUND);
+  printf("layer cached steps under %s: rel L2 %.3g against the float64 causal layer on rounded x and weights\n",
+         attn_precision_name(layer_prec), err);
+  CHECK(err <= layer_bound(), "cached steps under %s: rel L2 %.3g (bound %g)", attn_precision_name(layer_prec), err,
+        layer_bound());
   attn_kv_cache_destroy(cache);
   free(rx);
   attn_mha_destroy(m);
@@ -583,8 +608,11 @@ int main(int argc, char **argv) {
     static const lcase cases[] = {{64, 4, 4, 64, 64, 2, 37, 37, 1},  /* self: one fused projection */
                                   {48, 3, 1, 20, 36, 2, 19, 45, 0},  /* cross, GQA, kdim != vdim != E */
                                   {128, 2, 2, 128, 128, 1, 130, 130, 1}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) layer_case(&cases[i], 300 + i);
-    layer_cached();
+    for (int lp = 0; lp < 2; lp++) {
+      layer_prec = lp ? ATTN_PRECISION_F16 : ATTN_PRECISION_BF16;
+      for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) layer_case(&cases[i], 300 + i);
+      layer_cached();
+    }
   } else {
     fprintf(stderr, "usage: test_gemm_bf16 gemm|rules|layer [avx512bf16|amx]\n");
     return 2;

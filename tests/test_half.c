@@ -2,14 +2,15 @@
  *
  *   test_half policy      on any CPU: the API, and that no input loses
  *                         precision outside the rules (f32 under DEFAULT, any
- *                         dtype under FP32, f16 always) on every kernel here;
+ *                         dtype under FP32, f16 under BF16, bf16 under F16) on
+ *                         every kernel here;
  *                         the backward on f16/bf16 inputs is the backward on
  *                         their values in f32, bitwise
  *   test_half avx512bf16  the bf16 tiles (skipped where the CPU lacks them),
  *   test_half amx         and the AMX ones (mostly Dv % 16 = 0, the shapes
  *                         they take, D padded to 16-pair steps; a few widened),
  *                         f16 inputs on them too:
- *                         bf16 inputs, and f32 inputs under BF16, against the
+ *                         bf16 inputs, and f32 inputs under BF16 (F16), against the
  *                         float64 oracle on the same (rounded) inputs with the
  *                         documented bound; out exactly as the policy says
  *                         (probabilities rounded to bf16 for p.v), checked on
@@ -172,14 +173,16 @@ static void run(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, attn_dtype dt, 
   double *rw = arena_alloc(a, sizeof(double) * (size_t)(nw + 1));
   attn_tensor tro = attn_tensor_view(ro, ATTN_F64, 4, so), trl = attn_tensor_view(rl, ATTN_F64, 3, sl);
   attn_tensor trw = attn_tensor_view(rw, ATTN_F64, 4, sw);
-  /* the oracle on what the tiles read: f32 inputs rounded to bf16 when the tiles round them */
+  /* the oracle on what the tiles read: f32 inputs rounded to bf16 (f16 for the f16 tiles) when the tiles
+   * round them */
   attn_tensor oq = P.q, ok = P.k, ov = P.v;
   if (tiles && dt == ATTN_F32) {
     attn_tensor *in[3] = {&oq, &ok, &ov};
     for (int i = 0; i < 3; i++) {
       const int64_t n = attn_tensor_numel(in[i]);
       float *d = arena_alloc(a, sizeof(float) * (size_t)(n + 1));
-      for (int64_t e = 0; e < n; e++) d[e] = tu_round_through(((const float *)in[i]->data)[e], ATTN_BF16);
+      for (int64_t e = 0; e < n; e++)
+        d[e] = tu_round_through(((const float *)in[i]->data)[e], tiles == 2 ? ATTN_F16 : ATTN_BF16);
       *in[i] = attn_tensor_view(d, ATTN_F32, 4, in[i]->shape);
     }
   }
@@ -518,7 +521,10 @@ static int policy(void) {
   CHECK_ERR(ctx, attn_ctx_set_precision(ctx, (attn_precision)7), ATTN_E_INVALID, "unknown precision");
   CHECK(attn_ctx_precision(NULL) == ATTN_PRECISION_DEFAULT, "NULL context: DEFAULT");
   CHECK(!strcmp(attn_precision_name(ATTN_PRECISION_BF16), "bf16") && !strcmp(attn_precision_name(ATTN_PRECISION_FP32), "fp32") &&
-            !strcmp(attn_precision_name(ATTN_PRECISION_DEFAULT), "default"), "precision names");
+            !strcmp(attn_precision_name(ATTN_PRECISION_DEFAULT), "default") &&
+            !strcmp(attn_precision_name(ATTN_PRECISION_F16), "f16"), "precision names");
+  CHECK_ERR(ctx, attn_ctx_set_precision(ctx, (attn_precision)(ATTN_PRECISION_F16 + 1)), ATTN_E_INVALID,
+            "unknown precision 4");
   /* no input loses precision outside the rules, on every kernel this CPU runs */
   tu_rng r = {77};
   for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AMX; k++) {
@@ -537,6 +543,11 @@ static int policy(void) {
       snprintf(what, sizeof what, "%s, bf16 under fp32", attn_kernel_name((attn_kernel)k));
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32));
       run(ctx, oracle, &c, ATTN_BF16, seed, 0, 0, what);
+      /* bf16 is never rounded to f16 (a narrower range): as DEFAULT computes it */
+      snprintf(what, sizeof what, "%s, bf16 under f16", attn_kernel_name((attn_kernel)k));
+      CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_F16));
+      run(ctx, oracle, &c, ATTN_BF16, seed, k >= ATTN_KERNEL_AVX512_BF16 && (k != ATTN_KERNEL_AMX || amx_takes(&c)), 0,
+          what);
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
       backward_halves(ctx, &c, seed % 2 ? ATTN_BF16 : ATTN_F16, seed);
       if (k == ATTN_KERNEL_C) { /* and the oracle, which writes f32 or f64 itself */
@@ -593,6 +604,10 @@ int main(int argc, char **argv) {
       snprintf(what, sizeof what, "f32 inputs under bf16, %d threads", threads);
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_BF16));
       run(ctx, oracle, &c, ATTN_F32, seed, bf16_tiles, 0, what);
+      /* f32 under F16: rounded to f16 onto AMX's f16 tiles; widened (fp32, unrounded) elsewhere */
+      snprintf(what, sizeof what, "f32 inputs under f16, %d threads", threads);
+      CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_F16));
+      run(ctx, oracle, &c, ATTN_F32, seed, kern == ATTN_KERNEL_AMX && amx_takes(&c) ? 2 : 0, 0, what);
       if (kern == ATTN_KERNEL_AMX) { /* f16 inputs: the f16 tiles where they take the shape, else widened */
         snprintf(what, sizeof what, "f16 inputs, %d threads", threads);
         CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));

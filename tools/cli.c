@@ -205,15 +205,19 @@ int cli_mask_mode_for(cli_args *a, const attn_tensor *mask, attn_mask_mode bool_
   return 0;
 }
 
+int cli_precision(const char *name) {
+  for (int k = ATTN_PRECISION_DEFAULT; k <= ATTN_PRECISION_F16; k++)
+    if (!strcmp(name, attn_precision_name((attn_precision)k))) return k;
+  return cli_fail(CLI_EXIT_USAGE, "--precision wants default, fp32, bf16 or f16, got '%s'", cli_show(name)), -1;
+}
+
 int cli_setup_ctx(attn_ctx **ctx, cli_args *a) {
   long long threads = 0;
   int r = cli_int(a, "--threads", 0, 4096, &threads);
   if (r) return r;
   const char *ps = cli_get(a, "--precision");
-  int precision = ps ? -1 : ATTN_PRECISION_DEFAULT;
-  for (int k = ATTN_PRECISION_DEFAULT; ps && k <= ATTN_PRECISION_BF16; k++)
-    if (!strcmp(ps, attn_precision_name((attn_precision)k))) precision = k;
-  if (precision < 0) return cli_fail(CLI_EXIT_USAGE, "--precision wants default, fp32 or bf16, got '%s'", cli_show(ps));
+  const int precision = ps ? cli_precision(ps) : ATTN_PRECISION_DEFAULT;
+  if (precision < 0) return CLI_EXIT_USAGE;
   if (attn_ctx_create(ctx)) return cli_fail(CLI_EXIT_FAIL, "out of memory");
   attn_ctx_set_threads(*ctx, (int)threads);
   if (ps) attn_ctx_set_precision(*ctx, (attn_precision)precision);

@@ -58,6 +58,8 @@ int cli_load_array(attn_ctx *ctx, attn_tensor *t, const char *path, const char *
 int cli_want_rank(const attn_tensor *t, int rank, const char *flag, const char *layout);
 int cli_alloc_f32(attn_ctx *ctx, attn_tensor *t, int rank, const int64_t *shape);
 /* A context with --threads applied (0 or absent: OpenMP's default). */
+/* attn_precision by its name (attn_precision_name), or -1 after the usage message on stderr. */
+int cli_precision(const char *name);
 int cli_setup_ctx(attn_ctx **ctx, cli_args *a);
 int cli_parse_mask_mode(const char *s, attn_mask_mode *mode);
 /* --causal (top-left), --causal=top-left or --causal=bottom-right; none when absent. */

@@ -17,7 +17,7 @@ static const struct {
      "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--key-padding KP.npy]\n"
      "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
      "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
-     "            [--kv-dtype f32|f16|bf16] [--precision default|fp32|bf16]\n"
+     "            [--kv-dtype f32|f16|bf16] [--precision default|fp32|bf16|f16]\n"
      "            [--cu-seqlens CU.npy [--cu-seqlens-k CUK.npy]] [--q-offset I --k-offset J]\n"
      "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
      "             [--sinks-grad-out DS.npy]]\n"},
@@ -32,7 +32,7 @@ static const struct {
      "  attn mha  --params P.safetensors [--prefix PFX] --heads H [--kv-heads G] --query X.npy\n"
      "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
      "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
-     "            [--precision default|fp32|bf16]\n"
+     "            [--precision default|fp32|bf16|f16]\n"
      "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy] [--scale S]\n"
      "            [--names q=T,k=T,v=T,o=T[,q_bias=T,...,k_norm=T] [--layout linear|conv1d]]\n"
      "            [--rope THETA [--rope-dim R] [--rope-interleaved] [--rope-scaling linear:F|dynamic:F:P|\n"
@@ -58,9 +58,9 @@ static const struct {
      "            key padding; GFLOP/s count the sequences' own flops either way)\n"},
     {"bench", "mha",
      "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel K]\n"
-     "            [--dtype f32|bf16|f16] [--precision default|fp32|bf16] [--max-gflop F] [--json]\n"
-     "            (--dtype: a model in that type: x and the parameters rounded to it; bf16 implies\n"
-     "            --precision bf16 unless given)\n"},
+     "            [--dtype f32|bf16|f16] [--precision default|fp32|bf16|f16] [--max-gflop F] [--json]\n"
+     "            (--dtype: a model in that type: x and the parameters rounded to it; bf16 and f16\n"
+     "            imply --precision bf16 or f16 unless given)\n"},
     {"bench", "decode",
      "  attn bench decode --batch B (--kv-seq L | --lengths L1,L2,...) --heads H [--kv-heads G] --dim D [--seq Nq]\n"
      "            [--dtype f32|f16|bf16|q8_0|q4_0] [--k-dtype DT] [--v-dtype DT] [--cache] [--paged BLOCK_TOKENS\n"
@@ -88,7 +88,8 @@ static const char notes_data[] =
     "  sequence s rows CU[s]..CU[s+1], its keys by --cu-seqlens-k (default CU); every option per sequence;\n"
     "  no --mask, --key-padding or --weights-out with it.\n"
     "--precision: attn.h's attn_precision. default: bf16 inputs as PyTorch computes them (bf16 products on\n"
-    "  AVX512-BF16), everything else fp32; fp32: every input widened; bf16: f32 inputs rounded to bf16 too.\n";
+    "  AVX512-BF16 or AMX, f16 ones on AMX), everything else fp32; fp32: every input widened; bf16: f32\n"
+    "  inputs rounded to bf16 too; f16: f32 inputs rounded to f16 too.\n";
 static const char notes_outputs[] =
     "Outputs are written to temporary files beside them and renamed into place only when every one was\n"
     "written: a failed command changes no existing file. An output may not name an input; a symbolic link\n"

@@ -33,7 +33,7 @@ class _Ctx:
     def set_threads(self, threads):
         self.check(_capi.lib.attn_ctx_set_threads(self.h, 0 if threads is None else int(threads)))
 
-    PRECISIONS = {"default": 0, "fp32": 1, "bf16": 2}  # attn.h's attn_precision
+    PRECISIONS = {"default": 0, "fp32": 1, "bf16": 2, "f16": 3}  # attn.h's attn_precision
 
     def set_precision(self, precision):
         name = "default" if precision is None else precision

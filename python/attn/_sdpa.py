@@ -257,7 +257,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     bfloat16 inputs as PyTorch does (bf16 products, fp32 sums and softmax, the
     probabilities rounded to bf16 for p.v) where the CPU has AVX512-BF16, and
     everything else in fp32; 'fp32' widens every input; 'bf16' also rounds
-    float32 inputs to bf16 (PyTorch's matmul precision "medium"). The backward
+    float32 inputs to bf16 (PyTorch's matmul precision "medium"), 'f16' to
+    f16 (then computed as float16 inputs are). The backward
     pass (autograd) runs bfloat16 q, k and v on bf16 tiles too where the CPU
     has AMX, and float16 ones on its f16 tiles (exact f16 products, fp32 sums,
     P, dS and dout rounded to f16), else widens them to fp32; the gradients

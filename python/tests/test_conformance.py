@@ -1079,6 +1079,23 @@ if torch is not None:
              lambda dt=dt: half_case(dt, 1, 4, 4, 190, 190, 64, window=40, softcap=30.0))
 
 
+def f16_policy_case(B, H, L, D, causal=False):
+    """float32 inputs under precision='f16' (rounded to f16, then as f16 inputs) against PyTorch's
+    f16 SDPA on the same f16 values; both against float64 on those values."""
+    q, k, v = (torch.from_numpy(randn(B, H, L, D)).float() for _ in range(3))
+    ours = attn.scaled_dot_product_attention(q, k, v, is_causal=causal, precision="f16")
+    h = [x.half() for x in (q, k, v)]
+    theirs = F.scaled_dot_product_attention(*h, is_causal=causal)
+    ref = F.scaled_dot_product_attention(*(x.double() for x in h), is_causal=causal)
+    return rel(ours, ref), rel(theirs.double(), ref)
+
+
+if torch is not None:
+    case(HALF, "f32 under precision='f16': H8 N256 D64, no worse than PyTorch f16 SDPA",
+         lambda: f16_policy_case(1, 8, 256, 64))
+    case(HALF, "f32 under precision='f16': causal H4 N300 D128", lambda: f16_policy_case(1, 4, 300, 128, causal=True))
+
+
 def half_bwd_case(dtype, B, H, Hk, L, S, D, causal=False, kpm=False):
     """The half backward (autograd through ours: the bf16 or f16 backward tiles where the CPU has
     AMX, else fp32) beside PyTorch's SDPA backward in the same dtype, both against float64 autograd

@@ -54,12 +54,15 @@ static int takes(const attn__half_kernels *h, const attn__sdpa *p) {
 
 /* The policy of attn.h's attn_precision, for the blocked forward: bf16 tiles
  * when the kernel has them and q, k and v are bf16 (or, under BF16, f32 or
- * bf16); the first set that takes the head sizes. f16 q, k and v: the f16
- * tiles where the kernel has them, unless the policy is FP32. */
+ * bf16); the first set that takes the head sizes. f16 q, k and v (or, under
+ * F16, f32 or f16): the f16 tiles where the kernel has them, unless the
+ * policy is FP32. */
 const attn__half_kernels *attn__dispatch_half(const attn__dispatch *d, const attn__sdpa *p) {
   if (!d->half || d->precision == ATTN_PRECISION_FP32) return NULL;
   const attn_dtype dt[3] = {p->q.dtype, p->k.dtype, p->v.dtype};
-  if (dt[0] == ATTN_F16 && dt[1] == ATTN_F16 && dt[2] == ATTN_F16) return takes(d->half_f16, p) ? d->half_f16 : NULL;
+  int f16 = 1;
+  for (int i = 0; i < 3; i++) f16 &= dt[i] == ATTN_F16 || (d->precision == ATTN_PRECISION_F16 && dt[i] == ATTN_F32);
+  if (f16) return takes(d->half_f16, p) ? d->half_f16 : NULL;
   for (int i = 0; i < 3; i++)
     if (dt[i] != ATTN_BF16 && !(d->precision == ATTN_PRECISION_BF16 && dt[i] == ATTN_F32)) return NULL;
   const attn__half_kernels *sets[2] = {d->half, d->half_next};

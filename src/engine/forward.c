@@ -146,14 +146,17 @@ static inline uint16_t bf16_at(const void *src, attn_dtype dt, int64_t off) {
   return dt == ATTN_BF16 ? ((const uint16_t *)src)[off] : attn__f32_to_bf16(((const float *)src)[off]);
 }
 
-/* Element off of an f16 buffer as the two terms of kernels.h's split: hi = bf16(x), lo = x - hi (exact). */
-static inline void split_at(const void *src, int64_t off, uint16_t *hi, uint16_t *lo) {
-  attn__split_f16(((const uint16_t *)src)[off], hi, lo);
+/* Element off of an f16 buffer (or an f32 one, rounded to f16 under ATTN_PRECISION_F16) as the two
+ * terms of kernels.h's split: hi = bf16(x), lo = x - hi (exact). */
+static inline void split_at(const void *src, attn_dtype dt, int64_t off, uint16_t *hi, uint16_t *lo) {
+  if (dt == ATTN_F16) attn__split_f16(((const uint16_t *)src)[off], hi, lo);
+  else attn__split_half_value(attn__round_to_f16(((const float *)src)[off]), hi, lo);
 }
 
-/* load_bf16 for f16 elements: hi terms at dst, lo terms at dst + pad, zeros past n in both. */
-static void load_split(uint16_t *restrict dst, const void *src, int64_t off, int64_t stride, int64_t n, int64_t pad) {
-  for (int64_t e = 0; e < n; e++) split_at(src, off + e * stride, &dst[e], &dst[pad + e]);
+/* load_bf16 for f16 (or f32) elements: hi terms at dst, lo terms at dst + pad, zeros past n in both. */
+static void load_split(uint16_t *restrict dst, const void *src, attn_dtype dt, int64_t off, int64_t stride, int64_t n,
+                       int64_t pad) {
+  for (int64_t e = 0; e < n; e++) split_at(src, dt, off + e * stride, &dst[e], &dst[pad + e]);
   for (int64_t e = n; e < pad; e++) dst[e] = dst[pad + e] = 0;
 }
 
@@ -171,7 +174,7 @@ static void tile_begin(const fwd_job *j, tile_state *ts, int64_t b, int64_t h, i
   for (int r = 0; r < mr && j->hk; r++) {
     const int64_t off = attn__qoff(p, q, b, h, i0 + r), n = r < rows ? D : 0;
     uint16_t *dst = ts->Qh + (int64_t)r * 2 * j->D2 * j->terms;
-    if (j->terms == 2) load_split(dst, q->data, off, q->strides[3], n, 2 * j->D2);
+    if (j->terms == 2) load_split(dst, q->data, q->dtype, off, q->strides[3], n, 2 * j->D2);
     else load_bf16(dst, q->data, q->dtype, off, q->strides[3], n, 2 * j->D2);
   }
   for (int r = 0; r < mr && !j->hk; r++) {
@@ -356,8 +359,8 @@ void attn__pack_block_pairs(const attn__cpu_kernels *kn, uint16_t *dst, const at
     } else if (terms == 2) {
       for (int64_t p = 0; p < D2; p++) {
         uint16_t h[2] = {0, 0}, l[2] = {0, 0};
-        if (2 * p < D) split_at(t->data, off + 2 * p * sd, &h[0], &l[0]);
-        if (2 * p + 1 < D) split_at(t->data, off + (2 * p + 1) * sd, &h[1], &l[1]);
+        if (2 * p < D) split_at(t->data, t->dtype, off + 2 * p * sd, &h[0], &l[0]);
+        if (2 * p + 1 < D) split_at(t->data, t->dtype, off + (2 * p + 1) * sd, &h[1], &l[1]);
         o[p * row + jj] = h[0] | (uint32_t)h[1] << 16;
         o[p * row + nr + jj] = l[0] | (uint32_t)l[1] << 16;
       }
@@ -427,8 +430,8 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
     if (j->terms == 2) { /* the pair row's Dv hi pairs, then its Dv lo pairs */
       uint16_t *lo = dst + 2 * p->Dv;
       for (int64_t c = 0; c < p->Dv; c++) {
-        split_at(v->data, off + c * sd, &dst[2 * c], &lo[2 * c]);
-        if (second) split_at(v->data, off + s2 + c * sd, &dst[2 * c + 1], &lo[2 * c + 1]);
+        split_at(v->data, v->dtype, off + c * sd, &dst[2 * c], &lo[2 * c]);
+        if (second) split_at(v->data, v->dtype, off + s2 + c * sd, &dst[2 * c + 1], &lo[2 * c + 1]);
         else dst[2 * c + 1] = lo[2 * c + 1] = 0;
       }
     } else if (v->dtype == ATTN_BF16 && sd == 1 && second) {

@@ -104,6 +104,7 @@ typedef struct gemm_args {
   const float *bias;
   int64_t lda, ldb, ldc;
   float *C;
+  int round_f16; /* fp32 kernel: the packed operands rounded to f16 (attn__f16gemm_nt) */
 } gemm_args;
 
 static const float zeros[MAX_NR];
@@ -136,6 +137,9 @@ static void pack_operand(const gemm_args *g, const void *X, attn_dtype dt, int64
                          int64_t k0, int64_t kc, int r, void *P, int is_a) {
   if (!g->kb) {
     pack_panels((const float *)X + row0 * ld + k0, ld, rows, kc, r, P, is_a ? g->kd->pack_a : g->kd->pack_b);
+    /* once per packed element, against kc * (the other operand's columns) multiply-adds on it */
+    float *p = P;
+    for (int64_t e = 0, n = (rows + r - 1) / r * r * kc; g->round_f16 && e < n; e++) p[e] = attn__round_to_f16(p[e]);
     return;
   }
   const attn__bgemm_pack_fn fast = is_a ? g->kb->pack_a : g->kb->pack_b;
@@ -322,7 +326,20 @@ void attn__sgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const 
     return;
   }
   const gemm_args g = {kd, NULL, kd->mr, kd->nr, kd->kc, kd->mc, kd->nc, K, A, B, ATTN_F32, ATTN_F32,
-                       bias, lda, ldb, ldc, C};
+                       bias, lda, ldb, ldc, C, 0};
+  gemm_run(ctx, &g, M, N);
+}
+
+void attn__f16gemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    fill_bias(M, N, C, ldc, bias);
+    return;
+  }
+  const attn__sgemm_kernel *kd = ctx->dispatch.gemm; /* never a BLAS: it could not round */
+  const gemm_args g = {kd, NULL, kd->mr, kd->nr, kd->kc, kd->mc, kd->nc, K, A, B, ATTN_F32, ATTN_F32,
+                       bias, lda, ldb, ldc, C, 1};
   gemm_run(ctx, &g, M, N);
 }
 
@@ -334,7 +351,7 @@ void attn__bgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const 
     return;
   }
   const attn__bgemm_kernel *kb = ctx->dispatch.gemm_bf16;
-  const gemm_args g = {NULL, kb, kb->mr, kb->nr, kb->kc, kb->mc, kb->nc, K, A, B, at, bt, bias, lda, ldb, ldc, C};
+  const gemm_args g = {NULL, kb, kb->mr, kb->nr, kb->kc, kb->mc, kb->nc, K, A, B, at, bt, bias, lda, ldb, ldc, C, 0};
   gemm_run(ctx, &g, M, N);
 }
 
@@ -342,6 +359,8 @@ void attn__project_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, cons
                       const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias) {
   if (ctx->dispatch.precision == ATTN_PRECISION_BF16 && ctx->dispatch.gemm_bf16)
     attn__bgemm_nt(ctx, M, N, K, A, ATTN_F32, lda, B, ATTN_F32, ldb, C, ldc, bias);
+  else if (ctx->dispatch.precision == ATTN_PRECISION_F16)
+    attn__f16gemm_nt(ctx, M, N, K, A, lda, B, ldb, C, ldc, bias);
   else
     attn__sgemm_nt(ctx, M, N, K, A, lda, B, ldb, C, ldc, bias);
 }

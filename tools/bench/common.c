@@ -390,10 +390,10 @@ int bench_dtype(cli_args *a, attn_dtype *dt) {
 
 int bench_precision(cli_args *a, attn_ctx *ctx) {
   const char *ps = cli_get(a, "--precision");
-  for (int k = ATTN_PRECISION_DEFAULT; ps && k <= ATTN_PRECISION_BF16; k++)
-    if (!strcmp(ps, attn_precision_name((attn_precision)k))) return attn_ctx_set_precision(ctx, (attn_precision)k) ? 1 : 0;
-  if (ps) return cli_fail(CLI_EXIT_USAGE, "--precision wants default, fp32 or bf16, got '%s'", cli_show(ps));
-  return 0;
+  if (!ps) return 0;
+  const int k = cli_precision(ps);
+  if (k < 0) return CLI_EXIT_USAGE;
+  return attn_ctx_set_precision(ctx, (attn_precision)k) ? 1 : 0;
 }
 
 /* ---- the report ------------------------------------------------------------------------ */

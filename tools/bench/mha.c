@@ -2,8 +2,8 @@
  * included) against the float64 layer (on the f32 inputs as given, so
  * --precision bf16 shows its rounding in the error). --dtype bf16|f16: a
  * model in that type, as the layer holds one: x and every parameter rounded
- * to it (the layer stores f32, which holds them exactly), and for bf16 the
- * bf16 precision policy unless --precision says otherwise. */
+ * to it (the layer stores f32, which holds them exactly), and the bf16 or
+ * f16 precision policy unless --precision says otherwise. */
 #include "common.h"
 #include "commands.h"
 
@@ -118,8 +118,9 @@ int cmd_bench_mha(int argc, char **argv) {
   attn_ctx *ctx;
   if ((r = bench_ctx(&a, &ctx))) return r;
   attn_dtype dt;
-  if ((r = bench_dtype(&a, &dt)) || (dt == ATTN_BF16 && !cli_has(&a, "--precision") &&
-                                      attn_ctx_set_precision(ctx, ATTN_PRECISION_BF16)) ||
+  if ((r = bench_dtype(&a, &dt)) ||
+      (dt != ATTN_F32 && !cli_has(&a, "--precision") &&
+       attn_ctx_set_precision(ctx, dt == ATTN_BF16 ? ATTN_PRECISION_BF16 : ATTN_PRECISION_F16)) ||
       (r = bench_precision(&a, ctx))) {
     attn_ctx_destroy(ctx);
     return r ? r : 1;
@@ -174,7 +175,7 @@ int cmd_bench_mha(int argc, char **argv) {
                 : strstr(attn_ctx_plan(ctx), "bf16 tiles")   ? "bf16"
                                                              : "fp32"; /* what the attention ran on */
   rep.peak_gflops = bench_measure_peak(rep.threads, &rep.isa);
-  if (strcmp(rep.tiles, "fp32") != 0) { /* the projections and the attention ran on the bf16 unit */
+  if (!strcmp(rep.tiles, "bf16")) { /* the projections and the attention ran on the bf16 unit (f16: fp32 GEMMs) */
     rep.peak_gflops = bench_measure_bf16_peak(rep.threads, attn_ctx_kernel(ctx), &rep.isa);
   }
   if ((r = mha_oracle(&c, &rep))) goto done;
