@@ -67,4 +67,17 @@ static inline void attn__split_f16(uint16_t h, uint16_t *hi, uint16_t *lo) {
   attn__split_half_value(attn__f16_to_f32(h), hi, lo);
 }
 
+/* hi[e], lo[e] for e < n: the split of elements off, off + stride, ... of an f16 buffer (is_f16) or of
+ * an f32 one rounded to f16 first; one loop per case, so that each vectorises. */
+static inline void attn__split_row(uint16_t *restrict hi, uint16_t *restrict lo, const void *src, int is_f16,
+                                   int64_t off, int64_t stride, int64_t n) {
+  if (is_f16) {
+    const uint16_t *s = (const uint16_t *)src + off;
+    for (int64_t e = 0; e < n; e++) attn__split_half_value(attn__f16_to_f32(s[e * stride]), &hi[e], &lo[e]);
+  } else {
+    const float *s = (const float *)src + off;
+    for (int64_t e = 0; e < n; e++) attn__split_half_value(attn__round_to_f16(s[e * stride]), &hi[e], &lo[e]);
+  }
+}
+
 #endif

@@ -374,7 +374,7 @@ static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, in
   const int64_t sq = q->strides[3];
   const uint16_t *qs = (const uint16_t *)q->data + attn__qoff(p, q, b, h, i); /* bf16 or f16 (the dispatch's condition) */
   if (terms == 2) {
-    for (int64_t d = 0; d < p->D; d++) attn__split_f16(qs[d * sq], &qh[d], &qh[2 * D2 + d]);
+    attn__split_row(qh, qh + 2 * D2, qs, 1, 0, sq, p->D);
   } else if (sq == 1) {
     memcpy(qh, qs, (size_t)p->D * sizeof(uint16_t));
   } else {
@@ -388,13 +388,14 @@ static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, in
   for (int64_t c0 = 0; c0 < p->Dv; c0 += 64) {
     const int64_t n = p->Dv - c0 < 64 ? p->Dv - c0 : 64;
     attn__widen_strided(g, dout->data, dout->dtype, go + c0 * dout->strides[3], dout->strides[3], n);
-    for (int64_t c = 0; c < n; c++) {
-      if (terms == 2) {
-        uint16_t *lo = &oh[2 * Dv2 + c0 + c];
-        attn__split_f16(attn__f32_to_f16(g[c]), &oh[c0 + c], lo);
-        g[c] = attn__bf16_to_f32(oh[c0 + c]) + attn__bf16_to_f32(*lo);
-        R->dOT[(p->Dv + c0 + c) * ld + i] = *lo;
-      } else {
+    if (terms == 2) {
+      for (int64_t c = 0; c < n; c++) {
+        g[c] = attn__round_to_f16(g[c]);
+        attn__split_half_value(g[c], &oh[c0 + c], &oh[2 * Dv2 + c0 + c]);
+      }
+      for (int64_t c = 0; c < n; c++) R->dOT[(p->Dv + c0 + c) * ld + i] = oh[2 * Dv2 + c0 + c];
+    } else {
+      for (int64_t c = 0; c < n; c++) {
         oh[c0 + c] = attn__f32_to_bf16(g[c]);
         g[c] = attn__bf16_to_f32(oh[c0 + c]);
       }

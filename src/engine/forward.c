@@ -153,10 +153,11 @@ static inline void split_at(const void *src, attn_dtype dt, int64_t off, uint16_
   else attn__split_half_value(attn__round_to_f16(((const float *)src)[off]), hi, lo);
 }
 
-/* load_bf16 for f16 (or f32) elements: hi terms at dst, lo terms at dst + pad, zeros past n in both. */
+/* load_bf16 for f16 elements (or f32 ones, rounded to f16 under ATTN_PRECISION_F16) as the two terms of
+ * kernels.h's split: hi terms at dst, lo terms at dst + pad, zeros past n in both. */
 static void load_split(uint16_t *restrict dst, const void *src, attn_dtype dt, int64_t off, int64_t stride, int64_t n,
                        int64_t pad) {
-  for (int64_t e = 0; e < n; e++) split_at(src, dt, off + e * stride, &dst[e], &dst[pad + e]);
+  attn__split_row(dst, dst + pad, src, dt == ATTN_F16, off, stride, n);
   for (int64_t e = n; e < pad; e++) dst[e] = dst[pad + e] = 0;
 }
 
