@@ -910,18 +910,19 @@ def render_half(cases, ours, theirs, peaks, info):
     out.append("Forward SDPA, %d threads, inputs q, k, v in the column's dtype (ours: `attn bench sdpa --dtype`, out in "
                "f32, the context's default precision; PyTorch: `F.scaled_dot_product_attention` on tensors of that "
                "dtype, out in that dtype; the MHA row: `attn bench mha --dtype`, x and the parameters rounded to the dtype, "
-               "bf16 under the bf16 policy (projections on the bf16 GEMM), beside `nn.MultiheadAttention` in that "
-               "dtype). Which tiles ours ran on is in the column (bf16: AMX's or AVX512-BF16's bf16 "
+               "under the bf16 or f16 policy (projections on the bf16 GEMM, or on the fp32 one with x and the "
+               "weights rounded to f16), beside `nn.MultiheadAttention` in that dtype). Which tiles ours ran on is in the column (bf16: AMX's or AVX512-BF16's bf16 "
                "tiles, by the kernel; f16 split: AMX's f16 tiles, each f16 as bf16 hi + lo; fp32: widened). GFLOP/s "
                "count the visible pairs as the grid does. Fractions: ours bf16 over our own probe of the unit its "
                "tiles ran on (`tdpbf16ps` on AMX, else `vdpbf16ps`) and over peak.c's figure for that unit "
-               "(`amx_bf16_gflops` or `bf16_dot_gflops`). Error: ours against the float64 oracle on the same rounded "
-               "inputs (the grid's subset)." % T)
+               "(`amx_bf16_gflops` or `bf16_dot_gflops`). Errors: ours against the float64 oracle on the same rounded "
+               "inputs (the grid's subset; the MHA row: the float64 layer on the f32 values of x and the parameters "
+               "as rounded, so the layer's own roundings count)." % T)
     out.append("")
     out.append("| case | ours f32 | ours bf16 | ours f16 | PyTorch f32 | PyTorch bf16 | PyTorch f16 | ours bf16 / PyTorch "
                "bf16 | ours bf16 / ours f32 | ours f16 / PyTorch f16 | ours f16 / ours f32 | bf16 fraction of our "
-               "probe | of peak.c's | ours bf16 error |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+               "probe | of peak.c's | ours bf16 error | ours f16 error |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for c in [c for c in cases if not c.get("half_backward")]:
         gf = case_gflop(c)
         g = {dt: gflops_of(ours.get((c["id"], dt))) for dt in HALF_DTYPES}
@@ -932,15 +933,18 @@ def render_half(cases, ours, theirs, peaks, info):
             if g[dt] is None:
                 return "error: " + r["error"] if "error" in r else "—"
             return "%.1f (%s)" % (g[dt], r.get("tiles", "?"))
-        err = "%.1e" % rb["oracle_rel_l2"] if rb.get("oracle_rel_l2") is not None else "—"
+        def err_of(dt):
+            r = ours.get((c["id"], dt)) or {}
+            return "%.1e" % r["oracle_rel_l2"] if r.get("oracle_rel_l2") is not None else "—"
         on_amx = rb.get("peak_isa") == "amx_bf16"
         frac = "%.3f" % (g["bf16"] / rb["peak_gflops"]) if g["bf16"] and rb.get("peak_isa") in ("avx512bf16", "amx_bf16") else "—"
         unit_peak = ap if on_amx else bp
-        out.append("| %s [%.3g GFLOP] | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        out.append("| %s [%.3g GFLOP] | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             c["label"][len("half "):], gf, cell("f32"), cell("bf16"), cell("f16"),
             fmt(tg["f32"]), fmt(tg["bf16"]), fmt(tg["f16"]), fmt(ratio(g["bf16"], tg["bf16"]), "%.2f×"),
             fmt(ratio(g["bf16"], g["f32"]), "%.2f×"), fmt(ratio(g["f16"], tg["f16"]), "%.2f×"),
-            fmt(ratio(g["f16"], g["f32"]), "%.2f×"), frac, fmt(ratio(g["bf16"], unit_peak), "%.3f"), err))
+            fmt(ratio(g["f16"], g["f32"]), "%.2f×"), frac, fmt(ratio(g["bf16"], unit_peak), "%.3f"), err_of("bf16"),
+            err_of("f16")))
     out.append("")
     bcases = [c for c in cases if c.get("half_backward")]
     if bcases:
