@@ -126,13 +126,17 @@ typedef enum attn_kernel {
  *            projections rounded as above.
  *   F16      opt-in, the same for f16 (PyTorch's model.half()): f32 inputs are
  *            rounded to f16 (to nearest even; past 65504 they become Inf) and
- *            then computed as f16 inputs are by DEFAULT: f16 products, exact in
- *            fp32, summed in fp32, and on the AMX tiles the probabilities
- *            rounded to f16 for p.v. bf16 inputs are never rounded to f16 (f16
- *            holds a narrower range): they stay as DEFAULT computes them. The
- *            layer's projections take x and the weights rounded to f16 (the
- *            fp32 GEMM then computes f16's products exactly; the bias is added
- *            in fp32), and its attention the f32 projections rounded so.
+ *            then computed on the AMX f16 tiles as f16 inputs are by DEFAULT:
+ *            f16 products, exact in fp32, summed in fp32, the probabilities
+ *            rounded to f16 for p.v. Where those tiles do not run (other
+ *            kernels, Dv not a multiple of 16, decode-sized problems) f32
+ *            inputs stay fp32, unrounded, as BF16 leaves them off its tiles.
+ *            bf16 inputs are never rounded to f16 (f16 holds a narrower
+ *            range): they stay as DEFAULT computes them. The layer's
+ *            projections take x and the weights rounded to f16 on every
+ *            kernel (the fp32 GEMM then computes f16's products exactly; the
+ *            bias is added in fp32), and its attention the f32 projections as
+ *            above.
  * attn_linear follows the same rules for its x and weight (see there).
  * Outside these rules no input loses precision: f32 inputs are rounded only
  * under BF16 and F16. The oracle always runs in float64.
