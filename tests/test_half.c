@@ -5,7 +5,8 @@
  *                         dtype under FP32, f16 under BF16, bf16 under F16) on
  *                         every kernel here;
  *                         the backward on f16/bf16 inputs is the backward on
- *                         their values in f32, bitwise
+ *                         their values in f32, bitwise (under FP32 on AMX),
+ *                         and f32 inputs' is fp32 under every policy
  *   test_half avx512bf16  the bf16 tiles (skipped where the CPU lacks them),
  *   test_half amx         and the AMX ones (mostly Dv % 16 = 0, the shapes
  *                         they take, D padded to 16-pair steps; a few widened),
@@ -307,6 +308,42 @@ static void backward_halves(attn_ctx *ctx, const hcase *c, attn_dtype dt, int se
   arena_free(&F.a);
 }
 
+/* f32 q, k, v: the backward is fp32 under every policy (BF16 and F16 round only the forward's inputs),
+ * bitwise DEFAULT's, and on no half tiles. */
+static void backward_f32_any_policy(attn_ctx *ctx, const hcase *c, int seed) {
+  tu_rng r = {(uint64_t)seed * 53u + 9};
+  prob P;
+  make(&P, c, ATTN_F32, &r);
+  arena *a = &P.a;
+  const bwd_io io = bwd_inputs(a, c, &r);
+  attn_tensor to = io.out, tl = io.lse, tdo = io.dout;
+  const attn_precision was = attn_ctx_precision(ctx);
+  CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+  CHECK_OK(ctx, attn_sdpa(ctx, &to, &tl, NULL, &P.q, &P.k, &P.v, &P.o));
+  const attn_tensor *shp[3] = {&P.q, &P.k, &P.v};
+  float *g[3][3];
+  static const attn_precision pol[3] = {ATTN_PRECISION_DEFAULT, ATTN_PRECISION_BF16, ATTN_PRECISION_F16};
+  for (int w = 0; w < 3; w++) {
+    attn_tensor tg[3];
+    for (int i = 0; i < 3; i++) {
+      const int64_t n = attn_tensor_numel(shp[i]);
+      g[w][i] = arena_alloc(a, sizeof(float) * (size_t)(n + 1));
+      tu_poison_f32(g[w][i], n);
+      tg[i] = attn_tensor_view(g[w][i], ATTN_F32, 4, shp[i]->shape);
+    }
+    CHECK_OK(ctx, attn_ctx_set_precision(ctx, pol[w]));
+    CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[0], &tg[1], &tg[2], NULL, NULL, &tdo, &P.q, &P.k, &P.v, &to, &tl, &P.o));
+    CHECK(!strstr(attn_ctx_plan(ctx), "tiles"), "%s: f32 backward under %s ran half tiles: %s",
+          attn_kernel_name(attn_ctx_kernel(ctx)), attn_precision_name(pol[w]), attn_ctx_plan(ctx));
+    for (int i = 0; i < 3 && w > 0; i++)
+      CHECK(!memcmp(g[w][i], g[0][i], sizeof(float) * (size_t)attn_tensor_numel(shp[i])),
+            "%s: f32 backward under %s differs from DEFAULT's (case %d)", attn_kernel_name(attn_ctx_kernel(ctx)),
+            attn_precision_name(pol[w]), seed);
+  }
+  CHECK_OK(ctx, attn_ctx_set_precision(ctx, was));
+  arena_free(a);
+}
+
 /* out in f16 or bf16 is the f32 out rounded to nearest even, bitwise, on the blocked and the decode paths. */
 static void half_out(attn_ctx *ctx, const hcase *c, attn_dtype in_dt, attn_dtype out_dt, int seed) {
   tu_rng r = {(uint64_t)seed * 77u + 3};
@@ -550,6 +587,7 @@ static int policy(void) {
           what);
       CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
       backward_halves(ctx, &c, seed % 2 ? ATTN_BF16 : ATTN_F16, seed);
+      if (seed % 3 == 0) backward_f32_any_policy(ctx, &c, seed);
       if (k == ATTN_KERNEL_C) { /* and the oracle, which writes f32 or f64 itself */
         CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF));
         backward_halves(ctx, &c, seed % 2 ? ATTN_BF16 : ATTN_F16, seed);
