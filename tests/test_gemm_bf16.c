@@ -18,7 +18,9 @@
  *                         bf16) under each precision: bitwise the fp32 GEMM's,
  *                         the bf16 GEMM's or (F16) the f16-rounding one's
  *                         result, and within the bound of the matching float64
- *                         reference; bias of any float dtype.
+ *                         reference; bias of any float dtype; F16's rounding
+ *                         of f32 operands at f16's edges (overflow, ties,
+ *                         subnormals, NaN).
  *   test_gemm_bf16 layer [avx512bf16|amx]
  *                         the layer under BF16, then F16 (skipped without that
  *                         kernel): bitwise what attn_linear + attn_sdpa +
@@ -265,6 +267,40 @@ static void linear_into(attn_ctx *ctx, float *got, const mat *x, const mat *w, c
   attn_tensor out = attn_tensor_view(got, ATTN_F32, 2, so), tx = mat_view(x), tw = mat_view(w);
   tu_poison_f32(got, x->rows * w->rows);
   CHECK_OK(ctx, attn_linear(ctx, &out, &tx, &tw, bias));
+}
+
+/* F16's rounding of f32 operands at its edges, through attn_linear: x [n, n] holding one value a row on
+ * its diagonal, weight the identity, so out's diagonal is each value as F16 rounds it: to nearest even
+ * (ties too), Inf past 65504, multiples of 2^-24 below f16's normal range, NaN kept. Against the
+ * library's own f32 -> f16 conversion (attn_tensor_copy) and the test's. */
+static void f16_rounding_edges(void) {
+  static const float v[] = {65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e30f, INFINITY, -INFINITY, NAN,
+                            0x1p-14f, 0x1.ffcp-15f, 0x1.ffep-15f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x3p-26f,
+                            1e-8f, 1.0f / 3, 2049.0f, 2051.0f, -2053.0f, 1.00048828125f, 0x1.0018p0f};
+  enum { n = sizeof v / sizeof v[0] };
+  static float x[n * n], w[n * n], out[n * n];
+  static uint16_t xh[n * n];
+  for (int i = 0; i < n * n; i++) x[i] = 0, w[i] = 0;
+  for (int i = 0; i < n; i++) x[i * n + i] = v[i], w[i * n + i] = 1;
+  const int64_t s[2] = {n, n};
+  attn_tensor tx = attn_tensor_view(x, ATTN_F32, 2, s), tw = attn_tensor_view(w, ATTN_F32, 2, s);
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 2, s), th = attn_tensor_view(xh, ATTN_F16, 2, s);
+  attn_ctx *ctx = context(ATTN_KERNEL_C, ATTN_PRECISION_F16);
+  CHECK_OK(ctx, attn_tensor_copy(ctx, &th, &tx));
+  for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AMX; k++) {
+    if (!attn_kernel_supported((attn_kernel)k)) continue;
+    CHECK_OK(ctx, attn_ctx_set_kernel(ctx, (attn_kernel)k));
+    tu_poison_f32(out, n * n);
+    CHECK_OK(ctx, attn_linear(ctx, &to, &tx, &tw, NULL));
+    for (int i = 0; i < n; i++) {
+      const float want = tu_f16_to_f32(tu_f32_to_f16(v[i])), lib = tu_f16_to_f32(xh[i * n + i]), got = out[i * n + i];
+      const int same = (isnan(want) && isnan(got)) || memcmp(&want, &got, 4) == 0;
+      const int lib_same = (isnan(lib) && isnan(got)) || memcmp(&lib, &got, 4) == 0;
+      CHECK(same && lib_same, "%s: F16 rounds %a to %a; f16 holds %a (attn_tensor_copy: %a)",
+            attn_kernel_name((attn_kernel)k), (double)v[i], (double)got, (double)want, (double)lib);
+    }
+  }
+  attn_ctx_destroy(ctx);
 }
 
 static void rules(void) {
@@ -603,6 +639,7 @@ int main(int argc, char **argv) {
     gemm_tests();
   } else if (!strcmp(mode, "rules")) {
     rules();
+    f16_rounding_edges();
   } else if (!strcmp(mode, "layer")) {
     bf16_kernel = tu_kernel_or_skip(kname);
     static const lcase cases[] = {{64, 4, 4, 64, 64, 2, 37, 37, 1},  /* self: one fused projection */
