@@ -307,40 +307,38 @@ static int cblas_fits(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
 }
 #endif
 
+/* The fp32 GEMM on our kernels (K may be 0), packed operands rounded to f16 when round_f16. */
+static void sgemm_ours(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias, int round_f16) {
+  if (K <= 0) {
+    fill_bias(M, N, C, ldc, bias);
+    return;
+  }
+  const attn__sgemm_kernel *kd = ctx->dispatch.gemm;
+  const gemm_args g = {kd, NULL, kd->mr, kd->nr, kd->kc, kd->mc, kd->nc, K, A, B, ATTN_F32, ATTN_F32,
+                       bias, lda, ldb, ldc, C, round_f16};
+  gemm_run(ctx, &g, M, N);
+}
+
 void attn__sgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float *C, int64_t ldc, const float *bias) {
   if (M <= 0 || N <= 0) return;
-  const attn__sgemm_kernel *kd = ctx->dispatch.gemm;
 #ifdef ATTN_HAVE_CBLAS
   /* -DATTN_WITH_CBLAS=ON: the BLAS does the fast paths (its own threads and
    * rounding order); the portable kernel stays ours, for comparison. */
-  if (kd != &attn__sgemm_kernel_c && K > 0 && cblas_fits(M, N, K, lda, ldb, ldc)) {
+  if (ctx->dispatch.gemm != &attn__sgemm_kernel_c && K > 0 && cblas_fits(M, N, K, lda, ldb, ldc)) {
     fill_bias(M, N, C, ldc, bias);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,
                 bias ? 1.0f : 0.0f, C, (int)ldc);
     return;
   }
 #endif
-  if (K <= 0) {
-    fill_bias(M, N, C, ldc, bias);
-    return;
-  }
-  const gemm_args g = {kd, NULL, kd->mr, kd->nr, kd->kc, kd->mc, kd->nc, K, A, B, ATTN_F32, ATTN_F32,
-                       bias, lda, ldb, ldc, C, 0};
-  gemm_run(ctx, &g, M, N);
+  sgemm_ours(ctx, M, N, K, A, lda, B, ldb, C, ldc, bias, 0);
 }
 
 void attn__f16gemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0) {
-    fill_bias(M, N, C, ldc, bias);
-    return;
-  }
-  const attn__sgemm_kernel *kd = ctx->dispatch.gemm; /* never a BLAS: it could not round */
-  const gemm_args g = {kd, NULL, kd->mr, kd->nr, kd->kc, kd->mc, kd->nc, K, A, B, ATTN_F32, ATTN_F32,
-                       bias, lda, ldb, ldc, C, 1};
-  gemm_run(ctx, &g, M, N);
+  if (M > 0 && N > 0) sgemm_ours(ctx, M, N, K, A, lda, B, ldb, C, ldc, bias, 1); /* never a BLAS: it cannot round */
 }
 
 void attn__bgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const void *A, attn_dtype at, int64_t lda,
