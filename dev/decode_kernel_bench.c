@@ -6,7 +6,8 @@
  * rows x (D + Dv) / 16 FMAs per key, that is the floor.
  *   gcc -O2 -fopenmp -DATTN_STATIC -DATTN_HAVE_X86_KERNELS -Iinclude -Ibuild/include -Isrc \
  *       dev/decode_kernel_bench.c build/libattn.a -lm -o /tmp/dkb
- *   /tmp/dkb q8_0 4 [D] [kernel: avx512 | avx2 | c]        (dtype f32, f16, q8_0, q4_0; rows 1..8; D = Dv, 32..256) */
+ *   /tmp/dkb q8_0 4 [D] [kernel: avx512 | avx2 | c]
+ * With DKB_BLOCKS set (below), also each block's qk then its pv in turn, as a decode step runs them.        (dtype f32, f16, q8_0, q4_0; rows 1..8; D = Dv, 32..256) */
 #include "cpu/kernels.h"
 #include "quant.h"
 
@@ -55,7 +56,14 @@ int main(int argc, char **argv) {
                         : !strcmp(argv[1], "q4_0") ? ATTN__Q4_0
                         : !strcmp(argv[1], "f16")  ? ATTN_F16
                                                    : ATTN_F32;
-  const int rows = atoi(argv[2]), NB = 16, reps = 30;
+  /* DKB_BLOCKS=N: N blocks of 128 keys instead of 16, each timed once: with N = 2048 the keys stream from
+   * past L2 (in q8_0, 71 MB: from the L3 on a Xeon whose L3 is 480 MiB), as a decode step reads them */
+  const int NB = getenv("DKB_BLOCKS") ? atoi(getenv("DKB_BLOCKS")) : 16, reps = NB > 16 ? 1 : 30;
+  if (NB < 1) {
+    fprintf(stderr, "DKB_BLOCKS: at least 1\n");
+    return 2;
+  }
+  const int rows = atoi(argv[2]);
   const int64_t D = argc > 3 ? atoll(argv[3]) : 128;
   const char *kn = argc > 4 ? argv[4] : "avx512";
   const attn__decode_kernels *dk = !strcmp(kn, "c")      ? &attn__decode_kernels_c
@@ -82,7 +90,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 8 * 256; i++) Q[i] = (float)(i % 7) * 0.01f;
   for (int i = 0; i < 8 * ATTN__DEC_NB; i++) S0[i] = 0.01f * (float)(i % 17);
   const int64_t ld = attn__is_quant(dt) ? (int64_t)rb : D;
-  double bq = 1e9, bp = 1e9;
+  double bq = 1e9, bp = 1e9, bi = 1e9;
   for (int trial = 0; trial < 15; trial++) {
     const double t0 = now();
     for (int r = 0; r < reps; r++)
@@ -98,7 +106,18 @@ int main(int argc, char **argv) {
     const double t2 = now();
     if (t1 - t0 < bq) bq = t1 - t0;
     if (t2 - t1 < bp) bp = t2 - t1;
+    if (getenv("DKB_BLOCKS")) { /* also as decode.c calls them: each block's qk, then its pv */
+      for (int i = 0; i < rows; i++) m[i] = -INFINITY, l[i] = 0;
+      for (int b = 0; b < NB; b++) {
+        dk->qk(S, Q, rows, K + rb * 128 * b, ld, 128, D, dt, NULL);
+        memcpy(S, S0, sizeof S0);
+        dk->pv(O, m, l, S, rows, V + rb * 128 * b, ld, 128, D, dt, 0, NULL);
+      }
+      const double t3 = now();
+      if (t3 - t2 < bi) bi = t3 - t2;
+    }
   }
+  if (getenv("DKB_BLOCKS")) printf("in turn: %.2f ns/key\n", bi / ((double)NB * 128) * 1e9);
   const double keys = (double)reps * NB * 128, f = fma_seconds();
   printf("%s %s rows %d D %lld: qk %.2f ns/key, softmax+pv %.2f ns/key (%.1f + %.1f zmm FMA times of %.3f ns; "
          "the FMAs alone: %lld + %lld)\n",
