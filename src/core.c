@@ -49,9 +49,11 @@ attn_status attn_ctx_fail(attn_ctx *ctx, attn_status status, const char *fmt, ..
   return status;
 }
 
-/* Bit k: kernel k runs on this CPU and build (CPUID, slow in a VM: once per context). */
+/* Bit k: kernel k runs on this CPU and build (CPUID, slow in a VM: once per
+ * context); and ATTN__CPU_INTEL. */
+_Static_assert(ATTN__KERNEL_LAST < 31, "ATTN__CPU_INTEL sits above the kernel bits");
 static unsigned supported_kernels(void) {
-  unsigned supported = 0;
+  unsigned supported = attn__cpu_is_intel() ? ATTN__CPU_INTEL : 0;
   for (int k = ATTN_KERNEL_AUTO; k <= ATTN__KERNEL_LAST; k++)
     if (attn_kernel_supported((attn_kernel)k)) supported |= 1u << k;
   return supported;

@@ -4,6 +4,10 @@
  * same (rounded) inputs, on every kernel and several thread counts, with
  * poisoned outputs; results must not depend on the thread count. */
 #include "testutil.h"
+#ifdef ATTN_HAVE_X86_KERNELS
+#include "cpu/kernels.h"
+#include "quant.h"
+#endif
 
 typedef struct dcase {
   int64_t B, Hq, Hk, Nq, Nk, D, Dv;
@@ -235,6 +239,63 @@ static void edges(int blocked) {
   attn_ctx_destroy(ctx);
 }
 
+/* The AVX-512 decode microkernels are built twice, reading ahead into L1 or
+ * into L2 (dispatch.c takes the one for this CPU's vendor, and the cases
+ * above test it against the oracle): the other must give the same bits. */
+static void readahead_levels(void) {
+#ifdef ATTN_HAVE_X86_KERNELS
+  if (!attn_kernel_supported(ATTN_KERNEL_AVX512)) {
+    printf("read-ahead levels: no AVX-512 here: skipped\n");
+    return;
+  }
+  const attn__decode_kernels *l1 = &attn__decode_kernels_avx512, *l2 = &attn__decode_kernels_avx512_l2;
+  enum { NK = 100, D = 96, ROWS = 8 };
+  const attn_dtype types[5] = {ATTN_F32, ATTN_F16, ATTN_BF16, ATTN__Q8_0, ATTN__Q4_0};
+  const char *names[5] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
+  tu_rng r = {77};
+  int cases = 0;
+  for (int ti = 0; ti < 5; ti++) {
+    const attn_dtype dt = types[ti];
+    const int quant = attn__is_quant(dt);
+    const size_t row = quant ? attn__row_bytes(dt, D) : (size_t)D * attn_dtype_size(dt);
+    unsigned char *K = malloc(NK * row), *V = malloc(NK * row);
+    float src[D];
+    for (int j = 0; j < NK; j++)
+      for (int kv = 0; kv < 2; kv++) {
+        unsigned char *dst = (kv ? V : K) + j * row;
+        tu_fill_f32(&r, src, D, 1.0);
+        if (quant) attn__quantize_row(dt, dst, src, D);
+        else
+          for (int d = 0; d < D; d++) tu_store_float(dst, dt, d, src[d]);
+      }
+    const int64_t ld = quant ? (int64_t)row : D;
+    for (int rows = 1; rows <= ROWS; rows += 3) {
+      float Q[ROWS * D], S[2][ROWS * ATTN__DEC_NB], O[2][ROWS * D], m[2][ROWS], l[2][ROWS];
+      tu_fill_f32(&r, Q, rows * D, 0.3);
+      for (int t = 0; t < 2; t++) {
+        const attn__decode_kernels *dk = t ? l2 : l1;
+        tu_poison_f32(S[t], ROWS * ATTN__DEC_NB);
+        for (int i = 0; i < rows * D; i++) O[t][i] = 0;
+        for (int i = 0; i < rows; i++) m[t][i] = -INFINITY, l[t][i] = 0;
+        dk->qk(S[t], Q, rows, K, ld, NK, D, dt, NULL);
+        dk->pv(O[t], m[t], l[t], S[t], rows, V, ld, NK, D, dt, 0, NULL);
+      }
+      int same = memcmp(O[0], O[1], (size_t)rows * D * sizeof(float)) == 0 &&
+                 memcmp(m[0], m[1], (size_t)rows * sizeof(float)) == 0 && memcmp(l[0], l[1], (size_t)rows * sizeof(float)) == 0;
+      for (int i = 0; i < rows; i++) same &= memcmp(S[0] + i * ATTN__DEC_NB, S[1] + i * ATTN__DEC_NB, NK * sizeof(float)) == 0;
+      double norm = 0;
+      for (int i = 0; i < rows * D; i++) norm += (double)O[0][i] * O[0][i];
+      CHECK(same && norm > 0 && isfinite(norm), "read-ahead into L1 and into L2 differ: %s, %d rows", names[ti], rows);
+      cases++;
+    }
+    free(K), free(V);
+  }
+  printf("read-ahead levels: L1 and L2 decode kernels bitwise equal on %d cases\n", cases);
+#else
+  printf("read-ahead levels: no x86 kernels in this build: skipped\n");
+#endif
+}
+
 int main(void) {
   for (int k = ATTN_KERNEL_C; k <= ATTN_KERNEL_AVX512; k++)
     printf("kernel %-6s %s\n", attn_kernel_name((attn_kernel)k),
@@ -244,5 +305,6 @@ int main(void) {
   decode_cases();
   blocked_halves();
   refusals();
+  readahead_levels();
   return tu_finish("test_decode");
 }

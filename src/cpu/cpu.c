@@ -61,6 +61,13 @@ int attn__cpu_has(attn_kernel isa) {
     default: return 1;
   }
 }
+
+int attn__cpu_is_intel(void) {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+  return b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e; /* "Genu" "ineI" "ntel" */
+}
 #else
 int attn__cpu_has(attn_kernel isa) { return isa == ATTN_KERNEL_C || isa == ATTN_KERNEL_REF; }
+int attn__cpu_is_intel(void) { return 0; }
 #endif

@@ -194,6 +194,7 @@ extern const attn__decode_kernels attn__decode_kernels_c;
 #ifdef ATTN_HAVE_X86_KERNELS
 extern const attn__decode_kernels attn__decode_kernels_avx2;
 extern const attn__decode_kernels attn__decode_kernels_avx512;
+extern const attn__decode_kernels attn__decode_kernels_avx512_l2; /* the same, reading ahead into L2 (Intel) */
 #endif
 
 /* Packs key block blk of one kv head of a [B, Hk, N, F] view (f32, f16 or
