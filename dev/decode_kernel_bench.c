@@ -6,7 +6,7 @@
  * rows x (D + Dv) / 16 FMAs per key, that is the floor.
  *   gcc -O2 -fopenmp -DATTN_STATIC -DATTN_HAVE_X86_KERNELS -Iinclude -Ibuild/include -Isrc \
  *       dev/decode_kernel_bench.c build/libattn.a -lm -o /tmp/dkb
- *   /tmp/dkb q8_0 4 [D] [kernel: avx512 | avx2 | c]
+ *   /tmp/dkb q8_0 4 [D] [kernel: avx512 | avx512_l2 | avx2 | c]
  * With DKB_BLOCKS set (below), also each block's qk then its pv in turn, as a decode step runs them.        (dtype f32, f16, q8_0, q4_0; rows 1..8; D = Dv, 32..256) */
 #include "cpu/kernels.h"
 #include "quant.h"
@@ -49,7 +49,7 @@ __attribute__((target("avx512f"))) static double fma_seconds(void) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s f32|f16|q8_0|q4_0 rows [D] [avx512|avx2|c]\n", argv[0]);
+    fprintf(stderr, "usage: %s f32|f16|q8_0|q4_0 rows [D] [avx512|avx512_l2|avx2|c]\n", argv[0]);
     return 2;
   }
   const attn_dtype dt = !strcmp(argv[1], "q8_0")  ? ATTN__Q8_0
@@ -68,6 +68,7 @@ int main(int argc, char **argv) {
   const char *kn = argc > 4 ? argv[4] : "avx512";
   const attn__decode_kernels *dk = !strcmp(kn, "c")      ? &attn__decode_kernels_c
                                    : !strcmp(kn, "avx2") ? &attn__decode_kernels_avx2
+                                   : !strcmp(kn, "avx512_l2") ? &attn__decode_kernels_avx512_l2
                                                          : &attn__decode_kernels_avx512;
   if (rows < 1 || rows > 8 || D < 32 || D > 256 || D % 32) {
     fprintf(stderr, "rows 1..8, D 32..256 in steps of 32\n");

@@ -167,8 +167,9 @@ def main():
            "Run %s on %s; load average before: %s. Command: `%s`." % (info["date"], info["cpu"], info["load"], info["cmd"]),
            "One new token per row (Nq = 1), bottom-right causal, D = 128; the cache is B·Hk·L·D keys and as many values "
            "in the stated type. *Fraction* is GB/s of cache read over the read bandwidth `attn bench decode` measures "
-           "in the same run for the same thread count (a cache under 256 MiB is cycled through copies, so every step "
-           "reads memory); each step is followed by a 512 MiB read pass and the median of 20 such pairs' ratios is "
+           "in the same run for the same thread count (a cache smaller than twice the last-level cache, and at least "
+           "256 MiB, is cycled through copies, so every step reads memory); each step is followed by a read pass over "
+           "twice the last-level cache (at least 512 MiB) and the median of 20 such pairs' ratios is "
            "given, as the host's bandwidth drifts. *Speed-up over f32*: the same cache in f32 and in the half type, "
            "timed step by step in turn in one process (median of 20 pairs). peak.c's read bandwidth for that thread "
            "count is in the last column" +

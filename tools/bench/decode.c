@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* sysconf */
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -51,34 +52,60 @@ static double sum_pass(const float *x, size_t n, int threads) {
   return total;
 }
 
-/* A 512 MiB array for sum_pass, faulted in by the threads that read it, in
- * huge pages where the kernel gives them on request, as libattn's KV caches
- * are: with 4 KiB pages the page walks, not the memory, can set the pace. */
-#define READ_BW_BYTES ((size_t)512 << 20)
-static float *read_bw_array(int threads) {
-  const size_t n = READ_BW_BYTES / sizeof(float);
+/* The last-level cache's bytes: sysconf where the C library knows it, else
+ * Linux's sysfs (cpu0's level-3 cache); 0 when neither says. */
+static double llc_bytes(void) {
+#ifdef _SC_LEVEL3_CACHE_SIZE
+  const long s = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (s > 0) return (double)s;
+#endif
+  FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+  if (!f) return 0;
+  long v = 0;
+  char unit = 0;
+  const int n = fscanf(f, "%9ld%c", &v, &unit);
+  fclose(f);
+  if (n < 1 || v <= 0) return 0;
+  return (double)v * (unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : 1.0);
+}
+
+/* Bytes that do not fit the last-level cache: twice it, at least floor (and
+ * at most 4 GiB, whatever the system claims). Some VMs have an L3 of 480 MiB,
+ * which holds a 256 MiB cache or read pass in part. */
+static double past_llc(double floor) {
+  const double b = 2.0 * llc_bytes();
+  return b < floor ? floor : b > 4294967296.0 ? 4294967296.0 : b;
+}
+
+/* An array for sum_pass (past_llc of 512 MiB, in whole MiB), faulted in by the
+ * threads that read it, in huge pages where the kernel gives them on request,
+ * as libattn's KV caches are: with 4 KiB pages the page walks, not the memory,
+ * can set the pace. */
+static float *read_bw_array(int threads, size_t *bytes) {
+  *bytes = (size_t)(past_llc(512.0 * 1048576.0) / 1048576.0) << 20;
+  const size_t n = *bytes / sizeof(float);
   void *p = NULL;
-  if (posix_memalign(&p, (size_t)2 << 20, READ_BW_BYTES)) return NULL;
+  if (posix_memalign(&p, (size_t)2 << 20, *bytes)) return NULL;
   float *x = p;
 #ifdef MADV_HUGEPAGE
-  (void)madvise(x, READ_BW_BYTES, MADV_HUGEPAGE);
+  (void)madvise(x, *bytes, MADV_HUGEPAGE);
 #endif
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (size_t i = 0; i < n; i++) x[i] = (float)(i & 1023) * 1e-3f;
   return x;
 }
 
-/* GB/s of one pass over the array. */
-static double read_pass_gbs(const float *x, int threads, double *sink) {
+/* GB/s of one pass over the array's bytes. */
+static double read_pass_gbs(const float *x, size_t bytes, int threads, double *sink) {
   const double t0 = cli_now();
-  *sink += sum_pass(x, READ_BW_BYTES / sizeof(float), threads);
-  return (double)READ_BW_BYTES / (cli_now() - t0) * 1e-9;
+  *sink += sum_pass(x, bytes / sizeof(float), threads);
+  return (double)bytes / (cli_now() - t0) * 1e-9;
 }
 
-/* Caches smaller than this are cycled through copies, so that each timed step
- * reads from memory as a real model's many layers would, not from L3. */
-#define DECODE_COLD_BYTES ((double)(256 << 20))
-#define DECODE_MAX_COPIES 16
+/* Caches smaller than past_llc(256 MiB) are cycled through copies, so that
+ * each timed step reads from memory as a real model's many layers would, not
+ * from L3. */
+#define DECODE_MAX_COPIES 32
 #define DECODE_PAIRS 20 /* decoding steps each followed by a read pass */
 
 typedef struct decode_case {
@@ -381,7 +408,8 @@ int cmd_bench_decode(int argc, char **argv) {
   }
   /* the bytes a step reads: each row's tokens (a linear cache's capacity past them is not read) */
   const double cache_bytes = (double)total * G * (double)(attn_kv_dtype_bytes(kinds[0], D) + attn_kv_dtype_bytes(kinds[1], D));
-  int copies = cache_bytes >= DECODE_COLD_BYTES ? 1 : (int)ceil(DECODE_COLD_BYTES / cache_bytes);
+  const double cold = past_llc(256.0 * 1048576.0);
+  int copies = cache_bytes >= cold ? 1 : (int)ceil(cold / cache_bytes);
   if (copies > DECODE_MAX_COPIES) copies = DECODE_MAX_COPIES;
   /* a linear cache holds every row at the longest length; a paged one its blocks */
   const double held = paged ? cache_bytes + (double)B * G * paged_bt * (double)(attn_kv_dtype_bytes(kinds[0], D) +
@@ -497,14 +525,15 @@ int cmd_bench_decode(int argc, char **argv) {
      * host, so each decoding step is paired with a read pass right after it:
      * the fraction is the median of the pairs' ratios; read_gbs their best pass. */
     const int threads = attn_ctx_threads(ctx);
-    float *bw = read_bw_array(threads);
+    size_t bw_bytes = 0;
+    float *bw = read_bw_array(threads, &bw_bytes);
     if (!bw) {
       r = cli_fail(CLI_EXIT_FAIL, "out of memory for the read-bandwidth array");
       goto done;
     }
     double sink = 0, ratios[DECODE_PAIRS];
     read_gbs = 0;
-    read_pass_gbs(bw, threads, &sink); /* warm */
+    read_pass_gbs(bw, bw_bytes, threads, &sink); /* warm */
     for (int i = 0; i < DECODE_PAIRS; i++) {
       const double t0 = cli_now();
       if ((r = run_decode(&c))) {
@@ -512,7 +541,7 @@ int cmd_bench_decode(int argc, char **argv) {
         r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
         goto done;
       }
-      const double step = cli_now() - t0, g = read_pass_gbs(bw, threads, &sink);
+      const double step = cli_now() - t0, g = read_pass_gbs(bw, bw_bytes, threads, &sink);
       if (g > read_gbs) read_gbs = g;
       ratios[i] = cache_bytes / step * 1e-9 / g;
     }
@@ -527,9 +556,10 @@ int cmd_bench_decode(int argc, char **argv) {
     if (cli_has(&a, "--json")) {
       printf("{\"op\":\"decode\",\"batch\":%lld,\"kv_seq\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,"
              "\"seq\":%lld,\"dtype\":\"%s\",\"k_dtype\":\"%s\",\"v_dtype\":\"%s\",\"kv_cache\":%s,"
-             "\"threads\":%d,\"kernel\":\"%s\",\"cache_copies\":%d,\"paged_block_tokens\":%lld,\"kv_tokens\":%lld,",
+             "\"threads\":%d,\"kernel\":\"%s\",\"cache_copies\":%d,\"llc_bytes\":%.0f,\"paged_block_tokens\":%lld,"
+             "\"kv_tokens\":%lld,",
              B, L, H, G, D, N, attn_kv_dtype_name(kinds[0]), attn_kv_dtype_name(kinds[0]), attn_kv_dtype_name(kinds[1]),
-             use_cache ? "true" : "false", threads, kernel, copies, paged_bt, (long long)total);
+             use_cache ? "true" : "false", threads, kernel, copies, llc_bytes(), paged_bt, (long long)total);
       bench_json_num("median_s", step_s, 0);
       bench_json_num("min_s", t.min_s, 0);
       printf("\"repeats\":%lld,", t.repeats);
