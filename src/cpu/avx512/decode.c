@@ -251,6 +251,12 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
   }
 }
 
+/* A KV cache's blocks go by whole blocks for 1-4 rows (dec_qk_qrows); 5-8 rows
+ * (2-3 keys a pass) by 16 columns, as every other type (dec_qk_rows):
+ * measured faster on Zen 5. */
+#define QK_GROUP(RR)                                                                   \
+  (attn__is_quant(dt) && (RR) <= 4 ? dec_qk_qrows(s, q, (RR), K, ldk, nkeys, D, dt, Knext) \
+                                   : dec_qk_rows(s, q, (RR), K, ldk, nkeys, D, dt, Knext))
 static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float *Q, int rows, const void *K,
                                                            int64_t ldk, int nkeys, int64_t D, attn_dtype dt, const void *Knext) {
   for (int r0 = 0; r0 < rows; r0 += 8) {
@@ -258,17 +264,18 @@ static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float
     float *s = S + r0 * ATTN__DEC_NB;
     const float *q = Q + r0 * D;
     switch (rr) { /* a constant row count keeps the accumulators in registers */
-      case 1: dec_qk_rows(s, q, 1, K, ldk, nkeys, D, dt, Knext); break;
-      case 2: dec_qk_rows(s, q, 2, K, ldk, nkeys, D, dt, Knext); break;
-      case 3: dec_qk_rows(s, q, 3, K, ldk, nkeys, D, dt, Knext); break;
-      case 4: dec_qk_rows(s, q, 4, K, ldk, nkeys, D, dt, Knext); break;
-      case 5: dec_qk_rows(s, q, 5, K, ldk, nkeys, D, dt, Knext); break;
-      case 6: dec_qk_rows(s, q, 6, K, ldk, nkeys, D, dt, Knext); break;
-      case 7: dec_qk_rows(s, q, 7, K, ldk, nkeys, D, dt, Knext); break;
-      default: dec_qk_rows(s, q, 8, K, ldk, nkeys, D, dt, Knext); break;
+      case 1: QK_GROUP(1); break;
+      case 2: QK_GROUP(2); break;
+      case 3: QK_GROUP(3); break;
+      case 4: QK_GROUP(4); break;
+      case 5: QK_GROUP(5); break;
+      case 6: QK_GROUP(6); break;
+      case 7: QK_GROUP(7); break;
+      default: QK_GROUP(8); break;
     }
   }
 }
+#undef QK_GROUP
 
 // rows RR (1..6) of O against P for n keys of V: O = O * alpha + P V.
 // SPARSE: a zero P adds nothing (a hidden key's V row may hold Inf), at a compare per row and key.
@@ -370,29 +377,12 @@ static inline __attribute__((always_inline)) void dec_pv_t(float *O, float *m, f
   }
 }
 
-static inline __attribute__((always_inline)) void dec_qk_q(float *S, const float *Q, int rows, const void *K,
-                                                           int64_t ldk, int nkeys, int64_t D, attn_dtype dt, const void *Knext) {
-  for (int r0 = 0; r0 < rows; r0 += 8) {
-    const int rr = rows - r0 < 8 ? rows - r0 : 8;
-    float *s = S + r0 * ATTN__DEC_NB;
-    const float *q = Q + r0 * D;
-    switch (rr) { /* a constant row count keeps the accumulators in registers */
-      case 1: dec_qk_qrows(s, q, 1, K, ldk, nkeys, D, dt, Knext); break;
-      case 2: dec_qk_qrows(s, q, 2, K, ldk, nkeys, D, dt, Knext); break;
-      case 3: dec_qk_qrows(s, q, 3, K, ldk, nkeys, D, dt, Knext); break;
-      case 4: dec_qk_qrows(s, q, 4, K, ldk, nkeys, D, dt, Knext); break;
-      /* 5-8 rows (2-3 keys a pass): by 16 columns, as dec_qk_rows, measured faster on Zen 5 */
-      default: dec_qk_t(s, q, rr, K, ldk, nkeys, D, dt, Knext); break;
-    }
-  }
-}
-
 static void dec_qk_wide(float *S, const float *Q, int rows, const void *K, int64_t ldk, int nkeys, int64_t D,
                         attn_dtype dt, const void *Knext) {
   if (dt == ATTN_F16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F16, Knext);
   else if (dt == ATTN_BF16) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_BF16, Knext);
-  else if (dt == ATTN__Q8_0) dec_qk_q(S, Q, rows, K, ldk, nkeys, D, ATTN__Q8_0, Knext);
-  else if (dt == ATTN__Q4_0) dec_qk_q(S, Q, rows, K, ldk, nkeys, D, ATTN__Q4_0, Knext);
+  else if (dt == ATTN__Q8_0) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN__Q8_0, Knext);
+  else if (dt == ATTN__Q4_0) dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN__Q4_0, Knext);
   else dec_qk_t(S, Q, rows, K, ldk, nkeys, D, ATTN_F32, Knext);
 }
 
