@@ -21,6 +21,7 @@ from the last pair.
 import argparse
 import datetime
 import json
+import math
 import os
 import re
 import shlex
@@ -141,9 +142,15 @@ def main():
         if args.baseline:
             r["before_read_gbs_ratio"] = median(ratios)
         if worker and "--lengths" not in extra:
+            # PyTorch's K and V cycled through copies by attn bench decode's rule (twice the last-level
+            # cache, at least 256 MiB), so that both sides read memory, not L3
+            tbytes = 2.0 * B * G * L * D * (4 if TORCH_DTYPE[dt] == "float32" else 2)
+            cold = min(max(256.0 * 2**20, 2.0 * r.get("llc_bytes", 0)), 2.0**32)
+            r["torch_copies"] = min(32, math.ceil(cold / tbytes)) if tbytes < cold else 1
             t = worker.run({"id": len(rows), "op": "sdpa", "threads": T, "batch": B, "heads": H, "kv_heads": G,
                             "seq": 1, "kv_seq": L, "dim": D, "causal": False, "torch_dtype": TORCH_DTYPE[dt],
-                            "unfused_skip": "not timed", "grouped": True}, timeout=600)
+                            "unfused_skip": "not timed", "grouped": True, "kv_copies": r["torch_copies"]},
+                           timeout=600)
             # the faster of enable_gqa and the grouped formulation (bench_grid's worker), named in the cell
             ways = [(t[k]["median_s"], w) for k, w in (("sdpa", "gqa"), ("sdpa_grouped", "grouped")) if k in t]
             r["torch"], r["torch_way"] = min(ways) if ways else (None, None)
@@ -177,7 +184,8 @@ def main():
            (" *PyTorch*: `torch.nn.functional.scaled_dot_product_attention` (torch %s, same threads) of the "
             "new token's queries over the whole cache as a tensor (f32 for an f32 cache, f16 beside f16, q8_0 and "
             "q4_0, bf16 beside bf16), median of its timed runs, the faster of two ways: `enable_gqa=True` (gqa) or "
-            "each kv head's query heads as rows of one head (grouped: q `[B, Hk, H/Hk, D]`, no copy of K and V); "
+            "each kv head's query heads as rows of one head (grouped: q `[B, Hk, H/Hk, D]`, no copy of K and V), "
+            "K and V cycled through copies by the same rule as ours (so that neither side reads from L3); "
             "*× PyTorch* is its time over ours."
             % worker.version if worker and worker.version else " PyTorch: not run (%s)." %
             ("--no-torch" if args.no_torch else "no Python with torch found")) +

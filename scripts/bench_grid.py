@@ -125,6 +125,14 @@ for line in sys.stdin:
                 q, k, v = rand(B, H, N, D, gen=gen), rand(B, G, M, D, gen=gen), rand(B, G, M, D, gen=gen)
                 dt = getattr(torch, c.get("torch_dtype", "float32"))
                 q, k, v = q.to(dt), k.to(dt), v.to(dt)
+                # kv_copies: K and V in that many copies, used in turn, so that a cache the last-level cache
+                # would hold is read from memory each time (as attn bench decode cycles its own)
+                ncop = max(1, int(c.get("kv_copies", 1)))
+                ks, vs, turn = [k] + [k.clone() for _ in range(ncop - 1)], [v] + [v.clone() for _ in range(ncop - 1)], [0]
+                def kv():
+                    i = turn[0]
+                    turn[0] = (i + 1) % ncop
+                    return ks[i], vs[i]
                 causal = c["causal"]
                 keep = None  # --padding: a key-padding mask, True = attend, as PyTorch's bool attn_mask reads
                 if c.get("padding"):
@@ -132,11 +140,12 @@ for line in sys.stdin:
                     keep[..., :M - int(c["padding"] * M)] = True
                 try:
                     F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], enable_gqa=G != H)
-                    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
+                    sdpa = lambda: F.scaled_dot_product_attention(q, *kv(), attn_mask=keep, is_causal=causal,
                                                                   enable_gqa=G != H)
                 except TypeError:  # torch without enable_gqa
-                    kk, vv = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)
-                    sdpa = lambda: F.scaled_dot_product_attention(q, kk, vv, attn_mask=keep, is_causal=causal)
+                    ks = [x.repeat_interleave(H // G, 1) for x in ks]
+                    vs = [x.repeat_interleave(H // G, 1) for x in vs]
+                    sdpa = lambda: F.scaled_dot_product_attention(q, *kv(), attn_mask=keep, is_causal=causal)
                 if c.get("sdpa_skip"):
                     res["sdpa_note"] = c["sdpa_skip"]
                 else:
@@ -145,7 +154,7 @@ for line in sys.stdin:
                     # a decoding step as a GQA-aware user writes it: each kv head's query heads as rows of
                     # one head (head h reads kv head h // (H / G)), no expanded copy of K and V
                     qg = q.reshape(B, G, (H // G) * N, D)
-                    res["sdpa_grouped"] = timed(lambda: F.scaled_dot_product_attention(qg, k, v),
+                    res["sdpa_grouped"] = timed(lambda: F.scaled_dot_product_attention(qg, *kv()),
                                                 c.get("sdpa_repeat"))
                 if c.get("unfused_skip"):
                     res["unfused_note"] = c["unfused_skip"]

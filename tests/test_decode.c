@@ -259,6 +259,11 @@ static void readahead_levels(void) {
     const int quant = attn__is_quant(dt);
     const size_t row = quant ? attn__row_bytes(dt, D) : (size_t)D * attn_dtype_size(dt);
     unsigned char *K = malloc(NK * row), *V = malloc(NK * row);
+    if (!K || !V) {
+      CHECK(0, "read-ahead levels: out of memory");
+      free(K), free(V);
+      return;
+    }
     float src[D];
     for (int j = 0; j < NK; j++)
       for (int kv = 0; kv < 2; kv++) {
