@@ -30,11 +30,26 @@
 #define DEC_OWN_QK_PV
 #include "../decode_generic.inc"
 
+/* Masked loads; a mask the compiler knows to be whole (the columns before the
+ * tail: see dec_qk_rows) gives a plain load, which the FMAs can take as an
+ * operand. */
+#define FULL_MASK(m) (__builtin_constant_p(m) && (m) == (__mmask16)0xFFFF)
+static inline __attribute__((always_inline)) __m512 load_ps(__mmask16 m, const float *p) {
+  return FULL_MASK(m) ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+}
+static inline __attribute__((always_inline)) __m256i load_16x16(__mmask16 m, const uint16_t *p) {
+  return FULL_MASK(m) ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
+}
+static inline __attribute__((always_inline)) void store_ps(float *p, __mmask16 m, __m512 x) {
+  if (FULL_MASK(m)) _mm512_storeu_ps(p, x);
+  else _mm512_mask_storeu_ps(p, m, x);
+}
+
 static inline __attribute__((always_inline)) __m512 load_wide(const void *p, int64_t off, __mmask16 m, attn_dtype dt) {
-  if (dt == ATTN_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + off));
+  if (dt == ATTN_F16) return _mm512_cvtph_ps(load_16x16(m, (const uint16_t *)p + off));
   if (dt == ATTN_BF16)
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + off)), 16));
-  return _mm512_maskz_loadu_ps(m, (const float *)p + off);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load_16x16(m, (const uint16_t *)p + off)), 16));
+  return load_ps(m, (const float *)p + off);
 }
 
 /* Columns [c, c + 16) of the row at off (elements; bytes for blocks) of p, as
@@ -236,17 +251,22 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
     }
     __m512 acc[16];
     for (int e = 0; e < 16; e++) acc[e] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D; c += 16) {
-      const __mmask16 m = lanes16(D - c);
-      if (es == 4 || !(c & 16))
-        for (int j = 0; j < KG; j++) _mm_prefetch(ahead[j] + c * (int64_t)es, DEC_PF_HINT);
-      __m512 kv[16];
-      for (int j = 0; j < KG; j++) kv[j] = load_kv(K, row[j], c, m, dt);
-      for (int r = 0; r < RR; r++) {
-        const __m512 qv = _mm512_maskz_loadu_ps(m, Q + r * D + c);
-        for (int j = 0; j < KG; j++) acc[j * RR + r] = _mm512_fmadd_ps(qv, kv[j], acc[j * RR + r]);
-      }
-    }
+    int64_t c = 0;
+#define QK_COLUMNS(m)                                                                                 \
+  do {                                                                                                \
+    if (es == 4 || !(c & 16))                                                                         \
+      for (int j = 0; j < KG; j++) _mm_prefetch(ahead[j] + c * (int64_t)es, DEC_PF_HINT);            \
+    __m512 kv[16];                                                                                    \
+    for (int j = 0; j < KG; j++) kv[j] = load_kv(K, row[j], c, (m), dt);                              \
+    for (int r = 0; r < RR; r++) {                                                                    \
+      const __m512 qv = load_ps((m), Q + r * D + c);                                                  \
+      for (int j = 0; j < KG; j++) acc[j * RR + r] = _mm512_fmadd_ps(qv, kv[j], acc[j * RR + r]);     \
+    }                                                                                                 \
+  } while (0)
+    if (RR <= 4) /* whole columns with plain loads (at 5-8 rows the masked ones measured faster) */
+      for (; c + 16 <= D; c += 16) QK_COLUMNS((__mmask16)0xFFFF);
+    for (; c < D; c += 16) QK_COLUMNS(lanes16(D - c));
+#undef QK_COLUMNS
     store_dots(S, acc, RR, KG, j0, nkeys);
   }
 }
@@ -279,38 +299,49 @@ static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float
 
 // rows RR (1..6) of O against P for n keys of V: O = O * alpha + P V.
 // SPARSE: a zero P adds nothing (a hidden key's V row may hold Inf), at a compare per row and key.
+/* Columns [c0, c0 + 64) of dec_pv_rows, masks m0..m3 for its four zmm. */
+static inline __attribute__((always_inline)) void dec_pv_cols(float *O, const float *alpha, const float *P, int RR,
+                                                              const void *V, int64_t ldv, int nkeys, int64_t Dv,
+                                                              int64_t c0, __mmask16 m0, __mmask16 m1, __mmask16 m2,
+                                                              __mmask16 m3, attn_dtype dt, const int SPARSE,
+                                                              const void *Vnext) {
+  const __mmask16 mk[4] = {m0, m1, m2, m3};
+  __m512 o[6][4];
+  for (int r = 0; r < RR; r++) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int w = 0; w < 4; w++) o[r][w] = _mm512_mul_ps(load_ps(mk[w], O + r * Dv + c0 + 16 * w), a);
+  }
+  for (int j = 0; j < nkeys; j++) {
+    if (c0 == 0) {
+      const size_t es = ld_unit(dt), bytes = row_bytes_of(dt, Dv);
+      const char *pr = attn__dec_ahead(V, j + pf_rows_avx512((int64_t)bytes), nkeys, ldv * (int64_t)es, Vnext);
+      for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, DEC_PF_HINT);
+    }
+    __m512 vv[4];
+    for (int w = 0; w < 4; w++) vv[w] = load_kv(V, j * ldv, c0 + 16 * w, mk[w], dt);
+    for (int r = 0; r < RR; r++) {
+      const __m512 p = _mm512_set1_ps(P[r * ATTN__DEC_NB + j]);
+      if (SPARSE) {
+        const __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        for (int w = 0; w < 4; w++) o[r][w] = _mm512_mask3_fmadd_ps(p, vv[w], o[r][w], nz);
+      } else {
+        for (int w = 0; w < 4; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);
+      }
+    }
+  }
+  for (int r = 0; r < RR; r++)
+    for (int w = 0; w < 4; w++) store_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);
+}
+
 static inline __attribute__((always_inline)) void dec_pv_rows(float *O, const float *alpha, const float *P, int RR,
                                                               const void *V, int64_t ldv, int nkeys, int64_t Dv,
                                                               attn_dtype dt, const int SPARSE, const void *Vnext) {
-  for (int64_t c0 = 0; c0 < Dv; c0 += 64) {
-    __mmask16 mk[4];
-    for (int w = 0; w < 4; w++) mk[w] = lanes16(Dv - c0 - 16 * w);
-    __m512 o[6][4];
-    for (int r = 0; r < RR; r++) {
-      const __m512 a = _mm512_set1_ps(alpha[r]);
-      for (int w = 0; w < 4; w++) o[r][w] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w), a);
-    }
-    for (int j = 0; j < nkeys; j++) {
-      if (c0 == 0) {
-        const size_t es = ld_unit(dt), bytes = row_bytes_of(dt, Dv);
-        const char *pr = attn__dec_ahead(V, j + pf_rows_avx512((int64_t)bytes), nkeys, ldv * (int64_t)es, Vnext);
-        for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, DEC_PF_HINT);
-      }
-      __m512 vv[4];
-      for (int w = 0; w < 4; w++) vv[w] = load_kv(V, j * ldv, c0 + 16 * w, mk[w], dt);
-      for (int r = 0; r < RR; r++) {
-        const __m512 p = _mm512_set1_ps(P[r * ATTN__DEC_NB + j]);
-        if (SPARSE) {
-          const __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-          for (int w = 0; w < 4; w++) o[r][w] = _mm512_mask3_fmadd_ps(p, vv[w], o[r][w], nz);
-        } else {
-          for (int w = 0; w < 4; w++) o[r][w] = _mm512_fmadd_ps(p, vv[w], o[r][w]);
-        }
-      }
-    }
-    for (int r = 0; r < RR; r++)
-      for (int w = 0; w < 4; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);
-  }
+  int64_t c0 = 0;
+  for (; c0 + 64 <= Dv; c0 += 64) /* whole columns: plain loads */
+    dec_pv_cols(O, alpha, P, RR, V, ldv, nkeys, Dv, c0, 0xFFFF, 0xFFFF, 0xFFFF, 0xFFFF, dt, SPARSE, Vnext);
+  if (c0 < Dv)
+    dec_pv_cols(O, alpha, P, RR, V, ldv, nkeys, Dv, c0, lanes16(Dv - c0), lanes16(Dv - c0 - 16),
+                lanes16(Dv - c0 - 32), lanes16(Dv - c0 - 48), dt, SPARSE, Vnext);
 }
 
 // rr (1..6) rows: a constant row count keeps the outputs in registers.
