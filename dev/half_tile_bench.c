@@ -4,7 +4,7 @@
  * (best of 7 trials); then, for a set with backward tiles, the backward's own
  * calls: pairs of one tile, pt_acc over a group of ATTN__BWD_MAX_ROWS rows,
  * the base's exp_shift and ds on one tile, and t_out of a key block; and for a set with the fused pair
- * (softmax_round, pv_rounded: what OPEN tiles take) those two and the three in turn. It says where a
+ * (softmax_round, pv_blocks on one block: what OPEN tiles take) those two and the three in turn. It says where a
  * tile's time goes; that the tiles are
  * right is test_half's business (tests/test_half.c amx|avx512bf16).
  *   gcc -O2 -fopenmp -DATTN_STATIC -DATTN_HAVE_X86_KERNELS -DATTN_HAVE_AMX -Iinclude -Ibuild/include -Isrc \
@@ -50,7 +50,11 @@ static void run(tile *t, int which) {
     if (which == 7) h->t_out(t->Out, t->D, t->OutT, t->D, h->nr, 0.5f);
     if (which == 11) h->qk(t->S, t->Q, t->K, D2, h->nr, 1.0f);
     if (which == 9 || which == 11) h->softmax_round(t->Pb, t->S, 0.125f, t->m, t->l, t->alpha);
-    if (which == 10 || which == 11) h->pv_rounded(t->O, t->alpha, t->Pb, t->V, t->D);
+    if (which == 10 || which == 11) { /* one block through pv_blocks */
+      const uint16_t *pb = t->Pb, *v = t->V;
+      const float *a = t->alpha;
+      for (int64_t c0 = 0; c0 < t->D; c0 += ATTN__PV_COLS) h->pv_blocks(t->O, t->D, c0, 1, &pb, &a, &v);
+    }
   }
 }
 
@@ -98,7 +102,7 @@ int main(int argc, char **argv) {
   for (int r = 0; r < ATTN__STAT_LANES; r++) t.m[r] = -INFINITY, t.l[r] = 0, t.alpha[r] = 1;
   if (t.h->begin) t.h->begin();
   static const char *what[12] = {"qk", "softmax", "pv", "all three", "pt_acc", "exp_shift", "ds", "t_out", "pairs",
-                                 "softmax_round", "pv_rounded", "fused three"};
+                                 "softmax_round", "pv_blocks", "fused three"};
   double ns[12];
   for (int w = 0; w < 12; w++) {
     if ((w >= 4 && w < 9 && !t.h->pt_acc) || (w >= 9 && !t.h->softmax_round)) continue;
@@ -117,7 +121,7 @@ int main(int argc, char **argv) {
   for (int w = 0; w < 4; w++) printf(" %s %.1f ns%s", what[w], ns[w], w < 3 ? "," : "");
   printf(" (%.0f GFLOP/s on one core)\n", flops / ns[3]);
   if (t.h->softmax_round)
-    printf("fused (OPEN tiles): qk unscaled, softmax_round %.1f ns, pv_rounded %.1f ns, the three %.1f ns (%.0f GFLOP/s)\n",
+    printf("fused (OPEN tiles): qk unscaled, softmax_round %.1f ns, pv_blocks (1 block) %.1f ns, the three %.1f ns (%.0f GFLOP/s)\n",
            ns[9], ns[10], ns[11], flops / ns[11]);
   if (t.h->pt_acc)
     printf("backward: pairs %.1f ns, pt_acc (%lld rows) %.1f ns, exp_shift %.1f ns, ds %.1f ns, t_out %.1f ns\n", ns[8],

@@ -503,9 +503,11 @@ static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
  * row's maximum (it moves only past LAZY_MAX), +30 moves it every block (the two passes; were it
  * kept, P would pass fp32's range by the fourth block), -4 never moves it. lse must stay within
  * fp32's bound and out within bf16's (the weights, asked for on 2 threads, fp32's); with a last
- * partial tile, on 1 and 2 threads. */
-static void rising_logits(attn_ctx *ctx, attn_ctx *oracle) {
-  enum { H = 3, Nq = 40, Nk = 320, D = 64 };
+ * partial tile, on 1 and 2 threads. Nk 640: ten blocks, queued for pv_blocks a few at a time, so
+ * a moving m rescales O inside a queue too; D 64 is one group of O's columns for pv_blocks, D 144
+ * three (64, 64 and 16). */
+static void rising_logits(attn_ctx *ctx, attn_ctx *oracle, const int64_t D) {
+  enum { H = 3, Nq = 40, Nk = 640 };
   const double rise[H] = {3, 30, -4};
   arena a = {{0}, 0};
   tu_rng r = {4242};
@@ -516,7 +518,7 @@ static void rising_logits(attn_ctx *ctx, attn_ctx *oracle) {
     for (int64_t j = 0; j < Nk; j++)
       for (int64_t d = 0; d < D; d++) { /* scale * q.k is about rise * (j / 64) + a little */
         const int64_t e = (h * Nk + j) * D + d;
-        k[e] = tu_f32_to_bf16((float)((rise[h] * (double)(j / 64) + tu_uniform(&r)) / 8));
+        k[e] = tu_f32_to_bf16((float)((rise[h] * (double)(j / 64) + tu_uniform(&r)) / sqrt((double)D)));
         v[e] = tu_f32_to_bf16((float)tu_uniform(&r));
       }
   attn_tensor tq = attn_tensor_view(q, ATTN_BF16, 4, sq), tk = attn_tensor_view(k, ATTN_BF16, 4, sk);
@@ -543,8 +545,8 @@ static void rising_logits(attn_ctx *ctx, attn_ctx *oracle) {
       const double el = err_vs(lse + h * Nq, rl + h * Nq, Nq, &bad);
       const double ew = threads == 2 ? err_vs(w + h * Nq * Nk, rw + h * Nq * Nk, Nq * Nk, &bad) : 0;
       CHECK(!bad && eo <= BF16_OUT_BOUND && el <= F32_TOL && ew <= F32_TOL,
-            "rising logits, %+g a block, %d threads: out rel L2 %.3g, lse %.3g, weights %.3g", rise[h], threads, eo, el,
-            ew);
+            "rising logits, D %lld, %+g a block, %d threads: out rel L2 %.3g, lse %.3g, weights %.3g", (long long)D,
+            rise[h], threads, eo, el, ew);
     }
   }
   arena_free(&a);
@@ -666,7 +668,8 @@ int main(int argc, char **argv) {
     CHECK(strstr(attn_ctx_plan(ctx), "query blocks of 16 x") != NULL, "long keys: the plan is %s", attn_ctx_plan(ctx));
   }
   CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
-  rising_logits(ctx, oracle);
+  rising_logits(ctx, oracle, 64);
+  rising_logits(ctx, oracle, 144);
   if (kern == ATTN_KERNEL_AMX) {
     attn_ctx_set_threads(ctx, 2);
     CHECK_OK(ctx, attn_ctx_set_decode(ctx, 1)); /* the cache's own dispatch: too many rows for the decode kernel */

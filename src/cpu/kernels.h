@@ -105,9 +105,15 @@ typedef struct attn__half_kernels {
    *   that m may trail the running maximum by up to 8 (m moves only when a tile's maximum passes it by
    *   more: P <= e^8, and alpha is exactly 1 for most tiles); l and P are exp(. - m) for that m, so
    *   lse = m + log(l) and P / l are the same function either way;
-   * pv_rounded: pv on such a Pb, for all NR keys. One pass over S fewer, and none over P. */
+   * pv_blocks: pv on n such blocks in turn (O = O * alpha[b] + Pb[b] . Vh[b] over all NR keys, b = 0..n-1,
+   *   each Pb and alpha as softmax_round left them), for O's columns [c0, c0 + ATTN__PV_COLS) (fewer at
+   *   Dv's end; c0 a multiple of ATTN__PV_COLS): the sums may stay in the unit from block to block, so
+   *   O's columns are read and written once per call, not once per block. The framework calls it for
+   *   every c0 of a tile; the result is pv's on each block in turn, whatever n.
+   * One pass over S fewer, and none over P. */
   void (*softmax_round)(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha);
-  void (*pv_rounded)(float *O, const float *alpha, const uint16_t *Pb, const uint16_t *Vh, int64_t Dv);
+  void (*pv_blocks)(float *O, int64_t Dv, int64_t c0, int n, const uint16_t *const *Pb, const float *const *alpha,
+                    const uint16_t *const *Vh);
   /* The backward's transposed products (NULL: the set has no backward).
    * pairs: one tile X (MR, NR) fp32 (64-byte aligned) as MR / 2 rows of bf16 pairs,
    *   Xp[t * NR + j] = bf16(X[2t][j]) | bf16(X[2t + 1][j]) << 16, rounded as pv rounds P;
@@ -125,6 +131,7 @@ typedef struct attn__half_kernels {
    * j < nk, c < C (unit stride within Out's rows). */
   void (*t_out)(float *Out, int64_t ldo, const float *T, int64_t C, int64_t nk, float scale);
 } attn__half_kernels;
+#define ATTN__PV_COLS 64 /* O's columns per pv_blocks call */
 #define ATTN__BWD_ROWS_ALIGN 32
 #define ATTN__BWD_MAX_ROWS 128
 /* The half tiles a blocked forward of p runs on, or NULL for fp32 ones (engine/dispatch.c). */

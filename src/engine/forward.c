@@ -26,6 +26,10 @@
 #define QB_FAR 16
 #define QB_MAX QB_FAR
 #define L2_SHARE ((int64_t)1 << 20)
+/* Key blocks of OPEN tiles whose p.v waits for pv_blocks (kernels.h): O's columns then pass
+ * through the matrix unit once per PV_BLOCKS blocks instead of once per block (the Intel Xeon
+ * with AMX of BENCHMARKS.md, bf16 D 128: 2 to 8 measured alike in the lab, 4 kept). */
+#define PV_BLOCKS 4
 
 typedef struct tile_state {
   float *Q, *O, *m, *l, *alpha;
@@ -38,19 +42,28 @@ typedef struct scratch {
   tile_state t[QB_MAX];
   float *S, *Mb;
   uint16_t *Pb; /* kernels.h's softmax_round output; it shares Mb, which an OPEN tile leaves unused */
+  /* With pv_blocks: each tile's OPEN key blocks whose p.v is still to run, their P and alpha as
+   * softmax_round left them (slot k of tile t at Pq + (t PV_BLOCKS + k) MR NR, and aq likewise by
+   * ATTN__STAT_LANES) and their values */
+  uint16_t *Pq;
+  float *aq;
+  const uint16_t *vq[QB_MAX][PV_BLOCKS];
+  int nq[QB_MAX];
   float *base; /* one allocation behind everything above */
 } fwd_scratch;
 
 /* A thread's tiles, carved from its scratch (the struct sits at its start). */
 /* qrow: floats a tile's query row takes (D, or the half tiles' padded pairs and terms). */
-static size_t scratch_bytes(int64_t mr, int64_t nr, int64_t qrow, int64_t Dv) {
+/* queued: whether the tiles queue blocks for pv_blocks (their Pq and aq, PV_BLOCKS slots a tile). */
+static size_t scratch_bytes(int64_t mr, int64_t nr, int64_t qrow, int64_t Dv, int queued) {
   const int64_t up = 16; /* floats per 64 bytes */
   const int64_t q = (mr * qrow + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
-  return attn__carve_size(sizeof(fwd_scratch)) + (size_t)(2 * tile + QB_MAX * (q + o + st)) * sizeof(float);
+  const int64_t queue = queued ? QB_MAX * PV_BLOCKS * (tile / 2 + ATTN__STAT_LANES) : 0; /* bf16 P: half a tile */
+  return attn__carve_size(sizeof(fwd_scratch)) + (size_t)(2 * tile + QB_MAX * (q + o + st) + queue) * sizeof(float);
 }
 
-static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, int64_t Dv) {
+static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, int64_t Dv, int queued) {
   const int64_t up = 16;
   const int64_t q = (mr * qrow + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
@@ -60,6 +73,14 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, 
   s->Mb = b + tile;
   s->Pb = (uint16_t *)s->Mb;
   b += 2 * tile;
+  s->Pq = NULL, s->aq = NULL;
+  if (queued) {
+    s->aq = b;
+    b += QB_MAX * PV_BLOCKS * ATTN__STAT_LANES;
+    s->Pq = (uint16_t *)b;
+    b += QB_MAX * PV_BLOCKS * tile / 2;
+  }
+  for (int t = 0; t < QB_MAX; t++) s->nq[t] = 0;
   for (int t = 0; t < QB_MAX; t++, b += q + o + st) {
     tile_state *ts = &s->t[t];
     ts->Q = b;
@@ -87,7 +108,7 @@ typedef struct fwd_job {
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n); /* the kernel set's, in registers */
   int64_t pairs, per_round, kt_bytes, vp_bytes, D2;
   int qb, v_unit, terms; /* terms: the half tiles' (kernels.h), 1 without them */
-  int fused; /* OPEN tiles take hk's softmax_round and pv_rounded, the scale deferred to the softmax */
+  int fused; /* OPEN tiles take hk's softmax_round and pv_blocks, the scale deferred to the softmax */
   int64_t per[PH_N];
   int64_t *off[PH_N]; /* [pairs + 1] each, or NULL */
   char *Kp, *Vp;
@@ -255,6 +276,27 @@ static void dropout_tile(const attn__sdpa *p, float *P, int nr, int64_t b, int64
       P[r * nr + jj] *= attn__dropout_kept(p, b, h, i0 + r, j0 + jj) ? keep_scale : 0.0f;
 }
 
+static int queued(const fwd_job *j) { return j->fused; }
+
+/* The queued blocks' p.v for tiles [t0, t1), column group by column group: the group's values
+ * stay in L1 from one tile to the next. */
+static void flush_queued(const fwd_job *j, fwd_scratch *s, int t0, int t1) {
+  if (!queued(j)) return;
+  const int64_t Dv = j->p->Dv, tile = (int64_t)j->kn->mr * j->kn->nr;
+  for (int64_t c0 = 0; c0 < Dv; c0 += ATTN__PV_COLS)
+    for (int t = t0; t < t1; t++) {
+      const int n = s->nq[t];
+      const uint16_t *P[PV_BLOCKS];
+      const float *a[PV_BLOCKS];
+      for (int k = 0; k < n; k++) {
+        P[k] = s->Pq + (t * PV_BLOCKS + k) * tile;
+        a[k] = s->aq + (t * PV_BLOCKS + k) * ATTN__STAT_LANES;
+      }
+      if (n) j->hk->pv_blocks(s->t[t].O, Dv, c0, n, P, a, s->vq[t]);
+    }
+  for (int t = t0; t < t1; t++) s->nq[t] = 0;
+}
+
 // Query block: `count` tiles of MR rows from row i0 of head h, against the packed keys of its kv head.
 static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const void *V, int64_t ldv, int64_t b,
                       int64_t h, int64_t i0, int count) {
@@ -278,11 +320,14 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
       int raw;
       const attn__tile_mask tm = logits_tile(j, s, ts, Kp, b, h, j0, &raw);
       if (tm == ATTN__TILE_CLOSED) continue;
-      if (raw) {
-        j->hk->softmax_round(s->Pb, s->S, (float)p->scale, ts->m, ts->l, ts->alpha);
-        j->hk->pv_rounded(ts->O, ts->alpha, s->Pb, (const uint16_t *)V + j0 * p->Dv, p->Dv);
+      if (raw) { /* queued for pv_blocks, in key order */
+        const int k = s->nq[t]++;
+        j->hk->softmax_round(s->Pq + (t * PV_BLOCKS + k) * mr * nr, s->S, (float)p->scale, ts->m, ts->l,
+                             s->aq + (t * PV_BLOCKS + k) * ATTN__STAT_LANES);
+        s->vq[t][k] = (const uint16_t *)V + j0 * p->Dv;
         continue;
       }
+      if (s->nq[t]) flush_queued(j, s, t, t + 1); /* this block's p.v comes after theirs */
       const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr; /* P is 0 past the tile's last visible key */
       kn->softmax(s->S, ts->m, ts->l, ts->alpha);
       if (p->dropout_p > 0) dropout_tile(p, s->S, nr, b, h, ts->i0, ts->rows, j0);
@@ -290,7 +335,13 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
         j->hk->pv(ts->O, ts->alpha, s->S, (const uint16_t *)V + j0 * p->Dv * j->terms, p->Dv, nk, tm == ATTN__TILE_MIXED);
       else kn->pv(ts->O, ts->alpha, s->S, (const float *)V + j0 * ldv, ldv, p->Dv, nk, tm == ATTN__TILE_MIXED);
     }
+    for (int t = 0; t < count; t++) /* a tile adds at most one block a pass: every queue has room for the next */
+      if (s->nq[t] == PV_BLOCKS) {
+        flush_queued(j, s, 0, count);
+        break;
+      }
   }
+  flush_queued(j, s, 0, count);
   for (int t = 0; t < count; t++) {
     tile_end(p, &s->t[t], b, h);
     if (p->weights) tile_weights(j, s, &s->t[t], Kp, b, h);
@@ -491,7 +542,7 @@ static int64_t query_row(const fwd_job *j) {
 
 static void fwd_scratch_init(const void *arg, void *scratch) {
   const fwd_job *j = arg;
-  scratch_carve(scratch, j->kn->mr, j->kn->nr, query_row(j), j->p->Dv);
+  scratch_carve(scratch, j->kn->mr, j->kn->nr, query_row(j), j->p->Dv, queued(j));
 }
 
 /* Items of phase ph for kv head bg. */
@@ -516,7 +567,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   if (hk && hk->d2_align > 1) j.D2 = (j.D2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align; /* zero pairs */
   j.terms = hk ? hk->terms : 1;
   /* dropout and the cap change P or the logits between the steps the fused kernels join */
-  j.fused = hk && hk->softmax_round && hk->terms == 1 && p->dropout_p == 0 && !(p->softcap > 0);
+  j.fused = hk && hk->softmax_round && hk->pv_blocks && hk->terms == 1 && p->dropout_p == 0 && !(p->softcap > 0);
   /* the longest sequence sizes the packed buffers; its work, the scheduler's choices */
   const int64_t nseq = attn__seqs(p);
   int64_t Nk = p->Nk, Nq = p->Nq;
@@ -573,7 +624,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
                                        {"pack_v", pack_v_items, pack_v_run, 0},
                                        {"query_blocks", tiles_items, tiles_run, 1}};
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
-                         scratch_bytes(mr, nr, query_row(&j), p->Dv), fwd_scratch_init};
+                         scratch_bytes(mr, nr, query_row(&j), p->Dv, queued(&j)), fwd_scratch_init};
   const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, (long long)nseq};
   const char *fmt =
       p->cu_q ? (hk ? (j.terms == 2 ? "attn_sdpa forward, f16 tiles (bf16 hi + lo), packed batch (%lld kv heads per round, "

@@ -17,6 +17,8 @@
  *       and 2-3 in turn.
  *   softmax_round (tiles16.c): the 16-row set's softmax on AVX-512 writing P
  *       as bf16 rows for pv's A tiles, the scale folded into its exponent.
+ *   pv_blocks: p.v of several such blocks for 64 of O's columns, the sums kept
+ *       in C tiles 0-3 from block to block (O loaded and stored once a call).
  * Every tile is configured 16 rows x 64 bytes by begin (once per work item,
  * not per call: ldtilecfg clears the tiles and costs as much as a step), so
  * q and k come padded to whole steps of 16 pairs (d2_align) and Dv must be a
@@ -303,10 +305,50 @@ static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint1
                        int sparse) {
   pv_t(O, alpha, P, Vh, Dv, nkeys, sparse, 2);
 }
-static void pv_rounded_amx(float *O, const float *alpha, const uint16_t *Pb, const uint16_t *Vh, int64_t Dv) {
-  pv_pb(O, alpha, Pb, Vh, Dv, NR, 0, 1);
+/* kernels.h's pv_blocks: O's columns [c0, c0 + 64) in C tiles 0-3 through all n blocks (A tiles 4-5
+ * the block's P, keys 0-31 and 32-63; B tiles 6-7 its values), stored once at the end, or before a
+ * block whose alpha is not 1 (rare: softmax_round lets m trail), whose rescale runs on AVX-512. Each C
+ * tile takes its products in pv_pb's order (keys 0-31, then 32-63, block by block), and fp32 goes
+ * through memory unchanged, so O is bitwise pv_pb's on each block in turn. Against pv_pb a block at a
+ * time: 4 C tiles loaded and stored per call instead of per block (a tile store costs about a
+ * tdpbf16ps and does not overlap them). */
+static void pv_blocks_amx(float *O, int64_t Dv, int64_t c0, int n, const uint16_t *const *Pb,
+                          const float *const *alpha, const uint16_t *const *Vh) {
+  const int64_t cols = Dv - c0 < CHUNK ? Dv - c0 : CHUNK, bs = Dv * 4, so = Dv * 4;
+  const int nt = (int)(cols / 16);
+  float *o = O + c0;
+#define C_TILES(op)                         \
+  op(0, o, so);                             \
+  if (nt > 1) op(1, o + 16, so);            \
+  if (nt > 2) op(2, o + 32, so);            \
+  if (nt > 3) op(3, o + 48, so);
+  for (int b = 0; b < n; b++) {
+    const int rescale = _mm512_cmp_ps_mask(_mm512_load_ps(alpha[b]), _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
+    if (rescale && b > 0) { C_TILES(_tile_stored) }
+    for (int r = 0; r < MR && rescale; r++) {
+      const __m512 a = _mm512_set1_ps(alpha[b][r]);
+      for (int64_t c = 0; c < cols; c += 16) _mm512_storeu_ps(o + r * Dv + c, _mm512_mul_ps(_mm512_loadu_ps(o + r * Dv + c), a));
+    }
+    if (rescale || b == 0) { C_TILES(_tile_loadd) }
+    const uint32_t *v = (const uint32_t *)Vh[b] + c0, *h = v + 16 * Dv; /* pair rows 0-15, 16-31 */
+    _tile_loadd(4, Pb[b], NR * 2);
+    _tile_loadd(5, Pb[b] + 32, NR * 2);
+    _tile_loadd(6, v, bs);
+    _tile_dpbf16ps(0, 4, 6);
+    if (nt > 1) { _tile_loadd(7, v + 16, bs); _tile_dpbf16ps(1, 4, 7); }
+    if (nt > 2) { _tile_loadd(6, v + 32, bs); _tile_dpbf16ps(2, 4, 6); }
+    if (nt > 3) { _tile_loadd(7, v + 48, bs); _tile_dpbf16ps(3, 4, 7); }
+    _tile_loadd(6, h, bs);
+    _tile_dpbf16ps(0, 5, 6);
+    if (nt > 1) { _tile_loadd(7, h + 16, bs); _tile_dpbf16ps(1, 5, 7); }
+    if (nt > 2) { _tile_loadd(6, h + 32, bs); _tile_dpbf16ps(2, 5, 6); }
+    if (nt > 3) { _tile_loadd(7, h + 48, bs); _tile_dpbf16ps(3, 5, 7); }
+  }
+  if (n > 0) { C_TILES(_tile_stored) }
+#undef C_TILES
 }
 
+_Static_assert(CHUNK == ATTN__PV_COLS, "pv_blocks takes kernels.h's column groups");
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
 /* The backward's transposed products (kernels.h's pairs and pt_acc): OutT (C, NR) +=
  * XT (C, rows) . bf16(P) (rows, NR). pairs turns a tile of P into the B tiles' rows, bf16
@@ -425,7 +467,7 @@ static void t_out_amx(float *Out, int64_t ldo, const float *T, int64_t C, int64_
 
 const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 16, 16, 1,
                                                    attn__amx_begin, attn__amx_end, qk_amx, pv_amx, attn__softmax_round_amx16,
-                                                   pv_rounded_amx, pairs_amx, pt_acc_amx, t_out_amx};
+                                                   pv_blocks_amx, pairs_amx, pt_acc_amx, t_out_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
                                                        attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL, NULL,
                                                        pairs_amx_f16, pt_acc_amx_f16, t_out_amx};
