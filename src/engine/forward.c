@@ -28,7 +28,7 @@
 #define L2_SHARE ((int64_t)1 << 20)
 /* Key blocks of OPEN tiles whose p.v waits for pv_blocks (kernels.h): O's columns then pass
  * through the matrix unit once per PV_BLOCKS blocks instead of once per block (the Intel Xeon
- * with AMX of BENCHMARKS.md, bf16 D 128: 2 to 8 measured alike in the lab, 4 kept). */
+ * with AMX of BENCHMARKS.md, bf16 D 128: 2 and 4 measured alike, 8 slower; 4 kept). */
 #define PV_BLOCKS 4
 
 typedef struct tile_state {
