@@ -69,8 +69,12 @@ typedef struct attn__cpu_kernels {
  *   Qh is (MR, D2) pairs:  Qh[2 (r D2 + t) + e] = q[r][2t + e], unscaled; rows
  *                          past Nq and an odd D's last pair's upper half are 0
  *   Kh is (D2, NR) pairs:  Kh[2 (t NR + j) + e] = k[j][2t + e]; keys past Nk are 0
- *   Vh is (., Dv) pairs:   Vh[2 (j2 Dv + c) + e] = v[2 j2 + e][c] for one key
- *                          block, 64-byte aligned; keys past Nk are 0
+ *   Vh is a key block's NR / 2 pair rows of v[2 j2 + e][c], 64-byte aligned,
+ *                          in groups of ATTN__PV_COLS columns (fewer in Dv's last):
+ *                          group c0's pair row j2 at attn__vh_at(Dv, terms, NR, j2,
+ *                          c0), its columns side by side (so a tile of a group's
+ *                          rows is not confined to a few of L1's sets, as rows of a
+ *                          whole Dv of 128, 512 bytes apart, were); keys past Nk are 0
  * qk: S = scale * (Q . K) for the first nkeys keys (columns past them finite).
  * pv: O[r][:] = O[r][:] * alpha[r] + sum_{j < nkeys} bf16(P[r][j]) * V[j][:]:
  *     the probabilities are rounded to bf16 as PyTorch rounds them for P.V.
@@ -78,9 +82,9 @@ typedef struct attn__cpu_kernels {
  *     P is 0, as in attn__cpu_kernels.pv (their V may hold Inf or NaN).
  * terms = 2 (f16 inputs on a bf16 unit): each element x is packed as two bf16,
  * hi = bf16(x) and lo = x - hi (exact: f16 has 11 bits), and each packed row
- * holds its hi pairs, then its lo pairs: Qh is (MR, 2 D2), Kh (D2, 2 NR), Vh
- * (., 2 Dv), the lo pair of element (row, t) at (row, t + the row's hi
- * count). A product sums the four bf16 products, exact in fp32, so q.k and
+ * holds its hi pairs, then its lo pairs: Qh is (MR, 2 D2), Kh (D2, 2 NR), a
+ * Vh group's rows 2 w, the lo pair of element (row, t) at (row, t + the row's
+ * hi count). A product sums the four bf16 products, exact in fp32, so q.k and
  * p.v are f16's exact products summed in fp32; pv rounds P to f16 (as PyTorch
  * rounds P to the inputs' type) before splitting it the same way. */
 typedef struct attn__half_kernels {
@@ -131,7 +135,15 @@ typedef struct attn__half_kernels {
    * j < nk, c < C (unit stride within Out's rows). */
   void (*t_out)(float *Out, int64_t ldo, const float *T, int64_t C, int64_t nk, float scale);
 } attn__half_kernels;
-#define ATTN__PV_COLS 64 /* O's columns per pv_blocks call */
+#define ATTN__PV_COLS 64 /* O's columns per pv_blocks call, and per group of a packed Vh */
+
+/* Where pair row j2 of the columns [c0, ...) of a packed Vh key block starts, in pairs from the
+ * block's start (c0 a multiple of ATTN__PV_COLS): the group's w columns' hi pairs, then with terms
+ * = 2 its w lo pairs; rows terms * w pairs apart. The groups before c0 are whole. */
+static inline int64_t attn__vh_at(int64_t Dv, int terms, int nr, int64_t j2, int64_t c0) {
+  const int64_t w = Dv - c0 < ATTN__PV_COLS ? Dv - c0 : ATTN__PV_COLS;
+  return terms * ((int64_t)(nr / 2) * c0 + j2 * w);
+}
 #define ATTN__BWD_ROWS_ALIGN 32
 #define ATTN__BWD_MAX_ROWS 128
 /* The half tiles a blocked forward of p runs on, or NULL for fp32 ones (engine/dispatch.c). */

@@ -583,17 +583,19 @@ static void pack_kv_run(const void *arg, void *scratch, int64_t round, int64_t f
                              nk, p->D, j->D2, terms);
       attn__pack_block_pairs(j->kn, (uint16_t *)(j->Vt + slot * j->vt_size), &p->v, attn__koff(p, &p->v, b, g, 0), blk,
                              nk, p->Dv, j->Dv2, terms);
-      /* K as pairs of keys for dS.K: kv[2 (j2 D + d) + e] = k[2 j2 + e][d], zero past Nk (two terms: each
-       * pair row's D hi pairs, then its D lo pairs) */
+      /* K as pv's values for dS.K (kernels.h's Vh with D columns), zero past Nk */
       uint16_t *kv = (uint16_t *)(j->Kr + slot * j->kr_size) + blk * nr * p->D * terms;
       const uint16_t *kd = p->k.data; /* bf16 or f16 (the dispatch's condition) */
       for (int jj = 0; jj < nr; jj++) {
         const int64_t key = blk * nr + jj, off = key < nk ? attn__koff(p, &p->k, b, g, key) : 0;
-        uint16_t *o = kv + (jj / 2) * 2 * p->D * terms + (jj & 1);
-        for (int64_t d = 0; d < p->D; d++) {
-          const uint16_t x = key < nk ? kd[off + d * p->k.strides[3]] : 0;
-          if (terms == 2) attn__split_f16(x, &o[2 * d], &o[2 * (p->D + d)]);
-          else o[2 * d] = x;
+        for (int64_t c0 = 0; c0 < p->D; c0 += ATTN__PV_COLS) {
+          const int64_t cw = p->D - c0 < ATTN__PV_COLS ? p->D - c0 : ATTN__PV_COLS;
+          uint16_t *o = kv + 2 * attn__vh_at(p->D, terms, nr, jj / 2, c0) + (jj & 1);
+          for (int64_t d = 0; d < cw; d++) {
+            const uint16_t x = key < nk ? kd[off + (c0 + d) * p->k.strides[3]] : 0;
+            if (terms == 2) attn__split_f16(x, &o[2 * d], &o[2 * (cw + d)]);
+            else o[2 * d] = x;
+          }
         }
       }
       continue;

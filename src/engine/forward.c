@@ -465,7 +465,7 @@ static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t fi
 
 static int64_t pack_v_items(const void *arg, int64_t round) { return round_items(arg, PH_V, round); }
 
-// Vp[slot] (Nk, Dv) f32 rows, item = a key of a kv head; half tiles: (ceil(Nk / 2), Dv) key pairs, item = a pair.
+// Vp[slot] (Nk, Dv) f32 rows, item = a key of a kv head; half tiles: key blocks of pairs (kernels.h's Vh), item = a pair.
 static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const fwd_job *j = arg;
@@ -475,24 +475,29 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
   for (int64_t w = first; w < last && j->hk; w++) {
     int64_t j2;
     const int64_t bg = item_pair(j, PH_V, w0 + w, &j2), b = bg / p->Hk, nk = attn__key_rows(p, b);
-    uint16_t *dst = (uint16_t *)(j->Vp + (bg - round * j->per_round) * j->vp_bytes) + 2 * j2 * p->Dv * j->terms;
+    const int64_t hp = j->kn->nr / 2, row = j2 % hp; /* pair rows of a key block; this one's */
+    uint16_t *blk = (uint16_t *)(j->Vp + (bg - round * j->per_round) * j->vp_bytes) + 2 * (j2 - row) * p->Dv * j->terms;
     const int64_t off = attn__koff(p, v, b, bg % p->Hk, 2 * j2);
     const int64_t sd = v->strides[3], s2 = v->strides[2];
     const int second = 2 * j2 + 1 < nk;
-    if (j->terms == 2) { /* the pair row's Dv hi pairs, then its Dv lo pairs */
-      uint16_t *lo = dst + 2 * p->Dv;
-      for (int64_t c = 0; c < p->Dv; c++) {
-        split_at(v->data, v->dtype, off + c * sd, &dst[2 * c], &lo[2 * c]);
-        if (second) split_at(v->data, v->dtype, off + s2 + c * sd, &dst[2 * c + 1], &lo[2 * c + 1]);
-        else dst[2 * c + 1] = lo[2 * c + 1] = 0;
-      }
-    } else if (v->dtype == ATTN_BF16 && sd == 1 && second) {
-      const uint16_t *r0 = (const uint16_t *)v->data + off, *r1 = r0 + s2;
-      for (int64_t c = 0; c < p->Dv; c++) dst[2 * c] = r0[c], dst[2 * c + 1] = r1[c];
-    } else {
-      for (int64_t c = 0; c < p->Dv; c++) {
-        dst[2 * c] = bf16_at(v->data, v->dtype, off + c * sd);
-        dst[2 * c + 1] = second ? bf16_at(v->data, v->dtype, off + s2 + c * sd) : 0;
+    for (int64_t c0 = 0; c0 < p->Dv; c0 += ATTN__PV_COLS) {
+      const int64_t cw = p->Dv - c0 < ATTN__PV_COLS ? p->Dv - c0 : ATTN__PV_COLS, o0 = off + c0 * sd;
+      uint16_t *dst = blk + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, row, c0);
+      if (j->terms == 2) { /* the group's w hi pairs, then its w lo pairs */
+        uint16_t *lo = dst + 2 * cw;
+        for (int64_t c = 0; c < cw; c++) {
+          split_at(v->data, v->dtype, o0 + c * sd, &dst[2 * c], &lo[2 * c]);
+          if (second) split_at(v->data, v->dtype, o0 + s2 + c * sd, &dst[2 * c + 1], &lo[2 * c + 1]);
+          else dst[2 * c + 1] = lo[2 * c + 1] = 0;
+        }
+      } else if (v->dtype == ATTN_BF16 && sd == 1 && second) {
+        const uint16_t *r0 = (const uint16_t *)v->data + o0, *r1 = r0 + s2;
+        for (int64_t c = 0; c < cw; c++) dst[2 * c] = r0[c], dst[2 * c + 1] = r1[c];
+      } else {
+        for (int64_t c = 0; c < cw; c++) {
+          dst[2 * c] = bf16_at(v->data, v->dtype, o0 + c * sd);
+          dst[2 * c + 1] = second ? bf16_at(v->data, v->dtype, o0 + s2 + c * sd) : 0;
+        }
       }
     }
   }
@@ -589,7 +594,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
                       (long long)Nk, (long long)p->D, (long long)p->Dv);
   if (hk) {
     j.kt_bytes = nblocks * nr * 2 * j.D2 * 2 * j.terms;
-    j.vp_bytes = ((Nk + 1) / 2 * 2 * p->Dv * 2 * j.terms + 63) / 64 * 64;
+    j.vp_bytes = nblocks * nr * p->Dv * 2 * j.terms; /* whole key blocks: a group's rows are NR / 2 apart */
   } else {
     j.kt_bytes = nblocks * nr * p->D * (int64_t)sizeof(float);
     j.vp_bytes = j.v_unit ? 0 : Nk * p->Dv * (int64_t)sizeof(float);

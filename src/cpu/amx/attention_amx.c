@@ -142,7 +142,8 @@ static inline __m512 pair_half(const uint32_t *row, __mmask16 mk, int64_t j) {
 
 /* O[r][c0 + c] for c < cols, one row at a time on AVX-512, skipping keys whose
  * rounded probability is 0 (their values may be Inf or NaN). pb: the rounded
- * probabilities (TERMS planes of MR x NR bf16, summed); V's rows ld pairs apart. */
+ * probabilities (TERMS planes of MR x NR bf16, summed); V's rows ld pairs apart,
+ * with terms 2 each row's lo pairs cols after its hi ones. */
 static void pv_rows(float *O, const uint16_t *pb, const uint32_t *V, int64_t ld, int64_t Dv, int64_t nkeys,
                     int64_t cols, int terms) {
   for (int r = 0; r < MR; r++)
@@ -155,7 +156,7 @@ static void pv_rows(float *O, const uint16_t *pb, const uint32_t *V, int64_t ld,
         if (!(fabsf(p) >= 0x1p-126f)) continue; /* 0, or a subnormal the tiles read as 0 */
         const uint32_t *row = V + (j / 2) * ld + c;
         __m512 v = pair_half(row, mk, j);
-        if (terms == 2) v = _mm512_add_ps(v, pair_half(row + Dv, mk, j)); /* hi + lo: exact */
+        if (terms == 2) v = _mm512_add_ps(v, pair_half(row + cols, mk, j)); /* hi + lo: exact */
         o = _mm512_fmadd_ps(_mm512_set1_ps(p), v, o);
       }
       _mm512_mask_storeu_ps(O + r * Dv + c, mk, o);
@@ -216,11 +217,11 @@ static inline __attribute__((always_inline)) void pv_pb(float *O, const float *a
         _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), a));
       }
     }
-    /* the block's values for these columns as the B tiles read them: in place (rows TERMS Dv pairs
-     * apart, lo Dv pairs after hi), or a copy without the keys not to be read (rows CHUNK apart, lo
-     * NR / 2 rows after hi) */
-    const uint32_t *src = V + c0, *src_lo = V + Dv + c0;
-    int64_t ld = TERMS * Dv;
+    /* the block's values for these columns as the B tiles read them: in place (kernels.h's group:
+     * rows TERMS cols pairs apart, lo cols pairs after hi), or a copy without the keys not to be
+     * read (rows CHUNK apart, lo NR / 2 rows after hi) */
+    const uint32_t *src = V + attn__vh_at(Dv, TERMS, NR, 0, c0), *src_lo = src + cols;
+    int64_t ld = TERMS * cols;
     uint32_t vb[TERMS * NR / 2 * CHUNK] __attribute__((aligned(64)));
     if (sparse && any_nonfinite(src, ld, npairs, cols)) {
       pv_rows(O + c0, pb, src, ld, Dv, nkeys, cols, TERMS);
@@ -230,7 +231,7 @@ static inline __attribute__((always_inline)) void pv_pb(float *O, const float *a
       for (int term = 0; term < TERMS; term++)
         for (int64_t j2 = 0; j2 < NR / 2; j2++)
           for (int64_t c = 0; c < CHUNK; c += 16) {
-            __m512i x = _mm512_maskz_loadu_epi32(j2 < npairs ? lanes16(cols - c) : 0, src + term * Dv + j2 * ld + c);
+            __m512i x = _mm512_maskz_loadu_epi32(j2 < npairs ? lanes16(cols - c) : 0, src + term * cols + j2 * ld + c);
             if (2 * j2 + 1 == nkeys) x = _mm512_and_si512(x, _mm512_set1_epi32(0xffff)); /* the lone key's partner */
             _mm512_store_si512(vb + (term * NR / 2 + j2) * CHUNK + c, x);
           }
@@ -314,7 +315,7 @@ static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint1
  * tdpbf16ps and does not overlap them). */
 static void pv_blocks_amx(float *O, int64_t Dv, int64_t c0, int n, const uint16_t *const *Pb,
                           const float *const *alpha, const uint16_t *const *Vh) {
-  const int64_t cols = Dv - c0 < CHUNK ? Dv - c0 : CHUNK, bs = Dv * 4, so = Dv * 4;
+  const int64_t cols = Dv - c0 < CHUNK ? Dv - c0 : CHUNK, bs = cols * 4, so = Dv * 4;
   const int nt = (int)(cols / 16);
   float *o = O + c0;
 #define C_TILES(op)                         \
@@ -330,7 +331,7 @@ static void pv_blocks_amx(float *O, int64_t Dv, int64_t c0, int n, const uint16_
       for (int64_t c = 0; c < cols; c += 16) _mm512_storeu_ps(o + r * Dv + c, _mm512_mul_ps(_mm512_loadu_ps(o + r * Dv + c), a));
     }
     if (rescale || b == 0) { C_TILES(_tile_loadd) }
-    const uint32_t *v = (const uint32_t *)Vh[b] + c0, *h = v + 16 * Dv; /* pair rows 0-15, 16-31 */
+    const uint32_t *v = (const uint32_t *)Vh[b] + attn__vh_at(Dv, 1, NR, 0, c0), *h = v + 16 * cols; /* pair rows 0-15, 16-31 */
     _tile_loadd(4, Pb[b], NR * 2);
     _tile_loadd(5, Pb[b] + 32, NR * 2);
     _tile_loadd(6, v, bs);

@@ -92,7 +92,7 @@ static inline __attribute__((always_inline)) void pv_bf16_t(float *O, const floa
       for (int w = 0; w < CW; w++) o[r][w] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w), a);
     }
     for (int64_t j2 = 0; j2 < npairs; j2++) {
-      const uint16_t *vr = Vh + 2 * (j2 * Dv + c0);
+      const uint16_t *vr = Vh + 2 * attn__vh_at(Dv, 1, NR, j2, c0);
       __m512i vv[CW];
       for (int w = 0; w < CW; w++) vv[w] = _mm512_maskz_loadu_epi32(mk[w], vr + 32 * w);
       if (2 * j2 + 1 == nkeys)
@@ -111,6 +111,8 @@ static inline __attribute__((always_inline)) void pv_bf16_t(float *O, const floa
       for (int w = 0; w < CW; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);
   }
 }
+
+_Static_assert(16 * CW == ATTN__PV_COLS, "a chunk of pv's columns is one group of the packed Vh");
 
 static void pv_bf16(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys,
                     int sparse) {
