@@ -137,12 +137,13 @@ typedef struct attn__half_kernels {
 } attn__half_kernels;
 #define ATTN__PV_COLS 64 /* O's columns per pv_blocks call, and per group of a packed Vh */
 
-/* Where pair row j2 of the columns [c0, ...) of a packed Vh key block starts, in pairs from the
- * block's start (c0 a multiple of ATTN__PV_COLS): the group's w columns' hi pairs, then with terms
- * = 2 its w lo pairs; rows terms * w pairs apart. The groups before c0 are whole. */
+/* The columns of a packed Vh's group from column c0 (a multiple of ATTN__PV_COLS). */
+static inline int64_t attn__vh_cols(int64_t Dv, int64_t c0) { return Dv - c0 < ATTN__PV_COLS ? Dv - c0 : ATTN__PV_COLS; }
+/* Where pair row j2 of that group starts in a packed Vh key block, in pairs from the block's start:
+ * the group's w = attn__vh_cols columns' hi pairs, then with terms = 2 its w lo pairs; rows terms * w
+ * pairs apart. The groups before c0 are whole. */
 static inline int64_t attn__vh_at(int64_t Dv, int terms, int nr, int64_t j2, int64_t c0) {
-  const int64_t w = Dv - c0 < ATTN__PV_COLS ? Dv - c0 : ATTN__PV_COLS;
-  return terms * ((int64_t)(nr / 2) * c0 + j2 * w);
+  return terms * ((int64_t)(nr / 2) * c0 + j2 * attn__vh_cols(Dv, c0));
 }
 #define ATTN__BWD_ROWS_ALIGN 32
 #define ATTN__BWD_MAX_ROWS 128

@@ -589,7 +589,7 @@ static void pack_kv_run(const void *arg, void *scratch, int64_t round, int64_t f
       for (int jj = 0; jj < nr; jj++) {
         const int64_t key = blk * nr + jj, off = key < nk ? attn__koff(p, &p->k, b, g, key) : 0;
         for (int64_t c0 = 0; c0 < p->D; c0 += ATTN__PV_COLS) {
-          const int64_t cw = p->D - c0 < ATTN__PV_COLS ? p->D - c0 : ATTN__PV_COLS;
+          const int64_t cw = attn__vh_cols(p->D, c0);
           uint16_t *o = kv + 2 * attn__vh_at(p->D, terms, nr, jj / 2, c0) + (jj & 1);
           for (int64_t d = 0; d < cw; d++) {
             const uint16_t x = key < nk ? kd[off + (c0 + d) * p->k.strides[3]] : 0;

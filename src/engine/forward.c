@@ -481,9 +481,9 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
     const int64_t sd = v->strides[3], s2 = v->strides[2];
     const int second = 2 * j2 + 1 < nk;
     for (int64_t c0 = 0; c0 < p->Dv; c0 += ATTN__PV_COLS) {
-      const int64_t cw = p->Dv - c0 < ATTN__PV_COLS ? p->Dv - c0 : ATTN__PV_COLS, o0 = off + c0 * sd;
+      const int64_t cw = attn__vh_cols(p->Dv, c0), o0 = off + c0 * sd;
       uint16_t *dst = blk + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, row, c0);
-      if (j->terms == 2) { /* the group's w hi pairs, then its w lo pairs */
+      if (j->terms == 2) { /* the group's cw hi pairs, then its cw lo pairs */
         uint16_t *lo = dst + 2 * cw;
         for (int64_t c = 0; c < cw; c++) {
           split_at(v->data, v->dtype, o0 + c * sd, &dst[2 * c], &lo[2 * c]);
