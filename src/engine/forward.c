@@ -41,7 +41,6 @@ typedef struct tile_state {
 typedef struct scratch {
   tile_state t[QB_MAX];
   float *S, *Mb;
-  uint16_t *Pb; /* kernels.h's softmax_round output; it shares Mb, which an OPEN tile leaves unused */
   /* With pv_blocks: each tile's OPEN key blocks whose p.v is still to run, their P and alpha as
    * softmax_round left them (slot k of tile t at Pq + (t PV_BLOCKS + k) MR NR, and aq likewise by
    * ATTN__STAT_LANES) and their values */
@@ -71,7 +70,6 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, 
   s->base = b;
   s->S = b;
   s->Mb = b + tile;
-  s->Pb = (uint16_t *)s->Mb;
   b += 2 * tile;
   s->Pq = NULL, s->aq = NULL;
   if (queued) {
@@ -276,12 +274,10 @@ static void dropout_tile(const attn__sdpa *p, float *P, int nr, int64_t b, int64
       P[r * nr + jj] *= attn__dropout_kept(p, b, h, i0 + r, j0 + jj) ? keep_scale : 0.0f;
 }
 
-static int queued(const fwd_job *j) { return j->fused; }
-
 /* The queued blocks' p.v for tiles [t0, t1), column group by column group: the group's values
  * stay in L1 from one tile to the next. */
 static void flush_queued(const fwd_job *j, fwd_scratch *s, int t0, int t1) {
-  if (!queued(j)) return;
+  if (!j->fused) return;
   const int64_t Dv = j->p->Dv, tile = (int64_t)j->kn->mr * j->kn->nr;
   for (int64_t c0 = 0; c0 < Dv; c0 += ATTN__PV_COLS)
     for (int t = t0; t < t1; t++) {
@@ -547,7 +543,7 @@ static int64_t query_row(const fwd_job *j) {
 
 static void fwd_scratch_init(const void *arg, void *scratch) {
   const fwd_job *j = arg;
-  scratch_carve(scratch, j->kn->mr, j->kn->nr, query_row(j), j->p->Dv, queued(j));
+  scratch_carve(scratch, j->kn->mr, j->kn->nr, query_row(j), j->p->Dv, j->fused);
 }
 
 /* Items of phase ph for kv head bg. */
@@ -629,7 +625,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
                                        {"pack_v", pack_v_items, pack_v_run, 0},
                                        {"query_blocks", tiles_items, tiles_run, 1}};
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
-                         scratch_bytes(mr, nr, query_row(&j), p->Dv, queued(&j)), fwd_scratch_init};
+                         scratch_bytes(mr, nr, query_row(&j), p->Dv, j.fused), fwd_scratch_init};
   const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, (long long)nseq};
   const char *fmt =
       p->cu_q ? (hk ? (j.terms == 2 ? "attn_sdpa forward, f16 tiles (bf16 hi + lo), packed batch (%lld kv heads per round, "
