@@ -176,6 +176,16 @@ for m in "" --padded; do
   expect 0 "" -- bench sdpa --lengths 5,0,17,40 --heads 2 --kv-heads 1 --dim 8 --causal --repeat 1 --json $m
   if grep -Eq '"mode":"(packed|padded)".*"oracle_rel_l2":[0-9.]+e-0[6-9]' "$T/stdout"; then ok; else bad "bench sdpa --lengths $m: $(cat "$T/stdout")"; fi
 done
+# with --backward (the padded batch's padding rows carry no gradient), and in bf16 (the oracle on the rounded inputs)
+for m in "" --padded; do
+  expect 0 "" -- bench sdpa --lengths 5,0,17,40 --heads 2 --kv-heads 1 --dim 16 --causal --repeat 1 --json --backward $m
+  if grep -Eq '"backward_oracle_rel_l2":[0-9.]+e-0[6-9].*"oracle_rel_l2":[0-9.]+e-0[6-9]' "$T/stdout"; then ok; else bad "bench sdpa --lengths --backward $m: $(cat "$T/stdout")"; fi
+  expect 0 "" -- bench sdpa --lengths 70,3,33 --heads 2 --dim 32 --repeat 1 --json --backward --dtype bf16 $m
+  below_1e2='(0\.00[0-9]+|[0-9.]+e-0[3-9])' # bf16 tiles: ~2e-3; bf16 widened to fp32 (no AMX): ~1e-7
+  if grep -Eq "\"dtype\":\"bf16\".*\"backward_oracle_rel_l2\":$below_1e2,.*\"oracle_rel_l2\":$below_1e2}" "$T/stdout"; then ok; else bad "bench sdpa --lengths --dtype bf16 $m: $(cat "$T/stdout")"; fi
+done
+expect 2 "" -- bench sdpa --lengths 5,8 --heads 2 --dim 8 --window 4
+expect 2 "" -- bench sdpa --lengths 5,8 --heads 2 --dim 8 --dtype f8
 expect 2 "" -- bench sdpa --lengths 5,x --heads 2 --dim 8
 expect 2 "" -- bench sdpa --lengths 5 --heads 2 --dim 8 --batch 2
 expect 2 "" -- bench sdpa --batch 1 --seq 8 --heads 2 --dim 8 --padded

@@ -52,10 +52,11 @@ static const struct {
      "            [--padding F] [--backward] [--dtype f32|bf16|f16] [--precision P] [--threads T] [--repeat R]\n"
      "            [--kernel K] [--max-gflop F] [--json]\n"
      "            (--padding F: the last fraction F of every row's keys is key padding, and holds NaN)\n"
-     "  attn bench sdpa --lengths L1,L2,... --heads H [--kv-heads G] --dim D [--causal] [--padded] [--threads T]\n"
-     "            [--repeat R] [--kernel K] [--max-gflop F] [--json]\n"
+     "  attn bench sdpa --lengths L1,L2,... --heads H [--kv-heads G] --dim D [--causal] [--padded] [--backward]\n"
+     "            [--dtype f32|bf16|f16] [--precision P] [--threads T] [--repeat R] [--kernel K] [--max-gflop F]\n"
+     "            [--json]\n"
      "            (a packed batch of those sequences (cu_seqlens), or --padded: padded to the longest with\n"
-     "            key padding; GFLOP/s count the sequences' own flops either way)\n"},
+     "            key padding, the padding rows' gradient 0; GFLOP/s count the sequences' own flops either way)\n"},
     {"bench", "mha",
      "  attn bench mha --batch B --seq N --embed E --heads H [--threads T] [--repeat R] [--kernel K]\n"
      "            [--dtype f32|bf16|f16] [--precision default|fp32|bf16|f16] [--max-gflop F] [--json]\n"

@@ -187,14 +187,44 @@ done:
   return r;
 }
 
+/* q, k and v replaced by the same values rounded to dt (nothing to do for f32): the oracle reads them as stored. */
+static int bench_round_inputs(attn_ctx *ctx, attn_tensor *q, attn_tensor *k, attn_tensor *v, attn_dtype dt) {
+  attn_tensor *in[3] = {q, k, v};
+  for (int i = 0; i < 3 && dt != ATTN_F32; i++) {
+    attn_tensor h = {0};
+    if (attn_tensor_alloc(ctx, &h, dt, 4, in[i]->shape) || attn_tensor_copy(ctx, &h, in[i])) {
+      attn_tensor_free(&h);
+      return cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
+    }
+    attn_tensor_free(in[i]);
+    *in[i] = h;
+  }
+  return 0;
+}
+
+/* What the last forward (backward) ran on, from the context's plan. */
+static const char *bench_forward_tiles(attn_ctx *ctx) {
+  const char *plan = attn_ctx_plan(ctx);
+  return strstr(plan, "(bf16 hi + lo)") ? "f16 split" : strstr(plan, "bf16 tiles") ? "bf16" : "fp32";
+}
+static const char *bench_backward_tiles(attn_ctx *ctx) {
+  const char *plan = attn_ctx_plan(ctx);
+  return strstr(plan, "attn_sdpa_backward, f16 tiles (bf16 hi + lo)") ? "f16 split"
+         : strstr(plan, "attn_sdpa_backward, bf16 tiles")              ? "bf16"
+                                                                       : "fp32";
+}
+
 /* --lengths L1,L2,...: a packed batch of sequences of those lengths (self-attention, Nq = Nk each), or
  * with --padded the same batch padded to the longest, with key_padding hiding each row's padding. The
- * flops are the sequences' own either way (4 D times each one's visible pairs), so GFLOP/s compare. */
+ * flops are the sequences' own either way (4 D times each one's visible pairs), so GFLOP/s compare.
+ * --dtype rounds q, k and v to f16 or bf16 (the oracle reads them as stored); --backward also times
+ * the backward alone, after a forward that keeps lse. */
 #define LENGTHS_MAX 256
 
 typedef struct varlen_case {
   attn_ctx *ctx;
   attn_tensor q, k, v, out, kpm;
+  attn_tensor lse, dout, dq, dk, dv; /* --backward */
   attn_sdpa_opts o;
 } varlen_case;
 
@@ -203,9 +233,78 @@ static int run_varlen(void *arg) {
   return attn_sdpa(c->ctx, &c->out, NULL, NULL, &c->q, &c->k, &c->v, &c->o);
 }
 
+static int run_varlen_backward(void *arg) {
+  varlen_case *c = arg;
+  return attn_sdpa_backward(c->ctx, &c->dq, &c->dk, &c->dv, NULL, NULL, &c->dout, &c->q, &c->k, &c->v, &c->out,
+                            &c->lse, &c->o);
+}
+
+/* One sequence's rows of a packed ([1, H, total, F] from row r0) or padded ([B, H, N, F], batch r0) tensor. */
+static attn_tensor seq_rows(const attn_tensor *t, int padded, int64_t r0, int64_t n) {
+  attn_tensor s = *t;
+  const int64_t off = padded ? r0 * t->strides[0] : r0 * t->strides[2];
+  s.data = (char *)t->data + off * (int64_t)attn_dtype_size(t->dtype);
+  s.shape[0] = 1;
+  s.shape[2] = n;
+  return s;
+}
+
+/* The largest relative L2 over the n-row [1, H, n, F] f32 views got against the float64 want. */
+static double seq_rel_l2(const attn_tensor *got, const attn_tensor *want) {
+  const int64_t H = got->shape[1], n = got->shape[2], F = got->shape[3];
+  double num = 0, den = 0;
+  for (int64_t h = 0; h < H; h++)
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t d = 0; d < F; d++) {
+        const double x = ((const float *)got->data)[h * got->strides[1] + i * got->strides[2] + d];
+        const double y = ((const double *)want->data)[(h * n + i) * F + d];
+        num += (x - y) * (x - y), den += y * y;
+      }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The forward (err[0]) and with backward the dq, dk, dv (err[1..3]) of sequence s (rows r0.., n of them)
+ * against the float64 oracle on that sequence alone. */
+static int varlen_oracle(varlen_case *c, int padded, int64_t r0, int64_t n, int backward, double err[4]) {
+  attn_ctx *ctx = c->ctx;
+  const int64_t H = c->q.shape[1], G = c->k.shape[1], D = c->q.shape[3];
+  attn_tensor q = seq_rows(&c->q, padded, r0, n), k = seq_rows(&c->k, padded, r0, n), v = seq_rows(&c->v, padded, r0, n);
+  attn_tensor o = seq_rows(&c->out, padded, r0, n);
+  attn_sdpa_opts oo;
+  attn_sdpa_opts_init(&oo);
+  oo.causal = c->o.causal;
+  int64_t qs[4] = {1, H, n, D}, ks[4] = {1, G, n, D}, ls[3] = {1, H, n};
+  attn_tensor ref = {0}, lse = {0}, dq = {0}, dk = {0}, dv = {0};
+  int r = 0;
+  if (attn_tensor_alloc(ctx, &ref, ATTN_F64, 4, qs) || (backward && attn_tensor_alloc(ctx, &lse, ATTN_F64, 3, ls)) ||
+      (backward && attn_tensor_alloc(ctx, &dq, ATTN_F64, 4, qs)) || (backward && attn_tensor_alloc(ctx, &dk, ATTN_F64, 4, ks)) ||
+      (backward && attn_tensor_alloc(ctx, &dv, ATTN_F64, 4, ks))) {
+    r = cli_fail(CLI_EXIT_FAIL, "oracle: out of memory");
+    goto done;
+  }
+  if (attn_sdpa_ref(ctx, &ref, backward ? &lse : NULL, NULL, &q, &k, &v, &oo)) {
+    r = cli_fail(CLI_EXIT_FAIL, "oracle: %s", attn_ctx_error(ctx));
+    goto done;
+  }
+  err[0] = seq_rel_l2(&o, &ref);
+  if (backward) {
+    attn_tensor g = seq_rows(&c->dout, padded, r0, n);
+    if (attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, NULL, NULL, &g, &q, &k, &v, &ref, &lse, &oo)) {
+      r = cli_fail(CLI_EXIT_FAIL, "backward oracle: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    attn_tensor gq = seq_rows(&c->dq, padded, r0, n), gk = seq_rows(&c->dk, padded, r0, n),
+                gv = seq_rows(&c->dv, padded, r0, n);
+    err[1] = seq_rel_l2(&gq, &dq), err[2] = seq_rel_l2(&gk, &dk), err[3] = seq_rel_l2(&gv, &dv);
+  }
+done:
+  attn_tensor_free(&ref); attn_tensor_free(&lse);
+  attn_tensor_free(&dq); attn_tensor_free(&dk); attn_tensor_free(&dv);
+  return r;
+}
+
 static int bench_lengths(cli_args *a) {
-  static const char *const refused[] = {"--batch", "--seq", "--kv-seq", "--padding", "--backward", "--window",
-                                        "--dtype", "--precision", NULL};
+  static const char *const refused[] = {"--batch", "--seq", "--kv-seq", "--padding", "--window", NULL};
   for (int i = 0; refused[i]; i++)
     if (cli_has(a, refused[i])) return cli_fail(CLI_EXIT_USAGE, "--lengths takes no %s", refused[i]);
   int64_t len[LENGTHS_MAX], cu[LENGTHS_MAX + 1] = {0}, S = 0, Lmax = 0;
@@ -227,6 +326,8 @@ static int bench_lengths(cli_args *a) {
     return r;
   if (!G) G = H;
   if (H % G) return cli_fail(CLI_EXIT_USAGE, "--heads (%lld) must be a multiple of --kv-heads (%lld)", H, G);
+  attn_dtype dt;
+  if ((r = bench_dtype(a, &dt))) return r;
   const char *cs = cli_get(a, "--causal");
   attn_causal causal = ATTN_CAUSAL_NONE;
   if (cs) {
@@ -234,23 +335,32 @@ static int bench_lengths(cli_args *a) {
     else if (!strcmp(cs, "bottom-right")) causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cli_show(cs));
   }
-  const int padded = cli_has(a, "--padded");
+  const int padded = cli_has(a, "--padded"), backward = cli_has(a, "--backward");
   double pairs = 0; /* Nq = Nk: both alignments see L (L + 1) / 2 pairs */
   for (int64_t s = 0; s < S; s++) pairs += causal ? (double)len[s] * (double)(len[s] + 1) / 2 : (double)len[s] * len[s];
   const double gflop = 4.0 * (double)D * pairs * (double)H * 1e-9;
   const int64_t B = padded ? S : 1, N = padded ? Lmax : cu[S];
-  if ((r = bench_check_work(a, "sdpa", gflop * bench_min_runs(repeat)))) return r;
-  if ((r = bench_check_fits(4.0 * (double)B * (double)N * (double)D * (double)(2 * H + 2 * G)))) return r;
+  if ((r = bench_check_work(a, "sdpa", gflop * (backward ? 1 + FWD_BWD_FLOP_FACTOR + BWD_FLOP_FACTOR : 1) *
+                                           bench_min_runs(repeat))))
+    return r;
+  if ((r = bench_check_fits(4.0 * (double)B * (double)N * (double)D * (double)(2 * H + 2 * G) * (backward ? 2 : 1))))
+    return r;
   attn_ctx *ctx;
   if ((r = bench_ctx(a, &ctx))) return r;
+  if ((r = bench_precision(a, ctx))) {
+    attn_ctx_destroy(ctx);
+    return r;
+  }
   varlen_case c;
   memset(&c, 0, sizeof c);
   c.ctx = ctx;
-  int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, N, D}, ps[2] = {B, N};
-  attn_tensor ref = {0};
+  int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, N, D}, ps[2] = {B, N}, ls[3] = {B, H, N};
   if (attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.k, ATTN_F32, 4, ks) ||
       attn_tensor_alloc(ctx, &c.v, ATTN_F32, 4, ks) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs) ||
-      (padded && attn_tensor_alloc(ctx, &c.kpm, ATTN_BOOL, 2, ps))) {
+      (padded && attn_tensor_alloc(ctx, &c.kpm, ATTN_BOOL, 2, ps)) ||
+      (backward && (attn_tensor_alloc(ctx, &c.lse, ATTN_F32, 3, ls) || attn_tensor_alloc(ctx, &c.dout, ATTN_F32, 4, qs) ||
+                    attn_tensor_alloc(ctx, &c.dq, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.dk, ATTN_F32, 4, ks) ||
+                    attn_tensor_alloc(ctx, &c.dv, ATTN_F32, 4, ks)))) {
     r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
     goto done;
   }
@@ -258,6 +368,13 @@ static int bench_lengths(cli_args *a) {
   bench_fill(c.k.data, attn_tensor_numel(&c.k), 2, 1.0f);
   bench_fill(c.v.data, attn_tensor_numel(&c.v), 3, 1.0f);
   bench_fill(c.out.data, attn_tensor_numel(&c.out), 4, 1.0f);
+  if (backward) {
+    bench_fill(c.dout.data, attn_tensor_numel(&c.dout), 5, 1.0f);
+    bench_fill(c.dq.data, attn_tensor_numel(&c.dq), 6, 1.0f); /* a skipped row cannot look right */
+    for (int64_t e = 0; padded && e < B * H * N; e++) /* a padding row's loss is masked: its gradient is 0 */
+      if (e % N >= len[e / (H * N)]) memset((float *)c.dout.data + e * D, 0, (size_t)D * sizeof(float));
+  }
+  if ((r = bench_round_inputs(ctx, &c.q, &c.k, &c.v, dt))) goto done;
   attn_sdpa_opts_init(&c.o);
   c.o.causal = causal;
   if (padded) {
@@ -267,68 +384,69 @@ static int bench_lengths(cli_args *a) {
     c.o.cu_seqlens_q = cu;
     c.o.num_seqs = S;
   }
-  timing t;
+  timing t, tb = {0};
   if ((r = bench_time_runs(run_varlen, &c, repeat, &t))) {
     r = cli_fail(CLI_EXIT_FAIL, "sdpa: %s", attn_ctx_error(ctx));
     goto done;
+  }
+  const char *tiles = bench_forward_tiles(ctx);
+  const char *bwd_tiles = "fp32";
+  if (backward) {
+    if (attn_sdpa(ctx, &c.out, &c.lse, NULL, &c.q, &c.k, &c.v, &c.o) || (r = bench_time_runs(run_varlen_backward, &c, repeat, &tb))) {
+      r = cli_fail(CLI_EXIT_FAIL, "sdpa backward: %s", attn_ctx_error(ctx));
+      goto done;
+    }
+    bwd_tiles = bench_backward_tiles(ctx);
   }
   /* the oracle on one sequence (the longest of at most 256 rows, else the shortest), alone */
   int64_t so = -1;
   for (int64_t s = 0; s < S; s++)
     if (len[s] && (so < 0 || (len[s] <= 256 ? len[s] > len[so] || len[so] > 256 : len[s] < len[so]))) so = s;
-  double err = NAN;
-  if (so >= 0) {
-    const int64_t n = len[so];
-    attn_tensor q = c.q, k = c.k, v = c.v, o = c.out;
-    attn_tensor *vw[4] = {&q, &k, &v, &o};
-    for (int i = 0; i < 4; i++) { /* sequence so's rows: batch so of the padded batch, rows cu[so].. of the packed */
-      const int64_t off = padded ? so * vw[i]->strides[0] : cu[so] * vw[i]->strides[2];
-      vw[i]->data = (float *)vw[i]->data + off;
-      vw[i]->shape[0] = 1, vw[i]->shape[2] = n;
-    }
-    attn_sdpa_opts oo;
-    attn_sdpa_opts_init(&oo);
-    oo.causal = causal;
-    int64_t rs[4] = {1, H, n, D};
-    if (attn_tensor_alloc(ctx, &ref, ATTN_F64, 4, rs) || attn_sdpa_ref(ctx, &ref, NULL, NULL, &q, &k, &v, &oo)) {
-      r = cli_fail(CLI_EXIT_FAIL, "oracle: %s", attn_ctx_error(ctx));
-      goto done;
-    }
-    double num = 0, den = 0;
-    for (int64_t h = 0; h < H; h++)
-      for (int64_t i = 0; i < n; i++)
-        for (int64_t d = 0; d < D; d++) {
-          const double x = ((float *)o.data)[h * o.strides[1] + i * o.strides[2] + d];
-          const double y = ((double *)ref.data)[(h * n + i) * D + d];
-          num += (x - y) * (x - y), den += y * y;
-        }
-    err = den > 0 ? sqrt(num / den) : sqrt(num);
-  }
+  double err[4] = {NAN, NAN, NAN, NAN};
+  if (so >= 0 && (r = varlen_oracle(&c, padded, padded ? so : cu[so], len[so], backward, err))) goto done;
   peak_isa isa;
   const int threads = attn_ctx_threads(ctx);
-  const double peak = bench_measure_peak(threads, &isa), gfs = gflop / t.median_s;
+  const double peak = strcmp(tiles, "fp32") ? bench_measure_bf16_peak(threads, attn_ctx_kernel(ctx), &isa)
+                                            : bench_measure_peak(threads, &isa);
+  const double gfs = gflop / t.median_s, bgfs = backward ? gflop * BWD_FLOP_FACTOR / tb.median_s : NAN;
+  const double bwd_err = fmax(err[1], fmax(err[2], err[3]));
   if (cli_has(a, "--json")) {
     printf("{\"op\":\"sdpa\",\"mode\":\"%s\",\"lengths\":\"%s\",\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,"
-           "\"causal\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",",
+           "\"causal\":\"%s\",\"threads\":%d,\"kernel\":\"%s\",\"dtype\":\"%s\",\"tiles\":\"%s\",",
            padded ? "padded" : "packed", cli_get(a, "--lengths"), H, G, D, causal ? (cs && !strcmp(cs, "bottom-right") ? "bottom-right" : "top-left") : "none",
-           threads, attn_kernel_name(attn_ctx_kernel(ctx)));
+           threads, attn_kernel_name(attn_ctx_kernel(ctx)), attn_dtype_name(dt), tiles);
     bench_json_num("gflop", gflop, 0);
     bench_json_num("median_s", t.median_s, 0);
     bench_json_num("gflops", gfs, 0);
     bench_json_num("peak_gflops", peak, 0);
-    bench_json_num("oracle_rel_l2", err, 1);
+    if (backward) {
+      printf("\"backward_tiles\":\"%s\",", bwd_tiles);
+      bench_json_num("backward_median_s", tb.median_s, 0);
+      bench_json_num("backward_gflops", bgfs, 0);
+      bench_json_num("backward_oracle_rel_l2", bwd_err, 0);
+    }
+    bench_json_num("oracle_rel_l2", err[0], 1);
     printf("}\n");
   } else {
-    printf("sdpa %s batch of %lld sequences (lengths %s; %lld rows %s), H=%lld Hk=%lld D=%lld causal=%s, %d threads, "
-           "kernel %s\n", padded ? "padded" : "packed", (long long)S, cli_get(a, "--lengths"), (long long)(B * N),
-           padded ? "with padding" : "in all", H, G, D, causal ? "yes" : "no", threads, attn_kernel_name(attn_ctx_kernel(ctx)));
-    printf("  %.3f GFLOP (the sequences' own), median %.4f s over %lld runs: %.1f GFLOP/s (%.0f%% of the fp32 peak "
-           "%.1f)\n", gflop, t.median_s, t.repeats, gfs, 100 * gfs / peak, peak);
-    if (so >= 0) printf("  oracle: sequence %lld (%lld rows) rel L2 %.2e\n", (long long)so, (long long)len[so], err);
+    printf("sdpa %s batch of %lld sequences (lengths %s; %lld rows %s), H=%lld Hk=%lld D=%lld causal=%s, %s inputs, "
+           "%d threads, kernel %s (%s tiles)\n", padded ? "padded" : "packed", (long long)S, cli_get(a, "--lengths"), (long long)(B * N),
+           padded ? "with padding" : "in all", H, G, D, causal ? "yes" : "no", attn_dtype_name(dt), threads,
+           attn_kernel_name(attn_ctx_kernel(ctx)), tiles);
+    printf("  %.3f GFLOP (the sequences' own), median %.4f s over %lld runs: %.1f GFLOP/s (%.0f%% of the %s peak "
+           "%.1f)\n", gflop, t.median_s, t.repeats, gfs, 100 * gfs / peak, strcmp(tiles, "fp32") ? "bf16" : "fp32", peak);
+    if (backward)
+      printf("  backward (%s tiles): median %.4f s over %lld runs: %.1f GFLOP/s (%.1f x the forward's flops)\n", bwd_tiles,
+             tb.median_s, tb.repeats, bgfs, BWD_FLOP_FACTOR);
+    if (so >= 0) {
+      printf("  oracle: sequence %lld (%lld rows) rel L2 %.2e", (long long)so, (long long)len[so], err[0]);
+      if (backward) printf("; backward dq %.2e, dk %.2e, dv %.2e", err[1], err[2], err[3]);
+      printf("\n");
+    }
   }
 done:
   attn_tensor_free(&c.q); attn_tensor_free(&c.k); attn_tensor_free(&c.v); attn_tensor_free(&c.out);
-  attn_tensor_free(&c.kpm); attn_tensor_free(&ref);
+  attn_tensor_free(&c.kpm); attn_tensor_free(&c.lse); attn_tensor_free(&c.dout);
+  attn_tensor_free(&c.dq); attn_tensor_free(&c.dk); attn_tensor_free(&c.dv);
   attn_ctx_destroy(ctx);
   return r;
 }
@@ -424,18 +542,7 @@ int cmd_bench_sdpa(int argc, char **argv) {
           ((float *)c.k.data)[(row * M + j) * D + d] = ((float *)c.v.data)[(row * M + j) * D + d] = NAN;
     c.o.key_padding = &c.kpm;
   }
-  if (dt != ATTN_F32) { /* the same values rounded to dt (the oracle reads them as stored) */
-    attn_tensor *in[3] = {&c.q, &c.k, &c.v};
-    for (int i = 0; i < 3; i++) {
-      attn_tensor h;
-      if (attn_tensor_alloc(ctx, &h, dt, 4, in[i]->shape) || attn_tensor_copy(ctx, &h, in[i])) {
-        r = cli_fail(CLI_EXIT_FAIL, "out of memory: %s", attn_ctx_error(ctx));
-        goto done;
-      }
-      attn_tensor_free(in[i]);
-      *in[i] = h;
-    }
-  }
+  if ((r = bench_round_inputs(ctx, &c.q, &c.k, &c.v, dt))) goto done;
   if (backward) {
     int64_t ls[3] = {B, H, N};
     if (attn_tensor_alloc(ctx, &c.lse, ATTN_F32, 3, ls) || attn_tensor_alloc(ctx, &c.dout, ATTN_F32, 4, qs) ||
@@ -453,9 +560,7 @@ int cmd_bench_sdpa(int argc, char **argv) {
                                                                                         : attn_ctx_error(ctx));
     goto done;
   }
-  rep.tiles = strstr(attn_ctx_plan(ctx), "(bf16 hi + lo)") ? "f16 split"
-                : strstr(attn_ctx_plan(ctx), "bf16 tiles")   ? "bf16"
-                                                             : "fp32"; /* what the forward ran on */
+  rep.tiles = bench_forward_tiles(ctx);
   /* forward (with lse) + backward first: it leaves the out and lse the backward alone then reads */
   if (backward && ((r = bench_time_runs(run_sdpa_fwd_bwd, &c, repeat, &rep.tfb)) ||
                    (r = bench_time_runs(run_sdpa_backward, &c, repeat, &rep.tb)))) {
@@ -464,10 +569,7 @@ int cmd_bench_sdpa(int argc, char **argv) {
     goto done;
   }
   rep.backward = backward;
-  rep.backward_tiles = !backward                                                     ? "fp32"
-                      : strstr(attn_ctx_plan(ctx), "attn_sdpa_backward, f16 tiles (bf16 hi + lo)") ? "f16 split"
-                      : strstr(attn_ctx_plan(ctx), "attn_sdpa_backward, bf16 tiles")              ? "bf16"
-                                                                                           : "fp32";
+  rep.backward_tiles = backward ? bench_backward_tiles(ctx) : "fp32";
   rep.rss_mib = bench_peak_rss_mib();
   rep.io_mib = io_bytes / 1048576.0;
   rep.op = "sdpa";
