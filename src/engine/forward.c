@@ -124,15 +124,27 @@ static int64_t item_pair(const fwd_job *j, int ph, int64_t w, int64_t *local) {
   return bg;
 }
 
+/* Whether the tile sees every key of block j0 that exists, and the block is cut only by the end of
+ * the keys: no mask, key padding or ALiBi term, and no row's band ends or begins inside it. */
+static int tail_block(const attn__sdpa *p, const tile_state *ts, int64_t b, int64_t j0, int nr) {
+  const int64_t nk = attn__keys(p, b);
+  return !p->has_mask && !p->has_kpm && !p->alibi && j0 + nr > nk && j0 >= attn__key_begin(p, b, ts->i0 + ts->rows - 1) &&
+         attn__key_end(p, b, ts->i0) >= nk;
+}
+
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too.
- * raw (NULL: never): set when S holds the unscaled products of an OPEN tile that the fused kernels take. */
+ * raw (NULL: never): set when S holds the unscaled products of a tile that the fused kernels take: an
+ * OPEN one, or the sequence's last block when only the end of the keys cuts it (its missing keys' logits
+ * -inf, and their packed values 0: pack_v_run); the fused kernels then read the rows past `rows` as 0,
+ * so that their running maxima are finite and the one-pass softmax holds for the live rows too (each
+ * row's products and softmax are its own). */
 static attn__tile_mask logits_tile(const fwd_job *j, fwd_scratch *s, const tile_state *ts, const char *Kp, int64_t b,
                                    int64_t h, int64_t j0, int *raw) {
   const attn__sdpa *p = j->p;
   const int mr = j->kn->mr, nr = j->kn->nr;
   const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, ts->i0, ts->rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
-  const int unscaled = raw && j->fused && tm == ATTN__TILE_OPEN;
+  const int unscaled = raw && j->fused && (tm == ATTN__TILE_OPEN || (tm == ATTN__TILE_ADD && tail_block(p, ts, b, j0, nr)));
   if (raw) *raw = unscaled;
   /* keys past the tile's last visible one (Nk, or the band's end of its last row) need no dot products */
   const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr;
@@ -141,7 +153,7 @@ static attn__tile_mask logits_tile(const fwd_job *j, fwd_scratch *s, const tile_
               unscaled ? 1.0f : (float)p->scale);
   else j->kn->qk(s->S, ts->Q, (const float *)Kp + j0 * p->D, p->D, nk);
   attn__logit_tile(p, s->S, NULL, nr, ts->rows, nr, tm, s->Mb);
-  for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = -INFINITY;
+  for (int64_t e = (int64_t)ts->rows * nr; e < (int64_t)mr * nr; e++) s->S[e] = unscaled ? 0.0f : -INFINITY;
   return tm;
 }
 
@@ -496,6 +508,11 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
         }
       }
     }
+    /* the last pair row: the rest of its block holds zeros, which pv_blocks reads (with P = 0) for a tail block */
+    for (int64_t r2 = row + 1; 2 * j2 + 2 >= nk && r2 < hp; r2++)
+      for (int64_t c0 = 0; c0 < p->Dv; c0 += ATTN__PV_COLS)
+        memset(blk + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, r2, c0), 0,
+               (size_t)(j->terms * attn__vh_cols(p->Dv, c0)) * 2 * sizeof(uint16_t));
   }
   for (int64_t w = first; w < last && !j->hk; w++) {
     int64_t jk;
