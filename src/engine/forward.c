@@ -125,11 +125,12 @@ static int64_t item_pair(const fwd_job *j, int ph, int64_t w, int64_t *local) {
 }
 
 /* Whether the tile sees every key of block j0 that exists, and the block is cut only by the end of
- * the keys: no mask, key padding or ALiBi term, and no row's band ends or begins inside it. */
+ * the keys: no mask, key padding or ALiBi term, no row's band ends or begins inside it, and no key
+ * row is stored past the keys (kv_len: pack_v_run zeroes the values past the stored rows only). */
 static int tail_block(const attn__sdpa *p, const tile_state *ts, int64_t b, int64_t j0, int nr) {
   const int64_t nk = attn__keys(p, b);
-  return !p->has_mask && !p->has_kpm && !p->alibi && j0 + nr > nk && j0 >= attn__key_begin(p, b, ts->i0 + ts->rows - 1) &&
-         attn__key_end(p, b, ts->i0) >= nk;
+  return !p->has_mask && !p->has_kpm && !p->alibi && j0 + nr > nk && attn__key_rows(p, b) == nk &&
+         j0 >= attn__key_begin(p, b, ts->i0 + ts->rows - 1) && attn__key_end(p, b, ts->i0) >= nk;
 }
 
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too.
