@@ -110,6 +110,10 @@ typedef struct fwd_job {
   int64_t per[PH_N];
   int64_t *off[PH_N]; /* [pairs + 1] each, or NULL */
   char *Kp, *Vp;
+  /* With fused tiles and nothing but a band (causal, window) to hide keys: per kv head of a round,
+   * vbad_stride bytes, one per packed pair row of values, 1 where a value is Inf or NaN (band_block) */
+  uint8_t *Vbad;
+  int64_t vbad_stride;
 } fwd_job;
 
 /* Items of phase ph before kv head bg. */
@@ -133,19 +137,34 @@ static int tail_block(const attn__sdpa *p, const tile_state *ts, int64_t b, int6
          j0 >= attn__key_begin(p, b, ts->i0 + ts->rows - 1) && attn__key_end(p, b, ts->i0) >= nk;
 }
 
+/* Whether a tile whose band hides some of block j0's keys from some of its rows may take the fused
+ * kernels all the same: the band is all that hides keys, and none of the block's packed values is Inf or
+ * NaN, since pv_blocks multiplies every key's value, a hidden key's by its probability of 0. Rows that see
+ * no key yet keep m = -inf and P = 0 in the softmax, as in the unfused step. */
+static int band_block(const fwd_job *j, const uint8_t *vbad, int64_t j0, int nr) {
+  if (!vbad) return 0;
+  uint8_t any = 0;
+  for (int k = 0; k < nr / 2; k++) any |= vbad[j0 / 2 + k];
+  return !any;
+}
+
 /* S = Q.Kt for one key block with the block's mask applied; rows past `rows` are masked too.
  * raw (NULL: never): set when S holds the unscaled products of a tile that the fused kernels take: an
- * OPEN one, or the sequence's last block when only the end of the keys cuts it (its missing keys' logits
- * -inf, and their packed values 0: pack_v_run); the fused kernels then read the rows past `rows` as 0,
+ * OPEN one, the sequence's last block when only the end of the keys cuts it (its missing keys' logits
+ * -inf, and their packed values 0: pack_v_run), or a block that only a band cuts (band_block: the
+ * diagonal block of a causal tile, a window's edges); the fused kernels then read the rows past `rows` as 0,
  * so that their running maxima are finite and the one-pass softmax holds for the live rows too (each
  * row's products and softmax are its own). */
-static attn__tile_mask logits_tile(const fwd_job *j, fwd_scratch *s, const tile_state *ts, const char *Kp, int64_t b,
-                                   int64_t h, int64_t j0, int *raw) {
+/* vbad: the kv head's flags (fwd_job's Vbad), or NULL. */
+static attn__tile_mask logits_tile(const fwd_job *j, fwd_scratch *s, const tile_state *ts, const char *Kp,
+                                   const uint8_t *vbad, int64_t b, int64_t h, int64_t j0, int *raw) {
   const attn__sdpa *p = j->p;
   const int mr = j->kn->mr, nr = j->kn->nr;
   const attn__tile_mask tm = attn__mask_tile(p, s->Mb, nr, nr, b, h, ts->i0, ts->rows, j0);
   if (tm == ATTN__TILE_CLOSED) return tm;
-  const int unscaled = raw && j->fused && (tm == ATTN__TILE_OPEN || (tm == ATTN__TILE_ADD && tail_block(p, ts, b, j0, nr)));
+  const int unscaled = raw && j->fused &&
+                       (tm == ATTN__TILE_OPEN || (tm == ATTN__TILE_ADD && tail_block(p, ts, b, j0, nr)) ||
+                        (tm == ATTN__TILE_MIXED && band_block(j, vbad, j0, nr)));
   if (raw) *raw = unscaled;
   /* keys past the tile's last visible one (Nk, or the band's end of its last row) need no dot products */
   const int64_t nk = ts->kend - j0 < nr ? ts->kend - j0 : nr;
@@ -257,7 +276,7 @@ static void tile_weights(const fwd_job *j, fwd_scratch *s, const tile_state *ts,
   float *wd = w->data;
   for (int64_t j0 = 0; j0 < p->Nk; j0 += nr) {
     const int64_t nk = p->Nk - j0 < nr ? p->Nk - j0 : nr;
-    const int open = j0 < ts->kend && j0 + nr > ts->kbeg && logits_tile(j, s, ts, Kp, b, h, j0, NULL) != ATTN__TILE_CLOSED;
+    const int open = j0 < ts->kend && j0 + nr > ts->kbeg && logits_tile(j, s, ts, Kp, NULL, b, h, j0, NULL) != ATTN__TILE_CLOSED;
     for (int r = 0; r < ts->rows; r++) {
       float *dst = wd + b * w->strides[0] + h * w->strides[1] + (ts->i0 + r) * w->strides[2];
       const float l = ts->l[r], mx = ts->m[r];
@@ -307,8 +326,8 @@ static void flush_queued(const fwd_job *j, fwd_scratch *s, int t0, int t1) {
 }
 
 // Query block: `count` tiles of MR rows from row i0 of head h, against the packed keys of its kv head.
-static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const void *V, int64_t ldv, int64_t b,
-                      int64_t h, int64_t i0, int count) {
+static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const void *V, int64_t ldv,
+                      const uint8_t *vbad, int64_t b, int64_t h, int64_t i0, int count) {
   const attn__sdpa *p = j->p;
   const attn__cpu_kernels *kn = j->kn;
   const int mr = kn->mr, nr = kn->nr;
@@ -327,7 +346,7 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
       tile_state *ts = &s->t[t];
       if (j0 >= ts->kend || j0 + nr <= ts->kbeg) continue;
       int raw;
-      const attn__tile_mask tm = logits_tile(j, s, ts, Kp, b, h, j0, &raw);
+      const attn__tile_mask tm = logits_tile(j, s, ts, Kp, vbad, b, h, j0, &raw);
       if (tm == ATTN__TILE_CLOSED) continue;
       if (raw) { /* queued for pv_blocks, in key order */
         const int k = s->nq[t]++;
@@ -489,6 +508,7 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
     const int64_t off = attn__koff(p, v, b, bg % p->Hk, 2 * j2);
     const int64_t sd = v->strides[3], s2 = v->strides[2];
     const int second = 2 * j2 + 1 < nk;
+    uint16_t bad = 0; /* an exponent of all ones: Inf or NaN (terms 1 only: Vbad exists for fused tiles) */
     for (int64_t c0 = 0; c0 < p->Dv; c0 += ATTN__PV_COLS) {
       const int64_t cw = attn__vh_cols(p->Dv, c0), o0 = off + c0 * sd;
       uint16_t *dst = blk + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, row, c0);
@@ -508,12 +528,16 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
           dst[2 * c + 1] = second ? bf16_at(v->data, v->dtype, o0 + s2 + c * sd) : 0;
         }
       }
+      for (int64_t e = 0; j->Vbad && e < 2 * cw; e++) bad |= (uint16_t)((dst[e] & 0x7f80) == 0x7f80);
     }
+    if (j->Vbad) j->Vbad[(bg - round * j->per_round) * j->vbad_stride + j2] = (uint8_t)bad;
     /* the last pair row: the rest of its block holds zeros, which pv_blocks reads (with P = 0) for a tail block */
-    for (int64_t r2 = row + 1; 2 * j2 + 2 >= nk && r2 < hp; r2++)
+    for (int64_t r2 = row + 1; 2 * j2 + 2 >= nk && r2 < hp; r2++) {
       for (int64_t c0 = 0; c0 < p->Dv; c0 += ATTN__PV_COLS)
         memset(blk + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, r2, c0), 0,
                (size_t)(j->terms * attn__vh_cols(p->Dv, c0)) * 2 * sizeof(uint16_t));
+      if (j->Vbad) j->Vbad[(bg - round * j->per_round) * j->vbad_stride + j2 - row + r2] = 0;
+    }
   }
   for (int64_t w = first; w < last && !j->hk; w++) {
     int64_t jk;
@@ -550,7 +574,8 @@ static void tiles_run(const void *arg, void *scratch, int64_t round, int64_t fir
     const void *V = j->v_unit ? (const void *)((const float *)p->v.data + attn__koff(p, &p->v, b, g, 0))
                               : (const void *)(j->Vp + slot * j->vp_bytes);
     const int64_t ldv = j->v_unit ? p->v.strides[2] : p->Dv, left = ntiles - blk * j->qb;
-    run_block(j, s, j->Kp + slot * j->kt_bytes, V, ldv, b, h, blk * j->qb * j->kn->mr,
+    const uint8_t *vbad = j->Vbad ? j->Vbad + slot * j->vbad_stride : NULL;
+    run_block(j, s, j->Kp + slot * j->kt_bytes, V, ldv, vbad, b, h, blk * j->qb * j->kn->mr,
               (int)(left < j->qb ? left : j->qb));
   }
 }
@@ -624,10 +649,15 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   const size_t kt_bytes = attn__bytes(j.per_round, j.kt_bytes, 1, 1);
   const size_t vp_bytes = attn__bytes(j.per_round, j.vp_bytes, 1, 1);
   const size_t off_bytes = p->cu_q ? attn__bytes(j.pairs + 1, PH_N, 1, sizeof(int64_t)) : 0;
-  char *ws = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vp_bytes) + attn__carve_size(off_bytes));
+  const int band_only = j.fused && !p->has_mask && !p->has_kpm && !p->alibi;
+  j.vbad_stride = nblocks * nr / 2;
+  const size_t vbad_bytes = band_only ? attn__bytes(j.per_round, j.vbad_stride, 1, 1) : 0;
+  char *ws = attn__workspace(ctx, attn__carve_size(kt_bytes) + attn__carve_size(vp_bytes) + attn__carve_size(off_bytes) +
+                                      attn__carve_size(vbad_bytes));
   if (!ws) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate packed keys for Nk = %lld", (long long)Nk);
   j.Kp = attn__carve(&ws, kt_bytes);
   j.Vp = j.vp_bytes ? attn__carve(&ws, vp_bytes) : NULL;
+  j.Vbad = vbad_bytes ? attn__carve(&ws, vbad_bytes) : NULL;
   if (p->cu_q) {
     int64_t *off = attn__carve(&ws, off_bytes);
     for (int ph = 0; ph < PH_N; ph++) {
