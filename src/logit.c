@@ -143,7 +143,10 @@ attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int64_t ld, int 
     const int hi = kend - j0 <= 0 ? 0 : kend - j0 >= nr ? nr : (int)(kend - j0);
     const int lo = kbeg - j0 <= 0 ? 0 : kbeg - j0 >= hi ? hi : (int)(kbeg - j0);
     hidden |= lo > 0 || hi < keys;
-    if (!p->has_mask && !p->has_kpm) {
+    if (attn__band_only(p)) {
+      *attn__band_at(Mb, ld, r) = (attn__row_band){lo, hi};
+      visible += hi - lo;
+    } else if (!p->has_mask && !p->has_kpm) {
       for (int jj = 0; jj < nr; jj++) mb[jj] = jj >= lo && jj < hi ? 0.0f : -INFINITY;
       visible += hi - lo;
     } else {

@@ -304,11 +304,23 @@ typedef enum attn__tile_mask { ATTN__TILE_OPEN, ATTN__TILE_CLOSED, ATTN__TILE_AD
 /* Rows i0..i0+rows of head h (batch b) against keys j0..j0+nr: the band, keys
  * past the row's keys, key padding and the mask, decided before any
  * arithmetic so that a fully masked tile costs no FMAs, with ALiBi's term.
- * Mb is (rows, nr) with rows ld floats apart; written unless the tile is OPEN.
+ * Mb is (rows, nr) with rows ld floats apart (ld >= 2); written unless the tile is OPEN.
  * Keys past the row's keys are -inf in Mb but do not make a tile MIXED: no
- * framework hands their values to a kernel (logit.c). */
+ * framework hands their values to a kernel (logit.c).
+ * When the band is all there is (attn__band_only), Mb's row r holds instead
+ * the row's visible keys [lo, hi) of the tile (attn__row_band), and
+ * attn__logit_tile hides the rest itself: a causal tile's logits then cost
+ * two short fills a row, not a pass over the tile's mask and one over S. */
 attn__tile_mask attn__mask_tile(const attn__sdpa *p, float *Mb, int64_t ld, int nr, int64_t b, int64_t h, int64_t i0,
                                 int rows, int64_t j0);
+
+static inline int attn__band_only(const attn__sdpa *p) { return !p->has_mask && !p->has_kpm && !p->alibi; }
+
+/* A band-only tile's row r in Mb: the first two words of the row, as integers. */
+typedef struct attn__row_band {
+  int32_t lo, hi;
+} attn__row_band;
+static inline attn__row_band *attn__band_at(float *Mb, int64_t ld, int r) { return (attn__row_band *)(Mb + r * ld); }
 
 /* Mb's verdict on n logits of a row: a hidden one becomes -inf whatever q.k
  * gave (NaN from a poisoned key included), the others get their term. */
@@ -339,6 +351,15 @@ static inline void attn__logit_tile(const attn__sdpa *p, float *S, float *slope,
       for (int r = 0; r < rows; r++) attn__cap_tanh(S + r * ld, slope ? slope + r * ld : NULL, n, (float)p->softcap);
   }
   if (tm == ATTN__TILE_OPEN) return;
+  if (attn__band_only(p)) { /* -inf substituted outside [lo, hi): a hidden key's NaN from q.k included */
+    for (int r = 0; r < rows; r++) {
+      const attn__row_band band = *(const attn__row_band *)(Mb + r * ld);
+      float *s = S + r * ld;
+      for (int jj = 0; jj < band.lo; jj++) s[jj] = -INFINITY;
+      for (int jj = band.hi; jj < n; jj++) s[jj] = -INFINITY;
+    }
+    return;
+  }
   if (whole) attn__apply_row_mask(S, Mb, (int64_t)rows * n);
   else
     for (int r = 0; r < rows; r++) attn__apply_row_mask(S + r * ld, Mb + r * ld, n);

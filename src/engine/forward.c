@@ -493,7 +493,46 @@ static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t fi
 
 static int64_t pack_v_items(const void *arg, int64_t round) { return round_items(arg, PH_V, round); }
 
-// Vp[slot] (Nk, Dv) f32 rows, item = a key of a kv head; half tiles: key blocks of pairs (kernels.h's Vh), item = a pair.
+/* Key block blk of kv head (b, g) as Vh pairs (kernels.h) at dst, zero past key row nk; bad (or NULL)
+ * gets a byte per pair row: 1 where a value is Inf or NaN (fwd_job's Vbad). */
+static void pack_v_block(const fwd_job *j, uint16_t *dst, uint8_t *bad, int64_t b, int64_t g, int64_t blk, int64_t nk) {
+  const attn__sdpa *p = j->p;
+  const attn_tensor *v = &p->v;
+  const int64_t hp = j->kn->nr / 2, first = blk * hp; /* pair rows of a key block; its first */
+  const int64_t n2 = (nk + 1) / 2 - first < hp ? (nk + 1) / 2 - first : hp;
+  const int64_t sd = v->strides[3], s2 = v->strides[2];
+  for (int64_t row = 0; row < hp; row++) {
+    const int64_t j2 = first + row, off = attn__koff(p, v, b, g, 2 * j2);
+    const int second = 2 * j2 + 1 < nk;
+    uint16_t inf_nan = 0; /* an exponent of all ones */
+    for (int64_t c0 = 0; c0 < p->Dv; c0 += ATTN__PV_COLS) {
+      const int64_t cw = attn__vh_cols(p->Dv, c0), o0 = off + c0 * sd;
+      uint16_t *o = dst + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, row, c0);
+      if (row >= n2) { /* past the last pair row: zeros, which pv_blocks reads (with P = 0) for a tail block */
+        memset(o, 0, (size_t)(j->terms * cw) * 2 * sizeof(uint16_t));
+      } else if (j->terms == 2) { /* the group's cw hi pairs, then its cw lo pairs */
+        uint16_t *lo = o + 2 * cw;
+        for (int64_t c = 0; c < cw; c++) {
+          split_at(v->data, v->dtype, o0 + c * sd, &o[2 * c], &lo[2 * c]);
+          if (second) split_at(v->data, v->dtype, o0 + s2 + c * sd, &o[2 * c + 1], &lo[2 * c + 1]);
+          else o[2 * c + 1] = lo[2 * c + 1] = 0;
+        }
+      } else if (v->dtype == ATTN_BF16 && sd == 1 && second) {
+        const uint16_t *r0 = (const uint16_t *)v->data + o0, *r1 = r0 + s2;
+        for (int64_t c = 0; c < cw; c++) o[2 * c] = r0[c], o[2 * c + 1] = r1[c];
+      } else {
+        for (int64_t c = 0; c < cw; c++) {
+          o[2 * c] = bf16_at(v->data, v->dtype, o0 + c * sd);
+          o[2 * c + 1] = second ? bf16_at(v->data, v->dtype, o0 + s2 + c * sd) : 0;
+        }
+      }
+      for (int64_t e = 0; bad && e < 2 * cw; e++) inf_nan |= (uint16_t)((o[e] & 0x7f80) == 0x7f80);
+    }
+    if (bad) bad[row] = (uint8_t)inf_nan;
+  }
+}
+
+// Vp[slot] (Nk, Dv) f32 rows, item = a key of a kv head; half tiles: key blocks of pairs (kernels.h's Vh), item = a key block.
 static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
   (void)scratch;
   const fwd_job *j = arg;
@@ -501,43 +540,11 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
   const attn_tensor *v = &p->v;
   const int64_t w0 = items_before(j, PH_V, round * j->per_round);
   for (int64_t w = first; w < last && j->hk; w++) {
-    int64_t j2;
-    const int64_t bg = item_pair(j, PH_V, w0 + w, &j2), b = bg / p->Hk, nk = attn__key_rows(p, b);
-    const int64_t hp = j->kn->nr / 2, row = j2 % hp; /* pair rows of a key block; this one's */
-    uint16_t *blk = (uint16_t *)(j->Vp + (bg - round * j->per_round) * j->vp_bytes) + 2 * (j2 - row) * p->Dv * j->terms;
-    const int64_t off = attn__koff(p, v, b, bg % p->Hk, 2 * j2);
-    const int64_t sd = v->strides[3], s2 = v->strides[2];
-    const int second = 2 * j2 + 1 < nk;
-    uint16_t bad = 0; /* an exponent of all ones: Inf or NaN (terms 1 only: Vbad exists for fused tiles) */
-    for (int64_t c0 = 0; c0 < p->Dv; c0 += ATTN__PV_COLS) {
-      const int64_t cw = attn__vh_cols(p->Dv, c0), o0 = off + c0 * sd;
-      uint16_t *dst = blk + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, row, c0);
-      if (j->terms == 2) { /* the group's cw hi pairs, then its cw lo pairs */
-        uint16_t *lo = dst + 2 * cw;
-        for (int64_t c = 0; c < cw; c++) {
-          split_at(v->data, v->dtype, o0 + c * sd, &dst[2 * c], &lo[2 * c]);
-          if (second) split_at(v->data, v->dtype, o0 + s2 + c * sd, &dst[2 * c + 1], &lo[2 * c + 1]);
-          else dst[2 * c + 1] = lo[2 * c + 1] = 0;
-        }
-      } else if (v->dtype == ATTN_BF16 && sd == 1 && second) {
-        const uint16_t *r0 = (const uint16_t *)v->data + o0, *r1 = r0 + s2;
-        for (int64_t c = 0; c < cw; c++) dst[2 * c] = r0[c], dst[2 * c + 1] = r1[c];
-      } else {
-        for (int64_t c = 0; c < cw; c++) {
-          dst[2 * c] = bf16_at(v->data, v->dtype, o0 + c * sd);
-          dst[2 * c + 1] = second ? bf16_at(v->data, v->dtype, o0 + s2 + c * sd) : 0;
-        }
-      }
-      for (int64_t e = 0; j->Vbad && e < 2 * cw; e++) bad |= (uint16_t)((dst[e] & 0x7f80) == 0x7f80);
-    }
-    if (j->Vbad) j->Vbad[(bg - round * j->per_round) * j->vbad_stride + j2] = (uint8_t)bad;
-    /* the last pair row: the rest of its block holds zeros, which pv_blocks reads (with P = 0) for a tail block */
-    for (int64_t r2 = row + 1; 2 * j2 + 2 >= nk && r2 < hp; r2++) {
-      for (int64_t c0 = 0; c0 < p->Dv; c0 += ATTN__PV_COLS)
-        memset(blk + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, r2, c0), 0,
-               (size_t)(j->terms * attn__vh_cols(p->Dv, c0)) * 2 * sizeof(uint16_t));
-      if (j->Vbad) j->Vbad[(bg - round * j->per_round) * j->vbad_stride + j2 - row + r2] = 0;
-    }
+    int64_t blk;
+    const int64_t bg = item_pair(j, PH_V, w0 + w, &blk), b = bg / p->Hk, slot = bg - round * j->per_round;
+    uint16_t *dst = (uint16_t *)(j->Vp + slot * j->vp_bytes) + blk * j->kn->nr * p->Dv * j->terms;
+    uint8_t *bad = j->Vbad ? j->Vbad + slot * j->vbad_stride + blk * (j->kn->nr / 2) : NULL;
+    pack_v_block(j, dst, bad, b, bg % p->Hk, blk, attn__key_rows(p, b));
   }
   for (int64_t w = first; w < last && !j->hk; w++) {
     int64_t jk;
@@ -595,7 +602,7 @@ static int64_t pair_items(const fwd_job *j, int ph, int64_t bg) {
   const int64_t b = bg / p->Hk, nk = attn__key_rows(p, b);
   switch (ph) {
     case PH_K: return (nk + j->kn->nr - 1) / j->kn->nr;
-    case PH_V: return j->hk ? (nk + 1) / 2 : j->v_unit ? 0 : nk;
+    case PH_V: return j->hk ? (nk + j->kn->nr - 1) / j->kn->nr : j->v_unit ? 0 : nk;
     default: return p->group * query_blocks(j, b);
   }
 }
