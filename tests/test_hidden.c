@@ -11,7 +11,8 @@
  * already bf16 values so the oracle sees what the tiles see); its out is held
  * to the bf16 bound, and its backward (fp32, as avx512's) is not repeated.
  * With amx a quarter of the cases are f16, forward and backward on its f16
- * tiles (bf16 hi + lo), the poison in f16 too. */
+ * tiles (bf16 hi + lo), the poison in f16 too. On either, bf16 tensors with
+ * only a band hiding keys (band_poison_bf16), the poison in bf16. */
 #include "testutil.h"
 
 enum { MAX_CASES = 400 };
@@ -488,6 +489,64 @@ static void layer_padding(attn_ctx *ctx, const char *kname) {
   attn_mha_destroy(mha);
 }
 
+/* bf16 tensors on the bf16 tiles with nothing but a band hiding keys (causal, a window): the blocks
+ * the band cuts go to the fused kernels only while their values are finite (engine/forward.c), so the
+ * keys past the last query (hidden from every row, top-left) hold Inf or NaN in one run and finite
+ * values in the other; out is held to the oracle on the clean inputs either way. */
+static void band_poison_bf16(const char *kname, attn_ctx *ctx, attn_ctx *oracle) {
+  static const struct { int64_t Nq, Nk, D, window; } cases[] = {{100, 150, 64, 0}, {70, 131, 32, 20}, {90, 200, 128, 0},
+                                                                {130, 140, 64, 50}};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    for (int poisoned = 0; poisoned < 2; poisoned++)
+      for (int threads = 1; threads <= 2; threads++) {
+        const int64_t B = 1, Hq = 4, Hk = 2, Nq = cases[ci].Nq, Nk = cases[ci].Nk, D = cases[ci].D;
+        arena a = {0};
+        const int64_t sq[4] = {B, Hq, Nq, D}, sk[4] = {B, Hk, Nk, D}, so[4] = {B, Hq, Nq, D};
+        const int64_t nq = B * Hq * Nq * D, nk = B * Hk * Nk * D;
+        uint16_t *qh = arena_alloc(&a, 2 * (size_t)nq), *kh = arena_alloc(&a, 2 * (size_t)nk), *vh = arena_alloc(&a, 2 * (size_t)nk);
+        float *qf = arena_alloc(&a, 4 * (size_t)nq), *kf = arena_alloc(&a, 4 * (size_t)nk), *vf = arena_alloc(&a, 4 * (size_t)nk);
+        tu_rng r = {(uint64_t)(ci * 4 + 1)};
+        for (int64_t e = 0; e < nq; e++) qh[e] = tu_f32_to_bf16((float)tu_uniform(&r)), qf[e] = tu_bf16_to_f32(qh[e]);
+        for (int64_t e = 0; e < nk; e++) {
+          const int64_t j = (e / D) % Nk;
+          kh[e] = tu_f32_to_bf16((float)tu_uniform(&r)), kf[e] = tu_bf16_to_f32(kh[e]);
+          vh[e] = tu_f32_to_bf16((float)tu_uniform(&r)), vf[e] = tu_bf16_to_f32(vh[e]);
+          if (poisoned && j >= Nq) { /* hidden from every row: the oracle sees zeros, the tiles the poison */
+            kh[e] = tu_f32_to_bf16(NAN), vh[e] = tu_f32_to_bf16(e % 2 ? INFINITY : NAN);
+            kf[e] = vf[e] = 0.0f;
+          }
+        }
+        attn_sdpa_opts o;
+        attn_sdpa_opts_init(&o);
+        o.causal = ATTN_CAUSAL_TOP_LEFT;
+        o.window = cases[ci].window;
+        double *want = arena_alloc(&a, 8 * (size_t)nq);
+        float *got = arena_alloc(&a, 4 * (size_t)nq);
+        tu_poison_f32(got, nq);
+        attn_tensor tw = attn_tensor_view(want, ATTN_F64, 4, so), tg = attn_tensor_view(got, ATTN_F32, 4, so);
+        attn_tensor q = attn_tensor_view(qf, ATTN_F32, 4, sq), k = attn_tensor_view(kf, ATTN_F32, 4, sk),
+                    v = attn_tensor_view(vf, ATTN_F32, 4, sk);
+        CHECK_OK(oracle, attn_sdpa_ref(oracle, &tw, NULL, NULL, &q, &k, &v, &o));
+        q = attn_tensor_view(qh, ATTN_BF16, 4, sq), k = attn_tensor_view(kh, ATTN_BF16, 4, sk);
+        v = attn_tensor_view(vh, ATTN_BF16, 4, sk);
+        attn_ctx_set_threads(ctx, threads);
+        CHECK_OK(ctx, attn_sdpa(ctx, &tg, NULL, NULL, &q, &k, &v, &o));
+        CHECK(strstr(attn_ctx_plan(ctx), "bf16 tiles") != NULL, "%s band: the plan is %s", kname, attn_ctx_plan(ctx));
+        double num = 0, den = 0;
+        int nonfinite = 0;
+        for (int64_t e = 0; e < nq; e++) {
+          nonfinite += !isfinite(got[e]);
+          num += (got[e] - want[e]) * (got[e] - want[e]);
+          den += want[e] * want[e];
+        }
+        CHECK(nonfinite == 0 && sqrt(num / den) <= HALF_OUT_TOL,
+              "%s band case %zu (Nq %lld Nk %lld D %lld window %lld) %s, %d threads: %d non-finite, rel L2 %.3g",
+              kname, ci, (long long)Nq, (long long)Nk, (long long)D, (long long)cases[ci].window,
+              poisoned ? "poisoned" : "clean", threads, nonfinite, sqrt(num / den));
+        arena_free(&a);
+      }
+}
+
 int main(int argc, char **argv) {
   const char *kname = argc > 1 ? argv[1] : "";
   const attn_kernel kern = tu_kernel_or_skip(kname);
@@ -523,6 +582,11 @@ int main(int argc, char **argv) {
     arena_free(&P.a);
   }
   f16_inputs = 0;
+  if (half_tiles) {
+    CHECK_OK(ctx[1], attn_ctx_set_precision(ctx[1], ATTN_PRECISION_DEFAULT));
+    band_poison_bf16(kname, ctx[1], oracle);
+    CHECK_OK(ctx[1], attn_ctx_set_precision(ctx[1], ATTN_PRECISION_BF16));
+  }
   /* the cases must exercise what they claim to */
   CHECK(half_tiles != 2 || (half_bwd_runs[0] > 20 && half_bwd_runs[1] > 10),
         "the backward ran the bf16 tiles %d times, the f16 ones %d", half_bwd_runs[0], half_bwd_runs[1]);

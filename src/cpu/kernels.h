@@ -59,6 +59,10 @@ typedef struct attn__cpu_kernels {
   /* Packing, optional (NULL: attn__pack_block_t's portable gather): Kt[f][j] = rows[j * ld + f] for f < F,
    * j < n (n <= NR f32 rows, unit stride), and 0 for n <= j < NR. */
   void (*pack_t)(float *Kt, const float *rows, int64_t ld, int n, int64_t F);
+  /* Packing, optional (NULL: a portable loop): dst[2c] = r0[c], dst[2c + 1] = r1[c] for c < n, 16-bit
+   * values (the half tiles' V pairs: bits moved, never computed on); returns nonzero when one of those 2n
+   * has an exponent of all ones (bf16 Inf or NaN). */
+  int (*pack_pairs)(uint16_t *dst, const uint16_t *r0, const uint16_t *r1, int64_t n);
 } attn__cpu_kernels;
 
 /* Half-precision tiles: bf16 products accumulated in fp32 (vdpbf16ps and the

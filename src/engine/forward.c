@@ -519,6 +519,10 @@ static void pack_v_block(const fwd_job *j, uint16_t *dst, uint8_t *bad, int64_t 
         }
       } else if (v->dtype == ATTN_BF16 && sd == 1 && second) {
         const uint16_t *r0 = (const uint16_t *)v->data + o0, *r1 = r0 + s2;
+        if (j->kn->pack_pairs) {
+          inf_nan |= (uint16_t)j->kn->pack_pairs(o, r0, r1, cw);
+          continue;
+        }
         for (int64_t c = 0; c < cw; c++) o[2 * c] = r0[c], o[2 * c + 1] = r1[c];
       } else {
         for (int64_t c = 0; c < cw; c++) {

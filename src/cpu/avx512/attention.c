@@ -386,8 +386,31 @@ static void pack_t_avx512(float *Kt, const float *rows, int64_t ld, int n, int64
   }
 }
 
+/* Two rows of 16-bit values interleaved: 32 pairs a step, by one two-source permute for each half. */
+static int pack_pairs_avx512(uint16_t *dst, const uint16_t *r0, const uint16_t *r1, int64_t n) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
+                                      36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  const __m512i ex = _mm512_set1_epi16(0x7f80);
+  __mmask32 inf_nan = 0;
+  for (int64_t c = 0; c < n; c += 32) {
+    const int64_t left = n - c;
+    const __mmask32 m = left >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << left) - 1);
+    const __m512i a = _mm512_maskz_loadu_epi16(m, r0 + c), b = _mm512_maskz_loadu_epi16(m, r1 + c);
+    inf_nan |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(a, ex), ex) | _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, ex), ex);
+    const int64_t first = left >= 16 ? 32 : 2 * left, second = left >= 32 ? 32 : left > 16 ? 2 * (left - 16) : 0;
+    _mm512_mask_storeu_epi16(dst + 2 * c, first >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << first) - 1),
+                             _mm512_permutex2var_epi16(a, lo, b));
+    if (second)
+      _mm512_mask_storeu_epi16(dst + 2 * c + 32, second >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << second) - 1),
+                               _mm512_permutex2var_epi16(a, hi, b));
+  }
+  return inf_nan != 0;
+}
+
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
 _Static_assert(NR % 16 == 0, "pack_t turns sixteen keys at a time");
 const attn__cpu_kernels ATTN_TILE_SET = {ATTN_TILE_SET_NAME, MR, NR, qk_avx512, softmax_avx512, pv_avx512,
-                                         exp_shift_avx512, ds_avx512, pt_acc_avx512, pack_t_avx512};
+                                         exp_shift_avx512, ds_avx512, pt_acc_avx512, pack_t_avx512,
+                                         pack_pairs_avx512};
 
