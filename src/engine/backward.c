@@ -227,6 +227,20 @@ static void write_turned(const attn__half_kernels *hk, const attn_tensor *t, int
     hk->t_out((float *)t->data + off, t->strides[2], T, C, nk, scale);
     return;
   }
+  if (t->strides[3] == 1) { /* halves: turned in f32 by t_out, 16 keys by up to 256 columns, then rounded row by row */
+    enum { KEYS = 16, COLS = 256 };
+    float buf[KEYS * COLS];
+    for (int64_t j0 = 0; j0 < nk; j0 += KEYS) {
+      const int64_t m = nk - j0 < KEYS ? nk - j0 : KEYS;
+      for (int64_t c0 = 0; c0 < C; c0 += COLS) {
+        const int64_t cw = C - c0 < COLS ? C - c0 : COLS;
+        hk->t_out(buf, cw, T + c0 * nr + j0, cw, m, scale);
+        for (int64_t jj = 0; jj < m; jj++)
+          attn__narrow_strided(t->data, t->dtype, off + (j0 + jj) * t->strides[2] + c0, 1, buf + jj * cw, cw, 1.0f);
+      }
+    }
+    return;
+  }
   for (int64_t jj = 0; jj < nk; jj++)
     for (int64_t c = 0; c < C; c++)
       attn__store_f32(t->data, t->dtype, off + jj * t->strides[2] + c * t->strides[3], T[c * nr + jj] * scale);
