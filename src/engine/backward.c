@@ -367,19 +367,17 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
   R->Dd[i] = (float)dot_double(od, out, attn__qoff(p, out, b, h, i), p->Dv); /* subtracted from every dP of the row */
 }
 
-/* pack_row for the half path: q as bf16 pairs and transposed (QT column i), dO rounded to bf16 the same
- * two ways, lse, and Dd in double from that dO and out as given. Rows past Nq: zeros, lse -inf.
+/* pack_row for the half path: q as bf16 pairs, dO rounded to bf16 the same way (turn_rows then
+ * transposes both into QT and dOT), lse, and Dd in double from that dO and out as given. Rows past Nq:
+ * zeros, lse -inf.
  * terms 2 (f16 q): q split into hi + lo (exact), dO rounded to f16 and split, as kernels.h's terms. */
-static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, int64_t Dv2, int64_t nqp, int terms,
+static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, int64_t Dv2, int terms,
                           const attn_tensor *dout, const attn_tensor *out, const attn_tensor *lse, int64_t b, int64_t h,
                           int64_t i) {
   uint16_t *qh = R->Qh + i * 2 * D2 * terms, *oh = R->dOh + i * 2 * Dv2 * terms;
-  const int64_t ld = t_ld(nqp);
   memset(qh, 0, (size_t)(2 * D2 * terms) * sizeof(uint16_t));
   memset(oh, 0, (size_t)(2 * Dv2 * terms) * sizeof(uint16_t));
   if (i >= attn__queries(p, b)) {
-    for (int64_t d = 0; d < terms * p->D; d++) R->QT[d * ld + i] = 0;
-    for (int64_t c = 0; c < terms * p->Dv; c++) R->dOT[c * ld + i] = 0;
     R->lse[i] = -INFINITY;
     R->Dd[i] = 0;
     return;
@@ -394,8 +392,6 @@ static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, in
   } else {
     for (int64_t d = 0; d < p->D; d++) qh[d] = qs[d * sq];
   }
-  for (int64_t d = 0; d < p->D; d++) R->QT[d * ld + i] = qh[d];
-  for (int64_t d = 0; d < p->D && terms == 2; d++) R->QT[(p->D + d) * ld + i] = qh[2 * D2 + d];
   const int64_t go = attn__qoff(p, dout, b, h, i), oo = attn__qoff(p, out, b, h, i);
   double dd = 0;
   float g[64]; /* dO, 64 columns at a time: widened, rounded to the inputs' type as the products see it, and back */
@@ -407,19 +403,36 @@ static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, in
         g[c] = attn__round_to_f16(g[c]);
         attn__split_half_value(g[c], &oh[c0 + c], &oh[2 * Dv2 + c0 + c]);
       }
-      for (int64_t c = 0; c < n; c++) R->dOT[(p->Dv + c0 + c) * ld + i] = oh[2 * Dv2 + c0 + c];
     } else {
       for (int64_t c = 0; c < n; c++) {
         oh[c0 + c] = attn__f32_to_bf16(g[c]);
         g[c] = attn__bf16_to_f32(oh[c0 + c]);
       }
     }
-    for (int64_t c = 0; c < n; c++) R->dOT[(c0 + c) * ld + i] = oh[c0 + c];
     /* from the dO the products see: sum_j P dP = Dd holds for it, and dS sums to 0 over a row */
     dd += dot_double(g, out, oo + c0 * out->strides[3], n);
   }
   R->lse[i] = ((const float *)lse->data)[attn__qoff(p, lse, b, h, i)];
   R->Dd[i] = (float)dd;
+}
+
+/* QT and dOT columns [i0, i0 + n) from rows i0.. of Qh and dOh (the hi terms, then with terms 2 the lo
+ * ones): a block of rows at a time, so each row of QT and dOT gets n entries side by side. */
+static void turn_rows(const bwd_rows *R, int64_t D, int64_t Dv, int64_t D2, int64_t Dv2, int64_t nqp, int terms,
+                      int64_t i0, int n) {
+  const int64_t ld = t_ld(nqp), qrow = 2 * D2 * terms, orow = 2 * Dv2 * terms;
+  for (int term = 0; term < terms; term++) {
+    for (int64_t d = 0; d < D; d++) {
+      const uint16_t *src = R->Qh + i0 * qrow + term * 2 * D2 + d;
+      uint16_t *dst = R->QT + (term * D + d) * ld + i0;
+      for (int ii = 0; ii < n; ii++) dst[ii] = src[ii * qrow];
+    }
+    for (int64_t c = 0; c < Dv; c++) {
+      const uint16_t *src = R->dOh + i0 * orow + term * 2 * Dv2 + c;
+      uint16_t *dst = R->dOT + (term * Dv + c) * ld + i0;
+      for (int ii = 0; ii < n; ii++) dst[ii] = src[ii * orow];
+    }
+  }
 }
 
 /* dsink_h = -sum_{b, i} exp(sink_h - lse_i) Dd_i with Dd_i = dO_i . out_i: one
@@ -532,11 +545,14 @@ static bwd_geom geom(const bwd_job *j, int64_t b) {
 }
 
 /* Items of phase ph for kv head bg. */
+/* Query rows a pack_rows item takes: the half path's transposed copies are written a block of rows at a time. */
+static int rows_per_item(const bwd_job *j) { return j->hk ? 16 : 1; }
+
 static int64_t pair_items(const bwd_job *j, int ph, int64_t bg) {
   const bwd_geom e = geom(j, bg / j->p->Hk);
   switch (ph) {
     case PH_KV: return e.nblk;
-    case PH_ROWS: return j->p->group * e.nqp;
+    case PH_ROWS: return j->p->group * e.nqp / rows_per_item(j);
     case PH_KR: return j->k_unit || j->hk ? 0 : e.nk;
     case PH_GRID: return e.C * e.R;
     case PH_DQ: return j->p->group * e.nq;
@@ -630,12 +646,15 @@ static void pack_rows_run(const void *arg, void *scratch, int64_t round, int64_t
     int64_t local;
     const int64_t bg = item_pair(j, PH_ROWS, round, w, &local), slot = bg - round * j->per_round;
     if (bg != geom_bg) nqp = geom(j, bg / p->Hk).nqp, geom_bg = bg;
-    const int64_t hs = local / nqp, i = local % nqp;
+    const int rpi = rows_per_item(j); /* divides nqp, a whole number of grid_rows */
+    const int64_t hs = local / (nqp / rpi), i = local % (nqp / rpi) * rpi;
     const bwd_rows R = slot_row(j, slot, hs);
-    if (j->hk)
-      pack_row_half(p, &R, j->D2, j->Dv2, nqp, j->hk->terms, j->dout, j->out, j->lse, bg / p->Hk,
-                    (bg % p->Hk) * p->group + hs, i);
-    else
+    if (j->hk) {
+      for (int ii = 0; ii < rpi; ii++)
+        pack_row_half(p, &R, j->D2, j->Dv2, j->hk->terms, j->dout, j->out, j->lse, bg / p->Hk,
+                      (bg % p->Hk) * p->group + hs, i + ii);
+      turn_rows(&R, p->D, p->Dv, j->D2, j->Dv2, nqp, j->hk->terms, i, rpi);
+    } else
       pack_row(p, &R, j->dout, j->out, j->lse, bg / p->Hk, (bg % p->Hk) * p->group + hs, i);
   }
 }
