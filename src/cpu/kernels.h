@@ -190,6 +190,7 @@ void attn__softmax_round_amx16(uint16_t *Pb, float *S, float scale, float *m, fl
 #define ATTN__DEC_NB 128
 #endif
 #define ATTN__DEC_MAX_ROWS_K 8 /* rows per call at most (internal.h's ATTN__DEC_MAX_ROWS) */
+typedef void (*attn__narrow_fn)(void *dst, attn_dtype dt, const float *src, int64_t n, float scale);
 typedef struct attn__decode_kernels {
   /* Element types qk and pv read K and V in (bit k: attn_dtype k), widening
    * in registers; the framework widens any other type into f32 rows first.
@@ -210,6 +211,9 @@ typedef struct attn__decode_kernels {
              attn_dtype vt, int sparse, const void *Vnext); /* Vnext: as qk's Knext */
   /* dst[0..n) = src[0..n) widened to f32 from f32, f16 or bf16 (contiguous). */
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n);
+  /* dst[0..n) = src[0..n) * scale as f32 or bf16 (contiguous), rounded as attn__store_f32 rounds: the
+   * write-out of outputs and gradients in the ISA's vectors (f16 goes through attn__narrow_strided). */
+  attn__narrow_fn narrow;
 } attn__decode_kernels;
 
 /* Where the read-ahead finds row j of a call's n rows, ld bytes apart from

@@ -89,6 +89,7 @@ typedef struct bwd_args {
    * pairs, and K as pairs of keys (ceil(Nk / 2), D), each row twice with two terms */
   const attn__half_kernels *hk;
   int64_t D2, Dv2, nqp;
+  attn__narrow_fn narrow; /* the decode kernel set's */
 } bwd_args;
 
 /* A tile's buffers for bwd_probs and bwd_dscores: S, dP, the mask's Mb and the cap's slope Cf, each (MR, NR). */
@@ -221,8 +222,8 @@ static int64_t t_ld(int64_t nqp) { return nqp + 32; }
 
 /* Keys j < nk of a gradient t (f32, f16 or bf16) from offset off = scale * T[c * nr + j], T a key block
  * kept turned (C, nr). A head's keys are strides[2] apart, packed batch or not. */
-static void write_turned(const attn__half_kernels *hk, const attn_tensor *t, int64_t off, const float *T, int64_t C,
-                         int64_t nk, int nr, float scale) {
+static void write_turned(const attn__half_kernels *hk, attn__narrow_fn narrow, const attn_tensor *t, int64_t off,
+                         const float *T, int64_t C, int64_t nk, int nr, float scale) {
   if (t->dtype == ATTN_F32 && t->strides[3] == 1) {
     hk->t_out((float *)t->data + off, t->strides[2], T, C, nk, scale);
     return;
@@ -235,8 +236,11 @@ static void write_turned(const attn__half_kernels *hk, const attn_tensor *t, int
       for (int64_t c0 = 0; c0 < C; c0 += COLS) {
         const int64_t cw = C - c0 < COLS ? C - c0 : COLS;
         hk->t_out(buf, cw, T + c0 * nr + j0, cw, m, scale);
-        for (int64_t jj = 0; jj < m; jj++)
-          attn__narrow_strided(t->data, t->dtype, off + (j0 + jj) * t->strides[2] + c0, 1, buf + jj * cw, cw, 1.0f);
+        for (int64_t jj = 0; jj < m; jj++) {
+          const int64_t at = off + (j0 + jj) * t->strides[2] + c0;
+          if (t->dtype == ATTN_BF16) narrow((uint16_t *)t->data + at, t->dtype, buf + jj * cw, cw, 1.0f);
+          else attn__narrow_strided(t->data, t->dtype, at, 1, buf + jj * cw, cw, 1.0f);
+        }
       }
     }
     return;
@@ -321,8 +325,8 @@ static void pass_item_half(const bwd_args *a, bwd_scratch *s, attn_tensor *dk, a
         hk->t_out(dVr + j0 * Dv, Dv, dVb, Dv, nk, 1.0f);
         continue;
       }
-      write_turned(hk, dk, attn__koff(p, dk, b, g, j0), dKb, D, nk, nr, scale);
-      write_turned(hk, dv, attn__koff(p, dv, b, g, j0), dVb, Dv, nk, nr, 1.0f);
+      write_turned(hk, a->narrow, dk, attn__koff(p, dk, b, g, j0), dKb, D, nk, nr, scale);
+      write_turned(hk, a->narrow, dv, attn__koff(p, dv, b, g, j0), dVb, Dv, nk, nr, 1.0f);
     }
   }
 }
@@ -505,6 +509,7 @@ enum { PH_KV, PH_ROWS, PH_KR, PH_GRID, PH_DQ, PH_DKV, PH_N };
 typedef struct bwd_job {
   const attn__sdpa *p;
   const attn__cpu_kernels *kn;
+  attn__narrow_fn narrow; /* the decode kernel set's: gradients written out in the ISA's vectors */
   const attn__half_kernels *hk; /* NULL: fp32 */
   int64_t D2, Dv2;              /* the half path's pairs of q and k, of dO and v (padded) */
   attn_tensor *dq, *dk, *dv;
@@ -696,7 +701,7 @@ static void grid_run(const void *arg, void *scratch, int64_t round, int64_t firs
     }
     if (j->hk) Kr = j->Kr + slot * j->kr_size;
     const bwd_args a = {p, j->kn, j->rows + slot * p->group, j->Kt + slot * j->kt_size, j->Vt + slot * j->vt_size,
-                        Kr, ldk, j->hk, j->D2, j->Dv2, e.nqp};
+                        Kr, ldk, j->hk, j->D2, j->Dv2, e.nqp, j->narrow};
     float *dQc = j->dQp + slot * j->dq_size + c * p->group * e.nqp * p->D;
     float *dKr = e.R > 1 ? j->dKp + slot * j->dk_size + r * e.nk * p->D : NULL;
     float *dVr = e.R > 1 ? j->dVp + slot * j->dv_size + r * e.nk * p->Dv : NULL;
@@ -712,8 +717,8 @@ static void grid_run(const void *arg, void *scratch, int64_t round, int64_t firs
 
 /* t's n elements from off (strides[3] apart) = scale * sum_{r < R} part[r * stride + c], added in r
  * order (64 columns at a time, so that the sums vectorise; each element still adds r = 0, 1, ...) */
-static void sum_parts(const attn_tensor *t, int64_t off, const float *part, int64_t stride, int64_t R, int64_t n,
-                      float scale) {
+static void sum_parts(attn__narrow_fn narrow, const attn_tensor *t, int64_t off, const float *part, int64_t stride,
+                      int64_t R, int64_t n, float scale) {
   int64_t c0 = 0;
   if (t->dtype == ATTN_F32 && t->strides[3] == 1) /* 16 columns at a time, the sums in registers */
     for (float *d = (float *)t->data + off; c0 + 16 <= n; c0 += 16) {
@@ -727,7 +732,10 @@ static void sum_parts(const attn_tensor *t, int64_t off, const float *part, int6
     float acc[64] = {0};
     for (int64_t r = 0; r < R; r++)
       for (int e = 0; e < m; e++) acc[e] += part[r * stride + c0 + e];
-    attn__narrow_strided(t->data, t->dtype, off + c0 * t->strides[3], t->strides[3], acc, m, scale);
+    if (t->strides[3] == 1 && t->dtype != ATTN_F16)
+      narrow((char *)t->data + (off + c0) * (int64_t)attn_dtype_size(t->dtype), t->dtype, acc, m, scale);
+    else
+      attn__narrow_strided(t->data, t->dtype, off + c0 * t->strides[3], t->strides[3], acc, m, scale);
   }
 }
 
@@ -756,7 +764,7 @@ static void reduce_dq_run(const void *arg, void *scratch, int64_t round, int64_t
       for (int64_t d = 0; d < D; d++) attn__store_f32(dq->data, dq->dtype, qo + d * sd, 0.0f);
       continue;
     }
-    sum_parts(dq, qo, part, cstride, C, D, scale);
+    sum_parts(j->narrow, dq, qo, part, cstride, C, D, scale);
   }
 }
 
@@ -777,8 +785,8 @@ static void reduce_dkv_run(const void *arg, void *scratch, int64_t round, int64_
     const attn_tensor *dk = j->dk, *dv = j->dv;
     const int64_t ko = attn__koff(p, dk, b, g, jk), vo = attn__koff(p, dv, b, g, jk);
     const float *pk = j->dKp + slot * j->dk_size + jk * p->D, *pv = j->dVp + slot * j->dv_size + jk * p->Dv;
-    sum_parts(dk, ko, pk, e.nk * p->D, R, p->D, 1.0f);
-    sum_parts(dv, vo, pv, e.nk * p->Dv, R, p->Dv, 1.0f);
+    sum_parts(j->narrow, dk, ko, pk, e.nk * p->D, R, p->D, 1.0f);
+    sum_parts(j->narrow, dv, vo, pv, e.nk * p->Dv, R, p->Dv, 1.0f);
   }
 }
 
@@ -809,7 +817,7 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
     j.D2 = ((p->D + 1) / 2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align;
     j.Dv2 = ((p->Dv + 1) / 2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align;
   }
-  j.p = p, j.kn = kn;
+  j.p = p, j.kn = kn, j.narrow = ctx->dispatch.decode->narrow;
   j.dq = dq, j.dk = dk, j.dv = dv, j.dout = dout, j.out = out, j.lse = lse;
   const int64_t nseq = attn__seqs(p);
   j.pairs = nseq * p->Hk;

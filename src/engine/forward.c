@@ -104,6 +104,7 @@ typedef struct fwd_job {
   const attn__cpu_kernels *kn;
   const attn__half_kernels *hk; /* NULL: fp32 tiles */
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n); /* the kernel set's, in registers */
+  attn__narrow_fn narrow;                                                /* and its write-out */
   int64_t pairs, per_round, kt_bytes, vp_bytes, D2;
   int qb, v_unit, terms; /* terms: the half tiles' (kernels.h), 1 without them */
   int fused; /* OPEN tiles take hk's softmax_round and pv_blocks, the scale deferred to the softmax */
@@ -251,14 +252,18 @@ static void tile_begin(const fwd_job *j, tile_state *ts, int64_t b, int64_t h, i
 }
 
 /* Normalises the tile's output rows and writes them, with the log-sum-exp. */
-static void tile_end(const attn__sdpa *p, const tile_state *ts, int64_t b, int64_t h) {
+static void tile_end(const fwd_job *j, const tile_state *ts, int64_t b, int64_t h) {
+  const attn__sdpa *p = j->p;
   const int64_t Dv = p->Dv;
   const attn_tensor *o = &p->out;
+  const int vector = o->strides[3] == 1 && o->dtype != ATTN_F16; /* the kernel set's narrow takes it */
   for (int r = 0; r < ts->rows; r++) {
     const float l = ts->l[r];
     const float inv = l == 0 ? 0.0f : 1.0f / l; /* l = 0 only when every key is masked */
     /* out in f32, or in the inputs' half type: the f32 value, rounded */
-    attn__narrow_strided(o->data, o->dtype, attn__qoff(p, o, b, h, ts->i0 + r), o->strides[3], ts->O + r * Dv, Dv, inv);
+    const int64_t at = attn__qoff(p, o, b, h, ts->i0 + r);
+    if (vector) j->narrow((char *)o->data + at * (int64_t)attn_dtype_size(o->dtype), o->dtype, ts->O + r * Dv, Dv, inv);
+    else attn__narrow_strided(o->data, o->dtype, at, o->strides[3], ts->O + r * Dv, Dv, inv);
     if (p->lse) {
       const attn_tensor *lt = p->lse;
       ((float *)lt->data)[attn__qoff(p, lt, b, h, ts->i0 + r)] =
@@ -371,7 +376,7 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
   }
   flush_queued(j, s, 0, count);
   for (int t = 0; t < count; t++) {
-    tile_end(p, &s->t[t], b, h);
+    tile_end(j, &s->t[t], b, h);
     if (p->weights) tile_weights(j, s, &s->t[t], Kp, b, h);
   }
   if (j->hk && j->hk->end) j->hk->end();
@@ -618,7 +623,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
   fwd_job j;
   memset(&j, 0, sizeof j);
-  j.p = p, j.kn = kn, j.hk = hk, j.widen = ctx->dispatch.decode->widen, j.D2 = (p->D + 1) / 2;
+  j.p = p, j.kn = kn, j.hk = hk, j.widen = ctx->dispatch.decode->widen, j.narrow = ctx->dispatch.decode->narrow, j.D2 = (p->D + 1) / 2;
   if (hk && hk->d2_align > 1) j.D2 = (j.D2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align; /* zero pairs */
   j.terms = hk ? hk->terms : 1;
   /* dropout and the cap change P or the logits between the steps the fused kernels join */

@@ -428,4 +428,4 @@ static void dec_pv_wide(float *O, float *m, float *l, float *S, int rows, const 
 
 const attn__decode_kernels ATTN_DECODE_SET = {(1u << ATTN_F32) | (1u << ATTN_F16) | (1u << ATTN_BF16) |
                                                               (1u << ATTN__Q8_0) | (1u << ATTN__Q4_0),
-                                                          dec_qk_wide, dec_pv_wide, widen_avx512};
+                                                          dec_qk_wide, dec_pv_wide, widen_avx512, narrow_avx512};
