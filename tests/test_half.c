@@ -439,6 +439,22 @@ static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int 
     CHECK(err_vs(sink[0], rs, c->Hq, &bad) <= 1e-4 && !bad, "backward %s: sinks_grad", desc);
   }
   grads_are_rounded(ctx, a, &P, &io, g[0], desc, dt); /* the tiles' f32 gradients, rounded */
+  if (tiles && dt == ATTN_BF16) { /* dout stored as bf16 (copied as it is) = dout of the same values in f32 */
+    const int64_t nd = c->B * c->Hq * c->Nq * c->Dv;
+    uint16_t *dh = arena_alloc(a, sizeof(uint16_t) * (size_t)(nd + 1));
+    float *df = arena_alloc(a, sizeof(float) * (size_t)(nd + 1));
+    for (int64_t e = 0; e < nd; e++) dh[e] = tu_f32_to_bf16(((const float *)tdo.data)[e]), df[e] = tu_bf16_to_f32(dh[e]);
+    attn_tensor tdh = attn_tensor_view(dh, ATTN_BF16, 4, tdo.shape), tdf = attn_tensor_view(df, ATTN_F32, 4, tdo.shape);
+    const attn_tensor *dos[2] = {&tdf, &tdh};
+    for (int w = 0; w < 2; w++) {
+      for (int i = 0; i < 3; i++) tu_poison_f32(g[w][i], n3[i]);
+      CHECK_OK(ctx, attn_sdpa_backward(ctx, &tg[w][0], &tg[w][1], &tg[w][2], NULL, NULL, dos[w], &P.q, &P.k, &P.v, &to,
+                                       &tl, &P.o));
+    }
+    for (int i = 0; i < 3; i++)
+      CHECK(!memcmp(g[0][i], g[1][i], sizeof(float) * (size_t)n3[i]), "backward %s: %s with a bf16 dout differs", desc,
+            names[i]);
+  }
   arena_free(a);
 }
 

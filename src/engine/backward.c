@@ -399,16 +399,19 @@ static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, in
   const int64_t go = attn__qoff(p, dout, b, h, i), oo = attn__qoff(p, out, b, h, i);
   double dd = 0;
   float g[64]; /* dO, 64 columns at a time: widened, rounded to the inputs' type as the products see it, and back */
+  const int as_stored = terms == 1 && dout->dtype == ATTN_BF16 && dout->strides[3] == 1; /* bf16 already */
   for (int64_t c0 = 0; c0 < p->Dv; c0 += 64) {
     const int64_t n = p->Dv - c0 < 64 ? p->Dv - c0 : 64;
-    attn__widen_strided(g, dout->data, dout->dtype, go + c0 * dout->strides[3], dout->strides[3], n);
-    if (terms == 2) {
-      for (int64_t c = 0; c < n; c++) {
+    if (as_stored) {
+      memcpy(oh + c0, (const uint16_t *)dout->data + go + c0, (size_t)n * sizeof(uint16_t));
+      for (int64_t c = 0; c < n; c++) g[c] = attn__bf16_to_f32(oh[c0 + c]);
+    } else {
+      attn__widen_strided(g, dout->data, dout->dtype, go + c0 * dout->strides[3], dout->strides[3], n);
+      for (int64_t c = 0; c < n && terms == 2; c++) {
         g[c] = attn__round_to_f16(g[c]);
         attn__split_half_value(g[c], &oh[c0 + c], &oh[2 * Dv2 + c0 + c]);
       }
-    } else {
-      for (int64_t c = 0; c < n; c++) {
+      for (int64_t c = 0; c < n && terms == 1; c++) {
         oh[c0 + c] = attn__f32_to_bf16(g[c]);
         g[c] = attn__bf16_to_f32(oh[c0 + c]);
       }
