@@ -32,9 +32,9 @@ static inline float attn__bf16_to_f32(uint16_t b) {
 static inline uint16_t attn__f32_to_bf16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
+  const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u; /* a select, not a branch: loops of it vectorise */
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1)) >> 16, quiet = (u >> 16) | 0x40;
+  return (uint16_t)(nan ? quiet : rounded);
 }
 
 /* f to the nearest f16 (ties to even) and back, as attn__f16_to_f32(attn__f32_to_f16(f)) but

@@ -109,9 +109,9 @@ typedef struct attn__half_kernels {
   /* Optional (NULL: base's softmax, then pv), terms 1 only, for a tile with nothing but scale between its
    * dot products and the softmax, whose logits are finite or -inf (a key hidden from the row, or past the
    * last one) and whose packed values are finite at every key hidden from some row (0 past the last
-   * key): a hidden key's P is then 0 and adds nothing, though pv_blocks multiplies every key's value. The rows' maxima follow the base
-   * softmax's rule: a row that has seen no finite logit keeps m = -inf and P = 0.
-   * (The framework, forward.c, decides which tiles qualify.)
+   * key): a hidden key's P is then 0 and adds nothing, though pv_blocks multiplies every key's value.
+   * The rows' maxima follow the base softmax's rule: a row that has seen no finite logit keeps m = -inf
+   * and P = 0. (The framework, forward.c, decides which tiles qualify.)
    * softmax_round: base's softmax step on scale * S (scale > 0), with P rounded as pv rounds it written
    *   to Pb (MR, NR) bf16, 64-byte aligned, instead of S (S is left as it was or clobbered), except
    *   that m may trail the running maximum by up to 8 (m moves only when a tile's maximum passes it by
