@@ -672,10 +672,15 @@ ATTN_API attn_status attn_kv_cache_view(attn_ctx *ctx, attn_tensor *k, attn_tens
  * queries before attending, at the tokens' positions (as vLLM does).
  *
  * Slots of a sequence's last block past its length and blocks in no table are
- * never read: whatever they hold (NaN, stale tokens) reaches no result. A
- * freed sequence's blocks return to the pool in their order, and the pool
- * hands blocks out from its lowest free one, so a sequence appended on its own
- * takes a run of blocks that follow one another (read as one stream). */
+ * never read: whatever they hold (NaN, stale tokens) reaches no result. The
+ * pool keeps each sequence's blocks in runs that follow one another (read as
+ * one stream) while it has room: a sequence's next block is the one after its
+ * last when that is free; a prompt's blocks start the smallest free extent
+ * that holds them all, and a sequence growing a block at a time starts a new
+ * run in the middle of the largest free extent (leaving room to the sequence
+ * before it), so that sequences growing together do not take each other's
+ * next blocks. In a crowded pool (no free run of 8 blocks) any free block is
+ * taken. Block ids are the pool's choice: nothing else depends on them. */
 typedef struct attn_paged_kv_cache attn_paged_kv_cache;
 
 typedef struct attn_paged_kv_config {

@@ -29,8 +29,12 @@ struct attn_paged_kv_cache {
    * (they ask for rows ahead of those they read) lands on the next block */
   void *k, *v;
   int32_t *ref;             /* [num_blocks] sequences holding each block; 0 = free */
-  int32_t *free_ids;        /* [num_blocks] a stack of the free blocks */
   int64_t nfree;
+  /* take_block's state: set when its last scan of the pool found no free run of
+   * CROWDED blocks, so that it takes any free block, from cursor on, until a
+   * block is freed (a scan per block of a crowded pool would cost O(blocks^2)) */
+  int crowded;
+  int64_t cursor;
   paged_seq *seqs; /* [max_seqs] */
 };
 
@@ -65,7 +69,6 @@ void attn_paged_kv_destroy(attn_paged_kv_cache *cache) {
   attn__aligned_free(cache->k);
   attn__aligned_free(cache->v);
   free(cache->ref);
-  free(cache->free_ids);
   if (cache->seqs)
     for (int64_t s = 0; s < cache->cfg.max_seqs; s++) free(cache->seqs[s].blocks);
   free(cache->seqs);
@@ -131,15 +134,12 @@ attn_status attn_paged_kv_create(attn_ctx *ctx, attn_paged_kv_cache **out, const
     pc->k = attn__huge_alloc(nk);
     pc->v = attn__huge_alloc(nv);
     pc->ref = calloc((size_t)c.num_blocks, sizeof(int32_t));
-    pc->free_ids = malloc((size_t)c.num_blocks * sizeof(int32_t));
     pc->seqs = calloc((size_t)c.max_seqs, sizeof(paged_seq));
   }
-  if (!pc || !pc->k || !pc->v || !pc->ref || !pc->free_ids || !pc->seqs) {
+  if (!pc || !pc->k || !pc->v || !pc->ref || !pc->seqs) {
     attn_paged_kv_destroy(pc);
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_paged_kv_create: cannot allocate a pool of %zu + %zu bytes", nk, nv);
   }
-  /* block 0 on top of the stack: sequences fill the pool from its start */
-  for (int64_t i = 0; i < c.num_blocks; i++) pc->free_ids[i] = (int32_t)(c.num_blocks - 1 - i);
   pc->nfree = c.num_blocks;
   *out = pc;
   return ATTN_OK;
@@ -198,12 +198,11 @@ attn_status attn_paged_kv_seq_new(attn_ctx *ctx, attn_paged_kv_cache *cache, int
   return ATTN_OK;
 }
 
-/* Drops sequence s's hold on its blocks from entry `from` on. The last goes
- * onto the free stack first, so that the blocks come back in their order: a
- * run of blocks that follow one another is read as one (decode.c). */
+/* Drops sequence s's hold on its blocks from entry `from` on. */
 static void release_from(attn_paged_kv_cache *c, paged_seq *s, int64_t from) {
-  for (int64_t i = blocks_for(c, s->len) - 1; i >= from; i--)
-    if (--c->ref[s->blocks[i]] == 0) c->free_ids[c->nfree++] = s->blocks[i];
+  const int64_t had = c->nfree;
+  for (int64_t i = blocks_for(c, s->len) - 1; i >= from; i--) c->nfree += --c->ref[s->blocks[i]] == 0;
+  if (c->nfree > had) c->crowded = 0;
 }
 
 attn_status attn_paged_kv_seq_free(attn_ctx *ctx, attn_paged_kv_cache *cache, int64_t seq) {
@@ -260,11 +259,53 @@ attn_status attn_paged_kv_seq_truncate(attn_ctx *ctx, attn_paged_kv_cache *cache
   return ATTN_OK;
 }
 
-/* A block from the pool (the caller counted that there is one). */
-static int32_t take_block(attn_paged_kv_cache *c) {
-  const int32_t b = c->free_ids[--c->nfree];
+/* Whether block b is the last of a live sequence's, which may grow into the blocks after it. */
+static int ends_a_sequence(const attn_paged_kv_cache *c, int64_t b) {
+  for (int64_t s = 0; s < c->cfg.max_seqs; s++) {
+    const paged_seq *q = &c->seqs[s];
+    if (q->live && q->len > 0 && q->blocks[blocks_for(c, q->len) - 1] == b) return 1;
+  }
+  return 0;
+}
+
+/* A free block for a sequence whose last block is prev (-1: none) and which
+ * takes `want` blocks in this append, this one included (the caller counted
+ * that they are free). The block after prev when it is free, so that a
+ * sequence's blocks stay a run, which the decode reads as one stream (blocks
+ * scattered over the pool decoded 1.2-1.4x slower, BENCHMARKS.md). Else a new
+ * run starts: for several blocks (a prompt), at the start of the smallest free
+ * extent that holds them all; for one (a sequence growing a token at a time),
+ * in the largest free extent, at its middle when a live sequence ends just
+ * before it (half of it is left for that one to grow into), else at its first
+ * block. Prompts appended in turn thus lie end to end, and sequences that grow
+ * together, a token a step, take runs of blocks rather than every other
+ * sequence's next one. The search costs a pass over the pool's reference
+ * counts (and the sequences), once per new run; in a crowded pool (crowded
+ * above) any free block will do. */
+#define CROWDED 8
+static int32_t take_block(attn_paged_kv_cache *c, int64_t prev, int64_t want) {
+  const int64_t n = c->cfg.num_blocks;
+  int64_t b = prev >= 0 && prev + 1 < n && c->ref[prev + 1] == 0 ? prev + 1 : -1;
+  if (b < 0 && !c->crowded) {
+    int64_t first = 0, len = 0, fit = -1, fit_len = INT64_MAX;
+    for (int64_t i = 0; i < n; i++) {
+      if (c->ref[i]) continue;
+      int64_t e = i + 1;
+      while (e < n && c->ref[e] == 0) e++;
+      if (e - i > len) first = i, len = e - i;
+      if (e - i >= want && e - i < fit_len) fit = i, fit_len = e - i;
+      i = e;
+    }
+    if (want > 1 && fit >= 0) b = fit;
+    else b = first > 0 && ends_a_sequence(c, first - 1) ? first + len / 2 : first;
+    c->crowded = len < CROWDED;
+  } else if (b < 0) {
+    while (c->ref[c->cursor]) c->cursor = (c->cursor + 1) % n;
+    b = c->cursor;
+  }
   c->ref[b] = 1;
-  return b;
+  c->nfree--;
+  return (int32_t)b;
 }
 
 /* Where token slot `slot` of kv head g of pool block blk starts, for kind (0 keys, 1 values). */
@@ -395,7 +436,8 @@ attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *cache, int6
     const int64_t m = n_new ? n_new[i] : n, had = blocks_for(cache, s->len);
     if (m == 0) continue;
     if (s->len % c->block_tokens && cache->ref[s->blocks[had - 1]] > 1) {
-      const int32_t old = s->blocks[had - 1], nb = take_block(cache);
+      const int64_t want = blocks_for(cache, s->len + m) - had + 1; /* the copy and the new blocks after it */
+      const int32_t old = s->blocks[had - 1], nb = take_block(cache, had > 1 ? s->blocks[had - 2] : -1, want);
       for (int64_t g = 0; g < c->kv_heads; g++) {
         memcpy(slot_at(cache, 0, nb, g, 0), slot_at(cache, 0, old, g, 0), kblock);
         memcpy(slot_at(cache, 1, nb, g, 0), slot_at(cache, 1, old, g, 0), vblock);
@@ -403,7 +445,8 @@ attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *cache, int6
       cache->ref[old]--; /* still > 0: another sequence holds it */
       s->blocks[had - 1] = nb;
     }
-    for (int64_t b = had; b < blocks_for(cache, s->len + m); b++) s->blocks[b] = take_block(cache);
+    const int64_t end = blocks_for(cache, s->len + m);
+    for (int64_t b = had; b < end; b++) s->blocks[b] = take_block(cache, b ? s->blocks[b - 1] : -1, end - b);
     for (int64_t j = 0; j < m; j++) {
       const int64_t pos = s->len + j, blk = s->blocks[pos / c->block_tokens], slot = pos % c->block_tokens;
       for (int64_t g = 0; g < c->kv_heads; g++) {

@@ -121,8 +121,9 @@ if grep -q '"op":"decode"' "$T/stdout" && grep -Eq '"oracle_rel_l2":[0-9.e-]+' "
 expect 0 "" -- bench decode --batch 2 --kv-seq 300 --heads 4 --kv-heads 2 --dim 64 --k-dtype q4_0 --v-dtype q8_0 --repeat 2 --json
 if grep -q '"k_dtype":"q4_0","v_dtype":"q8_0","kv_cache":true' "$T/stdout" && grep -Eq '"oracle_rel_l2":[0-9.]+e-0[6-9]' "$T/stdout"; then ok; else bad "bench decode q4_0/q8_0: $(cat "$T/stdout")"; fi
 # rows of mixed lengths on a linear cache and on a paged one (blocks of 16, q8_0 keys): the bytes read are the lengths' sum
-# (--interleaved: the rows grow together, so each one's blocks are spread through the pool)
-for how in "--cache" "--paged 16 --k-dtype q8_0" "--paged 16 --interleaved"; do
+# (--interleaved: the rows grow together; --scatter: the same in a pool crowded by fillers, so
+# each row's blocks lie one apart)
+for how in "--cache" "--paged 16 --k-dtype q8_0" "--paged 16 --interleaved" "--paged 16 --scatter"; do
   expect 0 "" -- bench decode --batch 3 --lengths 40,300,7 --heads 4 --kv-heads 2 --dim 32 $how --repeat 2 --json
   if grep -q '"kv_tokens":347,' "$T/stdout" && grep -Eq '"oracle_rel_l2":[0-9.]+e-0[6-9]' "$T/stdout"; then ok; else bad "bench decode $how --lengths: $(cat "$T/stdout")"; fi
 done
@@ -379,6 +380,7 @@ expect 2 "$O" -- bench decode --batch 2 --lengths 40 --heads 2 --dim 8
 expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --heads 2 --dim 8 --paged 0
 expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --lengths 64 --heads 2 --dim 8
 expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --heads 2 --dim 8 --cache --interleaved
+expect 2 "$O" -- bench decode --batch 1 --kv-seq 64 --heads 2 --dim 8 --scatter
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --query $G/mha_seed/x.npy --out "$O"
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --heads 0 --query $G/mha_seed/x.npy --out "$O"
 expect 2 "$O" -- mha --params $G/mha_seed/params.safetensors --heads 2 --query $G/mha_seed/x.npy --key $G/mha_seed/x.npy --out "$O"

@@ -7,9 +7,10 @@
  * keys are cut at a block boundary) and against the float64 oracle on the
  * stored values; token-by-token decoding; fork and copy-on-write, truncate
  * then append, freeing, pool exhaustion (nothing changes), NaN in every free
- * block and every unused slot (never reaching a result), and hostile
- * arguments. Optional argument: one kernel's name (else all; 77 if this CPU
- * lacks it). */
+ * block and every unused slot (never reaching a result), the allocator's runs
+ * (sequences growing together keep theirs) and a crowded pool whose blocks
+ * are dealt out one apart between NaN fillers, and hostile arguments.
+ * Optional argument: one kernel's name (else all; 77 if this CPU lacks it). */
 #include "testutil.h"
 
 static const attn_kernel kernels[6] = {ATTN_KERNEL_REF, ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512,
@@ -43,8 +44,11 @@ static void poison_pool(attn_ctx *ctx, attn_paged_kv_cache *pg) {
   free(k), free(v);
 }
 
+/* scatter: the rows' blocks dealt out one apart, the blocks between them held by one-token filler
+ * sequences of NaN until pair_free (a crowded pool, where the allocator keeps no runs: every block
+ * boundary cuts the decode's keys, and a read past a block lands on a filler's NaN). */
 static void pair_make(attn_ctx *ctx, pair *p, attn_kv_dtype kt, attn_kv_dtype vt, int64_t B, int64_t Hk, int64_t D,
-                      int64_t Dv, int64_t capacity, int64_t bt) {
+                      int64_t Dv, int64_t capacity, int64_t bt, int scatter) {
   p->B = B, p->Hk = Hk, p->D = D, p->Dv = Dv;
   attn_kv_cache_config lc;
   attn_kv_cache_config_init(&lc, B, capacity, Hk, D);
@@ -52,16 +56,43 @@ static void pair_make(attn_ctx *ctx, pair *p, attn_kv_dtype kt, attn_kv_dtype vt
   CHECK_OK(ctx, attn_kv_cache_create(ctx, &p->lin, &lc));
   attn_paged_kv_config pc;
   /* room for every row at capacity, plus the block each may waste, plus spares */
-  attn_paged_kv_config_init(&pc, B * ((capacity + bt - 1) / bt + 1) + 3, bt, Hk, D);
-  pc.v_head_dim = Dv, pc.k_dtype = kt, pc.v_dtype = vt, pc.max_seqs = 16;
+  const int64_t need = B * ((capacity + bt - 1) / bt + 1) + 3;
+  attn_paged_kv_config_init(&pc, scatter ? 2 * need : need, bt, Hk, D);
+  pc.v_head_dim = Dv, pc.k_dtype = kt, pc.v_dtype = vt, pc.max_seqs = scatter ? 2 * need + 16 : 16;
   CHECK_OK(ctx, attn_paged_kv_create(ctx, &p->pg, &pc));
   poison_pool(ctx, p->pg);
+  if (scatter) { /* a filler on every block, then the even blocks' fillers freed */
+    const int64_t n = 2 * need, ks[4] = {n, Hk, 1, D}, vs[4] = {n, Hk, 1, Dv};
+    int64_t *fill = malloc(sizeof(int64_t) * (size_t)n);
+    float *k = malloc(sizeof(float) * (size_t)(n * Hk * D)), *v = malloc(sizeof(float) * (size_t)(n * Hk * Dv));
+    tu_poison_f32(k, n * Hk * D), tu_poison_f32(v, n * Hk * Dv);
+    attn_tensor tk = attn_tensor_view(k, ATTN_F32, 4, ks), tv = attn_tensor_view(v, ATTN_F32, 4, vs);
+    for (int64_t i = 0; i < n; i++) CHECK_OK(ctx, attn_paged_kv_seq_new(ctx, p->pg, &fill[i]));
+    CHECK_OK(ctx, attn_paged_kv_append(ctx, p->pg, n, fill, &tk, &tv, NULL));
+    CHECK(attn_paged_kv_free_blocks(p->pg) == 0, "the fillers fill the pool");
+    for (int64_t i = 0; i < n; i++) {
+      const int32_t *t;
+      CHECK(attn_paged_kv_block_table(p->pg, fill[i], &t) == 1, "a filler holds one block");
+      if (t[0] % 2 == 0) CHECK_OK(ctx, attn_paged_kv_seq_free(ctx, p->pg, fill[i]));
+    }
+    CHECK(attn_paged_kv_free_blocks(p->pg) == need, "the even blocks are free");
+    free(fill), free(k), free(v);
+  }
   for (int64_t b = 0; b < B; b++) {
     int64_t waste; /* a sequence made and freed first: ids need not be 0..B-1 */
     if (b == 1) CHECK_OK(ctx, attn_paged_kv_seq_new(ctx, p->pg, &waste));
     CHECK_OK(ctx, attn_paged_kv_seq_new(ctx, p->pg, &p->seq[b]));
     if (b == 1) CHECK_OK(ctx, attn_paged_kv_seq_free(ctx, p->pg, waste));
   }
+}
+
+/* Runs of blocks that follow one another in seq's table. */
+static int64_t runs_of(const attn_paged_kv_cache *pg, int64_t seq) {
+  const int32_t *t;
+  const int64_t n = attn_paged_kv_block_table(pg, seq, &t);
+  int64_t runs = n > 0;
+  for (int64_t i = 1; i < n; i++) runs += t[i] != t[i - 1] + 1;
+  return runs;
 }
 
 static void pair_free(pair *p) {
@@ -239,8 +270,13 @@ static void against_linear(void) {
     for (int bi = 0; bi < 6; bi++) {
       const int wide = (int)(di + (size_t)bi) % 2; /* D 128 with Dv 64, or D = Dv = 64 */
       pair p;
-      pair_make(ctx, &p, dts[di][0], dts[di][1], 3, 2, wide ? 128 : 64, 64, 2110, blocks[bi]);
+      pair_make(ctx, &p, dts[di][0], dts[di][1], 3, 2, wide ? 128 : 64, 64, 2110, blocks[bi], (di + (size_t)bi) % 2 == 0);
       pair_fill(ctx, &p, len, &r);
+      for (int64_t row = 0; row < 3 && (di + (size_t)bi) % 2 == 0; row++) {
+        const int32_t *t;
+        CHECK(runs_of(p.pg, p.seq[row]) == attn_paged_kv_block_table(p.pg, p.seq[row], &t),
+              "block %lld, row %lld: a crowded pool scatters the blocks", (long long)blocks[bi], (long long)row);
+      }
       /* (a window starts the decode's blocks at its first key, not at a multiple of 128) */
       const int exact = blocks[bi] % DEC_NB == 0, windowed = (di + (size_t)bi) % 3 == 0;
       pair_check(ctx, &p, 8, 1, &plain, &r, "decode", exact);
@@ -270,7 +306,7 @@ static void token_by_token(void) {
   for (int di = 0; di < 3; di++) {
     pair p;
     const int64_t bt = di == 0 ? 128 : di == 1 ? 7 : 16;
-    pair_make(ctx, &p, dts[di][0], dts[di][1], 3, 2, 64, 64, 300, bt);
+    pair_make(ctx, &p, dts[di][0], dts[di][1], 3, 2, 64, 64, 300, bt, di == 1);
     const int64_t target[3] = {290, 40, 150};
     const int64_t qs[4] = {3, 4, 1, 64};
     float q[3 * 4 * 64], lo[3 * 4 * 64], po[3 * 4 * 64];
@@ -472,7 +508,7 @@ static void shared_append(void) {
   attn_ctx_create(&ctx);
   tu_rng r = {3};
   pair p;
-  pair_make(ctx, &p, ATTN_KV_F32, ATTN_KV_F32, 3, 1, 32, 32, 8, 4);
+  pair_make(ctx, &p, ATTN_KV_F32, ATTN_KV_F32, 3, 1, 32, 32, 8, 4, 0);
   attn_paged_kv_destroy(p.pg); /* a pool of exactly 3 blocks instead */
   attn_paged_kv_config pc;
   attn_paged_kv_config_init(&pc, 3, 4, 1, 32);
@@ -501,6 +537,55 @@ static void shared_append(void) {
   attn_sdpa_opts_init(&o);
   pair_check(ctx, &p, 2, 1, &o, &r, "shared append", 0);
   pair_free(&p);
+  attn_ctx_destroy(ctx);
+}
+
+/* The pool's allocator: sequences growing together take runs of blocks (each
+ * row's next block is the one after its last), a new sequence starts a run in
+ * the largest free extent, and a pool with no free run left still hands out
+ * every free block. */
+static void runs(void) {
+  attn_ctx *ctx;
+  attn_ctx_create(&ctx);
+  attn_paged_kv_config c;
+  attn_paged_kv_config_init(&c, 64, 4, 1, 32);
+  attn_paged_kv_cache *pg;
+  CHECK_OK(ctx, attn_paged_kv_create(ctx, &pg, &c));
+  int64_t seq[5];
+  for (int i = 0; i < 4; i++) CHECK_OK(ctx, attn_paged_kv_seq_new(ctx, pg, &seq[i]));
+  float k[4 * 4 * 32] = {0};
+  const int64_t s4[4] = {4, 1, 4, 32}, s1[4] = {1, 1, 1, 32};
+  attn_tensor t4 = attn_tensor_view(k, ATTN_F32, 4, s4), t1 = attn_tensor_view(k, ATTN_F32, 4, s1);
+  for (int round = 0; round < 12; round++) CHECK_OK(ctx, attn_paged_kv_append(ctx, pg, 4, seq, &t4, &t4, NULL));
+  for (int i = 0; i < 4; i++) {
+    const int32_t *t;
+    CHECK(attn_paged_kv_block_table(pg, seq[i], &t) == 12 && runs_of(pg, seq[i]) == 1,
+          "row %d grew with the others, a block a round: its 12 blocks are one run (%lld runs)", i,
+          (long long)runs_of(pg, seq[i]));
+  }
+  CHECK(attn_paged_kv_free_blocks(pg) == 16, "48 of 64 blocks taken");
+  /* row 0 takes the rest a token at a time: its run meets row 2's, then the free blocks are scattered */
+  int64_t tokens = 48;
+  while (attn_paged_kv_free_blocks(pg) > 0 || tokens % 4) {
+    CHECK_OK(ctx, attn_paged_kv_append(ctx, pg, 1, seq, &t1, &t1, NULL));
+    tokens++;
+  }
+  CHECK(tokens == 48 + 64 && attn_paged_kv_seq_length(pg, seq[0]) == 112, "row 0 took every free block");
+  CHECK_ERR(ctx, attn_paged_kv_append(ctx, pg, 1, seq, &t1, &t1, NULL), ATTN_E_NOMEM, "free blocks");
+  CHECK(runs_of(pg, seq[0]) > 1, "row 0's blocks are in several runs");
+  /* freed, row 1's run comes back whole to the next sequence */
+  const int32_t *t;
+  CHECK(attn_paged_kv_block_table(pg, seq[1], &t) == 12, "row 1 holds 12 blocks");
+  const int32_t first = t[0];
+  CHECK_OK(ctx, attn_paged_kv_seq_free(ctx, pg, seq[1]));
+  CHECK_OK(ctx, attn_paged_kv_seq_new(ctx, pg, &seq[4]));
+  const int64_t s12[4] = {1, 1, 48, 32};
+  float k48[48 * 32] = {0};
+  attn_tensor t12 = attn_tensor_view(k48, ATTN_F32, 4, s12);
+  CHECK_OK(ctx, attn_paged_kv_append(ctx, pg, 1, &seq[4], &t12, &t12, NULL));
+  CHECK(runs_of(pg, seq[4]) == 1 && attn_paged_kv_block_table(pg, seq[4], &t) == 12 && t[0] == first,
+        "a new sequence takes the freed run");
+  attn_paged_kv_destroy(pg);
   attn_ctx_destroy(ctx);
 }
 
@@ -606,6 +691,7 @@ int main(int argc, char **argv) {
   only = argc > 1 ? argv[1] : NULL;
   if (only) tu_kernel_or_skip(only); /* 77 when this CPU lacks it */
   hostile();
+  runs();
   sharing();
   shared_append();
   token_by_token();

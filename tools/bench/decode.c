@@ -133,12 +133,34 @@ static int run_decode(void *arg) {
  * sequences one after the other (each a prefill of its own, so that each
  * takes a run of blocks, as a prompt appended at once does), or, with
  * interleaved (bt: its block size), all growing together by bt tokens a
- * round: the blocks are then dealt out in turn, as in a serving loop that
- * appends one token per sequence per step, and no two of a sequence's blocks
- * follow one another in the pool. */
+ * round, as in a serving loop that appends one token per sequence per step:
+ * the pool's allocator then keeps each row's blocks in runs where it has room
+ * (paged_kv.c), and deals them out one apart in a crowded pool (--scatter). */
 static attn_status fill_rows(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
                              int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed,
                              int64_t chunk);
+
+/* --scatter: a one-token filler sequence on every block of the pool, then the
+ * fillers of the even blocks freed, so that no two free blocks follow one
+ * another: the allocator then keeps no runs, and rows growing together take
+ * blocks one apart, in turn (a crowded pool, the worst case of a block table). */
+static attn_status crowd_pool(attn_ctx *ctx, attn_paged_kv_cache *pool) {
+  const attn_paged_kv_config *pc = attn_paged_kv_get_config(pool);
+  const int64_t n = pc->num_blocks, s4[4] = {n, pc->kv_heads, 1, pc->head_dim};
+  int64_t *fill = malloc(sizeof(int64_t) * (size_t)n);
+  attn_tensor t;
+  memset(&t, 0, sizeof t);
+  attn_status st = fill ? attn_tensor_alloc(ctx, &t, ATTN_F32, 4, s4) : ATTN_E_NOMEM;
+  for (int64_t i = 0; i < n && !st; i++) st = attn_paged_kv_seq_new(ctx, pool, &fill[i]);
+  if (!st) st = attn_paged_kv_append(ctx, pool, n, fill, &t, &t, NULL);
+  for (int64_t i = 0; i < n && !st; i++) {
+    const int32_t *blk;
+    if (attn_paged_kv_block_table(pool, fill[i], &blk) == 1 && blk[0] % 2 == 0) st = attn_paged_kv_seq_free(ctx, pool, fill[i]);
+  }
+  attn_tensor_free(&t);
+  free(fill);
+  return st;
+}
 static attn_status fill_cache(attn_ctx *ctx, attn_kv_cache *cache, attn_paged_kv_cache *paged, const int64_t *seqs,
                               int64_t B, int64_t Hk, const int64_t *len, int64_t L, int64_t D, uint64_t seed,
                               int64_t interleaved_bt) {
@@ -343,7 +365,7 @@ int cmd_bench_decode(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--kv-seq", "--heads", "--kv-heads", "--dim", "--seq", "--dtype",
                                       "--k-dtype", "--v-dtype", "--threads", "--repeat", "--kernel", "--max-gflop",
                                       "--paged", "--lengths", NULL};
-  static const char *const switches[] = {"--json", "--compare", "--cache", "--interleaved", NULL};
+  static const char *const switches[] = {"--json", "--compare", "--cache", "--interleaved", "--scatter", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
@@ -375,7 +397,9 @@ int cmd_bench_decode(int argc, char **argv) {
   const int paged = paged_bt > 0;
   const int use_cache = blocks || kinds[0] != kinds[1] || cli_has(&a, "--cache") || lengths_s || paged;
   if (blocks && D % 32) return cli_fail(CLI_EXIT_USAGE, "q8_0 and q4_0 take --dim a multiple of 32, got %lld", D);
-  if (cli_has(&a, "--interleaved") && !paged) return cli_fail(CLI_EXIT_USAGE, "--interleaved needs --paged");
+  if ((cli_has(&a, "--interleaved") || cli_has(&a, "--scatter")) && !paged)
+    return cli_fail(CLI_EXIT_USAGE, "--interleaved and --scatter need --paged");
+  const int scatter = cli_has(&a, "--scatter");
   if (use_cache && cli_has(&a, "--compare"))
     return cli_fail(CLI_EXIT_USAGE,
                     "--compare runs on plain tensors: not with --cache, --paged, --lengths, --k-dtype/--v-dtype or q8_0/q4_0");
@@ -433,13 +457,13 @@ int cmd_bench_decode(int argc, char **argv) {
       bad = attn_tensor_alloc(ctx, &c.k[i], dt, 4, ks) || attn_tensor_alloc(ctx, &c.v[i], dt, 4, ks);
       continue;
     }
-    if (paged) { /* a pool of exactly the blocks the rows need; sequences 0..B-1 */
+    if (paged) { /* a pool of exactly the blocks the rows need (--scatter: twice that, half of it held by fillers) */
       int64_t blocks_needed = 0;
       for (int64_t b = 0; b < B; b++) blocks_needed += (len[b] + paged_bt - 1) / paged_bt;
       attn_paged_kv_config pc;
-      attn_paged_kv_config_init(&pc, blocks_needed, paged_bt, G, D);
-      pc.k_dtype = kinds[0], pc.v_dtype = kinds[1], pc.max_seqs = B;
-      bad = attn_paged_kv_create(ctx, &c.paged[i], &pc) != ATTN_OK;
+      attn_paged_kv_config_init(&pc, scatter ? 2 * blocks_needed : blocks_needed, paged_bt, G, D);
+      pc.k_dtype = kinds[0], pc.v_dtype = kinds[1], pc.max_seqs = scatter ? B + 2 * blocks_needed : B;
+      bad = attn_paged_kv_create(ctx, &c.paged[i], &pc) != ATTN_OK || (scatter && crowd_pool(ctx, c.paged[i]) != ATTN_OK);
       for (int64_t b = 0; b < B && !bad; b++) bad = attn_paged_kv_seq_new(ctx, c.paged[i], &c.seqs[b]) != ATTN_OK;
       continue;
     }
@@ -458,7 +482,7 @@ int cmd_bench_decode(int argc, char **argv) {
   bad = fill_typed(ctx, &c.q, 1) || fill_typed(ctx, &c.out, 4);
   for (int i = 0; i < copies && !bad; i++)
     bad = use_cache ? fill_cache(ctx, c.cache[i], c.paged[i], c.seqs, B, G, len, L, D, 2 + 2 * (uint64_t)i,
-                                     cli_has(&a, "--interleaved") ? paged_bt : 0) != ATTN_OK
+                                     cli_has(&a, "--interleaved") || scatter ? paged_bt : 0) != ATTN_OK
                     : fill_typed(ctx, &c.k[i], 2 + 2 * (uint64_t)i) || fill_typed(ctx, &c.v[i], 3 + 2 * (uint64_t)i);
   if (bad) {
     r = cli_fail(CLI_EXIT_FAIL, "decode: %s", attn_ctx_error(ctx));
