@@ -28,6 +28,7 @@
  *   gcc -O2 -fopenmp -DATTN_STATIC -DATTN_HAVE_X86_KERNELS -Iinclude -Ibuild/include -Isrc \
  *       dev/decode_amx_int8_lab.c build/libattn.a -lm -o /tmp/decode_amx_int8_lab
  *   /tmp/decode_amx_int8_lab [rows 1..4] [D, a multiple of 32, at most 256] */
+#include "cpu/amx/tiles.h"
 #include "cpu/kernels.h"
 #include "internal.h"
 #include "quant.h"
@@ -49,12 +50,7 @@ static double now(void) {
 }
 
 /* tiles 0-3: C (16 keys x 16 int32); 4-5: A (16 keys x 32 int8); 6-7: B (8 groups of 4 x 16 columns) */
-typedef struct {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} tile_config;
-static const tile_config config __attribute__((aligned(64))) = {
+static const attn__amx_config config __attribute__((aligned(64))) = {
     .palette = 1, .colsb = {64, 64, 64, 64, 32, 32, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 8, 8}};
 
 enum { NB = 128, MAX_D = 256, TERMS = 4, BLOCKS = 16 };
