@@ -90,12 +90,12 @@ int main(int argc, char **argv) {
   for (int64_t e = 0; e < nr * D * terms; e++) t.V[e] = (uint16_t)(0x3f00 + (e & 31));
   memset(t.O, 0, (size_t)(mr * D * 4));
   const int64_t G = ATTN__BWD_MAX_ROWS;
-  t.Pp = aligned_alloc(64, (size_t)(G / 2 * nr * 4));
+  t.Pp = aligned_alloc(64, (size_t)(G / 2 * nr * 4 * terms)); /* terms 2: the lo pairs after the hi ones */
   t.OutT = aligned_alloc(64, (size_t)(D * nr * 4));
   t.Out = aligned_alloc(64, (size_t)(D * nr * 4));
-  t.XT = aligned_alloc(64, (size_t)(D * (G + 32) * 2));
-  for (int64_t e = 0; e < G / 2 * nr; e++) t.Pp[e] = 0x3c003c00u + (uint32_t)(e % 61);
-  for (int64_t e = 0; e < D * (G + 32); e++) t.XT[e] = (uint16_t)(0x3c00 + (e & 63));
+  t.XT = aligned_alloc(64, (size_t)(D * (G + 32) * 2 * terms));
+  for (int64_t e = 0; e < G / 2 * nr * terms; e++) t.Pp[e] = 0x3c003c00u + (uint32_t)(e % 61);
+  for (int64_t e = 0; e < D * (G + 32) * terms; e++) t.XT[e] = (uint16_t)(0x3c00 + (e & 63));
   memset(t.OutT, 0, (size_t)(D * nr * 4));
   t.Pb = aligned_alloc(64, (size_t)(mr * nr * 2));
   for (int64_t e = 0; e < mr * nr; e++) t.Pb[e] = (uint16_t)(0x3c00 + (e & 63));

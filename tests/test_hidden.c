@@ -12,7 +12,8 @@
  * to the bf16 bound, and its backward (fp32, as avx512's) is not repeated.
  * With amx a quarter of the cases are f16, forward and backward on its f16
  * tiles (bf16 hi + lo), the poison in f16 too. On either, bf16 tensors with
- * only a band hiding keys (band_poison_bf16), the poison in bf16. */
+ * only a band hiding keys (band_poison), the poison in bf16; with amx the same
+ * in f16 on its f16 tiles. */
 #include "testutil.h"
 
 enum { MAX_CASES = 400 };
@@ -493,7 +494,8 @@ static void layer_padding(attn_ctx *ctx, const char *kname) {
  * the band cuts go to the fused kernels only while their values are finite (engine/forward.c), so the
  * keys past the last query (hidden from every row, top-left) hold Inf or NaN in one run and finite
  * values in the other; out is held to the oracle on the clean inputs either way. */
-static void band_poison_bf16(const char *kname, attn_ctx *ctx, attn_ctx *oracle) {
+/* dt: bf16, or f16 (amx's f16 tiles) */
+static void band_poison(const char *kname, attn_ctx *ctx, attn_ctx *oracle, attn_dtype dt) {
   static const struct { int64_t Nq, Nk, D, window; } cases[] = {{100, 150, 64, 0}, {70, 131, 32, 20}, {90, 200, 128, 0},
                                                                 {130, 140, 64, 50}};
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
@@ -506,16 +508,21 @@ static void band_poison_bf16(const char *kname, attn_ctx *ctx, attn_ctx *oracle)
         uint16_t *qh = arena_alloc(&a, 2 * (size_t)nq), *kh = arena_alloc(&a, 2 * (size_t)nk), *vh = arena_alloc(&a, 2 * (size_t)nk);
         float *qf = arena_alloc(&a, 4 * (size_t)nq), *kf = arena_alloc(&a, 4 * (size_t)nk), *vf = arena_alloc(&a, 4 * (size_t)nk);
         tu_rng r = {(uint64_t)(ci * 4 + 1)};
-        for (int64_t e = 0; e < nq; e++) qh[e] = tu_f32_to_bf16((float)tu_uniform(&r)), qf[e] = tu_bf16_to_f32(qh[e]);
+        const int f16 = dt == ATTN_F16;
+#define TO_HALF(x) (f16 ? tu_f32_to_f16(x) : tu_f32_to_bf16(x))
+#define FROM_HALF(h) (f16 ? tu_f16_to_f32(h) : tu_bf16_to_f32(h))
+        for (int64_t e = 0; e < nq; e++) qh[e] = TO_HALF((float)tu_uniform(&r)), qf[e] = FROM_HALF(qh[e]);
         for (int64_t e = 0; e < nk; e++) {
           const int64_t j = (e / D) % Nk;
-          kh[e] = tu_f32_to_bf16((float)tu_uniform(&r)), kf[e] = tu_bf16_to_f32(kh[e]);
-          vh[e] = tu_f32_to_bf16((float)tu_uniform(&r)), vf[e] = tu_bf16_to_f32(vh[e]);
+          kh[e] = TO_HALF((float)tu_uniform(&r)), kf[e] = FROM_HALF(kh[e]);
+          vh[e] = TO_HALF((float)tu_uniform(&r)), vf[e] = FROM_HALF(vh[e]);
           if (poisoned && j >= Nq) { /* hidden from every row: the oracle sees zeros, the tiles the poison */
-            kh[e] = tu_f32_to_bf16(NAN), vh[e] = tu_f32_to_bf16(e % 2 ? INFINITY : NAN);
+            kh[e] = TO_HALF(NAN), vh[e] = TO_HALF(e % 2 ? INFINITY : NAN);
             kf[e] = vf[e] = 0.0f;
           }
         }
+#undef TO_HALF
+#undef FROM_HALF
         attn_sdpa_opts o;
         attn_sdpa_opts_init(&o);
         o.causal = ATTN_CAUSAL_TOP_LEFT;
@@ -527,11 +534,12 @@ static void band_poison_bf16(const char *kname, attn_ctx *ctx, attn_ctx *oracle)
         attn_tensor q = attn_tensor_view(qf, ATTN_F32, 4, sq), k = attn_tensor_view(kf, ATTN_F32, 4, sk),
                     v = attn_tensor_view(vf, ATTN_F32, 4, sk);
         CHECK_OK(oracle, attn_sdpa_ref(oracle, &tw, NULL, NULL, &q, &k, &v, &o));
-        q = attn_tensor_view(qh, ATTN_BF16, 4, sq), k = attn_tensor_view(kh, ATTN_BF16, 4, sk);
-        v = attn_tensor_view(vh, ATTN_BF16, 4, sk);
+        q = attn_tensor_view(qh, dt, 4, sq), k = attn_tensor_view(kh, dt, 4, sk);
+        v = attn_tensor_view(vh, dt, 4, sk);
         attn_ctx_set_threads(ctx, threads);
         CHECK_OK(ctx, attn_sdpa(ctx, &tg, NULL, NULL, &q, &k, &v, &o));
-        CHECK(strstr(attn_ctx_plan(ctx), "bf16 tiles") != NULL, "%s band: the plan is %s", kname, attn_ctx_plan(ctx));
+        CHECK(strstr(attn_ctx_plan(ctx), f16 ? "(bf16 hi + lo)" : "bf16 tiles") != NULL, "%s band: the plan is %s",
+              kname, attn_ctx_plan(ctx));
         double num = 0, den = 0;
         int nonfinite = 0;
         for (int64_t e = 0; e < nq; e++) {
@@ -540,8 +548,8 @@ static void band_poison_bf16(const char *kname, attn_ctx *ctx, attn_ctx *oracle)
           den += want[e] * want[e];
         }
         CHECK(nonfinite == 0 && sqrt(num / den) <= HALF_OUT_TOL,
-              "%s band case %zu (Nq %lld Nk %lld D %lld window %lld) %s, %d threads: %d non-finite, rel L2 %.3g",
-              kname, ci, (long long)Nq, (long long)Nk, (long long)D, (long long)cases[ci].window,
+              "%s %s band case %zu (Nq %lld Nk %lld D %lld window %lld) %s, %d threads: %d non-finite, rel L2 %.3g",
+              kname, attn_dtype_name(dt), ci, (long long)Nq, (long long)Nk, (long long)D, (long long)cases[ci].window,
               poisoned ? "poisoned" : "clean", threads, nonfinite, sqrt(num / den));
         arena_free(&a);
       }
@@ -584,7 +592,8 @@ int main(int argc, char **argv) {
   f16_inputs = 0;
   if (half_tiles) {
     CHECK_OK(ctx[1], attn_ctx_set_precision(ctx[1], ATTN_PRECISION_DEFAULT));
-    band_poison_bf16(kname, ctx[1], oracle);
+    band_poison(kname, ctx[1], oracle, ATTN_BF16);
+    if (half_tiles == 2) band_poison(kname, ctx[1], oracle, ATTN_F16);
     CHECK_OK(ctx[1], attn_ctx_set_precision(ctx[1], ATTN_PRECISION_BF16));
   }
   /* the cases must exercise what they claim to */

@@ -63,6 +63,9 @@ typedef struct attn__cpu_kernels {
    * values (the half tiles' V pairs: bits moved, never computed on); returns nonzero when one of those 2n
    * has an exponent of all ones (bf16 Inf or NaN). */
   int (*pack_pairs)(uint16_t *dst, const uint16_t *r0, const uint16_t *r1, int64_t n);
+  /* Packing, optional (NULL: half.h's attn__split_row): hi[e], lo[e] for e < n, the split of f16 values
+   * src[e] into two bf16 terms (the f16 tiles' hi + lo below), bitwise attn__split_row's (NaN stays NaN). */
+  void (*split_f16)(uint16_t *hi, uint16_t *lo, const uint16_t *src, int64_t n);
 } attn__cpu_kernels;
 
 /* Half-precision tiles: bf16 products accumulated in fp32 (vdpbf16ps and the
@@ -106,14 +109,15 @@ typedef struct attn__half_kernels {
   void (*end)(void);
   void (*qk)(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale);
   void (*pv)(float *O, const float *alpha, const float *P, const uint16_t *Vh, int64_t Dv, int64_t nkeys, int sparse);
-  /* Optional (NULL: base's softmax, then pv), terms 1 only, for a tile with nothing but scale between its
+  /* Optional (NULL: base's softmax, then pv), for a tile with nothing but scale between its
    * dot products and the softmax, whose logits are finite or -inf (a key hidden from the row, or past the
    * last one) and whose packed values are finite at every key hidden from some row (0 past the last
    * key): a hidden key's P is then 0 and adds nothing, though pv_blocks multiplies every key's value.
    * The rows' maxima follow the base softmax's rule: a row that has seen no finite logit keeps m = -inf
    * and P = 0. (The framework, forward.c, decides which tiles qualify.)
    * softmax_round: base's softmax step on scale * S (scale > 0), with P rounded as pv rounds it written
-   *   to Pb (MR, NR) bf16, 64-byte aligned, instead of S (S is left as it was or clobbered), except
+   *   to Pb (MR, NR) bf16, 64-byte aligned (terms 2: P rounded to f16, its hi plane then its lo plane
+   *   MR x NR further, as pv's split), instead of S (S is left as it was or clobbered), except
    *   that m may trail the running maximum by up to 8 (m moves only when a tile's maximum passes it by
    *   more: P <= e^8, and alpha is exactly 1 for most tiles); l and P are exp(. - m) for that m, so
    *   lse = m + log(l) and P / l are the same function either way;
@@ -179,6 +183,7 @@ extern const attn__cpu_kernels attn__kernels_avx512_16;
 extern const attn__half_kernels attn__half_kernels_amx;
 extern const attn__half_kernels attn__half_kernels_amx_f16;
 void attn__softmax_round_amx16(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha);
+void attn__softmax_round_amx16_f16(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha);
 #endif
 /* The decode contract (decode.c streams the keys and values of a few query
  * rows in place, unpacked; see there). A block is at most ATTN__DEC_NB keys:

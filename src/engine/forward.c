@@ -42,7 +42,7 @@ typedef struct scratch {
   tile_state t[QB_MAX];
   float *S, *Mb;
   /* With pv_blocks: each tile's OPEN key blocks whose p.v is still to run, their P and alpha as
-   * softmax_round left them (slot k of tile t at Pq + (t PV_BLOCKS + k) MR NR, and aq likewise by
+   * softmax_round left them (slot k of tile t at Pq + (t PV_BLOCKS + k) terms MR NR, and aq likewise by
    * ATTN__STAT_LANES) and their values */
   uint16_t *Pq;
   float *aq;
@@ -53,12 +53,13 @@ typedef struct scratch {
 
 /* A thread's tiles, carved from its scratch (the struct sits at its start). */
 /* qrow: floats a tile's query row takes (D, or the half tiles' padded pairs and terms). */
-/* queued: whether the tiles queue blocks for pv_blocks (their Pq and aq, PV_BLOCKS slots a tile). */
+/* queued: 0, or the half tiles' terms when the tiles queue blocks for pv_blocks (their Pq, a bf16 plane
+ * of P per term, and aq: PV_BLOCKS slots a tile). */
 static size_t scratch_bytes(int64_t mr, int64_t nr, int64_t qrow, int64_t Dv, int queued) {
   const int64_t up = 16; /* floats per 64 bytes */
   const int64_t q = (mr * qrow + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
-  const int64_t queue = queued ? QB_MAX * PV_BLOCKS * (tile / 2 + ATTN__STAT_LANES) : 0; /* bf16 P: half a tile */
+  const int64_t queue = queued ? QB_MAX * PV_BLOCKS * (queued * tile / 2 + ATTN__STAT_LANES) : 0; /* bf16: half a tile */
   return attn__carve_size(sizeof(fwd_scratch)) + (size_t)(2 * tile + QB_MAX * (q + o + st) + queue) * sizeof(float);
 }
 
@@ -76,7 +77,7 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, 
     s->aq = b;
     b += QB_MAX * PV_BLOCKS * ATTN__STAT_LANES;
     s->Pq = (uint16_t *)b;
-    b += QB_MAX * PV_BLOCKS * tile / 2;
+    b += QB_MAX * PV_BLOCKS * queued * tile / 2;
   }
   for (int t = 0; t < QB_MAX; t++) s->nq[t] = 0;
   for (int t = 0; t < QB_MAX; t++, b += q + o + st) {
@@ -207,9 +208,10 @@ static inline void split_at(const void *src, attn_dtype dt, int64_t off, uint16_
 
 /* load_bf16 for f16 elements (or f32 ones, rounded to f16 under ATTN_PRECISION_F16) as the two terms of
  * kernels.h's split: hi terms at dst, lo terms at dst + pad, zeros past n in both. */
-static void load_split(uint16_t *restrict dst, const void *src, attn_dtype dt, int64_t off, int64_t stride, int64_t n,
-                       int64_t pad) {
-  attn__split_row(dst, dst + pad, src, dt == ATTN_F16, off, stride, n);
+static void load_split(const attn__cpu_kernels *kn, uint16_t *restrict dst, const void *src, attn_dtype dt, int64_t off,
+                       int64_t stride, int64_t n, int64_t pad) {
+  if (kn->split_f16 && dt == ATTN_F16 && stride == 1) kn->split_f16(dst, dst + pad, (const uint16_t *)src + off, n);
+  else attn__split_row(dst, dst + pad, src, dt == ATTN_F16, off, stride, n);
   for (int64_t e = n; e < pad; e++) dst[e] = dst[pad + e] = 0;
 }
 
@@ -227,7 +229,7 @@ static void tile_begin(const fwd_job *j, tile_state *ts, int64_t b, int64_t h, i
   for (int r = 0; r < mr && j->hk; r++) {
     const int64_t off = attn__qoff(p, q, b, h, i0 + r), n = r < rows ? D : 0;
     uint16_t *dst = ts->Qh + (int64_t)r * 2 * j->D2 * j->terms;
-    if (j->terms == 2) load_split(dst, q->data, q->dtype, off, q->strides[3], n, 2 * j->D2);
+    if (j->terms == 2) load_split(j->kn, dst, q->data, q->dtype, off, q->strides[3], n, 2 * j->D2);
     else load_bf16(dst, q->data, q->dtype, off, q->strides[3], n, 2 * j->D2);
   }
   for (int r = 0; r < mr && !j->hk; r++) {
@@ -322,7 +324,7 @@ static void flush_queued(const fwd_job *j, fwd_scratch *s, int t0, int t1) {
       const uint16_t *P[PV_BLOCKS];
       const float *a[PV_BLOCKS];
       for (int k = 0; k < n; k++) {
-        P[k] = s->Pq + (t * PV_BLOCKS + k) * tile;
+        P[k] = s->Pq + (t * PV_BLOCKS + k) * tile * j->terms;
         a[k] = s->aq + (t * PV_BLOCKS + k) * ATTN__STAT_LANES;
       }
       if (n) j->hk->pv_blocks(s->t[t].O, Dv, c0, n, P, a, s->vq[t]);
@@ -355,9 +357,9 @@ static void run_block(const fwd_job *j, fwd_scratch *s, const char *Kp, const vo
       if (tm == ATTN__TILE_CLOSED) continue;
       if (raw) { /* queued for pv_blocks, in key order */
         const int k = s->nq[t]++;
-        j->hk->softmax_round(s->Pq + (t * PV_BLOCKS + k) * mr * nr, s->S, (float)p->scale, ts->m, ts->l,
+        j->hk->softmax_round(s->Pq + (t * PV_BLOCKS + k) * mr * nr * j->terms, s->S, (float)p->scale, ts->m, ts->l,
                              s->aq + (t * PV_BLOCKS + k) * ATTN__STAT_LANES);
-        s->vq[t][k] = (const uint16_t *)V + j0 * p->Dv;
+        s->vq[t][k] = (const uint16_t *)V + j0 * p->Dv * j->terms;
         continue;
       }
       if (s->nq[t]) flush_queued(j, s, t, t + 1); /* this block's p.v comes after theirs */
@@ -441,6 +443,15 @@ void attn__pack_block_pairs(const attn__cpu_kernels *kn, uint16_t *dst, const at
     if (jj >= n) {
       for (int64_t p = 0; p < D2; p++)
         for (int term = 0; term < terms; term++) o[p * row + term * nr + jj] = 0;
+    } else if (terms == 2 && kn->split_f16 && t->dtype == ATTN_F16 && sd == 1) {
+      enum { PAIRS = 128 }; /* the row's split, a chunk of pairs at a time */
+      uint32_t h[PAIRS], l[PAIRS];
+      for (int64_t p0 = 0; p0 < D2; p0 += PAIRS) {
+        const int64_t np = D2 - p0 < PAIRS ? D2 - p0 : PAIRS, live = D - 2 * p0 < 2 * np ? D - 2 * p0 : 2 * np;
+        memset(h, 0, sizeof h), memset(l, 0, sizeof l); /* the zero pairs past D */
+        if (live > 0) kn->split_f16((uint16_t *)h, (uint16_t *)l, (const uint16_t *)t->data + off + 2 * p0, live);
+        for (int64_t p = 0; p < np; p++) o[(p0 + p) * row + jj] = h[p], o[(p0 + p) * row + nr + jj] = l[p];
+      }
     } else if (terms == 2) {
       for (int64_t p = 0; p < D2; p++) {
         uint16_t h[2] = {0, 0}, l[2] = {0, 0};
@@ -515,6 +526,15 @@ static void pack_v_block(const fwd_job *j, uint16_t *dst, uint8_t *bad, int64_t 
       uint16_t *o = dst + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, row, c0);
       if (row >= n2) { /* past the last pair row: zeros, which pv_blocks reads (with P = 0) for a tail block */
         memset(o, 0, (size_t)(j->terms * cw) * 2 * sizeof(uint16_t));
+      } else if (j->terms == 2 && j->kn->split_f16 && j->kn->pack_pairs && v->dtype == ATTN_F16 && sd == 1) {
+        uint16_t h[2][ATTN__PV_COLS], l[2][ATTN__PV_COLS];
+        const uint16_t *r0 = (const uint16_t *)v->data + o0;
+        j->kn->split_f16(h[0], l[0], r0, cw);
+        if (second) j->kn->split_f16(h[1], l[1], r0 + s2, cw);
+        else memset(h[1], 0, sizeof h[1]), memset(l[1], 0, sizeof l[1]);
+        inf_nan |= (uint16_t)j->kn->pack_pairs(o, h[0], h[1], cw); /* Inf or NaN shows in the hi term */
+        j->kn->pack_pairs(o + 2 * cw, l[0], l[1], cw);
+        continue;
       } else if (j->terms == 2) { /* the group's cw hi pairs, then its cw lo pairs */
         uint16_t *lo = o + 2 * cw;
         for (int64_t c = 0; c < cw; c++) {
@@ -602,7 +622,7 @@ static int64_t query_row(const fwd_job *j) {
 
 static void fwd_scratch_init(const void *arg, void *scratch) {
   const fwd_job *j = arg;
-  scratch_carve(scratch, j->kn->mr, j->kn->nr, query_row(j), j->p->Dv, j->fused);
+  scratch_carve(scratch, j->kn->mr, j->kn->nr, query_row(j), j->p->Dv, j->fused ? j->terms : 0);
 }
 
 /* Items of phase ph for kv head bg. */
@@ -627,7 +647,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
   if (hk && hk->d2_align > 1) j.D2 = (j.D2 + hk->d2_align - 1) / hk->d2_align * hk->d2_align; /* zero pairs */
   j.terms = hk ? hk->terms : 1;
   /* dropout and the cap change P or the logits between the steps the fused kernels join */
-  j.fused = hk && hk->softmax_round && hk->pv_blocks && hk->terms == 1 && p->dropout_p == 0 && !(p->softcap > 0);
+  j.fused = hk && hk->softmax_round && hk->pv_blocks && p->dropout_p == 0 && !(p->softcap > 0);
   /* the longest sequence sizes the packed buffers; its work, the scheduler's choices */
   const int64_t nseq = attn__seqs(p);
   int64_t Nk = p->Nk, Nq = p->Nq;
@@ -689,7 +709,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
                                        {"pack_v", pack_v_items, pack_v_run, 0},
                                        {"query_blocks", tiles_items, tiles_run, 1}};
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
-                         scratch_bytes(mr, nr, query_row(&j), p->Dv, j.fused), fwd_scratch_init};
+                         scratch_bytes(mr, nr, query_row(&j), p->Dv, j.fused ? j.terms : 0), fwd_scratch_init};
   const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, (long long)nseq};
   const char *fmt =
       p->cu_q ? (hk ? (j.terms == 2 ? "attn_sdpa forward, f16 tiles (bf16 hi + lo), packed batch (%lld kv heads per round, "

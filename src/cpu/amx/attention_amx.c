@@ -35,6 +35,7 @@
 #include "../kernels.h"
 
 #include "tiles.h"
+#include "../avx512/split.h"
 #include "../avx512/transpose4.h"
 
 #include <immintrin.h>
@@ -45,6 +46,25 @@
 #define NV (NR / 16)
 #define CHUNK 64 /* output columns per pass of pv: four C tiles */
 
+
+/* op (a tile load or store) on C tiles 0-3 for nt groups of 16 of O's columns from o, rows so bytes apart */
+#define C_TILES(op, o, so, nt)                  \
+  do {                                          \
+    op(0, (o), (so));                           \
+    if ((nt) > 1) op(1, (o) + 16, (so));        \
+    if ((nt) > 2) op(2, (o) + 32, (so));        \
+    if ((nt) > 3) op(3, (o) + 48, (so));        \
+  } while (0)
+/* C tiles 0-3 += A tile A . the B tiles of nt groups of 16 columns from v (pair rows bs bytes apart),
+ * through B tiles 6 and 7 in turn */
+#define PV_B_TILES(A, v, bs, nt)                                            \
+  do {                                                                      \
+    _tile_loadd(6, (v), (bs));                                              \
+    _tile_dpbf16ps(0, A, 6);                                                \
+    if ((nt) > 1) { _tile_loadd(7, (v) + 16, (bs)); _tile_dpbf16ps(1, A, 7); } \
+    if ((nt) > 2) { _tile_loadd(6, (v) + 32, (bs)); _tile_dpbf16ps(2, A, 6); } \
+    if ((nt) > 3) { _tile_loadd(7, (v) + 48, (bs)); _tile_dpbf16ps(3, A, 7); } \
+  } while (0)
 
 static inline __mmask16 lanes16(int64_t n) {
   return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
@@ -163,18 +183,6 @@ static void pv_rows(float *O, const uint16_t *pb, const uint32_t *V, int64_t ld,
     }
 }
 
-/* x rounded to f16 (nearest even) and back: as PyTorch rounds P and dS for their f16 products. */
-static inline __m512 through_f16(__m512 x) {
-  return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
-/* The lo terms of f16 values x0, x1 (16 each) whose hi terms are hi = cvtne2ps_pbh(x1, x0): x - hi, exact. */
-static inline __m512i lo_terms(__m512i hi, __m512 x0, __m512 x1) {
-  const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
-  const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
-  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
-}
-
 /* P rounded as the inputs' type for p.v: bf16 (TERMS 1) or f16 (TERMS 2, as hi + lo bf16 planes). */
 static inline __attribute__((always_inline)) void round_p(uint16_t *pb, const float *P, int64_t nkeys, const int TERMS) {
   const uint64_t live = nkeys >= NR ? ~0ull : (1ull << nkeys) - 1;
@@ -263,30 +271,17 @@ static inline __attribute__((always_inline)) void pv_pb(float *O, const float *a
 #undef PV_HALF
       continue;
     }
-    _tile_loadd(0, o, Dv * 4);
-    if (nt > 1) _tile_loadd(1, o + 16, Dv * 4);
-    if (nt > 2) _tile_loadd(2, o + 32, Dv * 4);
-    if (nt > 3) _tile_loadd(3, o + 48, Dv * 4);
+    C_TILES(_tile_loadd, o, Dv * 4, nt);
     for (int ks = 0; ks < 1 + wide; ks++) { /* 32 keys a step, in qk_t's four passes */
       const uint32_t *h = src + 16 * ks * ld, *l = src_lo + 16 * ks * ld;
       _tile_loadd(4, pb + 32 * ks, NR * 2);
       _tile_loadd(5, pb + MR * NR + 32 * ks, NR * 2);
-#define PV_PASS(A, b)                                         \
-  _tile_loadd(6, (b), bs);                                    \
-  _tile_dpbf16ps(0, A, 6);                                    \
-  if (nt > 1) { _tile_loadd(7, (b) + 16, bs); _tile_dpbf16ps(1, A, 7); } \
-  if (nt > 2) { _tile_loadd(6, (b) + 32, bs); _tile_dpbf16ps(2, A, 6); } \
-  if (nt > 3) { _tile_loadd(7, (b) + 48, bs); _tile_dpbf16ps(3, A, 7); }
-      PV_PASS(4, h)
-      PV_PASS(4, l)
-      PV_PASS(5, h)
-      PV_PASS(5, l)
-#undef PV_PASS
+      PV_B_TILES(4, h, bs, nt);
+      PV_B_TILES(4, l, bs, nt);
+      PV_B_TILES(5, h, bs, nt);
+      PV_B_TILES(5, l, bs, nt);
     }
-    _tile_stored(0, o, Dv * 4);
-    if (nt > 1) _tile_stored(1, o + 16, Dv * 4);
-    if (nt > 2) _tile_stored(2, o + 32, Dv * 4);
-    if (nt > 3) _tile_stored(3, o + 48, Dv * 4);
+    C_TILES(_tile_stored, o, Dv * 4, nt);
   }
 }
 
@@ -306,6 +301,20 @@ static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint1
                        int sparse) {
   pv_t(O, alpha, P, Vh, Dv, nkeys, sparse, 2);
 }
+/* pv_blocks' step before block b, for O's columns [0, cols) from o: the first block loads the C
+ * tiles; a block whose alpha is not 1 has them stored, O rescaled on AVX-512, and loaded again. */
+static inline __attribute__((always_inline)) void c_tiles_before(float *o, int64_t Dv, int64_t cols, int b,
+                                                                 const float *alpha) {
+  const int nt = (int)(cols / 16);
+  const int rescale = _mm512_cmp_ps_mask(_mm512_load_ps(alpha), _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
+  if (rescale && b > 0) C_TILES(_tile_stored, o, Dv * 4, nt);
+  for (int r = 0; r < MR && rescale; r++) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int64_t c = 0; c < cols; c += 16) _mm512_storeu_ps(o + r * Dv + c, _mm512_mul_ps(_mm512_loadu_ps(o + r * Dv + c), a));
+  }
+  if (rescale || b == 0) C_TILES(_tile_loadd, o, Dv * 4, nt);
+}
+
 /* kernels.h's pv_blocks: O's columns [c0, c0 + 64) in C tiles 0-3 through all n blocks (A tiles 4-5
  * the block's P, keys 0-31 and 32-63; B tiles 6-7 its values), stored once at the end, or before a
  * block whose alpha is not 1 (rare: softmax_round lets m trail), whose rescale runs on AVX-512. Each C
@@ -315,38 +324,42 @@ static void pv_amx_f16(float *O, const float *alpha, const float *P, const uint1
  * tdpbf16ps and does not overlap them). */
 static void pv_blocks_amx(float *O, int64_t Dv, int64_t c0, int n, const uint16_t *const *Pb,
                           const float *const *alpha, const uint16_t *const *Vh) {
-  const int64_t cols = Dv - c0 < CHUNK ? Dv - c0 : CHUNK, bs = cols * 4, so = Dv * 4;
+  const int64_t cols = Dv - c0 < CHUNK ? Dv - c0 : CHUNK, bs = cols * 4;
   const int nt = (int)(cols / 16);
   float *o = O + c0;
-#define C_TILES(op)                         \
-  op(0, o, so);                             \
-  if (nt > 1) op(1, o + 16, so);            \
-  if (nt > 2) op(2, o + 32, so);            \
-  if (nt > 3) op(3, o + 48, so);
   for (int b = 0; b < n; b++) {
-    const int rescale = _mm512_cmp_ps_mask(_mm512_load_ps(alpha[b]), _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
-    if (rescale && b > 0) { C_TILES(_tile_stored) }
-    for (int r = 0; r < MR && rescale; r++) {
-      const __m512 a = _mm512_set1_ps(alpha[b][r]);
-      for (int64_t c = 0; c < cols; c += 16) _mm512_storeu_ps(o + r * Dv + c, _mm512_mul_ps(_mm512_loadu_ps(o + r * Dv + c), a));
-    }
-    if (rescale || b == 0) { C_TILES(_tile_loadd) }
+    c_tiles_before(o, Dv, cols, b, alpha[b]);
     const uint32_t *v = (const uint32_t *)Vh[b] + attn__vh_at(Dv, 1, NR, 0, c0), *h = v + 16 * cols; /* pair rows 0-15, 16-31 */
     _tile_loadd(4, Pb[b], NR * 2);
     _tile_loadd(5, Pb[b] + 32, NR * 2);
-    _tile_loadd(6, v, bs);
-    _tile_dpbf16ps(0, 4, 6);
-    if (nt > 1) { _tile_loadd(7, v + 16, bs); _tile_dpbf16ps(1, 4, 7); }
-    if (nt > 2) { _tile_loadd(6, v + 32, bs); _tile_dpbf16ps(2, 4, 6); }
-    if (nt > 3) { _tile_loadd(7, v + 48, bs); _tile_dpbf16ps(3, 4, 7); }
-    _tile_loadd(6, h, bs);
-    _tile_dpbf16ps(0, 5, 6);
-    if (nt > 1) { _tile_loadd(7, h + 16, bs); _tile_dpbf16ps(1, 5, 7); }
-    if (nt > 2) { _tile_loadd(6, h + 32, bs); _tile_dpbf16ps(2, 5, 6); }
-    if (nt > 3) { _tile_loadd(7, h + 48, bs); _tile_dpbf16ps(3, 5, 7); }
+    PV_B_TILES(4, v, bs, nt);
+    PV_B_TILES(5, h, bs, nt);
   }
-  if (n > 0) { C_TILES(_tile_stored) }
-#undef C_TILES
+  if (n > 0) C_TILES(_tile_stored, o, Dv * 4, nt);
+}
+
+/* pv_blocks for the f16 split: each block's P as its hi and lo planes (softmax_round's two), its values
+ * as kernels.h's hi and lo pair rows, pv_pb's four passes per 32 keys (A tiles 4-5 the P planes, B tiles
+ * 6-7 the values) on the C tiles that stay from block to block; bitwise pv_pb's on each block in turn. */
+static void pv_blocks_amx_f16(float *O, int64_t Dv, int64_t c0, int n, const uint16_t *const *Pb,
+                              const float *const *alpha, const uint16_t *const *Vh) {
+  const int64_t cols = Dv - c0 < CHUNK ? Dv - c0 : CHUNK, ld = 2 * cols, bs = ld * 4;
+  const int nt = (int)(cols / 16);
+  float *o = O + c0;
+  for (int b = 0; b < n; b++) {
+    c_tiles_before(o, Dv, cols, b, alpha[b]);
+    const uint32_t *src = (const uint32_t *)Vh[b] + attn__vh_at(Dv, 2, NR, 0, c0);
+    for (int ks = 0; ks < 2; ks++) {
+      const uint32_t *h = src + 16 * ks * ld, *l = h + cols;
+      _tile_loadd(4, Pb[b] + 32 * ks, NR * 2);
+      _tile_loadd(5, Pb[b] + MR * NR + 32 * ks, NR * 2);
+      PV_B_TILES(4, h, bs, nt);
+      PV_B_TILES(4, l, bs, nt);
+      PV_B_TILES(5, h, bs, nt);
+      PV_B_TILES(5, l, bs, nt);
+    }
+  }
+  if (n > 0) C_TILES(_tile_stored, o, Dv * 4, nt);
 }
 
 _Static_assert(CHUNK == ATTN__PV_COLS, "pv_blocks takes kernels.h's column groups");
@@ -470,5 +483,6 @@ const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_
                                                    attn__amx_begin, attn__amx_end, qk_amx, pv_amx, attn__softmax_round_amx16,
                                                    pv_blocks_amx, pairs_amx, pt_acc_amx, t_out_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
-                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16, NULL, NULL,
+                                                       attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16,
+                                                       attn__softmax_round_amx16_f16, pv_blocks_amx_f16,
                                                        pairs_amx_f16, pt_acc_amx_f16, t_out_amx};

@@ -196,7 +196,7 @@ static void pt_acc_avx2(float *Out, int64_t ldo, const float *P, const float *X,
 }
 
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
-const attn__cpu_kernels attn__kernels_avx2 = {"avx2", MR, NR, qk_avx2, softmax_avx2, pv_avx2, exp_shift_avx2, ds_avx2, pt_acc_avx2, NULL, NULL};
+const attn__cpu_kernels attn__kernels_avx2 = {"avx2", MR, NR, qk_avx2, softmax_avx2, pv_avx2, exp_shift_avx2, ds_avx2, pt_acc_avx2, NULL, NULL, NULL};
 
 #define DEC_NAME(x) x##_avx2
 #include "../decode_generic.inc"

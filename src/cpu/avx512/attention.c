@@ -14,6 +14,9 @@
  *       -inf, NaN kept). */
 #include "../kernels.h"
 #include "vec.h"
+#ifdef ATTN_TILE_P_ROUNDED_TO_BF16
+#include "split.h"
+#endif
 
 #include <immintrin.h>
 #include <math.h>
@@ -100,8 +103,20 @@ static void qk_avx512(float *S, const float *Q, const float *Kt, int64_t D, int6
  * whether that was right: at most e^LAZY_MAX, no P passed it (and none was NaN). Returns 0, having
  * written only Pb, when some row's sum is more; the two passes then run on the same formula, and move
  * m where the tile's maximum passed it by more than LAZY_MAX. */
+/* Row r of P as pv_blocks' A tiles read it: rounded to bf16 (TERMS 1), or to f16 and then split into
+ * bf16 hi and lo planes, the lo plane MR x NR after the hi one (TERMS 2: kernels.h's split). */
+static inline __attribute__((always_inline)) void store_p_row(uint16_t *Pb, int r, const __m512 *p, const int TERMS) {
+  for (int v = 0; v < NV; v += 2) {
+    __m512 p0 = p[v], p1 = p[v + 1];
+    if (TERMS == 2) p0 = through_f16(p0), p1 = through_f16(p1);
+    const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+    _mm512_store_si512(Pb + r * NR + 16 * v, hi);
+    if (TERMS == 2) _mm512_store_si512(Pb + MR * NR + r * NR + 16 * v, lo_terms(hi, p0, p1));
+  }
+}
+
 static inline __attribute__((always_inline)) int softmax_one_pass(const float *S, float *m, float *l, float *alpha,
-                                                                  float scale, uint16_t *Pb) {
+                                                                  float scale, uint16_t *Pb, const int TERMS) {
   const __mmask16 rows = (__mmask16)((1u << MR) - 1);
   const __m512 mold = _mm512_load_ps(m);
   if (_mm512_fpclass_ps_mask(mold, 0x99) & rows) return 0; /* NaN or +-inf */
@@ -117,8 +132,7 @@ static inline __attribute__((always_inline)) int softmax_one_pass(const float *S
       p[v] = exp_minus(_mm512_load_ps(s + 16 * v), mold, mvl, scale);
       sum = _mm512_add_ps(sum, p[v]);
     }
-    for (int v = 0; v < NV; v += 2)
-      _mm512_store_si512(Pb + r * NR + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(p[v + 1], p[v]));
+    store_p_row(Pb, r, p, TERMS);
     sums[SLOT(r)] = sum;
   }
   const __m512 tile_sum = reduce16_add(sums);
@@ -134,9 +148,9 @@ static inline __attribute__((always_inline)) int softmax_one_pass(const float *S
  * one); P goes to S, or with Pb (the AMX set only) rounded to bf16 straight
  * into Pb's rows of NR, as pv's A tiles read them. */
 static inline __attribute__((always_inline)) void softmax_t(float *S, float *m, float *l, float *alpha, float scale,
-                                                            uint16_t *Pb) {
+                                                            uint16_t *Pb, const int TERMS) {
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
-  if (Pb && softmax_one_pass(S, m, l, alpha, scale, Pb)) return;
+  if (Pb && softmax_one_pass(S, m, l, alpha, scale, Pb, TERMS)) return;
 #endif
   __m512 part[16];
   for (int r = MR; r < 16; r++) part[SLOT(r)] = _mm512_set1_ps(-INFINITY);
@@ -184,8 +198,7 @@ static inline __attribute__((always_inline)) void softmax_t(float *S, float *m, 
       sum = _mm512_add_ps(sum, p[v]);
     }
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
-    for (int v = 0; Pb && v < NV; v += 2)
-      _mm512_store_si512(Pb + r * NR + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(p[v + 1], p[v]));
+    if (Pb) store_p_row(Pb, r, p, TERMS);
 #endif
     sums[SLOT(r)] = sum;
   }
@@ -194,11 +207,14 @@ static inline __attribute__((always_inline)) void softmax_t(float *S, float *m, 
   _mm512_store_ps(m, _mm512_mask_blend_ps(empty, mnew, mold));
 }
 
-static void softmax_avx512(float *S, float *m, float *l, float *alpha) { softmax_t(S, m, l, alpha, 1.0f, NULL); }
+static void softmax_avx512(float *S, float *m, float *l, float *alpha) { softmax_t(S, m, l, alpha, 1.0f, NULL, 1); }
 
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
 void ATTN_SOFTMAX_ROUND(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha) {
-  softmax_t(S, m, l, alpha, scale, Pb);
+  softmax_t(S, m, l, alpha, scale, Pb, 1);
+}
+void ATTN_SOFTMAX_ROUND_F16(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha) {
+  softmax_t(S, m, l, alpha, scale, Pb, 2);
 }
 #endif
 
@@ -408,9 +424,27 @@ static int pack_pairs_avx512(uint16_t *dst, const uint16_t *r0, const uint16_t *
   return inf_nan != 0;
 }
 
+#ifdef ATTN_TILE_P_ROUNDED_TO_BF16
+/* kernels.h's split_f16: hi the round to nearest even as attn__f32_to_bf16's (every f16 is a normal
+ * float, so the instruction's flushing of subnormals never applies), lo the exact rest. */
+static void split_f16_avx512(uint16_t *hi, uint16_t *lo, const uint16_t *src, int64_t n) {
+  for (int64_t c = 0; c < n; c += 32) {
+    const __mmask32 m = n - c >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (n - c)) - 1);
+    const __m512i h = _mm512_maskz_loadu_epi16(m, src + c);
+    const __m512 x0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), x1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    const __m512i hv = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    _mm512_mask_storeu_epi16(hi + c, m, hv);
+    _mm512_mask_storeu_epi16(lo + c, m, lo_terms(hv, x0, x1));
+  }
+}
+#define SPLIT_F16 split_f16_avx512
+#else
+#define SPLIT_F16 NULL
+#endif
+
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
 _Static_assert(NR % 16 == 0, "pack_t turns sixteen keys at a time");
 const attn__cpu_kernels ATTN_TILE_SET = {ATTN_TILE_SET_NAME, MR, NR, qk_avx512, softmax_avx512, pv_avx512,
                                          exp_shift_avx512, ds_avx512, pt_acc_avx512, pack_t_avx512,
-                                         pack_pairs_avx512};
+                                         pack_pairs_avx512, SPLIT_F16};
 

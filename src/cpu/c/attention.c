@@ -85,7 +85,7 @@ static void pt_acc_c(float *Out, int64_t ldo, const float *P, const float *X, in
 }
 
 _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the stack");
-const attn__cpu_kernels attn__kernels_c = {"c", MR, NR, qk_c, softmax_c, pv_c, exp_shift_c, ds_c, pt_acc_c, NULL, NULL};
+const attn__cpu_kernels attn__kernels_c = {"c", MR, NR, qk_c, softmax_c, pv_c, exp_shift_c, ds_c, pt_acc_c, NULL, NULL, NULL};
 
 #define DEC_NAME(x) x##_c
 #include "../decode_generic.inc"
