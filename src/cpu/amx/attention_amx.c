@@ -19,6 +19,9 @@
  *       as bf16 rows for pv's A tiles, the scale folded into its exponent.
  *   pv_blocks: p.v of several such blocks for 64 of O's columns, the sums kept
  *       in C tiles 0-3 from block to block (O loaded and stored once a call).
+ * The f16 set (TERMS 2 below) takes the same steps on the split operands:
+ * softmax_round writes P rounded to f16 as two bf16 planes, and each product
+ * of qk, pv and pv_blocks is four tile products.
  * Every tile is configured 16 rows x 64 bytes by begin (once per work item,
  * not per call: ldtilecfg clears the tiles and costs as much as a step), so
  * q and k come padded to whole steps of 16 pairs (d2_align) and Dv must be a
