@@ -97,8 +97,8 @@ int main(int argc, char **argv) {
   for (int64_t e = 0; e < G / 2 * nr * terms; e++) t.Pp[e] = 0x3c003c00u + (uint32_t)(e % 61);
   for (int64_t e = 0; e < D * (G + 32) * terms; e++) t.XT[e] = (uint16_t)(0x3c00 + (e & 63));
   memset(t.OutT, 0, (size_t)(D * nr * 4));
-  t.Pb = aligned_alloc(64, (size_t)(mr * nr * 2));
-  for (int64_t e = 0; e < mr * nr; e++) t.Pb[e] = (uint16_t)(0x3c00 + (e & 63));
+  t.Pb = aligned_alloc(64, (size_t)(mr * nr * 2 * terms)); /* terms 2: softmax_round's lo plane after the hi one */
+  for (int64_t e = 0; e < mr * nr * terms; e++) t.Pb[e] = (uint16_t)(0x3c00 + (e & 63));
   for (int r = 0; r < ATTN__STAT_LANES; r++) t.m[r] = -INFINITY, t.l[r] = 0, t.alpha[r] = 1;
   if (t.h->begin) t.h->begin();
   static const char *what[12] = {"qk", "softmax", "pv", "all three", "pt_acc", "exp_shift", "ds", "t_out", "pairs",

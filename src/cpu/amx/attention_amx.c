@@ -101,25 +101,24 @@ static inline __attribute__((always_inline)) void qk_t(float *S, const uint16_t 
         _tile_dpbf16ps(3, 4, 6);
       }
     } else {
-      /* four passes (hi.hi, hi.lo, lo.hi, lo.lo), each over every column tile: consecutive
-       * products go to different C tiles, whose sums would otherwise wait on each other */
+      /* each B tile of K's hi and lo terms loaded once, for both of q's terms (hi.hi then lo.hi,
+       * hi.lo then lo.lo): a C tile's two products in a row wait on each other no longer than
+       * products on four tiles in turn, and half the tile loads go */
       _tile_loadd(5, Qh + 2 * (D2 + t0), sq);
-#define QK_PASS(A, b)                                                                      \
-  _tile_loadd(6, (b), sk);                                                                 \
-  _tile_dpbf16ps(0, A, 6);                                                                 \
-  _tile_loadd(7, (b) + 32, sk);                                                            \
-  _tile_dpbf16ps(1, A, 7);                                                                 \
-  if (wide) {                                                                              \
-    _tile_loadd(6, (b) + 64, sk);                                                          \
-    _tile_dpbf16ps(2, A, 6);                                                               \
-    _tile_loadd(7, (b) + 96, sk);                                                          \
-    _tile_dpbf16ps(3, A, 7);                                                               \
-  }
-      QK_PASS(4, kb)
-      QK_PASS(4, kb + 2 * NR)
-      QK_PASS(5, kb)
-      QK_PASS(5, kb + 2 * NR)
-#undef QK_PASS
+#define QK_BOTH(C, B, b)                                                                   \
+  _tile_loadd(B, (b), sk);                                                                 \
+  _tile_dpbf16ps(C, 4, B);                                                                 \
+  _tile_dpbf16ps(C, 5, B);
+      for (int term = 0; term < 2; term++) {
+        const uint16_t *kt = kb + term * 2 * NR;
+        QK_BOTH(0, 6, kt)
+        QK_BOTH(1, 7, kt + 32)
+        if (wide) {
+          QK_BOTH(2, 6, kt + 64)
+          QK_BOTH(3, 7, kt + 96)
+        }
+      }
+#undef QK_BOTH
     }
   }
   _tile_stored(0, S, NR * 4);
@@ -275,7 +274,7 @@ static inline __attribute__((always_inline)) void pv_pb(float *O, const float *a
       continue;
     }
     C_TILES(_tile_loadd, o, Dv * 4, nt);
-    for (int ks = 0; ks < 1 + wide; ks++) { /* 32 keys a step, in qk_t's four passes */
+    for (int ks = 0; ks < 1 + wide; ks++) { /* 32 keys a step, four passes (hi.hi, hi.lo, lo.hi, lo.lo) */
       const uint32_t *h = src + 16 * ks * ld, *l = src_lo + 16 * ks * ld;
       _tile_loadd(4, pb + 32 * ks, NR * 2);
       _tile_loadd(5, pb + MR * NR + 32 * ks, NR * 2);
