@@ -63,9 +63,10 @@ typedef struct attn__cpu_kernels {
    * values (the half tiles' V pairs: bits moved, never computed on); returns nonzero when one of those 2n
    * has an exponent of all ones (bf16 Inf or NaN). */
   int (*pack_pairs)(uint16_t *dst, const uint16_t *r0, const uint16_t *r1, int64_t n);
-  /* Packing, optional (NULL: half.h's attn__split_row): hi[e], lo[e] for e < n, the split of f16 values
-   * src[e] into two bf16 terms (the f16 tiles' hi + lo below), bitwise attn__split_row's (NaN stays NaN). */
-  void (*split_f16)(uint16_t *hi, uint16_t *lo, const uint16_t *src, int64_t n);
+  /* Packing, optional (NULL: half.h's attn__split_row): hi[e], lo[e] for e < n, the split of the f16
+   * values src[e] (is_f16), or of the f32 ones rounded to f16, into two bf16 terms (the f16 tiles' hi + lo
+   * below), unit stride; bitwise attn__split_row's (NaN stays NaN). */
+  void (*split_f16)(uint16_t *hi, uint16_t *lo, const void *src, int is_f16, int64_t n);
 } attn__cpu_kernels;
 
 /* Half-precision tiles: bf16 products accumulated in fp32 (vdpbf16ps and the

@@ -210,7 +210,8 @@ static inline void split_at(const void *src, attn_dtype dt, int64_t off, uint16_
  * kernels.h's split: hi terms at dst, lo terms at dst + pad, zeros past n in both. */
 static void load_split(const attn__cpu_kernels *kn, uint16_t *restrict dst, const void *src, attn_dtype dt, int64_t off,
                        int64_t stride, int64_t n, int64_t pad) {
-  if (kn->split_f16 && dt == ATTN_F16 && stride == 1) kn->split_f16(dst, dst + pad, (const uint16_t *)src + off, n);
+  if (kn->split_f16 && stride == 1)
+    kn->split_f16(dst, dst + pad, (const char *)src + off * (int64_t)attn_dtype_size(dt), dt == ATTN_F16, n);
   else attn__split_row(dst, dst + pad, src, dt == ATTN_F16, off, stride, n);
   for (int64_t e = n; e < pad; e++) dst[e] = dst[pad + e] = 0;
 }
@@ -443,13 +444,15 @@ void attn__pack_block_pairs(const attn__cpu_kernels *kn, uint16_t *dst, const at
     if (jj >= n) {
       for (int64_t p = 0; p < D2; p++)
         for (int term = 0; term < terms; term++) o[p * row + term * nr + jj] = 0;
-    } else if (terms == 2 && kn->split_f16 && t->dtype == ATTN_F16 && sd == 1) {
+    } else if (terms == 2 && kn->split_f16 && sd == 1) { /* f16, or f32 rounded to f16 */
       enum { PAIRS = 128 }; /* the row's split, a chunk of pairs at a time */
       uint32_t h[PAIRS], l[PAIRS];
       for (int64_t p0 = 0; p0 < D2; p0 += PAIRS) {
         const int64_t np = D2 - p0 < PAIRS ? D2 - p0 : PAIRS, live = D - 2 * p0 < 2 * np ? D - 2 * p0 : 2 * np;
         memset(h, 0, sizeof h), memset(l, 0, sizeof l); /* the zero pairs past D */
-        if (live > 0) kn->split_f16((uint16_t *)h, (uint16_t *)l, (const uint16_t *)t->data + off + 2 * p0, live);
+        if (live > 0)
+          kn->split_f16((uint16_t *)h, (uint16_t *)l, (const char *)t->data + (off + 2 * p0) * (int64_t)attn_dtype_size(t->dtype),
+                        t->dtype == ATTN_F16, live);
         for (int64_t p = 0; p < np; p++) o[(p0 + p) * row + jj] = h[p], o[(p0 + p) * row + nr + jj] = l[p];
       }
     } else if (terms == 2) {
@@ -526,11 +529,12 @@ static void pack_v_block(const fwd_job *j, uint16_t *dst, uint8_t *bad, int64_t 
       uint16_t *o = dst + 2 * attn__vh_at(p->Dv, j->terms, j->kn->nr, row, c0);
       if (row >= n2) { /* past the last pair row: zeros, which pv_blocks reads (with P = 0) for a tail block */
         memset(o, 0, (size_t)(j->terms * cw) * 2 * sizeof(uint16_t));
-      } else if (j->terms == 2 && j->kn->split_f16 && j->kn->pack_pairs && v->dtype == ATTN_F16 && sd == 1) {
+      } else if (j->terms == 2 && j->kn->split_f16 && j->kn->pack_pairs && sd == 1) { /* f16, or f32 rounded */
         uint16_t h[2][ATTN__PV_COLS], l[2][ATTN__PV_COLS];
-        const uint16_t *r0 = (const uint16_t *)v->data + o0;
-        j->kn->split_f16(h[0], l[0], r0, cw);
-        if (second) j->kn->split_f16(h[1], l[1], r0 + s2, cw);
+        const size_t es = attn_dtype_size(v->dtype);
+        const char *r0 = (const char *)v->data + o0 * (int64_t)es;
+        j->kn->split_f16(h[0], l[0], r0, v->dtype == ATTN_F16, cw);
+        if (second) j->kn->split_f16(h[1], l[1], r0 + s2 * (int64_t)es, v->dtype == ATTN_F16, cw);
         else memset(h[1], 0, sizeof h[1]), memset(l[1], 0, sizeof l[1]);
         inf_nan |= (uint16_t)j->kn->pack_pairs(o, h[0], h[1], cw); /* Inf or NaN shows in the hi term */
         j->kn->pack_pairs(o + 2 * cw, l[0], l[1], cw);

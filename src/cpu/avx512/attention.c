@@ -426,12 +426,20 @@ static int pack_pairs_avx512(uint16_t *dst, const uint16_t *r0, const uint16_t *
 
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
 /* kernels.h's split_f16: hi the round to nearest even as attn__f32_to_bf16's (every f16 is a normal
- * float, so the instruction's flushing of subnormals never applies), lo the exact rest. */
-static void split_f16_avx512(uint16_t *hi, uint16_t *lo, const uint16_t *src, int64_t n) {
+ * float, so the instruction's flushing of subnormals never applies), lo the exact rest; an f32 value is
+ * first rounded to f16 as attn__round_to_f16 rounds it (to nearest even, Inf past 65504). */
+static void split_f16_avx512(uint16_t *hi, uint16_t *lo, const void *src, int is_f16, int64_t n) {
   for (int64_t c = 0; c < n; c += 32) {
     const __mmask32 m = n - c >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (n - c)) - 1);
-    const __m512i h = _mm512_maskz_loadu_epi16(m, src + c);
-    const __m512 x0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), x1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    __m512 x0, x1;
+    if (is_f16) {
+      const __m512i h = _mm512_maskz_loadu_epi16(m, (const uint16_t *)src + c);
+      x0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), x1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    } else {
+      const float *f = (const float *)src + c;
+      x0 = through_f16(_mm512_maskz_loadu_ps((__mmask16)m, f));
+      x1 = through_f16(_mm512_maskz_loadu_ps((__mmask16)(m >> 16), f + 16));
+    }
     const __m512i hv = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
     _mm512_mask_storeu_epi16(hi + c, m, hv);
     _mm512_mask_storeu_epi16(lo + c, m, lo_terms(hv, x0, x1));
