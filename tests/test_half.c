@@ -17,10 +17,15 @@
  *                         (probabilities rounded to bf16 for p.v), checked on
  *                         one-block problems against a float64 emulation of
  *                         that rounding; 1 and 3 threads; poisoned outputs.
- * amx also: the bf16 and f16 backward on the tiles (backward_tiles) and a bf16 KV
- * cache's multi-row steps on them (kv_cache_tiles).
+ * amx also: the bf16 and f16 backward on the tiles (backward_tiles), a bf16 KV
+ * cache's multi-row steps on them (kv_cache_tiles), and the packing's vector split
+ * of f16 (and of f32 rounded to f16) against the portable one (split_f16_bitwise).
  * Hidden keys holding NaN/Inf on these tiles: test_hidden avx512bf16. */
 #include "testutil.h"
+#ifdef ATTN_HAVE_AMX
+#include "cpu/kernels.h"
+#include "half.h"
+#endif
 
 /* out's rel L2 bound on the bf16 tiles, the documented one (README, attn.h):
  * the probabilities' rounding to bf16 (relative 2^-9 each) dominates. */
@@ -631,6 +636,67 @@ static int policy(void) {
   return tu_finish("test_half policy");
 }
 
+#ifdef ATTN_HAVE_AMX
+/* The AMX set's split_f16 (its base's) against half.h's attn__split_row, bitwise (a NaN only as a
+ * NaN in both terms' hi): every f16 value; f32 values at and around f16's rounding boundaries, its
+ * subnormal range, 65504 and the overflow to Inf, and random ones; rows of every length to 70, at
+ * every start, so each tail mask is met. */
+static int same_split(uint16_t a, uint16_t b) {
+  const int nan_a = (a & 0x7f80) == 0x7f80 && (a & 0x7f), nan_b = (b & 0x7f80) == 0x7f80 && (b & 0x7f);
+  return nan_a || nan_b ? nan_a == nan_b : a == b;
+}
+static void split_f16_bitwise(void) {
+  void (*split)(uint16_t *, uint16_t *, const void *, int, int64_t) = attn__kernels_avx512_16.split_f16;
+  CHECK(split != NULL, "the AMX set's base has no split_f16");
+  if (!split) return;
+  enum { N = 65536 + 70 };
+  static uint16_t h[N], hi[N], lo[N], rhi[N], rlo[N];
+  static float f[N];
+  for (int e = 0; e < 65536; e++) h[e] = (uint16_t)e;
+  split(hi, lo, h, 1, 65536);
+  attn__split_row(rhi, rlo, h, 1, 0, 1, 65536);
+  int bad = 0;
+  for (int e = 0; e < 65536; e++) bad += !same_split(hi[e], rhi[e]) || !same_split(lo[e], rlo[e]);
+  CHECK(bad == 0, "split_f16: %d of the 65536 f16 values split otherwise than attn__split_row", bad);
+  /* f32: each f16 value, its neighbours one f32 ulp away, the midpoints to the next f16 and the floats
+   * next to them, then random bits */
+  tu_rng r = {77};
+  int n = 0;
+  for (int e = 0; e < 65535 && n + 6 <= N; e += 7) {
+    const float x = tu_f16_to_f32((uint16_t)e), y = tu_f16_to_f32((uint16_t)(e + 1)), mid = 0.5f * (x + y);
+    if (!isfinite(x) || !isfinite(y)) continue;
+    f[n++] = x, f[n++] = nextafterf(x, INFINITY), f[n++] = mid, f[n++] = nextafterf(mid, -INFINITY);
+    f[n++] = nextafterf(mid, INFINITY), f[n++] = -mid;
+  }
+  const float edges[] = {65504.0f, 65519.996f, 65520.0f, 1e6f, INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 0x1p-25f,
+                         0x1.8p-25f, 0x1p-24f, 0x1.7ffp-15f, 0x1p-14f, 1e-30f};
+  for (size_t k = 0; k < sizeof edges / sizeof edges[0]; k++) f[n++] = edges[k];
+  while (n < N) {
+    uint32_t u = (uint32_t)tu_next(&r);
+    float x;
+    memcpy(&x, &u, 4);
+    f[n++] = x;
+  }
+  split(hi, lo, f, 0, N);
+  attn__split_row(rhi, rlo, f, 0, 0, 1, N);
+  bad = 0;
+  for (int e = 0; e < N; e++) bad += !same_split(hi[e], rhi[e]) || !same_split(lo[e], rlo[e]);
+  CHECK(bad == 0, "split_f16: %d of %d f32 values split otherwise than attn__split_row", bad, N);
+  /* short rows at every offset: the tail masks, and nothing written past n */
+  for (int len = 0; len <= 70; len++)
+    for (int at = 0; at < 33; at += 8) {
+      uint16_t oh[80], ol[80];
+      for (int e = 0; e < 80; e++) oh[e] = ol[e] = 0xabcd;
+      split(oh, ol, h + 1000 + at, 1, len);
+      attn__split_row(rhi, rlo, h + 1000 + at, 1, 0, 1, len);
+      int wrong = 0;
+      for (int e = 0; e < len; e++) wrong += oh[e] != rhi[e] || ol[e] != rlo[e];
+      for (int e = len; e < 80; e++) wrong += oh[e] != 0xabcd || ol[e] != 0xabcd;
+      CHECK(wrong == 0, "split_f16: a row of %d at offset %d: %d values wrong or written past its end", len, at, wrong);
+    }
+}
+#endif
+
 int main(int argc, char **argv) {
   const char *kname = argc > 1 ? argv[1] : "policy";
   if (!strcmp(kname, "policy")) return policy();
@@ -640,6 +706,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   amx_shapes = kern == ATTN_KERNEL_AMX;
+#ifdef ATTN_HAVE_AMX
+  if (amx_shapes) split_f16_bitwise();
+#endif
   attn_ctx *ctx, *oracle;
   attn_ctx_create(&ctx);
   attn_ctx_create(&oracle);
