@@ -408,7 +408,7 @@ static inline __attribute__((always_inline)) void pt_acc_t(float *OutT, int64_t 
   const uint32_t *pl = pp + ATTN__BWD_MAX_ROWS / 2 * NR; /* TERMS 2: the lo planes */
   const uint16_t *xl = XT + C * ldx;
   /* 2 x 2: 32 rows of OutT by 32 keys in C tiles 0-3, A tiles 4-5 (the rows), B tiles 6-7 (the keys):
-   * four loads for four products (TERMS 2: ten for sixteen, the four passes of qk_t) */
+   * four loads for four products (TERMS 2: ten for sixteen, every pair of terms) */
   for (int64_t c0 = 0; c0 < C; c0 += 32)
     for (int kb = 0; kb < NV; kb += 2) {
       const int two = C - c0 >= 32;

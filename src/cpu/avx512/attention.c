@@ -98,11 +98,6 @@ static void qk_avx512(float *S, const float *Q, const float *Kt, int64_t D, int6
 #define LAZY_MAX 8.0f
 #define LAZY_MAX_EXP 2980.9579870417283f /* e^LAZY_MAX */
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
-/* softmax_t's step with Pb in one pass over S, for the common tile: every row's m is finite and stays
- * where it is, P = exp(scale x - m) made without first finding the tile's maximum. The row's sum says
- * whether that was right: at most e^LAZY_MAX, no P passed it (and none was NaN). Returns 0, having
- * written only Pb, when some row's sum is more; the two passes then run on the same formula, and move
- * m where the tile's maximum passed it by more than LAZY_MAX. */
 /* Row r of P as pv_blocks' A tiles read it: rounded to bf16 (TERMS 1), or to f16 and then split into
  * bf16 hi and lo planes, the lo plane MR x NR after the hi one (TERMS 2: kernels.h's split). */
 static inline __attribute__((always_inline)) void store_p_row(uint16_t *Pb, int r, const __m512 *p, const int TERMS) {
@@ -115,6 +110,11 @@ static inline __attribute__((always_inline)) void store_p_row(uint16_t *Pb, int 
   }
 }
 
+/* softmax_t's step with Pb in one pass over S, for the common tile: every row's m is finite and stays
+ * where it is, P = exp(scale x - m) made without first finding the tile's maximum. The row's sum says
+ * whether that was right: at most e^LAZY_MAX, no P passed it (and none was NaN). Returns 0, having
+ * written only Pb, when some row's sum is more; the two passes then run on the same formula, and move
+ * m where the tile's maximum passed it by more than LAZY_MAX. */
 static inline __attribute__((always_inline)) int softmax_one_pass(const float *S, float *m, float *l, float *alpha,
                                                                   float scale, uint16_t *Pb, const int TERMS) {
   const __mmask16 rows = (__mmask16)((1u << MR) - 1);
@@ -145,8 +145,8 @@ static inline __attribute__((always_inline)) int softmax_one_pass(const float *S
 
 /* Row statistics live in lanes: row r of the tile is lane r of m, l, alpha.
  * The step on scale * S (scale > 0, so the raw maximum scales to the scaled
- * one); P goes to S, or with Pb (the AMX set only) rounded to bf16 straight
- * into Pb's rows of NR, as pv's A tiles read them. */
+ * one); P goes to S, or with Pb (the AMX sets only) straight into Pb's rows
+ * of NR as pv's A tiles read them (store_p_row: bf16, or f16's two planes). */
 static inline __attribute__((always_inline)) void softmax_t(float *S, float *m, float *l, float *alpha, float scale,
                                                             uint16_t *Pb, const int TERMS) {
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
