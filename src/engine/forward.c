@@ -448,11 +448,13 @@ void attn__pack_block_pairs(const attn__cpu_kernels *kn, uint16_t *dst, const at
       enum { PAIRS = 128 }; /* the row's split, a chunk of pairs at a time */
       uint32_t h[PAIRS], l[PAIRS];
       for (int64_t p0 = 0; p0 < D2; p0 += PAIRS) {
-        const int64_t np = D2 - p0 < PAIRS ? D2 - p0 : PAIRS, live = D - 2 * p0 < 2 * np ? D - 2 * p0 : 2 * np;
-        memset(h, 0, sizeof h), memset(l, 0, sizeof l); /* the zero pairs past D */
+        const int64_t np = D2 - p0 < PAIRS ? D2 - p0 : PAIRS, left = D - 2 * p0 > 0 ? D - 2 * p0 : 0;
+        const int64_t live = left < 2 * np ? left : 2 * np; /* values of D in this chunk; zeros after them */
         if (live > 0)
           kn->split_f16((uint16_t *)h, (uint16_t *)l, (const char *)t->data + (off + 2 * p0) * (int64_t)attn_dtype_size(t->dtype),
                         t->dtype == ATTN_F16, live);
+        memset((uint16_t *)h + live, 0, (size_t)(2 * np - live) * sizeof(uint16_t));
+        memset((uint16_t *)l + live, 0, (size_t)(2 * np - live) * sizeof(uint16_t));
         for (int64_t p = 0; p < np; p++) o[(p0 + p) * row + jj] = h[p], o[(p0 + p) * row + nr + jj] = l[p];
       }
     } else if (terms == 2) {
