@@ -13,7 +13,7 @@ written between <!-- half:begin --> and <!-- half:end --> (labels start with "ha
 
     scripts/bench_grid.py [--attn PATH] [--threads 2] [--torch-python PY | --no-torch]
                           [--case-budget 90] [--only REGEX] [--out BENCHMARKS.md] [--dry-run]
-                          [--baseline PATH [--pairs 2]]
+                          [--baseline PATH [--pairs 2]] [--rounds 1]
 
 --only REGEX runs the cases whose label matches, in either table; a table none of
 whose cases ran is left as it is. The backward cases' labels start with "backward",
@@ -24,6 +24,12 @@ case then runs it and ours in turn, baseline first, --pairs times, with the same
 threads and repeats; both tables get a column "ours / before", the median over the
 pairs of our rate over the baseline's (above 1: this tree is faster), and the raw
 results keep the baseline's runs. The other columns are ours from the last pair.
+
+--rounds N (the half table): N rounds, each running every case, ours and then PyTorch's
+for each dtype, so that the two sides of a ratio are measured a few seconds apart in
+every round; each rate is then the median over the rounds and each ratio the median of
+the rounds' own ratios (this host's speed moves by up to 2x from minute to minute, which
+a single pair of runs can put on either side of a ratio).
 
 PyTorch: --torch-python, else $TORCH_PYTHON, else python3 if `import torch` works.
 Only the standard library is used here; torch runs in a worker process.
@@ -508,6 +514,19 @@ def ratio(a, b):
     return None if a is None or not b else a / b
 
 
+def median_of(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def paired_ratio(a, b):
+    """The median over rounds of a[i] / b[i], rounds where both were measured."""
+    return median_of([ratio(x, y) for x, y in zip(a, b)])
+
+
 def gflops_of(r):
     return r.get("gflops") if r and "error" not in r and "note" not in r else None
 
@@ -878,13 +897,21 @@ def run_cases(cases, attn, worker, args, plan_ours, plan_torch, ours, theirs):
 
 
 def run_half_cases(cases, attn, worker, args, ours, theirs):
-    """Each case in f32, bf16 and f16, ours then PyTorch's, into ours/theirs[(id, dtype)]."""
+    """Each case in f32, bf16 and f16, ours then PyTorch's, --rounds times over the whole list, into
+    lists (one result a round) in ours/theirs[(id, dtype)]."""
+    for rnd in range(args.rounds):
+        if args.rounds > 1:
+            log("half table: round %d of %d" % (rnd + 1, args.rounds))
+        run_half_round(cases, attn, worker, args, ours, theirs)
+
+
+def run_half_round(cases, attn, worker, args, ours, theirs):
     for c in cases:
         gf = case_gflop(c)
         bwd = c.get("half_backward")
         for dt in HALF_DTYPES:
             r = run_attn(attn, dict(c, dtype=dt), (7 if bwd else 3) * args.case_budget + 60)
-            ours[(c["id"], dt)] = r
+            ours.setdefault((c["id"], dt), []).append(r)
             if bwd:
                 line = "%-36s ours %-4s: %s" % (c["label"], dt, ("backward %.1f GFLOP/s on %s tiles" % (
                     r["backward_gflops"], r.get("backward_tiles"))) if "backward_gflops" in r else r.get("error"))
@@ -896,7 +923,7 @@ def run_half_cases(cases, attn, worker, args, ours, theirs):
                 if bwd:
                     tc.update(backward=True, backward_alone=True)
                 t = worker.run(tc, 2 * ((7 if bwd else 3) * args.case_budget + 60))
-                theirs[(c["id"], dt)] = t
+                theirs.setdefault((c["id"], dt), []).append(t)
                 line += ", torch %s" % (torch_cell(t, "sdpa_backward", BWD_FACTOR * gf) if bwd else torch_cell(t, "sdpa", gf))
             log(line)
 
@@ -910,6 +937,11 @@ def render_half(cases, ours, theirs, peaks, info):
     out.append("Load average (1, 5, 15 min) before: %s, after: %s; half table wall time %.0f s" %
                (info["half_load_before"], info["half_load_after"], info["half_wall"]))
     out.append("")
+    if info["rounds"] > 1:
+        out.append("%d rounds: each round ran every case, ours and then PyTorch's for each dtype; every rate below "
+                   "is the median over the rounds, every ratio the median of the rounds' own ratios (both sides "
+                   "measured seconds apart in the same round)." % info["rounds"])
+        out.append("")
     T = info["threads"]
     bp, ap = BF16_PEAKS.get(T), AMX_PEAKS.get(T)
     out.append("Outside yardstick (`../shared/tools/peak.c`, same run), %d threads: fp32 FMA %s GFLOP/s, AVX512-BF16 "
@@ -934,26 +966,30 @@ def render_half(cases, ours, theirs, peaks, info):
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for c in [c for c in cases if not c.get("half_backward")]:
         gf = case_gflop(c)
-        g = {dt: gflops_of(ours.get((c["id"], dt))) for dt in HALF_DTYPES}
-        tg = {dt: torch_gflops(theirs.get((c["id"], dt)), "sdpa", gf) for dt in HALF_DTYPES}
-        rb = ours.get((c["id"], "bf16")) or {}
+        runs = {dt: ours.get((c["id"], dt)) or [{}] for dt in HALF_DTYPES}
+        G = {dt: [gflops_of(r) for r in runs[dt]] for dt in HALF_DTYPES}
+        TG = {dt: [torch_gflops(t, "sdpa", gf) for t in theirs.get((c["id"], dt)) or []] for dt in HALF_DTYPES}
+        g = {dt: median_of(G[dt]) for dt in HALF_DTYPES}
+        tg = {dt: median_of(TG[dt]) for dt in HALF_DTYPES}
+        rb = runs["bf16"][0]
         def cell(dt):
-            r = ours.get((c["id"], dt)) or {}
+            r = runs[dt][0]
             if g[dt] is None:
                 return "error: " + r["error"] if "error" in r else "—"
             return "%.1f (%s)" % (g[dt], r.get("tiles", "?"))
         def err_of(dt):
-            r = ours.get((c["id"], dt)) or {}
+            r = runs[dt][0]
             return "%.1e" % r["oracle_rel_l2"] if r.get("oracle_rel_l2") is not None else "—"
         on_amx = rb.get("peak_isa") == "amx_bf16"
-        frac = "%.3f" % (g["bf16"] / rb["peak_gflops"]) if g["bf16"] and rb.get("peak_isa") in ("avx512bf16", "amx_bf16") else "—"
+        probe = [r.get("peak_gflops") if r.get("peak_isa") in ("avx512bf16", "amx_bf16") else None for r in runs["bf16"]]
+        frac = fmt(paired_ratio(G["bf16"], probe), "%.3f")
         unit_peak = ap if on_amx else bp
         out.append("| %s [%.3g GFLOP] | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             c["label"][len("half "):], gf, cell("f32"), cell("bf16"), cell("f16"),
-            fmt(tg["f32"]), fmt(tg["bf16"]), fmt(tg["f16"]), fmt(ratio(g["bf16"], tg["bf16"]), "%.2f×"),
-            fmt(ratio(g["bf16"], g["f32"]), "%.2f×"), fmt(ratio(g["f16"], tg["f16"]), "%.2f×"),
-            fmt(ratio(g["f16"], g["f32"]), "%.2f×"), frac, fmt(ratio(g["bf16"], unit_peak), "%.3f"), err_of("bf16"),
-            err_of("f16")))
+            fmt(tg["f32"]), fmt(tg["bf16"]), fmt(tg["f16"]), fmt(paired_ratio(G["bf16"], TG["bf16"]), "%.2f×"),
+            fmt(paired_ratio(G["bf16"], G["f32"]), "%.2f×"), fmt(paired_ratio(G["f16"], TG["f16"]), "%.2f×"),
+            fmt(paired_ratio(G["f16"], G["f32"]), "%.2f×"), frac, fmt(ratio(g["bf16"], unit_peak), "%.3f"),
+            err_of("bf16"), err_of("f16")))
     out.append("")
     bcases = [c for c in cases if c.get("half_backward")]
     if bcases:
@@ -972,11 +1008,15 @@ def render_half(cases, ours, theirs, peaks, info):
         out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
         for c in bcases:
             gb = BWD_FACTOR * case_gflop(c)
-            r = {dt: ours.get((c["id"], dt)) or {} for dt in HALF_DTYPES}
-            g = {dt: r[dt].get("backward_gflops") for dt in r}
-            tg = {dt: torch_gflops(theirs.get((c["id"], dt)), "sdpa_backward", gb) for dt in r}
-            fb = r["bf16"].get("fwd_bwd_median_s")
-            tfb = (theirs.get((c["id"], "bf16")) or {}).get("sdpa", {}).get("median_s")
+            runs = {dt: ours.get((c["id"], dt)) or [{}] for dt in HALF_DTYPES}
+            r = {dt: runs[dt][0] for dt in HALF_DTYPES}
+            G = {dt: [x.get("backward_gflops") for x in runs[dt]] for dt in HALF_DTYPES}
+            TG = {dt: [torch_gflops(t, "sdpa_backward", gb) for t in theirs.get((c["id"], dt)) or []]
+                  for dt in HALF_DTYPES}
+            g = {dt: median_of(G[dt]) for dt in HALF_DTYPES}
+            tg = {dt: median_of(TG[dt]) for dt in HALF_DTYPES}
+            fb = [x.get("fwd_bwd_median_s") for x in runs["bf16"]]
+            tfb = [(t or {}).get("sdpa", {}).get("median_s") for t in theirs.get((c["id"], "bf16")) or []]
             def cell(dt):
                 if g[dt] is None:
                     return "error: " + r[dt]["error"] if "error" in r[dt] else "—"
@@ -986,9 +1026,10 @@ def render_half(cases, ours, theirs, peaks, info):
                 return "%.1e" % e if e is not None else "— (" + r[dt].get("backward_oracle_subset", "") + ")"
             out.append("| %s [%.3g GFLOP] | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 c["label"][len("half backward "):], gb, cell("f32"), cell("bf16"), cell("f16"), fmt(tg["f32"]),
-                fmt(tg["bf16"]), fmt(tg["f16"]), fmt(ratio(g["bf16"], tg["bf16"]), "%.2f×"),
-                fmt(ratio(g["bf16"], g["f32"]), "%.2f×"), fmt(ratio(g["f16"], tg["f16"]), "%.2f×"),
-                fmt(ratio(g["f16"], g["f32"]), "%.2f×"), fmt(ratio(tfb, fb), "%.2f×"), fmt(ratio(g["bf16"], ap), "%.3f"),
+                fmt(tg["bf16"]), fmt(tg["f16"]), fmt(paired_ratio(G["bf16"], TG["bf16"]), "%.2f×"),
+                fmt(paired_ratio(G["bf16"], G["f32"]), "%.2f×"), fmt(paired_ratio(G["f16"], TG["f16"]), "%.2f×"),
+                fmt(paired_ratio(G["f16"], G["f32"]), "%.2f×"), fmt(paired_ratio(tfb, fb), "%.2f×"),
+                fmt(ratio(g["bf16"], ap), "%.3f"),
                 bwd_err("bf16"), bwd_err("f16")))
         out.append("")
     out.append(HALF_END)
@@ -1030,7 +1071,11 @@ def main():
     ap.add_argument("--baseline", default=None,
                     help="a second attn binary: each case runs it and ours in turn; the tables get ours / before")
     ap.add_argument("--pairs", type=int, default=2, help="with --baseline: (baseline, ours) runs per case (default 2)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="the half table: rounds over its cases, ours and PyTorch's alternating (default 1)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if args.threads < 1:
         ap.error("--threads must be at least 1")
     if args.pairs < 1:
@@ -1069,7 +1114,8 @@ def main():
     if os.environ.get("TORCH_PYTHON") and not args.torch_python and not args.no_torch:
         cmd = "TORCH_PYTHON=%s %s" % (shlex.quote(os.environ["TORCH_PYTHON"]), cmd)
     info = {"command": cmd, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "cpu": cpu_model(), "version": version, "threads": args.threads, "load_before": loadavg()}
+            "cpu": cpu_model(), "version": version, "threads": args.threads, "load_before": loadavg(),
+            "rounds": args.rounds}
     if args.baseline:
         bv = subprocess.run([args.baseline, "version"], stdout=subprocess.PIPE, universal_newlines=True).stdout.strip()
         info.update(baseline=args.baseline, baseline_version=bv, pairs=args.pairs)
