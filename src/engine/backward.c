@@ -385,8 +385,8 @@ static void pack_row(const attn__sdpa *p, const bwd_rows *R, const attn_tensor *
  * transposes both into QT and dOT), lse, and Dd in double from that dO and out as given. Rows past Nq:
  * zeros, lse -inf.
  * terms 2 (f16 q): q split into hi + lo (exact), dO rounded to f16 and split, as kernels.h's terms. */
-static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, int64_t Dv2, int terms,
-                          const attn_tensor *dout, const attn_tensor *out, const attn_tensor *lse, int64_t b, int64_t h,
+static void pack_row_half(const attn__cpu_kernels *kn, const attn__sdpa *p, const bwd_rows *R, int64_t D2, int64_t Dv2,
+                          int terms, const attn_tensor *dout, const attn_tensor *out, const attn_tensor *lse, int64_t b, int64_t h,
                           int64_t i) {
   uint16_t *qh = R->Qh + i * 2 * D2 * terms, *oh = R->dOh + i * 2 * Dv2 * terms;
   memset(qh, 0, (size_t)(2 * D2 * terms) * sizeof(uint16_t));
@@ -399,7 +399,9 @@ static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, in
   const attn_tensor *q = &p->q;
   const int64_t sq = q->strides[3];
   const uint16_t *qs = (const uint16_t *)q->data + attn__qoff(p, q, b, h, i); /* bf16 or f16 (the dispatch's condition) */
-  if (terms == 2) {
+  if (terms == 2 && kn->split_f16 && sq == 1) {
+    kn->split_f16(qh, qh + 2 * D2, qs, 1, p->D);
+  } else if (terms == 2) {
     attn__split_row(qh, qh + 2 * D2, qs, 1, 0, sq, p->D);
   } else if (sq == 1) {
     memcpy(qh, qs, (size_t)p->D * sizeof(uint16_t));
@@ -410,9 +412,16 @@ static void pack_row_half(const attn__sdpa *p, const bwd_rows *R, int64_t D2, in
   double dd = 0;
   float g[64]; /* dO, 64 columns at a time: widened, rounded to the inputs' type as the products see it, and back */
   const int as_stored = terms == 1 && dout->dtype == ATTN_BF16 && dout->strides[3] == 1; /* bf16 already */
+  /* f16 or f32 dO split on the kernel set's vectors (bitwise attn__split_row's); the f16 value is hi + lo */
+  const int split_vec = terms == 2 && kn->split_f16 && dout->strides[3] == 1 &&
+                        (dout->dtype == ATTN_F16 || dout->dtype == ATTN_F32);
   for (int64_t c0 = 0; c0 < p->Dv; c0 += 64) {
     const int64_t n = p->Dv - c0 < 64 ? p->Dv - c0 : 64;
-    if (as_stored) {
+    if (split_vec) {
+      kn->split_f16(oh + c0, oh + 2 * Dv2 + c0, (const char *)dout->data + (go + c0) * (int64_t)attn_dtype_size(dout->dtype),
+                    dout->dtype == ATTN_F16, n);
+      for (int64_t c = 0; c < n; c++) g[c] = attn__bf16_to_f32(oh[c0 + c]) + attn__bf16_to_f32(oh[2 * Dv2 + c0 + c]);
+    } else if (as_stored) {
       memcpy(oh + c0, (const uint16_t *)dout->data + go + c0, (size_t)n * sizeof(uint16_t));
       for (int64_t c = 0; c < n; c++) g[c] = attn__bf16_to_f32(oh[c0 + c]);
     } else {
@@ -639,6 +648,12 @@ static void pack_kv_run(const void *arg, void *scratch, int64_t round, int64_t f
         for (int64_t c0 = 0; c0 < p->D; c0 += ATTN__PV_COLS) {
           const int64_t cw = attn__vh_cols(p->D, c0);
           uint16_t *o = kv + 2 * attn__vh_at(p->D, terms, nr, jj / 2, c0) + (jj & 1);
+          if (terms == 2 && j->kn->split_f16 && p->k.strides[3] == 1 && key < nk) { /* on vectors, then interleaved */
+            uint16_t hi[ATTN__PV_COLS], lo[ATTN__PV_COLS];
+            j->kn->split_f16(hi, lo, kd + off + c0, 1, cw);
+            for (int64_t d = 0; d < cw; d++) o[2 * d] = hi[d], o[2 * (cw + d)] = lo[d];
+            continue;
+          }
           for (int64_t d = 0; d < cw; d++) {
             const uint16_t x = key < nk ? kd[off + (c0 + d) * p->k.strides[3]] : 0;
             if (terms == 2) attn__split_f16(x, &o[2 * d], &o[2 * (cw + d)]);
@@ -669,7 +684,7 @@ static void pack_rows_run(const void *arg, void *scratch, int64_t round, int64_t
     const bwd_rows R = slot_row(j, slot, hs);
     if (j->hk) {
       for (int ii = 0; ii < rpi; ii++)
-        pack_row_half(p, &R, j->D2, j->Dv2, j->hk->terms, j->dout, j->out, j->lse, bg / p->Hk,
+        pack_row_half(j->kn, p, &R, j->D2, j->Dv2, j->hk->terms, j->dout, j->out, j->lse, bg / p->Hk,
                       (bg % p->Hk) * p->group + hs, i + ii);
       turn_rows(&R, p->D, p->Dv, j->D2, j->Dv2, nqp, j->hk->terms, i, rpi);
     } else
