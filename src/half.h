@@ -28,6 +28,10 @@ static inline float attn__bf16_to_f32(uint16_t b) {
   return f;
 }
 
+/* f to the nearest f16 (ties to even): overflow to Inf, subnormals exact, NaN stays a quiet NaN with
+ * its payload's top bits (as vcvtps2ph); in core.c. */
+uint16_t attn__f32_to_f16(float f);
+
 /* To nearest even; NaN stays a (quiet) NaN. Inline: the bf16 tiles' packing rounds f32 inputs with it. */
 static inline uint16_t attn__f32_to_bf16(float f) {
   uint32_t u;

@@ -97,9 +97,6 @@ static inline void *attn__carve(char **cursor, size_t bytes) {
 /* The thread count to hand OpenMP: at least 1. */
 int attn__threads(const attn_ctx *ctx);
 
-/* ---- half-precision conversion (round to nearest even) --------------------- */
-uint16_t attn__f32_to_f16(float f);
-
 /* Element (at element offset off) of a float or bool tensor, as double. */
 static inline double attn__load(const void *data, attn_dtype dt, int64_t off) {
   switch (dt) {

@@ -217,8 +217,8 @@ typedef struct attn__decode_kernels {
              attn_dtype vt, int sparse, const void *Vnext); /* Vnext: as qk's Knext */
   /* dst[0..n) = src[0..n) widened to f32 from f32, f16 or bf16 (contiguous). */
   void (*widen)(float *dst, const void *src, attn_dtype dt, int64_t n);
-  /* dst[0..n) = src[0..n) * scale as f32 or bf16 (contiguous), rounded as attn__store_f32 rounds: the
-   * write-out of outputs and gradients in the ISA's vectors (f16 goes through attn__narrow_strided). */
+  /* dst[0..n) = src[0..n) * scale as f32, f16 or bf16 (contiguous), rounded as attn__store_f32 rounds:
+   * the write-out of outputs and gradients in the ISA's vectors. */
   attn__narrow_fn narrow;
 } attn__decode_kernels;
 

@@ -240,8 +240,7 @@ static void write_turned(const attn__half_kernels *hk, attn__narrow_fn narrow, c
         hk->t_out(buf, cw, T + c0 * nr + j0, cw, m, scale);
         for (int64_t jj = 0; jj < m; jj++) {
           const int64_t at = off + (j0 + jj) * t->strides[2] + c0;
-          if (t->dtype == ATTN_BF16) narrow((uint16_t *)t->data + at, t->dtype, buf + jj * cw, cw, 1.0f);
-          else attn__narrow_strided(t->data, t->dtype, at, 1, buf + jj * cw, cw, 1.0f);
+          narrow((uint16_t *)t->data + at, t->dtype, buf + jj * cw, cw, 1.0f);
         }
       }
     }
@@ -760,7 +759,7 @@ static void sum_parts(attn__narrow_fn narrow, const attn_tensor *t, int64_t off,
     float acc[64] = {0};
     for (int64_t r = 0; r < R; r++)
       for (int e = 0; e < m; e++) acc[e] += part[r * stride + c0 + e];
-    if (t->strides[3] == 1 && t->dtype != ATTN_F16)
+    if (t->strides[3] == 1)
       narrow((char *)t->data + (off + c0) * (int64_t)attn_dtype_size(t->dtype), t->dtype, acc, m, scale);
     else
       attn__narrow_strided(t->data, t->dtype, off + c0 * t->strides[3], t->strides[3], acc, m, scale);

@@ -259,7 +259,7 @@ static void tile_end(const fwd_job *j, const tile_state *ts, int64_t b, int64_t 
   const attn__sdpa *p = j->p;
   const int64_t Dv = p->Dv;
   const attn_tensor *o = &p->out;
-  const int vector = o->strides[3] == 1 && o->dtype != ATTN_F16; /* the kernel set's narrow takes it */
+  const int vector = o->strides[3] == 1; /* the kernel set's narrow takes it */
   for (int r = 0; r < ts->rows; r++) {
     const float l = ts->l[r];
     const float inv = l == 0 ? 0.0f : 1.0f / l; /* l = 0 only when every key is masked */
