@@ -117,6 +117,25 @@ int main(int argc, char **argv) {
   printf("decode:   %s\n", plan);
   CHECK(strstr(plan, "decode (4 rows") && strstr(plan, "kv_chunks") && strstr(plan, "merge_rows"),
         "a batch of mixed lengths decodes in one call: %s", plan);
+  /* decoding threads follow the keys read, not only the flops: 8 kv heads of 512 keys (one row each)
+   * take every thread, 8 of 16 keys one */
+  {
+    const int64_t dq4[4] = {1, 8, 1, 64}, dk4[4] = {1, 8, 512, 64};
+    float *dqb = calloc(8 * 64, sizeof(float)), *dob = calloc(8 * 64, sizeof(float));
+    float *dkb = calloc(8 * 512 * 64, sizeof(float));
+    attn_tensor tdq4 = attn_tensor_view(dqb, ATTN_F32, 4, dq4), tdo4 = attn_tensor_view(dob, ATTN_F32, 4, dq4);
+    attn_tensor tdk4 = attn_tensor_view(dkb, ATTN_F32, 4, dk4);
+    attn_sdpa_opts dopt;
+    attn_sdpa_opts_init(&dopt);
+    CHECK_OK(ctx, attn_sdpa(ctx, &tdo4, NULL, NULL, &tdq4, &tdk4, &tdk4, &dopt));
+    plan = attn_ctx_plan(ctx);
+    CHECK(strstr(plan, "decode") && strstr(plan, "on 3 threads"), "8 kv heads x 512 keys: %s", plan);
+    tdk4.shape[2] = 16;
+    CHECK_OK(ctx, attn_sdpa(ctx, &tdo4, NULL, NULL, &tdq4, &tdk4, &tdk4, &dopt));
+    plan = attn_ctx_plan(ctx);
+    CHECK(strstr(plan, "decode") && strstr(plan, "on 1 thread,"), "8 kv heads x 16 keys: %s", plan);
+    free(dqb), free(dob), free(dkb);
+  }
   attn_kv_cache_destroy(cache);
   free(q), free(k), free(v), free(o), free(l), free(dq), free(dk), free(dv), free(kk), free(qq), free(oo);
   attn_ctx_destroy(ctx);

@@ -298,7 +298,12 @@ attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p) {
   const size_t part_bytes = attn__bytes(j.pairs, j.nchunks, j.stride, sizeof(float)); /* saturates: see attn__bytes */
   j.parts = attn__workspace(ctx, attn__carve_size(part_bytes));
   if (!j.parts) return attn__fail(ctx, ATTN_E_NOMEM, "attn_sdpa: cannot allocate %zu bytes of decode partials", part_bytes);
-  const int threads = attn__threads_for(ctx, (double)j.pairs * (double)j.R * (double)p->Nk * (double)(p->D + p->Dv));
+  /* A step's time is mostly its reads: each K or V value read counts as 4 multiply-adds beside the R
+   * it takes. Counting the multiply-adds alone kept one thread for 8 kv heads of 512 keys at D 64 (65 us
+   * on one thread of the Xeon of BENCHMARKS.md, 34 on two); this way two threads start at 100-200
+   * keys a kv head, where they start to pay (R 1 and 4, D 64 and 128, f32 and f16 caches). */
+  const double values = (double)j.pairs * (double)p->Nk * (double)(p->D + p->Dv);
+  const int threads = attn__threads_for(ctx, values * (double)(j.R + 4));
   static const attn__phase phases[] = {{"kv_chunks", chunk_items, chunk_run, 1}, {"merge_rows", merge_items, merge_run, 0}};
   const attn__job job = {&j, 1, phases, 2, dec_layout(NULL, j.R, p->D, p->Dv), dec_scratch_init};
   const long long args[4] = {(long long)p->B, (long long)p->Hk, (long long)j.nchunks, (long long)j.R};
