@@ -358,8 +358,19 @@ def _fill(s, raw):
     s.size = ctypes.sizeof(s)
 
 
+_defaults = {}  # (struct, args) -> the library's defaults: they never change within a process
+
+
 def init(s, *args):
     """s (a mirror above) = the library's defaults (its *_init with args),
-    with s.size the mirror's own size, which is what the library reads."""
-    _fill(s, _library_struct(type(s), *args))
+    with s.size the mirror's own size, which is what the library reads.
+    The defaults are asked of the library once per struct and args: the
+    scratch round trip cost more than the attention of a small decoding step."""
+    key = (type(s), args)
+    raw = _defaults.get(key)
+    if raw is None:
+        raw = _library_struct(type(s), *args)
+        if len(_defaults) < 256:  # args are sizes chosen by callers: bound what is kept
+            _defaults[key] = raw
+    _fill(s, raw)
     return s

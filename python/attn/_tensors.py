@@ -52,6 +52,10 @@ def _to_numpy(x, what, kind="float"):
     return x
 
 
+_DTYPES = {np.dtype(np.float32): _capi.F32, np.dtype(np.float64): _capi.F64, np.dtype(np.float16): _capi.F16,
+           np.dtype(np.bool_): _capi.BOOL, np.dtype(np.uint8): _capi.U8}
+
+
 def _tensor(a):
     """An attn_tensor viewing NumPy array a (strides converted from bytes to elements),
     or a torch bfloat16 tensor (the one dtype kept as torch by _to_numpy)."""
@@ -61,21 +65,19 @@ def _tensor(a):
     if _is_torch(a):
         t.data = a.data_ptr()
         t.dtype = _capi.BF16
-        t.rank = a.ndim
-        for i, (n, s) in enumerate(zip(a.shape, a.stride())):  # torch strides already count elements
-            t.shape[i] = n
-            t.strides[i] = s
+        n = t.rank = a.ndim
+        t.shape[:n] = tuple(a.shape)
+        t.strides[:n] = a.stride()  # torch strides already count elements
         return t
     t.data = a.ctypes.data
-    t.dtype = {np.dtype(np.float32): _capi.F32, np.dtype(np.float64): _capi.F64, np.dtype(np.float16): _capi.F16,
-               np.dtype(np.bool_): _capi.BOOL, np.dtype(np.uint8): _capi.U8}[a.dtype]
-    t.rank = a.ndim
+    t.dtype = _DTYPES[a.dtype]
+    n = t.rank = a.ndim
     item = a.itemsize
-    for i, (n, s) in enumerate(zip(a.shape, a.strides)):
-        if s % item:
-            raise ValueError(f"stride {s} bytes is not a multiple of the item size {item}")
-        t.shape[i] = n
-        t.strides[i] = s // item
+    strides = [s // item for s in a.strides]
+    if any(s * item != b for s, b in zip(strides, a.strides)):
+        raise ValueError(f"strides {a.strides} bytes are not multiples of the item size {item}")
+    t.shape[:n] = a.shape  # a slice each: element by element cost more
+    t.strides[:n] = strides
     return t
 
 

@@ -152,6 +152,27 @@ def paged():
     assert repr(p).endswith(", closed)"), repr(p)
 
 
+def views():
+    """Inputs read in place through their strides: a strided and a transposed view give the bytes
+    their contiguous copies give; a stride that is not a whole number of items is refused."""
+    import numpy as np
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((2, 3, 5, 32), dtype=np.float32)
+    kb = rng.standard_normal((2, 3, 64, 7), dtype=np.float32)
+    k = kb.transpose(0, 1, 3, 2)[:, :, :, ::2]  # [2, 3, 7, 32]: keys along a stride of 7, columns of 14
+    v = rng.standard_normal((2, 3, 7, 48), dtype=np.float32)[..., 8:40]
+    want = attn.scaled_dot_product_attention(q, np.ascontiguousarray(k), np.ascontiguousarray(v))
+    got = attn.scaled_dot_product_attention(q, k, v)
+    assert np.array_equal(got, want), np.abs(got - want).max()
+    raw = np.zeros(4096, np.uint8)
+    odd = np.ndarray((2, 3, 5, 32), np.float32, raw, offset=0, strides=(1922, 642, 130, 4))  # rows 2 bytes apart
+    try:
+        attn.scaled_dot_product_attention(odd, q, q)
+        raise AssertionError("a stride of 130 bytes over 4-byte items accepted")
+    except ValueError as e:
+        assert "item size" in str(e), str(e)
+
+
 def main():
     assert set(attn.__all__) == API, sorted(set(attn.__all__) ^ API)
     for name in attn.__all__:
@@ -175,6 +196,7 @@ def main():
     qk_norm_layer()
     kv_quant()
     paged()
+    views()
     c = attn.KVCache(2, 16, 1, 4, dtype="float16")
     assert repr(c) == ("KVCache(batch=2, capacity=16, kv_heads=1, head_dim=4, v_head_dim=4, dtype='float16', "
                        "lengths=(0, 0))"), repr(c)
