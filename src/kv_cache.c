@@ -396,7 +396,7 @@ static attn_status attend_batch(attn_ctx *ctx, const attn_kv_cache *cache, attn_
   p.kv_len = cache->len;
   if (attn__is_quant(cache->kt)) p.k = k, p.k.dtype = cache->kt, p.k.shape[3] = c->head_dim; /* strides in bytes */
   if (attn__is_quant(cache->vt)) p.v = v, p.v.dtype = cache->vt, p.v.shape[3] = c->v_head_dim;
-  if (!attn__decode_fits(&p)) return ATTN_E_UNSUPPORTED;
+  if (!attn__decode_fits(&ctx->dispatch, &p)) return ATTN_E_UNSUPPORTED;
   if (p.Hq == 0 || p.Nq == 0) return ATTN_OK;
   return attn__sdpa_run_decode(ctx, &p);
 }

@@ -516,7 +516,7 @@ static attn_status attend_batch(attn_ctx *ctx, const attn_paged_kv_cache *cache,
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
     return attn__fail(ctx, st, "attn_paged_kv_attend: %s", msg);
   }
-  if (!attn__decode_fits(&p)) return ATTN_E_UNSUPPORTED;
+  if (!attn__decode_fits(&ctx->dispatch, &p)) return ATTN_E_UNSUPPORTED;
   if (p.Hq == 0 || p.Nq == 0 || nseq == 0) return ATTN_OK;
   /* the sequences' lengths and tables, in the order of seqs, as the rows of the batch */
   const int64_t width = blocks_for(cache, longest) > 0 ? blocks_for(cache, longest) : 1;

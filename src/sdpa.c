@@ -277,7 +277,7 @@ attn_status attn__sdpa_dispatch(attn_ctx *ctx, const attn__sdpa *p) {
   if (ctx->dispatch.kernel == ATTN_KERNEL_REF) return attn__sdpa_run_ref(ctx, p);
   if (p->B == 0 || p->Hq == 0 || p->Nq == 0) return ATTN_OK;
   /* a packed batch takes the blocked framework, whose tiles start at each sequence's first row */
-  if (ctx->dispatch.decode_enabled && !p->cu_q && attn__decode_fits(p)) return attn__sdpa_run_decode(ctx, p);
+  if (ctx->dispatch.decode_enabled && !p->cu_q && attn__decode_fits(&ctx->dispatch, p)) return attn__sdpa_run_decode(ctx, p);
   return attn__sdpa_run_blocked(ctx, p);
 }
 

@@ -104,6 +104,10 @@ static void run_case(const dcase *c, uint64_t seed, int decode) {
       attn_ctx_set_threads(ctx, threads);
       attn_tensor out = make_f32(4, os), lse = make_f32(3, ls);
       CHECK_OK(ctx, attn_sdpa(ctx, &out, c->lse ? &lse : NULL, NULL, &q, &k, &v, &o));
+      /* the decode kernel takes up to 64 rows a kv head where no half tiles would run (none on these kernels) */
+      const int want_decode = decode && c->Nq * (c->Hq / c->Hk) <= 64;
+      CHECK((strstr(attn_ctx_plan(ctx), "attn_sdpa decode") != NULL) == want_decode, "%s kernel %s: plan %s",
+            what, attn_kernel_name(kernels[ki]), attn_ctx_plan(ctx));
       double *got = tu_to_f64(&out);
       const double err = tu_rel_l2(got, ref, n_out);
       CHECK(err <= tol, "%s kernel %s threads %d: rel L2 %.3g", what, attn_kernel_name(kernels[ki]), threads, err);
@@ -148,6 +152,13 @@ static void decode_cases(void) {
       {1, 8, 8, 1, 777, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 5.0, 0},
       {1, 12, 4, 2, 640, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 0, 0, 1, 1, 300, 8.0, 1},
       {2, 8, 8, 1, 513, 64, 64, ATTN_CAUSAL_NONE, ATTN_F32, 1, 1, 0, 1, 0, 0, 1},
+      /* more rows a kv head than the kernels take a call (8): groups of rows over each block of keys */
+      {1, 32, 8, 3, 700, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0},
+      {1, 16, 2, 2, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 1, 1, 0, 1, 0, 0, 0},
+      {2, 8, 1, 8, 1100, 64, 48, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 0, 0, 1, 1, 300, 5.0, 1},
+      {1, 4, 4, 20, 2100, 32, 32, ATTN_CAUSAL_TOP_LEFT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0},
+      {1, 8, 2, 9, 530, 80, 80, ATTN_CAUSAL_NONE, ATTN_F32, 1, 0, 1, 1, 0, 0, 0},
+      {1, 4, 1, 17, 300, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0}, /* 68 rows: blocked */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     run_case(&cases[i], 1000 + i, 1);

@@ -195,7 +195,7 @@ void attn__softmax_round_amx16_f16(uint16_t *Pb, float *S, float scale, float *m
 #ifndef ATTN__DEC_NB /* see decode.c's ATTN__DEC_CHUNK */
 #define ATTN__DEC_NB 128
 #endif
-#define ATTN__DEC_MAX_ROWS_K 8 /* rows per call at most (internal.h's ATTN__DEC_MAX_ROWS) */
+#define ATTN__DEC_MAX_ROWS_K 8 /* rows per call at most: decode.c calls again for more (internal.h's ATTN__DEC_MAX_ROWS) */
 typedef void (*attn__narrow_fn)(void *dst, attn_dtype dt, const float *src, int64_t n, float scale);
 typedef struct attn__decode_kernels {
   /* Element types qk and pv read K and V in (bit k: attn_dtype k), widening

@@ -27,8 +27,13 @@
 #define ATTN__DEC_CHUNK 2048
 #endif
 
-int attn__decode_fits(const attn__sdpa *p) {
-  return p->Nq * p->group <= ATTN__DEC_MAX_ROWS && !p->weights && p->dropout_p == 0;
+/* Up to 64 rows a kv head the decode beats the blocked forward, which packs all of K and V on every call
+ * (GQA 32/8, 8192 keys, D 128: 12 rows 5.0 ms against 12.3, 64 rows 14.8 against 26.1; the two meet at
+ * 128-256 rows: BENCHMARKS.md). Problems the blocked forward would put on half tiles keep them past 8
+ * rows, as attn.h's precision policy says. */
+int attn__decode_fits(const attn__dispatch *d, const attn__sdpa *p) {
+  const int64_t most = attn__dispatch_half(d, p) ? ATTN__DEC_HALF_ROWS : ATTN__DEC_MAX_ROWS;
+  return p->Nq * p->group <= most && !p->weights && p->dropout_p == 0;
 }
 
 typedef struct dec_scratch {
@@ -175,6 +180,7 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
     s->l[r] = 0;
   }
   memset(s->O, 0, (size_t)(R * Dv) * sizeof(float));
+  const int64_t groups = (R + ATTN__DEC_MAX_ROWS_K - 1) / ATTN__DEC_MAX_ROWS_K;
   for (int64_t j0 = lo, n; j0 < hi; j0 += n) {
     n = hi - j0 < ATTN__DEC_NB ? hi - j0 : ATTN__DEC_NB;
     if (p->block_table) n = contiguous_keys(p, b, j0, n); /* cut where the pages stop following one another */
@@ -188,9 +194,19 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
       prefetch_rows(p, &p->k, b, g, next, nn, D);
       prefetch_rows(p, &p->v, b, g, next, nn, Dv);
     }
-    dk->qk(s->S, s->Q, (int)R, K, ldk, (int)n, D, kt, next_run(p, &p->k, K != s->Kc, b, g, next, hi));
+    /* the kernels take ATTN__DEC_MAX_ROWS_K rows a call: more rows go in groups of about equal size, the
+     * block's keys read from memory by the first and from L1 or L2 by the others */
+    const void *kn = next_run(p, &p->k, K != s->Kc, b, g, next, hi), *vn = next_run(p, &p->v, V != s->Vc, b, g, next, hi);
+    for (int64_t grp = 0; grp < groups; grp++) {
+      const int64_t r0 = R * grp / groups, r1 = R * (grp + 1) / groups;
+      dk->qk(s->S + r0 * ATTN__DEC_NB, s->Q + r0 * D, (int)(r1 - r0), K, ldk, (int)n, D, kt, kn);
+    }
     const int sparse = block_logits(p, s->S, s->Mb, b, g, j0, (int)n);
-    dk->pv(s->O, s->m, s->l, s->S, (int)R, V, ldv, (int)n, Dv, vt, sparse, next_run(p, &p->v, V != s->Vc, b, g, next, hi));
+    for (int64_t grp = 0; grp < groups; grp++) {
+      const int64_t r0 = R * grp / groups, r1 = R * (grp + 1) / groups;
+      dk->pv(s->O + r0 * Dv, s->m + r0, s->l + r0, s->S + r0 * ATTN__DEC_NB, (int)(r1 - r0), V, ldv, (int)n, Dv, vt,
+             sparse, vn);
+    }
   }
   memcpy(part, s->O, (size_t)(R * Dv) * sizeof(float));
   memcpy(part + R * Dv, s->m, (size_t)R * sizeof(float));
