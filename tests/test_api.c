@@ -367,16 +367,43 @@ static uint16_t copy_one_half(attn_ctx *ctx, attn_dtype to, attn_dtype from, dou
   return out;
 }
 
+/* n values of src (dtype from) copied to dtype to twice: contiguous (a row at a time) and from every other
+ * slot of a spread copy (element by element). Returns how many results differ in their bytes, the first
+ * at *first (-1: none). */
+static int64_t rows_against_elements(attn_ctx *ctx, attn_dtype to, attn_dtype from, const void *src, int64_t n,
+                                     int64_t *first) {
+  const size_t fs = attn_dtype_size(from), ts = attn_dtype_size(to);
+  unsigned char *spread = malloc(2 * (size_t)n * fs), *by_rows = malloc((size_t)n * ts), *by_elems = malloc((size_t)n * ts);
+  int64_t bad = 0;
+  *first = -1;
+  CHECK(spread && by_rows && by_elems, "allocation");
+  if (spread && by_rows && by_elems) {
+    memset(spread, 0, 2 * (size_t)n * fs);
+    for (int64_t i = 0; i < n; i++) memcpy(spread + 2 * (size_t)i * fs, (const unsigned char *)src + (size_t)i * fs, fs);
+    memset(by_rows, 0xee, (size_t)n * ts), memset(by_elems, 0x55, (size_t)n * ts);
+    const int64_t two = 2 * n;
+    attn_tensor s1 = attn_tensor_view((void *)src, from, 1, &n), d1 = attn_tensor_view(by_rows, to, 1, &n);
+    attn_tensor s2 = attn_tensor_view(spread, from, 1, &two), d2 = attn_tensor_view(by_elems, to, 1, &n);
+    s2.shape[0] = n, s2.strides[0] = 2;
+    CHECK_OK(ctx, attn_tensor_copy(ctx, &d1, &s1));
+    CHECK_OK(ctx, attn_tensor_copy(ctx, &d2, &s2));
+    for (int64_t i = 0; i < n; i++)
+      if (memcmp(by_rows + (size_t)i * ts, by_elems + (size_t)i * ts, ts)) bad++, *first = *first < 0 ? i : *first;
+  }
+  free(spread), free(by_rows), free(by_elems);
+  return bad;
+}
+
 /* f32 <-> f16/bf16 with unit innermost strides go a row at a time through the kernel set's vector
  * conversions; a stride of 2 takes the element path. The two agree bit for bit: every f16 and bf16
  * pattern widened, and 2^22 f32 patterns (random bits, then every exponent with edge mantissas,
  * signalling and quiet NaNs, subnormals, ties) narrowed, on every kernel this CPU runs. */
 static void copy_rows_as_elements(void) {
   enum { NF = 1 << 22 };
-  uint32_t *f = malloc(sizeof(uint32_t) * NF), *wf = malloc(sizeof(uint32_t) * NF);
-  uint16_t *h = malloc(sizeof(uint16_t) * 2 * NF), *wh = malloc(sizeof(uint16_t) * NF);
-  CHECK(f && wf && h && wh, "allocation");
-  if (!f || !wf || !h || !wh) return;
+  uint32_t *f = malloc(sizeof(uint32_t) * NF);
+  uint16_t *h = malloc(sizeof(uint16_t) * 65536);
+  CHECK(f && h, "allocation");
+  if (!f || !h) return;
   tu_rng r = {12345};
   for (int64_t i = 0; i < NF; i++) f[i] = (uint32_t)tu_next(&r);
   int64_t e = 0;
@@ -387,50 +414,24 @@ static void copy_rows_as_elements(void) {
       f[e++] = x << 23 | mant[m], f[e++] = 0x80000000u | x << 23 | mant[m];
     }
   for (int i = 1; i <= 64; i++) f[e++] = (uint32_t)i; /* the smallest subnormals */
+  for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
   attn_ctx *ctx;
   CHECK_OK(NULL, attn_ctx_create(&ctx));
   for (int kern = ATTN_KERNEL_REF; kern <= ATTN_KERNEL_AMX; kern++) {
     if (attn_ctx_set_kernel(ctx, (attn_kernel)kern) != ATTN_OK) continue;
     for (int b = 0; b < 2; b++) {
       const attn_dtype half = b ? ATTN_BF16 : ATTN_F16;
-      const int64_t n = NF, two = 2 * NF;
-      /* narrow: contiguous rows against the same values every other slot */
-      uint32_t *spread = malloc(sizeof(uint32_t) * two);
-      CHECK(spread != NULL, "allocation");
-      if (!spread) break;
-      for (int64_t i = 0; i < n; i++) spread[2 * i] = f[i], spread[2 * i + 1] = 0;
-      attn_tensor s1 = attn_tensor_view(f, ATTN_F32, 1, &n), d1 = attn_tensor_view(wh, half, 1, &n);
-      attn_tensor s2 = attn_tensor_view(spread, ATTN_F32, 1, &two), d2 = attn_tensor_view(h, half, 1, &n);
-      s2.shape[0] = n, s2.strides[0] = 2;
-      memset(wh, 0xee, sizeof(uint16_t) * NF), memset(h, 0x55, sizeof(uint16_t) * NF);
-      CHECK_OK(ctx, attn_tensor_copy(ctx, &d1, &s1));
-      CHECK_OK(ctx, attn_tensor_copy(ctx, &d2, &s2));
-      int64_t bad = 0, first = -1;
-      for (int64_t i = 0; i < n; i++)
-        if (wh[i] != h[i]) bad++, first = first < 0 ? i : first;
-      CHECK(!bad, "%s: f32 -> %s by rows differs from by elements at %lld values (first 0x%08x: 0x%04x, 0x%04x)",
-            attn_kernel_name((attn_kernel)kern), attn_dtype_name(half), (long long)bad, first < 0 ? 0 : f[first],
-            first < 0 ? 0 : wh[first], first < 0 ? 0 : h[first]);
-      /* widen: every pattern */
-      const int64_t nh = 65536, nh2 = 2 * 65536;
-      for (int64_t i = 0; i < nh; i++) h[2 * i] = (uint16_t)i, h[2 * i + 1] = 0, wh[i] = (uint16_t)i;
-      attn_tensor hs1 = attn_tensor_view(wh, half, 1, &nh), hd1 = attn_tensor_view(wf, ATTN_F32, 1, &nh);
-      attn_tensor hs2 = attn_tensor_view(h, half, 1, &nh2), hd2 = attn_tensor_view(spread, ATTN_F32, 1, &nh);
-      hs2.shape[0] = nh, hs2.strides[0] = 2;
-      memset(wf, 0xee, sizeof(uint32_t) * nh), memset(spread, 0x55, sizeof(uint32_t) * nh);
-      CHECK_OK(ctx, attn_tensor_copy(ctx, &hd1, &hs1));
-      CHECK_OK(ctx, attn_tensor_copy(ctx, &hd2, &hs2));
-      bad = 0, first = -1;
-      for (int64_t i = 0; i < nh; i++)
-        if (wf[i] != spread[i]) bad++, first = first < 0 ? i : first;
-      CHECK(!bad, "%s: %s -> f32 by rows differs from by elements at %lld patterns (first 0x%04llx: 0x%08x, 0x%08x)",
-            attn_kernel_name((attn_kernel)kern), attn_dtype_name(half), (long long)bad, (long long)first,
-            first < 0 ? 0 : wf[first], first < 0 ? 0 : spread[first]);
-      free(spread);
+      int64_t first;
+      int64_t bad = rows_against_elements(ctx, half, ATTN_F32, f, NF, &first);
+      CHECK(!bad, "%s: f32 -> %s by rows differs from by elements at %lld values (first 0x%08x)",
+            attn_kernel_name((attn_kernel)kern), attn_dtype_name(half), (long long)bad, first < 0 ? 0 : f[first]);
+      bad = rows_against_elements(ctx, ATTN_F32, half, h, 65536, &first);
+      CHECK(!bad, "%s: %s -> f32 by rows differs from by elements at %lld patterns (first 0x%04llx)",
+            attn_kernel_name((attn_kernel)kern), attn_dtype_name(half), (long long)bad, (long long)first);
     }
   }
   attn_ctx_destroy(ctx);
-  free(f), free(wf), free(h), free(wh);
+  free(f), free(h);
 }
 
 static void tensor_copy(void) {
