@@ -630,8 +630,8 @@ ATTN_API int64_t attn_kv_cache_length(const attn_kv_cache *cache, int64_t b);
 ATTN_API attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, const attn_tensor *k,
                                           const attn_tensor *v, const int64_t *n_new);
 /* Attention of new queries over every cached token of their row. Decode-sized
- * steps (Nq times the GQA group at most 64; at most 8 where attn_sdpa would
- * take the bf16/f16 tiles, see attn_precision) read the storage in place, the
+ * steps (Nq times the GQA group at most 64; at most 24 where attn_sdpa would
+ * take the bf16 tiles, see attn_precision) read the storage in place, the
  * block formats dequantized in registers; larger ones (a prefill) and the
  * reference kernel go row by row through attn_sdpa, on the storage itself
  * when keys and values share a float dtype, else on an f32 copy of the row's
@@ -745,7 +745,7 @@ ATTN_API attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *ca
  * Query i of seqs[b] is its token len - Nq + i (bottom-right causal: append
  * first); opts may set scale, window, softcap, alibi_slopes and sinks.
  * Decode-sized steps (as attn_kv_cache_attend's: at most 64 rows a kv head,
- * 8 where the bf16/f16 tiles would run) are one parallel
+ * 24 where the bf16 tiles would run) are one parallel
  * call over every sequence and kv head, reading the blocks in place through
  * the block tables, nothing copied; larger ones (a prefill) gather each
  * sequence's keys and values into a contiguous buffer (its storage dtype when

@@ -231,11 +231,11 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
                                         const attn_tensor *out, const attn_tensor *lse);
 
 /* The decode kernel (src/engine/decode.c): few query rows per kv head (Nq times
- * the GQA group at most ATTN__DEC_MAX_ROWS, or ATTN__DEC_HALF_ROWS where the
- * blocked forward would take half tiles, whose policy the decode's fp32 does
- * not follow), no weights, no dropout. */
+ * the GQA group at most ATTN__DEC_MAX_ROWS, or ATTN__DEC_BF16_ROWS where the
+ * blocked forward would take the bf16 tiles, which pass it sooner), no
+ * weights, no dropout. */
 #define ATTN__DEC_MAX_ROWS 64
-#define ATTN__DEC_HALF_ROWS 8
+#define ATTN__DEC_BF16_ROWS 24
 int attn__decode_fits(const attn__dispatch *d, const attn__sdpa *p);
 attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p);
 

@@ -29,10 +29,12 @@
 
 /* Up to 64 rows a kv head the decode beats the blocked forward, which packs all of K and V on every call
  * (GQA 32/8, 8192 keys, D 128: 12 rows 5.0 ms against 12.3, 64 rows 14.8 against 26.1; the two meet at
- * 128-256 rows: BENCHMARKS.md). Problems the blocked forward would put on half tiles keep them past 8
- * rows, as attn.h's precision policy says. */
+ * 128-256 rows), and the f16 tiles (four products each) as well; the bf16 tiles pass it at 24-32 rows
+ * (2.1 against 5.0 ms at 12, 4.1 against 4.8 at 24, 5.2 against 4.9 at 32: BENCHMARKS.md). A problem the
+ * decode takes is fp32 on its inputs as stored, as attn.h's policy says of decode-sized ones. */
 int attn__decode_fits(const attn__dispatch *d, const attn__sdpa *p) {
-  const int64_t most = attn__dispatch_half(d, p) ? ATTN__DEC_HALF_ROWS : ATTN__DEC_MAX_ROWS;
+  const attn__half_kernels *tiles = attn__dispatch_half(d, p);
+  const int64_t most = tiles && tiles != d->half_f16 ? ATTN__DEC_BF16_ROWS : ATTN__DEC_MAX_ROWS;
   return p->Nq * p->group <= most && !p->weights && p->dropout_p == 0;
 }
 
