@@ -632,10 +632,13 @@ ATTN_API attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, c
 /* Attention of new queries over every cached token of their row. Decode-sized
  * steps (Nq times the GQA group at most 64; at most 24 where attn_sdpa would
  * take the bf16 tiles, see attn_precision) read the storage in place, the
- * block formats dequantized in registers; larger ones (a prefill) and the
- * reference kernel go row by row through attn_sdpa, on the storage itself
- * when keys and values share a float dtype, else on an f32 copy of the row's
- * keys and values (Hk * len_b * (D + Dv) floats, freed before return):
+ * block formats dequantized in registers; larger ones (a prefill) go row by
+ * row through attn_sdpa's blocked forward on the storage itself, a block
+ * format's keys and values dequantized a key block at a time as they are
+ * packed (no copy of the cache: their products are then fp32 whatever the
+ * precision policy). The reference kernel reads a block format through an
+ * f32 copy of the row's keys and values (Hk * len_b * (D + Dv) floats, freed
+ * before return):
  *   out is [B, Hq, Nq, Dv] (f32, f16 or bf16), q is [B, Hq, Nq, D] (f32, f16 or bf16), Hq a multiple of Hk.
  * Query i of row b is the token at position len_b - Nq + i (the row's last Nq
  * tokens, bottom-right causal), so append first, then attend. lse (or NULL)
@@ -747,9 +750,12 @@ ATTN_API attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *ca
  * Decode-sized steps (as attn_kv_cache_attend's: at most 64 rows a kv head,
  * 24 where the bf16 tiles would run) are one parallel
  * call over every sequence and kv head, reading the blocks in place through
- * the block tables, nothing copied; larger ones (a prefill) gather each
- * sequence's keys and values into a contiguous buffer (its storage dtype when
- * keys and values share a float dtype, else f32) and go through attn_sdpa.
+ * the block tables, nothing copied; larger ones (a prefill) go sequence by
+ * sequence through attn_sdpa's blocked forward, which gathers each key block
+ * through the block table as it packs it (a block format's dequantized), so
+ * nothing the size of a sequence is copied either; the reference kernel reads
+ * a contiguous copy of each sequence (its storage dtype when keys and values
+ * share a float dtype, else f32).
  * Results do not depend on the thread count. The decode reads keys in runs
  * of 128, cut where a sequence's blocks stop following one another in the
  * pool; its results are bitwise those of an attn_kv_cache holding the same

@@ -454,7 +454,24 @@ static attn_status row_f32(attn_ctx *ctx, attn_tensor *out, const attn_kv_cache 
   return ATTN_OK;
 }
 
-/* The batch in one decode call, or row by row through attn_sdpa. */
+/* Row b (q, out and lse its entries) on the kernels, its keys and values read as stored: a block
+ * format's are dequantized a key block at a time as the blocked forward packs them (forward.c), so no
+ * f32 copy of the row is made. */
+static attn_status attend_row(attn_ctx *ctx, const attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
+                              const attn_tensor *q, const attn_sdpa_opts *o, int64_t b) {
+  const attn_tensor k = row_view(cache, 0, b, cache->len[b]), v = row_view(cache, 1, b, cache->len[b]);
+  attn_tensor ks = k, vs = v; /* a block format checked as the f32 rows it holds, as in attend_batch */
+  if (attn__is_quant(cache->kt)) ks.dtype = ATTN_F32, ks.shape[3] = cache->cfg.head_dim;
+  if (attn__is_quant(cache->vt)) vs.dtype = ATTN_F32, vs.shape[3] = cache->cfg.v_head_dim;
+  attn__sdpa p;
+  attn_status st = attn__sdpa_prepare(ctx, &p, out, lse, NULL, q, &ks, &vs, o, 1);
+  if (st) return st;
+  if (attn__is_quant(cache->kt)) p.k = k, p.k.dtype = cache->kt, p.k.shape[3] = cache->cfg.head_dim;
+  if (attn__is_quant(cache->vt)) p.v = v, p.v.dtype = cache->vt, p.v.shape[3] = cache->cfg.v_head_dim;
+  return attn__sdpa_dispatch(ctx, &p);
+}
+
+/* The batch in one decode call, or row by row. */
 static attn_status attend_rows(attn_ctx *ctx, const attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
                                const attn_tensor *q, const attn_sdpa_opts *opts) {
   const attn_kv_cache_config *c = &cache->cfg;
@@ -462,23 +479,26 @@ static attn_status attend_rows(attn_ctx *ctx, const attn_kv_cache *cache, attn_t
   attn_status st;
   if ((st = attend_batch(ctx, cache, out, lse, q, &o)) != ATTN_E_UNSUPPORTED) return st;
   ctx->msg[0] = '\0';
-  /* block formats, or keys and values of two dtypes: attn_sdpa reads an f32 copy */
-  const int copy = attn__is_quant(cache->kt) || attn__is_quant(cache->vt) || cache->kt != cache->vt;
+  /* the oracle reads floats: a block format goes to it as an f32 copy */
+  const int copy = ctx->dispatch.kernel == ATTN_KERNEL_REF && (attn__is_quant(cache->kt) || attn__is_quant(cache->vt));
   for (int64_t b = 0; b < c->batch; b++) {
     attn_tensor qb = attn__batch_entry(q, b), ob = attn__batch_entry(out, b);
     attn_tensor kb = row_view(cache, 0, b, cache->len[b]), vb = row_view(cache, 1, b, cache->len[b]);
     attn_tensor lb, *lbp = NULL;
-    if (copy) {
+    if (lse) lb = attn__batch_entry(lse, b), lbp = &lb;
+    if (ctx->dispatch.kernel != ATTN_KERNEL_REF) {
+      st = attend_row(ctx, cache, &ob, lbp, &qb, &o, b);
+    } else if (copy) {
       if ((st = row_f32(ctx, &kb, cache, 0, b))) return st;
       if ((st = row_f32(ctx, &vb, cache, 1, b))) {
         attn_tensor_free(&kb);
         return st;
       }
+      st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, &o);
+      attn_tensor_free(&kb), attn_tensor_free(&vb);
+    } else {
+      st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, &o); /* the oracle, on the row's view */
     }
-    if (lse) lb = attn__batch_entry(lse, b), lbp = &lb;
-    /* attn_sdpa checks the rest (out's shape, Hq against Hk, dtypes) with the row's view */
-    st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, &o);
-    if (copy) attn_tensor_free(&kb), attn_tensor_free(&vb);
     if (st) {
       char msg[ATTN__MSG_LEN];
       snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));

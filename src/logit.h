@@ -59,7 +59,8 @@ struct attn__sdpa {
   attn_tensor *sinks_grad;  /* backward only: f32 [Hq] or NULL */
   const int64_t *kv_len;    /* [B] keys of each batch (<= Nk), or NULL for Nk: a batch of rows of
                              * different lengths, read by the decode kernel only (see logit.h) */
-  /* A paged KV cache (paged_kv.c), read by the decode framework only: when
+  /* A paged KV cache (paged_kv.c), read by the decode framework and gathered
+   * a key block at a time by the blocked forward (forward.c): when
    * block_table is set, key j of batch b lies in pool block
    * block_table[b * table_stride + j / block_tokens], slot j % block_tokens;
    * k's and v's strides[0] then step from one pool block to the next (their
@@ -108,6 +109,14 @@ static inline int64_t attn__qoff(const attn__sdpa *p, const attn_tensor *t, int6
 /* Element offset of key j of kv head g of batch b in a view indexed like k (k, v, dk, dv). */
 static inline int64_t attn__koff(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j) {
   return (p->cu_k ? (p->cu_k[b] + j) * t->strides[2] : b * t->strides[0] + j * t->strides[2]) + g * t->strides[1];
+}
+
+/* Offset of key j's row of kv head g of batch b in a KV cache's k or v (elements; bytes for a
+ * block format's), through the block table when p reads a paged cache. */
+static inline int64_t attn__kv_row(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j) {
+  if (!p->block_table) return attn__koff(p, t, b, g, j);
+  const int64_t page = p->block_table[b * p->table_stride + j / p->block_tokens];
+  return page * t->strides[0] + g * t->strides[1] + (j % p->block_tokens) * t->strides[2];
 }
 
 /* The batch (b) and row within it (*i) of row r of dim 2 of a q-like view:

@@ -495,6 +495,16 @@ attn_status attn_paged_kv_block_view(attn_ctx *ctx, attn_tensor *k, attn_tensor 
   return ATTN_OK;
 }
 
+/* The keys (kind 0) or values of nseq sequences of up to longest tokens as attn__sdpa_prepare checks
+ * them: an f32 [nseq, Hk, longest, F] contiguous tensor (it reads shapes, not data). */
+static attn_tensor checked_view(const attn_paged_kv_cache *cache, int kind, int64_t nseq, int64_t longest) {
+  attn_tensor t = pool_view(cache, kind, nseq, longest);
+  t.dtype = ATTN_F32;
+  t.strides[3] = 1, t.strides[2] = t.shape[3], t.strides[1] = t.shape[2] * t.shape[3];
+  t.strides[0] = t.shape[1] * t.strides[1];
+  return t;
+}
+
 /* Every sequence in one decode call when the step is decode-sized and the
  * fp32 kernels run; ATTN_E_UNSUPPORTED (nothing done) otherwise. */
 static attn_status attend_batch(attn_ctx *ctx, const attn_paged_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
@@ -502,13 +512,7 @@ static attn_status attend_batch(attn_ctx *ctx, const attn_paged_kv_cache *cache,
   if (ctx->dispatch.kernel == ATTN_KERNEL_REF || !ctx->dispatch.decode_enabled) return ATTN_E_UNSUPPORTED;
   int64_t longest = 0;
   for (int64_t i = 0; i < nseq; i++) longest = cache->seqs[seqs[i]].len > longest ? cache->seqs[seqs[i]].len : longest;
-  /* checked as f32 [nseq, Hk, longest, F] contiguous tensors (prepare reads shapes, not data) */
-  attn_tensor ks = pool_view(cache, 0, nseq, longest), vs = pool_view(cache, 1, nseq, longest);
-  ks.dtype = vs.dtype = ATTN_F32;
-  for (attn_tensor *t = &ks; t; t = t == &ks ? &vs : NULL) {
-    t->strides[3] = 1, t->strides[2] = t->shape[3], t->strides[1] = t->shape[2] * t->shape[3];
-    t->strides[0] = t->shape[1] * t->strides[1];
-  }
+  attn_tensor ks = checked_view(cache, 0, nseq, longest), vs = checked_view(cache, 1, nseq, longest);
   attn__sdpa p;
   attn_status st = attn__sdpa_prepare(ctx, &p, out, lse, NULL, q, &ks, &vs, o, 1);
   if (st) {
@@ -516,6 +520,8 @@ static attn_status attend_batch(attn_ctx *ctx, const attn_paged_kv_cache *cache,
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
     return attn__fail(ctx, st, "attn_paged_kv_attend: %s", msg);
   }
+  p.k = pool_view(cache, 0, nseq, longest); /* the storage's dtypes decide which tiles would run */
+  p.v = pool_view(cache, 1, nseq, longest);
   if (!attn__decode_fits(&ctx->dispatch, &p)) return ATTN_E_UNSUPPORTED;
   if (p.Hq == 0 || p.Nq == 0 || nseq == 0) return ATTN_OK;
   /* the sequences' lengths and tables, in the order of seqs, as the rows of the batch */
@@ -533,8 +539,6 @@ static attn_status attend_batch(attn_ctx *ctx, const attn_paged_kv_cache *cache,
     if (nb) memcpy(table + i * width, s->blocks, (size_t)nb * sizeof(int32_t));
     for (int64_t e = nb; e < width; e++) table[i * width + e] = 0; /* never read: past the length */
   }
-  p.k = pool_view(cache, 0, nseq, longest);
-  p.v = pool_view(cache, 1, nseq, longest);
   p.kv_len = len;
   p.block_table = table;
   p.table_stride = width;
@@ -568,7 +572,24 @@ static attn_status gather(attn_ctx *ctx, attn_tensor *out, const attn_paged_kv_c
   return ATTN_OK;
 }
 
-/* Sequence by sequence through attn_sdpa on gathered keys and values. */
+/* Sequence s (q, out and lse its entries) on the kernels, its keys and values read where its block
+ * table puts them: the blocked forward gathers them a key block at a time as it packs them
+ * (forward.c), a block format's dequantized, so no copy of the sequence is made. */
+static attn_status attend_seq(attn_ctx *ctx, const attn_paged_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
+                              const attn_tensor *q, const paged_seq *s, const attn_sdpa_opts *o) {
+  attn_tensor ks = checked_view(cache, 0, 1, s->len), vs = checked_view(cache, 1, 1, s->len);
+  attn__sdpa p;
+  attn_status st = attn__sdpa_prepare(ctx, &p, out, lse, NULL, q, &ks, &vs, o, 1);
+  if (st) return st;
+  p.k = pool_view(cache, 0, 1, s->len);
+  p.v = pool_view(cache, 1, 1, s->len);
+  p.block_table = s->blocks;
+  p.table_stride = blocks_for(cache, s->len);
+  p.block_tokens = cache->cfg.block_tokens;
+  return attn__sdpa_dispatch(ctx, &p);
+}
+
+/* Sequence by sequence: on the kernels in place, or through the oracle on gathered keys and values. */
 static attn_status attend_rows(attn_ctx *ctx, const attn_paged_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
                                const attn_tensor *q, int64_t nseq, const int64_t *seqs, const attn_sdpa_opts *o) {
   /* the storage dtype when keys and values share a float one (as kv_cache.c
@@ -579,12 +600,20 @@ static attn_status attend_rows(attn_ctx *ctx, const attn_paged_kv_cache *cache, 
   for (int64_t b = 0; b < nseq; b++) {
     attn_tensor qb = attn__batch_entry(q, b), ob = attn__batch_entry(out, b), kb, vb, lb, *lbp = NULL;
     const paged_seq *s = &cache->seqs[seqs[b]];
+    if (lse) lb = attn__batch_entry(lse, b), lbp = &lb;
+    if (ctx->dispatch.kernel != ATTN_KERNEL_REF) {
+      if ((st = attend_seq(ctx, cache, &ob, lbp, &qb, s, o))) {
+        char msg[ATTN__MSG_LEN];
+        snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
+        return attn__fail(ctx, st, "attn_paged_kv_attend: sequence %lld: %s", (long long)seqs[b], msg);
+      }
+      continue;
+    }
     if ((st = gather(ctx, &kb, cache, 0, s, dt))) return st;
     if ((st = gather(ctx, &vb, cache, 1, s, dt))) {
       attn_tensor_free(&kb);
       return st;
     }
-    if (lse) lb = attn__batch_entry(lse, b), lbp = &lb;
     st = attn_sdpa(ctx, &ob, lbp, NULL, &qb, &kb, &vb, o);
     attn_tensor_free(&kb), attn_tensor_free(&vb);
     if (st) {

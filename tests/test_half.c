@@ -469,7 +469,9 @@ static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int 
 /* A KV cache in bf16 attended by bf16 queries with more rows per kv head than the decode kernel
  * takes (a chunk of a prefill, or a wide GQA group): each row goes through the blocked forward, so
  * the AMX tiles must run, and out agrees with the oracle on the cached values (BF16_OUT_BOUND).
- * f32 queries under DEFAULT are widened (mixed dtypes), and under BF16 rounded onto the tiles. */
+ * f32 queries under DEFAULT are widened (mixed dtypes), and under BF16 rounded onto the tiles.
+ * A paged cache holding the same tokens in blocks of 16, its pool first filled with NaN tokens,
+ * takes the same tiles through its block tables, bitwise the linear cache's results. */
 static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
   enum { B = 2, Hk = 2, Hq = 8, D = 64, Nq = 12, CAP = 300 };
   const int64_t lens[B] = {150, 77};
@@ -485,13 +487,32 @@ static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
   tu_fill_f32(&r, k, B * Hk * 150 * D, 1.5), tu_fill_f32(&r, v, B * Hk * 150 * D, 1);
   attn_tensor tk = attn_tensor_view(k, ATTN_F32, 4, sk), tv = attn_tensor_view(v, ATTN_F32, 4, sk);
   CHECK_OK(ctx, attn_kv_cache_append(ctx, cache, &tk, &tv, lens));
+  enum { BLOCKS = 40, BT = 16 };
+  attn_paged_kv_config pc;
+  attn_paged_kv_config_init(&pc, BLOCKS, BT, Hk, D);
+  pc.k_dtype = pc.v_dtype = ATTN_KV_BF16;
+  attn_paged_kv_cache *pg;
+  CHECK_OK(ctx, attn_paged_kv_create(ctx, &pg, &pc));
+  {
+    const int64_t sn[4] = {1, Hk, BLOCKS * BT, D};
+    float *nan = arena_alloc(&a, sizeof(float) * Hk * BLOCKS * BT * D);
+    tu_poison_f32(nan, Hk * BLOCKS * BT * D);
+    attn_tensor tn = attn_tensor_view(nan, ATTN_F32, 4, sn);
+    int64_t s;
+    CHECK_OK(ctx, attn_paged_kv_seq_new(ctx, pg, &s));
+    CHECK_OK(ctx, attn_paged_kv_append(ctx, pg, 1, &s, &tn, &tn, NULL));
+    CHECK_OK(ctx, attn_paged_kv_seq_free(ctx, pg, s));
+  }
+  int64_t seqs[B];
+  for (int64_t b = 0; b < B; b++) CHECK_OK(ctx, attn_paged_kv_seq_new(ctx, pg, &seqs[b]));
+  CHECK_OK(ctx, attn_paged_kv_append(ctx, pg, B, seqs, &tk, &tv, lens));
   float *q32 = arena_alloc(&a, sizeof(float) * B * Hq * Nq * D);
   uint16_t *q16 = arena_alloc(&a, sizeof(uint16_t) * B * Hq * Nq * D);
   tu_fill_f32(&r, q32, B * Hq * Nq * D, 1.5);
   for (int64_t e = 0; e < B * Hq * Nq * D; e++) q16[e] = tu_f32_to_bf16(q32[e]), q32[e] = tu_bf16_to_f32(q16[e]);
   attn_tensor tq16 = attn_tensor_view(q16, ATTN_BF16, 4, sq), tq32 = attn_tensor_view(q32, ATTN_F32, 4, sq);
-  float *out = arena_alloc(&a, sizeof(float) * B * Hq * Nq * D);
-  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, so);
+  float *out = arena_alloc(&a, sizeof(float) * B * Hq * Nq * D), *pout = arena_alloc(&a, sizeof(float) * B * Hq * Nq * D);
+  attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, so), tpo = attn_tensor_view(pout, ATTN_F32, 4, so);
   for (int c = 0; c < 3; c++) { /* bf16 q; f32 q under DEFAULT; f32 q under BF16 */
     CHECK_OK(ctx, attn_ctx_set_precision(ctx, c == 2 ? ATTN_PRECISION_BF16 : ATTN_PRECISION_DEFAULT));
     tu_poison_f32(out, B * Hq * Nq * D);
@@ -499,6 +520,11 @@ static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
     const int tiles = strstr(attn_ctx_plan(ctx), "bf16 tiles") != NULL;
     CHECK(tiles == (c != 1), "kv cache, %s queries%s: bf16 tiles ran %d: %s", c ? "f32" : "bf16",
           c == 2 ? " under bf16" : "", tiles, attn_ctx_plan(ctx));
+    tu_poison_f32(pout, B * Hq * Nq * D);
+    CHECK_OK(ctx, attn_paged_kv_attend(ctx, pg, &tpo, NULL, c ? &tq32 : &tq16, B, seqs, NULL));
+    CHECK((strstr(attn_ctx_plan(ctx), "bf16 tiles") != NULL) == (c != 1), "paged kv cache, case %d: %s", c,
+          attn_ctx_plan(ctx));
+    CHECK(memcmp(out, pout, sizeof(float) * B * Hq * Nq * D) == 0, "paged kv cache, case %d: out differs from the linear cache's", c);
     /* the oracle on what the cache holds, row by row */
     for (int64_t b = 0; b < B; b++) {
       const int64_t sqr[4] = {1, Hq, Nq, D};
@@ -519,6 +545,7 @@ static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
   }
   CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
   attn_kv_cache_destroy(cache);
+  attn_paged_kv_destroy(pg);
   arena_free(&a);
 }
 

@@ -84,14 +84,6 @@ static int block_logits(const attn__sdpa *p, float *S, float *Mb, int64_t b, int
   return sparse;
 }
 
-/* Offset (elements; bytes for blocks) of key j's row of kv head (b, g) of t:
- * through the block table when p reads a paged cache (logit.h). */
-static inline int64_t row_at(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j) {
-  if (!p->block_table) return b * t->strides[0] + g * t->strides[1] + j * t->strides[2];
-  const int64_t page = p->block_table[b * p->table_stride + j / p->block_tokens];
-  return page * t->strides[0] + g * t->strides[1] + (j % p->block_tokens) * t->strides[2];
-}
-
 /* Keys of a paged cache's batch b from j0 (at most n) whose blocks follow one
  * another in the pool: they lie evenly spaced, as a linear cache's do (a kv
  * head's blocks sit side by side: see paged_kv.c), and are read in place. */
@@ -110,7 +102,7 @@ static int64_t contiguous_keys(const attn__sdpa *p, int64_t b, int64_t j0, int64
  * cache's blocks are cut where its pages stop following one another). */
 static const void *key_rows(const attn__decode_kernels *dk, const attn__sdpa *p, const attn_tensor *t, int64_t b,
                             int64_t g, int64_t j0, int n, int64_t F, float *buf, int64_t *ld, attn_dtype *dt) {
-  const int64_t off = row_at(p, t, b, g, j0);
+  const int64_t off = attn__kv_row(p, t, b, g, j0);
   const int quant = attn__is_quant(t->dtype);
   const size_t es = quant ? 1 : attn_dtype_size(t->dtype);
   if (((dk->dtypes >> t->dtype) & 1) && (t->strides[3] == 1 || F == 1 || quant)) {
@@ -140,7 +132,7 @@ static void prefetch_rows(const attn__sdpa *p, const attn_tensor *t, int64_t b, 
   const int quant = attn__is_quant(t->dtype);
   const size_t es = quant ? 1 : attn_dtype_size(t->dtype), row = quant ? attn__row_bytes(t->dtype, F) : (size_t)F * es;
   for (int jj = 0; jj < n; jj++) {
-    const char *r = (const char *)t->data + (size_t)row_at(p, t, b, g, j0 + jj) * es;
+    const char *r = (const char *)t->data + (size_t)attn__kv_row(p, t, b, g, j0 + jj) * es;
     for (size_t off = 0; off < row; off += 64) __builtin_prefetch(r + off, 0, 3);
   }
 }
@@ -156,7 +148,7 @@ static const void *next_run(const attn__sdpa *p, const attn_tensor *t, int in_pl
   const int64_t e = b * p->table_stride + next / p->block_tokens;
   if (p->block_table[e] == p->block_table[e - 1] + 1) return NULL;
   const size_t es = attn__is_quant(t->dtype) ? 1 : attn_dtype_size(t->dtype);
-  return (const char *)t->data + (size_t)row_at(p, t, b, g, next) * es;
+  return (const char *)t->data + (size_t)attn__kv_row(p, t, b, g, next) * es;
 }
 
 // One chunk [k0, k1) of kv head (b, g) for its R rows; the partial goes to part: (R, Dv) then m (R), l (R).

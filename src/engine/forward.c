@@ -10,6 +10,7 @@
 #include "../internal.h"
 #include "../logit.h"
 #include "../cpu/kernels.h"
+#include "../quant.h"
 #include "schedule.h"
 
 #include <stdio.h>
@@ -48,6 +49,7 @@ typedef struct scratch {
   float *aq;
   const uint16_t *vq[QB_MAX][PV_BLOCKS];
   int nq[QB_MAX];
+  void *gather; /* a KV cache's key block, as rows the packs read (gather_rows), or NULL */
   float *base; /* one allocation behind everything above */
 } fwd_scratch;
 
@@ -55,15 +57,16 @@ typedef struct scratch {
 /* qrow: floats a tile's query row takes (D, or the half tiles' padded pairs and terms). */
 /* queued: 0, or the half tiles' terms when the tiles queue blocks for pv_blocks (their Pq, a bf16 plane
  * of P per term, and aq: PV_BLOCKS slots a tile). */
-static size_t scratch_bytes(int64_t mr, int64_t nr, int64_t qrow, int64_t Dv, int queued) {
+/* gather: floats for gather_rows (0 when the keys and values are read in place). */
+static size_t scratch_bytes(int64_t mr, int64_t nr, int64_t qrow, int64_t Dv, int queued, int64_t gather) {
   const int64_t up = 16; /* floats per 64 bytes */
   const int64_t q = (mr * qrow + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
   const int64_t queue = queued ? QB_MAX * PV_BLOCKS * (queued * tile / 2 + ATTN__STAT_LANES) : 0; /* bf16: half a tile */
-  return attn__carve_size(sizeof(fwd_scratch)) + (size_t)(2 * tile + QB_MAX * (q + o + st) + queue) * sizeof(float);
+  return attn__carve_size(sizeof(fwd_scratch)) + (size_t)(2 * tile + QB_MAX * (q + o + st) + queue + gather) * sizeof(float);
 }
 
-static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, int64_t Dv, int queued) {
+static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, int64_t Dv, int queued, int64_t gather) {
   const int64_t up = 16;
   const int64_t q = (mr * qrow + up - 1) / up * up, o = (mr * (Dv > 0 ? Dv : 1) + up - 1) / up * up;
   const int64_t st = 3 * ATTN__STAT_LANES, tile = (mr * nr + up - 1) / up * up;
@@ -89,6 +92,7 @@ static void scratch_carve(fwd_scratch *s, int64_t mr, int64_t nr, int64_t qrow, 
     ts->l = ts->m + ATTN__STAT_LANES;
     ts->alpha = ts->m + 2 * ATTN__STAT_LANES;
   }
+  s->gather = gather ? b : NULL;
 }
 
 /* The forward's work list: per round, `per_round` kv heads (b, g) are packed
@@ -108,6 +112,7 @@ typedef struct fwd_job {
   attn__narrow_fn narrow;                                                /* and its write-out */
   int64_t pairs, per_round, kt_bytes, vp_bytes, D2;
   int qb, v_unit, terms; /* terms: the half tiles' (kernels.h), 1 without them */
+  int64_t gather; /* floats of a thread's scratch for gather_rows; 0: K and V are read in place */
   int fused; /* OPEN tiles take hk's softmax_round and pv_blocks, the scale deferred to the softmax */
   int64_t per[PH_N];
   int64_t *off[PH_N]; /* [pairs + 1] each, or NULL */
@@ -492,9 +497,44 @@ static int64_t round_items(const fwd_job *j, int ph, int64_t round) {
 
 static int64_t pack_k_items(const void *arg, int64_t round) { return round_items(arg, PH_K, round); }
 
+/* Whether t is a KV cache's storage, which the packs do not read as a view: a block format (q8_0,
+ * q4_0: strides in bytes) or a paged cache's pool (p->block_table). Such keys and values are gathered
+ * a key block at a time, so no copy of the cache is made. */
+static int kv_gathered(const attn__sdpa *p, const attn_tensor *t) { return p->block_table || attn__is_quant(t->dtype); }
+
+/* Rows [j0, j0 + n) of kv head (b, g) of such a t, as a [1, 1, n, F] view of buf: a block format
+ * dequantized to f32, a float one copied as stored (a cache's rows have unit stride). */
+static attn_tensor gather_rows(const attn__sdpa *p, const attn_tensor *t, int64_t b, int64_t g, int64_t j0, int64_t n,
+                               int64_t F, void *buf) {
+  const int quant = attn__is_quant(t->dtype);
+  attn_tensor rows;
+  memset(&rows, 0, sizeof rows);
+  rows.data = buf, rows.dtype = quant ? ATTN_F32 : t->dtype, rows.rank = 4;
+  rows.shape[0] = rows.shape[1] = 1, rows.shape[2] = n, rows.shape[3] = F;
+  rows.strides[0] = rows.strides[1] = n * F, rows.strides[2] = F, rows.strides[3] = 1;
+  const size_t es = quant ? 1 : attn_dtype_size(t->dtype);
+  for (int64_t jj = 0; jj < n; jj++) {
+    const char *src = (const char *)t->data + (size_t)attn__kv_row(p, t, b, g, j0 + jj) * es;
+    if (quant) attn__dequantize_row(t->dtype, (float *)buf + jj * F, (const uint8_t *)src, F);
+    else memcpy((char *)buf + (size_t)(jj * F) * es, src, (size_t)F * es);
+  }
+  return rows;
+}
+
+/* Key block blk of the kv head of t whose key 0 is at element head (nk keys) into its place in dst,
+ * one kv head's Kp. */
+static void pack_k_block(const fwd_job *j, void *dst, const attn_tensor *t, int64_t head, int64_t blk, int64_t nk) {
+  const attn__sdpa *p = j->p;
+  if (j->hk)
+    attn__pack_block_pairs(j->kn, dst, t, head, blk, nk, p->D, j->D2, j->terms);
+  else if (t->dtype != ATTN_F32 && t->strides[3] == 1)
+    pack_block_widened(dst, t, head, blk, j->kn->nr, nk, p->D, j->widen);
+  else
+    attn__pack_block_t(j->kn, dst, t, head, blk, nk, p->D);
+}
+
 // Kp[slot] (nblocks, D, NR) floats, or (nblocks, D2, NR) bf16 pairs: item = a key block of a kv head.
 static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
-  (void)scratch;
   const fwd_job *j = arg;
   const attn__sdpa *p = j->p;
   const int64_t w0 = items_before(j, PH_K, round * j->per_round);
@@ -502,28 +542,31 @@ static void pack_k_run(const void *arg, void *scratch, int64_t round, int64_t fi
     int64_t blk;
     const int64_t bg = item_pair(j, PH_K, w0 + w, &blk), b = bg / p->Hk;
     const int64_t head = attn__koff(p, &p->k, b, bg % p->Hk, 0), nk = attn__key_rows(p, b);
-    void *dst = j->Kp + (bg - round * j->per_round) * j->kt_bytes;
-    if (j->hk)
-      attn__pack_block_pairs(j->kn, dst, &p->k, head, blk, nk, p->D, j->D2, j->terms);
-    else if (p->k.dtype != ATTN_F32 && p->k.strides[3] == 1)
-      pack_block_widened(dst, &p->k, head, blk, j->kn->nr, nk, p->D, j->widen);
-    else
-      attn__pack_block_t(j->kn, dst, &p->k, head, blk, nk, p->D);
+    char *dst = j->Kp + (bg - round * j->per_round) * j->kt_bytes;
+    if (!kv_gathered(p, &p->k)) {
+      pack_k_block(j, dst, &p->k, head, blk, nk);
+      continue;
+    }
+    const int64_t nr = j->kn->nr, j0 = blk * nr, n = nk - j0 < nr ? nk - j0 : nr;
+    const int64_t blk_bytes = j->hk ? nr * 2 * j->D2 * j->terms * 2 : nr * p->D * (int64_t)sizeof(float);
+    const attn_tensor rows = gather_rows(p, &p->k, b, bg % p->Hk, j0, n, p->D, ((fwd_scratch *)scratch)->gather);
+    pack_k_block(j, dst + blk * blk_bytes, &rows, 0, 0, n);
   }
 }
 
 static int64_t pack_v_items(const void *arg, int64_t round) { return round_items(arg, PH_V, round); }
 
-/* Key block blk of kv head (b, g) as Vh pairs (kernels.h) at dst, zero past key row nk; bad (or NULL)
- * gets a byte per pair row: 1 where a value is Inf or NaN (fwd_job's Vbad). */
-static void pack_v_block(const fwd_job *j, uint16_t *dst, uint8_t *bad, int64_t b, int64_t g, int64_t blk, int64_t nk) {
+/* Key block blk of the kv head of v whose key 0 is at element head (nk keys) as Vh pairs (kernels.h)
+ * at dst, zero past key row nk; bad (or NULL) gets a byte per pair row: 1 where a value is Inf or NaN
+ * (fwd_job's Vbad). */
+static void pack_v_block(const fwd_job *j, uint16_t *dst, uint8_t *bad, const attn_tensor *v, int64_t head, int64_t blk,
+                         int64_t nk) {
   const attn__sdpa *p = j->p;
-  const attn_tensor *v = &p->v;
   const int64_t hp = j->kn->nr / 2, first = blk * hp; /* pair rows of a key block; its first */
   const int64_t n2 = (nk + 1) / 2 - first < hp ? (nk + 1) / 2 - first : hp;
   const int64_t sd = v->strides[3], s2 = v->strides[2];
   for (int64_t row = 0; row < hp; row++) {
-    const int64_t j2 = first + row, off = attn__koff(p, v, b, g, 2 * j2);
+    const int64_t j2 = first + row, off = head + 2 * j2 * s2;
     const int second = 2 * j2 + 1 < nk;
     uint16_t inf_nan = 0; /* an exponent of all ones */
     for (int64_t c0 = 0; c0 < p->Dv; c0 += ATTN__PV_COLS) {
@@ -569,7 +612,6 @@ static void pack_v_block(const fwd_job *j, uint16_t *dst, uint8_t *bad, int64_t 
 
 // Vp[slot] (Nk, Dv) f32 rows, item = a key of a kv head; half tiles: key blocks of pairs (kernels.h's Vh), item = a key block.
 static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t first, int64_t last) {
-  (void)scratch;
   const fwd_job *j = arg;
   const attn__sdpa *p = j->p;
   const attn_tensor *v = &p->v;
@@ -579,14 +621,26 @@ static void pack_v_run(const void *arg, void *scratch, int64_t round, int64_t fi
     const int64_t bg = item_pair(j, PH_V, w0 + w, &blk), b = bg / p->Hk, slot = bg - round * j->per_round;
     uint16_t *dst = (uint16_t *)(j->Vp + slot * j->vp_bytes) + blk * j->kn->nr * p->Dv * j->terms;
     uint8_t *bad = j->Vbad ? j->Vbad + slot * j->vbad_stride + blk * (j->kn->nr / 2) : NULL;
-    pack_v_block(j, dst, bad, b, bg % p->Hk, blk, attn__key_rows(p, b));
+    const int64_t g = bg % p->Hk, nk = attn__key_rows(p, b);
+    if (!kv_gathered(p, v)) {
+      pack_v_block(j, dst, bad, v, attn__koff(p, v, b, g, 0), blk, nk);
+      continue;
+    }
+    const int64_t nr = j->kn->nr, j0 = blk * nr, n = nk - j0 < nr ? nk - j0 : nr;
+    const attn_tensor rows = gather_rows(p, v, b, g, j0, n, p->Dv, ((fwd_scratch *)scratch)->gather);
+    pack_v_block(j, dst, bad, &rows, 0, 0, n);
   }
   for (int64_t w = first; w < last && !j->hk; w++) {
     int64_t jk;
     const int64_t bg = item_pair(j, PH_V, w0 + w, &jk), b = bg / p->Hk;
     const int64_t off = attn__koff(p, v, b, bg % p->Hk, jk);
     float *dst = (float *)(j->Vp + (bg - round * j->per_round) * j->vp_bytes) + jk * p->Dv;
-    if (v->strides[3] == 1)
+    if (kv_gathered(p, v)) {
+      const int quant = attn__is_quant(v->dtype);
+      const char *src = (const char *)v->data + (size_t)attn__kv_row(p, v, b, bg % p->Hk, jk) * (quant ? 1 : attn_dtype_size(v->dtype));
+      if (quant) attn__dequantize_row(v->dtype, dst, (const uint8_t *)src, p->Dv);
+      else j->widen(dst, src, v->dtype, p->Dv);
+    } else if (v->strides[3] == 1)
       j->widen(dst, (const char *)v->data + off * (int64_t)attn_dtype_size(v->dtype), v->dtype, p->Dv);
     else
       attn__widen_strided(dst, v->data, v->dtype, off, v->strides[3], p->Dv);
@@ -628,7 +682,7 @@ static int64_t query_row(const fwd_job *j) {
 
 static void fwd_scratch_init(const void *arg, void *scratch) {
   const fwd_job *j = arg;
-  scratch_carve(scratch, j->kn->mr, j->kn->nr, query_row(j), j->p->Dv, j->fused ? j->terms : 0);
+  scratch_carve(scratch, j->kn->mr, j->kn->nr, query_row(j), j->p->Dv, j->fused ? j->terms : 0, j->gather);
 }
 
 /* Items of phase ph for kv head bg. */
@@ -667,7 +721,8 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
     }
   }
   const int64_t nblocks = (Nk + nr - 1) / nr, ntiles = (Nq + mr - 1) / mr;
-  j.v_unit = !hk && p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1);
+  j.v_unit = !hk && p->v.dtype == ATTN_F32 && (p->v.strides[3] == 1 || p->Dv <= 1) && !kv_gathered(p, &p->v);
+  if (kv_gathered(p, &p->k) || kv_gathered(p, &p->v)) j.gather = (int64_t)nr * (p->D > p->Dv ? p->D : p->Dv);
   /* one kv head's packed keys and values: a broadcast k or v may claim more than memory holds */
   if (attn__bytes(nblocks, nr, p->D + 1, sizeof(float)) + attn__bytes(Nk + 1, p->Dv, 1, sizeof(float)) >
       ATTN__SIZE_LIMIT)
@@ -715,7 +770,7 @@ attn_status attn__sdpa_run_blocked(attn_ctx *ctx, const attn__sdpa *p) {
                                        {"pack_v", pack_v_items, pack_v_run, 0},
                                        {"query_blocks", tiles_items, tiles_run, 1}};
   const attn__job job = {&j, (j.pairs + j.per_round - 1) / j.per_round, phases, 3,
-                         scratch_bytes(mr, nr, query_row(&j), p->Dv, j.fused ? j.terms : 0), fwd_scratch_init};
+                         scratch_bytes(mr, nr, query_row(&j), p->Dv, j.fused ? j.terms : 0, j.gather), fwd_scratch_init};
   const long long args[4] = {(long long)j.per_round, (long long)j.qb, (long long)mr, (long long)nseq};
   const char *fmt =
       p->cu_q ? (hk ? (j.terms == 2 ? "attn_sdpa forward, f16 tiles (bf16 hi + lo), packed batch (%lld kv heads per round, "
