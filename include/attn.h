@@ -115,9 +115,11 @@ typedef enum attn_kernel {
  *            behaviour, for whoever wants the most accurate answer.
  *   BF16     opt-in (PyTorch's set_float32_matmul_precision("medium")): f32
  *            inputs, and bf16 ones, are rounded to bf16 (to nearest even) for
- *            q.k and p.v and then computed as bf16 inputs are by DEFAULT. f16
- *            inputs are never rounded to bf16 (they would lose bits): they
- *            stay as DEFAULT computes them. The layer (attn_mha_forward,
+ *            q.k and p.v and then computed as bf16 inputs are by DEFAULT on
+ *            the bf16 tiles. Where those tiles do not run (other kernels and
+ *            shapes, decode-sized problems, a KV cache's q8_0/q4_0 blocks)
+ *            f32 inputs stay fp32, unrounded. f16 inputs are never rounded to
+ *            bf16 (they would lose bits): they stay as DEFAULT computes them. The layer (attn_mha_forward,
  *            attn_mha_forward_save, attn_mha_forward_cached) then also runs
  *            its four projections with bf16 products summed in fp32 (x and
  *            the weights rounded to bf16, the bias added in fp32) where the
