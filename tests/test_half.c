@@ -603,6 +603,115 @@ static void rising_logits(attn_ctx *ctx, attn_ctx *oracle, const int64_t D) {
   arena_free(&a);
 }
 
+/* Decode-sized steps with bf16 q and k on AMX (engine/decode.c's dec_tiles): q.k on the tiles with K read
+ * in place, p.v on the vectors, so the error bound is the fp32 decode's (test_decode's), not the bf16
+ * policy's. 8 to 32 rows a kv head, key counts under one tile (5), off the 16-key tiles (37, 130) and past
+ * a chunk (2100), every option; the keys padded away hold NaN in K and Inf in V, which no row may meet.
+ * The plan must name the tiles where they take the shape (D a multiple of 32, at most 256) and not
+ * elsewhere; 1-3 threads give the same bits. */
+typedef struct tcase {
+  int64_t B, Hq, Hk, Nq, Nk, D, Dv;
+  attn_causal causal;
+  int batch_first, kpm, mask;
+  int64_t window;
+  double softcap;
+  int alibi, tiles;
+} tcase;
+
+static void decode_tiles_case(attn_ctx *ctx, attn_ctx *oracle, const tcase *c, uint64_t seed) {
+  tu_rng r = {seed};
+  arena a = {{0}, 0};
+  const int64_t nq = c->B * c->Hq * c->Nq * c->D, nk = c->B * c->Hk * c->Nk * c->D, nv = c->B * c->Hk * c->Nk * c->Dv;
+  const int64_t no = c->B * c->Hq * c->Nq * c->Dv;
+  uint16_t *q = arena_alloc(&a, 2 * (size_t)nq), *k = arena_alloc(&a, 2 * (size_t)nk), *v = arena_alloc(&a, 2 * (size_t)nv);
+  for (int64_t i = 0; i < nq; i++) q[i] = tu_f32_to_bf16((float)(tu_uniform(&r) * 1.5));
+  for (int64_t i = 0; i < nk; i++) k[i] = tu_f32_to_bf16((float)(tu_uniform(&r) * 1.5));
+  for (int64_t i = 0; i < nv; i++) v[i] = tu_f32_to_bf16((float)tu_uniform(&r));
+  const int64_t sq[4] = {c->B, c->Hq, c->Nq, c->D}, sk[4] = {c->B, c->Hk, c->Nk, c->D}, sv[4] = {c->B, c->Hk, c->Nk, c->Dv};
+  const int64_t so[4] = {c->B, c->Hq, c->Nq, c->Dv}, sp[2] = {c->B, c->Nk}, sm[2] = {c->Nq, c->Nk}, sh[1] = {c->Hq};
+  attn_tensor tq = attn_tensor_view(q, ATTN_BF16, 4, sq), tk = attn_tensor_view(k, ATTN_BF16, 4, sk);
+  attn_tensor tv = attn_tensor_view(v, ATTN_BF16, 4, sv);
+  if (c->batch_first) { /* [B, N, H, F] in memory */
+    attn_tensor *ts[3] = {&tq, &tk, &tv};
+    for (int i = 0; i < 3; i++) {
+      const int64_t H = ts[i]->shape[1], N = ts[i]->shape[2], F = ts[i]->shape[3];
+      ts[i]->strides[1] = F, ts[i]->strides[2] = H * F, ts[i]->strides[0] = H * N * F;
+    }
+  }
+  uint8_t *kpm = arena_alloc(&a, (size_t)(c->B * c->Nk + 1)), *mask = arena_alloc(&a, (size_t)(c->Nq * c->Nk + 1));
+  for (int64_t i = 0; i < c->B * c->Nk; i++) kpm[i] = c->kpm && tu_int(&r, 0, 6) == 0;
+  for (int64_t i = 0; i < c->Nq * c->Nk; i++) mask[i] = tu_int(&r, 0, 4) != 0;
+  float slopes[64];
+  attn_alibi_slopes(slopes, c->Hq);
+  attn_tensor tp = attn_tensor_view(kpm, ATTN_BOOL, 2, sp), tm = attn_tensor_view(mask, ATTN_BOOL, 2, sm);
+  attn_tensor ta = attn_tensor_view(slopes, ATTN_F32, 1, sh);
+  attn_sdpa_opts o;
+  attn_sdpa_opts_init(&o);
+  o.causal = c->causal, o.window = c->window, o.softcap = c->softcap;
+  if (c->kpm) o.key_padding = &tp;
+  if (c->mask) o.mask = &tm;
+  if (c->alibi) o.alibi_slopes = &ta;
+  double *ref = arena_alloc(&a, sizeof(double) * (size_t)no);
+  attn_tensor tr = attn_tensor_view(ref, ATTN_F64, 4, so);
+  CHECK_OK(oracle, attn_sdpa_ref(oracle, &tr, NULL, NULL, &tq, &tk, &tv, &o)); /* before the poison: the true answer */
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t j = 0; j < c->Nk; j++) {
+      if (!kpm[b * c->Nk + j]) continue;
+      for (int64_t g = 0; g < c->Hk; g++) {
+        for (int64_t d = 0; d < c->D; d++) k[off4(&tk, b, g, j, d)] = 0x7fc0; /* NaN */
+        for (int64_t d = 0; d < c->Dv; d++) v[off4(&tv, b, g, j, d)] = 0x7f80; /* Inf */
+      }
+    }
+  char what[160];
+  snprintf(what, sizeof what, "decode tiles B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld Dv%lld causal%d bf%d kpm%d mask%d W%lld cap%g alibi%d",
+           (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Nq, (long long)c->Nk, (long long)c->D,
+           (long long)c->Dv, (int)c->causal, c->batch_first, c->kpm, c->mask, (long long)c->window, c->softcap, c->alibi);
+  const double tol = c->alibi ? 1e-5 : c->softcap > 0 ? 3e-6 : 2e-6;
+  float *first = arena_alloc(&a, sizeof(float) * (size_t)no), *out = arena_alloc(&a, sizeof(float) * (size_t)no);
+  for (int threads = 1; threads <= 3; threads++) {
+    attn_ctx_set_threads(ctx, threads);
+    tu_poison_f32(out, no);
+    attn_tensor to = attn_tensor_view(out, ATTN_F32, 4, so);
+    CHECK_OK(ctx, attn_sdpa(ctx, &to, NULL, NULL, &tq, &tk, &tv, &o));
+    const char *plan = attn_ctx_plan(ctx);
+    CHECK(strstr(plan, "attn_sdpa decode") != NULL, "%s: plan %s", what, plan);
+    CHECK((strstr(plan, "q.k on the tiles") != NULL) == c->tiles, "%s: tiles expected %d, plan %s", what, c->tiles, plan);
+    double *got = tu_to_f64(&to);
+    const double err = tu_rel_l2(got, ref, no);
+    CHECK(err <= tol, "%s, %d threads: rel L2 %.3g against the oracle", what, threads, err);
+    free(got);
+    if (threads == 1) memcpy(first, out, sizeof(float) * (size_t)no);
+    else CHECK(!memcmp(first, out, sizeof(float) * (size_t)no), "%s: %d threads differ from 1", what, threads);
+  }
+  arena_free(&a);
+}
+
+static void decode_tiles(attn_ctx *ctx, attn_ctx *oracle) {
+  const tcase cases[] = {
+      /* B Hq Hk Nq Nk    D    Dv  causal                    bf kpm mask W   cap alibi tiles */
+      {1, 32, 8, 2, 700, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 0, 1},   /* 8 rows */
+      {2, 8, 2, 3, 2100, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0, 0, 0, 0, 1},    /* 12 rows, two chunks */
+      {1, 16, 1, 2, 130, 32, 48, ATTN_CAUSAL_BOTTOM_RIGHT, 1, 1, 1, 0, 0, 0, 1},    /* 32 rows */
+      {1, 8, 1, 2, 5, 64, 64, ATTN_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, 1},               /* under one tile of keys */
+      {1, 8, 2, 5, 37, 256, 80, ATTN_CAUSAL_TOP_LEFT, 0, 1, 0, 0, 0, 0, 1},         /* 20 rows, D 256 */
+      {1, 12, 4, 3, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 1, 300, 8.0, 1, 1}, /* the options */
+      {2, 8, 1, 3, 513, 96, 64, ATTN_CAUSAL_NONE, 1, 1, 0, 0, 0, 1, 1},
+      {1, 8, 2, 4, 640, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 100, 0, 0, 1},
+      {1, 8, 8, 1, 700, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0, 0, 0, 0, 0},   /* 1 row: the vectors */
+      {1, 16, 2, 2, 300, 80, 80, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0, 0, 0, 0, 0},    /* D 80: the vectors */
+      {1, 8, 1, 2, 300, 288, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 0, 0},    /* D past 256: the vectors */
+  };
+  CHECK_OK(ctx, attn_ctx_set_decode(ctx, 1));
+  CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) decode_tiles_case(ctx, oracle, &cases[i], 4000 + i);
+  /* under FP32 no tile runs */
+  tcase c = cases[0];
+  c.tiles = 0;
+  CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32));
+  decode_tiles_case(ctx, oracle, &c, 4100);
+  CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+}
+
 static int policy(void) {
   attn_ctx *ctx, *oracle;
   attn_ctx_create(&ctx);
@@ -789,6 +898,7 @@ int main(int argc, char **argv) {
     attn_ctx_set_threads(ctx, 2);
     CHECK_OK(ctx, attn_ctx_set_decode(ctx, 1)); /* the cache's own dispatch: too many rows for the decode kernel */
     kv_cache_tiles(ctx, oracle);
+    decode_tiles(ctx, oracle);
   }
   attn_ctx_destroy(ctx);
   attn_ctx_destroy(oracle);

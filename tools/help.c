@@ -64,15 +64,16 @@ static const struct {
      "            imply --precision bf16 or f16 unless given)\n"},
     {"bench", "decode",
      "  attn bench decode --batch B (--kv-seq L | --lengths L1,L2,...) --heads H [--kv-heads G] --dim D [--seq Nq]\n"
-     "            [--dtype f32|f16|bf16|q8_0|q4_0] [--k-dtype DT] [--v-dtype DT] [--cache] [--paged BLOCK_TOKENS\n"
-     "            [--interleaved | --scatter]] [--compare] [--threads T] [--repeat R] [--kernel K] [--max-gflop F]\n"
-     "            [--json]\n"
+     "            [--dtype f32|f16|bf16|q8_0|q4_0] [--k-dtype DT] [--v-dtype DT] [--q-dtype f32|f16|bf16] [--cache]\n"
+     "            [--paged BLOCK_TOKENS [--interleaved | --scatter]] [--compare] [--threads T] [--repeat R]\n"
+     "            [--kernel K] [--max-gflop F] [--json]\n"
      "            (--cache, a block format, two dtypes or --lengths: the step is attn_kv_cache_attend on an\n"
      "            attn_kv_cache; --paged: attn_paged_kv_attend on an attn_paged_kv_cache of blocks of that many\n"
      "            tokens, each row filled by a prefill of its own, or with --interleaved all rows growing\n"
      "            together a block at a time, as in serving (the pool keeps each row's blocks in runs), or\n"
      "            with --scatter the same in a pool crowded by fillers, so that a row's blocks lie one apart;\n"
-     "            --lengths: one length per row, the bytes read being their sum's)\n"},
+     "            --lengths: one length per row, the bytes read being their sum's; --q-dtype: the new tokens'\n"
+     "            queries in that type, f32 unless given)\n"},
     {"version", NULL, "  attn version\n"},
     {"help", NULL, "  attn help [COMMAND]               this text, or one command's (as attn COMMAND --help)\n"},
 };

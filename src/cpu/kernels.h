@@ -147,7 +147,17 @@ typedef struct attn__half_kernels {
   /* The backward's write-out of such a block, turned: Out[j * ldo + c] = scale * T[c * NR + j] for
    * j < nk, c < C (unit stride within Out's rows). */
   void (*t_out)(float *Out, int64_t ldo, const float *T, int64_t C, int64_t nk, float scale);
+  /* Optional (NULL: the decode's vectors): a decode block's q.k on the matrix unit (engine/decode.c),
+   * between begin and end, for bf16 q and keys:
+   *   S[r][j] = scale * q[r] . K[j] for r < rows, j < nkeys (S as the decode contract's, below; columns
+   *   from nkeys to the next multiple of 16 may be written too); K (nkeys, D) bf16 read in place, rows
+   *   ldk elements apart; D a multiple of 32 and at most ATTN__DEC_TILE_D; Qp the rows packed as the
+   *   tiles' second operand, by groups of 16 rows and steps of 32 of D:
+   *   Qp[((t * (D / 32) + s) * 16 + i) * 32 + 2 * n + e] = q[16 t + n][32 s + 2 i + e], zero past rows. */
+  void (*dec_qk)(float *S, const uint16_t *Qp, int rows, const uint16_t *K, int64_t ldk, int nkeys, int64_t D,
+                 float scale);
 } attn__half_kernels;
+#define ATTN__DEC_TILE_D 256 /* dec_qk's largest D */
 #define ATTN__PV_COLS 64 /* O's columns per pv_blocks call, and per group of a packed Vh */
 
 /* The columns of a packed Vh's group from column c0 (a multiple of ATTN__PV_COLS). */

@@ -27,6 +27,25 @@
 #define ATTN__DEC_CHUNK 2048
 #endif
 
+/* The matrix unit's q.k for a decode (kernels.h's dec_qk), where the kernel has one and q and k are bf16
+ * (as the bf16 policy takes them: not under FP32) with a D it takes, for a kv head of at least
+ * ATTN__DEC_TILE_ROWS rows: bf16 products are exact and the tiles sum them in fp32, as the vectors do
+ * (in another order, and a subnormal bf16 counting as zero); p.v stays on the vectors, in fp32.
+ * All-bf16 steps then stay on the decode up to ATTN__DEC_BF16_TILE_ROWS rows, past the bf16 tiles'
+ * ATTN__DEC_BF16_ROWS (GQA 32/8, 8192 keys, D 128, bf16 q, k, v, model 207 Xeon, ms, the vectors or the
+ * blocked tiles before / this: 12 rows 2.9-3.1 / 2.3-2.5, 16 rows 3.7-4.3 / 2.8-3.4, 32 rows 6.0-6.3
+ * (tiles) / 4.5-4.8, 48 rows 6.1-6.3 (tiles) / 6.4-6.9; at 4 rows either way 1.5). */
+#ifndef ATTN__DEC_TILE_ROWS
+#define ATTN__DEC_TILE_ROWS 8
+#endif
+#define ATTN__DEC_BF16_TILE_ROWS 32 /* internal.h */
+static const attn__half_kernels *dec_tiles(const attn__dispatch *d, const attn__sdpa *p) {
+  const attn__half_kernels *h = attn__dispatch_half(d, p);
+  if (!h || !h->dec_qk || p->q.dtype != ATTN_BF16 || p->k.dtype != ATTN_BF16) return NULL;
+  if (p->D % 32 || p->D > ATTN__DEC_TILE_D || p->k.strides[3] != 1) return NULL;
+  return p->Nq * p->group >= ATTN__DEC_TILE_ROWS ? h : NULL;
+}
+
 /* Up to 64 rows a kv head the decode beats the blocked forward, which packs all of K and V on every call
  * (GQA 32/8, 8192 keys, D 128: 12 rows 5.0 ms against 12.3, 64 rows 14.8 against 26.1; the two meet at
  * 128-256 rows), and the f16 tiles (four products each) as well; the bf16 tiles pass it at 24-32 rows
@@ -34,12 +53,15 @@
  * decode takes is fp32 on its inputs as stored, as attn.h's policy says of decode-sized ones. */
 int attn__decode_fits(const attn__dispatch *d, const attn__sdpa *p) {
   const attn__half_kernels *tiles = attn__dispatch_half(d, p);
-  const int64_t most = tiles && tiles != d->half_f16 ? ATTN__DEC_BF16_ROWS : ATTN__DEC_MAX_ROWS;
+  const int64_t most = !tiles || tiles == d->half_f16 ? ATTN__DEC_MAX_ROWS
+                       : dec_tiles(d, p)                ? ATTN__DEC_BF16_TILE_ROWS
+                                                        : ATTN__DEC_BF16_ROWS;
   return p->Nq * p->group <= most && !p->weights && p->dropout_p == 0;
 }
 
 typedef struct dec_scratch {
   float *Q, *S, *Mb, *Kc, *Vc, *O, *m, *l;
+  uint16_t *Qp; /* the rows as a matrix unit's operand (dec_tiles) */
 } dec_scratch;
 
 /* A thread's buffers, carved from its scratch (the struct sits at its start). */
@@ -50,14 +72,16 @@ static size_t dec_layout(dec_scratch *into, int64_t R, int64_t D, int64_t Dv) {
   const size_t vc = attn__carve_size((size_t)(ATTN__DEC_NB * (Dv > 0 ? Dv : 1)) * sizeof(float));
   const size_t o = attn__carve_size((size_t)(R * (Dv > 0 ? Dv : 1)) * sizeof(float));
   const size_t st = attn__carve_size((size_t)R * sizeof(float));
+  const size_t qp = attn__carve_size((size_t)((R + 15) / 16 * 16 * D) * sizeof(uint16_t));
   const size_t head = attn__carve_size(sizeof(dec_scratch));
   if (into) {
     char *b = (char *)into + head;
     into->Q = attn__carve(&b, q), into->S = attn__carve(&b, sz), into->Mb = attn__carve(&b, sz);
     into->Kc = attn__carve(&b, kc), into->Vc = attn__carve(&b, vc);
     into->O = attn__carve(&b, o), into->m = attn__carve(&b, st), into->l = attn__carve(&b, st);
+    into->Qp = attn__carve(&b, qp);
   }
-  return head + q + 2 * sz + kc + vc + o + 2 * st;
+  return head + q + 2 * sz + kc + vc + o + 2 * st + qp;
 }
 
 /* Row r of a kv head's rows: query head g * group + r / Nq, query row r % Nq. */
@@ -151,9 +175,23 @@ static const void *next_run(const attn__sdpa *p, const attn_tensor *t, int in_pl
   return (const char *)t->data + (size_t)attn__kv_row(p, t, b, g, next) * es;
 }
 
+// Qp (kernels.h's dec_qk) = the R rows of kv head (b, g), bf16 as stored, by groups of 16 rows and steps of 32 of D.
+static void pack_rows_for_tiles(const attn__sdpa *p, uint16_t *Qp, int64_t b, int64_t g) {
+  const int64_t R = p->Nq * p->group, D = p->D, steps = D / 32;
+  const attn_tensor *q = &p->q;
+  const uint16_t *src = q->data;
+  for (int64_t r = 0; r < (R + 15) / 16 * 16; r++) {
+    const int64_t t = r / 16, n = r % 16;
+    const int64_t off = r < R ? b * q->strides[0] + row_head(p, g, r) * q->strides[1] + (r % p->Nq) * q->strides[2] : 0;
+    for (int64_t d = 0; d < D; d++)
+      Qp[((t * steps + d / 32) * 16 + (d % 32) / 2) * 32 + 2 * n + d % 2] = r < R ? src[off + d * q->strides[3]] : 0;
+  }
+}
+
 // One chunk [k0, k1) of kv head (b, g) for its R rows; the partial goes to part: (R, Dv) then m (R), l (R).
-static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_scratch *s, int64_t b, int64_t g,
-                      int64_t k0, int64_t k1, float *part) {
+// tiles: q.k on its dec_qk (dec_tiles), for blocks whose keys are read in place.
+static void run_chunk(const attn__decode_kernels *dk, const attn__half_kernels *tiles, const attn__sdpa *p,
+                      dec_scratch *s, int64_t b, int64_t g, int64_t k0, int64_t k1, float *part) {
   const int64_t R = p->Nq * p->group, D = p->D, Dv = p->Dv;
   const attn_tensor *q = &p->q;
   const float scale = (float)p->scale;
@@ -174,6 +212,7 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
     s->l[r] = 0;
   }
   memset(s->O, 0, (size_t)(R * Dv) * sizeof(float));
+  if (tiles) pack_rows_for_tiles(p, s->Qp, b, g);
   const int64_t groups = (R + ATTN__DEC_MAX_ROWS_K - 1) / ATTN__DEC_MAX_ROWS_K;
   for (int64_t j0 = lo, n; j0 < hi; j0 += n) {
     n = hi - j0 < ATTN__DEC_NB ? hi - j0 : ATTN__DEC_NB;
@@ -191,10 +230,13 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__sdpa *p, dec_s
     /* the kernels take ATTN__DEC_MAX_ROWS_K rows a call: more rows go in groups of about equal size, the
      * block's keys read from memory by the first and from L1 or L2 by the others */
     const void *kn = next_run(p, &p->k, K != s->Kc, b, g, next, hi), *vn = next_run(p, &p->v, V != s->Vc, b, g, next, hi);
-    for (int64_t grp = 0; grp < groups; grp++) {
-      const int64_t r0 = R * grp / groups, r1 = R * (grp + 1) / groups;
-      dk->qk(s->S + r0 * ATTN__DEC_NB, s->Q + r0 * D, (int)(r1 - r0), K, ldk, (int)n, D, kt, kn);
-    }
+    if (tiles && kt == ATTN_BF16)
+      tiles->dec_qk(s->S, s->Qp, (int)R, K, ldk, (int)n, D, scale);
+    else
+      for (int64_t grp = 0; grp < groups; grp++) {
+        const int64_t r0 = R * grp / groups, r1 = R * (grp + 1) / groups;
+        dk->qk(s->S + r0 * ATTN__DEC_NB, s->Q + r0 * D, (int)(r1 - r0), K, ldk, (int)n, D, kt, kn);
+      }
     const int sparse = block_logits(p, s->S, s->Mb, b, g, j0, (int)n);
     for (int64_t grp = 0; grp < groups; grp++) {
       const int64_t r0 = R * grp / groups, r1 = R * (grp + 1) / groups;
@@ -259,6 +301,7 @@ static void merge_row(const attn__sdpa *p, const float *parts, int64_t nchunks, 
 typedef struct dec_job {
   const attn__sdpa *p;
   const attn__decode_kernels *dk;
+  const attn__half_kernels *tiles; /* dec_tiles' */
   int64_t pairs, nchunks, stride, R;
   float *parts;
 } dec_job;
@@ -273,12 +316,14 @@ static void chunk_run(const void *arg, void *scratch, int64_t round, int64_t fir
   (void)round;
   const dec_job *j = arg;
   const attn__sdpa *p = j->p;
+  if (j->tiles && j->tiles->begin) j->tiles->begin();
   for (int64_t it = first; it < last; it++) {
     const int64_t bg = it / j->nchunks, c = it % j->nchunks, b = bg / p->Hk;
     const int64_t nk = attn__keys(p, b);
     const int64_t k0 = c * ATTN__DEC_CHUNK, k1 = k0 + ATTN__DEC_CHUNK < nk ? k0 + ATTN__DEC_CHUNK : nk;
-    run_chunk(j->dk, p, scratch, b, bg % p->Hk, k0, k1 > k0 ? k1 : k0, j->parts + it * j->stride);
+    run_chunk(j->dk, j->tiles, p, scratch, b, bg % p->Hk, k0, k1 > k0 ? k1 : k0, j->parts + it * j->stride);
   }
+  if (j->tiles && j->tiles->end) j->tiles->end();
 }
 
 static int64_t merge_items(const void *arg, int64_t round) {
@@ -302,7 +347,7 @@ static void dec_scratch_init(const void *arg, void *scratch) {
 }
 
 attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p) {
-  dec_job j = {p, ctx->dispatch.decode, p->B * p->Hk, 0, 0, p->Nq * p->group, NULL};
+  dec_job j = {p, ctx->dispatch.decode, dec_tiles(&ctx->dispatch, p), p->B * p->Hk, 0, 0, p->Nq * p->group, NULL};
   j.nchunks = p->Nk > 0 ? (p->Nk + ATTN__DEC_CHUNK - 1) / ATTN__DEC_CHUNK : 1;
   j.stride = j.R * (p->Dv + 2); /* floats of one chunk's partial */
   const size_t part_bytes = attn__bytes(j.pairs, j.nchunks, j.stride, sizeof(float)); /* saturates: see attn__bytes */
@@ -317,6 +362,9 @@ attn_status attn__sdpa_run_decode(attn_ctx *ctx, const attn__sdpa *p) {
   static const attn__phase phases[] = {{"kv_chunks", chunk_items, chunk_run, 1}, {"merge_rows", merge_items, merge_run, 0}};
   const attn__job job = {&j, 1, phases, 2, dec_layout(NULL, j.R, p->D, p->Dv), dec_scratch_init};
   const long long args[4] = {(long long)p->B, (long long)p->Hk, (long long)j.nchunks, (long long)j.R};
+  if (j.tiles)
+    return attn__schedule(ctx, "attn_sdpa decode (%lld rows x %lld kv heads, %lld chunks of " ATTN__STR(ATTN__DEC_CHUNK)
+                          " keys each, %lld query rows per kv head, q.k on the tiles)", args, threads, &job);
   return attn__schedule(ctx, "attn_sdpa decode (%lld rows x %lld kv heads, %lld chunks of " ATTN__STR(ATTN__DEC_CHUNK)
                         " keys each, %lld query rows per kv head)", args, threads, &job);
 }

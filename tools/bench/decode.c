@@ -364,7 +364,7 @@ static int half_speedup(decode_case *c, attn_dtype dt, double *speedup) {
 int cmd_bench_decode(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--kv-seq", "--heads", "--kv-heads", "--dim", "--seq", "--dtype",
                                       "--k-dtype", "--v-dtype", "--threads", "--repeat", "--kernel", "--max-gflop",
-                                      "--paged", "--lengths", NULL};
+                                      "--paged", "--lengths", "--q-dtype", NULL};
   static const char *const switches[] = {"--json", "--compare", "--cache", "--interleaved", "--scatter", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
@@ -392,6 +392,13 @@ int cmd_bench_decode(int argc, char **argv) {
     if (!kd) return cli_fail(CLI_EXIT_USAGE, "%s wants f32, f16, bf16, q8_0 or q4_0, got '%s'", opt_names[i], cli_show(ds));
     if (i != 2) kinds[0] = kd;
     if (i != 1) kinds[1] = kd;
+  }
+  /* the queries' dtype (out stays f32): --q-dtype, f32 unless given */
+  attn_dtype qdt = ATTN_F32;
+  if (cli_get(&a, "--q-dtype")) {
+    const char *qs_ = cli_get(&a, "--q-dtype");
+    qdt = !strcmp(qs_, "f32") ? ATTN_F32 : !strcmp(qs_, "f16") ? ATTN_F16 : !strcmp(qs_, "bf16") ? ATTN_BF16 : ATTN_F64;
+    if (qdt == ATTN_F64) return cli_fail(CLI_EXIT_USAGE, "--q-dtype wants f32, f16 or bf16, got '%s'", cli_show(qs_));
   }
   const int blocks = kinds[0] >= ATTN_KV_Q8_0 || kinds[1] >= ATTN_KV_Q8_0;
   const int paged = paged_bt > 0;
@@ -451,7 +458,7 @@ int cmd_bench_decode(int argc, char **argv) {
   c.copies = copies;
   c.seqs = malloc(sizeof(int64_t) * (size_t)B);
   const int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, L, D};
-  int bad = !c.seqs || attn_tensor_alloc(ctx, &c.q, ATTN_F32, 4, qs) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs);
+  int bad = !c.seqs || attn_tensor_alloc(ctx, &c.q, qdt, 4, qs) || attn_tensor_alloc(ctx, &c.out, ATTN_F32, 4, qs);
   for (int i = 0; i < copies && !bad; i++) {
     if (!use_cache) {
       bad = attn_tensor_alloc(ctx, &c.k[i], dt, 4, ks) || attn_tensor_alloc(ctx, &c.v[i], dt, 4, ks);
@@ -581,9 +588,10 @@ int cmd_bench_decode(int argc, char **argv) {
       printf("{\"op\":\"decode\",\"batch\":%lld,\"kv_seq\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"dim\":%lld,"
              "\"seq\":%lld,\"dtype\":\"%s\",\"k_dtype\":\"%s\",\"v_dtype\":\"%s\",\"kv_cache\":%s,"
              "\"threads\":%d,\"kernel\":\"%s\",\"cache_copies\":%d,\"llc_bytes\":%.0f,\"paged_block_tokens\":%lld,"
-             "\"kv_tokens\":%lld,",
+             "\"kv_tokens\":%lld,\"q_dtype\":\"%s\",",
              B, L, H, G, D, N, attn_kv_dtype_name(kinds[0]), attn_kv_dtype_name(kinds[0]), attn_kv_dtype_name(kinds[1]),
-             use_cache ? "true" : "false", threads, kernel, copies, llc_bytes(), paged_bt, (long long)total);
+             use_cache ? "true" : "false", threads, kernel, copies, llc_bytes(), paged_bt, (long long)total,
+             attn_dtype_name(qdt));
       bench_json_num("median_s", step_s, 0);
       bench_json_num("min_s", t.min_s, 0);
       printf("\"repeats\":%lld,", t.repeats);

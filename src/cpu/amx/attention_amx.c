@@ -43,6 +43,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #define MR 16
 #define NR 64
@@ -142,6 +143,85 @@ static void qk_amx(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2,
 }
 static void qk_amx_f16(float *S, const uint16_t *Qh, const uint16_t *Kh, int64_t D2, int64_t nkeys, float scale) {
   qk_t(S, Qh, Kh, D2, nkeys, scale, 2);
+}
+
+/* Sixteen rows of 16 floats, turned: r[c] gets column c (4 x 4 blocks of 4 x 4 within 128-bit lanes, then
+ * the lanes). */
+static inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  /* u[4 g + c]: rows 4g..4g+3 of columns c, c + 4, c + 8, c + 12, one per lane */
+  for (int g = 0; g < 4; g++) {
+    const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+    u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int c = 0; c < 4; c++) {
+    const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512 a2 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD), b2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_f32x4(a, b, 0x88);
+    r[c + 8] = _mm512_shuffle_f32x4(a, b, 0xDD);
+    r[c + 4] = _mm512_shuffle_f32x4(a2, b2, 0x88);
+    r[c + 12] = _mm512_shuffle_f32x4(a2, b2, 0xDD);
+  }
+}
+
+/* kernels.h's dec_qk: S^T = K . Q^T, 16 keys at a time, the keys' rows the A tiles where they lie (tile 4)
+ * and the packed rows' groups (up to four: 64 rows) the B tiles (5 and 6 in turn) into C tiles 0-3; each
+ * 16 x 16 block of S^T is stored, turned on AVX-512 and scaled into S. A last group of fewer than 16
+ * keys is taken as the 16 keys that end at nkeys (it recomputes a few), or, under 16 keys in all, from
+ * a zeroed copy: a tile reads 16 whole rows. */
+static void dec_qk_amx(float *S, const uint16_t *Qp, int rows, const uint16_t *K, int64_t ldk, int nkeys, int64_t D,
+                       float scale) {
+  const int64_t steps = D / 32;
+  const int groups = (rows + 15) / 16;
+  float st[4][16 * 16] __attribute__((aligned(64)));
+  uint16_t few[16 * ATTN__DEC_TILE_D] __attribute__((aligned(64)));
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (int g0 = 0; g0 < rows; g0 += 64) { /* more than 64 rows: again for the next 64 */
+    const int ng = groups - g0 / 16 < 4 ? groups - g0 / 16 : 4;
+    const uint16_t *qp = Qp + (int64_t)(g0 / 16) * steps * 512;
+    for (int j0 = 0; j0 < nkeys; j0 += 16) {
+      const uint16_t *a = K;
+      int64_t lda = ldk, at = j0; /* the first key of the tile */
+      if (nkeys < 16) {
+        memset(few, 0, sizeof(uint16_t) * 16 * (size_t)D);
+        for (int j = 0; j < nkeys; j++) memcpy(few + j * D, K + j * ldk, sizeof(uint16_t) * (size_t)D);
+        a = few, lda = D, at = 0;
+      } else if (j0 + 16 > nkeys) {
+        at = nkeys - 16;
+      }
+      _tile_zero(0);
+      if (ng > 1) _tile_zero(1);
+      if (ng > 2) _tile_zero(2);
+      if (ng > 3) _tile_zero(3);
+      for (int64_t s = 0; s < steps; s++) {
+        _tile_loadd(4, a + at * lda + 32 * s, lda * 2);
+        _tile_loadd(5, qp + s * 512, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if (ng > 1) { _tile_loadd(6, qp + (steps + s) * 512, 64); _tile_dpbf16ps(1, 4, 6); }
+        if (ng > 2) { _tile_loadd(5, qp + (2 * steps + s) * 512, 64); _tile_dpbf16ps(2, 4, 5); }
+        if (ng > 3) { _tile_loadd(6, qp + (3 * steps + s) * 512, 64); _tile_dpbf16ps(3, 4, 6); }
+      }
+      _tile_stored(0, st[0], 64);
+      if (ng > 1) _tile_stored(1, st[1], 64);
+      if (ng > 2) _tile_stored(2, st[2], 64);
+      if (ng > 3) _tile_stored(3, st[3], 64);
+      for (int g = 0; g < ng; g++) {
+        __m512 r[16];
+        for (int k = 0; k < 16; k++) r[k] = _mm512_load_ps(st[g] + 16 * k);
+        transpose16(r); /* r[n]: row n's 16 keys */
+        const int r0 = g0 + 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (int n = 0; n < nr; n++) _mm512_storeu_ps(S + (int64_t)(r0 + n) * ATTN__DEC_NB + at, _mm512_mul_ps(r[n], sv));
+      }
+    }
+  }
 }
 
 /* True when any bf16 of pair rows [0, npairs) of a (., ld) pair block, columns [0, cols), is Inf or NaN. */
@@ -483,8 +563,8 @@ static void t_out_amx(float *Out, int64_t ldo, const float *T, int64_t C, int64_
 
 const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 16, 16, 1,
                                                    attn__amx_begin, attn__amx_end, qk_amx, pv_amx, attn__softmax_round_amx16,
-                                                   pv_blocks_amx, pairs_amx, pt_acc_amx, t_out_amx};
+                                                   pv_blocks_amx, pairs_amx, pt_acc_amx, t_out_amx, dec_qk_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
                                                        attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16,
                                                        attn__softmax_round_amx16_f16, pv_blocks_amx_f16,
-                                                       pairs_amx_f16, pt_acc_amx_f16, t_out_amx};
+                                                       pairs_amx_f16, pt_acc_amx_f16, t_out_amx, NULL};
