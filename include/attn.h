@@ -105,10 +105,11 @@ typedef enum attn_kernel {
  *              for decode-sized problems (a few query rows per kv head), bf16
  *              is widened and every step is fp32, which is at least as
  *              accurate. (On ATTN_KERNEL_AMX a decode-sized problem of 8 to
- *              32 query rows per kv head with bf16 q and k, D a multiple of 32
- *              up to 256, takes q.k on the tiles, K read in place: the same
- *              exact products summed in fp32, in the unit's order, bf16
- *              subnormals counting as zero; p.v stays fp32, P unrounded.)
+ *              64 query rows per kv head with bf16 q and k, D a multiple of 32
+ *              up to 256, takes q.k on the tiles, K read in place, and with
+ *              bf16 v, Dv a multiple of 32 up to 256, p.v too, each P as three
+ *              bf16 terms: the same exact products summed in fp32, in the
+ *              unit's order, bf16 subnormals counting as zero.)
  *            f16 inputs: f16 products are exact in fp32. On the AMX tiles (Dv a
  *              multiple of 16), as PyTorch computes them: those products summed
  *              in fp32 (each f16 as two bf16 whose four products are exact),

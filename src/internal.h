@@ -233,7 +233,7 @@ attn_status attn__sdpa_backward_run_blocked(attn_ctx *ctx, const attn__sdpa *p, 
 /* The decode kernel (src/engine/decode.c): few query rows per kv head (Nq times
  * the GQA group at most ATTN__DEC_MAX_ROWS, or ATTN__DEC_BF16_ROWS where the
  * blocked forward would take the bf16 tiles, which pass it sooner, or
- * decode.c's ATTN__DEC_BF16_TILE_ROWS where its own q.k runs on AMX tiles), no
+ * decode.c's ATTN__DEC_BF16_TILE_ROWS where it runs on AMX tiles itself), no
  * weights, no dropout. */
 #define ATTN__DEC_MAX_ROWS 64
 #define ATTN__DEC_BF16_ROWS 24

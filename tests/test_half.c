@@ -466,6 +466,22 @@ static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int 
   arena_free(a);
 }
 
+/* Rel L2 of got (row b's out for the queries q, one batch row, bottom-right causal) against the
+ * oracle on what the cache holds for that row. */
+static double cache_row_err(attn_ctx *ctx, attn_ctx *oracle, arena *a, attn_kv_cache *cache, int64_t b,
+                            attn_tensor q, const float *got, int *bad) {
+  attn_tensor kv, vv;
+  CHECK_OK(ctx, attn_kv_cache_view(ctx, &kv, &vv, cache, b));
+  const int64_t n = q.shape[1] * q.shape[2] * q.shape[3];
+  double *ro = arena_alloc(a, sizeof(double) * (size_t)n);
+  attn_tensor tro = attn_tensor_view(ro, ATTN_F64, 4, q.shape);
+  attn_sdpa_opts o;
+  attn_sdpa_opts_init(&o);
+  o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+  CHECK_OK(oracle, attn_sdpa_ref(oracle, &tro, NULL, NULL, &q, &kv, &vv, &o));
+  return err_vs(got, ro, n, bad);
+}
+
 /* A KV cache in bf16 attended by bf16 queries with more rows per kv head than the decode kernel
  * takes (a chunk of a prefill, or a wide GQA group): each row goes through the blocked forward, so
  * the AMX tiles must run, and out agrees with the oracle on the cached values (BF16_OUT_BOUND).
@@ -473,7 +489,7 @@ static void backward_tiles(attn_ctx *ctx, attn_ctx *oracle, const hcase *c, int 
  * A paged cache holding the same tokens in blocks of 16, its pool first filled with NaN tokens,
  * takes the same tiles through its block tables, bitwise the linear cache's results. */
 static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
-  enum { B = 2, Hk = 2, Hq = 8, D = 64, Nq = 12, CAP = 300 };
+  enum { B = 2, Hk = 2, Hq = 8, D = 64, Nq = 20, CAP = 300 };
   const int64_t lens[B] = {150, 77};
   arena a = {{0}, 0};
   tu_rng r = {99};
@@ -528,22 +544,34 @@ static void kv_cache_tiles(attn_ctx *ctx, attn_ctx *oracle) {
     /* the oracle on what the cache holds, row by row */
     for (int64_t b = 0; b < B; b++) {
       const int64_t sqr[4] = {1, Hq, Nq, D};
-      attn_tensor kv, vv;
-      CHECK_OK(ctx, attn_kv_cache_view(ctx, &kv, &vv, cache, b));
-      double *ro = arena_alloc(&a, sizeof(double) * Hq * Nq * D);
-      attn_tensor tqr = attn_tensor_view(q32 + b * Hq * Nq * D, ATTN_F32, 4, sqr);
-      attn_tensor tro = attn_tensor_view(ro, ATTN_F64, 4, sqr);
-      attn_sdpa_opts o;
-      attn_sdpa_opts_init(&o);
-      o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-      CHECK_OK(oracle, attn_sdpa_ref(oracle, &tro, NULL, NULL, &tqr, &kv, &vv, &o));
       int bad = 0;
-      const double e = err_vs(out + b * Hq * Nq * D, ro, Hq * Nq * D, &bad);
+      const double e = cache_row_err(ctx, oracle, &a, cache, b, attn_tensor_view(q32 + b * Hq * Nq * D, ATTN_F32, 4, sqr),
+                                     out + b * Hq * Nq * D, &bad);
       CHECK(!bad && e <= (c == 1 ? F32_TOL : BF16_OUT_BOUND), "kv cache row %lld, case %d: out rel L2 %.3g",
             (long long)b, c, e);
     }
   }
   CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
+  { /* 4 new tokens (16 rows a kv head): the decode, q.k and p.v on its tiles, the paged pool read through
+     * its block tables with NaN in its free slots, bitwise the linear cache's, within fp32's bound */
+    enum { NQ4 = 4 };
+    const int64_t s4[4] = {B, Hq, NQ4, D};
+    attn_tensor tq4 = tq16, to4 = attn_tensor_view(out, ATTN_F32, 4, s4), tp4 = attn_tensor_view(pout, ATTN_F32, 4, s4);
+    tq4.shape[2] = NQ4; /* the first 4 of each head's rows */
+    tu_poison_f32(out, B * Hq * NQ4 * D), tu_poison_f32(pout, B * Hq * NQ4 * D);
+    CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to4, NULL, &tq4, NULL));
+    CHECK(strstr(attn_ctx_plan(ctx), "q.k on the tiles") != NULL, "kv cache, 16 rows: %s", attn_ctx_plan(ctx));
+    CHECK_OK(ctx, attn_paged_kv_attend(ctx, pg, &tp4, NULL, &tq4, B, seqs, NULL));
+    CHECK(strstr(attn_ctx_plan(ctx), "q.k on the tiles") != NULL, "paged kv cache, 16 rows: %s", attn_ctx_plan(ctx));
+    CHECK(memcmp(out, pout, sizeof(float) * B * Hq * NQ4 * D) == 0, "paged kv cache, 16 rows: out differs from the linear cache's");
+    for (int64_t b = 0; b < B; b++) {
+      attn_tensor tqr = tq4;
+      tqr.data = q16 + b * Hq * Nq * D, tqr.shape[0] = 1;
+      int bad = 0;
+      const double e = cache_row_err(ctx, oracle, &a, cache, b, tqr, out + b * Hq * NQ4 * D, &bad);
+      CHECK(!bad && e <= F32_TOL, "kv cache row %lld, 16 rows: out rel L2 %.3g", (long long)b, e);
+    }
+  }
   attn_kv_cache_destroy(cache);
   attn_paged_kv_destroy(pg);
   arena_free(&a);
@@ -604,11 +632,12 @@ static void rising_logits(attn_ctx *ctx, attn_ctx *oracle, const int64_t D) {
 }
 
 /* Decode-sized steps with bf16 q and k on AMX (engine/decode.c's dec_tiles): q.k on the tiles with K read
- * in place, p.v on the vectors, so the error bound is the fp32 decode's (test_decode's), not the bf16
- * policy's. 8 to 32 rows a kv head, key counts under one tile (5), off the 16-key tiles (37, 130) and past
- * a chunk (2100), every option; the keys padded away hold NaN in K and Inf in V, which no row may meet.
- * The plan must name the tiles where they take the shape (D a multiple of 32, at most 256) and not
- * elsewhere; 1-3 threads give the same bits. */
+ * in place, and p.v there too for bf16 values with Dv a multiple of 32 (P as three bf16 terms), so the
+ * error bound is the fp32 decode's (test_decode's), not the bf16 policy's. 8 to 64 rows a kv head, key
+ * counts under one tile (5), off the 16-key tiles (37, 130) and past a chunk (2100), every option; the
+ * keys padded away hold NaN in K and Inf in V, which no row may meet (a block holding them goes to the
+ * vectors' p.v, the others to the tiles'). The plan must name the tiles where they take the shape (D a
+ * multiple of 32, at most 256) and not elsewhere; 1-3 threads give the same bits. */
 typedef struct tcase {
   int64_t B, Hq, Hk, Nq, Nk, D, Dv;
   attn_causal causal;
@@ -697,6 +726,9 @@ static void decode_tiles(attn_ctx *ctx, attn_ctx *oracle) {
       {1, 12, 4, 3, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 1, 300, 8.0, 1, 1}, /* the options */
       {2, 8, 1, 3, 513, 96, 64, ATTN_CAUSAL_NONE, 1, 1, 0, 0, 0, 1, 1},
       {1, 8, 2, 4, 640, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 100, 0, 0, 1},
+      {1, 32, 2, 3, 1500, 64, 96, ATTN_CAUSAL_BOTTOM_RIGHT, 1, 1, 0, 0, 0, 0, 1},    /* 48 rows */
+      {1, 32, 4, 8, 2200, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 1, 0, 30.0, 0, 1}, /* 64 rows */
+      {2, 16, 1, 4, 300, 32, 32, ATTN_CAUSAL_NONE, 0, 1, 0, 0, 0, 0, 1},            /* 64 rows, padded keys */
       {1, 8, 8, 1, 700, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0, 0, 0, 0, 0},   /* 1 row: the vectors */
       {1, 16, 2, 2, 300, 80, 80, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1, 0, 0, 0, 0, 0},    /* D 80: the vectors */
       {1, 8, 1, 2, 300, 288, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 0, 0},    /* D past 256: the vectors */

@@ -156,6 +156,17 @@ typedef struct attn__half_kernels {
    *   Qp[((t * (D / 32) + s) * 16 + i) * 32 + 2 * n + e] = q[16 t + n][32 s + 2 i + e], zero past rows. */
   void (*dec_qk)(float *S, const uint16_t *Qp, int rows, const uint16_t *K, int64_t ldk, int nkeys, int64_t D,
                  float scale);
+  /* Optional (NULL: the decode's vectors), with dec_qk: a decode block's p.v on the matrix unit.
+   * dec_pack_v: Vp = the block's nkeys (<= ATTN__DEC_NB) bf16 value rows (ldv elements apart, Dv a
+   *   multiple of 32 and at most ATTN__DEC_TILE_D) as the tiles' second operand, zero past nkeys, in
+   *   ATTN__DEC_NB * Dv bf16 of Vp (64-byte aligned); returns nonzero when some value is Inf or NaN.
+   * dec_pv: O (rows, Dv) = O * alpha[r] + P . V over those keys, P (rows, ATTN__DEC_NB) the softmax's
+   *   fp32 probabilities (the decode's pv with Dv = 0: kernels.h's decode contract), each split into
+   *   three bf16 terms so that every product is exact and summed in fp32: the vectors' accuracy. Every
+   *   key's value meets its P, so a block whose values hold Inf or NaN where P may be 0 (sparse) must
+   *   not come here. */
+  int (*dec_pack_v)(uint16_t *Vp, const uint16_t *V, int64_t ldv, int nkeys, int64_t Dv);
+  void (*dec_pv)(float *O, const float *alpha, const float *P, int rows, const uint16_t *Vp, int nkeys, int64_t Dv);
 } attn__half_kernels;
 #define ATTN__DEC_TILE_D 256 /* dec_qk's largest D */
 #define ATTN__PV_COLS 64 /* O's columns per pv_blocks call, and per group of a packed Vh */
@@ -222,7 +233,8 @@ typedef struct attn__decode_kernels {
    * row (masked logits are -inf; a row with nothing visible yet gets P = 0),
    * then O[r][:] = O[r][:] * alpha[r] + sum_j P[r][j] V[j][:]. S becomes P.
    * sparse: as in attn__cpu_kernels.pv, some keys are hidden from some rows
-   * and their V rows must not reach O. */
+   * and their V rows must not reach O. Dv = 0: the softmax step alone (O is
+   * not touched; alpha[r] is exp(m before - m after), 1 where m stays -inf). */
   void (*pv)(float *O, float *m, float *l, float *S, int rows, const void *V, int64_t ldv, int nkeys, int64_t Dv,
              attn_dtype vt, int sparse, const void *Vnext); /* Vnext: as qk's Knext */
   /* dst[0..n) = src[0..n) widened to f32 from f32, f16 or bf16 (contiguous). */

@@ -27,18 +27,19 @@
 #define ATTN__DEC_CHUNK 2048
 #endif
 
-/* The matrix unit's q.k for a decode (kernels.h's dec_qk), where the kernel has one and q and k are bf16
- * (as the bf16 policy takes them: not under FP32) with a D it takes, for a kv head of at least
- * ATTN__DEC_TILE_ROWS rows: bf16 products are exact and the tiles sum them in fp32, as the vectors do
- * (in another order, and a subnormal bf16 counting as zero); p.v stays on the vectors, in fp32.
- * All-bf16 steps then stay on the decode up to ATTN__DEC_BF16_TILE_ROWS rows, past the bf16 tiles'
- * ATTN__DEC_BF16_ROWS (GQA 32/8, 8192 keys, D 128, bf16 q, k, v, model 207 Xeon, ms, the vectors or the
- * blocked tiles before / this: 12 rows 2.9-3.1 / 2.3-2.5, 16 rows 3.7-4.3 / 2.8-3.4, 32 rows 6.0-6.3
- * (tiles) / 4.5-4.8, 48 rows 6.1-6.3 (tiles) / 6.4-6.9; at 4 rows either way 1.5). */
+/* The matrix unit for a decode (kernels.h's dec_qk, and dec_pv where the values are bf16 too), where the
+ * kernel has one and q and k are bf16 (as the bf16 policy takes them: not under FP32) with a D it takes,
+ * for a kv head of at least ATTN__DEC_TILE_ROWS rows. It keeps the vectors' accuracy: bf16 products are
+ * exact and the tiles sum them in fp32 (in the unit's order, a subnormal bf16 counting as zero), and
+ * p.v takes each P as three bf16 terms. All-bf16 steps then stay on the decode up to
+ * ATTN__DEC_BF16_TILE_ROWS rows, past the bf16 tiles' ATTN__DEC_BF16_ROWS. GQA 32/8, 8192 keys, D 128,
+ * bf16 q, k and v, model 207 Xeon, the cache cycled, ms, before (the vectors up to 24 rows, the blocked
+ * tiles past) / this: 8 rows 1.9-2.1 / 1.8-2.0, 16 rows 3.1-4.6 / 2.0-2.8, 32 rows 5.5-6.2 / 3.0-3.3,
+ * 64 rows 5.5-7.6 / 4.8-5.1. At 4 rows the vectors stream faster (24 against 18 GB/s). */
 #ifndef ATTN__DEC_TILE_ROWS
 #define ATTN__DEC_TILE_ROWS 8
 #endif
-#define ATTN__DEC_BF16_TILE_ROWS 32 /* internal.h */
+#define ATTN__DEC_BF16_TILE_ROWS 64 /* internal.h */
 static const attn__half_kernels *dec_tiles(const attn__dispatch *d, const attn__sdpa *p) {
   const attn__half_kernels *h = attn__dispatch_half(d, p);
   if (!h || !h->dec_qk || p->q.dtype != ATTN_BF16 || p->k.dtype != ATTN_BF16) return NULL;
@@ -61,7 +62,7 @@ int attn__decode_fits(const attn__dispatch *d, const attn__sdpa *p) {
 
 typedef struct dec_scratch {
   float *Q, *S, *Mb, *Kc, *Vc, *O, *m, *l;
-  uint16_t *Qp; /* the rows as a matrix unit's operand (dec_tiles) */
+  uint16_t *Qp, *Vp; /* the rows, and a block of values, as a matrix unit's operands (dec_tiles) */
 } dec_scratch;
 
 /* A thread's buffers, carved from its scratch (the struct sits at its start). */
@@ -73,15 +74,16 @@ static size_t dec_layout(dec_scratch *into, int64_t R, int64_t D, int64_t Dv) {
   const size_t o = attn__carve_size((size_t)(R * (Dv > 0 ? Dv : 1)) * sizeof(float));
   const size_t st = attn__carve_size((size_t)R * sizeof(float));
   const size_t qp = attn__carve_size((size_t)((R + 15) / 16 * 16 * D) * sizeof(uint16_t));
+  const size_t vp = attn__carve_size((size_t)(ATTN__DEC_NB * ((Dv + 31) / 32 * 32)) * sizeof(uint16_t));
   const size_t head = attn__carve_size(sizeof(dec_scratch));
   if (into) {
     char *b = (char *)into + head;
     into->Q = attn__carve(&b, q), into->S = attn__carve(&b, sz), into->Mb = attn__carve(&b, sz);
     into->Kc = attn__carve(&b, kc), into->Vc = attn__carve(&b, vc);
     into->O = attn__carve(&b, o), into->m = attn__carve(&b, st), into->l = attn__carve(&b, st);
-    into->Qp = attn__carve(&b, qp);
+    into->Qp = attn__carve(&b, qp), into->Vp = attn__carve(&b, vp);
   }
-  return head + q + 2 * sz + kc + vc + o + 2 * st + qp;
+  return head + q + 2 * sz + kc + vc + o + 2 * st + qp + vp;
 }
 
 /* Row r of a kv head's rows: query head g * group + r / Nq, query row r % Nq. */
@@ -238,6 +240,20 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__half_kernels *
         dk->qk(s->S + r0 * ATTN__DEC_NB, s->Q + r0 * D, (int)(r1 - r0), K, ldk, (int)n, D, kt, kn);
       }
     const int sparse = block_logits(p, s->S, s->Mb, b, g, j0, (int)n);
+    /* p.v on the tiles too where they take the values, unless a value that some row's P = 0 must not
+     * meet is Inf or NaN (a tile multiplies every key's value) */
+    if (tiles && tiles->dec_pv && vt == ATTN_BF16 && Dv % 32 == 0 && Dv <= ATTN__DEC_TILE_D &&
+        R <= ATTN__DEC_MAX_ROWS && !(tiles->dec_pack_v(s->Vp, V, ldv, (int)n, Dv) && sparse)) {
+      float m_before[ATTN__DEC_MAX_ROWS], alpha[ATTN__DEC_MAX_ROWS];
+      memcpy(m_before, s->m, (size_t)R * sizeof(float));
+      for (int64_t grp = 0; grp < groups; grp++) { /* the softmax step alone */
+        const int64_t r0 = R * grp / groups, r1 = R * (grp + 1) / groups;
+        dk->pv(s->O, s->m + r0, s->l + r0, s->S + r0 * ATTN__DEC_NB, (int)(r1 - r0), V, ldv, (int)n, 0, vt, sparse, vn);
+      }
+      for (int64_t r = 0; r < R; r++) alpha[r] = s->m[r] == -INFINITY ? 1.0f : expf(m_before[r] - s->m[r]);
+      tiles->dec_pv(s->O, alpha, s->S, (int)R, s->Vp, (int)n, Dv);
+      continue;
+    }
     for (int64_t grp = 0; grp < groups; grp++) {
       const int64_t r0 = R * grp / groups, r1 = R * (grp + 1) / groups;
       dk->pv(s->O + r0 * Dv, s->m + r0, s->l + r0, s->S + r0 * ATTN__DEC_NB, (int)(r1 - r0), V, ldv, (int)n, Dv, vt,

@@ -172,6 +172,11 @@ static inline void transpose16(__m512 r[16]) {
   }
 }
 
+/* How far ahead of the rows it reads a decode tile asks for more (the decode's vectors: 8 KiB, into L2
+ * on Intel). The rows there may be past the block, or the pool's next page elsewhere: a prefetch does
+ * not fault. */
+#define DEC_AHEAD 8192
+
 /* kernels.h's dec_qk: S^T = K . Q^T, 16 keys at a time, the keys' rows the A tiles where they lie (tile 4)
  * and the packed rows' groups (up to four: 64 rows) the B tiles (5 and 6 in turn) into C tiles 0-3; each
  * 16 x 16 block of S^T is stored, turned on AVX-512 and scaled into S. A last group of fewer than 16
@@ -197,6 +202,9 @@ static void dec_qk_amx(float *S, const uint16_t *Qp, int rows, const uint16_t *K
       } else if (j0 + 16 > nkeys) {
         at = nkeys - 16;
       }
+      if (g0 == 0) /* ask for the rows DEC_AHEAD bytes on (as the decode's vectors do; past the block too) */
+        for (int j = 0; j < 16; j++)
+          for (int64_t c = 0; c < D; c += 32) _mm_prefetch((const char *)(K + (at + j) * ldk + c) + DEC_AHEAD, _MM_HINT_T1);
       _tile_zero(0);
       if (ng > 1) _tile_zero(1);
       if (ng > 2) _tile_zero(2);
@@ -219,6 +227,106 @@ static void dec_qk_amx(float *S, const uint16_t *Qp, int rows, const uint16_t *K
         transpose16(r); /* r[n]: row n's 16 keys */
         const int r0 = g0 + 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
         for (int n = 0; n < nr; n++) _mm512_storeu_ps(S + (int64_t)(r0 + n) * ATTN__DEC_NB + at, _mm512_mul_ps(r[n], sv));
+      }
+    }
+  }
+}
+
+/* kernels.h's dec_pack_v. Pair row i of 32 keys ks interleaves keys 32 ks + 2i and + 1 with
+ * vpunpck[lh]wd, which pair within 128-bit lanes: the low words of group 2z hold columns
+ * 32z + 8l + (0..3) of lane l, group 2z + 1 columns 32z + 8l + (4..7); dec_pv puts them back in order. */
+static int dec_pack_v_amx(uint16_t *Vp, const uint16_t *V, int64_t ldv, int nkeys, int64_t Dv) {
+  const int64_t groups = Dv / 16;
+  const __m512i e = _mm512_set1_epi16(0x7f80);
+  __mmask32 bad = 0;
+  for (int ks = 0; ks * 32 < nkeys; ks++)
+    for (int i = 0; i < 16; i++) {
+      const int k0 = 32 * ks + 2 * i, k1 = k0 + 1;
+      for (int64_t z = 0; z < Dv / 32; z++) {
+        if (z % 2 == 0) {
+          _mm_prefetch((const char *)(V + k0 * ldv + 32 * z) + DEC_AHEAD, _MM_HINT_T1);
+          _mm_prefetch((const char *)(V + k1 * ldv + 32 * z) + DEC_AHEAD, _MM_HINT_T1);
+        }
+        const __m512i a = k0 < nkeys ? _mm512_loadu_si512(V + k0 * ldv + 32 * z) : _mm512_setzero_si512();
+        const __m512i b = k1 < nkeys ? _mm512_loadu_si512(V + k1 * ldv + 32 * z) : _mm512_setzero_si512();
+        bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(a, e), e) | _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, e), e);
+        _mm512_store_si512(Vp + ((ks * groups + 2 * z) * 16 + i) * 32, _mm512_unpacklo_epi16(a, b));
+        _mm512_store_si512(Vp + ((ks * groups + 2 * z + 1) * 16 + i) * 32, _mm512_unpackhi_epi16(a, b));
+      }
+    }
+  return bad != 0;
+}
+
+/* kernels.h's dec_pv: per 16 rows, P's three bf16 terms (hi = bf16(P), mid = bf16(P - hi), lo =
+ * bf16(P - hi - mid): P to 24 bits) as A tiles 4-6, the packed values' groups through B tile 7 into C
+ * tiles 0-3 (64 columns a pass); the sums then go to O in column order, O * alpha + sums. */
+static void dec_pv_amx(float *O, const float *alpha, const float *P, int rows, const uint16_t *Vp, int nkeys,
+                       int64_t Dv) {
+  const int64_t groups = Dv / 16;
+  const int steps = (nkeys + 31) / 32;
+  uint16_t pa[ATTN__DEC_NB / 32][3][16 * 32] __attribute__((aligned(64)));
+  float st[4][16 * 16] __attribute__((aligned(64)));
+  const __m512i in_lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i in_hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int r0 = 0; r0 < rows; r0 += 16) {
+    const int nr = rows - r0 < 16 ? rows - r0 : 16;
+    for (int ks = 0; ks < steps; ks++)
+      for (int n = 0; n < 16; n++) {
+        __m512 x[2];
+        for (int h = 0; h < 2; h++) {
+          const __mmask16 live = n < nr ? lanes16(nkeys - 32 * ks - 16 * h) : 0;
+          x[h] = _mm512_maskz_loadu_ps(live, P + (int64_t)(r0 + n) * ATTN__DEC_NB + 32 * ks + 16 * h);
+        }
+        for (int t = 0; t < 3; t++) {
+          const __m512bh b = _mm512_cvtne2ps_pbh(x[1], x[0]);
+          _mm512_store_si512(pa[ks][t] + 32 * n, (__m512i)b);
+          if (t == 2) break;
+          const __m512i w = (__m512i)b; /* x -= the term, exactly */
+          x[0] = _mm512_sub_ps(x[0], _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w)), 16)));
+          x[1] = _mm512_sub_ps(x[1], _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1)), 16)));
+        }
+      }
+    for (int64_t g0 = 0; g0 < groups; g0 += 4) { /* Dv a multiple of 32: groups come in pairs */
+      const int ng = groups - g0 < 4 ? (int)(groups - g0) : 4;
+      _tile_zero(0);
+      _tile_zero(1);
+      if (ng > 2) {
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (int ks = 0; ks < steps; ks++) {
+        _tile_loadd(4, pa[ks][0], 64);
+        _tile_loadd(5, pa[ks][1], 64);
+        _tile_loadd(6, pa[ks][2], 64);
+        const uint16_t *vb = Vp + (ks * groups + g0) * 512;
+#define PV_GROUP(c)                   \
+  _tile_loadd(7, vb + (c) * 512, 64); \
+  _tile_dpbf16ps(c, 4, 7);            \
+  _tile_dpbf16ps(c, 5, 7);            \
+  _tile_dpbf16ps(c, 6, 7)
+        PV_GROUP(0);
+        PV_GROUP(1);
+        if (ng > 2) {
+          PV_GROUP(2);
+          PV_GROUP(3);
+        }
+#undef PV_GROUP
+      }
+      _tile_stored(0, st[0], 64);
+      _tile_stored(1, st[1], 64);
+      if (ng > 2) {
+        _tile_stored(2, st[2], 64);
+        _tile_stored(3, st[3], 64);
+      }
+      for (int n = 0; n < nr; n++) {
+        float *o = O + (int64_t)(r0 + n) * Dv + 16 * g0;
+        const __m512 a = _mm512_set1_ps(alpha[r0 + n]);
+        for (int c = 0; c < ng; c += 2) {
+          const __m512 lo = _mm512_load_ps(st[c] + 16 * n), hi = _mm512_load_ps(st[c + 1] + 16 * n);
+          float *oc = o + 16 * c;
+          _mm512_storeu_ps(oc, _mm512_fmadd_ps(_mm512_loadu_ps(oc), a, _mm512_permutex2var_ps(lo, in_lo, hi)));
+          _mm512_storeu_ps(oc + 16, _mm512_fmadd_ps(_mm512_loadu_ps(oc + 16), a, _mm512_permutex2var_ps(lo, in_hi, hi)));
+        }
       }
     }
   }
@@ -563,8 +671,9 @@ static void t_out_amx(float *Out, int64_t ldo, const float *T, int64_t C, int64_
 
 const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 16, 16, 1,
                                                    attn__amx_begin, attn__amx_end, qk_amx, pv_amx, attn__softmax_round_amx16,
-                                                   pv_blocks_amx, pairs_amx, pt_acc_amx, t_out_amx, dec_qk_amx};
+                                                   pv_blocks_amx, pairs_amx, pt_acc_amx, t_out_amx, dec_qk_amx,
+                                                   dec_pack_v_amx, dec_pv_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
                                                        attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16,
                                                        attn__softmax_round_amx16_f16, pv_blocks_amx_f16,
-                                                       pairs_amx_f16, pt_acc_amx_f16, t_out_amx, NULL};
+                                                       pairs_amx_f16, pt_acc_amx_f16, t_out_amx, NULL, NULL, NULL};

@@ -121,4 +121,4 @@ static void pv_bf16(float *O, const float *alpha, const float *P, const uint16_t
 }
 
 const attn__half_kernels attn__half_kernels_avx512bf16 = {"avx512bf16", &attn__kernels_avx512, MR, NR, 1, 1, 1,
-                                                         NULL, NULL, qk_bf16, pv_bf16, NULL, NULL, NULL, NULL, NULL, NULL};
+                                                         NULL, NULL, qk_bf16, pv_bf16, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
