@@ -191,7 +191,7 @@ static void pack_rows_for_tiles(const attn__sdpa *p, uint16_t *Qp, int64_t b, in
 }
 
 // One chunk [k0, k1) of kv head (b, g) for its R rows; the partial goes to part: (R, Dv) then m (R), l (R).
-// tiles: q.k on its dec_qk (dec_tiles), for blocks whose keys are read in place.
+// tiles (dec_tiles): q.k on its dec_qk for blocks whose keys are read in place, p.v on its dec_pv where it takes them.
 static void run_chunk(const attn__decode_kernels *dk, const attn__half_kernels *tiles, const attn__sdpa *p,
                       dec_scratch *s, int64_t b, int64_t g, int64_t k0, int64_t k1, float *part) {
   const int64_t R = p->Nq * p->group, D = p->D, Dv = p->Dv;
