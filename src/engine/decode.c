@@ -241,23 +241,21 @@ static void run_chunk(const attn__decode_kernels *dk, const attn__half_kernels *
       }
     const int sparse = block_logits(p, s->S, s->Mb, b, g, j0, (int)n);
     /* p.v on the tiles too where they take the values, unless a value that some row's P = 0 must not
-     * meet is Inf or NaN (a tile multiplies every key's value) */
-    if (tiles && tiles->dec_pv && vt == ATTN_BF16 && Dv % 32 == 0 && Dv <= ATTN__DEC_TILE_D &&
-        R <= ATTN__DEC_MAX_ROWS && !(tiles->dec_pack_v(s->Vp, V, ldv, (int)n, Dv) && sparse)) {
-      float m_before[ATTN__DEC_MAX_ROWS], alpha[ATTN__DEC_MAX_ROWS];
-      memcpy(m_before, s->m, (size_t)R * sizeof(float));
-      for (int64_t grp = 0; grp < groups; grp++) { /* the softmax step alone */
-        const int64_t r0 = R * grp / groups, r1 = R * (grp + 1) / groups;
-        dk->pv(s->O, s->m + r0, s->l + r0, s->S + r0 * ATTN__DEC_NB, (int)(r1 - r0), V, ldv, (int)n, 0, vt, sparse, vn);
-      }
-      for (int64_t r = 0; r < R; r++) alpha[r] = s->m[r] == -INFINITY ? 1.0f : expf(m_before[r] - s->m[r]);
-      tiles->dec_pv(s->O, alpha, s->S, (int)R, s->Vp, (int)n, Dv);
-      continue;
-    }
+     * meet is Inf or NaN (a tile multiplies every key's value); the vectors then take the softmax step
+     * alone (Dv 0) */
+    const int tiles_pv = tiles && tiles->dec_pv && vt == ATTN_BF16 && Dv % 32 == 0 && Dv <= ATTN__DEC_TILE_D &&
+                         R <= ATTN__DEC_MAX_ROWS && !(tiles->dec_pack_v(s->Vp, V, ldv, (int)n, Dv) && sparse);
+    const int64_t dv = tiles_pv ? 0 : Dv;
+    float m_before[ATTN__DEC_MAX_ROWS], alpha[ATTN__DEC_MAX_ROWS];
+    if (tiles_pv) memcpy(m_before, s->m, (size_t)R * sizeof(float));
     for (int64_t grp = 0; grp < groups; grp++) {
       const int64_t r0 = R * grp / groups, r1 = R * (grp + 1) / groups;
-      dk->pv(s->O + r0 * Dv, s->m + r0, s->l + r0, s->S + r0 * ATTN__DEC_NB, (int)(r1 - r0), V, ldv, (int)n, Dv, vt,
+      dk->pv(s->O + r0 * dv, s->m + r0, s->l + r0, s->S + r0 * ATTN__DEC_NB, (int)(r1 - r0), V, ldv, (int)n, dv, vt,
              sparse, vn);
+    }
+    if (tiles_pv) {
+      for (int64_t r = 0; r < R; r++) alpha[r] = s->m[r] == -INFINITY ? 1.0f : expf(m_before[r] - s->m[r]);
+      tiles->dec_pv(s->O, alpha, s->S, (int)R, s->Vp, (int)n, Dv);
     }
   }
   memcpy(part, s->O, (size_t)(R * Dv) * sizeof(float));
