@@ -130,6 +130,13 @@ int main(void) {
   parse(ctx, "{\"hidden_size\": 64.5, \"num_attention_heads\": 4}", ATTN_E_FORMAT, "non-negative integer");
   parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"partial_rotary_factor\": 0.35, \"rope_theta\": 1e4}",
         ATTN_E_FORMAT, "rotary dims");
+  /* a factor past int64_t once multiplied by head_dim (found by fuzz_hf_config), and one over 1 */
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"partial_rotary_factor\": 8.8e50, \"rope_theta\": 1e4}", ATTN_E_FORMAT,
+        "partial_rotary_factor");
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_scaling\": {\"partial_rotary_factor\": 2}}",
+        ATTN_E_FORMAT, "partial_rotary_factor");
+  parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"rotary_pct\": -0.5, \"rope_theta\": 1e4}", ATTN_E_FORMAT,
+        "partial_rotary_factor");
   parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4} x", ATTN_E_FORMAT, "after the config");
   parse(ctx, "[1, 2]", ATTN_E_FORMAT, "not a JSON object");
   parse(ctx, "{\"hidden_size\": 64, \"num_attention_heads\": 4, \"model_type\": \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",

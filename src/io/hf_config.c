@@ -336,7 +336,12 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
     const double partial = !isnan(g->partial) ? g->partial : r->partial;
     int64_t rd = 0;
     if (r->rotary_dim > 0) rd = r->rotary_dim;
-    else if (!isnan(partial)) rd = (int64_t)((double)out->head_dim * partial);
+    else if (!isnan(partial)) {
+      if (!(partial > 0 && partial <= 1)) /* also keeps the product below in int64_t's range */
+        return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "partial_rotary_factor %g: want a fraction in (0, 1]",
+                             partial);
+      rd = (int64_t)((double)out->head_dim * partial);
+    }
     if (rd && (rd > out->head_dim || rd % 2 || rd < 2))
       return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "rotary dims %lld of head_dim %lld: want even, 2..head_dim",
                            (long long)rd, (long long)out->head_dim);
