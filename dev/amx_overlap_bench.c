@@ -10,12 +10,13 @@
  * each), as this host's matrix unit changes speed from minute to minute.
  * If the units overlapped, "both" would cost about the larger of the two; on
  * the model-207 Xeon of BENCHMARKS.md it costs their sum, whichever order.
- *   gcc -O2 -mamx-tile -mamx-bf16 -mavx512f -mavx512dq -mavx512bw dev/amx_overlap_bench.c -o /tmp/amxov && /tmp/amxov
+ *   gcc -O2 -mamx-tile -mamx-bf16 -mavx512f -mavx512dq -mavx512bw -Isrc dev/amx_overlap_bench.c -o /tmp/amxov && /tmp/amxov
  * Linux only (the tile state is asked for with arch_prctl); exits 2 without AMX. */
+#include "cpu/amx/tiles.h"
+
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,13 +26,6 @@ static double now(void) {
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
-
-typedef struct {
-  uint8_t palette, start;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} __attribute__((packed)) tile_config;
 
 enum { CALLS = 20000, ROUNDS = 15, VARIANTS = 4 };
 static uint16_t A[16 * 32] __attribute__((aligned(64))), B[16 * 32] __attribute__((aligned(64)));
@@ -104,11 +98,7 @@ int main(void) {
     printf("skipped: no AMX-BF16\n");
     return 2;
   }
-  static tile_config cfg __attribute__((aligned(64)));
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
+  attn__amx_begin(); /* the library's configuration: eight tiles of 16 rows x 64 bytes */
   for (int e = 0; e < 16 * 32; e++) A[e] = (uint16_t)(0x3c00 + (e & 63)), B[e] = (uint16_t)(0x3c00 + (e * 7 & 63));
   for (int e = 0; e < 16 * 64; e++) S[e] = (float)(e % 97) * 0.25f - 12.0f;
   _tile_loadd(4, A, 64);
@@ -128,7 +118,7 @@ int main(void) {
       const double dt = now() - t0;
       best[v] = dt < best[v] ? dt : best[v];
     }
-  _tile_release();
+  attn__amx_end();
   const double vec = best[0] / CALLS * 1e9, tiles = best[1] / CALLS * 1e9;
   printf("vector work alone %.1f ns, 16 tdpbf16ps alone %.1f ns (%.2f ns each)\n", vec, tiles, tiles / 16);
   printf("products then vector work %.1f ns, one product a row %.1f ns; sum of the two alone %.1f, larger %.1f\n",
