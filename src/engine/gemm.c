@@ -18,6 +18,7 @@
  * blocks of an even number of steps) and the microkernel differ. */
 #include "../internal.h"
 #include "../cpu/gemm.h"
+#include "../cpu/kernels.h"
 
 #ifdef ATTN_HAVE_CBLAS
 #include <cblas.h>
@@ -104,7 +105,9 @@ typedef struct gemm_args {
   const float *bias;
   int64_t lda, ldb, ldc;
   float *C;
-  int round_f16; /* fp32 kernel: the packed operands rounded to f16 (attn__f16gemm_nt) */
+  /* fp32 kernel, attn__f16gemm_nt: the packed operands rounded to f16 by this set's narrow and widen back
+   * (the ISA's vcvtps2ph where it has one: the portable rounding cost the f16 layer 6%); NULL: as packed */
+  const attn__decode_kernels *round_f16;
 } gemm_args;
 
 static const float zeros[MAX_NR];
@@ -139,7 +142,12 @@ static void pack_operand(const gemm_args *g, const void *X, attn_dtype dt, int64
     pack_panels((const float *)X + row0 * ld + k0, ld, rows, kc, r, P, is_a ? g->kd->pack_a : g->kd->pack_b);
     /* once per packed element, against kc * (the other operand's columns) multiply-adds on it */
     float *p = P;
-    for (int64_t e = 0, n = (rows + r - 1) / r * r * kc; g->round_f16 && e < n; e++) p[e] = attn__round_to_f16(p[e]);
+    uint16_t h[256];
+    for (int64_t e = 0, n = (rows + r - 1) / r * r * kc; g->round_f16 && e < n; e += 256) {
+      const int64_t c = n - e < 256 ? n - e : 256;
+      g->round_f16->narrow(h, ATTN_F16, p + e, c, 1.0f);
+      g->round_f16->widen(p + e, h, ATTN_F16, c);
+    }
     return;
   }
   const attn__bgemm_pack_fn fast = is_a ? g->kb->pack_a : g->kb->pack_b;
@@ -307,9 +315,10 @@ static int cblas_fits(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
 }
 #endif
 
-/* The fp32 GEMM on our kernels (K may be 0), packed operands rounded to f16 when round_f16. */
+/* The fp32 GEMM on our kernels (K may be 0), packed operands rounded to f16 when round_f16 (gemm_args). */
 static void sgemm_ours(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                       const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias, int round_f16) {
+                       const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias,
+                       const attn__decode_kernels *round_f16) {
   if (K <= 0) {
     fill_bias(M, N, C, ldc, bias);
     return;
@@ -333,12 +342,13 @@ void attn__sgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const 
     return;
   }
 #endif
-  sgemm_ours(ctx, M, N, K, A, lda, B, ldb, C, ldc, bias, 0);
+  sgemm_ours(ctx, M, N, K, A, lda, B, ldb, C, ldc, bias, NULL);
 }
 
 void attn__f16gemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float *C, int64_t ldc, const float *bias) {
-  if (M > 0 && N > 0) sgemm_ours(ctx, M, N, K, A, lda, B, ldb, C, ldc, bias, 1); /* never a BLAS: it cannot round */
+  /* never a BLAS: it cannot round */
+  if (M > 0 && N > 0) sgemm_ours(ctx, M, N, K, A, lda, B, ldb, C, ldc, bias, ctx->dispatch.decode);
 }
 
 void attn__bgemm_nt(const attn_ctx *ctx, int64_t M, int64_t N, int64_t K, const void *A, attn_dtype at, int64_t lda,
