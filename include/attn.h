@@ -148,11 +148,12 @@ typedef enum attn_kernel {
  * Outside these rules no input loses precision: f32 inputs are rounded only
  * under BF16 and F16. The oracle always runs in float64.
  * The backward (attn_sdpa_backward) of bf16 q, k and v under DEFAULT or BF16,
- * on ATTN_KERNEL_AMX with D and Dv multiples of 16, computes as PyTorch's bf16
+ * on ATTN_KERNEL_AMX or ATTN_KERNEL_AVX512_BF16 with D and Dv multiples of 16,
+ * computes as PyTorch's bf16
  * backward: q.k and dout.v as bf16 products (dout rounded to bf16), P and
  * dS = P (dP - Dd) in fp32 with every option, then dV = P^T dout, dK = dS^T q
  * and dQ = dS k with P and dS rounded to bf16, every sum in fp32. f16 q, k and
- * v there compute as PyTorch's f16 backward: the same steps with f16's exact
+ * v on ATTN_KERNEL_AMX compute as PyTorch's f16 backward: the same steps with f16's exact
  * products (each f16 as two bf16, four products) and dout, P and dS rounded to
  * f16. Every other backward (f32 inputs, FP32, other kernels and head sizes)
  * runs in fp32, halves widened as they are read. */

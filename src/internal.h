@@ -25,6 +25,7 @@ typedef struct attn__dispatch {
   const struct attn__half_kernels *half;          /* bf16 tiles of the blocked kernel, or NULL (src/cpu/kernels.h) */
   const struct attn__half_kernels *half_next;     /* the tiles for shapes `half` does not take, or NULL */
   const struct attn__half_kernels *half_f16;      /* f16 inputs' tiles (bf16 hi + lo terms), or NULL */
+  const struct attn__half_kernels *half_backward; /* bf16 inputs' backward tiles (kernels.h's pt_acc), or NULL */
   int decode_enabled;                             /* 0: decode-sized problems go through the blocked kernel */
   attn_precision precision;                       /* the policy of attn.h's attn_precision */
 } attn__dispatch;

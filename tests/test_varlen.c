@@ -206,8 +206,8 @@ static void run_case(attn_ctx *ctx, attn_kernel kern, const vcase *c, uint64_t s
   e = rel_err(&b.lse, &rl);
   CHECK(e < tol, "forward lse vs oracle: %.3g (%s)", e, desc);
 
-  /* backward against the oracle: AMX's bf16 (f16) backward tiles for bf16 (f16) inputs (the shapes
-   * they take), else fp32 */
+  /* backward against the oracle: the bf16 backward tiles (AMX's or AVX512-BF16's) for bf16 inputs and
+   * AMX's f16 ones for f16 inputs (D and Dv multiples of 16), else fp32 */
   b.dout = tensor4(&a, ATTN_F32, 1, c->Hq, TQ, c->Dv);
   fill(&r, &b.dout);
   b.dq = tensor4(&a, ATTN_F32, 1, c->Hq, TQ, c->D);
@@ -217,7 +217,8 @@ static void run_case(attn_ctx *ctx, attn_kernel kern, const vcase *c, uint64_t s
   if (bwd) {
     poison(&b.dq), poison(&b.dk), poison(&b.dv);
     CHECK_OK(ctx, attn_sdpa_backward(ctx, &b.dq, &b.dk, &b.dv, NULL, NULL, &b.dout, &b.q, &b.k, &b.v, &b.out, &b.lse, &b.o));
-    const int bwd_tiles = kern == ATTN_KERNEL_AMX && c->dt != ATTN_F32 && c->D % 16 == 0 && c->Dv % 16 == 0;
+    const int bwd_tiles = (kern == ATTN_KERNEL_AMX || (kern == ATTN_KERNEL_AVX512_BF16 && c->dt == ATTN_BF16)) &&
+                          c->dt != ATTN_F32 && c->D % 16 == 0 && c->Dv % 16 == 0;
     const char *tiles_plan = c->dt == ATTN_F16 ? "f16 tiles (bf16 hi + lo), packed batch" : "bf16 tiles, packed batch";
     CHECK(bwd_tiles == (strstr(attn_ctx_plan(ctx), tiles_plan) != NULL), "the backward's half tiles %s (%s): %s",
           bwd_tiles ? "did not run" : "ran", desc, attn_ctx_plan(ctx));

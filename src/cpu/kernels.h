@@ -198,14 +198,16 @@ extern const attn__cpu_kernels attn__kernels_c;
 extern const attn__cpu_kernels attn__kernels_avx2;
 extern const attn__cpu_kernels attn__kernels_avx512;
 extern const attn__half_kernels attn__half_kernels_avx512bf16;
-#endif
-#ifdef ATTN_HAVE_AMX
-/* AMX-BF16 tiles (amx/attention_amx.c) on a 16-row fp32 base (amx/tiles16.c). */
+/* The 16-row fp32 set (amx/tiles16.c) under the AMX tiles and the AVX512-BF16 backward's. */
 extern const attn__cpu_kernels attn__kernels_avx512_16;
-extern const attn__half_kernels attn__half_kernels_amx;
-extern const attn__half_kernels attn__half_kernels_amx_f16;
+extern const attn__half_kernels attn__half_kernels_avx512bf16_16;
 void attn__softmax_round_amx16(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha);
 void attn__softmax_round_amx16_f16(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha);
+#endif
+#ifdef ATTN_HAVE_AMX
+/* AMX-BF16 tiles (amx/attention_amx.c) on the 16-row fp32 base. */
+extern const attn__half_kernels attn__half_kernels_amx;
+extern const attn__half_kernels attn__half_kernels_amx_f16;
 #endif
 /* The decode contract (decode.c streams the keys and values of a few query
  * rows in place, unpacked; see there). A block is at most ATTN__DEC_NB keys:

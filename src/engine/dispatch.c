@@ -17,7 +17,7 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
   d->attention = &attn__kernels_c;
   d->decode = &attn__decode_kernels_c;
   d->gemm = &attn__sgemm_kernel_c;
-  d->half = d->half_next = d->half_f16 = NULL;
+  d->half = d->half_next = d->half_f16 = d->half_backward = NULL;
   d->gemm_bf16 = NULL;
 #ifdef ATTN_HAVE_X86_KERNELS
   if (kernel == ATTN_KERNEL_AVX2) {
@@ -31,6 +31,8 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
     d->gemm = &attn__sgemm_kernel_avx512;
     if (kernel != ATTN_KERNEL_AVX512) {
       d->half = &attn__half_kernels_avx512bf16;
+      /* 16 rows a tile, where the backward's groups of ATTN__BWD_MAX_ROWS rows take whole tiles */
+      d->half_backward = &attn__half_kernels_avx512bf16_16;
       d->gemm_bf16 = &attn__bgemm_kernel_avx512bf16;
     }
 #ifdef ATTN_HAVE_AMX
@@ -38,7 +40,7 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
       /* no vdpbf16ps tiles behind them: on these CPUs they are slower than widening to fp32
        * (bf16 B1 H8 N2048 D80 on a Xeon: 156 against 222 GFLOP/s), so a Dv the AMX tiles do
        * not take is widened */
-      d->half = &attn__half_kernels_amx;
+      d->half = d->half_backward = &attn__half_kernels_amx;
       d->half_f16 = &attn__half_kernels_amx_f16;
       d->gemm_bf16 = &attn__bgemm_kernel_amx;
     }
@@ -79,7 +81,9 @@ const attn__half_kernels *attn__dispatch_half(const attn__dispatch *d, const att
  * widened as they are packed. */
 const attn__half_kernels *attn__dispatch_half_backward(const attn__dispatch *d, const attn__sdpa *p) {
   if (d->precision == ATTN_PRECISION_FP32 || p->q.dtype != p->k.dtype || p->q.dtype != p->v.dtype) return NULL;
-  const attn__half_kernels *h = p->q.dtype == ATTN_BF16 ? d->half : p->q.dtype == ATTN_F16 ? d->half_f16 : NULL;
+  const attn__half_kernels *h = p->q.dtype == ATTN_BF16 ? d->half_backward
+                                : p->q.dtype == ATTN_F16 ? d->half_f16
+                                                         : NULL;
   if (!h || !h->pt_acc) return NULL;
   return takes(h, p) && p->D > 0 && p->Dv > 0 && p->D % h->dv_align == 0 && h->nr % h->mr == 0 ? h : NULL;
 }

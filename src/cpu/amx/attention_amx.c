@@ -40,6 +40,7 @@
 #include "tiles.h"
 #include "../avx512/split.h"
 #include "../avx512/transpose4.h"
+#include "../avx512/bwd_tiles.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -561,34 +562,8 @@ _Static_assert(NR <= ATTN__MAX_NR, "the framework keeps a row of NR keys on the 
  * in the lab against 0.55 for its tiles and 0.27 for the conversion apart); XT's rows are
  * already the A tiles' (32 rows of the sum per step). OutT is the C tiles, 32 rows by 32
  * keys at a time (pt_acc_amx). */
-/* word 2i of the permuted vector is row 2t's key i, word 2i + 1 row 2t + 1's */
-static inline __m512i interleave_rows(__m512i x) {
-  const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(inter, x);
-}
-
-/* Xp's hi pairs and, with TERMS 2, its lo pairs ATTN__BWD_MAX_ROWS / 2 pair rows further (X rounded to
- * f16 first, as round_p rounds P). */
-static inline __attribute__((always_inline)) void pairs_t(uint32_t *Xp, const float *X, const int TERMS) {
-  for (int t = 0; t < MR / 2; t++)
-    for (int v = 0; v < NV; v++) {
-      __m512 x0 = _mm512_load_ps(X + 2 * t * NR + 16 * v), x1 = _mm512_load_ps(X + (2 * t + 1) * NR + 16 * v);
-      if (TERMS == 2) {
-        x0 = through_f16(x0);
-        x1 = through_f16(x1);
-      }
-      const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-      _mm512_store_si512(Xp + t * NR + 16 * v, interleave_rows(hi));
-      if (TERMS == 2) {
-        const __m512i lo = lo_terms(hi, x0, x1);
-        _mm512_store_si512(Xp + (ATTN__BWD_MAX_ROWS / 2 + t) * NR + 16 * v, interleave_rows(lo));
-      }
-    }
-}
-
-static void pairs_amx(uint32_t *Xp, const float *X) { pairs_t(Xp, X, 1); }
-static void pairs_amx_f16(uint32_t *Xp, const float *X) { pairs_t(Xp, X, 2); }
+static void pairs_amx(uint32_t *Xp, const float *X) { attn__pairs_16x64(Xp, X, 1); }
+static void pairs_amx_f16(uint32_t *Xp, const float *X) { attn__pairs_16x64(Xp, X, 2); }
 
 static inline __attribute__((always_inline)) void pt_acc_t(float *OutT, int64_t C, const uint32_t *pp, int64_t rows,
                                                            const uint16_t *XT, int64_t ldx, const int TERMS) {
@@ -647,33 +622,11 @@ static void pt_acc_amx_f16(float *OutT, int64_t C, const uint32_t *pp, int64_t r
   pt_acc_t(OutT, C, pp, rows, XT, ldx, 2);
 }
 
-/* Whole groups of 16 keys: four rows of T (four channels) turned at a time by transpose4.h; the last
- * nk % 16 keys one gather per output row (column j of T, 16 channels at a time). */
-static void t_out_amx(float *Out, int64_t ldo, const float *T, int64_t C, int64_t nk, float scale) {
-  const __m512 sv = _mm512_set1_ps(scale);
-  int64_t j0 = 0;
-  for (; j0 + 16 <= nk && ldo <= INT32_MAX; j0 += 16)
-    for (int64_t c = 0; c < C; c += 4) {
-      const float *t = T + c * NR + j0;
-      attn__store_4x16_transposed(Out + j0 * ldo + c, (int)ldo, _mm512_mul_ps(_mm512_loadu_ps(t), sv),
-                                  _mm512_mul_ps(_mm512_loadu_ps(t + NR), sv), _mm512_mul_ps(_mm512_loadu_ps(t + 2 * NR), sv),
-                                  _mm512_mul_ps(_mm512_loadu_ps(t + 3 * NR), sv));
-    }
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(NR));
-  for (int64_t j = j0; j < nk; j++)
-    for (int64_t c0 = 0; c0 < C; c0 += 16) {
-      const __mmask16 mk = lanes16(C - c0);
-      const __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mk, idx, T + c0 * NR + j, 4);
-      _mm512_mask_storeu_ps(Out + j * ldo + c0, mk, _mm512_mul_ps(x, sv));
-    }
-}
-
 const attn__half_kernels attn__half_kernels_amx = {"amx", &attn__kernels_avx512_16, MR, NR, 16, 16, 1,
                                                    attn__amx_begin, attn__amx_end, qk_amx, pv_amx, attn__softmax_round_amx16,
-                                                   pv_blocks_amx, pairs_amx, pt_acc_amx, t_out_amx, dec_qk_amx,
+                                                   pv_blocks_amx, pairs_amx, pt_acc_amx, attn__t_out_16x64, dec_qk_amx,
                                                    dec_pack_v_amx, dec_pv_amx};
 const attn__half_kernels attn__half_kernels_amx_f16 = {"amx f16 split", &attn__kernels_avx512_16, MR, NR, 16, 16, 2,
                                                        attn__amx_begin, attn__amx_end, qk_amx_f16, pv_amx_f16,
                                                        attn__softmax_round_amx16_f16, pv_blocks_amx_f16,
-                                                       pairs_amx_f16, pt_acc_amx_f16, t_out_amx, NULL, NULL, NULL};
+                                                       pairs_amx_f16, pt_acc_amx_f16, attn__t_out_16x64, NULL, NULL, NULL};
