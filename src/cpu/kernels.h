@@ -198,6 +198,9 @@ extern const attn__cpu_kernels attn__kernels_c;
 extern const attn__cpu_kernels attn__kernels_avx2;
 extern const attn__cpu_kernels attn__kernels_avx512;
 extern const attn__half_kernels attn__half_kernels_avx512bf16;
+/* The 6-row fp32 set under the AVX512-BF16 tiles' forward, P rounded to bf16 (avx512/tiles6_bf16.c). */
+extern const attn__cpu_kernels attn__kernels_avx512_6p;
+void attn__softmax_round_avx512bf16(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha);
 /* The 16-row fp32 set (amx/tiles16.c) under the AMX tiles and the AVX512-BF16 backward's. */
 extern const attn__cpu_kernels attn__kernels_avx512_16;
 extern const attn__half_kernels attn__half_kernels_avx512bf16_16;

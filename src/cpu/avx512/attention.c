@@ -42,7 +42,7 @@
 #define CW 4 /* zmm per chunk of output columns in pv */
 #endif
 
-#ifdef ATTN_TILE_P_ROUNDED_TO_BF16
+#if defined(ATTN_TILE_P_ROUNDED_TO_BF16) && !defined(ATTN_TILE_FULL_EXP)
 /* e^(scale x - m), m_l2e = m log2 e, for probabilities that are rounded to
  * bf16 (2^-9) before p.v (the AMX tiles' set): 9 vector operations, not 11. The
  * argument is one FMA (relative error up to |m| 2^-23 in the result: 1e-5 at
@@ -64,9 +64,10 @@ static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e, float scale) {
   return _mm512_maskz_scalef_ps(normal, p, t);
 }
 #else
+/* Where the scale is deferred to the softmax (softmax_round) it is not 1; elsewhere x - m as one rounding. */
 static inline __m512 exp_minus(__m512 x, __m512 m, __m512 m_l2e, float scale) {
-  (void)m_l2e, (void)scale; /* 1: only the AMX set defers the scale */
-  return exp512(_mm512_sub_ps(x, m));
+  (void)m_l2e;
+  return exp512(_mm512_fmsub_ps(x, _mm512_set1_ps(scale), m));
 }
 #endif
 
@@ -126,10 +127,10 @@ static inline __attribute__((always_inline)) int softmax_one_pass(const float *S
   for (int r = MR; r < 16; r++) sums[SLOT(r)] = _mm512_setzero_ps();
   for (int r = 0; r < MR; r++) {
     const float *s = S + r * NR;
-    const __m512 mvl = _mm512_set1_ps(shl[r]);
+    const __m512 mv = _mm512_set1_ps(m[r]), mvl = _mm512_set1_ps(shl[r]); /* row r's m: exp_minus takes either */
     __m512 sum = _mm512_setzero_ps(), p[NV];
     for (int v = 0; v < NV; v++) {
-      p[v] = exp_minus(_mm512_load_ps(s + 16 * v), mold, mvl, scale);
+      p[v] = exp_minus(_mm512_load_ps(s + 16 * v), mv, mvl, scale);
       sum = _mm512_add_ps(sum, p[v]);
     }
     store_p_row(Pb, r, p, TERMS);
@@ -145,8 +146,8 @@ static inline __attribute__((always_inline)) int softmax_one_pass(const float *S
 
 /* Row statistics live in lanes: row r of the tile is lane r of m, l, alpha.
  * The step on scale * S (scale > 0, so the raw maximum scales to the scaled
- * one); P goes to S, or with Pb (the AMX sets only) straight into Pb's rows
- * of NR as pv's A tiles read them (store_p_row: bf16, or f16's two planes). */
+ * one); P goes to S, or with Pb (the AMX sets and the AVX512-BF16 forward's) straight into Pb's
+ * rows of NR as pv's A tiles read them (store_p_row: bf16, or f16's two planes). */
 static inline __attribute__((always_inline)) void softmax_t(float *S, float *m, float *l, float *alpha, float scale,
                                                             uint16_t *Pb, const int TERMS) {
 #ifdef ATTN_TILE_P_ROUNDED_TO_BF16
@@ -213,9 +214,11 @@ static void softmax_avx512(float *S, float *m, float *l, float *alpha) { softmax
 void ATTN_SOFTMAX_ROUND(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha) {
   softmax_t(S, m, l, alpha, scale, Pb, 1);
 }
+#ifdef ATTN_SOFTMAX_ROUND_F16
 void ATTN_SOFTMAX_ROUND_F16(uint16_t *Pb, float *S, float scale, float *m, float *l, float *alpha) {
   softmax_t(S, m, l, alpha, scale, Pb, 2);
 }
+#endif
 #endif
 
 /* Columns [c0, c0 + 16 W) of O, W zmm (the last one masked at Dv), one function for each W. The loops

@@ -126,8 +126,52 @@ static void pv_bf16(float *O, const float *alpha, const float *P, const uint16_t
   else pv_bf16_t(O, alpha, P, Vh, Dv, nkeys, 0, MR);
 }
 
-const attn__half_kernels attn__half_kernels_avx512bf16 = {"avx512bf16", &attn__kernels_avx512, MR, NR, 1, 1, 1,
-                                                         NULL, NULL, qk_bf16, pv_bf16, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+/* kernels.h's pv_blocks: O's columns [c0, c0 + 64) stay in the 24 accumulators through all n blocks, each
+ * block's P already bf16 (softmax_round's), each block rescaling them by its alpha (exactly 1 for most:
+ * softmax_round lets m trail). Every key's value is multiplied (a hidden key's by P = 0; zeros past the
+ * last key), as the contract allows. */
+static void pv_blocks_bf16(float *O, int64_t Dv, int64_t c0, int n, const uint16_t *const *Pb,
+                           const float *const *alpha, const uint16_t *const *Vh) {
+  const int64_t cols = attn__vh_cols(Dv, c0);
+  __mmask16 mk[CW];
+#pragma GCC unroll 8
+  for (int w = 0; w < CW; w++) mk[w] = lanes16(cols - 16 * w);
+  __m512 o[MR][CW];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; r++)
+#pragma GCC unroll 8
+    for (int w = 0; w < CW; w++) o[r][w] = _mm512_maskz_loadu_ps(mk[w], O + r * Dv + c0 + 16 * w);
+  for (int b = 0; b < n; b++) {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) { /* a branch on alpha = 1 cost more: GCC then kept o on the stack */
+      const __m512 a = _mm512_set1_ps(alpha[b][r]);
+#pragma GCC unroll 8
+      for (int w = 0; w < CW; w++) o[r][w] = _mm512_mul_ps(o[r][w], a);
+    }
+    const uint32_t *pb = (const uint32_t *)Pb[b];
+    for (int64_t j2 = 0; j2 < NR / 2; j2++) {
+      const uint16_t *vr = Vh[b] + 2 * attn__vh_at(Dv, 1, NR, j2, c0);
+      __m512i vv[CW];
+#pragma GCC unroll 8
+      for (int w = 0; w < CW; w++) vv[w] = _mm512_maskz_loadu_epi32(mk[w], vr + 32 * w);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; r++) {
+        const __m512i p = _mm512_set1_epi32((int)pb[r * (NR / 2) + j2]);
+#pragma GCC unroll 8
+        for (int w = 0; w < CW; w++) o[r][w] = dot2(o[r][w], p, vv[w]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; r++)
+#pragma GCC unroll 8
+    for (int w = 0; w < CW; w++) _mm512_mask_storeu_ps(O + r * Dv + c0 + 16 * w, mk[w], o[r][w]);
+}
+
+/* On tiles6_bf16.c's fp32 set: its softmax writes P rounded to bf16 (softmax_round) for pv_blocks. */
+const attn__half_kernels attn__half_kernels_avx512bf16 = {
+    "avx512bf16", &attn__kernels_avx512_6p, MR, NR, 1, 1, 1, NULL, NULL, qk_bf16, pv_bf16,
+    attn__softmax_round_avx512bf16, pv_blocks_bf16, NULL, NULL, NULL, NULL, NULL, NULL};
 
 /* ---- the backward's set: 16-row tiles (the backward's groups of ATTN__BWD_MAX_ROWS rows take whole
  * tiles, 6-row ones would not), on amx/tiles16.c's fp32 set, which it shares with the AMX tiles, as it
