@@ -19,7 +19,7 @@
 
 /* The read-ahead's cache level: L1 (T0) here, tuned on Zen 5; decode_l2.c
  * builds this file again with L2 (T1), which dispatch.c takes on Intel CPUs,
- * where it measured 2-9% faster f32, f16 and bf16 steps (BENCHMARKS.md). */
+ * where it measured 2-9% faster f32, f16 and bf16 steps, and on Zen 4 (f32 1.3x; BENCHMARKS.md). */
 #ifndef DEC_PF_HINT
 #define DEC_PF_HINT _MM_HINT_T0
 #endif
