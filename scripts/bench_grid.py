@@ -944,9 +944,10 @@ def render_half(cases, ours, theirs, peaks, info):
         out.append("")
     T = info["threads"]
     bp, ap = BF16_PEAKS.get(T), AMX_PEAKS.get(T)
+    def rate(x):
+        return fmt(x) + " GFLOP/s" if x else "absent on this CPU"
     out.append("Outside yardstick (`../shared/tools/peak.c`, same run), %d threads: fp32 FMA %s GFLOP/s, AVX512-BF16 "
-               "`vdpbf16ps` %s GFLOP/s, AMX-BF16 `tdpbf16ps` %s GFLOP/s." %
-               (T, fmt(peaks.get(T)), fmt(bp) if bp else "absent on this CPU", fmt(ap) if ap else "absent on this CPU"))
+               "`vdpbf16ps` %s, AMX-BF16 `tdpbf16ps` %s." % (T, fmt(peaks.get(T)), rate(bp), rate(ap)))
     out.append("")
     out.append("Forward SDPA, %d threads, inputs q, k, v in the column's dtype (ours: `attn bench sdpa --dtype`, out in "
                "f32, the context's default precision; PyTorch: `F.scaled_dot_product_attention` on tensors of that "
