@@ -51,10 +51,10 @@ attn_status attn_ctx_fail(attn_ctx *ctx, attn_status status, const char *fmt, ..
 }
 
 /* Bit k: kernel k runs on this CPU and build (CPUID, slow in a VM: once per
- * context); and ATTN__CPU_READ_AHEAD_L2. */
-_Static_assert(ATTN__KERNEL_LAST < 31, "ATTN__CPU_READ_AHEAD_L2 sits above the kernel bits");
+ * context); and the decode's tuning bits. */
+_Static_assert(ATTN__KERNEL_LAST < 30, "the decode's tuning bits sit above the kernel bits");
 static unsigned supported_kernels(void) {
-  unsigned supported = attn__cpu_read_ahead_l2() ? ATTN__CPU_READ_AHEAD_L2 : 0;
+  unsigned supported = attn__cpu_decode_tuning();
   for (int k = ATTN_KERNEL_AUTO; k <= ATTN__KERNEL_LAST; k++)
     if (attn_kernel_supported((attn_kernel)k)) supported |= 1u << k;
   return supported;

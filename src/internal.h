@@ -35,8 +35,9 @@ typedef struct attn__dispatch {
 
 /* The table for kernel (AUTO: the fastest in supported, bit k for kernel k;
  * the portable sets serve REF, whose projections run in fp32) and the decode switch.
- * supported may also hold ATTN__CPU_READ_AHEAD_L2 (the CPU's vendor and family), which tunes the decode. */
+ * supported may also hold attn__cpu_decode_tuning's bits, which tune the decode. */
 #define ATTN__CPU_READ_AHEAD_L2 (1u << 31)
+#define ATTN__CPU_QK_BLOCK_ROWS_8 (1u << 30)
 void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned supported, int decode_enabled,
                          attn_precision precision);
 
@@ -213,7 +214,9 @@ attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tenso
 
 /* Nonzero when the CPU and OS support the instruction set of kernel isa. */
 int attn__cpu_has(attn_kernel isa);
-int attn__cpu_read_ahead_l2(void); /* the decode's read-ahead goes to L2 on this CPU (vendor and family) */
+/* The decode's tuning for this CPU (vendor and family): ATTN__CPU_READ_AHEAD_L2 (Intel, AMD before
+ * Zen 5) and ATTN__CPU_QK_BLOCK_ROWS_8 (Zen 4), or 0 (Zen 5, and anything else). */
+unsigned attn__cpu_decode_tuning(void);
 
 /* Runs a validated forward on the framework that suits it (sdpa.c). */
 attn_status attn__sdpa_dispatch(attn_ctx *ctx, const attn__sdpa *p);

@@ -250,16 +250,20 @@ static void edges(int blocked) {
   attn_ctx_destroy(ctx);
 }
 
-/* The AVX-512 decode microkernels are built twice, reading ahead into L1 or
- * into L2 (dispatch.c takes the one for this CPU's vendor, and the cases
- * above test it against the oracle): the other must give the same bits. */
-static void readahead_levels(void) {
+/* The AVX-512 decode microkernels are built three times: reading ahead into
+ * L1, into L2, and into L2 with a KV cache's key blocks widened whole for up
+ * to 8 rows (dispatch.c takes the one for this CPU's vendor and family, and the
+ * cases above test it against the oracle): the others must give the same bits,
+ * for every row count a call takes. */
+static void decode_sets(void) {
 #ifdef ATTN_HAVE_X86_KERNELS
   if (!attn_kernel_supported(ATTN_KERNEL_AVX512)) {
-    printf("read-ahead levels: no AVX-512 here: skipped\n");
+    printf("decode sets: no AVX-512 here: skipped\n");
     return;
   }
-  const attn__decode_kernels *l1 = &attn__decode_kernels_avx512, *l2 = &attn__decode_kernels_avx512_l2;
+  const attn__decode_kernels *sets[3] = {&attn__decode_kernels_avx512, &attn__decode_kernels_avx512_l2,
+                                         &attn__decode_kernels_avx512_l2_blocks8};
+  const char *set_names[3] = {"L1", "L2", "L2 with key blocks for 8 rows"};
   enum { NK = 100, D = 96, ROWS = 8 };
   const attn_dtype types[5] = {ATTN_F32, ATTN_F16, ATTN_BF16, ATTN__Q8_0, ATTN__Q4_0};
   const char *names[5] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
@@ -271,7 +275,7 @@ static void readahead_levels(void) {
     const size_t row = quant ? attn__row_bytes(dt, D) : (size_t)D * attn_dtype_size(dt);
     unsigned char *K = malloc(NK * row), *V = malloc(NK * row);
     if (!K || !V) {
-      CHECK(0, "read-ahead levels: out of memory");
+      CHECK(0, "decode sets: out of memory");
       free(K), free(V);
       return;
     }
@@ -285,30 +289,35 @@ static void readahead_levels(void) {
           for (int d = 0; d < D; d++) tu_store_float(dst, dt, d, src[d]);
       }
     const int64_t ld = quant ? (int64_t)row : D;
-    for (int rows = 1; rows <= ROWS; rows += 3) {
-      float Q[ROWS * D], S[2][ROWS * ATTN__DEC_NB], O[2][ROWS * D], m[2][ROWS], l[2][ROWS];
+    for (int rows = 1; rows <= ROWS; rows++) {
+      float Q[ROWS * D], S[3][ROWS * ATTN__DEC_NB], O[3][ROWS * D], m[3][ROWS], l[3][ROWS];
       tu_fill_f32(&r, Q, rows * D, 0.3);
-      for (int t = 0; t < 2; t++) {
-        const attn__decode_kernels *dk = t ? l2 : l1;
+      for (int t = 0; t < 3; t++) {
+        const attn__decode_kernels *dk = sets[t];
         tu_poison_f32(S[t], ROWS * ATTN__DEC_NB);
         for (int i = 0; i < rows * D; i++) O[t][i] = 0;
         for (int i = 0; i < rows; i++) m[t][i] = -INFINITY, l[t][i] = 0;
         dk->qk(S[t], Q, rows, K, ld, NK, D, dt, NULL);
         dk->pv(O[t], m[t], l[t], S[t], rows, V, ld, NK, D, dt, 0, NULL);
       }
-      int same = memcmp(O[0], O[1], (size_t)rows * D * sizeof(float)) == 0 &&
-                 memcmp(m[0], m[1], (size_t)rows * sizeof(float)) == 0 && memcmp(l[0], l[1], (size_t)rows * sizeof(float)) == 0;
-      for (int i = 0; i < rows; i++) same &= memcmp(S[0] + i * ATTN__DEC_NB, S[1] + i * ATTN__DEC_NB, NK * sizeof(float)) == 0;
       double norm = 0;
       for (int i = 0; i < rows * D; i++) norm += (double)O[0][i] * O[0][i];
-      CHECK(same && norm > 0 && isfinite(norm), "read-ahead into L1 and into L2 differ: %s, %d rows", names[ti], rows);
-      cases++;
+      CHECK(norm > 0 && isfinite(norm), "decode sets: %s, %d rows: no output", names[ti], rows);
+      for (int t = 1; t < 3; t++) {
+        int same = memcmp(O[0], O[t], (size_t)rows * D * sizeof(float)) == 0 &&
+                   memcmp(m[0], m[t], (size_t)rows * sizeof(float)) == 0 &&
+                   memcmp(l[0], l[t], (size_t)rows * sizeof(float)) == 0;
+        for (int i = 0; i < rows; i++)
+          same &= memcmp(S[0] + i * ATTN__DEC_NB, S[t] + i * ATTN__DEC_NB, NK * sizeof(float)) == 0;
+        CHECK(same, "decode sets %s and %s differ: %s, %d rows", set_names[0], set_names[t], names[ti], rows);
+        cases++;
+      }
     }
     free(K), free(V);
   }
-  printf("read-ahead levels: L1 and L2 decode kernels bitwise equal on %d cases\n", cases);
+  printf("decode sets: L1, L2 and L2 with key blocks for 8 rows bitwise equal on %d cases\n", cases);
 #else
-  printf("read-ahead levels: no x86 kernels in this build: skipped\n");
+  printf("decode sets: no x86 kernels in this build: skipped\n");
 #endif
 }
 
@@ -321,6 +330,6 @@ int main(void) {
   decode_cases();
   blocked_halves();
   refusals();
-  readahead_levels();
+  decode_sets();
   return tu_finish("test_decode");
 }

@@ -63,17 +63,19 @@ int attn__cpu_has(attn_kernel isa) {
 }
 
 /* Measured faster with the read-ahead into L2: Intel Xeons (models 167 and 207: f16 steps 1.1x) and AMD Zen 4
- * (family 25: f32 steps 1.3x, 2026-12-06). Zen 5 (family 26) was tuned with L1 and keeps it. */
-int attn__cpu_read_ahead_l2(void) {
+ * (family 25: f32 steps 1.3x, 2026-12-06); with a KV cache's key blocks widened whole for 5-8 query rows too:
+ * Zen 4 (q8_0 steps of 5-8 rows 4-6% faster, q4_0 8-22%, 2026-12-06). Zen 5 (family 26) keeps the tuning it was
+ * measured with (L1, blocks for 1-4 rows), and so does Intel, where the second was not measured. */
+unsigned attn__cpu_decode_tuning(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
-  if (b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e) return 1; /* "Genu" "ineI" "ntel" */
-  if (b != 0x68747541 || d != 0x69746e65 || c != 0x444d4163) return 0; /* "Auth" "enti" "cAMD" */
+  if (b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e) return ATTN__CPU_READ_AHEAD_L2; /* "GenuineIntel" */
+  if (b != 0x68747541 || d != 0x69746e65 || c != 0x444d4163) return 0;                      /* "AuthenticAMD" */
   if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
   const unsigned base = (a >> 8) & 0xf, family = base + (base == 0xf ? (a >> 20) & 0xff : 0);
-  return family < 26;
+  return family < 26 ? ATTN__CPU_READ_AHEAD_L2 | ATTN__CPU_QK_BLOCK_ROWS_8 : 0;
 }
 #else
 int attn__cpu_has(attn_kernel isa) { return isa == ATTN_KERNEL_C || isa == ATTN_KERNEL_REF; }
-int attn__cpu_read_ahead_l2(void) { return 0; }
+unsigned attn__cpu_decode_tuning(void) { return 0; }
 #endif

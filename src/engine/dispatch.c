@@ -26,8 +26,10 @@ void attn__dispatch_fill(attn__dispatch *d, attn_kernel kernel, unsigned support
     d->gemm = &attn__sgemm_kernel_avx2;
   } else if (kernel == ATTN_KERNEL_AVX512 || kernel == ATTN_KERNEL_AVX512_BF16 || kernel == ATTN_KERNEL_AMX) {
     d->attention = &attn__kernels_avx512;
-    /* read-ahead into L2 on Intel and Zen 4 (cpu.c); Zen 5's tuning (L1) stays */
-    d->decode = (supported & ATTN__CPU_READ_AHEAD_L2) ? &attn__decode_kernels_avx512_l2 : &attn__decode_kernels_avx512;
+    /* read-ahead into L2 on Intel and Zen 4, key blocks whole for 8 rows on Zen 4 (cpu.c); Zen 5's tuning stays */
+    d->decode = (supported & ATTN__CPU_QK_BLOCK_ROWS_8) ? &attn__decode_kernels_avx512_l2_blocks8
+                : (supported & ATTN__CPU_READ_AHEAD_L2) ? &attn__decode_kernels_avx512_l2
+                                                        : &attn__decode_kernels_avx512;
     d->gemm = &attn__sgemm_kernel_avx512;
     if (kernel != ATTN_KERNEL_AVX512) {
       d->half = &attn__half_kernels_avx512bf16;

@@ -19,7 +19,8 @@
 
 /* The read-ahead's cache level: L1 (T0) here, tuned on Zen 5; decode_l2.c
  * builds this file again with L2 (T1), which dispatch.c takes on Intel CPUs,
- * where it measured 2-9% faster f32, f16 and bf16 steps, and on Zen 4 (f32 1.3x; BENCHMARKS.md). */
+ * where it measured 2-9% faster f32, f16 and bf16 steps, and decode_l2_blocks8.c
+ * with L2 and DEC_QK_BLOCK_ROWS 8 for Zen 4 (f32 1.3x; BENCHMARKS.md). */
 #ifndef DEC_PF_HINT
 #define DEC_PF_HINT _MM_HINT_T0
 #endif
@@ -114,7 +115,7 @@ static inline __attribute__((always_inline)) void store_dots(float *S, const __m
     _mm512_mask_storeu_ps(S + r * ATTN__DEC_NB + j0 - r * KG, (__mmask16)(keys << (r * KG)), dots);
 }
 
-/* RR rows (1..4) against KG = 16 / RR keys at a time, as dec_qk_rows, in steps
+/* RR rows (1..8) against KG = 16 / RR keys at a time, as dec_qk_rows, in steps
  * of a block: each key's block is widened once for the RR rows, and each half
  * of a row's query block loaded once for the KG keys. The rows pf ahead are
  * asked for block by block, between the FMAs, rather than in a loop of their own. */
@@ -271,12 +272,16 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
   }
 }
 
-/* A KV cache's blocks go by whole blocks for 1-4 rows (dec_qk_qrows); 5-8 rows
- * (2-3 keys a pass) by 16 columns, as every other type (dec_qk_rows):
- * measured faster on Zen 5. */
-#define QK_GROUP(RR)                                                                   \
-  (attn__is_quant(dt) && (RR) <= 4 ? dec_qk_qrows(s, q, (RR), K, ldk, nkeys, D, dt, Knext) \
-                                   : dec_qk_rows(s, q, (RR), K, ldk, nkeys, D, dt, Knext))
+/* A KV cache's blocks go by whole blocks for 1 to DEC_QK_BLOCK_ROWS rows
+ * (dec_qk_qrows), more rows (2-3 keys a pass) by 16 columns, as every other
+ * type (dec_qk_rows): 4 here, as 5-8 rows measured faster by columns on Zen 5;
+ * decode_l2_blocks8.c takes all 8 by blocks (Zen 4). Both give the same bits. */
+#ifndef DEC_QK_BLOCK_ROWS
+#define DEC_QK_BLOCK_ROWS 4
+#endif
+#define QK_GROUP(RR)                                                                                   \
+  (attn__is_quant(dt) && (RR) <= DEC_QK_BLOCK_ROWS ? dec_qk_qrows(s, q, (RR), K, ldk, nkeys, D, dt, Knext) \
+                                                   : dec_qk_rows(s, q, (RR), K, ldk, nkeys, D, dt, Knext))
 static inline __attribute__((always_inline)) void dec_qk_t(float *S, const float *Q, int rows, const void *K,
                                                            int64_t ldk, int nkeys, int64_t D, attn_dtype dt, const void *Knext) {
   for (int r0 = 0; r0 < rows; r0 += 8) {
