@@ -27,6 +27,12 @@
 #ifndef ATTN_DECODE_SET
 #define ATTN_DECODE_SET attn__decode_kernels_avx512
 #endif
+/* f32 rows asked for a second time, this many rows ahead and into L1, beside
+ * the read-ahead above: 0 here; 4 in decode_l2_blocks8.c, where one Zen 4
+ * thread's f32 step took 0.89x the time with it (BENCHMARKS.md). */
+#ifndef DEC_PF_NEAR_ROWS
+#define DEC_PF_NEAR_ROWS 0
+#endif
 #define DEC_NAME(x) x##_avx512
 #define DEC_OWN_QK_PV
 #include "../decode_generic.inc"
@@ -245,10 +251,11 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
   const int64_t pf = pf_rows_avx512((int64_t)row_bytes_of(dt, D));
   for (int j0 = 0; j0 < nkeys; j0 += KG) {
     int64_t row[16]; /* keys past nkeys repeat the last one: their dot products are not stored */
-    const char *ahead[16];
+    const char *ahead[16], *ahead_l1[16];
     for (int j = 0; j < KG; j++) {
       row[j] = (int64_t)(j0 + j < nkeys ? j0 + j : nkeys - 1) * ldk;
       ahead[j] = attn__dec_ahead(K, j0 + j + pf, nkeys, ldk * (int64_t)es, Knext);
+      ahead_l1[j] = attn__dec_ahead(K, j0 + j + DEC_PF_NEAR_ROWS, nkeys, ldk * (int64_t)es, Knext);
     }
     __m512 acc[16];
     for (int e = 0; e < 16; e++) acc[e] = _mm512_setzero_ps();
@@ -257,6 +264,8 @@ static inline __attribute__((always_inline)) void dec_qk_rows(float *S, const fl
   do {                                                                                                \
     if (es == 4 || !(c & 16))                                                                         \
       for (int j = 0; j < KG; j++) _mm_prefetch(ahead[j] + c * (int64_t)es, DEC_PF_HINT);            \
+    if (DEC_PF_NEAR_ROWS && dt == ATTN_F32)                                                           \
+      for (int j = 0; j < KG; j++) _mm_prefetch(ahead_l1[j] + c * (int64_t)es, _MM_HINT_T0);        \
     __m512 kv[16];                                                                                    \
     for (int j = 0; j < KG; j++) kv[j] = load_kv(K, row[j], c, (m), dt);                              \
     for (int r = 0; r < RR; r++) {                                                                    \
@@ -321,6 +330,10 @@ static inline __attribute__((always_inline)) void dec_pv_cols(float *O, const fl
       const size_t es = ld_unit(dt), bytes = row_bytes_of(dt, Dv);
       const char *pr = attn__dec_ahead(V, j + pf_rows_avx512((int64_t)bytes), nkeys, ldv * (int64_t)es, Vnext);
       for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(pr + off, DEC_PF_HINT);
+      if (DEC_PF_NEAR_ROWS && dt == ATTN_F32) {
+        const char *ahead_l1 = attn__dec_ahead(V, j + DEC_PF_NEAR_ROWS, nkeys, ldv * (int64_t)es, Vnext);
+        for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(ahead_l1 + off, _MM_HINT_T0);
+      }
     }
     __m512 vv[4];
     for (int w = 0; w < 4; w++) vv[w] = load_kv(V, j * ldv, c0 + 16 * w, mk[w], dt);
