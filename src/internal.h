@@ -215,7 +215,8 @@ attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tenso
 /* Nonzero when the CPU and OS support the instruction set of kernel isa. */
 int attn__cpu_has(attn_kernel isa);
 /* The decode's tuning for this CPU (vendor and family): ATTN__CPU_READ_AHEAD_L2 (Intel, AMD before
- * Zen 5) and ATTN__CPU_QK_BLOCK_ROWS_8 (Zen 4), or 0 (Zen 5, and anything else). */
+ * Zen 5) and ATTN__CPU_QK_BLOCK_ROWS_8 (Zen 4: decode_l2_blocks8.c, key blocks whole for 8 rows and
+ * f32 rows read ahead into L1 too), or 0 (Zen 5, and anything else). */
 unsigned attn__cpu_decode_tuning(void);
 
 /* Runs a validated forward on the framework that suits it (sdpa.c). */

@@ -252,7 +252,7 @@ static void edges(int blocked) {
 
 /* The AVX-512 decode microkernels are built three times: reading ahead into
  * L1, into L2, and into L2 with a KV cache's key blocks widened whole for up
- * to 8 rows (dispatch.c takes the one for this CPU's vendor and family, and the
+ * to 8 rows and f32 rows read ahead into L1 too (dispatch.c takes the one for this CPU's vendor and family, and the
  * cases above test it against the oracle): the others must give the same bits,
  * for every row count a call takes. */
 static void decode_sets(void) {
@@ -263,7 +263,7 @@ static void decode_sets(void) {
   }
   const attn__decode_kernels *sets[3] = {&attn__decode_kernels_avx512, &attn__decode_kernels_avx512_l2,
                                          &attn__decode_kernels_avx512_l2_blocks8};
-  const char *set_names[3] = {"L1", "L2", "L2 with key blocks for 8 rows"};
+  const char *set_names[3] = {"L1", "L2", "Zen 4's (L2, key blocks for 8 rows, f32 also into L1)"};
   enum { NK = 100, D = 96, ROWS = 8 };
   const attn_dtype types[5] = {ATTN_F32, ATTN_F16, ATTN_BF16, ATTN__Q8_0, ATTN__Q4_0};
   const char *names[5] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
@@ -315,7 +315,7 @@ static void decode_sets(void) {
     }
     free(K), free(V);
   }
-  printf("decode sets: L1, L2 and L2 with key blocks for 8 rows bitwise equal on %d cases\n", cases);
+  printf("decode sets: the L1, L2 and Zen 4 builds bitwise equal on %d cases\n", cases);
 #else
   printf("decode sets: no x86 kernels in this build: skipped\n");
 #endif

@@ -63,9 +63,10 @@ int attn__cpu_has(attn_kernel isa) {
 }
 
 /* Measured faster with the read-ahead into L2: Intel Xeons (models 167 and 207: f16 steps 1.1x) and AMD Zen 4
- * (family 25: f32 steps 1.3x, 2026-12-06); with a KV cache's key blocks widened whole for 5-8 query rows too:
- * Zen 4 (q8_0 steps of 5-8 rows 4-6% faster, q4_0 8-22%, 2026-12-06). Zen 5 (family 26) keeps the tuning it was
- * measured with (L1, blocks for 1-4 rows), and so does Intel, where the second was not measured. */
+ * (family 25: f32 steps 1.3x, 2026-12-06); Zen 4's own build (decode_l2_blocks8.c) also widens a KV cache's key
+ * blocks whole for 5-8 query rows (q8_0 steps of 5-8 rows 4-6% faster, q4_0 8-22%, 2026-12-06) and reads f32 rows
+ * ahead into L1 too (one thread's f32 step 0.89x, 2026-12-07). Zen 5 (family 26) keeps the tuning it was
+ * measured with (L1, blocks for 1-4 rows), and so does Intel, where Zen 4's additions were not measured. */
 unsigned attn__cpu_decode_tuning(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;

@@ -260,7 +260,8 @@ extern const attn__decode_kernels attn__decode_kernels_c;
 extern const attn__decode_kernels attn__decode_kernels_avx2;
 extern const attn__decode_kernels attn__decode_kernels_avx512;
 extern const attn__decode_kernels attn__decode_kernels_avx512_l2; /* the same, reading ahead into L2 (Intel) */
-/* and with a KV cache's key blocks widened whole for up to 8 rows (Zen 4); every set gives the same bits */
+/* and with a KV cache's key blocks widened whole for up to 8 rows and f32 rows read ahead into L1 too
+ * (Zen 4); every set gives the same bits */
 extern const attn__decode_kernels attn__decode_kernels_avx512_l2_blocks8;
 #endif
 
