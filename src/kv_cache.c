@@ -145,6 +145,24 @@ static attn_kv_dtype kind_of(attn_dtype s) {
          : s == ATTN__Q8_0 ? ATTN_KV_Q8_0 : ATTN_KV_Q4_0;
 }
 
+attn_status attn__kv_storage(attn_ctx *ctx, const char *fn, attn_kv_dtype kinds[2], attn_dtype as_dtype,
+                             const int64_t dims[2], attn_dtype storage[2]) {
+  for (int kind = 0; kind < 2; kind++) {
+    const int s = kinds[kind] == ATTN_KV_AS_DTYPE ? (int)as_dtype : storage_of(kinds[kind]);
+    if (s < 0)
+      return attn__fail(ctx, ATTN_E_DTYPE, "%s: %s_dtype %d is not an attn_kv_dtype", fn, kind ? "v" : "k",
+                        (int)kinds[kind]);
+    storage[kind] = (attn_dtype)s;
+    kinds[kind] = kind_of(storage[kind]);
+    if (attn__is_quant(storage[kind]) && dims[kind] % ATTN__QK)
+      return attn__fail(ctx, ATTN_E_INVALID,
+                        "%s: %s storage %s takes blocks of %d values; %s = %lld is not a multiple of %d", fn,
+                        kind ? "value" : "key", attn_kv_dtype_name(kinds[kind]), ATTN__QK,
+                        kind ? "v_head_dim" : "head_dim", (long long)dims[kind], ATTN__QK);
+  }
+  return ATTN_OK;
+}
+
 void attn_kv_cache_config_init(attn_kv_cache_config *cfg, int64_t batch, int64_t capacity, int64_t kv_heads,
                                int64_t head_dim) {
   if (!cfg) return;
@@ -176,22 +194,11 @@ attn_status attn_kv_cache_create(attn_ctx *ctx, attn_kv_cache **out, const attn_
     return attn__fail(ctx, ATTN_E_DTYPE, "attn_kv_cache_create: storage must be f32, f16 or bf16, got %s",
                       attn_dtype_name(c.dtype));
   /* each kind's storage: its own, or dtype's */
-  attn_dtype kinds[2];
-  const attn_kv_dtype asked[2] = {c.k_dtype, c.v_dtype};
+  attn_kv_dtype asked[2] = {c.k_dtype, c.v_dtype};
   const int64_t dims[2] = {c.head_dim, c.v_head_dim};
-  for (int kind = 0; kind < 2; kind++) {
-    const int s = asked[kind] == ATTN_KV_AS_DTYPE ? (int)c.dtype : storage_of(asked[kind]);
-    if (s < 0)
-      return attn__fail(ctx, ATTN_E_DTYPE, "attn_kv_cache_create: %s_dtype %d is not an attn_kv_dtype",
-                        kind ? "v" : "k", (int)asked[kind]);
-    kinds[kind] = (attn_dtype)s;
-    if (attn__is_quant(kinds[kind]) && dims[kind] % ATTN__QK)
-      return attn__fail(ctx, ATTN_E_INVALID,
-                        "attn_kv_cache_create: %s storage %s takes blocks of %d values; %s = %lld is not a multiple of %d",
-                        kind ? "value" : "key", attn_kv_dtype_name(kind_of(kinds[kind])), ATTN__QK,
-                        kind ? "v_head_dim" : "head_dim", (long long)dims[kind], ATTN__QK);
-  }
-  c.k_dtype = kind_of(kinds[0]), c.v_dtype = kind_of(kinds[1]);
+  attn_dtype kinds[2];
+  if ((st = attn__kv_storage(ctx, "attn_kv_cache_create", asked, c.dtype, dims, kinds))) return st;
+  c.k_dtype = asked[0], c.v_dtype = asked[1];
   attn_rope_opts rope;
   attn_rope_opts_init(&rope);
   if (c.rope) {

@@ -38,19 +38,6 @@ struct attn_paged_kv_cache {
   paged_seq *seqs; /* [max_seqs] */
 };
 
-/* The storage code of a public kind; ATTN_KV_AS_DTYPE is f32 here. -1 if unknown. */
-static int storage_of(attn_kv_dtype k) {
-  switch (k) {
-    case ATTN_KV_AS_DTYPE:
-    case ATTN_KV_F32: return ATTN_F32;
-    case ATTN_KV_F16: return ATTN_F16;
-    case ATTN_KV_BF16: return ATTN_BF16;
-    case ATTN_KV_Q8_0: return (int)ATTN__Q8_0;
-    case ATTN_KV_Q4_0: return (int)ATTN__Q4_0;
-    default: return -1;
-  }
-}
-
 void attn_paged_kv_config_init(attn_paged_kv_config *cfg, int64_t num_blocks, int64_t block_tokens, int64_t kv_heads,
                                int64_t head_dim) {
   if (!cfg) return;
@@ -97,23 +84,11 @@ attn_status attn_paged_kv_create(attn_ctx *ctx, attn_paged_kv_cache **out, const
   if (c.num_blocks > INT32_MAX)
     return attn__fail(ctx, ATTN_E_NOMEM, "attn_paged_kv_create: num_blocks %lld passes 2^31 - 1 (block ids are int32)",
                       (long long)c.num_blocks);
-  attn_dtype kinds[2];
-  const attn_kv_dtype asked[2] = {c.k_dtype, c.v_dtype};
+  attn_kv_dtype asked[2] = {c.k_dtype, c.v_dtype};
   const int64_t dims[2] = {c.head_dim, c.v_head_dim};
-  for (int kind = 0; kind < 2; kind++) {
-    const int s = storage_of(asked[kind]);
-    if (s < 0)
-      return attn__fail(ctx, ATTN_E_DTYPE, "attn_paged_kv_create: %s_dtype %d is not an attn_kv_dtype",
-                        kind ? "v" : "k", (int)asked[kind]);
-    kinds[kind] = (attn_dtype)s;
-    if (attn__is_quant(kinds[kind]) && dims[kind] % ATTN__QK)
-      return attn__fail(ctx, ATTN_E_INVALID,
-                        "attn_paged_kv_create: %s storage %s takes blocks of %d values; %s = %lld is not a multiple of %d",
-                        kind ? "value" : "key", attn_kv_dtype_name(asked[kind]), ATTN__QK,
-                        kind ? "v_head_dim" : "head_dim", (long long)dims[kind], ATTN__QK);
-  }
-  if (c.k_dtype == ATTN_KV_AS_DTYPE) c.k_dtype = ATTN_KV_F32;
-  if (c.v_dtype == ATTN_KV_AS_DTYPE) c.v_dtype = ATTN_KV_F32;
+  attn_dtype kinds[2];
+  if ((st = attn__kv_storage(ctx, "attn_paged_kv_create", asked, ATTN_F32, dims, kinds))) return st;
+  c.k_dtype = asked[0], c.v_dtype = asked[1];
   const size_t krow = attn__row_bytes(kinds[0], c.head_dim), vrow = attn__row_bytes(kinds[1], c.v_head_dim);
   /* every size checked before anything is allocated */
   size_t nk, nv, tables;

@@ -37,4 +37,11 @@ static inline float attn__qscale(const uint8_t *blk) {
 void attn__quantize_row(attn_dtype dt, uint8_t *dst, const float *src, int64_t n);
 void attn__dequantize_row(attn_dtype dt, float *dst, const uint8_t *src, int64_t n);
 
+/* A cache's K and V storage (kv_cache.c, for both caches): kinds[0..1] (in:
+ * asked, ATTN_KV_AS_DTYPE meaning as_dtype; out: the public kinds resolved)
+ * and storage[0..1] (out: their codes), each checked against its head dim
+ * dims[0..1] (a block kind needs a multiple of ATTN__QK). Errors name fn. */
+attn_status attn__kv_storage(attn_ctx *ctx, const char *fn, attn_kv_dtype kinds[2], attn_dtype as_dtype,
+                             const int64_t dims[2], attn_dtype storage[2]);
+
 #endif
