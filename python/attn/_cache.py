@@ -33,6 +33,33 @@ def _kv_kind(dtype, what):
     return _KV_KINDS[name]
 
 
+def _attend(owner, q, shape, scale, return_lse, call):
+    """Shared body of KVCache.attend and PagedKVCache.attend: q [B, Hq, Nq, D]
+    (its names in shape, for the error), out and lse made here, and
+    call(out, lse or None, q, opts), the library call, run under owner's lock."""
+    like_torch = _is_torch(q)
+    qa = _to_numpy(q, "q", "half")
+    if qa.ndim != 4:
+        raise ValueError(f"q must be {shape}, got shape {tuple(qa.shape)}")
+    B, Hq, Nq = (int(n) for n in qa.shape[:3])
+    out = np.empty((B, Hq, Nq, owner.v_head_dim), np.float32)
+    o = _capi.SdpaOpts()
+    _capi.init(o)
+    if scale is not None:
+        o.scale = float(scale)
+    lse = lt = None
+    if return_lse:
+        lse = np.empty((B, Hq, Nq), np.float32)
+        lt = _tensor(lse)
+    ot, qt = _tensor(out), _tensor(qa)
+    with owner._lock:
+        owner._ctx.check(call(ctypes.byref(ot), None if lt is None else ctypes.byref(lt), ctypes.byref(qt),
+                              ctypes.byref(o)))
+    if return_lse:
+        return _wrap(out, like_torch), _wrap(lse, like_torch)
+    return _wrap(out, like_torch)
+
+
 class _Owner:
     """close(), with-blocks and __del__ for a class that owns one library object, self._h, which
     the C function named _DESTROY frees (under self._lock)."""
@@ -149,28 +176,9 @@ class KVCache(_Owner):
         Hq a multiple of Hk): query i of row b is the token at position
         len_b - Nq + i (append first). Returns out [B, Hq, Nq, Dv] float32,
         NumPy or torch like q, and with return_lse also lse [B, Hq, Nq]."""
-        like_torch = _is_torch(q)
-        qa = _to_numpy(q, "q", "half")
-        if qa.ndim != 4:
-            raise ValueError(f"q must be [B, Hq, Nq, D], got shape {tuple(qa.shape)}")
-        B, Hq, Nq = (int(n) for n in qa.shape[:3])
-        out = np.empty((B, Hq, Nq, self.v_head_dim), np.float32)
-        o = _capi.SdpaOpts()
-        _capi.init(o)
-        if scale is not None:
-            o.scale = float(scale)
-        lse = lt = None
-        if return_lse:
-            lse = np.empty((B, Hq, Nq), np.float32)
-            lt = _tensor(lse)
-        ot, qt = _tensor(out), _tensor(qa)
-        with self._lock:
-            self._ctx.check(_capi.lib.attn_kv_cache_attend(self._ctx.h, self._handle(), ctypes.byref(ot),
-                                                           None if lt is None else ctypes.byref(lt),
-                                                           ctypes.byref(qt), ctypes.byref(o)))
-        if return_lse:
-            return _wrap(out, like_torch), _wrap(lse, like_torch)
-        return _wrap(out, like_torch)
+        return _attend(self, q, "[B, Hq, Nq, D]", scale, return_lse,
+                       lambda out, lse, qt, o: _capi.lib.attn_kv_cache_attend(self._ctx.h, self._handle(), out, lse,
+                                                                              qt, o))
 
     def truncate(self, length, row=None):
         """Rollback: row (None: every row) keeps its first length tokens."""
@@ -336,27 +344,8 @@ class PagedKVCache(_Owner):
         over sequences seqs: query i of seqs[b] is its token len - Nq + i
         (append first). Returns out [nseq, Hq, Nq, Dv] float32, NumPy or torch
         like q, and with return_lse also lse [nseq, Hq, Nq]."""
-        like_torch = _is_torch(q)
-        qa = _to_numpy(q, "q", "half")
-        if qa.ndim != 4:
-            raise ValueError(f"q must be [nseq, Hq, Nq, D], got shape {tuple(qa.shape)}")
         nseq, sa = self._seqs(seqs)
-        B, Hq, Nq = (int(n) for n in qa.shape[:3])
-        out = np.empty((B, Hq, Nq, self.v_head_dim), np.float32)
-        o = _capi.SdpaOpts()
-        _capi.init(o)
-        if scale is not None:
-            o.scale = float(scale)
-        lse = lt = None
-        if return_lse:
-            lse = np.empty((B, Hq, Nq), np.float32)
-            lt = _tensor(lse)
-        ot, qt = _tensor(out), _tensor(qa)
-        with self._lock:
-            self._ctx.check(_capi.lib.attn_paged_kv_attend(self._ctx.h, self._handle(), ctypes.byref(ot),
-                                                           None if lt is None else ctypes.byref(lt),
-                                                           ctypes.byref(qt), nseq, sa, ctypes.byref(o)))
-        if return_lse:
-            return _wrap(out, like_torch), _wrap(lse, like_torch)
-        return _wrap(out, like_torch)
+        return _attend(self, q, "[nseq, Hq, Nq, D]", scale, return_lse,
+                       lambda out, lse, qt, o: _capi.lib.attn_paged_kv_attend(self._ctx.h, self._handle(), out, lse,
+                                                                              qt, nseq, sa, o))
 
