@@ -221,24 +221,6 @@ static const char *bench_backward_tiles(attn_ctx *ctx) {
  * the backward alone, after a forward that keeps lse. */
 #define LENGTHS_MAX 256
 
-typedef struct varlen_case {
-  attn_ctx *ctx;
-  attn_tensor q, k, v, out, kpm;
-  attn_tensor lse, dout, dq, dk, dv; /* --backward */
-  attn_sdpa_opts o;
-} varlen_case;
-
-static int run_varlen(void *arg) {
-  varlen_case *c = arg;
-  return attn_sdpa(c->ctx, &c->out, NULL, NULL, &c->q, &c->k, &c->v, &c->o);
-}
-
-static int run_varlen_backward(void *arg) {
-  varlen_case *c = arg;
-  return attn_sdpa_backward(c->ctx, &c->dq, &c->dk, &c->dv, NULL, NULL, &c->dout, &c->q, &c->k, &c->v, &c->out,
-                            &c->lse, &c->o);
-}
-
 /* One sequence's rows of a packed ([1, H, total, F] from row r0) or padded ([B, H, N, F], batch r0) tensor. */
 static attn_tensor seq_rows(const attn_tensor *t, int padded, int64_t r0, int64_t n) {
   attn_tensor s = *t;
@@ -265,7 +247,7 @@ static double seq_rel_l2(const attn_tensor *got, const attn_tensor *want) {
 
 /* The forward (err[0]) and with backward the dq, dk, dv (err[1..3]) of sequence s (rows r0.., n of them)
  * against the float64 oracle on that sequence alone. */
-static int varlen_oracle(varlen_case *c, int padded, int64_t r0, int64_t n, int backward, double err[4]) {
+static int varlen_oracle(sdpa_case *c, int padded, int64_t r0, int64_t n, int backward, double err[4]) {
   attn_ctx *ctx = c->ctx;
   const int64_t H = c->q.shape[1], G = c->k.shape[1], D = c->q.shape[3];
   attn_tensor q = seq_rows(&c->q, padded, r0, n), k = seq_rows(&c->k, padded, r0, n), v = seq_rows(&c->v, padded, r0, n);
@@ -351,7 +333,7 @@ static int bench_lengths(cli_args *a) {
     attn_ctx_destroy(ctx);
     return r;
   }
-  varlen_case c;
+  sdpa_case c;
   memset(&c, 0, sizeof c);
   c.ctx = ctx;
   int64_t qs[4] = {B, H, N, D}, ks[4] = {B, G, N, D}, ps[2] = {B, N}, ls[3] = {B, H, N};
@@ -385,14 +367,14 @@ static int bench_lengths(cli_args *a) {
     c.o.num_seqs = S;
   }
   timing t, tb = {0};
-  if ((r = bench_time_runs(run_varlen, &c, repeat, &t))) {
+  if ((r = bench_time_runs(run_sdpa, &c, repeat, &t))) {
     r = cli_fail(CLI_EXIT_FAIL, "sdpa: %s", attn_ctx_error(ctx));
     goto done;
   }
   const char *tiles = bench_forward_tiles(ctx);
   const char *bwd_tiles = "fp32";
   if (backward) {
-    if (attn_sdpa(ctx, &c.out, &c.lse, NULL, &c.q, &c.k, &c.v, &c.o) || (r = bench_time_runs(run_varlen_backward, &c, repeat, &tb))) {
+    if (attn_sdpa(ctx, &c.out, &c.lse, NULL, &c.q, &c.k, &c.v, &c.o) || (r = bench_time_runs(run_sdpa_backward, &c, repeat, &tb))) {
       r = cli_fail(CLI_EXIT_FAIL, "sdpa backward: %s", attn_ctx_error(ctx));
       goto done;
     }
