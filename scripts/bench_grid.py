@@ -585,14 +585,30 @@ BEFORE_NOTE = ("ours / before: the baseline `%s` (`%s`) and ours run in turn on 
                "now).")
 
 
+def header(begin, info, what, key):
+    """The lines every table starts with: its marker, the command, date, CPU, versions, and the
+    load average around the part of the run that made it (info's KEY-prefixed load and wall)."""
+    return [begin, "",
+            "Command: `%s`  " % info["command"],
+            "Date: %s  " % info["date"],
+            "CPU: %s  " % info["cpu"],
+            "libattn: `%s`; PyTorch: %s  " % (info["version"], info["torch"]),
+            "Load average (1, 5, 15 min) before: %s, after: %s; %s wall time %.0f s" %
+            (info[key + "load_before"], info[key + "load_after"], what, info[key + "wall"])]
+
+
+def raw_results(cases, ours, theirs):
+    """A folded block of every case's JSON, ours (less the command line) then PyTorch's."""
+    out = ["<details><summary>raw results (one JSON object per case: ours, then PyTorch)</summary>", "", "```"]
+    for c in cases:
+        r = dict(ours.get(c["id"]) or {})
+        r.pop("command", None)
+        out.append(json.dumps({"case": c["label"], "ours": r, "torch": theirs.get(c["id"])}, sort_keys=False))
+    return out + ["```", "</details>", ""]
+
+
 def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
-    out = [BEGIN, ""]
-    out.append("Command: `%s`  " % info["command"])
-    out.append("Date: %s  " % info["date"])
-    out.append("CPU: %s  " % info["cpu"])
-    out.append("libattn: `%s`; PyTorch: %s  " % (info["version"], info["torch"]))
-    out.append("Load average (1, 5, 15 min) before: %s, after: %s; grid wall time %.0f s" %
-               (info["load_before"], info["load_after"], info["wall"]))
+    out = header(BEGIN, info, "grid", "")
     out.append("")
     if peak_lines:
         out.append("Outside yardstick, `../shared/tools/peak.c --json` in the same run:")
@@ -688,16 +704,7 @@ def render(cases, ours, theirs, peaks, peak_lines, peak_note, info):
     for n in notes:
         out.append("- " + n)
     out.append("")
-    out.append("<details><summary>raw results (one JSON object per case: ours, then PyTorch)</summary>")
-    out.append("")
-    out.append("```")
-    for c in cases:
-        r = dict(ours.get(c["id"]) or {})
-        r.pop("command", None)
-        out.append(json.dumps({"case": c["label"], "ours": r, "torch": theirs.get(c["id"])}, sort_keys=False))
-    out.append("```")
-    out.append("</details>")
-    out.append("")
+    out.extend(raw_results(cases, ours, theirs))
     out.append(END)
     return "\n".join(out)
 
@@ -711,13 +718,7 @@ def ms(x):
 
 
 def render_backward(cases, ours, theirs, peaks, peak_lines, peak_note, info):
-    out = [BWD_BEGIN, ""]
-    out.append("Command: `%s`  " % info["command"])
-    out.append("Date: %s  " % info["date"])
-    out.append("CPU: %s  " % info["cpu"])
-    out.append("libattn: `%s`; PyTorch: %s  " % (info["version"], info["torch"]))
-    out.append("Load average (1, 5, 15 min) before: %s, after: %s; backward table wall time %.0f s" %
-               (info["bwd_load_before"], info["bwd_load_after"], info["bwd_wall"]))
+    out = header(BWD_BEGIN, info, "backward table", "bwd_")
     out.append("")
     T = info["threads"]
     if peak_lines:
@@ -806,16 +807,7 @@ def render_backward(cases, ours, theirs, peaks, peak_lines, peak_note, info):
                 label, r["peak_rss_mib"], r["io_mib"], r["peak_rss_mib"] - r["io_mib"],
                 r["peak_rss_mib"] / r["io_mib"], ms(r["fwd_bwd_median_s"]), r.get("backward_oracle_subset", "—")))
     out.append("")
-    out.append("<details><summary>raw results (one JSON object per case: ours, then PyTorch)</summary>")
-    out.append("")
-    out.append("```")
-    for c in cases:
-        r = dict(ours.get(c["id"]) or {})
-        r.pop("command", None)
-        out.append(json.dumps({"case": c["label"], "ours": r, "torch": theirs.get(c["id"])}, sort_keys=False))
-    out.append("```")
-    out.append("</details>")
-    out.append("")
+    out.extend(raw_results(cases, ours, theirs))
     out.append(BWD_END)
     return "\n".join(out)
 
@@ -929,13 +921,7 @@ def run_half_round(cases, attn, worker, args, ours, theirs):
 
 
 def render_half(cases, ours, theirs, peaks, info):
-    out = [HALF_BEGIN, ""]
-    out.append("Command: `%s`  " % info["command"])
-    out.append("Date: %s  " % info["date"])
-    out.append("CPU: %s  " % info["cpu"])
-    out.append("libattn: `%s`; PyTorch: %s  " % (info["version"], info["torch"]))
-    out.append("Load average (1, 5, 15 min) before: %s, after: %s; half table wall time %.0f s" %
-               (info["half_load_before"], info["half_load_after"], info["half_wall"]))
+    out = header(HALF_BEGIN, info, "half table", "half_")
     out.append("")
     if info["rounds"] > 1:
         out.append("%d rounds: each round ran every case, ours and then PyTorch's for each dtype; every rate below "
