@@ -1,5 +1,6 @@
 """KVCache: keys and values of past tokens for incremental decoding."""
 import ctypes
+import operator
 import threading
 
 import numpy as np
@@ -7,7 +8,7 @@ import numpy as np
 from . import _capi
 from ._context import _Ctx
 from ._rope import rope_opts
-from ._tensors import _is_torch, _stored_to_f32, _tensor, _to_numpy, _wrap
+from ._tensors import _int64_list, _is_torch, _stored_to_f32, _tensor, _to_numpy, _wrap
 
 
 _CACHE_DTYPES = {"float32": _capi.F32, "float16": _capi.F16, "bfloat16": _capi.BF16}
@@ -111,8 +112,8 @@ class KVCache(_Owner):
         self._h = None
         self._ctx.set_threads(threads)
         cfg = _capi.KvCacheConfig()
-        _capi.init(cfg, int(batch), int(capacity), int(kv_heads), int(head_dim))
-        cfg.v_head_dim = int(v_head_dim or 0)
+        _capi.init(cfg, *(operator.index(n) for n in (batch, capacity, kv_heads, head_dim)))  # 2.5 tokens: TypeError
+        cfg.v_head_dim = operator.index(v_head_dim or 0)
         kind = _kv_kind(dtype, "dtype")
         if kind in (_capi.KV_Q8_0, _capi.KV_Q4_0):  # a block format: both kinds, unless named apart
             cfg.k_dtype = cfg.v_dtype = kind
@@ -161,7 +162,7 @@ class KVCache(_Owner):
         kt, vt = _tensor(ka), _tensor(va)
         nn = None
         if n_new is not None:
-            n = [int(x) for x in np.asarray(n_new).reshape(-1)]
+            n = _int64_list(n_new, "n_new")
             if len(n) != self.batch:
                 raise ValueError(f"n_new has {len(n)} entries for {self.batch} rows")
             nn = (ctypes.c_int64 * self.batch)(*n)
@@ -182,14 +183,15 @@ class KVCache(_Owner):
 
     def truncate(self, length, row=None):
         """Rollback: row (None: every row) keeps its first length tokens."""
+        r = -1 if row is None else operator.index(row)
         with self._lock:
-            self._ctx.check(_capi.lib.attn_kv_cache_truncate(self._ctx.h, self._handle(),
-                                                             -1 if row is None else int(row), int(length)))
+            self._ctx.check(_capi.lib.attn_kv_cache_truncate(self._ctx.h, self._handle(), r, operator.index(length)))
 
     def copy_row(self, dst, src):
         """Beam search: row dst becomes a copy of row src (tokens and length)."""
         with self._lock:
-            self._ctx.check(_capi.lib.attn_kv_cache_copy_row(self._ctx.h, self._handle(), int(dst), int(src)))
+            self._ctx.check(_capi.lib.attn_kv_cache_copy_row(self._ctx.h, self._handle(), operator.index(dst),
+                                                             operator.index(src)))
 
     def reset(self):
         """Empties every row (the storage is kept)."""
@@ -199,7 +201,7 @@ class KVCache(_Owner):
         kt, vt = _capi.Tensor(), _capi.Tensor()
         with self._lock:
             self._ctx.check(_capi.lib.attn_kv_cache_view(self._ctx.h, ctypes.byref(kt), ctypes.byref(vt),
-                                                         self._handle(), int(row)))
+                                                         self._handle(), operator.index(row)))
             # copied under the lock: the views die on append
             return (self._decoded(kt, self.k_dtype, self.head_dim), self._decoded(vt, self.v_dtype, self.v_head_dim))
 
@@ -250,10 +252,10 @@ class PagedKVCache(_Owner):
         self._h = None
         self._ctx.set_threads(threads)
         cfg = _capi.PagedKvConfig()
-        _capi.init(cfg, int(num_blocks), int(block_tokens), int(kv_heads), int(head_dim))
-        cfg.v_head_dim = int(v_head_dim or 0)
+        _capi.init(cfg, *(operator.index(n) for n in (num_blocks, block_tokens, kv_heads, head_dim)))
+        cfg.v_head_dim = operator.index(v_head_dim or 0)
         cfg.k_dtype, cfg.v_dtype = _kv_kind(k_dtype, "k_dtype"), _kv_kind(v_dtype, "v_dtype")
-        cfg.max_seqs = int(max_seqs)
+        cfg.max_seqs = operator.index(max_seqs)
         h = ctypes.c_void_p()
         self._ctx.check(_capi.lib.attn_paged_kv_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))
         self._h = h
@@ -275,7 +277,7 @@ class PagedKVCache(_Owner):
 
     @staticmethod
     def _seqs(seqs):
-        s = [int(x) for x in np.asarray(seqs).reshape(-1)]
+        s = _int64_list(seqs, "seqs")
         return len(s), (ctypes.c_int64 * max(len(s), 1))(*s)
 
     @property
@@ -295,22 +297,23 @@ class PagedKVCache(_Owner):
         s = ctypes.c_int64()
         with self._lock:
             self._ctx.check(_capi.lib.attn_paged_kv_seq_fork(self._ctx.h, self._handle(), ctypes.byref(s),
-                                                             int(parent)))
+                                                             operator.index(parent)))
         return s.value
 
     def free(self, seq):
         """Ends sequence seq; its blocks go back to the pool unless shared."""
         with self._lock:
-            self._ctx.check(_capi.lib.attn_paged_kv_seq_free(self._ctx.h, self._handle(), int(seq)))
+            self._ctx.check(_capi.lib.attn_paged_kv_seq_free(self._ctx.h, self._handle(), operator.index(seq)))
 
     def truncate(self, seq, length):
         """Sequence seq keeps its first length tokens."""
         with self._lock:
-            self._ctx.check(_capi.lib.attn_paged_kv_seq_truncate(self._ctx.h, self._handle(), int(seq), int(length)))
+            self._ctx.check(_capi.lib.attn_paged_kv_seq_truncate(self._ctx.h, self._handle(), operator.index(seq),
+                                                                 operator.index(length)))
 
     def length(self, seq):
         """Tokens sequence seq holds (ValueError for an id that is not live)."""
-        n = int(_capi.lib.attn_paged_kv_seq_length(self._handle(), int(seq)))
+        n = int(_capi.lib.attn_paged_kv_seq_length(self._handle(), operator.index(seq)))
         if n < 0:
             raise ValueError(f"sequence {seq} is not live")
         return n
@@ -318,7 +321,7 @@ class PagedKVCache(_Owner):
     def block_table(self, seq):
         """Sequence seq's block ids, in token order (a tuple of ints)."""
         p = ctypes.POINTER(ctypes.c_int32)()
-        n = int(_capi.lib.attn_paged_kv_block_table(self._handle(), int(seq), ctypes.byref(p)))
+        n = int(_capi.lib.attn_paged_kv_block_table(self._handle(), operator.index(seq), ctypes.byref(p)))
         if n < 0:
             raise ValueError(f"sequence {seq} is not live")
         return tuple(p[i] for i in range(n))
@@ -331,7 +334,7 @@ class PagedKVCache(_Owner):
         kt, vt = _tensor(_to_numpy(k, "k", "any")), _tensor(_to_numpy(v, "v", "any"))
         nn = None
         if n_new is not None:
-            n = [int(x) for x in np.asarray(n_new).reshape(-1)]
+            n = _int64_list(n_new, "n_new")
             if len(n) != nseq:
                 raise ValueError(f"n_new has {len(n)} entries for {nseq} sequences")
             nn = (ctypes.c_int64 * max(nseq, 1))(*n)

@@ -5,7 +5,7 @@ import numpy as np
 
 from . import _capi
 from ._context import _ctx
-from ._tensors import _is_torch, _tensor, _to4, _to_numpy, _wrap
+from ._tensors import _int64, _is_torch, _tensor, _to4, _to_numpy, _wrap
 
 
 def rope_opts(rotary_dim=None, layout="half", theta=10000.0, scaling=None, factor=1.0, original_max_position=None,
@@ -37,10 +37,13 @@ def positions_into(o, positions, B, N):
     is returned: the caller keeps it alive for the call. None: left unset (offset + 0..N-1)."""
     if positions is None:
         return None
-    p = positions.detach().numpy() if _is_torch(positions) else np.asarray(positions)
-    if p.dtype.kind not in "iu":
+    p = _int64(positions, "positions")
+    if p.dtype != np.int64:
         raise TypeError(f"positions: integers expected, got {p.dtype}")
-    pos = np.ascontiguousarray(np.broadcast_to(p.astype(np.int64), (B, N)))
+    try:
+        pos = np.ascontiguousarray(np.broadcast_to(p, (B, N)))
+    except ValueError:
+        raise ValueError(f"positions must be [{B}, {N}] or [{N}] (x's rows and tokens), got shape {p.shape}") from None
     o.positions = pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
     return pos
 

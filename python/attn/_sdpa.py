@@ -5,7 +5,7 @@ import numpy as np
 
 from . import _capi
 from ._context import _ctx
-from ._tensors import _is_torch, _tensor, _to4, _to_numpy, _wrap
+from ._tensors import _int64, _is_torch, _tensor, _to4, _to_numpy, _wrap
 
 
 _MASK_MODES = {"keep": _capi.MASK_KEEP, "masked": _capi.MASK_MASKED, "additive": _capi.MASK_ADDITIVE,
@@ -30,12 +30,10 @@ def _cu_seqlens(o, keep, cu_q, cu_k):
     for attr, val in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         if val is None:
             continue
-        if _is_torch(val):
-            val = val.detach().cpu().numpy()
-        a = np.asarray(val)
-        if a.ndim != 1 or a.size < 1 or not (np.issubdtype(a.dtype, np.integer)):
+        a = _int64(val, attr)
+        if a.ndim != 1 or a.size < 1 or a.dtype != np.int64:
             raise TypeError(f"{attr} must be a 1-D integer array of num_seqs + 1 offsets, got {a.dtype} {a.shape}")
-        a = np.ascontiguousarray(a, np.int64)
+        a = np.ascontiguousarray(a)
         keep.append(a)
         setattr(o, attr, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)))
         if attr == "cu_seqlens_q":

@@ -34,6 +34,8 @@ def _to_numpy(x, what, kind="float"):
         x = x.numpy()
     elif not isinstance(x, np.ndarray):
         x = np.asarray(x)
+    if not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))  # big-endian data (from a file, say): a copy in this CPU's order
     if x.dtype == np.bool_ and kind == "mask":
         pass
     elif x.dtype == np.uint8 and kind == "mask":
@@ -45,11 +47,29 @@ def _to_numpy(x, what, kind="float"):
     else:
         raise TypeError(f"{what}: unsupported dtype {x.dtype} (float32, float64, float16"
                         + (", bool" if kind == "mask" else "") + ")")
-    if not x.dtype.isnative:
-        x = x.astype(x.dtype.newbyteorder("="))
     if any(s < 0 for s in x.strides):
         x = np.ascontiguousarray(x)  # the library takes non-negative strides only
     return x
+
+
+def _int64(x, what):
+    """Integer array x (NumPy, torch or a sequence) as int64, refusing what int64 cannot hold
+    (a uint64 above 2^63 - 1 would otherwise wrap to a negative number the library reports)."""
+    a = x.detach().cpu().numpy() if _is_torch(x) else np.asarray(x)
+    if a.dtype.kind not in "iu":
+        return a  # the caller says what it wanted
+    if a.dtype.kind == "u" and a.size and a.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{what}: {int(a.max())} does not fit in int64")
+    return a.astype(np.int64, copy=False)
+
+
+def _int64_list(x, what):
+    """Integers x (a sequence, NumPy or torch array, any shape) as a flat list of Python ints;
+    floats are refused rather than truncated."""
+    a = _int64(x, what).reshape(-1)
+    if a.size and a.dtype != np.int64:
+        raise TypeError(f"{what}: integers expected, got {a.dtype}")
+    return [int(v) for v in a]
 
 
 _DTYPES = {np.dtype(np.float32): _capi.F32, np.dtype(np.float64): _capi.F64, np.dtype(np.float16): _capi.F16,

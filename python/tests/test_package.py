@@ -138,6 +138,23 @@ def paged():
     except attn.AttnError as e:
         assert "nothing appended" in str(e), str(e)
     assert p.length(child) == 10 and p.free_blocks == 16 - 9
+    one = np.zeros((1, 2, 1, 64), np.float32)
+    for call, err in ((lambda: p.append([child], one, one, n_new=[0.6]), TypeError),  # not truncated to 0
+                      (lambda: p.append([float(child)], one, one), TypeError),
+                      (lambda: p.append(np.array([child], np.uint64), one, one, n_new=np.array([2**63], np.uint64)),
+                       ValueError),  # not wrapped to -2^63
+                      (lambda: p.truncate(child, 9.5), TypeError),
+                      (lambda: attn.PagedKVCache(16, 16.5, 2, 64), TypeError),
+                      (lambda: attn.rope(q1, positions=np.array([2**63 + 1], np.uint64)), ValueError),
+                      (lambda: attn.scaled_dot_product_attention(q1, q1, q1, cu_seqlens_q=np.array([0, 2**64 - 1],
+                                                                                                   np.uint64)),
+                       ValueError)):
+        try:
+            call()
+            raise AssertionError("a fractional or overflowing count accepted")
+        except err:
+            pass
+    assert p.length(child) == 10 and p.free_blocks == 16 - 9
     p.free(child)
     for s in seqs:
         p.free(s)
@@ -147,6 +164,11 @@ def paged():
         raise AssertionError("a freed sequence's length")
     except ValueError:
         pass
+    try:
+        attn.rope(q1, positions=np.arange(4))
+        raise AssertionError("4 positions for 1 token accepted")
+    except ValueError as e:
+        assert str(e) == "positions must be [1, 1] or [1] (x's rows and tokens), got shape (4,)", str(e)
     p.close()
     lin.close()
     assert repr(p).endswith(", closed)"), repr(p)
@@ -154,7 +176,8 @@ def paged():
 
 def views():
     """Inputs read in place through their strides: a strided and a transposed view give the bytes
-    their contiguous copies give; a stride that is not a whole number of items is refused."""
+    their contiguous copies give; big-endian arrays give their values; a stride that is not a whole
+    number of items is refused."""
     import numpy as np
     rng = np.random.default_rng(2)
     q = rng.standard_normal((2, 3, 5, 32), dtype=np.float32)
@@ -164,6 +187,11 @@ def views():
     want = attn.scaled_dot_product_attention(q, np.ascontiguousarray(k), np.ascontiguousarray(v))
     got = attn.scaled_dot_product_attention(q, k, v)
     assert np.array_equal(got, want), np.abs(got - want).max()
+    # big-endian arrays (np.load of a '>f4' file) are read as the values they hold, masks too
+    big = attn.scaled_dot_product_attention(q.astype(">f4"), k.astype(">f8"), v.astype(">f2"),
+                                            attn_mask=np.tril(np.ones((5, 7))).astype(">f4"))
+    want = attn.scaled_dot_product_attention(q, k, v.astype(np.float16), attn_mask=np.tril(np.ones((5, 7), np.float32)))
+    assert np.array_equal(big, want), np.abs(big - want).max()
     raw = np.zeros(4096, np.uint8)
     odd = np.ndarray((2, 3, 5, 32), np.float32, raw, offset=0, strides=(1922, 642, 130, 4))  # rows 2 bytes apart
     try:
