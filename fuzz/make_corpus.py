@@ -70,9 +70,11 @@ def npy_corpus():
     out("npy", "int_overflow.npy", npy("<f4", (99999999999999999999999,)))
     out("npy", "rank9.npy", npy("<f4", (1,) * 8 + (2,), values("<f", 2)))
     out("npy", "negative.npy", npy("<f4", (-1, 3)))
-    # headers that are wrong
+    # the other layout and byte order (read into C order, this CPU's bytes)
     out("npy", "fortran.npy", npy("<f4", (2, 2), values("<f", 4), fortran=True))
     out("npy", "big_endian.npy", npy(">f4", (2,), values(">f", 2)))
+    out("npy", "fortran_big_i4_2x3x2.npy", npy(">i4", (2, 3, 2), struct.pack(">12i", *range(-6, 6)), fortran=True))
+    # headers that are wrong
     out("npy", "int32.npy", npy("<i4", (2,), b"\0" * 8))
     out("npy", "structured.npy", npy("", (), b"", raw_dict="{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,)}"))
     out("npy", "extra_key.npy", npy("<f4", (), values("<f", 1),

@@ -1078,9 +1078,12 @@ ATTN_API attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor
                                        const attn_tensor *dout);
 
 /* ---- files ------------------------------------------------------------------- */
-/* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16), little-endian, C order;
- * the reader also takes int32 and int64 arrays (positions, token ids), read
- * as f64, exactly (a value past 2^53 is refused).
+/* .npy (format 1.0-3.0): f32, f64, bool, u8 (and f16); the reader also takes
+ * int32 and int64 arrays (positions, token ids), read as f64, exactly (a value
+ * past 2^53 is refused). Files in either byte order and in C or Fortran order
+ * (np.save of a transposed array, Julia's and MATLAB's writers) are read into a
+ * C-order tensor in this CPU's byte order; a Fortran-order file passes through a
+ * second buffer of its size. The writer writes C order, little-endian.
  * Reading allocates: free with attn_tensor_free. Both readers refuse
  * (ATTN_E_FORMAT) a shape whose strides could not be represented, even one
  * with no element. Writing follows a symbolic link at path (the file it points

@@ -1,6 +1,7 @@
 /* .npy files (format 1.0-3.0): a magic string, a Python-literal header dict,
- * then the raw C-order data. Files are treated as hostile: every length is
- * checked against the file's real size before anything is allocated. */
+ * then the raw data in C or Fortran order, in either byte order. Files are
+ * treated as hostile: every length is checked against the file's real size
+ * before anything is allocated. */
 #include "internal.h"
 #include "file.h"
 #include "io.h"
@@ -160,7 +161,8 @@ static attn_status parse_header(attn_ctx *ctx, const char *path, const char *tex
   return ATTN_OK;
 }
 
-/* Maps a descr to a dtype; *swap says whether the bytes need reversing here. */
+/* Maps a descr to a dtype; *swap says whether each element's bytes need reversing here
+ * (a one-byte element reverses to itself). */
 static attn_status parse_descr(attn_ctx *ctx, const char *path, const npy_header *h, attn_dtype *dt, int *swap,
                                int *int_size) {
   char shown[40];
@@ -179,13 +181,8 @@ static attn_status parse_descr(attn_ctx *ctx, const char *path, const npy_header
   }
   if (!ok)
     return npy_fail(ctx, ATTN_E_DTYPE, path, "unsupported dtype '%s' (supported: <f4 <f8 <f2 |b1 |u1 <i4 <i8)", shown);
-  *swap = 0;
-  if (attn_dtype_size(*dt) > 1) {
-    if (d[0] == '>')
-      return npy_fail(ctx, ATTN_E_DTYPE, path, "big-endian dtype '%s' is not supported; save it little-endian ('<')",
-                      shown);
-    *swap = d[0] == '<' && !attn__host_is_le(); /* '=' and '|' mean the host's order */
-  }
+  /* '=' and '|' mean the writer's host order, taken to be ours */
+  *swap = (d[0] == '<' && !attn__host_is_le()) || (d[0] == '>' && attn__host_is_le());
   return ATTN_OK;
 }
 
@@ -209,6 +206,23 @@ static attn_status widen_integers(attn_ctx *ctx, const char *path, void *buf, in
   return ATTN_OK;
 }
 
+/* dst = the array src holds in Fortran order (the first index fastest), in C order; both
+ * packed, elements of es bytes. */
+static void fortran_to_c(unsigned char *dst, const unsigned char *src, size_t es, int rank, const int64_t *shape) {
+  int64_t numel = 1, fstride[ATTN_MAX_RANK], idx[ATTN_MAX_RANK] = {0};
+  for (int k = 0; k < rank; k++) fstride[k] = numel, numel *= shape[k];
+  int64_t from = 0; /* src's element for idx */
+  for (int64_t i = 0; i < numel; i++) {
+    memcpy(dst + (size_t)i * es, src + (size_t)from * es, es);
+    for (int k = rank - 1; k >= 0; k--) { /* the next C-order index: the last dimension fastest */
+      from += fstride[k];
+      if (++idx[k] < shape[k]) break;
+      from -= idx[k] * fstride[k];
+      idx[k] = 0;
+    }
+  }
+}
+
 /* What to read: everything, or elements [start, start + count) of dimension
  * dim (the rest of the file unread), or the header alone (shape and dtype in
  * out, no data). */
@@ -224,6 +238,7 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
   const int64_t size = src->size;
   attn_status st;
   char *text = NULL;
+  unsigned char *fortran_buf = NULL;
   attn_tensor t;
   memset(&t, 0, sizeof t);
   unsigned char pre[12];
@@ -283,10 +298,6 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
   int swap = 0, int_size = 0; /* int_size: integers of that many bytes, read as f64 */
   if ((st = parse_descr(ctx, path, &h, &dt, &swap, &int_size))) goto done;
   const int64_t file_esize = int_size ? int_size : (int64_t)attn_dtype_size(dt);
-  if (h.fortran) {
-    st = npy_fail(ctx, ATTN_E_UNSUPPORTED, path, "fortran_order is True; only C order is supported");
-    goto done;
-  }
   int64_t numel = 1, bytes;
   for (int i = 0; i < h.rank; i++)
     if (attn__mul_overflows(numel, h.shape[i], &numel)) {
@@ -313,7 +324,8 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
     for (int i = 0; i < h.rank; i++) out->shape[i] = h.shape[i];
     goto done;
   }
-  /* a slice: outer runs of count * inner elements, start * inner into each of the file's runs */
+  /* a slice: outer runs of count * inner elements, start * inner into each of the file's runs; in
+   * Fortran order the dimensions before dim are the inner ones and those after it the outer */
   int64_t outer = 1, inner = 1, full = 0;
   if (part->dim >= 0) {
     if (part->dim >= h.rank || part->start < 0 || part->count < 0 || part->start > h.shape[part->dim] ||
@@ -323,8 +335,8 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
                     part->dim < h.rank ? " of that size" : "");
       goto done;
     }
-    for (int i = 0; i < part->dim; i++) outer *= h.shape[i];
-    for (int i = part->dim + 1; i < h.rank; i++) inner *= h.shape[i];
+    for (int i = 0; i < part->dim; i++) *(h.fortran ? &inner : &outer) *= h.shape[i];
+    for (int i = part->dim + 1; i < h.rank; i++) *(h.fortran ? &outer : &inner) *= h.shape[i];
     full = h.shape[part->dim];
     h.shape[part->dim] = part->count;
     numel = outer * part->count * inner;
@@ -336,9 +348,15 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
     st = npy_fail(ctx, st, path, "%s", m);
     goto done;
   }
-  /* integers land in the tensor's own f64 buffer (at least as large), then widen in place, front to back */
+  /* integers land in the tensor's own f64 buffer (at least as large), then widen in place, front to back;
+   * a Fortran-order array lands in a buffer of its own first, then is reordered into the tensor */
+  if (h.fortran && h.rank > 1 && bytes > 0 && !(fortran_buf = malloc((size_t)bytes))) {
+    st = npy_fail(ctx, ATTN_E_NOMEM, path, "out of memory for a Fortran-order array's %lld bytes", (long long)bytes);
+    goto done;
+  }
+  unsigned char *land = fortran_buf ? fortran_buf : t.data;
   if (part->dim < 0) {
-    if ((st = attn__src_read(ctx, src, data_off, t.data, (size_t)bytes, &got))) goto done;
+    if ((st = attn__src_read(ctx, src, data_off, land, (size_t)bytes, &got))) goto done;
     if (got < (size_t)bytes) {
       st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
       goto done;
@@ -347,13 +365,14 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
     const int64_t run = part->count * inner * file_esize; /* within the file's size, checked above */
     for (int64_t o = 0; o < outer && run > 0; o++) {
       const int64_t from = data_off + ((o * full + part->start) * inner) * file_esize;
-      if ((st = attn__src_read(ctx, src, from, (char *)t.data + o * run, (size_t)run, &got))) goto done;
+      if ((st = attn__src_read(ctx, src, from, land + o * run, (size_t)run, &got))) goto done;
       if (got < (size_t)run) {
         st = npy_fail(ctx, ATTN_E_FORMAT, path, "truncated data (the file shrank while being read)");
         goto done;
       }
     }
   }
+  if (fortran_buf) fortran_to_c(t.data, fortran_buf, (size_t)file_esize, h.rank, h.shape);
   if (swap) attn__swap_elems(t.data, (size_t)file_esize, (size_t)numel);
   if (int_size && (st = widen_integers(ctx, path, t.data, int_size, numel))) goto done;
   *out = t;
@@ -361,6 +380,7 @@ static attn_status npy_read(attn_ctx *ctx, attn_tensor *out, const attn__src *sr
 
 done:
   attn_tensor_free(&t);
+  free(fortran_buf);
   free(text);
   return st;
 }
