@@ -2,7 +2,9 @@
  * runs the file reader's code). Whatever the bytes: a known status, a message
  * on failure and no tensor; on success a tensor whose every byte can be read,
  * no larger than the input, that the writer saves and the reader gives back
- * unchanged (dtype, shape and bytes). */
+ * unchanged (dtype, shape and bytes), and of which a slice read from the same
+ * bytes in a file (a dimension and range picked from the input) holds the
+ * same elements. */
 #include "io/io.h"
 
 #include <stdio.h>
@@ -39,6 +41,31 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
+/* The input's bytes as a file, read by attn_npy_read_slice over one dimension and range
+ * chosen from the input: the elements t (the whole read) holds there. */
+static void slice_matches(const attn_tensor *t, const uint8_t *data, size_t size) {
+  FILE *f = fopen(path, "wb");
+  need(f && fwrite(data, 1, size, f) == size && fclose(f) == 0, "cannot write the input to a file");
+  uint64_t h = (uint64_t)size * 0x9e3779b97f4a7c15u;
+  for (size_t i = size > 8 ? size - 8 : 0; i < size; i++) h = (h ^ data[i]) * 0x100000001b3u;
+  const int dim = (int)(h % (uint64_t)t->rank);
+  const int64_t full = t->shape[dim];
+  const int64_t start = (int64_t)((h >> 16) % (uint64_t)(full + 1));
+  const int64_t count = (int64_t)((h >> 40) % (uint64_t)(full - start + 1));
+  attn_tensor s;
+  need(attn_npy_read_slice(ctx, &s, path, dim, start, count) == ATTN_OK, "a slice of an accepted file refused");
+  need(s.dtype == t->dtype && s.rank == t->rank && s.shape[dim] == count, "the slice's dtype or shape");
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < dim; i++) outer *= t->shape[i];
+  for (int i = dim + 1; i < t->rank; i++) inner *= t->shape[i];
+  const size_t run = (size_t)(count * inner) * attn_dtype_size(t->dtype);
+  for (int64_t o = 0; o < outer && run > 0; o++)
+    need(!memcmp((const char *)s.data + (size_t)o * run,
+                 (const char *)t->data + (size_t)((o * full + start) * inner) * attn_dtype_size(t->dtype), run),
+         "the slice differs from the whole read there");
+  attn_tensor_free(&s);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   attn_tensor t;
   attn_status st = attn__npy_read_mem(ctx, &t, data, size, "fuzz.npy");
@@ -56,6 +83,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   unsigned acc = 0;
   for (int64_t i = 0; i < n * (int64_t)es; i++) acc += ((const unsigned char *)t.data)[i];
   (void)acc;
+
+  if (t.rank > 0) slice_matches(&t, data, size);
 
   st = attn_npy_write(ctx, path, &t);
   need(st == ATTN_OK, "a tensor the reader accepted cannot be written");
