@@ -420,6 +420,15 @@ else
   if cmp -s "$T/map_w.png" "$T/map_b1.png"; then bad "--batch 1 drew batch 0"; else ok; fi
   expect 0 "" -- map --weights "$T/w.npy" --png "$T/map_nolabels.png"
   is_png "$T/map_nolabels.png"
+  # a UTF-8 sequence is one '?', as is a stray byte; labels are cut at 10 glyphs, not bytes
+  printf '\303\251\n\342\202\254x\n\377\n\304\240the\n%s\n?\n?\n' "$(printf '\303\251%.0s' $(seq 11))" >"$T/tok_utf8.txt"
+  printf '?\n?x\n?\n?the\n??????????\n?\n?\n' >"$T/tok_ascii.txt"
+  expect 0 "" -- map --weights "$T/w.npy" --png "$T/map_utf8.png" --tokens "$T/tok_utf8.txt"
+  expect 0 "" -- map --weights "$T/w.npy" --png "$T/map_ascii.png" --tokens "$T/tok_ascii.txt"
+  if cmp -s "$T/map_utf8.png" "$T/map_ascii.png"; then ok; else bad "UTF-8 labels drew other than their '?' glyphs"; fi
+  printf 'the\ncat\000\nsat\non\nthe\nmat\nnow\n' >"$T/tok_nul.txt"
+  expect 1 "$T/never.png" -- map --weights "$T/w.npy" --png "$T/never.png" --tokens "$T/tok_nul.txt"
+  if grep -q "line 2 holds a NUL byte" "$T/stderr"; then ok; else bad "a NUL in a token file: $(cat "$T/stderr")"; fi
   # one head [Nq, Nk], rank 3 [H, Nq, Nk], a cross-attention layer, --key alone
   expect 0 "" -- map --weights $G/sdpa_plain/weights.npy --png "$T/map_sdpa.png"
   is_png "$T/map_sdpa.png"

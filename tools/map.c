@@ -49,23 +49,37 @@ static void tokens_free(tokens *t) {
 }
 
 /* One token per line (a final newline optional, "\r\n" accepted), cut to
- * MAP_LABEL_CHARS. 0 or an exit code. */
+ * MAP_LABEL_CHARS glyphs (rs_text's). A NUL byte or a line over 4094 bytes is
+ * refused. 0 or an exit code. */
 static int tokens_read(tokens *t, const char *path, const char *flag) {
   memset(t, 0, sizeof *t);
   FILE *f = fopen(path, "rb");
   if (!f) return cli_fail(CLI_EXIT_FAIL, "%s '%s': %s", flag, cli_show(path), strerror(errno));
   char line[4096];
   int64_t cap = 0;
-  int r = 0;
-  while (fgets(line, sizeof line, f)) {
-    size_t len = strlen(line);
-    const int whole = len > 0 && line[len - 1] == '\n';
-    if (!whole && !feof(f)) {
-      r = cli_fail(CLI_EXIT_FAIL, "%s '%s': line %lld is longer than %d bytes", flag, cli_show(path), (long long)t->n + 1,
-                   (int)sizeof line - 2);
-      break;
+  int r = 0, ch = 0;
+  while (!r && ch != EOF) {
+    size_t len = 0;
+    while ((ch = getc(f)) != EOF && ch != '\n') {
+      if (ch == '\0') {
+        r = cli_fail(CLI_EXIT_FAIL, "%s '%s': line %lld holds a NUL byte", flag, cli_show(path), (long long)t->n + 1);
+        break;
+      }
+      if (len == sizeof line - 2) {
+        r = cli_fail(CLI_EXIT_FAIL, "%s '%s': line %lld is longer than %d bytes", flag, cli_show(path),
+                     (long long)t->n + 1, (int)sizeof line - 2);
+        break;
+      }
+      line[len++] = (char)ch;
     }
-    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+    if (r || (ch == EOF && len == 0)) break; /* no line after the final newline */
+    while (len > 0 && line[len - 1] == '\r') len--;
+    line[len] = '\0';
+    for (int k = 0, glyphs = 0; line[k]; k++)
+      if (rs_glyph_starts(line, k) && ++glyphs > MAP_LABEL_CHARS) {
+        line[k] = '\0';
+        break;
+      }
     if (t->n == MAP_MAX_TOKENS) {
       r = cli_fail(CLI_EXIT_FAIL, "%s '%s': more than %d tokens", flag, cli_show(path), MAP_MAX_TOKENS);
       break;
@@ -79,7 +93,6 @@ static int tokens_read(tokens *t, const char *path, const char *flag) {
       }
       t->s = s;
     }
-    if (len > MAP_LABEL_CHARS) line[MAP_LABEL_CHARS] = '\0';
     if (!(t->s[t->n] = strdup(line))) {
       r = cli_fail(CLI_EXIT_FAIL, "out of memory");
       break;

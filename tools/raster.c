@@ -136,19 +136,28 @@ void rs_fill(rs_image *im, int x, int y, int w, int h, rs_rgb c) {
   }
 }
 
+int rs_glyph_starts(const char *s, int k) {
+  const unsigned char b = (unsigned char)s[k];
+  /* a continuation byte (10xxxxxx) belongs to the glyph before it, unless that one is ASCII */
+  return (b & 0xc0) != 0x80 || k == 0 || (unsigned char)s[k - 1] < 0x80;
+}
+
 int rs_text_width(const char *s, int scale) {
-  const int n = (int)strlen(s);
+  int n = 0;
+  for (int k = 0; s[k]; k++) n += rs_glyph_starts(s, k);
   return n ? (n * RS_ADVANCE - 1) * scale : 0;
 }
 
 void rs_text(rs_image *im, int x, int y, const char *s, int scale, rs_rgb c, int vertical) {
-  for (int k = 0; s[k]; k++) {
+  for (int k = 0, at = -1; s[k]; k++) {
+    if (!rs_glyph_starts(s, k)) continue;
+    at++;
     const unsigned char ch = (unsigned char)s[k];
     const char *const *g = font[(ch >= 32 && ch < 127 ? ch : '?') - 32];
     for (int row = 0; row < RS_GLYPH_H; row++)
       for (int col = 0; col < RS_GLYPH_W; col++) {
         if (g[row][col] != '#') continue;
-        const int u = k * RS_ADVANCE + col; /* along the text */
+        const int u = at * RS_ADVANCE + col; /* along the text */
         if (vertical) rs_fill(im, x + row * scale, y - (u + 1) * scale, scale, scale, c);
         else rs_fill(im, x + u * scale, y + row * scale, scale, scale, c);
       }

@@ -25,10 +25,14 @@ void rs_free(rs_image *im);
 void rs_fill(rs_image *im, int x, int y, int w, int h, rs_rgb c);
 /* Draws s with its top-left corner at (x, y), each font pixel scale x scale.
  * vertical: rotated a quarter turn anticlockwise (reads bottom to top), (x, y)
- * is then the bottom-left corner. Bytes outside printable ASCII draw as '?'. */
+ * is then the bottom-left corner. Each glyph outside printable ASCII draws as
+ * one '?': a UTF-8 sequence is one glyph (a lead byte and the continuation bytes
+ * after it), any other byte one. */
 void rs_text(rs_image *im, int x, int y, const char *s, int scale, rs_rgb c, int vertical);
 /* Pixels along the reading direction that rs_text uses for s. */
 int rs_text_width(const char *s, int scale);
+/* Whether byte k of s begins a glyph (see rs_text). */
+int rs_glyph_starts(const char *s, int k);
 /* The colour ramp at t in [0, 1] (clamped): dark blue through teal to yellow. */
 rs_rgb rs_ramp(double t);
 /* rows x cols cells of size cell at (x, y): v[i * ld + j] mapped from [vmin, vmax]
