@@ -1,5 +1,6 @@
 """The library's error type, its version, and the contexts calls run on."""
 import ctypes
+import operator
 import threading
 
 from . import _capi
@@ -31,7 +32,7 @@ class _Ctx:
             raise AttnError(st, msg)
 
     def set_threads(self, threads):
-        self.check(_capi.lib.attn_ctx_set_threads(self.h, 0 if threads is None else int(threads)))
+        self.check(_capi.lib.attn_ctx_set_threads(self.h, 0 if threads is None else operator.index(threads)))
 
     PRECISIONS = {"default": 0, "fp32": 1, "bf16": 2, "f16": 3}  # attn.h's attn_precision
 

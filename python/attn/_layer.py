@@ -1,5 +1,6 @@
 """MultiheadAttention: the counterpart of torch.nn.MultiheadAttention."""
 import ctypes
+import operator
 import threading
 
 import numpy as np
@@ -62,12 +63,12 @@ class MultiheadAttention:
         self._ctx.set_threads(threads)
         if _handle is None:
             cfg = _capi.MhaConfig()
-            _capi.init(cfg, int(embed_dim), int(num_heads))
-            cfg.num_kv_heads = int(num_kv_heads or 0)
-            cfg.kdim = int(kdim or 0)
-            cfg.vdim = int(vdim or 0)
+            _capi.init(cfg, operator.index(embed_dim), operator.index(num_heads))
+            cfg.num_kv_heads = operator.index(num_kv_heads or 0)
+            cfg.kdim = operator.index(kdim or 0)
+            cfg.vdim = operator.index(vdim or 0)
             cfg.bias = 1 if bias else 0
-            cfg.head_dim = int(head_dim or 0)
+            cfg.head_dim = operator.index(head_dim or 0)
             cfg.out_bias = -1 if out_bias is None else (1 if out_bias else 0)
             if qk_norm not in self._QK_NORM:
                 raise ValueError(f"qk_norm must be None, 'per_head' or 'whole', got {qk_norm!r}")
@@ -144,9 +145,9 @@ class MultiheadAttention:
         elif layout != "linear":
             raise ValueError("layout applies to a names map; a detected family knows its own layout")
         like = _capi.MhaConfig()
-        _capi.init(like, 0, int(num_heads))
-        like.num_kv_heads = int(num_kv_heads or 0)
-        like.head_dim = int(head_dim or 0)
+        _capi.init(like, 0, operator.index(num_heads))
+        like.num_kv_heads = operator.index(num_kv_heads or 0)
+        like.head_dim = operator.index(head_dim or 0)
         like.qk_norm_kind = cls._NORM_KIND[qk_norm_kind]
         if qk_norm_eps is not None:
             like.qk_norm_eps = float(qk_norm_eps)

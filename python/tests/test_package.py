@@ -145,6 +145,8 @@ def paged():
                        ValueError),  # not wrapped to -2^63
                       (lambda: p.truncate(child, 9.5), TypeError),
                       (lambda: attn.PagedKVCache(16, 16.5, 2, 64), TypeError),
+                      (lambda: attn.MultiheadAttention(8.0, 2), TypeError),
+                      (lambda: attn.scaled_dot_product_attention(q1, q1, q1, threads=1.5), TypeError),
                       (lambda: attn.rope(q1, positions=np.array([2**63 + 1], np.uint64)), ValueError),
                       (lambda: attn.scaled_dot_product_attention(q1, q1, q1, cu_seqlens_q=np.array([0, 2**64 - 1],
                                                                                                    np.uint64)),
