@@ -436,11 +436,15 @@ class MultiheadAttention:
                 and self.num_heads * self.head_dim == self.embed_dim)
 
     def grad(self, query, key, value, grad_output, key_padding_mask=None, attn_mask=None, is_causal=False, *,
-             mask_mode=None, rope=None, positions=None, cu_seqlens=None):
+             mask_mode=None, rope=None, positions=None, window=None, softcap=None, alibi=None, sinks=None,
+             dropout_p=0.0, dropout_seed=None, cu_seqlens=None):
         """Gradients of a loss L through forward(query, key, value, ...), given grad_output = dL/dout.
 
         Runs the forward pass again (attn_mha_forward_save), then attn_mha_backward.
-        rope, positions and cu_seqlens (a packed batch): as in forward.
+        rope, positions, window, softcap, alibi, sinks (not differentiated),
+        dropout_p, dropout_seed and cu_seqlens (a packed batch): as in forward;
+        with dropout, pass the forward's dropout_seed to differentiate that very
+        forward (without one this call draws its own mask).
         Returns a dict: 'query', 'key', 'value' (input gradients, in the inputs'
         layout; with key and value the very same object as query, self-attention,
         only 'query', the whole gradient), and every parameter's under PyTorch's
@@ -458,6 +462,7 @@ class MultiheadAttention:
         B, L, S = q.shape[0], q.shape[1], k.shape[1]
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         self._hf_defaults(opts, keep, B, L, positions, rope)
+        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks, dropout_p, dropout_seed)
         _cu_seqlens(opts.attn, keep, cu_seqlens, None)
         if rope is not None:
             ro = rope_opts(**rope)

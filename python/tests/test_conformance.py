@@ -570,6 +570,32 @@ else:
         desc = ",".join(f"{k}={v}" for k, v in g.items())
         case(MHB, desc, mha_grad_case(**g))
 
+    def mha_grad_options_case():
+        """grad() with a window, softcap, ALiBi, sinks and seeded dropout: the gradients torch autograd
+        takes through the layer's projections composed around scaled_dot_product_attention (whose own
+        backward is attn_sdpa_backward) with the same options."""
+        E, H, B, L = 32, 4, 2, 11
+        m = attn.MultiheadAttention(E, H, batch_first=True)
+        w, b = torch.randn(3 * E, E) * 0.2, torch.randn(3 * E) * 0.1
+        wo, bo = torch.randn(E, E) * 0.2, torch.randn(E) * 0.1
+        m.load_state_dict({"in_proj_weight": w, "in_proj_bias": b, "out_proj.weight": wo, "out_proj.bias": bo})
+        x, G = torch.randn(B, L, E), torch.randn(B, L, E)
+        kw = dict(window=4, softcap=5.0, alibi=True, sinks=torch.randn(H), dropout_p=0.25, dropout_seed=11)
+        got = m.grad(x, x, x, G, **kw)
+        ps = [t.clone().requires_grad_() for t in (x, w, b, wo, bo)]
+        xt, wt, bt, wot, bot = ps
+        heads = lambda t: t.reshape(B, L, H, E // H).transpose(1, 2)  # noqa: E731
+        q, k, v = (heads(xt @ wt[i * E:(i + 1) * E].T + bt[i * E:(i + 1) * E]) for i in range(3))
+        a = attn.scaled_dot_product_attention(q, k, v, **kw).transpose(1, 2).reshape(B, L, E)
+        (a @ wot.T + bot).backward(G)
+        names = ("query", "in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
+        assert set(got) == set(names), sorted(got)
+        # dropout is on: without its seed's mask in grad() the gradients would differ by far more
+        return max(rel(got[n], p.grad) for n, p in zip(names, ps))
+
+    case(MHB, "window, softcap, ALiBi, sinks and seeded dropout (grad against autograd through the SDPA)",
+         mha_grad_options_case)
+
     # ---- head_dim != E/H, out_bias and QK-norm against a plain PyTorch composition ----------
     QKN = "mha head_dim + QK-norm"
 
