@@ -403,15 +403,17 @@ class MultiheadAttention:
         rope = self._hf.rope if self._hf is not None and self._hf.has_rope else None
         return KVCache(batch, capacity, self.num_kv_heads, self.head_dim, dtype=dtype, threads=threads, rope=rope)
 
-    def forward_cached(self, x, cache):
+    def forward_cached(self, x, cache, *, window=None, softcap=None, alibi=None, sinks=None):
         """Incremental causal self-attention (decoding) through a KVCache.
 
         x holds the next n tokens of every row, in the layer's layout: [B, n, E]
         with batch_first, else [n, B, E] (and [n, E] for one row). Their keys and
         values are appended to cache (from new_cache(B, ...)), then their queries
-        attend over the whole row. Returns out like x (same layout, float32,
-        NumPy or torch). Token by token this equals forward() with a causal mask
-        over the whole sequence. If the step fails the cache is left as it was."""
+        attend over the whole row. window, softcap, alibi and sinks as in
+        forward (over a model's own options, from_hf, where given). Returns out
+        like x (same layout, float32, NumPy or torch). Token by token this
+        equals forward() with a causal mask over the whole sequence and the
+        same options. If the step fails the cache is left as it was."""
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be an attn.KVCache, got {type(cache).__name__}")
         like_torch = _is_torch(x)
@@ -420,7 +422,9 @@ class MultiheadAttention:
         out, ob = self._user_layout((B, n, self.embed_dim), unbatched)
         opts = _capi.MhaOpts()
         _capi.init(opts)
-        self._hf_defaults(opts, [], B, n, None, None, cached=True)
+        keep = []
+        self._hf_defaults(opts, keep, B, n, None, None, cached=True)
+        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks)
         ot, xt = _tensor(ob), _tensor(xb)
         # layer lock, then cache lock: KVCache methods take only the latter, so no cycle
         with self._lock, cache._lock:

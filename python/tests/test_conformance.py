@@ -1061,6 +1061,54 @@ case(OPT, "the layer: window, softcap, ALiBi, sinks and seeded dropout in Multih
      layer_options_case)
 
 
+def cache_options_case(paged):
+    """KVCache.attend / PagedKVCache.attend with a window, softcap, ALiBi and sinks, in uneven steps:
+    scaled_dot_product_attention (bottom-right causal) over the tokens appended so far."""
+    B, Hq, Hk, D, steps = 2, 4, 2, 16, [6, 1, 1, 9, 1, 1]
+    T = sum(steps)
+    kw = dict(window=5, softcap=4.0, alibi=True, sinks=randn(Hq))
+    q, k, v = randn(B, Hq, T, D), randn(B, Hk, T, D), randn(B, Hk, T, D)
+    c = attn.PagedKVCache(16, 4, Hk, D) if paged else attn.KVCache(B, T, Hk, D)
+    seqs = [c.new_seq() for _ in range(B)] if paged else None
+    err, at = 0.0, 0
+    for n in steps:
+        if paged:
+            c.append(seqs, k[:, :, at:at + n], v[:, :, at:at + n])
+            out = c.attend(seqs, q[:, :, at:at + n], **kw)
+        else:
+            c.append(k[:, :, at:at + n], v[:, :, at:at + n])
+            out = c.attend(q[:, :, at:at + n], **kw)
+        ref = attn.scaled_dot_product_attention(q[:, :, at:at + n], k[:, :, :at + n], v[:, :, :at + n],
+                                                is_causal=True, causal_align="bottom-right", enable_gqa=True, **kw)
+        err = max(err, rel(out, ref))
+        at += n
+    c.close()
+    return err
+
+
+case(OPT, "KVCache.attend: window, softcap, ALiBi and sinks, step by step", lambda: cache_options_case(False))
+case(OPT, "PagedKVCache.attend: window, softcap, ALiBi and sinks, step by step", lambda: cache_options_case(True))
+
+
+def layer_cached_options_case():
+    """MultiheadAttention.forward_cached token by token with a window, softcap, ALiBi and sinks equals
+    forward over the whole sequence, causal, with the same options."""
+    E, H, B, T = 32, 4, 2, 10
+    m = attn.MultiheadAttention(E, H, batch_first=True)
+    m.load_state_dict({"in_proj_weight": randn(3 * E, E) * 0.2, "in_proj_bias": randn(3 * E) * 0.1,
+                       "out_proj.weight": randn(E, E) * 0.2, "out_proj.bias": randn(E) * 0.1})
+    x = randn(B, T, E)
+    kw = dict(window=3, softcap=5.0, alibi=True, sinks=randn(H))
+    whole, _ = m(x, x, x, need_weights=False, is_causal=True, **kw)
+    cache = m.new_cache(B, T)
+    steps = np.concatenate([m.forward_cached(x[:, t:t + 1], cache, **kw) for t in range(T)], axis=1)
+    return rel(steps, whole)
+
+
+case(OPT, "the layer: forward_cached with a window, softcap, ALiBi and sinks, token by token",
+     layer_cached_options_case)
+
+
 # ---- half precision: our error beside PyTorch's, both against float64 on the same rounded inputs ----
 def half_case(dtype, B, H, Hk, L, S, D, causal=False, kpm=False, window=None, softcap=None):
     """Ours (the context's default precision: bf16 tiles where the CPU has them) against
