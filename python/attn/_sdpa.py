@@ -158,8 +158,9 @@ def _sdpa_forward(c, want_weights, want_lse, threads, precision=None):
     return out, weights, lse
 
 
-def _sdpa_backward(c, dout, out, lse, want_mask_grad, threads, precision=None):
-    """dq, dk, dv (4-D float32) and the mask's gradient in the mask's own shape (or None)."""
+def _sdpa_backward(c, dout, out, lse, want_mask_grad, threads, precision=None, want_sinks_grad=False):
+    """dq, dk, dv (4-D float32), the mask's gradient in the mask's own shape and the sinks'
+    gradient [H] (each None unless wanted)."""
     d4 = _to4(_to_numpy(dout, "dout"))
     o4 = _to4(_to_numpy(out, "out"))
     l = _to_numpy(lse, "lse")
@@ -173,16 +174,22 @@ def _sdpa_backward(c, dout, out, lse, want_mask_grad, threads, precision=None):
             raise ValueError("a mask gradient needs a float (additive) attn_mask")
         mg = np.empty((c.B, c.H, c.L, c.S), np.float32)
         mg_arg = c.out_ptr(mg)
+    dsinks = sg_arg = None
+    if want_sinks_grad:
+        if not c.opts.sinks:
+            raise ValueError("a sinks gradient needs sinks")
+        dsinks = np.empty(c.H, np.float32)
+        sg_arg = c.out_ptr(dsinks)
     ts = [_tensor(a) for a in (dq, dk, dv, d4, c.q4, c.k4, c.v4, o4, l3)]
     x = _ctx()
     x.set_threads(threads)
     x.set_precision(precision)
     args = [ctypes.byref(t) for t in ts]
-    x.check(_capi.lib.attn_sdpa_backward(x.h, *args[:3], mg_arg, None, *args[3:], ctypes.byref(c.opts)))
+    x.check(_capi.lib.attn_sdpa_backward(x.h, *args[:3], mg_arg, sg_arg, *args[3:], ctypes.byref(c.opts)))
     dmask = None
     if mg is not None:
         dmask = np.ascontiguousarray(_unbroadcast(c.unbatch(mg), c.mask_shape), np.float32)
-    return dq, dk, dv, dmask
+    return dq, dk, dv, dmask, dsinks
 
 
 def _wants_autograd(*xs):
@@ -204,7 +211,7 @@ def _autograd_fn():
 
     class SdpaFunction(torch.autograd.Function):
         @staticmethod
-        def forward(fctx, q, k, v, attn_mask, kw):
+        def forward(fctx, q, k, v, attn_mask, sinks, kw):  # sinks: a tensor here only to get its gradient
             c = _SdpaCall(q, k, v, attn_mask, halves=True, **kw["call"])
             kw["call"]["dropout_seed"] = int(c.opts.dropout_seed)  # the backward regenerates the same dropout
             out, weights, lse = _sdpa_forward(c, kw["return_weights"], True, kw["threads"], kw["precision"])
@@ -228,13 +235,15 @@ def _autograd_fn():
             q, k, v, m, o, l_ = fctx.saved_tensors
             m = fctx.np_mask if m is None else m
             c = _SdpaCall(q, k, v, m, halves=True, **fctx.kw["call"])
-            want_mg = fctx.needs_input_grad[3]
-            dq, dk, dv, dm = _sdpa_backward(c, dout.contiguous(), o, l_, want_mg, fctx.kw["threads"],
-                                            fctx.kw["precision"])
+            want_mg, want_sg = fctx.needs_input_grad[3], fctx.needs_input_grad[4]
+            dq, dk, dv, dm, ds = _sdpa_backward(c, dout.contiguous(), o, l_, want_mg, fctx.kw["threads"],
+                                                fctx.kw["precision"], want_sg)
             g = [torch.from_numpy(x.reshape(shp)) for x, shp in zip((dq, dk, dv), c.shapes)]
             g = [x.to(t.dtype) for x, t in zip(g, (q, k, v))]
             gm = torch.from_numpy(dm).to(m.dtype) if want_mg else None
-            return g[0], g[1], g[2], gm, None
+            sinks = fctx.kw["call"]["sinks"]
+            gs = torch.from_numpy(ds).reshape(sinks.shape).to(sinks.dtype) if want_sg else None
+            return g[0], g[1], g[2], gm, gs, None
 
     _sdpa_fn = SdpaFunction
     return _sdpa_fn
@@ -283,7 +292,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     dropout then count globally; see attn_mpi.h); head_offset: the global
     index of q's head 0 when the call is a shard of the heads (dropout's).
     torch tensors that require grad get a grad_fn: the backward pass is
-    libattn's attn_sdpa_backward (q, k, v and a float attn_mask).
+    libattn's attn_sdpa_backward (q, k, v, a float attn_mask and sinks).
     Returns out, or a tuple (out, weights?, lse?) when return_weights/return_lse.
     """
     call = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
@@ -291,10 +300,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                 mask_mode=mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_offset=q_offset, k_offset=k_offset,
                 head_offset=head_offset)
-    if _wants_autograd(q, k, v, attn_mask):
-        res = _autograd_fn().apply(q, k, v, attn_mask, dict(call=call, return_weights=return_weights,
-                                                            return_lse=return_lse, threads=threads,
-                                                            precision=precision))
+    if _wants_autograd(q, k, v, attn_mask, sinks):
+        res = _autograd_fn().apply(q, k, v, attn_mask, sinks if _is_torch(sinks) else None,
+                                   dict(call=call, return_weights=return_weights, return_lse=return_lse,
+                                        threads=threads, precision=precision))
         return res[0] if len(res) == 1 else res
     like_torch = _is_torch(q)
     c = _SdpaCall(q, k, v, attn_mask, halves=True, **call)
@@ -311,14 +320,15 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
                   enable_gqa=False, *, key_padding_mask=None, causal_align="top-left", mask_mode=None,
                   dropout_seed=None, return_mask_grad=False, threads=None, window=None, softcap=None, alibi=None,
                   sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, precision=None, q_offset=0, k_offset=0,
-                  head_offset=0):
+                  head_offset=0, return_sinks_grad=False):
     """Gradients of a loss L through scaled_dot_product_attention, given dout = dL/dout.
 
     out and lse come from the forward call (return_lse=True) made with the same
     q, k, v and options (for dropout: the same dropout_p and dropout_seed).
-    Returns (dq, dk, dv), or (dq, dk, dv, dmask) with return_mask_grad (a float
-    attn_mask's gradient, summed down to the mask's own shape). float32, NumPy
-    or torch like q. With grouped-query attention dk/dv sum over each group.
+    Returns (dq, dk, dv), then dmask with return_mask_grad (a float attn_mask's
+    gradient, summed down to the mask's own shape), then dsinks [H] with
+    return_sinks_grad (summed over batch and rows). float32, NumPy or torch
+    like q. With grouped-query attention dk/dv sum over each group.
     window, softcap, alibi, sinks, cu_seqlens_q, cu_seqlens_k, q_offset, k_offset and head_offset as the
     forward's.
     torch bfloat16 q, k and v run on the bf16 backward tiles where the CPU has
@@ -333,8 +343,10 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
                   dropout_seed, mask_mode, halves=True, window=window, softcap=softcap, alibi=alibi,
                   sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_offset=q_offset,
                   k_offset=k_offset, head_offset=head_offset)
-    dq, dk, dv, dm = _sdpa_backward(c, dout, out, lse, return_mask_grad, threads, precision)
+    dq, dk, dv, dm, ds = _sdpa_backward(c, dout, out, lse, return_mask_grad, threads, precision, return_sinks_grad)
     res = [_wrap(x.reshape(shp), like_torch) for x, shp in zip((dq, dk, dv), c.shapes)]
     if return_mask_grad:
         res.append(_wrap(dm, like_torch))
+    if return_sinks_grad:
+        res.append(_wrap(ds, like_torch))
     return tuple(res)

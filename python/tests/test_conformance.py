@@ -443,6 +443,37 @@ else:
 
     case(BWD, "dropout: gradient matches a central difference of the same seed's forward (x1e-2)", dropout_consistency)
 
+    def sinks_grad_case(api):
+        """Learnable sinks (gpt-oss): q, k, v and sinks' gradients, through autograd or sdpa_backward's
+        return_sinks_grad, against autograd through a float64 torch reference (the sink as an extra
+        logit column whose probability is dropped), GQA and causal."""
+        B, H, Hk, L, D = 2, 4, 2, 9, 16
+        q, k, v = torch.randn(B, H, L, D), torch.randn(B, Hk, L, D), torch.randn(B, Hk, L, D)
+        sk, G = torch.randn(H), torch.randn(B, H, L, D)
+        ref = [t.double().requires_grad_() for t in (q, k, v, sk)]
+        rq, rk, rv, rs = ref
+        kk, vv = (t.repeat_interleave(H // Hk, dim=1) for t in (rk, rv))
+        logits = (rq @ kk.transpose(-1, -2) / math.sqrt(D)).masked_fill(
+            torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        col = rs[None, :, None, None].expand(B, H, L, 1)
+        p = torch.softmax(torch.cat([logits, col], -1), -1)[..., :-1]
+        (p @ vv).backward(G.double())
+        kw = dict(is_causal=True, enable_gqa=True)
+        if api == "autograd":
+            ours = [t.clone().requires_grad_() for t in (q, k, v, sk)]
+            attn.scaled_dot_product_attention(ours[0], ours[1], ours[2], sinks=ours[3], **kw).backward(G)
+            got = [t.grad for t in ours]
+        else:
+            out, lse = attn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), sinks=sk.numpy(),
+                                                         return_lse=True, **kw)
+            got = attn.sdpa_backward(G.numpy(), q.numpy(), k.numpy(), v.numpy(), out, lse, sinks=sk.numpy(),
+                                     return_sinks_grad=True, **kw)
+        assert got[3] is not None and tuple(got[3].shape) == (H,), got[3]
+        return max(rel(a, r.grad) for a, r in zip(got, ref))
+
+    case(BWD, "sinks' gradient (torch autograd; sinks a tensor that requires grad)", lambda: sinks_grad_case("autograd"))
+    case(BWD, "sinks' gradient (sdpa_backward, return_sinks_grad=True, NumPy)", lambda: sinks_grad_case("numpy"))
+
     # ---- nn.MultiheadAttention ---------------------------------------------------
     MHA = "nn.MultiheadAttention"
 
