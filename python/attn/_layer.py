@@ -335,7 +335,7 @@ class MultiheadAttention:
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, mask_mode=None, rope=None, positions=None,
                 window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None,
-                cu_seqlens=None):
+                cu_seqlens=None, scale=None):
         """As torch.nn.MultiheadAttention.forward: returns (out, weights or None).
 
         Library extras: mask_mode ('masked', 'keep', 'additive', 'seed') reads
@@ -343,8 +343,9 @@ class MultiheadAttention:
         float added); 'seed' is the seed module's logits += mask * -1e9.
         rope: a dict of attn.rope's keywords; the projected q and k are rotated
         at positions ([B, L] integers; default 0..L-1) before attention.
-        window, softcap, alibi (True: the paper's slopes, or [H]), sinks ([H]),
-        dropout_p and dropout_seed: as in attn.scaled_dot_product_attention.
+        scale, window, softcap, alibi (True: the paper's slopes, or [H]), sinks
+        ([H]), dropout_p and dropout_seed: as in attn.scaled_dot_product_attention
+        (each over a from_hf model's own, where given).
         cu_seqlens: a packed batch of self-attention (key and value the very
         object query is): query holds sequences end to end, one batch row
         ([total, E] unbatched, [1, total, E] batch-first, else [total, 1, E]),
@@ -359,7 +360,7 @@ class MultiheadAttention:
         B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         self._hf_defaults(opts, keep, B, L, positions, rope)
-        _model_options(opts.attn, keep, H, window, softcap, alibi, sinks, dropout_p, dropout_seed)
+        _model_options(opts.attn, keep, H, window, softcap, alibi, sinks, dropout_p, dropout_seed, scale)
         _cu_seqlens(opts.attn, keep, cu_seqlens, None)
         if rope is not None:
             ro = rope_opts(**rope)
@@ -403,13 +404,13 @@ class MultiheadAttention:
         rope = self._hf.rope if self._hf is not None and self._hf.has_rope else None
         return KVCache(batch, capacity, self.num_kv_heads, self.head_dim, dtype=dtype, threads=threads, rope=rope)
 
-    def forward_cached(self, x, cache, *, window=None, softcap=None, alibi=None, sinks=None):
+    def forward_cached(self, x, cache, *, window=None, softcap=None, alibi=None, sinks=None, scale=None):
         """Incremental causal self-attention (decoding) through a KVCache.
 
         x holds the next n tokens of every row, in the layer's layout: [B, n, E]
         with batch_first, else [n, B, E] (and [n, E] for one row). Their keys and
         values are appended to cache (from new_cache(B, ...)), then their queries
-        attend over the whole row. window, softcap, alibi and sinks as in
+        attend over the whole row. scale, window, softcap, alibi and sinks as in
         forward (over a model's own options, from_hf, where given). Returns out
         like x (same layout, float32, NumPy or torch). Token by token this
         equals forward() with a causal mask over the whole sequence and the
@@ -424,7 +425,7 @@ class MultiheadAttention:
         _capi.init(opts)
         keep = []
         self._hf_defaults(opts, keep, B, n, None, None, cached=True)
-        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks)
+        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks, scale=scale)
         ot, xt = _tensor(ob), _tensor(xb)
         # layer lock, then cache lock: KVCache methods take only the latter, so no cycle
         with self._lock, cache._lock:
@@ -441,11 +442,11 @@ class MultiheadAttention:
 
     def grad(self, query, key, value, grad_output, key_padding_mask=None, attn_mask=None, is_causal=False, *,
              mask_mode=None, rope=None, positions=None, window=None, softcap=None, alibi=None, sinks=None,
-             dropout_p=0.0, dropout_seed=None, cu_seqlens=None):
+             dropout_p=0.0, dropout_seed=None, cu_seqlens=None, scale=None):
         """Gradients of a loss L through forward(query, key, value, ...), given grad_output = dL/dout.
 
         Runs the forward pass again (attn_mha_forward_save), then attn_mha_backward.
-        rope, positions, window, softcap, alibi, sinks (not differentiated),
+        rope, positions, scale, window, softcap, alibi, sinks (not differentiated),
         dropout_p, dropout_seed and cu_seqlens (a packed batch): as in forward;
         with dropout, pass the forward's dropout_seed to differentiate that very
         forward (without one this call draws its own mask).
@@ -466,7 +467,8 @@ class MultiheadAttention:
         B, L, S = q.shape[0], q.shape[1], k.shape[1]
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         self._hf_defaults(opts, keep, B, L, positions, rope)
-        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks, dropout_p, dropout_seed)
+        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks, dropout_p, dropout_seed,
+                       scale)
         _cu_seqlens(opts.attn, keep, cu_seqlens, None)
         if rope is not None:
             ro = rope_opts(**rope)

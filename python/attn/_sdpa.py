@@ -40,10 +40,13 @@ def _cu_seqlens(o, keep, cu_q, cu_k):
             o.num_seqs = a.size - 1
 
 
-def _model_options(o, keep, H, window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None):
-    """The options of recent models into attn_sdpa_opts o (H query heads): window, softcap, ALiBi
-    slopes (True: the paper's), sinks [H], dropout (a random seed unless given); the arrays they
-    point at go into keep."""
+def _model_options(o, keep, H, window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None,
+                   scale=None):
+    """The options of recent models into attn_sdpa_opts o (H query heads): scale (None: the
+    default or a model's), window, softcap, ALiBi slopes (True: the paper's), sinks [H], dropout
+    (a random seed unless given); the arrays they point at go into keep."""
+    if scale is not None:
+        o.scale = float(scale)
     if window:
         o.window = int(window)
     if softcap:

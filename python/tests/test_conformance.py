@@ -611,7 +611,8 @@ else:
         wo, bo = torch.randn(E, E) * 0.2, torch.randn(E) * 0.1
         m.load_state_dict({"in_proj_weight": w, "in_proj_bias": b, "out_proj.weight": wo, "out_proj.bias": bo})
         x, G = torch.randn(B, L, E), torch.randn(B, L, E)
-        kw = dict(window=4, softcap=5.0, alibi=True, sinks=torch.randn(H), dropout_p=0.25, dropout_seed=11)
+        kw = dict(window=4, softcap=5.0, alibi=True, sinks=torch.randn(H), dropout_p=0.25, dropout_seed=11,
+                  scale=0.3)
         got = m.grad(x, x, x, G, **kw)
         ps = [t.clone().requires_grad_() for t in (x, w, b, wo, bo)]
         xt, wt, bt, wot, bot = ps
@@ -624,7 +625,7 @@ else:
         # dropout is on: without its seed's mask in grad() the gradients would differ by far more
         return max(rel(got[n], p.grad) for n, p in zip(names, ps))
 
-    case(MHB, "window, softcap, ALiBi, sinks and seeded dropout (grad against autograd through the SDPA)",
+    case(MHB, "scale, window, softcap, ALiBi, sinks and seeded dropout (grad against autograd through the SDPA)",
          mha_grad_options_case)
 
     # ---- head_dim != E/H, out_bias and QK-norm against a plain PyTorch composition ----------
@@ -1080,7 +1081,7 @@ def layer_options_case():
     wo, bo = randn(E, E) * 0.2, randn(E) * 0.1
     m.load_state_dict({"in_proj_weight": w, "in_proj_bias": b, "out_proj.weight": wo, "out_proj.bias": bo})
     x = randn(B, L, E)
-    kw = dict(window=4, softcap=5.0, alibi=True, sinks=randn(H), dropout_p=0.25, dropout_seed=11)
+    kw = dict(window=4, softcap=5.0, alibi=True, sinks=randn(H), dropout_p=0.25, dropout_seed=11, scale=0.3)
     got, _ = m(x, x, x, need_weights=False, **kw)
     heads = lambda t: t.reshape(B, L, H, E // H).transpose(0, 2, 1, 3)
     q, k, v = (heads(x @ w[i * E:(i + 1) * E].T + b[i * E:(i + 1) * E]) for i in range(3))
@@ -1088,7 +1089,7 @@ def layer_options_case():
     return rel(got, a.astype(np.float64) @ wo.T + bo)
 
 
-case(OPT, "the layer: window, softcap, ALiBi, sinks and seeded dropout in MultiheadAttention.forward",
+case(OPT, "the layer: scale, window, softcap, ALiBi, sinks and seeded dropout in MultiheadAttention.forward",
      layer_options_case)
 
 
@@ -1129,14 +1130,14 @@ def layer_cached_options_case():
     m.load_state_dict({"in_proj_weight": randn(3 * E, E) * 0.2, "in_proj_bias": randn(3 * E) * 0.1,
                        "out_proj.weight": randn(E, E) * 0.2, "out_proj.bias": randn(E) * 0.1})
     x = randn(B, T, E)
-    kw = dict(window=3, softcap=5.0, alibi=True, sinks=randn(H))
+    kw = dict(window=3, softcap=5.0, alibi=True, sinks=randn(H), scale=0.3)
     whole, _ = m(x, x, x, need_weights=False, is_causal=True, **kw)
     cache = m.new_cache(B, T)
     steps = np.concatenate([m.forward_cached(x[:, t:t + 1], cache, **kw) for t in range(T)], axis=1)
     return rel(steps, whole)
 
 
-case(OPT, "the layer: forward_cached with a window, softcap, ALiBi and sinks, token by token",
+case(OPT, "the layer: forward_cached with a scale, window, softcap, ALiBi and sinks, token by token",
      layer_cached_options_case)
 
 
