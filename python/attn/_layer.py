@@ -25,7 +25,13 @@ def _packed_call(cu_seqlens, query, key, value, need_weights):
 
 
 class MultiheadAttention:
-    """Counterpart of torch.nn.MultiheadAttention (no dropout, no bias_k/bias_v).
+    """Counterpart of torch.nn.MultiheadAttention (its positional arguments too; no
+    add_bias_kv or add_zero_attn, CPU and float32 parameters only).
+
+    dropout, as torch's, drops attention probabilities in forward() and grad()
+    while the layer is training (train(), the default; eval() turns it off),
+    with a fresh seed per call unless dropout_seed is given; forward_cached()
+    never drops.
 
     forward builds no autograd graph (inputs are read as plain arrays); the
     gradients come from grad(), which runs libattn's backward pass.
@@ -53,9 +59,20 @@ class MultiheadAttention:
     _NORM_PARAMS = {"q_norm.weight": _capi.MHA_Q_NORM_WEIGHT, "q_norm.bias": _capi.MHA_Q_NORM_BIAS,
                     "k_norm.weight": _capi.MHA_K_NORM_WEIGHT, "k_norm.bias": _capi.MHA_K_NORM_BIAS}
 
-    def __init__(self, embed_dim, num_heads, bias=True, kdim=None, vdim=None, batch_first=False,
-                 num_kv_heads=None, *, head_dim=None, out_bias=None, qk_norm=None, qk_norm_kind="rms",
-                 qk_norm_eps=1e-6, threads=None, _handle=None):
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None, num_kv_heads=None, *,
+                 head_dim=None, out_bias=None, qk_norm=None, qk_norm_kind="rms", qk_norm_eps=1e-6, threads=None,
+                 _handle=None):
+        if add_bias_kv or add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn are not supported")
+        if device is not None and str(device) != "cpu":
+            raise ValueError(f"device must be the CPU, got {device!r}")
+        if dtype is not None and str(dtype).replace("torch.", "") != "float32":
+            raise ValueError(f"parameters are float32 (inputs may be half precision), got dtype {dtype!r}")
+        if not 0 <= float(dropout) < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.dropout = float(dropout)
+        self.training = True
         self._ctx = _Ctx()  # one context per layer, guarded by a lock
         self._lock = threading.Lock()
         self._h = None
@@ -97,9 +114,25 @@ class MultiheadAttention:
     def __repr__(self):
         norm = (f", qk_norm={self.qk_norm!r}, qk_norm_kind={self.qk_norm_kind!r}, qk_norm_eps={self.qk_norm_eps}"
                 if self.qk_norm else "")
-        return (f"MultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+        drop = f", dropout={self.dropout}" if self.dropout else ""
+        return (f"MultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}{drop}, "
                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, "
                 f"bias={self.bias}, out_bias={self.out_bias}{norm}, batch_first={self.batch_first})")
+
+    def train(self, mode=True):
+        """Training mode (dropout on, as the layer was built with it); returns the layer."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        """Inference mode (no dropout); returns the layer."""
+        return self.train(False)
+
+    def _dropout_p(self, dropout_p):
+        """A call's dropout probability: its own, else the layer's while training."""
+        if dropout_p is not None:
+            return dropout_p
+        return self.dropout if self.training else 0.0
 
     # from_safetensors' names keys, each a parameter of the layer
     _NAME_KEYS = {"q": _capi.MHA_Q_WEIGHT, "k": _capi.MHA_K_WEIGHT, "v": _capi.MHA_V_WEIGHT, "o": _capi.MHA_O_WEIGHT,
@@ -334,7 +367,7 @@ class MultiheadAttention:
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, mask_mode=None, rope=None, positions=None,
-                window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None,
+                window=None, softcap=None, alibi=None, sinks=None, dropout_p=None, dropout_seed=None,
                 cu_seqlens=None, scale=None):
         """As torch.nn.MultiheadAttention.forward: returns (out, weights or None).
 
@@ -345,7 +378,8 @@ class MultiheadAttention:
         at positions ([B, L] integers; default 0..L-1) before attention.
         scale, window, softcap, alibi (True: the paper's slopes, or [H]), sinks
         ([H]), dropout_p and dropout_seed: as in attn.scaled_dot_product_attention
-        (each over a from_hf model's own, where given).
+        (each over a from_hf model's own, where given; dropout_p None: the
+        layer's dropout while training).
         cu_seqlens: a packed batch of self-attention (key and value the very
         object query is): query holds sequences end to end, one batch row
         ([total, E] unbatched, [1, total, E] batch-first, else [total, 1, E]),
@@ -360,7 +394,8 @@ class MultiheadAttention:
         B, L, S, H = q.shape[0], q.shape[1], k.shape[1], self.num_heads
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         self._hf_defaults(opts, keep, B, L, positions, rope)
-        _model_options(opts.attn, keep, H, window, softcap, alibi, sinks, dropout_p, dropout_seed, scale)
+        _model_options(opts.attn, keep, H, window, softcap, alibi, sinks, self._dropout_p(dropout_p), dropout_seed,
+                       scale)
         _cu_seqlens(opts.attn, keep, cu_seqlens, None)
         if rope is not None:
             ro = rope_opts(**rope)
@@ -442,7 +477,7 @@ class MultiheadAttention:
 
     def grad(self, query, key, value, grad_output, key_padding_mask=None, attn_mask=None, is_causal=False, *,
              mask_mode=None, rope=None, positions=None, window=None, softcap=None, alibi=None, sinks=None,
-             dropout_p=0.0, dropout_seed=None, cu_seqlens=None, scale=None):
+             dropout_p=None, dropout_seed=None, cu_seqlens=None, scale=None):
         """Gradients of a loss L through forward(query, key, value, ...), given grad_output = dL/dout.
 
         Runs the forward pass again (attn_mha_forward_save), then attn_mha_backward.
@@ -467,8 +502,8 @@ class MultiheadAttention:
         B, L, S = q.shape[0], q.shape[1], k.shape[1]
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         self._hf_defaults(opts, keep, B, L, positions, rope)
-        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks, dropout_p, dropout_seed,
-                       scale)
+        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks, self._dropout_p(dropout_p),
+                       dropout_seed, scale)
         _cu_seqlens(opts.attn, keep, cu_seqlens, None)
         if rope is not None:
             ro = rope_opts(**rope)

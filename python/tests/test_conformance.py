@@ -959,6 +959,38 @@ else:
 
     case(MHA, "load_state_dict from a dict of NumPy arrays, NumPy in and out", torch_names_numpy_dict)
 
+    def torch_signature_and_dropout():
+        """The constructor's positional arguments are torch's (dropout third, batch_first ninth); the
+        layer's dropout acts while training (seeded here: the same as a dropout-free layer's forward
+        with that dropout_p and seed), not after eval(), where it equals torch's in eval mode."""
+        E, H = 16, 4
+        args = (E, H, 0.25, True, False, False, None, None, True)
+        tm = torch.nn.MultiheadAttention(*args).double()
+        m = attn.MultiheadAttention(*args)
+        assert (m.dropout, m.bias, m.batch_first, m.training) == (0.25, True, True, True), repr(m)
+        plain = attn.MultiheadAttention(E, H, batch_first=True)
+        m.load_state_dict(tm.state_dict())
+        plain.load_state_dict(tm.state_dict())
+        x = torch.randn(2, 7, E)
+        dropped, _ = m(x, x, x, need_weights=False, dropout_seed=5)
+        same, _ = plain(x, x, x, need_weights=False, dropout_p=0.25, dropout_seed=5)
+        assert torch.equal(dropped, same), "the layer's dropout is not forward's dropout_p"
+        assert m.eval() is m and not m.training
+        kept, _ = m(x, x, x, need_weights=False)
+        assert not torch.allclose(kept, dropped), "dropout changed nothing while training"
+        for bad in (dict(add_bias_kv=True), dict(add_zero_attn=True), dict(device="cuda"),
+                    dict(dtype=torch.float64), dict(dropout=1.0)):
+            try:
+                attn.MultiheadAttention(E, H, **bad)
+                raise AssertionError(f"{bad} accepted")
+            except ValueError:
+                pass
+        with torch.no_grad():
+            ref, _ = tm.eval()(x.double(), x.double(), x.double(), need_weights=False)
+        return rel(kept, ref)
+
+    case(MHA, "torch's positional arguments; dropout while training, none after eval()", torch_signature_and_dropout)
+
 # ---- the KV cache: step by step through attn.KVCache equals one causal pass (NumPy reference) ----
 KV = "kv cache"
 
