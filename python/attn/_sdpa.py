@@ -303,7 +303,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                 mask_mode=mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_offset=q_offset, k_offset=k_offset,
                 head_offset=head_offset)
-    if _wants_autograd(q, k, v, attn_mask, sinks):
+    if _is_torch(q) and _wants_autograd(q, k, v, attn_mask, sinks):  # torch q: autograd saves tensors only
         res = _autograd_fn().apply(q, k, v, attn_mask, sinks if _is_torch(sinks) else None,
                                    dict(call=call, return_weights=return_weights, return_lse=return_lse,
                                         threads=threads, precision=precision))
