@@ -131,8 +131,9 @@ def sdpa(comm, q, k, v, *, strategy="auto", is_causal=False, scale=None, key_pad
 
 def sdpa_backward(comm, dout, q, k, v, out, lse, *, strategy="auto", is_causal=False, scale=None,
                   key_padding_mask=None, dropout_p=0.0, dropout_seed=None, window=None, softcap=None, alibi=None,
-                  sinks=None, threads=None):
-    """This rank's (dq, dk, dv) from its dout and the out and lse sdpa gave it (attn_mpi_sdpa_backward)."""
+                  sinks=None, threads=None, return_sinks_grad=False):
+    """This rank's (dq, dk, dv) from its dout and the out and lse sdpa gave it (attn_mpi_sdpa_backward),
+    then with return_sinks_grad the sinks' gradient [H], summed over every rank (the same on each)."""
     if dropout_p and dropout_seed is None:
         raise ValueError("sdpa_backward with dropout needs the forward's dropout_seed")
     c = _call(q, k, v, is_causal, scale, key_padding_mask, dropout_p, dropout_seed, window, softcap, alibi, sinks)
@@ -141,10 +142,18 @@ def sdpa_backward(comm, dout, q, k, v, out, lse, *, strategy="auto", is_causal=F
     l3 = np.ascontiguousarray(l.reshape((1,) * (3 - l.ndim) + l.shape), np.float32)
     dq, dk, dv = (np.empty(a.shape, np.float32) for a in (c.q4, c.k4, c.v4))
     ts = [_tensor(a) for a in (dq, dk, dv, d4, c.q4, c.k4, c.v4, o4, l3)]
+    ds = st = None
+    if return_sinks_grad:
+        if sinks is None:
+            raise ValueError("a sinks gradient needs sinks")
+        ds = np.empty(c.H, np.float32)
+        st = _tensor(ds)
     x = _ctx()
     x.set_threads(threads)
     x.check(_lib.attn_mpi_sdpa_backward(x.h, _comm(comm),
                                         ctypes.c_int(_strategy(strategy)), *(ctypes.byref(t) for t in ts[:3]),
-                                        None, *(ctypes.byref(t) for t in ts[3:]), ctypes.byref(c.opts)))
+                                        None if st is None else ctypes.byref(st), *(ctypes.byref(t) for t in ts[3:]),
+                                        ctypes.byref(c.opts)))
     like = _is_torch(q)
-    return tuple(_wrap(a.reshape(shp), like) for a, shp in zip((dq, dk, dv), c.shapes))
+    res = tuple(_wrap(a.reshape(shp), like) for a, shp in zip((dq, dk, dv), c.shapes))
+    return res + (_wrap(ds, like),) if return_sinks_grad else res
