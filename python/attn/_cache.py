@@ -48,10 +48,8 @@ def _attend(owner, q, shape, scale, return_lse, call, model):
     out = np.empty((B, Hq, Nq, owner.v_head_dim), np.float32)
     o = _capi.SdpaOpts()
     _capi.init(o)
-    if scale is not None:
-        o.scale = float(scale)
     keep = []  # the slopes' and sinks' arrays, alive until the call returns
-    _model_options(o, keep, Hq, **model)
+    _model_options(o, keep, Hq, scale=scale, **model)
     lse = lt = None
     if return_lse:
         lse = np.empty((B, Hq, Nq), np.float32)
@@ -116,7 +114,8 @@ class KVCache(_Owner):
         self._h = None
         self._ctx.set_threads(threads)
         cfg = _capi.KvCacheConfig()
-        _capi.init(cfg, *(operator.index(n) for n in (batch, capacity, kv_heads, head_dim)))  # 2.5 tokens: TypeError
+        # operator.index: a float (2.5 tokens) is a TypeError, not truncated
+        _capi.init(cfg, *(operator.index(n) for n in (batch, capacity, kv_heads, head_dim)))
         cfg.v_head_dim = operator.index(v_head_dim or 0)
         kind = _kv_kind(dtype, "dtype")
         if kind in (_capi.KV_Q8_0, _capi.KV_Q4_0):  # a block format: both kinds, unless named apart

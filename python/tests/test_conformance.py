@@ -471,7 +471,8 @@ else:
         assert got[3] is not None and tuple(got[3].shape) == (H,), got[3]
         return max(rel(a, r.grad) for a, r in zip(got, ref))
 
-    case(BWD, "sinks' gradient (torch autograd; sinks a tensor that requires grad)", lambda: sinks_grad_case("autograd"))
+    case(BWD, "sinks' gradient (torch autograd; sinks a tensor that requires grad)",
+         lambda: sinks_grad_case("autograd"))
     case(BWD, "sinks' gradient (sdpa_backward, return_sinks_grad=True, NumPy)", lambda: sinks_grad_case("numpy"))
 
     # ---- nn.MultiheadAttention ---------------------------------------------------
@@ -1126,11 +1127,11 @@ case(OPT, "the layer: scale, window, softcap, ALiBi, sinks and seeded dropout in
 
 
 def cache_options_case(paged):
-    """KVCache.attend / PagedKVCache.attend with a window, softcap, ALiBi and sinks, in uneven steps:
+    """KVCache.attend / PagedKVCache.attend with a scale, window, softcap, ALiBi and sinks, in uneven steps:
     scaled_dot_product_attention (bottom-right causal) over the tokens appended so far."""
     B, Hq, Hk, D, steps = 2, 4, 2, 16, [6, 1, 1, 9, 1, 1]
     T = sum(steps)
-    kw = dict(window=5, softcap=4.0, alibi=True, sinks=randn(Hq))
+    kw = dict(window=5, softcap=4.0, alibi=True, sinks=randn(Hq), scale=0.3)
     q, k, v = randn(B, Hq, T, D), randn(B, Hk, T, D), randn(B, Hk, T, D)
     c = attn.PagedKVCache(16, 4, Hk, D) if paged else attn.KVCache(B, T, Hk, D)
     seqs = [c.new_seq() for _ in range(B)] if paged else None
@@ -1150,8 +1151,9 @@ def cache_options_case(paged):
     return err
 
 
-case(OPT, "KVCache.attend: window, softcap, ALiBi and sinks, step by step", lambda: cache_options_case(False))
-case(OPT, "PagedKVCache.attend: window, softcap, ALiBi and sinks, step by step", lambda: cache_options_case(True))
+case(OPT, "KVCache.attend: scale, window, softcap, ALiBi and sinks, step by step", lambda: cache_options_case(False))
+case(OPT, "PagedKVCache.attend: scale, window, softcap, ALiBi and sinks, step by step",
+     lambda: cache_options_case(True))
 
 
 def layer_cached_options_case():
