@@ -276,7 +276,11 @@ typedef enum attn_causal {
  *   KEEP           bool/u8        true = attend             F.scaled_dot_product_attention
  *   MASKED         bool/u8        true = masked out          nn.MultiheadAttention
  *   ADDITIVE       f32/f64/f16/bf16  added to the logits (-inf masks)   both, for float masks
- *   SEED           any            logits += mask * -1e9      the seed module                */
+ *   SEED           any            logits += mask * -1e9      the seed module
+ * SEED's -1e9 is a finite bias, not a mask: a row whose every key it masks is,
+ * in fp32, uniform over those keys (s - 1e9 rounds to -1e9 for |s| < 32), as
+ * in the seed module run in fp32, while the float64 oracle keeps softmax(s)
+ * there; rows that keep a key agree. */
 typedef enum attn_mask_mode {
   ATTN_MASK_KEEP = 0,
   ATTN_MASK_MASKED = 1,

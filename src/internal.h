@@ -183,6 +183,7 @@ void attn__format_shape(char *buf, size_t n, const attn_tensor *t);
  * when cu_seqlens_q is NULL) against q's batch B and the totals Nq, Nk:
  * every entry read in order and checked before it is used (sdpa.c). */
 attn_status attn__check_cu_seqlens(attn_ctx *ctx, const attn_sdpa_opts *o, int64_t B, int64_t Nq, int64_t Nk);
+/* t (NULL: none) f32 [Hq]; out: 0 an input, 1 an output, 2 an output that may be f64 too (the oracle's). */
 attn_status attn__check_head_vector(attn_ctx *ctx, const attn_tensor *t, const char *what, int64_t Hq, int out);
 /* Checks a tensor argument: non-null data (unless empty), rank, sane shape. */
 attn_status attn__check_tensor(attn_ctx *ctx, const attn_tensor *t, const char *what, int rank);

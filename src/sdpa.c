@@ -45,7 +45,9 @@ attn_status attn__check_head_vector(attn_ctx *ctx, const attn_tensor *t, const c
   if (!t) return ATTN_OK;
   attn_status st = attn__check_tensor(ctx, t, what, 1);
   if (st) return st;
-  if (t->dtype != ATTN_F32) return attn__fail(ctx, ATTN_E_DTYPE, "%s must be f32, got %s", what, attn_dtype_name(t->dtype));
+  if (t->dtype != ATTN_F32 && !(out == 2 && t->dtype == ATTN_F64))
+    return attn__fail(ctx, ATTN_E_DTYPE, "%s must be f32%s, got %s", what, out == 2 ? " or f64" : "",
+                      attn_dtype_name(t->dtype));
   if (t->shape[0] != Hq)
     return attn__fail(ctx, ATTN_E_SHAPE, "%s has %lld entries; want one per query head (%lld)", what,
                       (long long)t->shape[0], (long long)Hq);
@@ -240,7 +242,7 @@ attn_status attn__sdpa_backward_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tenso
   }
   if (sinks_grad) {
     if (!p->sinks) return attn__fail(ctx, ATTN_E_INVALID, "sinks_grad needs sinks");
-    if ((st = attn__check_head_vector(ctx, sinks_grad, "sinks_grad", p->Hq, 1))) return st;
+    if ((st = attn__check_head_vector(ctx, sinks_grad, "sinks_grad", p->Hq, f32_only ? 1 : 2))) return st;
     p->sinks_grad = sinks_grad;
   }
   if ((st = check_bwd4(ctx, dout, "dout", "[B, Hq, Nq, Dv]", p->B, p->Hq, p->Nq, p->Dv, f32_only, 0))) return st;

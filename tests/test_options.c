@@ -822,6 +822,19 @@ static void argument_checks(attn_ctx *ctx) {
     o.sinks = &two;
     EXPECT(attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, &three, &G, &q, &k, &v, &out, &lse, &o), ATTN_E_SHAPE,
            "3 sinks_grad for 2 heads");
+    /* the oracle writes f64 gradients, the sinks' too (it refused an f64 sinks_grad before fuzz_sdpa.c
+     * asked); the fp32 backward writes f32 */
+    CHECK_OK(ctx, attn_sdpa(ctx, &out, &lse, NULL, &q, &k, &v, &o));
+    double sg64[2] = {NAN, NAN};
+    float sg32[2] = {NAN, NAN};
+    const int64_t nh = 2;
+    attn_tensor tsg64 = attn_tensor_view(sg64, ATTN_F64, 1, &nh), tsg32 = attn_tensor_view(sg32, ATTN_F32, 1, &nh);
+    CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, NULL, &tsg64, &G, &q, &k, &v, &out, &lse, &o));
+    CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, NULL, &tsg32, &G, &q, &k, &v, &out, &lse, &o));
+    CHECK(sg64[0] != 0 && (float)sg64[0] == sg32[0] && (float)sg64[1] == sg32[1],
+          "the oracle's sinks_grad in f64 (%.9g %.9g) and in f32 (%.9g %.9g)", sg64[0], sg64[1], sg32[0], sg32[1]);
+    if (kk) EXPECT(attn_sdpa_backward(ctx, &dq, &dk, &dv, NULL, &tsg64, &G, &q, &k, &v, &out, &lse, &o), ATTN_E_DTYPE,
+                   "an f64 sinks_grad on the fp32 backward");
   }
 #undef EXPECT
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);

@@ -1,7 +1,8 @@
 /* SDPA: every kernel against the float64 oracle over randomized shapes,
  * strides, masks, GQA and causal modes; thread-count determinism; the
- * documented edge cases (fully masked rows, NaN/Inf); the oracle itself on
- * hand-computed answers. Seeds are fixed and printed on failure. */
+ * documented edge cases (fully masked rows, NaN/Inf, no keys in any input
+ * dtype); the oracle itself on hand-computed answers. Seeds are fixed and
+ * printed on failure. */
 #include "testutil.h"
 
 /* A rank-4 f32 view of shape s in one of three layouts:
@@ -333,6 +334,47 @@ static void edge_cases(attn_ctx *ctx) {
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
 }
 
+/* No keys at all (Nk = 0), in every input dtype, on the blocked kernels (decode off) and the decode
+ * kernel: zeros in out, lse -inf, or the sink with sinks; found by fuzz/fuzz_sdpa.c, where f16 and bf16
+ * values with nothing to pack reached pointer arithmetic on an empty buffer (UBSan). */
+static void no_keys(attn_ctx *ctx) {
+  enum { H = 2, N = 3, D = 16 };
+  uint16_t hq[H * N * D] = {0}, hkv[1];
+  float q[H * N * D], kv[1], out[H * N * D], lse[H * N], sink[H] = {0.5f, -1.0f};
+  tu_rng r = {7};
+  tu_fill_f32(&r, q, H * N * D, 1);
+  const int64_t sq[4] = {1, H, N, D}, sk[4] = {1, H, 0, D}, sl[3] = {1, H, N}, sh = H;
+  attn_tensor ts = attn_tensor_view(sink, ATTN_F32, 1, &sh), to = attn_tensor_view(out, ATTN_F32, 4, sq);
+  attn_tensor tl = attn_tensor_view(lse, ATTN_F32, 3, sl);
+  const attn_kernel kernels[] = {ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512, ATTN_KERNEL_AVX512_BF16,
+                                 ATTN_KERNEL_AMX};
+  const attn_dtype dts[] = {ATTN_F32, ATTN_F16, ATTN_BF16};
+  for (int ki = 0; ki < 5; ki++) {
+    if (!attn_kernel_supported(kernels[ki])) continue;
+    CHECK_OK(ctx, attn_ctx_set_kernel(ctx, kernels[ki]));
+    for (int di = 0; di < 3; di++)
+      for (int decode = 0; decode < 2; decode++)
+        for (int sinks = 0; sinks < 2; sinks++) {
+          attn_tensor tq = attn_tensor_view(dts[di] == ATTN_F32 ? (void *)q : (void *)hq, dts[di], 4, sq);
+          attn_tensor tk = attn_tensor_view(dts[di] == ATTN_F32 ? (void *)kv : (void *)hkv, dts[di], 4, sk);
+          attn_sdpa_opts o;
+          attn_sdpa_opts_init(&o);
+          if (sinks) o.sinks = &ts;
+          CHECK_OK(ctx, attn_ctx_set_decode(ctx, decode));
+          tu_poison_f32(out, H * N * D);
+          tu_poison_f32(lse, H * N);
+          CHECK_OK(ctx, attn_sdpa(ctx, &to, &tl, NULL, &tq, &tk, &tk, &o));
+          int ok = 1;
+          for (int i = 0; i < H * N * D; i++) ok &= out[i] == 0;
+          for (int i = 0; i < H * N; i++) ok &= sinks ? lse[i] == sink[i / N] : isinf(lse[i]) && lse[i] < 0;
+          CHECK(ok, "kernel %s, %s inputs, decode %d, sinks %d: no keys must give zeros and lse %s",
+                attn_kernel_name(kernels[ki]), attn_dtype_name(dts[di]), decode, sinks, sinks ? "the sink" : "-inf");
+        }
+  }
+  attn_ctx_set_decode(ctx, 1);
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
+}
+
 /* A longer sequence than the random cases reach: many key blocks, many tiles. */
 /* Nq query rows against Nk keys, 2 heads, D 64, every causal mode, every kernel at 1-3 threads. qb: the
  * tiles per query block the forward must pick (a kv head's K and V past 1 MiB share a key block among 16
@@ -460,6 +502,7 @@ int main(int argc, char **argv) {
   CHECK_OK(blocked, attn_ctx_set_decode(blocked, 0));
   edge_cases(blocked);
   attn_ctx_destroy(blocked);
+  no_keys(ctx);
   long_case(ctx, 300, 300, 4);
   long_case(ctx, 800, 2100, 16); /* 2100 keys of 64 + 64 floats: 1.03 MiB */
   accuracy_vs_plain(ctx);

@@ -671,7 +671,8 @@ static void tiles_run(const void *arg, void *scratch, int64_t round, int64_t fir
     const int64_t ntiles = (attn__queries(p, b) + j->kn->mr - 1) / j->kn->mr;
     const int64_t blk = nqblk - 1 - rest % nqblk, h = g * p->group + rest / nqblk;
     const void *V = j->v_unit ? (const void *)((const float *)p->v.data + attn__koff(p, &p->v, b, g, 0))
-                              : (const void *)(j->Vp + slot * j->vp_bytes);
+                        : j->Vp ? (const void *)(j->Vp + slot * j->vp_bytes)
+                                : NULL; /* no keys in any sequence: nothing packed, nothing read */
     const int64_t ldv = j->v_unit ? p->v.strides[2] : p->Dv, left = ntiles - blk * j->qb;
     const uint8_t *vbad = j->Vbad ? j->Vbad + slot * j->vbad_stride : NULL;
     run_block(j, s, j->Kp + slot * j->kt_bytes, V, ldv, vbad, b, h, blk * j->qb * j->kn->mr,
