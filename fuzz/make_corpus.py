@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of the reader fuzzers: fuzz/corpus/npy/,
+"""Writes the seed corpora of the fuzzers: for the readers, fuzz/corpus/npy/,
 fuzz/corpus/safetensors/ and fuzz/corpus/hf_config/ (config.json files of
 each family, older and current forms, and ones libattn refuses). Small valid files of every dtype and format
 version, layers under every parameter naming, and hostile files (bad
 headers, absurd shapes, overlapping tensors, the hardening issue's
-[0, 2^24] projection weights in a small form). Standard library only;
+[0, 2^24] projection weights in a small form); and for the structure-aware
+harnesses fuzz/corpus/sdpa/, paged/, kv/ and mha/ (their inputs are choices: any
+bytes make a case). Standard library only;
 rerun after changing it:  python3 fuzz/make_corpus.py
 """
 import json
@@ -276,7 +278,19 @@ def hf_config_corpus():
         json.dumps({"weight_map": {"a": "../outside.safetensors", "b": "sub/dir.safetensors"}}).encode())
 
 
+# ---- the structure-aware harnesses (sdpa, paged, kv, mha) ---------------------------
+def choices_corpus():
+    """Their inputs are choices, a byte each, so any bytes make a case: a
+    dozen reproducible random ones each, long enough for a run of operations."""
+    import random
+    for kind, length, seed in (("sdpa", 64, 7), ("paged", 160, 11), ("kv", 160, 13), ("mha", 64, 17)):
+        rng = random.Random(seed)
+        for i in range(12):
+            out(kind, "seed_%02d" % i, bytes(rng.randrange(256) for _ in range(length)))
+
+
 if __name__ == "__main__":
     npy_corpus()
     st_corpus()
     hf_config_corpus()
+    choices_corpus()
