@@ -44,7 +44,7 @@ typedef struct mcase {
   attn_causal causal;
   int64_t window;
   double softcap, dropout;
-  int alibi, sinks;
+  int alibi, sinks; /* sinks: 0 none, 1 in the options, 2 learned (the layer's), 3 both (refused) */
   uint64_t seed;
 } mcase;
 
@@ -76,7 +76,8 @@ static void read_case(fuzz_reader *r, mcase *c) {
   static const double caps[] = {1, 5, 30};
   c->softcap = fuzz_pick(r, 4) == 0 ? caps[fuzz_pick(r, 3)] : 0;
   c->alibi = fuzz_pick(r, 4) == 0;
-  c->sinks = fuzz_pick(r, 4) == 0;
+  c->sinks = fuzz_pick(r, 4) == 0 ? 1 + (int)fuzz_pick(r, 3) : 0; /* 1 the options', 2 the layer's, 3 both */
+  c->cfg.sinks = c->sinks >= 2;
   c->dropout = fuzz_pick(r, 5) == 0 ? 0.3 : 0;
   c->seed = (uint64_t)fuzz_pick(r, 256);
   c->mask_kind = (int)fuzz_pick(r, 3); /* 0 none, 1 bool MASKED, 2 additive */
@@ -229,9 +230,11 @@ static void run(const mcase *c, attn_ctx *ctx, attn_ctx *ref) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, mha, (attn_mha_param)p) != ATTN_OK) continue;
     const int64_t n = attn_tensor_numel(&t), fan_in = t.rank == 2 ? t.shape[1] : 1;
-    const int norm = p >= ATTN_MHA_Q_NORM_WEIGHT;
+    const int norm = p >= ATTN_MHA_Q_NORM_WEIGHT && p <= ATTN_MHA_K_NORM_BIAS;
     for (int64_t i = 0; i < n; i++)
-      ((float *)t.data)[i] = (float)((norm ? 0.5 : 1) * fuzz_uniform() / sqrt((double)fan_in) + (norm ? 1 : 0));
+      ((float *)t.data)[i] = p == ATTN_MHA_SINKS ? (float)(2 * fuzz_uniform())
+                                                 : (float)((norm ? 0.5 : 1) * fuzz_uniform() / sqrt((double)fan_in) +
+                                                           (norm ? 1 : 0));
   }
 
   const int64_t sx[3] = {c->B, c->Nq, E}, sk[3] = {c->B, c->Nk, c->kdim}, sv[3] = {c->B, c->Nk, c->vdim};
@@ -265,7 +268,7 @@ static void run(const mcase *c, attn_ctx *ctx, attn_ctx *ref) {
   attn_tensor ts = attn_tensor_view(slopes, ATTN_F32, 1, &nh), tsk = attn_tensor_view(sinks, ATTN_F32, 1, &nh);
   for (int64_t h = 0; h < H; h++) slopes[h] = (float)(0.3 * fuzz_uniform()), sinks[h] = (float)(2 * fuzz_uniform());
   if (c->alibi) o.attn.alibi_slopes = &ts;
-  if (c->sinks) o.attn.sinks = &tsk;
+  if (c->sinks == 1 || c->sinks == 3) o.attn.sinks = &tsk;
   const int64_t s_kpm[2] = {c->B, c->Nk};
   attn_tensor tkpm = attn_tensor_view(pad, ATTN_BOOL, 2, s_kpm);
   if (c->kpm) o.attn.key_padding = &tkpm;

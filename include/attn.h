@@ -443,8 +443,9 @@ ATTN_API int attn_dropout_keep(uint64_t seed, double p, int64_t b, int64_t h, in
  *            with s = (P / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor)
  *   YARN     f_i = f_i / factor (1 - e_i) + f_i e_i, where e_i = 1 - ramp(i) and ramp
  *            climbs linearly from 0 at lo to 1 at hi (lo = floor(c(beta_fast)),
- *            hi = ceil(c(beta_slow)), clamped to [0, d - 1], hi = lo + 0.001 if
- *            equal; c(n) = d ln(P / (2 pi n)) / (2 ln theta)); m = attention_factor,
+ *            hi = ceil(c(beta_slow)); without yarn_truncate lo = c(beta_fast) and
+ *            hi = c(beta_slow) as they are (gpt-oss); clamped to [0, d - 1], hi =
+ *            lo + 0.001 if equal; c(n) = d ln(P / (2 pi n)) / (2 ln theta)); m = attention_factor,
  *            by default 0.1 ln(factor) + 1 (1 when factor <= 1).
  * Angles and their cos and sin are computed in double, then the rotation in f32. */
 typedef enum attn_rope_layout {
@@ -478,6 +479,9 @@ typedef struct attn_rope_opts {
   int64_t position_offset;
   int transpose;                 /* nonzero: apply the transposed rotation (the backward:
                                     dL/dx = rope(dL/dout) with transpose set) */
+  /* Added in 0.3. */
+  int yarn_truncate;             /* YARN: 1 (attn_rope_opts_init) rounds lo and hi out to whole
+                                    pairs; 0 keeps them as computed (transformers' truncate: false) */
 } attn_rope_opts;
 
 ATTN_API void attn_rope_opts_init(attn_rope_opts *opts);
@@ -802,6 +806,12 @@ typedef struct attn_mha_config {
   int qk_norm;                 /* ATTN_QK_NORM_NONE, _PER_HEAD or _WHOLE */
   attn_norm_kind qk_norm_kind; /* RMS (Qwen3, OLMo 2), RMS_PLUS_ONE (Gemma 3) or LAYER (with biases) */
   double qk_norm_eps;          /* > 0; attn_mha_config_init sets 1e-6 */
+  /* Added in 0.3. Learned attention sinks (gpt-oss): parameter SINKS [H], one
+   * logit per query head that joins every row's softmax with no value, as
+   * attn_sdpa_opts.sinks defines it. Every forward, the cached step included,
+   * passes them to the attention (opts.attn.sinks must then be NULL); the
+   * backward writes their gradient into grads' SINKS. */
+  int sinks;                   /* 0 (attn_mha_config_init) or 1 */
 } attn_mha_config;
 
 /* Where QK-norm's statistics are taken. */
@@ -818,11 +828,13 @@ enum {
  *   O_WEIGHT [E, H*D]     O_BIAS [E]
  * and with QK-norm, per head: Q_NORM_WEIGHT, K_NORM_WEIGHT [D] (and with
  * LAYER, Q_NORM_BIAS, K_NORM_BIAS [D]); over the whole projection: [H*D]
- * for q's, [Hk*D] for k's. H*D = E unless head_dim says otherwise. */
+ * for q's, [Hk*D] for k's; with sinks, SINKS [H]. H*D = E unless head_dim
+ * says otherwise. */
 typedef enum attn_mha_param {
   ATTN_MHA_Q_WEIGHT = 0, ATTN_MHA_Q_BIAS, ATTN_MHA_K_WEIGHT, ATTN_MHA_K_BIAS,
   ATTN_MHA_V_WEIGHT, ATTN_MHA_V_BIAS, ATTN_MHA_O_WEIGHT, ATTN_MHA_O_BIAS,
   ATTN_MHA_Q_NORM_WEIGHT, ATTN_MHA_Q_NORM_BIAS, ATTN_MHA_K_NORM_WEIGHT, ATTN_MHA_K_NORM_BIAS,
+  ATTN_MHA_SINKS, /* added in 0.3 (and with it a longer attn_mha_names) */
   ATTN_MHA_NUM_PARAMS
 } attn_mha_param;
 
@@ -850,14 +862,16 @@ ATTN_API void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int6
  *     fp32 AVX2/AVX-512 cases to its BLAS (not those of F16: it cannot round). */
 ATTN_API attn_status attn_linear(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
                                  const attn_tensor *bias);
-/* Projection parameters start zeroed; QK-norm weights start as the identity
- * (1, or 0 for RMS_PLUS_ONE) and its biases at 0, as PyTorch initialises them. */
+/* Projection parameters and sinks start zeroed; QK-norm weights start as the
+ * identity (1, or 0 for RMS_PLUS_ONE) and its biases at 0, as PyTorch
+ * initialises them. */
 ATTN_API attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config *cfg);
 ATTN_API void attn_mha_destroy(attn_mha *mha);
 ATTN_API const attn_mha_config *attn_mha_get_config(const attn_mha *mha);
 /* A writable contiguous f32 view of one parameter (NOT_FOUND for a bias the
- * layer lacks, by bias and out_bias, and for QK-norm's parameters without
- * qk_norm, or its biases with a kind other than LAYER). attn_mha_get_config
+ * layer lacks, by bias and out_bias, for QK-norm's parameters without
+ * qk_norm, or its biases with a kind other than LAYER, and for SINKS without
+ * sinks). attn_mha_get_config
  * gives the config resolved: head_dim = D, out_bias 0 or 1. */
 ATTN_API attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, attn_mha_param which);
 /* Sets a parameter by name, converting any float dtype and checking the shape.
@@ -905,10 +919,11 @@ ATTN_API attn_status attn_mha_create_from_safetensors_handle(attn_ctx *ctx, attn
 typedef enum attn_mha_naming {
   ATTN_MHA_NAMING_NONE = 0,
   ATTN_MHA_NAMING_SEED = 1,           /* [wq.weight] wq/wk/wv/dense.{weight,bias} */
-  ATTN_MHA_NAMING_TORCH_PACKED = 2,   /* [in_proj_weight] nn.MultiheadAttention, kdim = vdim = E */
-  ATTN_MHA_NAMING_TORCH_SEPARATE = 3, /* [q_proj_weight] nn.MultiheadAttention with kdim/vdim != E */
-  ATTN_MHA_NAMING_LLAMA = 4,          /* [q_proj.weight] q/k/v/o_proj.{weight,bias}, q_norm/k_norm.weight
-                                         (Llama, Mistral, Qwen2/3, Gemma 1-3, OLMo 2, Phi-3 split) */
+  ATTN_MHA_NAMING_TORCH_PACKED = 2,   /* [in_proj_weight] nn.MultiheadAttention, kdim = vdim = E (and sinks) */
+  ATTN_MHA_NAMING_TORCH_SEPARATE = 3, /* [q_proj_weight] nn.MultiheadAttention with kdim/vdim != E (and sinks) */
+  ATTN_MHA_NAMING_LLAMA = 4,          /* [q_proj.weight] q/k/v/o_proj.{weight,bias}, q_norm/k_norm.weight,
+                                         sinks (Llama, Mistral, Qwen2/3, Gemma 1-3, OLMo 2, Phi-3 split,
+                                         gpt-oss) */
   ATTN_MHA_NAMING_BERT = 5,           /* [self.query.weight] self.query/key/value, output.dense (BERT, RoBERTa) */
   ATTN_MHA_NAMING_VIT = 6,            /* [attention.query.weight] attention.query/key/value, output.dense (ViT) */
   ATTN_MHA_NAMING_DISTILBERT = 7,     /* [q_lin.weight] q_lin/k_lin/v_lin/out_lin */
@@ -921,7 +936,9 @@ typedef enum attn_mha_naming {
 /* A caller's naming, for checkpoints of other families: the tensor name of
  * each parameter under the prefix. Parameters given the same name are packed
  * rows of one tensor, in q, k, v order (as in_proj_weight and c_attn). NULL:
- * absent (a bias or a QK-norm parameter; every weight is required). */
+ * absent (a bias, a QK-norm parameter or the sinks; every weight is
+ * required). A caller built against 0.2's attn.h (no SINKS entry: a smaller
+ * size) is read as it was written. */
 typedef struct attn_mha_names {
   size_t size;                            /* sizeof(attn_mha_names) */
   const char *name[ATTN_MHA_NUM_PARAMS];
@@ -939,7 +956,8 @@ typedef struct attn_mha_names {
  * and v biases (all three or none: some without the others is
  * ATTN_E_UNSUPPORTED naming the missing one), out_bias = o's, QK-norm (both
  * weights or neither) per head when they are [D], whole when [H*D] and
- * [Hk*D]; a norm bias needs qk_norm_kind LAYER (ATTN_E_INVALID naming it). */
+ * [Hk*D]; a norm bias needs qk_norm_kind LAYER (ATTN_E_INVALID naming it);
+ * sinks when the naming's SINKS tensor is there ([H]). */
 ATTN_API attn_status attn_mha_create_from_tensors(attn_ctx *ctx, attn_mha **out, const attn_safetensors *st,
                                                   const char *prefix, const attn_mha_names *names,
                                                   const attn_mha_config *like);
@@ -968,8 +986,9 @@ ATTN_API const char *attn_mha_param_name(attn_mha_naming naming, attn_mha_param 
  * (with H query heads: a mask broadcastable to [B, H, Nq, Nk], ALiBi slopes
  * and sinks f32 [H]), and the layer's. attn_mha_opts_init sets attn.mask_mode
  * to MASKED (true = masked out, PyTorch MHA's rule); the rest as
- * attn_sdpa_opts_init. The layer's backward does not give dL/dsinks (call
- * attn_sdpa_backward for that). */
+ * attn_sdpa_opts_init. Sinks given here are constants (the backward gives no
+ * gradient for them); learned ones are the layer's (attn_mha_config.sinks),
+ * and a layer holding them refuses these (ATTN_E_INVALID). */
 typedef struct attn_mha_opts {
   size_t size;         /* sizeof(attn_mha_opts), set by attn_mha_opts_init (attn.size too) */
   attn_sdpa_opts attn; /* read by its own size: an older attn_sdpa_opts moves the fields after it */
@@ -1001,7 +1020,8 @@ ATTN_API void attn_mha_opts_init(attn_mha_opts *opts);
  * encoder; its relative position bias, config.relative_bias, is the caller's
  * additive mask). A checkpoint whose tensors or config contradict each other
  * (hidden_size, kv heads, attention_bias, a QK-norm model_type without
- * q_norm) is refused naming the field; the layer's causality is the caller's.
+ * q_norm, gpt_oss without sinks) is refused naming the field; the layer's
+ * causality is the caller's.
  * On failure *out is NULL. */
 typedef struct attn_hf_layer {
   size_t size;                /* sizeof(attn_hf_layer), set by attn_mha_create_from_hf */
@@ -1071,7 +1091,8 @@ ATTN_API attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_
  *   dquery [B, Nq, E], dkey [B, Nk, kdim], dvalue [B, Nk, vdim] (any may be NULL;
  *   after self-attention dquery gets the whole input gradient and dkey/dvalue
  *   must be NULL), and every parameter's gradient written into the parameters
- *   of `grads`, a layer created with the same configuration (overwritten). */
+ *   of `grads`, a layer created with the same configuration (overwritten;
+ *   SINKS gets dL/dsinks summed over the batch and the rows). */
 typedef struct attn_mha_saved attn_mha_saved;
 ATTN_API attn_status attn_mha_forward_save(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, attn_tensor *weights,
                                            attn_mha_saved **saved, const attn_tensor *query, const attn_tensor *key,

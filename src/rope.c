@@ -23,6 +23,7 @@ void attn_rope_opts_init(attn_rope_opts *opts) {
   opts->beta_fast = 32.0;
   opts->beta_slow = 1.0;
   opts->attention_factor = NAN;
+  opts->yarn_truncate = 1;
 }
 
 /* A validated call: shapes, the rotary dims and each pair's frequency. */
@@ -64,7 +65,8 @@ static void rope_frequencies(const attn_rope_opts *o, int64_t r, int64_t L, doub
       }
     }
   } else if (o->scaling == ATTN_ROPE_YARN) {
-    double lo = floor(yarn_dim(o->beta_fast, d, theta, P)), hi = ceil(yarn_dim(o->beta_slow, d, theta, P));
+    double lo = yarn_dim(o->beta_fast, d, theta, P), hi = yarn_dim(o->beta_slow, d, theta, P);
+    if (o->yarn_truncate) lo = floor(lo), hi = ceil(hi);
     lo = lo < 0 ? 0 : lo;
     hi = hi > d - 1 ? d - 1 : hi;
     if (hi == lo) hi += 0.001; /* a ramp of one step */

@@ -317,11 +317,107 @@ static void test_gpt2(attn_ctx *ctx) {
     CHECK(same, "gpt2: k weight is c_attn's middle columns, transposed");
     attn_mha_destroy(m);
   }
+  /* a caller built against 0.2's attn.h: its attn_mha_names had no SINKS entry (conv1d sat one slot earlier) */
+  struct {
+    size_t size;
+    const char *name[ATTN_MHA_SINKS];
+    int conv1d;
+  } old = {sizeof old, {"c_attn.weight", "c_attn.bias", "c_attn.weight", "c_attn.bias", "c_attn.weight",
+                        "c_attn.bias", "c_proj.weight", "c_proj.bias"}, 1};
+  char gp[700];
+  path_of(gp, sizeof gp, "gpt2.safetensors");
+  attn_safetensors *st = NULL;
+  CHECK_OK(ctx, attn_safetensors_open(ctx, &st, gp));
+  attn_mha_config like;
+  attn_mha_config_init(&like, 0, 2);
+  attn_mha *m02 = NULL, *mnow = NULL;
+  CHECK_OK(ctx, attn_mha_create_from_tensors(ctx, &m02, st, "h.1.attn.", (const attn_mha_names *)(void *)&old, &like));
+  CHECK_OK(ctx, attn_mha_create_from_tensors(ctx, &mnow, st, "h.1.attn.", NULL, &like));
+  if (m02 && mnow) {
+    attn_tensor a, b;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &a, m02, ATTN_MHA_K_WEIGHT));
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &b, mnow, ATTN_MHA_K_WEIGHT));
+    CHECK(!memcmp(a.data, b.data, sizeof(float) * (size_t)(E * E)) && !attn_mha_get_config(m02)->sinks,
+          "0.2's attn_mha_names: conv1d read where it was written");
+  }
+  attn_mha_destroy(m02);
+  attn_mha_destroy(mnow);
+  attn_safetensors_close(st);
   write_text("gpt2_noscale.json", "{\"model_type\": \"gpt2\", \"n_embd\": 16, \"n_head\": 2, \"n_layer\": 2,"
                                   " \"scale_attn_weights\": false}");
   CHECK_OK(ctx, load(ctx, &m, &info, "gpt2_noscale.json", "gpt2.safetensors", 0));
   CHECK(info.scale == 1.0, "gpt2 scale_attn_weights false: scale 1");
   attn_mha_destroy(m);
+  free_set(&s);
+}
+
+/* gpt-oss, its config as the Hub keeps it (rope_scaling, its MoE's
+ * quantization_config): learned sinks (self_attn.sinks [H]) loaded as a
+ * parameter, every projection with a bias, sliding and full layers by
+ * layer_types, YaRN with truncate false. A gpt_oss config without sinks tensors, and sinks of the
+ * wrong shape, are refused. */
+static void test_gpt_oss(attn_ctx *ctx) {
+  const int64_t E = 32, H = 4, Hk = 2, D = 16;
+  tset s = {0};
+  llama_tensors(ctx, &s, 2, E, H, Hk, D, 1, 0);
+  write_set(ctx, &s, "gpt_oss_nosinks.safetensors", NULL, 0);
+  for (int l = 0; l < 2; l++) {
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.o_proj.bias", l);
+    add(ctx, &s, n, 1, E, 0);
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.sinks", l);
+    add(ctx, &s, n, 1, H, 0);
+  }
+  write_set(ctx, &s, "gpt_oss.safetensors", NULL, 0);
+  write_text("gpt_oss.json",
+             "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+             " \"num_key_value_heads\": 2, \"head_dim\": 16, \"num_hidden_layers\": 2, \"attention_bias\": true,"
+             " \"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", \"full_attention\"],"
+             " \"max_position_embeddings\": 131072, \"rope_theta\": 150000, \"rope_scaling\": {\"beta_fast\": 32.0,"
+             " \"beta_slow\": 1.0, \"factor\": 32.0, \"original_max_position_embeddings\": 4096, \"rope_type\": \"yarn\","
+             " \"truncate\": false}, \"quantization_config\": {\"quant_method\": \"mxfp4\"}}");
+  for (int l = 0; l < 2; l++) {
+    attn_mha *m = NULL;
+    attn_hf_layer info;
+    CHECK_OK(ctx, load(ctx, &m, &info, "gpt_oss.json", "gpt_oss.safetensors", l));
+    if (!m) continue;
+    const attn_mha_config *c = attn_mha_get_config(m);
+    CHECK(c->sinks == 1 && c->bias && c->out_bias && c->head_dim == D && c->num_kv_heads == Hk, "gpt_oss: shape");
+    CHECK(info.window == (l == 0 ? 8 : 0) && isnan(info.scale) && info.has_rope &&
+              info.rope.scaling == ATTN_ROPE_YARN && info.rope.yarn_truncate == 0 && info.rope.factor == 32 &&
+              info.rope.original_max_position == 4096 && info.rope.theta == 150000,
+          "gpt_oss layer %d: window %lld, rope scaling %d truncate %d", l, (long long)info.window,
+          (int)info.rope.scaling, info.rope.yarn_truncate);
+    static const struct {
+      attn_mha_param p;
+      const char *name;
+    } map[] = {{ATTN_MHA_SINKS, "sinks"}, {ATTN_MHA_O_BIAS, "o_proj.bias"}, {ATTN_MHA_Q_WEIGHT, "q_proj.weight"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+      char n[96];
+      snprintf(n, sizeof n, "model.layers.%d.self_attn.%s", l, map[i].name);
+      const attn_tensor *want = find(&s, n);
+      attn_tensor got;
+      CHECK_OK(ctx, attn_mha_param_view(ctx, &got, m, map[i].p));
+      CHECK(want && attn_tensor_numel(&got) == attn_tensor_numel(want) &&
+                !memcmp(got.data, want->data, sizeof(float) * (size_t)attn_tensor_numel(want)),
+            "gpt_oss layer %d: %s loaded as saved", l, n);
+    }
+    attn_mha_destroy(m);
+  }
+  write_text("gpt_oss_bias_o.json", "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                                    " \"num_key_value_heads\": 2, \"head_dim\": 16, \"num_hidden_layers\": 2}");
+  expect_fail(ctx, "gpt_oss_bias_o.json", "gpt_oss_nosinks.safetensors", 1, ATTN_E_SHAPE, "sinks", __LINE__);
+  /* sinks of another length, or not a vector */
+  free_set(&s);
+  llama_tensors(ctx, &s, 1, E, H, Hk, D, 1, 0);
+  add(ctx, &s, "model.layers.0.self_attn.sinks", 1, H + 1, 0);
+  write_set(ctx, &s, "gpt_oss_bad.safetensors", NULL, 0);
+  expect_fail(ctx, "gpt_oss_bias_o.json", "gpt_oss_bad.safetensors", 0, ATTN_E_SHAPE, "one per query head", __LINE__);
+  free_set(&s);
+  llama_tensors(ctx, &s, 1, E, H, Hk, D, 1, 0);
+  add(ctx, &s, "model.layers.0.self_attn.sinks", 2, H, 1);
+  write_set(ctx, &s, "gpt_oss_bad2.safetensors", NULL, 0);
+  expect_fail(ctx, "gpt_oss_bias_o.json", "gpt_oss_bad2.safetensors", 0, ATTN_E_SHAPE, "vector", __LINE__);
   free_set(&s);
 }
 
@@ -337,6 +433,7 @@ int main(void) {
   test_llama_single_and_sharded(ctx);
   test_qk_norm_families(ctx);
   test_gpt2(ctx);
+  test_gpt_oss(ctx);
   attn_ctx_destroy(ctx);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tdir);

@@ -416,6 +416,98 @@ static void huge_broadcast(attn_ctx *ctx) {
   attn_mha_destroy(m);
 }
 
+/* Learned sinks (config.sinks): the layer's SINKS parameter reaches every
+ * forward as attn_sdpa_opts.sinks does, so a layer holding them gives the bits
+ * of the same layer without them given those values in the options (plain,
+ * saved, cached step; weights too). The options' own sinks are then refused,
+ * and a layer without sinks has no such parameter. */
+static void learned_sinks(attn_ctx *ctx) {
+  enum { E = 16, H = 4, HK = 2, D = E / H, B = 2, N = 7 };
+  tu_rng r = {31};
+  attn_mha_config c;
+  attn_mha_config_init(&c, E, H);
+  c.num_kv_heads = HK;
+  attn_mha *plain, *learned, *grads;
+  CHECK_OK(ctx, attn_mha_create(ctx, &plain, &c));
+  c.sinks = 2;
+  CHECK_ERR(ctx, attn_mha_create(ctx, &learned, &c), ATTN_E_INVALID, "sinks must be 0 or 1");
+  c.sinks = 1;
+  CHECK_OK(ctx, attn_mha_create(ctx, &learned, &c));
+  randomize(ctx, plain, &r);
+  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+    attn_tensor a, b;
+    if (attn_mha_param_view(ctx, &a, plain, (attn_mha_param)p)) continue;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &b, learned, (attn_mha_param)p));
+    memcpy(b.data, a.data, sizeof(float) * (size_t)attn_tensor_numel(&a));
+  }
+  attn_tensor ts;
+  CHECK_OK(ctx, attn_mha_param_view(ctx, &ts, learned, ATTN_MHA_SINKS));
+  CHECK(ts.rank == 1 && ts.shape[0] == H && ts.dtype == ATTN_F32, "SINKS is f32 [H]");
+  float *sk = ts.data;
+  CHECK(sk[0] == 0 && sk[H - 1] == 0, "sinks start at zero");
+  for (int h = 0; h < H; h++) sk[h] = (float)(1.5 * tu_uniform(&r));
+  CHECK_ERR(ctx, attn_mha_param_view(ctx, &ts, plain, ATTN_MHA_SINKS), ATTN_E_NOT_FOUND, "without sinks");
+  CHECK_ERR(ctx, attn_mha_set_param(ctx, plain, "sinks", &ts), ATTN_E_INVALID, "without sinks");
+  CHECK_OK(ctx, attn_mha_param_view(ctx, &ts, learned, ATTN_MHA_SINKS));
+
+  static float x[B * N * E], o1[B * N * E], o2[B * N * E], w1[B * H * N * N], w2[B * H * N * N];
+  tu_fill_f32(&r, x, B * N * E, 1);
+  int64_t sx[3] = {B, N, E}, sw[4] = {B, H, N, N};
+  attn_tensor tx = attn_tensor_view(x, ATTN_F32, 3, sx);
+  attn_tensor t1 = attn_tensor_view(o1, ATTN_F32, 3, sx), t2 = attn_tensor_view(o2, ATTN_F32, 3, sx);
+  attn_tensor tw1 = attn_tensor_view(w1, ATTN_F32, 4, sw), tw2 = attn_tensor_view(w2, ATTN_F32, 4, sw);
+  attn_mha_opts given, own;
+  attn_mha_opts_init(&given);
+  attn_mha_opts_init(&own);
+  given.attn.causal = own.attn.causal = ATTN_CAUSAL_TOP_LEFT;
+  given.attn.window = own.attn.window = 4;
+  given.attn.sinks = &ts;
+  tu_poison_f32(o2, B * N * E);
+  tu_poison_f32(w2, B * H * N * N);
+  CHECK_OK(ctx, attn_mha_forward(ctx, plain, &t1, &tw1, &tx, NULL, NULL, &given));
+  CHECK_OK(ctx, attn_mha_forward(ctx, learned, &t2, &tw2, &tx, NULL, NULL, &own));
+  CHECK(!memcmp(o1, o2, sizeof o1) && !memcmp(w1, w2, sizeof w1), "learned sinks: not the options' sinks' bits");
+  attn_mha_saved *sv = NULL;
+  tu_poison_f32(o2, B * N * E);
+  CHECK_OK(ctx, attn_mha_forward_save(ctx, learned, &t2, NULL, &sv, &tx, NULL, NULL, NULL));
+  CHECK_OK(ctx, attn_mha_forward(ctx, plain, &t1, NULL, &tx, NULL, NULL, NULL));
+  CHECK(memcmp(o1, o2, sizeof o1), "learned sinks left the output unchanged");
+  given.attn.causal = ATTN_CAUSAL_NONE;
+  given.attn.window = 0;
+  CHECK_OK(ctx, attn_mha_forward(ctx, plain, &t1, NULL, &tx, NULL, NULL, &given));
+  CHECK(!memcmp(o1, o2, sizeof o1), "forward_save with no options: not the sinks' bits");
+  /* the backward's grads must hold the sinks too */
+  CHECK_OK(ctx, attn_mha_create(ctx, &grads, attn_mha_get_config(plain)));
+  CHECK_ERR(ctx, attn_mha_backward(ctx, learned, &t1, NULL, NULL, grads, sv, &tx), ATTN_E_INVALID, "sinks on");
+  attn_mha_saved_free(sv);
+  attn_mha_destroy(grads);
+  CHECK_ERR(ctx, attn_mha_forward(ctx, learned, &t2, NULL, &tx, NULL, NULL, &given), ATTN_E_INVALID,
+            "holds its own");
+
+  /* the cached step, token by token, in two caches */
+  attn_kv_cache_config kc;
+  attn_kv_cache_config_init(&kc, B, N, HK, D);
+  attn_kv_cache *c1, *c2;
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &c1, &kc));
+  CHECK_OK(ctx, attn_kv_cache_create(ctx, &c2, &kc));
+  int same = 1;
+  for (int n = 0; n < N; n++) {
+    int64_t s1[3] = {B, 1, E};
+    attn_tensor xn = attn_tensor_view(x + n * E, ATTN_F32, 3, s1), y1 = attn_tensor_view(o1, ATTN_F32, 3, s1),
+                y2 = attn_tensor_view(o2, ATTN_F32, 3, s1);
+    xn.strides[0] = y1.strides[0] = y2.strides[0] = N * E;
+    CHECK_OK(ctx, attn_mha_forward_cached(ctx, plain, c1, &y1, &xn, &given));
+    CHECK_OK(ctx, attn_mha_forward_cached(ctx, learned, c2, &y2, &xn, NULL));
+    same = same && !memcmp(o1, o2, sizeof(float) * E) && !memcmp(o1 + N * E, o2 + N * E, sizeof(float) * E);
+  }
+  CHECK(same, "cached step: learned sinks not the options' sinks' bits");
+  CHECK_ERR(ctx, attn_mha_forward_cached(ctx, learned, c2, &t2, &tx, &given), ATTN_E_INVALID, "holds its own");
+  attn_kv_cache_destroy(c1);
+  attn_kv_cache_destroy(c2);
+  attn_mha_destroy(plain);
+  attn_mha_destroy(learned);
+}
+
 int main(int argc, char **argv) {
   /* ctest runs this again with ATTN_KERNEL set: a kernel this CPU lacks is a skip */
   tu_kernel_or_skip(getenv("ATTN_KERNEL"));
@@ -426,6 +518,7 @@ int main(int argc, char **argv) {
   handle_api(ctx);
   huge_broadcast(ctx);
   namings(ctx);
+  learned_sinks(ctx);
   for (int i = 0; i < cases; i++) random_layer_case(ctx, 5000 + (uint64_t)i);
   attn_ctx_destroy(ctx);
   return tu_finish("test_mha");

@@ -33,7 +33,8 @@ typedef struct spec {
   int kpm;     /* 0 none; 1 random key padding; 2 the last batch entirely padded as well */
   double dropout;
   int strided; /* inputs, dout and the input gradients in seq-first [N, B, F] buffers */
-  int options; /* bits: 1 window 3, 2 softcap 2, 4 ALiBi (the paper's slopes x 4), 8 sinks */
+  int options; /* bits: 1 window 3, 2 softcap 2, 4 ALiBi (the paper's slopes x 4), 8 sinks (constants in
+                  the options), 16 the layer's learned sinks (a parameter, differentiated) */
 } spec;
 
 typedef struct prob {
@@ -83,12 +84,14 @@ static void prob_init(attn_ctx *ctx, prob *P, const spec *s, attn_dtype dt, uint
   c.kdim = s->kdim;
   c.vdim = s->vdim;
   c.bias = s->bias;
+  c.sinks = (s->options & 16) != 0;
   CHECK_OK(ctx, attn_mha_create(ctx, &P->m, &c));
-  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, P->m, (attn_mha_param)p)) continue;
     float *w = t.data;
-    for (int64_t i = 0; i < attn_tensor_numel(&t); i++) w[i] = (float)(round(tu_uniform(&r) * 2048) / 4096);
+    const double grid = p == ATTN_MHA_SINKS ? 1024 : 4096; /* sinks in [-2, 2]: logits' size */
+    for (int64_t i = 0; i < attn_tensor_numel(&t); i++) w[i] = (float)(round(tu_uniform(&r) * 2048) / grid);
   }
   const int64_t E = P->E = s->E, B = s->B, Nq = s->Nq;
   const int64_t kd = P->kd = s->kdim ? s->kdim : E, vd = P->vd = s->vdim ? s->vdim : E;
@@ -158,7 +161,7 @@ static const attn_tensor *value_of(const prob *P) { return P->s.cross ? &P->tv :
 static attn_mha *grads_layer(attn_ctx *ctx, const prob *P) {
   attn_mha *g = NULL;
   CHECK_OK(ctx, attn_mha_create(ctx, &g, attn_mha_get_config(P->m)));
-  for (int p = 0; g && p < TU_MHA_PROJ_PARAMS; p++) {
+  for (int p = 0; g && p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p) == ATTN_OK) tu_poison_f32(t.data, attn_tensor_numel(&t));
   }
@@ -242,7 +245,8 @@ static void fd_compare(attn_ctx *ctx, prob *P, const attn_tensor *t, const attn_
         P->s.name, what, err, an[0], fd[0]);
 }
 
-static const char *param_name[TU_MHA_PROJ_PARAMS] = {"dWq", "dbq", "dWk", "dbk", "dWv", "dbv", "dWo", "dbo"};
+static const char *param_name[ATTN_MHA_NUM_PARAMS] = {"dWq", "dbq", "dWk", "dbk", "dWv", "dbv", "dWo", "dbo",
+                                                       [ATTN_MHA_SINKS] = "dsinks"};
 
 static void finite_difference_case(attn_ctx *ctx, const spec *s, uint64_t seed) {
   prob P;
@@ -261,7 +265,7 @@ static void finite_difference_case(attn_ctx *ctx, const spec *s, uint64_t seed) 
   attn_mha_saved_free(sv);
   tu_rng r = {seed ^ 0x5eed};
   worst_fd = 0;
-  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor tp, tgp, tbq;
     if (attn_mha_param_view(ctx, &tp, P.m, (attn_mha_param)p)) continue;
     CHECK_OK(ctx, attn_mha_param_view(ctx, &tgp, g, (attn_mha_param)p));
@@ -292,17 +296,19 @@ static const spec fd_specs[] = {
     {"cross gqa dropout",  8, 4, 2, 3, 9, 0, 1, 1, 4, 6, ATTN_CAUSAL_TOP_LEFT,     2, 1, 0.5, 1, 0},
     {"self options",       8, 2, 0, 0, 0, 1, 0, 2, 6, 0, ATTN_CAUSAL_NONE,         0, 0, 0.0, 0, 15},
     {"cross gqa options",  8, 4, 2, 0, 0, 1, 1, 2, 5, 7, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 1, 0.0, 1, 15},
+    {"self learned sinks", 8, 2, 0, 0, 0, 1, 0, 2, 6, 0, ATTN_CAUSAL_TOP_LEFT,     0, 1, 0.0, 0, 16},
+    {"cross gqa sinks opt",8, 4, 2, 0, 0, 0, 1, 2, 5, 7, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 2, 0.3, 1, 23},
 };
 
 /* ---- (b) the fp32 path against the float64 path ---------------------------------- */
 typedef struct result {
-  double *param[TU_MHA_PROJ_PARAMS];
+  double *param[ATTN_MHA_NUM_PARAMS];
   double *dq, *dk, *dv, *out;
-  int64_t nparam[TU_MHA_PROJ_PARAMS], nq, nk, nv, nout;
+  int64_t nparam[ATTN_MHA_NUM_PARAMS], nq, nk, nv, nout;
 } result;
 
 static void result_free(result *r) {
-  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) free(r->param[p]);
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) free(r->param[p]);
   free(r->dq); free(r->dk); free(r->dv); free(r->out);
   memset(r, 0, sizeof *r);
 }
@@ -329,7 +335,7 @@ static void run_backward(attn_ctx *ctx, prob *P, attn_dtype dt, result *res, flo
   CHECK_OK(ctx, attn_mha_backward(ctx, P->m, &tdq, s->cross ? &tdk : NULL, s->cross ? &tdv : NULL, g, sv, &P->tg));
   attn_mha_saved_free(sv);
   int64_t total = 0;
-  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
     if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) continue;
     res->param[p] = tu_to_f64(&t);
@@ -349,7 +355,7 @@ static void run_backward(attn_ctx *ctx, prob *P, attn_dtype dt, result *res, flo
   if (raw) {
     total += res->nq + res->nk + res->nv;
     float *b = *raw = malloc(sizeof(float) * (size_t)(total + 1));
-    for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
       attn_tensor t;
       if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) continue;
       memcpy(b, t.data, sizeof(float) * (size_t)res->nparam[p]);
@@ -409,7 +415,7 @@ static void fp32_case(attn_ctx *ctx, const spec *s, uint64_t seed) {
       float *raw;
       int64_t nraw;
       run_backward(ctx, &P, ATTN_F32, &res, &raw, &nraw);
-      for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+      for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
         if (!ref.param[p]) continue;
         /* the key bias's true gradient is zero: its error is measured against the query bias's size */
         const double floor = p == ATTN_MHA_K_BIAS ? sqrt(dot(ref.param[ATTN_MHA_Q_BIAS], ref.param[ATTN_MHA_Q_BIAS],
@@ -449,6 +455,8 @@ static const spec fp32_specs[] = {
     {"f32 small",          6,  3, 3, 5,  7, 1, 1, 1, 3,  2,  ATTN_CAUSAL_NONE,         1, 1, 0.0, 1, 0},
     {"f32 self options",   64, 4, 2, 0,  0, 1, 0, 2, 37, 0,  ATTN_CAUSAL_BOTTOM_RIGHT, 2, 1, 0.1, 1, 15},
     {"f32 cross options",  48, 6, 0, 40, 24, 1, 1, 2, 19, 45, ATTN_CAUSAL_NONE,         1, 0, 0.0, 0, 15},
+    {"f32 learned sinks",  64, 4, 2, 0,  0, 1, 0, 2, 37, 0,  ATTN_CAUSAL_TOP_LEFT,     0, 2, 0.1, 1, 23},
+    {"f32 cross sinks",    48, 6, 3, 40, 24, 0, 1, 3, 19, 45, ATTN_CAUSAL_NONE,         1, 1, 0.0, 0, 16},
 };
 
 /* A random small problem (any head count, D from 1, sequences from 1), for both (a) and (b). */
@@ -477,6 +485,7 @@ static spec random_spec(uint64_t seed) {
   s.dropout = tu_int(&r, 0, 1) ? 0.25 : 0.0;
   s.strided = (int)tu_int(&r, 0, 1);
   s.options = (int)tu_int(&r, 0, 15);
+  if (s.options & 8 && tu_int(&r, 0, 1)) s.options ^= 8 | 16; /* the layer's learned sinks instead */
   return s;
 }
 
@@ -510,10 +519,10 @@ static void agreements(attn_ctx *ctx) {
   CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tq1, &tk1, &tv1, g1, sv, &P.tg));
   CHECK_OK(ctx, attn_mha_backward(ctx, P.m, &tq2, &tk2, &tv2, g2, sv, &P.tg));
   int same = !memcmp(dq1, dq2, sizeof(float) * (size_t)nq) && !memcmp(dk1, dk2, sizeof(float) * (size_t)nk);
-  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor a, b;
-    attn_mha_param_view(ctx, &a, g1, (attn_mha_param)p);
-    attn_mha_param_view(ctx, &b, g2, (attn_mha_param)p);
+    if (attn_mha_param_view(ctx, &a, g1, (attn_mha_param)p)) continue;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &b, g2, (attn_mha_param)p));
     same = same && !memcmp(a.data, b.data, sizeof(float) * (size_t)attn_tensor_numel(&a));
   }
   CHECK(same, "a second backward on the same saved state differs");
@@ -526,10 +535,10 @@ static void agreements(attn_ctx *ctx) {
   g2 = grads_layer(ctx, &P);
   CHECK_OK(ctx, attn_mha_backward(ctx, P.m, NULL, NULL, NULL, g2, sv, &P.tg));
   same = 1;
-  for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor a, b;
-    attn_mha_param_view(ctx, &a, g1, (attn_mha_param)p);
-    attn_mha_param_view(ctx, &b, g2, (attn_mha_param)p);
+    if (attn_mha_param_view(ctx, &a, g1, (attn_mha_param)p)) continue;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &b, g2, (attn_mha_param)p));
     same = same && !memcmp(a.data, b.data, sizeof(float) * (size_t)attn_tensor_numel(&a));
   }
   CHECK(same, "parameter gradients without input gradients differ");
@@ -569,9 +578,9 @@ static void agreements(attn_ctx *ctx) {
       int ok = 1;
       for (int64_t i = 0; i < B * ek * E; i++) ok = ok && dk1[i] == 0;
       for (int64_t i = 0; i < B * eq * E; i++) ok = ok && dq1[i] == 0; /* no keys: A does not depend on the query */
-      for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+      for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
         attn_tensor t;
-        attn_mha_param_view(ctx, &t, g1, (attn_mha_param)p);
+        if (attn_mha_param_view(ctx, &t, g1, (attn_mha_param)p)) continue;
         const float *w = t.data;
         for (int64_t i = 0; i < attn_tensor_numel(&t); i++) {
           ok = ok && !isnan(w[i]);
@@ -779,7 +788,7 @@ static void saved_owns_options(attn_ctx *ctx) {
     int same = !memcmp(dropped.dq, kept.dq, sizeof(double) * (size_t)kept.nq) &&
                !memcmp(dropped.dk, kept.dk, sizeof(double) * (size_t)kept.nk) &&
                !memcmp(dropped.dv, kept.dv, sizeof(double) * (size_t)kept.nv);
-    for (int p = 0; p < TU_MHA_PROJ_PARAMS; p++) {
+    for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++) {
       attn_tensor t;
       if (attn_mha_param_view(ctx, &t, g, (attn_mha_param)p)) continue;
       double *gp = tu_to_f64(&t);

@@ -690,7 +690,7 @@ static void no_keys(attn_ctx *ctx) {
   }
   CHECK_OK(ctx, attn_mha_backward(ctx, m, &tdq, NULL, NULL, g, sv, &to));
   attn_mha_saved_free(sv);
-  for (int p = ATTN_MHA_Q_NORM_WEIGHT; p < ATTN_MHA_NUM_PARAMS; p++) {
+  for (int p = ATTN_MHA_Q_NORM_WEIGHT; p <= ATTN_MHA_K_NORM_BIAS; p++) {
     attn_tensor t;
     CHECK_OK(ctx, attn_mha_param_view(ctx, &t, g, (attn_mha_param)p));
     int zero = 1;

@@ -29,8 +29,8 @@ static double freq_of(const attn_rope_opts *o, int64_t r, int64_t L, int64_t i, 
     case ATTN_ROPE_YARN: {
       const double cfast = d * log(P / (o->beta_fast * PI2)) / (2 * log(base));
       const double cslow = d * log(P / (o->beta_slow * PI2)) / (2 * log(base));
-      const double lo = fmax(floor(cfast), 0.0);
-      double hi = fmin(ceil(cslow), d - 1);
+      const double lo = fmax(o->yarn_truncate ? floor(cfast) : cfast, 0.0);
+      double hi = fmin(o->yarn_truncate ? ceil(cslow) : cslow, d - 1);
       if (hi == lo) hi = lo + 0.001;
       const double t = fmin(fmax(((double)i - lo) / (hi - lo), 0.0), 1.0); /* 0: extrapolate, 1: interpolate */
       *m = isnan(o->attention_factor) ? (fac > 1 ? 1 + 0.1 * log(fac) : 1) : o->attention_factor;
@@ -86,6 +86,7 @@ static rcase random_case(tu_rng *r) {
   c.o.seq_len = tu_int(r, 0, 2) == 0 ? tu_int(r, 1, 200) : 0;
   if (c.o.scaling == ATTN_ROPE_DYNAMIC && (c.o.rotary_dim ? c.o.rotary_dim : c.D) < 4) c.o.rotary_dim = c.D = 4;
   if (c.o.scaling == ATTN_ROPE_YARN && tu_int(r, 0, 1)) c.o.attention_factor = 1.25;
+  if (c.o.scaling == ATTN_ROPE_YARN && tu_int(r, 0, 1)) c.o.yarn_truncate = 0;
   c.o.position_offset = tu_int(r, 0, 2) ? 0 : tu_int(r, 1, 5000);
   c.o.transpose = tu_int(r, 0, 3) == 0;
   c.explicit_pos = tu_int(r, 0, 1);

@@ -100,10 +100,10 @@ static int collect_param_grads(attn_ctx *ctx, grad_file *f, attn_mha *grads, con
 }
 
 /* --names q=NAME,k=NAME,v=NAME,o=NAME[,q_bias=..,k_bias=..,v_bias=..,o_bias=..,q_norm=..,k_norm=..,
- * q_norm_bias=..,k_norm_bias=..] into names, whose strings point into buf (a copy of the spec). */
+ * q_norm_bias=..,k_norm_bias=..,sinks=..] into names, whose strings point into buf (a copy of the spec). */
 static int parse_names(const char *spec, attn_mha_names *names, char *buf, size_t cap) {
   static const char *const keys[ATTN_MHA_NUM_PARAMS] = {"q", "q_bias", "k", "k_bias", "v", "v_bias", "o", "o_bias",
-                                                        "q_norm", "q_norm_bias", "k_norm", "k_norm_bias"};
+                                                        "q_norm", "q_norm_bias", "k_norm", "k_norm_bias", "sinks"};
   memset(names, 0, sizeof *names);
   names->size = sizeof *names;
   if (strlen(spec) >= cap) return cli_fail(CLI_EXIT_USAGE, "--names is too long");
@@ -119,7 +119,8 @@ static int parse_names(const char *spec, attn_mha_names *names, char *buf, size_
         if (!strcmp(item, keys[i])) k = i;
     }
     if (k < 0 || !eq[1])
-      return cli_fail(CLI_EXIT_USAGE, "--names wants KEY=TENSOR items (q, k, v, o, q_bias, ..., k_norm_bias), got '%s'",
+      return cli_fail(CLI_EXIT_USAGE,
+                      "--names wants KEY=TENSOR items (q, k, v, o, q_bias, ..., k_norm_bias, sinks), got '%s'",
                       cli_show(item));
     if (names->name[k]) return cli_fail(CLI_EXIT_USAGE, "--names gives %s twice", keys[k]);
     names->name[k] = eq + 1;

@@ -14,7 +14,8 @@ CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
 MASK_KEEP, MASK_MASKED, MASK_ADDITIVE, MASK_SEED = 0, 1, 2, 3
 # attn_mha_param
 (MHA_Q_WEIGHT, MHA_Q_BIAS, MHA_K_WEIGHT, MHA_K_BIAS, MHA_V_WEIGHT, MHA_V_BIAS, MHA_O_WEIGHT,
- MHA_O_BIAS, MHA_Q_NORM_WEIGHT, MHA_Q_NORM_BIAS, MHA_K_NORM_WEIGHT, MHA_K_NORM_BIAS, MHA_NUM_PARAMS) = range(13)
+ MHA_O_BIAS, MHA_Q_NORM_WEIGHT, MHA_Q_NORM_BIAS, MHA_K_NORM_WEIGHT, MHA_K_NORM_BIAS, MHA_SINKS,
+ MHA_NUM_PARAMS) = range(14)
 # QK-norm's scope (ATTN_QK_NORM_*) and attn_norm_kind
 QK_NORM_NONE, QK_NORM_PER_HEAD, QK_NORM_WHOLE = 0, 1, 2
 NORM_RMS, NORM_RMS_PLUS_ONE, NORM_LAYER = 0, 1, 2
@@ -74,6 +75,7 @@ class MhaConfig(ctypes.Structure):
         ("qk_norm", ctypes.c_int),
         ("qk_norm_kind", ctypes.c_int),
         ("qk_norm_eps", ctypes.c_double),
+        ("sinks", ctypes.c_int),
     ]
 
 
@@ -106,6 +108,7 @@ class RopeOpts(ctypes.Structure):
         ("positions", ctypes.POINTER(ctypes.c_int64)),
         ("position_offset", ctypes.c_int64),
         ("transpose", ctypes.c_int),
+        ("yarn_truncate", ctypes.c_int),
     ]
 
 

@@ -50,7 +50,10 @@ class MultiheadAttention:
     and before RoPE, by qk_norm_kind 'rms', 'rms_plus_one' (Gemma: 1 + w) or
     'layer' (with biases) with qk_norm_eps. Its parameters are "q_norm.weight",
     "k_norm.weight" (and "q_norm.bias", "k_norm.bias" for 'layer'), starting
-    as the identity (weights 1, or 0 for rms_plus_one; biases 0).
+    as the identity (weights 1, or 0 for rms_plus_one; biases 0). sinks=True
+    gives the layer learned attention sinks (gpt-oss): parameter "sinks" [H],
+    one logit per head joining each row's softmax, used by every forward and
+    differentiated by grad(); the sinks= keyword of a call then must be None.
     """
 
     _QK_NORM = {None: _capi.QK_NORM_NONE, "per_head": _capi.QK_NORM_PER_HEAD, "whole": _capi.QK_NORM_WHOLE}
@@ -61,8 +64,8 @@ class MultiheadAttention:
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                  kdim=None, vdim=None, batch_first=False, device=None, dtype=None, num_kv_heads=None, *,
-                 head_dim=None, out_bias=None, qk_norm=None, qk_norm_kind="rms", qk_norm_eps=1e-6, threads=None,
-                 _handle=None):
+                 head_dim=None, out_bias=None, qk_norm=None, qk_norm_kind="rms", qk_norm_eps=1e-6, sinks=False,
+                 threads=None, _handle=None):
         if add_bias_kv or add_zero_attn:
             raise ValueError("add_bias_kv and add_zero_attn are not supported")
         if device is not None and str(device) != "cpu":
@@ -94,6 +97,7 @@ class MultiheadAttention:
             cfg.qk_norm = self._QK_NORM[qk_norm]
             cfg.qk_norm_kind = self._NORM_KIND[qk_norm_kind]
             cfg.qk_norm_eps = float(qk_norm_eps)
+            cfg.sinks = 1 if sinks else 0
             h = ctypes.c_void_p()
             self._ctx.check(_capi.lib.attn_mha_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))
             self._h = h
@@ -109,6 +113,7 @@ class MultiheadAttention:
         self.qk_norm = {v: k for k, v in self._QK_NORM.items()}[cfg.qk_norm]
         self.qk_norm_kind = {v: k for k, v in self._NORM_KIND.items()}[cfg.qk_norm_kind]
         self.qk_norm_eps = cfg.qk_norm_eps
+        self.has_sinks = bool(cfg.sinks)
         self.batch_first = batch_first
 
     def __repr__(self):
@@ -117,7 +122,8 @@ class MultiheadAttention:
         drop = f", dropout={self.dropout}" if self.dropout else ""
         return (f"MultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}{drop}, "
                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, "
-                f"bias={self.bias}, out_bias={self.out_bias}{norm}, batch_first={self.batch_first})")
+                f"bias={self.bias}, out_bias={self.out_bias}{norm}{', sinks=True' if self.has_sinks else ''}, "
+                f"batch_first={self.batch_first})")
 
     def train(self, mode=True):
         """Training mode (dropout on, as the layer was built with it); returns the layer."""
@@ -138,22 +144,22 @@ class MultiheadAttention:
     _NAME_KEYS = {"q": _capi.MHA_Q_WEIGHT, "k": _capi.MHA_K_WEIGHT, "v": _capi.MHA_V_WEIGHT, "o": _capi.MHA_O_WEIGHT,
                   "q_bias": _capi.MHA_Q_BIAS, "k_bias": _capi.MHA_K_BIAS, "v_bias": _capi.MHA_V_BIAS,
                   "o_bias": _capi.MHA_O_BIAS, "q_norm": _capi.MHA_Q_NORM_WEIGHT, "k_norm": _capi.MHA_K_NORM_WEIGHT,
-                  "q_norm_bias": _capi.MHA_Q_NORM_BIAS, "k_norm_bias": _capi.MHA_K_NORM_BIAS}
+                  "q_norm_bias": _capi.MHA_Q_NORM_BIAS, "k_norm_bias": _capi.MHA_K_NORM_BIAS, "sinks": _capi.MHA_SINKS}
 
     @classmethod
     def from_safetensors(cls, path, num_heads, prefix="", *, num_kv_heads=None, head_dim=None, names=None,
                          layout="linear", qk_norm_kind="rms", qk_norm_eps=None, batch_first=False, threads=None):
         """The layer under prefix in a safetensors file (attn_mha_create_from_tensors).
 
-        Sizes (embed_dim, H*D, kv rows, kdim, vdim, biases, QK-norm's scope) are
+        Sizes (embed_dim, H*D, kv rows, kdim, vdim, biases, QK-norm's scope, learned sinks) are
         read off the tensors' shapes; num_heads, num_kv_heads (None: num_heads),
         head_dim (None: q rows / num_heads), qk_norm_kind ("rms", "rms_plus_one"
         or "layer") and qk_norm_eps (None: the library's 1e-6) are what a file
-        cannot say. names=None detects the family (PyTorch, Llama/Qwen/Gemma/OLMo,
+        cannot say. names=None detects the family (PyTorch, Llama/Qwen/Gemma/OLMo/gpt-oss,
         BERT, ViT, DistilBERT, GPT-2, T5, the seed). Otherwise a dict of tensor
         names under prefix: "q", "k", "v", "o" (required) and optionally "q_bias",
         "k_bias", "v_bias", "o_bias", "q_norm", "k_norm", "q_norm_bias",
-        "k_norm_bias"; keys given the same name are one tensor holding the q, k,
+        "k_norm_bias", "sinks"; keys given the same name are one tensor holding the q, k,
         v rows in turn (like in_proj_weight). layout="conv1d" (with names): the
         weights are stored [in, out], as GPT-2's Conv1D.
         """
@@ -310,6 +316,8 @@ class MultiheadAttention:
         for name, which in self._NORM_PARAMS.items():
             if which in p:
                 res[name] = p[which]
+        if P.MHA_SINKS in p:
+            res["sinks"] = p[P.MHA_SINKS]
         return res
 
     def state_dict(self):
@@ -481,7 +489,7 @@ class MultiheadAttention:
         """Gradients of a loss L through forward(query, key, value, ...), given grad_output = dL/dout.
 
         Runs the forward pass again (attn_mha_forward_save), then attn_mha_backward.
-        rope, positions, scale, window, softcap, alibi, sinks (not differentiated),
+        rope, positions, scale, window, softcap, alibi, sinks (constants: not differentiated),
         dropout_p, dropout_seed and cu_seqlens (a packed batch): as in forward;
         with dropout, pass the forward's dropout_seed to differentiate that very
         forward (without one this call draws its own mask).
@@ -489,8 +497,9 @@ class MultiheadAttention:
         layout; with key and value the very same object as query, self-attention,
         only 'query', the whole gradient), and every parameter's under PyTorch's
         names (in_proj_weight or q/k/v_proj_weight, in_proj_bias, out_proj.weight,
-        out_proj.bias) and QK-norm's (q_norm.weight, k_norm.weight, q_norm.bias,
-        k_norm.bias), those the layer has. NumPy or torch like query.
+        out_proj.bias), QK-norm's (q_norm.weight, k_norm.weight, q_norm.bias,
+        k_norm.bias) and the learned sinks' (sinks), those the layer has. NumPy or
+        torch like query.
         """
         _packed_call(cu_seqlens, query, key, value, False)
         like_torch = _is_torch(query)

@@ -10,7 +10,7 @@ from ._tensors import _int64, _is_torch, _tensor, _to4, _to_numpy, _wrap
 
 def rope_opts(rotary_dim=None, layout="half", theta=10000.0, scaling=None, factor=1.0, original_max_position=None,
               low_freq_factor=1.0, high_freq_factor=4.0, beta_fast=32.0, beta_slow=1.0, attention_factor=None,
-              seq_len=None, position_offset=0, transpose=False):
+              seq_len=None, position_offset=0, transpose=False, yarn_truncate=True):
     """An attn_rope_opts from attn.rope's keywords (positions aside)."""
     if layout not in _capi.ROPE_LAYOUTS:
         raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
@@ -29,6 +29,7 @@ def rope_opts(rotary_dim=None, layout="half", theta=10000.0, scaling=None, facto
     o.seq_len = int(seq_len or 0)
     o.position_offset = int(position_offset)
     o.transpose = 1 if transpose else 0
+    o.yarn_truncate = 1 if yarn_truncate else 0
     return o
 
 
@@ -58,7 +59,8 @@ def rope(x, positions=None, *, threads=None, **kw):
     theta: the base (rope_theta).
     scaling: None, 'linear', 'dynamic', 'llama3' or 'yarn', with the config's fields
     (factor, original_max_position = original_max_position_embeddings, low/high_freq_factor,
-    beta_fast/slow, attention_factor; seq_len for 'dynamic', default the largest position + 1).
+    beta_fast/slow, attention_factor, yarn_truncate = truncate (False: the ramp's band is not rounded
+    out to whole pairs, as gpt-oss); seq_len for 'dynamic', default the largest position + 1).
     transpose=True applies the transposed rotation (the gradient of the rotation).
     Returns a float32 array or tensor like x."""
     o = rope_opts(**kw)

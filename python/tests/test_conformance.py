@@ -1328,6 +1328,12 @@ if have_transformers:
          lambda: (hf_rope_case({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                 "original_max_position_embeddings": 64},
                                dict(scaling="yarn", factor=4.0, original_max_position=64), max_positions=256), 1e-4))
+    case(ROPE, "yarn x32, truncate false (gpt-oss: theta 150000, beta 32/1, P 4096)",
+         lambda: (hf_rope_case({"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+                               dict(theta=150000.0, scaling="yarn", factor=32.0, original_max_position=4096,
+                                    yarn_truncate=False), positions=torch.arange(0, 40 * 25, 25).expand(2, 40),
+                               max_positions=131072), 1e-4))
     case(ROPE, "partial rotary 0.5 (GPT-NeoX, Phi)",
          lambda: (hf_rope_case({"rope_type": "default", "rope_theta": 10000.0}, {}, partial=0.5), 1e-4))
     case(ROPE, "left-padded positions per row",
@@ -1428,6 +1434,13 @@ def _hf_build(kind, L):
                                                          rope_local_base_freq=10000.0, **dec))
     elif kind == "olmo2":
         model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**dec))
+    elif kind.startswith("gpt_oss"):  # learned sinks; YaRN without rounding its band (theta, P: a band of 2 pairs)
+        rp = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+              "truncate": False, "original_max_position_embeddings": 64}
+        model = tf.GptOssForCausalLM(tf.GptOssConfig(
+            head_dim=16, sliding_window=5, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            num_local_experts=4, num_experts_per_tok=2, rope_parameters=rp, attention_bias=True,
+            **{**dec, "max_position_embeddings": 131072}))
     elif kind == "gpt2":
         model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=64, n_layer=3, n_head=4, vocab_size=32, n_positions=128,
                                                  scale_attn_by_inverse_layer_idx=True))
@@ -1459,8 +1472,9 @@ def _hf_attention_module(model, kind, L):
     return model.model.layers[L].self_attn
 
 
-def _hf_run(model, kind, L, ids, mask):
-    """The attention module's input, call and output inside the model's forward."""
+def _hf_run(model, kind, L, ids, mask, module=None):
+    """The attention module's input, call and output inside the model's forward. module (a float64
+    copy of the attention module): call runs it instead, on the model's arguments in float64."""
     mod = _hf_attention_module(model, kind, L)
     inner = mod.self if kind == "bert" else mod
     got = {}
@@ -1480,14 +1494,24 @@ def _hf_run(model, kind, L, ids, mask):
         h2.remove()
     x = got["kwargs"].get("hidden_states", got["args"][0] if got["args"] else None)
 
+    def as64(a):
+        if torch.is_tensor(a) and a.is_floating_point():
+            return a.double()
+        return tuple(as64(e) for e in a) if isinstance(a, tuple) else a
+    run, outer = inner, mod
+    if module is not None:
+        run, outer = (module.self if kind == "bert" else module), module
+        got["args"] = tuple(as64(a) for a in got["args"])
+        got["kwargs"] = {k: as64(v) for k, v in got["kwargs"].items()}
+
     def call(xin):  # the module on xin with the model's own other arguments; the attention output [B, N, E]
         args = (xin,) + tuple(got["args"][1:]) if got["args"] else ()
         kw = dict(got["kwargs"])
         if not got["args"]:
             kw["hidden_states"] = xin
-        o = inner(*args, **kw)
+        o = run(*args, **kw)
         o = o[0] if isinstance(o, tuple) else o
-        return mod.output.dense(o) if kind == "bert" else o
+        return outer.output.dense(o) if kind == "bert" else o
     extra = None
     if kind == "t5":  # the relative position bias (with the padding mask folded in) the model passed along
         pb = got["out"][1] if isinstance(got["out"], tuple) and len(got["out"]) > 1 else None
@@ -1506,6 +1530,8 @@ def _hf_grads_torch(mod, kind, E):
     g = {"q": mod.q_proj.weight.grad, "o": mod.o_proj.weight.grad}
     if getattr(mod, "q_norm", None) is not None:
         g["q_norm"], g["k_norm"] = mod.q_norm.weight.grad, mod.k_norm.weight.grad
+    if isinstance(getattr(mod, "sinks", None), torch.nn.Parameter):
+        g["sinks"] = mod.sinks.grad
     return g
 
 
@@ -1514,6 +1540,8 @@ def _hf_grads_ours(g, layer):
     out = {"q": q, "o": g["out_proj.weight"]}
     if "q_norm.weight" in g:
         out["q_norm"], out["k_norm"] = g["q_norm.weight"], g["k_norm.weight"]
+    if "sinks" in g:
+        out["sinks"] = g["sinks"]
     return out
 
 
@@ -1576,10 +1604,15 @@ def hf_family(kind, L=1, causal=True, pad=False, cached=True, backward=True):
         xg = x32.detach().clone().requires_grad_(True)
         (call32(xg) * G.float()).sum().backward()
         g32 = {n: v.detach().clone() for n, v in _hf_grads_torch(mod, kind, layer.embed_dim).items()}
-        m64 = model.double()
-        x64, call64, extra64 = _hf_run(m64, kind, L, ids, mask)
+        if kind.startswith("gpt_oss"):  # its experts do not run in float64 on the CPU: the attention alone
+            import copy
+            mod = copy.deepcopy(_hf_attention_module(model, kind, L)).double()
+            _, call64, _ = _hf_run(model, kind, L, ids, mask, module=mod)
+        else:
+            m64 = model.double()
+            _, call64, _ = _hf_run(m64, kind, L, ids, mask)
+            mod = _hf_attention_module(m64, kind, L)
         x64 = x32.detach().double().requires_grad_(True)
-        mod = _hf_attention_module(m64, kind, L)
         mod.zero_grad()
         (call64(x64) * G).sum().backward()
         gw = _hf_grads_torch(mod, kind, layer.embed_dim)
@@ -1592,7 +1625,7 @@ def hf_family(kind, L=1, causal=True, pad=False, cached=True, backward=True):
         if os.environ.get("ATTN_CONFORMANCE_VERBOSE"):
             print("   ", kind, {n: f"ours {rel(og[n], gw[n]):.2e} torch fp32 {rel(g32[n], gw[n]):.2e}" for n in gw})
         n = max(ratio, key=ratio.get)
-        res["backward: q, o" + (", QK-norm" if "q_norm" in gw else "") +
+        res["backward: q, o" + (", QK-norm" if "q_norm" in gw else "") + (", sinks" if "sinks" in gw else "") +
             f" weights vs autograd float64 (worst: {n}; bound max(1e-5, 4x PyTorch fp32's error))"] = \
             (rel(og[n], gw[n]), max(1e-5, 4 * rel(g32[n], gw[n])))
     if cached and causal:
@@ -1622,6 +1655,9 @@ if have_transformers:
         ("Gemma2Attention (softcap, query_pre_attn_scalar, sliding layer 0)", "gemma2", dict(L=0)),
         ("Gemma3Attention (QK-norm 1 + w, local RoPE base, sliding)", "gemma3", dict(L=0)),
         ("Olmo2Attention (QK-norm over the whole projection)", "olmo2", {}),
+        ("GptOssAttention (learned sinks, biases, YaRN truncate false, sliding window 5)", "gpt_oss_sliding",
+         dict(L=0)),
+        ("GptOssAttention (learned sinks, full layer)", "gpt_oss_full", {}),
         ("T5Attention (no scaling, relative bias as an additive mask, d_kv 24)", "t5",
          dict(L=0, causal=False, pad=True, cached=False)),
     ]

@@ -66,6 +66,65 @@ def qk_norm_layer():
     assert {"q_norm.weight", "k_norm.weight", "q_norm.bias", "k_norm.bias"} <= set(g) and "out_proj.bias" not in g, g
 
 
+def learned_sinks():
+    """sinks=True: the parameter by name, what a call's own sinks meet, its gradient (the float64
+    path's within fp32 rounding, and central differences of the float64 path)."""
+    import numpy as np
+    m = attn.MultiheadAttention(8, 2, sinks=True, batch_first=True)
+    assert repr(m).endswith("bias=True, out_bias=True, sinks=True, batch_first=True)"), repr(m)
+    sd = m.state_dict()
+    assert sd["sinks"].shape == (2,) and (sd["sinks"] == 0).all(), sd
+    rng = np.random.default_rng(9)
+    new = {n: (0.5 * rng.standard_normal(a.shape)).astype(np.float32) for n, a in sd.items()}
+    new["sinks"] = np.array([1.5, -0.5], np.float32)
+    m.load_state_dict(new)
+    assert (m.state_dict()["sinks"] == new["sinks"]).all()
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    plain = attn.MultiheadAttention(8, 2, batch_first=True)
+    plain.load_state_dict({n: a for n, a in new.items() if n != "sinks"})
+    got, _ = m(x, x, x, need_weights=False, is_causal=True)
+    want, _ = plain(x, x, x, need_weights=False, is_causal=True, sinks=new["sinks"])
+    assert (np.asarray(got) == np.asarray(want)).all(), "learned sinks: the options' sinks' bits"
+    try:
+        m(x, x, x, need_weights=False, sinks=new["sinks"])
+        raise AssertionError("a call's sinks accepted beside the layer's")
+    except attn.AttnError as e:
+        assert "holds its own" in str(e), e
+    try:
+        plain.load_state_dict({"sinks": new["sinks"]})
+        raise AssertionError("sinks loaded into a layer without them")
+    except attn.AttnError:
+        pass
+    G = rng.standard_normal(x.shape).astype(np.float32)
+    g = m.grad(x, x, x, G, is_causal=True)["sinks"]
+    assert "sinks" not in plain.grad(x, x, x, G, is_causal=True, sinks=new["sinks"])
+    x64, G64 = x.astype(np.float64), G.astype(np.float64)
+    old = os.environ.get("ATTN_KERNEL")
+    os.environ["ATTN_KERNEL"] = "ref"  # read when a layer's context is made
+    try:
+        r = attn.MultiheadAttention(8, 2, sinks=True, batch_first=True)
+    finally:
+        if old is None:
+            del os.environ["ATTN_KERNEL"]
+        else:
+            os.environ["ATTN_KERNEL"] = old
+    r.load_state_dict(new)
+    g64 = np.asarray(r.grad(x64, x64, x64, G64, is_causal=True)["sinks"], np.float64)
+    assert np.abs(np.asarray(g) - g64).max() <= 1e-5 * np.abs(g64).max(), (g, g64)
+    h = 2.0 ** -10
+    for k in range(2):
+        f = []
+        for step in (-h, h):
+            s = dict(new)
+            s["sinks"] = new["sinks"].copy()
+            s["sinks"][k] += step
+            r.load_state_dict(s)
+            out, _ = r(x64, x64, x64, need_weights=False, is_causal=True)
+            f.append(float((np.asarray(out, np.float64) * G64).sum()))
+        fd = (f[1] - f[0]) / (2 * h)
+        assert abs(fd - g64[k]) <= 1e-4 * max(1.0, abs(g64[k])), (k, fd, g64[k])
+
+
 def kv_quant():
     """Block-format storage: keys()/values() decode what is stored, attend matches NumPy on it."""
     import numpy as np
@@ -224,6 +283,7 @@ def main():
     assert repr(m) == ("MultiheadAttention(embed_dim=8, num_heads=2, num_kv_heads=1, head_dim=4, kdim=8, vdim=8, "
                        "bias=True, out_bias=True, batch_first=True)"), repr(m)
     qk_norm_layer()
+    learned_sinks()
     kv_quant()
     paged()
     views()

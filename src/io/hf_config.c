@@ -20,6 +20,7 @@ typedef struct hf_rope {
   char type[32];
   double theta, factor, low, high, beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim, partial;
   double original_max;
+  int truncate; /* YaRN's: 1 unless the file says false */
 } hf_rope;
 
 /* What the file said, before defaults (NAN / UNSET: not said). */
@@ -37,6 +38,7 @@ static void rope_unset(hf_rope *r) {
   memset(r, 0, sizeof *r);
   r->theta = r->factor = r->low = r->high = r->beta_fast = r->beta_slow = NAN;
   r->attention_factor = r->mscale = r->mscale_all_dim = r->partial = r->original_max = NAN;
+  r->truncate = 1;
 }
 
 static int key_is(const char *k, const char *w) { return !strcmp(k, w); }
@@ -107,12 +109,7 @@ static attn_status rope_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "mscale_all_dim")) return num_or_null(j, &r->mscale_all_dim);
   if (key_is(k, "partial_rotary_factor")) return num_or_null(j, &r->partial);
   if (key_is(k, "original_max_position_embeddings")) return num_or_null(j, &r->original_max);
-  if (key_is(k, "truncate")) {
-    int t = 1;
-    attn_status st = boolean(j, k, &t);
-    if (!st && !t) return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "rope truncate = false (YaRN without rounding its band) is not supported");
-    return st;
-  }
+  if (key_is(k, "truncate")) return boolean(j, k, &r->truncate);
   if (key_is(k, "short_factor") || key_is(k, "long_factor"))
     return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "RoPE %s (longrope) is not supported", k);
   return attn__json_skip(j, 1);
@@ -252,6 +249,7 @@ static attn_status rope_opts_of(attn__json *j, attn_rope_opts *o, const hf_rope 
   if (!isnan(r->high)) o->high_freq_factor = r->high;
   if (!isnan(r->beta_fast)) o->beta_fast = r->beta_fast;
   if (!isnan(r->beta_slow)) o->beta_slow = r->beta_slow;
+  o->yarn_truncate = r->truncate;
   const double om = !isnan(r->original_max) ? r->original_max : (double)max_pos;
   o->original_max_position = om > 0 && om < 1e15 ? (int64_t)om : 0;
   if (!isnan(r->attention_factor)) {

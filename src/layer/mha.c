@@ -14,7 +14,7 @@
 
 static const char *param_label[ATTN_MHA_NUM_PARAMS] = {
     "q weight",      "q bias",      "k weight",      "k bias",     "v weight",           "v bias",
-    "out weight",    "out bias",    "q norm weight", "q norm bias", "k norm weight", "k norm bias"};
+    "out weight",    "out bias",    "q norm weight", "q norm bias", "k norm weight", "k norm bias", "sinks"};
 
 void attn_mha_config_init(attn_mha_config *cfg, int64_t embed_dim, int64_t num_heads) {
   if (!cfg) return;
@@ -70,6 +70,7 @@ static attn_status resolve_config(attn_ctx *ctx, attn_mha_config *c) {
     return attn__fail(ctx, ATTN_E_INVALID, "out_bias must be -1 (as bias), 0 or 1, got %d", c->out_bias);
   if (c->out_bias == -1) c->out_bias = c->bias != 0;
   c->bias = c->bias != 0;
+  if (c->sinks != 0 && c->sinks != 1) return attn__fail(ctx, ATTN_E_INVALID, "sinks must be 0 or 1, got %d", c->sinks);
   if (c->qk_norm < ATTN_QK_NORM_NONE || c->qk_norm > ATTN_QK_NORM_WHOLE)
     return attn__fail(ctx, ATTN_E_INVALID, "qk_norm must be ATTN_QK_NORM_NONE, _PER_HEAD or _WHOLE, got %d", c->qk_norm);
   if (c->qk_norm) {
@@ -99,18 +100,18 @@ attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config
   m->kv_dim = kv;
   /* QK-norm's weights: [D] shared by the heads, or [H*D] and [Hk*D] over the whole projections */
   const int64_t qn = c.qk_norm == ATTN_QK_NORM_WHOLE ? qd : D, kn = c.qk_norm == ATTN_QK_NORM_WHOLE ? kv : D;
-  const int64_t r[ATTN_MHA_NUM_PARAMS] = {qd, qd, kv, kv, kv, kv, E, E, qn, qn, kn, kn};
-  const int64_t k[ATTN_MHA_NUM_PARAMS] = {E, 0, c.kdim, 0, c.vdim, 0, qd, 0, 0, 0, 0, 0};
+  const int64_t r[ATTN_MHA_NUM_PARAMS] = {qd, qd, kv, kv, kv, kv, E, E, qn, qn, kn, kn, c.num_heads};
+  const int64_t k[ATTN_MHA_NUM_PARAMS] = {E, 0, c.kdim, 0, c.vdim, 0, qd, 0, 0, 0, 0, 0, 0};
   const int layer_norm = c.qk_norm && c.qk_norm_kind == ATTN_NORM_LAYER;
   const int present[ATTN_MHA_NUM_PARAMS] = {1, c.bias, 1, c.bias, 1, c.bias, 1, c.out_bias,
-                                            c.qk_norm != 0, layer_norm, c.qk_norm != 0, layer_norm};
+                                            c.qk_norm != 0, layer_norm, c.qk_norm != 0, layer_norm, c.sinks};
   /* One allocation, the q, k, v weights (and biases) back to back: with kdim =
    * vdim = E they form PyTorch's packed [H*D + 2 Hk D, E] in_proj, and
    * self-attention projects with one GEMM. */
   static const int order[ATTN_MHA_NUM_PARAMS] = {
       ATTN_MHA_Q_WEIGHT, ATTN_MHA_K_WEIGHT, ATTN_MHA_V_WEIGHT,      ATTN_MHA_Q_BIAS,      ATTN_MHA_K_BIAS,
       ATTN_MHA_V_BIAS,   ATTN_MHA_O_WEIGHT, ATTN_MHA_O_BIAS,        ATTN_MHA_Q_NORM_WEIGHT, ATTN_MHA_Q_NORM_BIAS,
-      ATTN_MHA_K_NORM_WEIGHT, ATTN_MHA_K_NORM_BIAS};
+      ATTN_MHA_K_NORM_WEIGHT, ATTN_MHA_K_NORM_BIAS, ATTN_MHA_SINKS};
   int64_t total = 0; /* each term is below 2^48 (sizes <= 2^24): no overflow */
   for (int i = 0; i < ATTN_MHA_NUM_PARAMS; i++) {
     m->rows[i] = r[i];
@@ -136,6 +137,7 @@ attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config
   for (int j = 0; j < 2; j++)
     if (m->param[norm_weights[j]])
       for (int64_t f = 0; f < r[norm_weights[j]]; f++) m->param[norm_weights[j]][f] = identity;
+  if (c.sinks) m->sinks = attn_tensor_view(m->param[ATTN_MHA_SINKS], ATTN_F32, 1, &c.num_heads);
   *out = m;
   return ATTN_OK;
 }
@@ -160,7 +162,8 @@ attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, 
     return attn__fail(ctx, ATTN_E_INVALID, "unknown parameter %d", (int)which);
   if (!mha->param[which])
     return attn__fail(ctx, ATTN_E_NOT_FOUND, "the layer has no %s (%s)", param_label[which],
-                      which < ATTN__MHA_PROJ_PARAMS     ? "created without it: bias / out_bias"
+                      which < ATTN__MHA_PROJ_PARAMS ? "created without it: bias / out_bias"
+                      : which == ATTN_MHA_SINKS     ? "created without sinks"
                       : which == ATTN_MHA_Q_NORM_BIAS || which == ATTN_MHA_K_NORM_BIAS
                           ? "QK-norm biases go with qk_norm_kind LAYER"
                           : "created without qk_norm");
@@ -292,9 +295,18 @@ static void average_heads(attn_tensor *out, const attn_tensor *w) {
       }
 }
 
-attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts) {
+/* The layer's learned sinks into o (again on a struct already read: the same view). */
+static attn_status layer_sinks(attn_ctx *ctx, attn_sdpa_opts *o, const attn_mha *mha) {
+  if (!mha || !mha->cfg.sinks || o->sinks == &mha->sinks) return ATTN_OK;
+  if (o->sinks)
+    return attn__fail(ctx, ATTN_E_INVALID, "opts.attn.sinks must be NULL: this layer holds its own (learned) sinks");
+  o->sinks = &mha->sinks;
+  return ATTN_OK;
+}
+
+attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts, const attn_mha *mha) {
   attn_mha_opts_init(dst);
-  if (!opts) return ATTN_OK;
+  if (!opts) return layer_sinks(ctx, &dst->attn, mha);
   /* attn holds its own size: what follows it in the caller's struct starts where the caller's attn ends */
   const size_t at = offsetof(attn_mha_opts, attn), head = at + sizeof opts->attn.size;
   if (opts->size == 0) return attn__fail(ctx, ATTN_E_INVALID, "opts.size is 0: initialise with attn_mha_opts_init");
@@ -312,7 +324,7 @@ attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mh
                       "%zu); built against a newer attn.h?",
                       opts->size, opts->attn.size, sizeof *dst);
   memcpy((char *)dst + tail, (const char *)opts + caller_tail, opts->size - caller_tail);
-  return ATTN_OK;
+  return layer_sinks(ctx, &dst->attn, mha);
 }
 
 /* ---- the forward, step by step: project, attend, project out, save ---------------- */
@@ -645,7 +657,7 @@ static attn_status mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, a
     return attn__fail(ctx, ATTN_E_SHAPE, "out must be [B, Nq, E] = [%lld, %lld, %lld]", (long long)B, (long long)Nq,
                       (long long)E);
   attn_mha_opts given; /* a caller's older, shorter struct gets the defaults for the rest */
-  if ((st = attn__read_mha_opts(ctx, &given, opts))) return st;
+  if ((st = attn__read_mha_opts(ctx, &given, opts, mha))) return st;
   opts = &given;
   /* a packed batch: query [1, total, E], its offsets checked before anything reads them */
   if ((st = attn__check_cu_seqlens(ctx, &opts->attn, B, Nq, Nk))) return st;
@@ -779,7 +791,7 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
   attn_mha_opts given;
   attn_status st;
   if (!opts || !mha || !query) return mha_forward(ctx, mha, out, weights, saved, query, key, value, opts);
-  if ((st = attn__read_mha_opts(ctx, &given, opts))) return st;
+  if ((st = attn__read_mha_opts(ctx, &given, opts, mha))) return st;
   if (!given.attn.cu_seqlens_q || !given.rope) return mha_forward(ctx, mha, out, weights, saved, query, key, value, opts);
   if (saved) *saved = NULL;
   attn_rope_opts rope;

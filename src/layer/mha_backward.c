@@ -199,8 +199,9 @@ static attn_status input_backward(attn_ctx *ctx, const path *p, const attn_mha *
   return ATTN_OK;
 }
 
-/* Zeroes grads' QK-norm parameters (present ones): their gradient when q and k never mattered. */
-static void zero_norm_grads(attn_mha *grads) {
+/* Zeroes grads' QK-norm parameters and sinks (present ones): their gradient
+ * when there were no keys (every output row 0, whatever q, k and the sinks). */
+static void zero_attention_grads(attn_mha *grads) {
   for (int i = ATTN_MHA_Q_NORM_WEIGHT; i < ATTN_MHA_NUM_PARAMS; i++)
     if (grads->param[i]) memset(grads->param[i], 0, (size_t)grads->rows[i] * sizeof(float));
 }
@@ -235,18 +236,18 @@ static attn_status qk_norm_backward(attn_ctx *ctx, const attn_mha *mha, attn_mha
 static int same_config(const attn_mha_config *a, const attn_mha_config *b) {
   return a->embed_dim == b->embed_dim && a->num_heads == b->num_heads && a->num_kv_heads == b->num_kv_heads &&
          a->kdim == b->kdim && a->vdim == b->vdim && !a->bias == !b->bias && a->head_dim == b->head_dim &&
-         a->out_bias == b->out_bias && a->qk_norm == b->qk_norm && (!a->qk_norm || (a->qk_norm_kind == b->qk_norm_kind &&
-                                                                                  a->qk_norm_eps == b->qk_norm_eps));
+         a->out_bias == b->out_bias && a->sinks == b->sinks && a->qk_norm == b->qk_norm &&
+         (!a->qk_norm || (a->qk_norm_kind == b->qk_norm_kind && a->qk_norm_eps == b->qk_norm_eps));
 }
 
 static void fmt_config(char *buf, size_t n, const attn_mha_config *c) {
   static const char *const scope[] = {"none", "per head", "whole"}, *const kind[] = {"rms", "rms+1", "layer"};
   snprintf(buf, n,
            "embed_dim %lld, heads %lld, kv heads %lld, head_dim %lld, kdim %lld, vdim %lld, bias %s, out bias %s, "
-           "qk-norm %s %s eps %g",
+           "qk-norm %s %s eps %g, sinks %s",
            (long long)c->embed_dim, (long long)c->num_heads, (long long)c->num_kv_heads, (long long)c->head_dim,
            (long long)c->kdim, (long long)c->vdim, c->bias ? "on" : "off", c->out_bias ? "on" : "off",
-           scope[c->qk_norm], c->qk_norm ? kind[c->qk_norm_kind] : "", c->qk_norm_eps);
+           scope[c->qk_norm], c->qk_norm ? kind[c->qk_norm_kind] : "", c->qk_norm_eps, c->sinks ? "on" : "off");
 }
 
 /* A [B, N, F] tensor of the backward: dout (an input) or a gradient (written, so no stride 0). */
@@ -351,7 +352,7 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
   /* A = SDPA(Q, K, V) */
   if (Nk == 0) { /* no keys: A was zero whatever Q was */
     memset(dQ, 0, (size_t)(M * ldq) * p.es);
-    if (grads) zero_norm_grads(grads);
+    if (grads) zero_attention_grads(grads);
   } else {
     attn_tensor qh = attn__heads_view((void *)saved->q, dt, B, Nq, H, D, saved->ldq);
     attn_tensor kh = attn__heads_view((void *)saved->k, dt, B, Nk, Hk, D, saved->ldkv);
@@ -362,8 +363,10 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
     attn_tensor dkh = attn__heads_view(dK, dt, B, Nk, Hk, D, ldkv), dvh = attn__heads_view(dV, dt, B, Nk, Hk, D, ldkv);
     int64_t ls[3] = {B, H, Nq};
     attn_tensor lse = attn_tensor_view((void *)saved->lse, dt, 3, ls);
-    st = ref ? attn_sdpa_backward_ref(ctx, &dqh, &dkh, &dvh, NULL, NULL, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn)
-             : attn_sdpa_backward(ctx, &dqh, &dkh, &dvh, NULL, NULL, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn);
+    /* the layer's learned sinks: their gradient; sinks the caller passed are constants */
+    attn_tensor *dsinks = grads && c->sinks ? &grads->sinks : NULL;
+    st = ref ? attn_sdpa_backward_ref(ctx, &dqh, &dkh, &dvh, NULL, dsinks, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn)
+             : attn_sdpa_backward(ctx, &dqh, &dkh, &dvh, NULL, dsinks, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn);
     /* q and k were rotated after their projections: their gradients turn back (R^T) */
     if (!st && saved->has_rope) st = attn__mha_rope(ctx, &saved->rope, saved->rope_pos, 1, ref, &dqh, &dkh);
     /* and before that normed: dQ, dK through the norm, in place */

@@ -35,7 +35,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
                       (long long)kc->v_head_dim, (long long)B, (long long)Hk, (long long)D);
   attn_mha_opts given;
   attn_sdpa_opts so; /* refused before anything is appended */
-  if ((st = attn__read_mha_opts(ctx, &given, opts)) ||
+  if ((st = attn__read_mha_opts(ctx, &given, opts, mha)) ||
       (st = attn__cached_opts(ctx, &so, &given.attn, "attn_mha_forward_cached")))
     return st;
   if (given.rope)

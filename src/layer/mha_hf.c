@@ -112,6 +112,7 @@ static void layer_from_config(attn_hf_layer *info, attn_mha_config *like) {
 static attn_status check_against_config(attn_ctx *ctx, const attn_hf_layer *info, const attn_mha *m,
                                         const char *config_path) {
   static const char *const qk_normed[] = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", NULL};
+  static const char *const with_sinks[] = {"gpt_oss", NULL};
   const attn_hf_config *c = &info->config;
   const attn_mha_config *g = &m->cfg;
   if (g->embed_dim != c->hidden_size)
@@ -122,6 +123,10 @@ static attn_status check_against_config(attn_ctx *ctx, const attn_hf_layer *info
     return attn__io_fail(ctx, ATTN_E_SHAPE, "config", config_path,
                          "attention_bias is %s but the tensors under '%s' have %s q/k/v biases",
                          c->attention_bias ? "true" : "false", info->prefix, g->bias ? "" : "no");
+  if (model_is(c, with_sinks) && !g->sinks)
+    return attn__io_fail(ctx, ATTN_E_SHAPE, "config", config_path,
+                         "model_type '%s' has learned attention sinks, but there is no sinks tensor under '%s'",
+                         c->model_type, info->prefix);
   if (model_is(c, qk_normed) && !g->qk_norm)
     return attn__io_fail(ctx, ATTN_E_SHAPE, "config", config_path,
                          "model_type '%s' norms q and k, but there is no q_norm.weight under '%s'", c->model_type,

@@ -16,6 +16,7 @@ struct attn_mha {
   float *param[ATTN_MHA_NUM_PARAMS]; /* views into store */
   float *store;
   int64_t rows[ATTN_MHA_NUM_PARAMS], cols[ATTN_MHA_NUM_PARAMS]; /* cols 0: a vector */
+  attn_tensor sinks; /* f32 [H] over param[ATTN_MHA_SINKS], the attention's sinks (cfg.sinks) */
 };
 
 /* The length of the list of buffers attn__mha_forward hands to the saved
@@ -76,8 +77,9 @@ attn_status attn__mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, at
                               const attn_tensor *value, const attn_mha_opts *opts);
 
 /* A caller's attn_mha_opts (NULL: the defaults) into *dst, each of its two
- * sizes honoured as attn__read_sized does (opts.h). */
-attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts);
+ * sizes honoured as attn__read_sized does (opts.h); a layer with learned sinks
+ * puts them in dst->attn.sinks (the caller's own are refused). */
+attn_status attn__read_mha_opts(attn_ctx *ctx, attn_mha_opts *dst, const attn_mha_opts *opts, const attn_mha *mha);
 
 /* The projections the forward and the cached step share (fp32, or bf16
  * products under ATTN_PRECISION_BF16: attn__project_nt):

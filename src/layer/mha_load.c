@@ -26,12 +26,14 @@ static const char *const naming_names[][NP] = {
     [ATTN_MHA_NAMING_SEED] = {"wq.weight", "wq.bias", "wk.weight", "wk.bias", "wv.weight", "wv.bias", "dense.weight",
                               "dense.bias"},
     [ATTN_MHA_NAMING_TORCH_PACKED] = {"in_proj_weight", "in_proj_bias", "in_proj_weight", "in_proj_bias",
-                                      "in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"},
+                                      "in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias",
+                                      [ATTN_MHA_SINKS] = "sinks"},
     [ATTN_MHA_NAMING_TORCH_SEPARATE] = {"q_proj_weight", "in_proj_bias", "k_proj_weight", "in_proj_bias",
-                                        "v_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"},
+                                        "v_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias",
+                                        [ATTN_MHA_SINKS] = "sinks"},
     [ATTN_MHA_NAMING_LLAMA] = {"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
                                "v_proj.bias", "o_proj.weight", "o_proj.bias", "q_norm.weight", "q_norm.bias",
-                               "k_norm.weight", "k_norm.bias"},
+                               "k_norm.weight", "k_norm.bias", "sinks"},
     [ATTN_MHA_NAMING_BERT] = {"self.query.weight", "self.query.bias", "self.key.weight", "self.key.bias",
                               "self.value.weight", "self.value.bias", "output.dense.weight", "output.dense.bias"},
     [ATTN_MHA_NAMING_VIT] = {"attention.query.weight", "attention.query.bias", "attention.key.weight",
@@ -47,7 +49,7 @@ static const char *const naming_names[][NP] = {
 
 static const char *const param_what[NP] = {"q weight", "q bias", "k weight", "k bias", "v weight", "v bias",
                                            "o weight", "o bias", "q norm weight", "q norm bias", "k norm weight",
-                                           "k norm bias"};
+                                           "k norm bias", "sinks"};
 
 const char *attn_mha_param_name(attn_mha_naming naming, attn_mha_param which) {
   if ((int)naming <= ATTN_MHA_NAMING_NONE || naming > LAST_NAMING || (int)which < 0 || which >= NP) return NULL;
@@ -168,6 +170,8 @@ static attn_status set_group(attn_ctx *ctx, attn_mha *m, unsigned mask, int conv
   plan_of_layer(m, &pl);
   for (int p = 0; p < NP; p++) {
     if (!(mask >> p & 1) || pl.has[p]) continue;
+    if (p == ATTN_MHA_SINKS)
+      return attn__fail(ctx, ATTN_E_INVALID, "%s: the layer was created without sinks (config.sinks)", name);
     if (p >= ATTN_MHA_Q_NORM_WEIGHT)
       return attn__fail(ctx, ATTN_E_INVALID, "%s: the layer has no %s (%s)", name, param_what[p],
                         p % 2 ? "qk_norm_kind is not LAYER" : "created without QK-norm");
@@ -241,6 +245,13 @@ static size_t longest_name(const attn_mha_names *lay) {
   return n;
 }
 
+/* attn_mha_names as 0.2 declared it, before the sinks joined the parameters. */
+typedef struct names_v02 {
+  size_t size;
+  const char *name[ATTN_MHA_SINKS];
+  int conv1d;
+} names_v02;
+
 /* Checks the arguments every safetensors call shares and resolves the name
  * map: the caller's names (checked), or the detected family's. */
 static attn_status resolve(attn_ctx *ctx, const attn_safetensors *st, const char **prefix,
@@ -249,8 +260,16 @@ static attn_status resolve(attn_ctx *ctx, const attn_safetensors *st, const char
   if (!*prefix) *prefix = "";
   if (names) {
     memset(lay, 0, sizeof *lay);
-    attn_status s = attn__read_sized(ctx, lay, sizeof *lay, names, "names", "names.size = sizeof(attn_mha_names)");
-    if (s) return s;
+    names_v02 old;
+    memcpy(&old.size, names, sizeof old.size);
+    if (old.size == sizeof old) { /* built against 0.2's attn.h: conv1d sits where SINKS's name now is */
+      memcpy(&old, names, sizeof old);
+      memcpy(lay->name, old.name, sizeof old.name);
+      lay->conv1d = old.conv1d;
+    } else {
+      attn_status s = attn__read_sized(ctx, lay, sizeof *lay, names, "names", "names.size = sizeof(attn_mha_names)");
+      if (s) return s;
+    }
     lay->size = sizeof *lay;
     for (int p = 0; p < NP; p++) {
       if (is_weight(p) && !lay->name[p])
@@ -309,7 +328,7 @@ static attn_status check_file(attn_ctx *ctx, const attn_safetensors *st, const c
     if (!first_of(lay, p)) continue;
     if (!name) {
       if (pl->has[p] && !optional_param(p))
-        return attn__fail(ctx, ATTN_E_NOT_FOUND, "%s: the layer has a %s but the naming gives it no tensor", path,
+        return attn__fail(ctx, ATTN_E_NOT_FOUND, "%s: the layer has the %s but the naming gives no tensor for it", path,
                           param_what[p]);
       continue;
     }
@@ -320,6 +339,9 @@ static attn_status check_file(attn_ctx *ctx, const attn_safetensors *st, const c
       if (p == ATTN_MHA_Q_NORM_BIAS || p == ATTN_MHA_K_NORM_BIAS)
         return attn__fail(ctx, ATTN_E_INVALID,
                           "%s: has '%s%s', a QK-norm bias, which only qk_norm_kind ATTN_NORM_LAYER takes", path,
+                          prefix, name);
+      if (p == ATTN_MHA_SINKS)
+        return attn__fail(ctx, ATTN_E_INVALID, "%s: has '%s%s' but the layer was created without sinks", path,
                           prefix, name);
       if (p >= ATTN_MHA_Q_NORM_WEIGHT)
         return attn__fail(ctx, ATTN_E_INVALID, "%s: has '%s%s' but the layer has no QK-norm", path, prefix, name);
@@ -442,14 +464,14 @@ static attn_status weight_dims(attn_ctx *ctx, const attn_safetensors *st, const 
   return ATTN_OK;
 }
 
-/* The length of a 1-D tensor (the QK-norm's), or -1 when absent. */
+/* The length of a 1-D tensor (the QK-norm's, the sinks), or -1 when absent. */
 static attn_status vector_len(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, const char *name,
                               int64_t *len) {
   attn__st_info in;
   *len = -1;
   if (!st_info(st, prefix, name, &in)) return ATTN_OK;
   if (in.rank != 1)
-    return attn__fail(ctx, ATTN_E_SHAPE, "%s: %s%s has rank %d; a norm weight is a vector",
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s: %s%s has rank %d; a norm weight or the sinks are a vector",
                       attn__safetensors_path(st), prefix, name, in.rank);
   *len = in.shape[0];
   return ATTN_OK;
@@ -555,6 +577,12 @@ static attn_status infer(attn_ctx *ctx, const attn_safetensors *st, const char *
                           prefix, lay->name[p]);
   }
   const int norm_bias = qk_norm && like->qk_norm_kind == ATTN_NORM_LAYER;
+  /* learned sinks: one per query head */
+  int64_t ns;
+  if ((s = vector_len(ctx, st, prefix, lay->name[ATTN_MHA_SINKS], &ns))) return s;
+  if (ns >= 0 && ns != H)
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s: %s%s is [%lld]; the sinks are one per query head: [%lld]", path, prefix,
+                      lay->name[ATTN_MHA_SINKS], (long long)ns, (long long)H);
 
   attn_mha_config_init(cfg, E, H);
   cfg->num_kv_heads = like->num_kv_heads;
@@ -566,12 +594,14 @@ static attn_status infer(attn_ctx *ctx, const attn_safetensors *st, const char *
   cfg->qk_norm = qk_norm;
   cfg->qk_norm_kind = like->qk_norm_kind;
   cfg->qk_norm_eps = like->qk_norm_eps;
+  cfg->sinks = ns >= 0;
 
   /* the plan the layer will have, for check_file before any allocation */
   const int64_t nl = qk_norm == ATTN_QK_NORM_WHOLE ? qd : D, nlk = qk_norm == ATTN_QK_NORM_WHOLE ? kv : D;
-  const int64_t rows[NP] = {qd, qd, kv, kv, kv, kv, E, E, nl, nl, nlk, nlk};
-  const int64_t cols[NP] = {E, 0, cfg->kdim, 0, cfg->vdim, 0, qd, 0, 0, 0, 0, 0};
-  const int has[NP] = {1, bias, 1, bias, 1, bias, 1, out_bias, qk_norm != 0, norm_bias, qk_norm != 0, norm_bias};
+  const int64_t rows[NP] = {qd, qd, kv, kv, kv, kv, E, E, nl, nl, nlk, nlk, H};
+  const int64_t cols[NP] = {E, 0, cfg->kdim, 0, cfg->vdim, 0, qd, 0, 0, 0, 0, 0, 0};
+  const int has[NP] = {1, bias, 1, bias, 1, bias, 1, out_bias, qk_norm != 0, norm_bias, qk_norm != 0, norm_bias,
+                       cfg->sinks};
   for (int p = 0; p < NP; p++) {
     pl->rows[p] = rows[p];
     pl->cols[p] = cols[p];
