@@ -267,6 +267,17 @@ def hf_config_corpus():
         "t5": {"model_type": "t5", "d_model": 512, "num_heads": 8, "d_kv": 64, "num_layers": 6},
         "longrope": {"model_type": "phi3", "hidden_size": 256, "num_attention_heads": 4,
                      "rope_scaling": {"type": "longrope", "short_factor": [1.0]}},
+        "phi3": {"model_type": "phi3", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "partial_rotary_factor": 0.5, "max_position_embeddings": 131072,
+                 "original_max_position_embeddings": 4096, "sliding_window": 262144,
+                 "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [3.0, 40.5]}},
+        "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8,
+                    "head_dim": 64, "num_hidden_layers": 4, "attention_bias": True, "sliding_window": 128,
+                    "layer_types": ["sliding_attention", "full_attention"] * 2, "max_position_embeddings": 131072,
+                    "rope_theta": 150000,
+                    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                     "truncate": False}},
     }
     for name, c in configs.items():
         out("hf_config", name + ".json", json.dumps(c).encode())

@@ -447,6 +447,10 @@ ATTN_API int attn_dropout_keep(uint64_t seed, double p, int64_t b, int64_t h, in
  *            hi = c(beta_slow) as they are (gpt-oss); clamped to [0, d - 1], hi =
  *            lo + 0.001 if equal; c(n) = d ln(P / (2 pi n)) / (2 ln theta)); m = attention_factor,
  *            by default 0.1 ln(factor) + 1 (1 when factor <= 1).
+ *   LONGROPE f_i = f_i / e_i with e = long_factor when L > P (L as DYNAMIC's: seq_len,
+ *            or the call's largest position + 1), else short_factor (Phi-3, Phi-4-mini);
+ *            m = attention_factor, by default sqrt(1 + ln(factor) / ln(P)) (1 when
+ *            factor <= 1; P > 1).
  * Angles and their cos and sin are computed in double, then the rotation in f32. */
 typedef enum attn_rope_layout {
   ATTN_ROPE_HALF = 0,       /* pairs (i, i + r/2) */
@@ -458,8 +462,12 @@ typedef enum attn_rope_scaling {
   ATTN_ROPE_LINEAR = 1,
   ATTN_ROPE_DYNAMIC = 2,
   ATTN_ROPE_LLAMA3 = 3,
-  ATTN_ROPE_YARN = 4
+  ATTN_ROPE_YARN = 4,
+  ATTN_ROPE_LONGROPE = 5 /* added in 0.3 */
 } attn_rope_scaling;
+
+/* LONGROPE's factors per rotary pair, held in attn_rope_opts: r/2 at most this. */
+#define ATTN_ROPE_MAX_PAIRS 128
 
 typedef struct attn_rope_opts {
   size_t size;                   /* sizeof(attn_rope_opts), set by attn_rope_opts_init */
@@ -482,6 +490,10 @@ typedef struct attn_rope_opts {
   /* Added in 0.3. */
   int yarn_truncate;             /* YARN: 1 (attn_rope_opts_init) rounds lo and hi out to whole
                                     pairs; 0 keeps them as computed (transformers' truncate: false) */
+  /* LONGROPE: e_i for the r/2 rotary pairs (the rest unread), each finite and > 0; held by value,
+     so a copy of the struct is complete */
+  double short_factor[ATTN_ROPE_MAX_PAIRS];
+  double long_factor[ATTN_ROPE_MAX_PAIRS];
 } attn_rope_opts;
 
 ATTN_API void attn_rope_opts_init(attn_rope_opts *opts);
@@ -930,7 +942,9 @@ typedef enum attn_mha_naming {
   ATTN_MHA_NAMING_GPT2 = 8,           /* [c_attn.weight] fused q,k,v [E, 3E] and c_proj [E, E], both in
                                          Conv1D layout ([in, out]: transposed relative to Linear) */
   ATTN_MHA_NAMING_T5 = 9,             /* [q.weight] q/k/v/o, no biases */
-  ATTN_MHA_NAMING_CUSTOM = 10         /* a caller's attn_mha_names */
+  ATTN_MHA_NAMING_CUSTOM = 10,        /* a caller's attn_mha_names */
+  ATTN_MHA_NAMING_PHI3 = 11           /* [qkv_proj.weight] q, k, v rows packed, o_proj.weight (Phi-3, Phi-4-mini);
+                                         added in 0.3 */
 } attn_mha_naming;
 
 /* A caller's naming, for checkpoints of other families: the tensor name of

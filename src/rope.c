@@ -77,6 +77,11 @@ static void rope_frequencies(const attn_rope_opts *o, int64_t r, int64_t L, doub
       freq[i] = freq[i] / f * (1.0 - keep) + freq[i] * keep;
     }
     *m = isnan(o->attention_factor) ? (f <= 1.0 ? 1.0 : 0.1 * log(f) + 1.0) : o->attention_factor;
+  } else if (o->scaling == ATTN_ROPE_LONGROPE) {
+    const double len = (double)(o->seq_len > 0 ? o->seq_len : L);
+    const double *e = len > P ? o->long_factor : o->short_factor;
+    for (int64_t i = 0; i < r / 2; i++) freq[i] /= e[i];
+    *m = isnan(o->attention_factor) ? (f <= 1.0 ? 1.0 : sqrt(1.0 + log(f) / log(P))) : o->attention_factor;
   }
 }
 
@@ -111,13 +116,14 @@ static attn_status rope_prepare(attn_ctx *ctx, rope_call *c, attn_rope_opts *giv
                       (long long)o->rotary_dim, (long long)c->D);
   if ((int)o->layout < ATTN_ROPE_HALF || o->layout > ATTN_ROPE_INTERLEAVED)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: unknown layout %d", (int)o->layout);
-  if ((int)o->scaling < ATTN_ROPE_DEFAULT || o->scaling > ATTN_ROPE_YARN)
+  if ((int)o->scaling < ATTN_ROPE_DEFAULT || o->scaling > ATTN_ROPE_LONGROPE)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: unknown scaling %d", (int)o->scaling);
   if (!(o->theta > 1.0) || !isfinite(o->theta))
     return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: theta must be finite and above 1, got %g", o->theta);
   if (o->scaling != ATTN_ROPE_DEFAULT && (!(o->factor > 0) || !isfinite(o->factor)))
     return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: factor must be finite and positive, got %g", o->factor);
-  if ((o->scaling == ATTN_ROPE_DYNAMIC || o->scaling == ATTN_ROPE_LLAMA3 || o->scaling == ATTN_ROPE_YARN) &&
+  if ((o->scaling == ATTN_ROPE_DYNAMIC || o->scaling == ATTN_ROPE_LLAMA3 || o->scaling == ATTN_ROPE_YARN ||
+       o->scaling == ATTN_ROPE_LONGROPE) &&
       o->original_max_position < 1)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: this scaling needs original_max_position > 0, got %lld",
                       (long long)o->original_max_position);
@@ -131,6 +137,22 @@ static attn_status rope_prepare(attn_ctx *ctx, rope_call *c, attn_rope_opts *giv
       !(o->beta_fast > 0 && o->beta_slow > 0 && isfinite(o->beta_fast) && isfinite(o->beta_slow) &&
         (isnan(o->attention_factor) || (o->attention_factor > 0 && isfinite(o->attention_factor)))))
     return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: yarn needs positive finite beta_fast, beta_slow and attention_factor");
+  if (o->scaling == ATTN_ROPE_LONGROPE) {
+    if (c->r / 2 > ATTN_ROPE_MAX_PAIRS)
+      return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: longrope holds factors for %d rotary pairs; rotary_dim %lld has %lld",
+                        ATTN_ROPE_MAX_PAIRS, (long long)c->r, (long long)(c->r / 2));
+    if (o->original_max_position < 2)
+      return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: longrope needs original_max_position > 1 (its m divides by ln P)");
+    if (!isnan(o->attention_factor) && !(o->attention_factor > 0 && isfinite(o->attention_factor)))
+      return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: longrope's attention_factor must be positive and finite");
+    for (int64_t i = 0; i < c->r / 2; i++)
+      if (!(o->short_factor[i] > 0 && isfinite(o->short_factor[i]) && o->long_factor[i] > 0 &&
+            isfinite(o->long_factor[i])))
+        return attn__fail(ctx, ATTN_E_INVALID,
+                          "attn_rope: longrope needs short_factor and long_factor finite and > 0 for each of the %lld "
+                          "rotary pairs; pair %lld has %g and %g",
+                          (long long)(c->r / 2), (long long)i, o->short_factor[i], o->long_factor[i]);
+  }
   if (o->seq_len < 0) return attn__fail(ctx, ATTN_E_INVALID, "attn_rope: seq_len must be >= 0");
   int64_t L = 0; /* the largest position + 1 */
   for (int64_t b = 0; b < c->B; b++)

@@ -111,9 +111,19 @@ int main(void) {
                  " \"position_embedding_type\": \"absolute\", \"layer_norm_eps\": 1e-12}", ATTN_OK, NULL);
   CHECK(!c.rope && c.norm_eps == 1e-12, "bert (after a byte order mark)");
 
-  /* what libattn lacks: refused, naming the field */
+  c = parse(ctx, "{\"model_type\": \"phi3\", \"hidden_size\": 8, \"num_attention_heads\": 4, \"rope_scaling\": {\"type\":"
+                 " \"longrope\", \"short_factor\": [1.0], \"long_factor\": [2.0]}, \"max_position_embeddings\": 8192,"
+                 " \"original_max_position_embeddings\": 2048}", ATTN_OK, NULL);
+  CHECK(c.rope && c.rope_global.scaling == ATTN_ROPE_LONGROPE && c.rope_global.short_factor[0] == 1 &&
+            c.rope_global.long_factor[0] == 2 && c.rope_global.factor == 4 && c.rope_global.original_max_position == 2048,
+        "phi3: longrope, its factor the context's growth");
   parse(ctx, "{\"model_type\": \"phi3\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"rope_scaling\": {\"type\":"
-             " \"longrope\", \"short_factor\": [1.0], \"long_factor\": [2.0]}}", ATTN_E_UNSUPPORTED, "longrope");
+             " \"longrope\", \"short_factor\": [1.0], \"long_factor\": [2.0]}}", ATTN_E_FORMAT, "32 pairs");
+
+  /* what libattn lacks: refused, naming the field */
+  parse(ctx, "{\"model_type\": \"phimoe\", \"hidden_size\": 8, \"num_attention_heads\": 4, \"rope_scaling\": {\"type\":"
+             " \"longrope\", \"short_factor\": [1.0], \"long_factor\": [2.0], \"short_mscale\": 1.2}}",
+        ATTN_E_UNSUPPORTED, "short_mscale");
   parse(ctx, "{\"model_type\": \"bert\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
              " \"position_embedding_type\": \"relative_key\"}", ATTN_E_UNSUPPORTED, "position_embedding_type");
   parse(ctx, "{\"model_type\": \"x\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 1,"

@@ -238,7 +238,7 @@ static void test_llama_single_and_sharded(attn_ctx *ctx) {
   expect_fail(ctx, "qwen3_claim.json", "llama.safetensors", 0, ATTN_E_SHAPE, "q_norm", __LINE__);
   write_text("longrope.json", "{\"model_type\": \"phi3\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
                               " \"num_hidden_layers\": 3, \"rope_scaling\": {\"type\": \"longrope\"}}");
-  expect_fail(ctx, "longrope.json", "llama.safetensors", 0, ATTN_E_UNSUPPORTED, "longrope", __LINE__);
+  expect_fail(ctx, "longrope.json", "llama.safetensors", 0, ATTN_E_FORMAT, "short_factor and long_factor", __LINE__);
   expect_fail(ctx, "llama.json", "nowhere.safetensors", 0, ATTN_E_IO, NULL, __LINE__);
   free_set(&s);
 }
@@ -421,6 +421,68 @@ static void test_gpt_oss(attn_ctx *ctx) {
   free_set(&s);
 }
 
+/* Phi-3 as the Hub keeps it: q, k and v packed in qkv_proj (GQA), longrope
+ * with its factor lists and a top-level original_max_position_embeddings,
+ * partial rotary. Factor lists of the wrong length, and PhiMoE's mscales, are
+ * refused. */
+static void test_phi3(attn_ctx *ctx) {
+  const int64_t E = 32, H = 4, Hk = 2, D = 8;
+  tset s = {0};
+  add(ctx, &s, "model.embed_tokens.weight", 2, 11, E);
+  for (int l = 0; l < 2; l++) {
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.qkv_proj.weight", l);
+    add(ctx, &s, n, 2, (H + 2 * Hk) * D, E);
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.o_proj.weight", l);
+    add(ctx, &s, n, 2, E, H * D);
+  }
+  write_set(ctx, &s, "phi3.safetensors", NULL, 0);
+  /* partial_rotary_factor 0.5 of head_dim 8: 4 rotary dims, 2 pairs */
+  write_text("phi3.json", "{\"model_type\": \"phi3\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                          " \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"partial_rotary_factor\": 0.5,"
+                          " \"max_position_embeddings\": 131072, \"original_max_position_embeddings\": 4096,"
+                          " \"rope_theta\": 10000.0, \"sliding_window\": 262144, \"rope_scaling\": {\"type\": \"longrope\","
+                          " \"short_factor\": [1.0, 1.5], \"long_factor\": [3.0, 40.5]}}");
+  attn_mha *m = NULL;
+  attn_hf_layer info;
+  CHECK_OK(ctx, load(ctx, &m, &info, "phi3.json", "phi3.safetensors", 1));
+  if (m) {
+    const attn_mha_config *c = attn_mha_get_config(m);
+    CHECK(info.naming == ATTN_MHA_NAMING_PHI3 && c->num_kv_heads == Hk && c->head_dim == D && !c->bias &&
+              !c->out_bias, "phi3: naming %d, shape", (int)info.naming);
+    const attn_rope_opts *r = &info.rope;
+    CHECK(info.has_rope && r->scaling == ATTN_ROPE_LONGROPE && r->rotary_dim == 4 && r->original_max_position == 4096 &&
+              r->factor == 32 && r->short_factor[1] == 1.5 && r->long_factor[1] == 40.5 && isnan(r->attention_factor),
+          "phi3: longrope read (scaling %d, rotary %lld, P %lld, factor %g)", (int)r->scaling, (long long)r->rotary_dim,
+          (long long)r->original_max_position, r->factor);
+    /* W_k = qkv_proj's rows H*D .. H*D + Hk*D */
+    const attn_tensor *qkv = find(&s, "model.layers.1.self_attn.qkv_proj.weight");
+    attn_tensor wk;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &wk, m, ATTN_MHA_K_WEIGHT));
+    CHECK(!memcmp(wk.data, (const float *)qkv->data + H * D * E, sizeof(float) * (size_t)(Hk * D * E)),
+          "phi3: k weight is qkv_proj's middle rows");
+    attn_mha_destroy(m);
+  }
+  write_text("phi3_bad.json", "{\"model_type\": \"phi3\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                              " \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"partial_rotary_factor\": 0.5,"
+                              " \"original_max_position_embeddings\": 4096, \"rope_scaling\": {\"type\": \"longrope\","
+                              " \"short_factor\": [1.0, 1.5, 2.0], \"long_factor\": [3.0, 4.0, 5.0]}}");
+  expect_fail(ctx, "phi3_bad.json", "phi3.safetensors", 0, ATTN_E_FORMAT, "2 pairs", __LINE__);
+  write_text("phi3_bad2.json", "{\"model_type\": \"phi3\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                               " \"num_hidden_layers\": 2, \"rope_scaling\": {\"type\": \"longrope\","
+                               " \"short_factor\": [1.0, 1.5], \"long_factor\": [3.0]}}");
+  expect_fail(ctx, "phi3_bad2.json", "phi3.safetensors", 0, ATTN_E_FORMAT, "one length", __LINE__);
+  write_text("phi3_bad3.json", "{\"model_type\": \"phi3\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                               " \"num_hidden_layers\": 2, \"rope_scaling\": {\"type\": \"longrope\","
+                               " \"short_factor\": [1.0, -1.5], \"long_factor\": [3.0, 4.0]}}");
+  expect_fail(ctx, "phi3_bad3.json", "phi3.safetensors", 0, ATTN_E_FORMAT, "finite and > 0", __LINE__);
+  write_text("phimoe.json", "{\"model_type\": \"phimoe\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                            " \"num_hidden_layers\": 2, \"rope_scaling\": {\"type\": \"longrope\", \"long_mscale\": 1.2,"
+                            " \"short_factor\": [1.0, 1.5], \"long_factor\": [3.0, 4.0]}}");
+  expect_fail(ctx, "phimoe.json", "phi3.safetensors", 0, ATTN_E_UNSUPPORTED, "long_mscale", __LINE__);
+  free_set(&s);
+}
+
 int main(void) {
   const char *env = getenv("ATTN_TEST_TMP");
   snprintf(tdir, sizeof tdir, "%s/test_hf_layer_%ld", env && env[0] ? env : "/tmp", (long)getpid());
@@ -434,6 +496,7 @@ int main(void) {
   test_qk_norm_families(ctx);
   test_gpt2(ctx);
   test_gpt_oss(ctx);
+  test_phi3(ctx);
   attn_ctx_destroy(ctx);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tdir);

@@ -36,6 +36,11 @@ static double freq_of(const attn_rope_opts *o, int64_t r, int64_t L, int64_t i, 
       *m = isnan(o->attention_factor) ? (fac > 1 ? 1 + 0.1 * log(fac) : 1) : o->attention_factor;
       return f * (1 - t) + f / fac * t;
     }
+    case ATTN_ROPE_LONGROPE: {
+      const double len = (double)(o->seq_len ? o->seq_len : L);
+      *m = isnan(o->attention_factor) ? (fac > 1 ? sqrt(1 + log(fac) / log(P)) : 1) : o->attention_factor;
+      return f / (len > P ? o->long_factor[i] : o->short_factor[i]);
+    }
     default: return f;
   }
 }
@@ -80,13 +85,21 @@ static rcase random_case(tu_rng *r) {
   c.o.rotary_dim = tu_int(r, 0, 2) == 0 ? 2 * tu_int(r, 1, evenD / 2) : (c.D % 2 ? evenD : 0);
   c.o.layout = (attn_rope_layout)tu_int(r, 0, 1);
   c.o.theta = tu_int(r, 0, 1) ? 10000.0 : 500000.0;
-  c.o.scaling = (attn_rope_scaling)tu_int(r, 0, 4);
+  c.o.scaling = (attn_rope_scaling)tu_int(r, 0, 5);
   c.o.factor = 1 + 7 * (tu_uniform(r) + 1) / 2;
   c.o.original_max_position = tu_int(r, 8, 64);
   c.o.seq_len = tu_int(r, 0, 2) == 0 ? tu_int(r, 1, 200) : 0;
   if (c.o.scaling == ATTN_ROPE_DYNAMIC && (c.o.rotary_dim ? c.o.rotary_dim : c.D) < 4) c.o.rotary_dim = c.D = 4;
   if (c.o.scaling == ATTN_ROPE_YARN && tu_int(r, 0, 1)) c.o.attention_factor = 1.25;
   if (c.o.scaling == ATTN_ROPE_YARN && tu_int(r, 0, 1)) c.o.yarn_truncate = 0;
+  if (c.o.scaling == ATTN_ROPE_LONGROPE) {
+    for (int i = 0; i < ATTN_ROPE_MAX_PAIRS; i++) {
+      c.o.short_factor[i] = 1.5 + 0.5 * tu_uniform(r);
+      c.o.long_factor[i] = 10 + 9 * tu_uniform(r);
+    }
+    if (tu_int(r, 0, 1)) c.o.attention_factor = 1.2;
+    if (tu_int(r, 0, 1)) c.o.factor = 0.5; /* no growth: m = 1 */
+  }
   c.o.position_offset = tu_int(r, 0, 2) ? 0 : tu_int(r, 1, 5000);
   c.o.transpose = tu_int(r, 0, 3) == 0;
   c.explicit_pos = tu_int(r, 0, 1);
@@ -222,6 +235,13 @@ static void errors(attn_ctx *ctx) {
   attn_rope_opts_init(&o); o.scaling = ATTN_ROPE_LLAMA3; o.original_max_position = 8; o.high_freq_factor = 0.5;
   REFUSED("llama3 factors", ATTN_E_INVALID, "low_freq_factor");
   attn_rope_opts_init(&o); o.scaling = (attn_rope_scaling)9; REFUSED("unknown scaling", ATTN_E_INVALID, "scaling");
+  attn_rope_opts_init(&o); o.scaling = ATTN_ROPE_LONGROPE; o.original_max_position = 8;
+  REFUSED("longrope without factors", ATTN_E_INVALID, "short_factor and long_factor");
+  o.short_factor[0] = o.long_factor[0] = 1;
+  o.short_factor[1] = 2, o.long_factor[1] = INFINITY;
+  REFUSED("longrope with an infinite factor", ATTN_E_INVALID, "pair 1");
+  o.long_factor[1] = 3, o.original_max_position = 1;
+  REFUSED("longrope with P = 1", ATTN_E_INVALID, "original_max_position > 1");
   attn_rope_opts_init(&o); o.layout = (attn_rope_layout)5; REFUSED("unknown layout", ATTN_E_INVALID, "layout");
   int64_t pos[3] = {0, -1, 2};
   attn_rope_opts_init(&o); o.positions = pos; REFUSED("negative position", ATTN_E_INVALID, "position");

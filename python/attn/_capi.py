@@ -89,6 +89,9 @@ class MhaNames(ctypes.Structure):
     ]
 
 
+ROPE_MAX_PAIRS = 128  # ATTN_ROPE_MAX_PAIRS
+
+
 class RopeOpts(ctypes.Structure):
     _init_ = "attn_rope_opts_init"
     _fields_ = [
@@ -109,12 +112,14 @@ class RopeOpts(ctypes.Structure):
         ("position_offset", ctypes.c_int64),
         ("transpose", ctypes.c_int),
         ("yarn_truncate", ctypes.c_int),
+        ("short_factor", ctypes.c_double * ROPE_MAX_PAIRS),
+        ("long_factor", ctypes.c_double * ROPE_MAX_PAIRS),
     ]
 
 
 # attn_rope_layout and attn_rope_scaling
 ROPE_LAYOUTS = {"half": 0, "interleaved": 1}
-ROPE_SCALINGS = {None: 0, "default": 0, "linear": 1, "dynamic": 2, "llama3": 3, "yarn": 4}
+ROPE_SCALINGS = {None: 0, "default": 0, "linear": 1, "dynamic": 2, "llama3": 3, "yarn": 4, "longrope": 5}
 
 
 class KvCacheConfig(ctypes.Structure):

@@ -249,6 +249,11 @@ class MultiheadAttention:
             rope = dict(theta=r.theta, rotary_dim=r.rotary_dim or None,
                         layout={v: k for k, v in _capi.ROPE_LAYOUTS.items()}[r.layout], scaling=names[r.scaling],
                         factor=r.factor, original_max_position=r.original_max_position or None)
+            if rope["scaling"] == "yarn":
+                rope["yarn_truncate"] = bool(r.yarn_truncate)
+            if rope["scaling"] == "longrope":
+                n = (r.rotary_dim or self.head_dim) // 2
+                rope.update(short_factor=list(r.short_factor[:n]), long_factor=list(r.long_factor[:n]))
         return dict(prefix=i.prefix.decode(), naming=int(i.naming), model_type=i.config.model_type.decode(),
                     scale=i.scale, window=i.window, softcap=i.softcap, rope=rope)
 

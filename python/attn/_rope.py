@@ -10,12 +10,13 @@ from ._tensors import _int64, _is_torch, _tensor, _to4, _to_numpy, _wrap
 
 def rope_opts(rotary_dim=None, layout="half", theta=10000.0, scaling=None, factor=1.0, original_max_position=None,
               low_freq_factor=1.0, high_freq_factor=4.0, beta_fast=32.0, beta_slow=1.0, attention_factor=None,
-              seq_len=None, position_offset=0, transpose=False, yarn_truncate=True):
+              seq_len=None, position_offset=0, transpose=False, yarn_truncate=True, short_factor=None,
+              long_factor=None):
     """An attn_rope_opts from attn.rope's keywords (positions aside)."""
     if layout not in _capi.ROPE_LAYOUTS:
         raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
     if scaling not in _capi.ROPE_SCALINGS:
-        raise ValueError(f"scaling must be None, 'linear', 'dynamic', 'llama3' or 'yarn', got {scaling!r}")
+        raise ValueError(f"scaling must be None, 'linear', 'dynamic', 'llama3', 'yarn' or 'longrope', got {scaling!r}")
     o = _capi.init(_capi.RopeOpts())
     o.rotary_dim = int(rotary_dim or 0)
     o.layout = _capi.ROPE_LAYOUTS[layout]
@@ -30,6 +31,13 @@ def rope_opts(rotary_dim=None, layout="half", theta=10000.0, scaling=None, facto
     o.position_offset = int(position_offset)
     o.transpose = 1 if transpose else 0
     o.yarn_truncate = 1 if yarn_truncate else 0
+    for name, f in (("short_factor", short_factor), ("long_factor", long_factor)):
+        if f is None:
+            continue
+        f = np.asarray(f, np.float64).ravel()
+        if f.size > _capi.ROPE_MAX_PAIRS:
+            raise ValueError(f"{name}: at most {_capi.ROPE_MAX_PAIRS} rotary pairs, got {f.size}")
+        getattr(o, name)[:f.size] = f.tolist()
     return o
 
 
@@ -60,7 +68,9 @@ def rope(x, positions=None, *, threads=None, **kw):
     scaling: None, 'linear', 'dynamic', 'llama3' or 'yarn', with the config's fields
     (factor, original_max_position = original_max_position_embeddings, low/high_freq_factor,
     beta_fast/slow, attention_factor, yarn_truncate = truncate (False: the ramp's band is not rounded
-    out to whole pairs, as gpt-oss); seq_len for 'dynamic', default the largest position + 1).
+    out to whole pairs, as gpt-oss), short_factor and long_factor for 'longrope' (one per rotary pair;
+    long when the largest position + 1, or seq_len, passes original_max_position); seq_len for
+    'dynamic' and 'longrope', default the largest position + 1).
     transpose=True applies the transposed rotation (the gradient of the rotation).
     Returns a float32 array or tensor like x."""
     o = rope_opts(**kw)

@@ -1334,6 +1334,15 @@ if have_transformers:
                                dict(theta=150000.0, scaling="yarn", factor=32.0, original_max_position=4096,
                                     yarn_truncate=False), positions=torch.arange(0, 40 * 25, 25).expand(2, 40),
                                max_positions=131072), 1e-4))
+    lr_short, lr_long = (1 + np.arange(32) / 31).tolist(), (1 + 30 * np.arange(32) / 31).tolist()
+    for regime, step in (("positions within P: short_factor", 1), ("positions past P: long_factor", 7)):
+        case(ROPE, f"longrope (Phi-3), {regime}",
+             lambda step=step: (hf_rope_case({"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": lr_short,
+                                              "long_factor": lr_long, "original_max_position_embeddings": 64},
+                                             dict(scaling="longrope", factor=1024 / 64, original_max_position=64,
+                                                  short_factor=lr_short, long_factor=lr_long),
+                                             positions=torch.arange(0, 40 * step, step).expand(2, 40),
+                                             max_positions=1024), 1e-4))
     case(ROPE, "partial rotary 0.5 (GPT-NeoX, Phi)",
          lambda: (hf_rope_case({"rope_type": "default", "rope_theta": 10000.0}, {}, partial=0.5), 1e-4))
     case(ROPE, "left-padded positions per row",
@@ -1434,6 +1443,12 @@ def _hf_build(kind, L):
                                                          rope_local_base_freq=10000.0, **dec))
     elif kind == "olmo2":
         model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**dec))
+    elif kind == "phi3":  # q, k, v packed in qkv_proj; longrope past P = 8 (13 tokens); partial rotary 0.5
+        n = 4  # rotary pairs: head_dim 16 x 0.5 / 2
+        rp = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.2, 1.5, 2.0],
+              "long_factor": [1.0, 3.0, 9.0, 27.0][:n], "original_max_position_embeddings": 8}
+        model = tf.Phi3ForCausalLM(tf.Phi3Config(rope_parameters=rp, partial_rotary_factor=0.5, pad_token_id=0,
+                                                 **{**dec, "max_position_embeddings": 64}))
     elif kind.startswith("gpt_oss"):  # learned sinks; YaRN without rounding its band (theta, P: a band of 2 pairs)
         rp = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
               "truncate": False, "original_max_position_embeddings": 64}
@@ -1527,6 +1542,9 @@ def _hf_grads_torch(mod, kind, E):
         return {"q": mod.self.query.weight.grad, "o": mod.output.dense.weight.grad}
     if kind == "t5":
         return {"q": mod.q.weight.grad, "o": mod.o.weight.grad}
+    if hasattr(mod, "qkv_proj"):  # Phi-3: q's rows come first
+        return {"q": mod.qkv_proj.weight.grad[:mod.config.num_attention_heads * mod.head_dim],
+                "o": mod.o_proj.weight.grad}
     g = {"q": mod.q_proj.weight.grad, "o": mod.o_proj.weight.grad}
     if getattr(mod, "q_norm", None) is not None:
         g["q_norm"], g["k_norm"] = mod.q_norm.weight.grad, mod.k_norm.weight.grad
@@ -1658,6 +1676,9 @@ if have_transformers:
         ("GptOssAttention (learned sinks, biases, YaRN truncate false, sliding window 5)", "gpt_oss_sliding",
          dict(L=0)),
         ("GptOssAttention (learned sinks, full layer)", "gpt_oss_full", {}),
+        # the cache rotates each step's keys by that step's regime (as transformers' own decoding does),
+        # so a longrope cache past P is not the full forward's rotation
+        ("Phi3Attention (qkv_proj packed, GQA, longrope past P, partial rotary)", "phi3", dict(cached=False)),
         ("T5Attention (no scaling, relative bias as an additive mask, d_kv 24)", "t5",
          dict(L=0, causal=False, pad=True, cached=False)),
     ]

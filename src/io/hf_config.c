@@ -21,6 +21,8 @@ typedef struct hf_rope {
   double theta, factor, low, high, beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim, partial;
   double original_max;
   int truncate; /* YaRN's: 1 unless the file says false */
+  int nshort, nlong; /* longrope's factors: -1 not given */
+  double shortf[ATTN_ROPE_MAX_PAIRS], longf[ATTN_ROPE_MAX_PAIRS];
 } hf_rope;
 
 /* What the file said, before defaults (NAN / UNSET: not said). */
@@ -28,6 +30,7 @@ typedef struct hf_raw {
   char model_type[64];
   int64_t hidden, heads, kv_heads, head_dim, layers, sliding_window, max_window_layers, max_pos, pattern, rotary_dim;
   double theta, partial, local_base, qpas, softcap, eps, multiplier;
+  double original_max; /* Phi-3 keeps original_max_position_embeddings beside rope_scaling */
   int attention_bias, use_sliding, scale_attn_weights, scale_inverse_layer, relative_bias;
   hf_rope scaling, global, local;
   int64_t ntypes;
@@ -39,6 +42,7 @@ static void rope_unset(hf_rope *r) {
   r->theta = r->factor = r->low = r->high = r->beta_fast = r->beta_slow = NAN;
   r->attention_factor = r->mscale = r->mscale_all_dim = r->partial = r->original_max = NAN;
   r->truncate = 1;
+  r->nshort = r->nlong = -1;
 }
 
 static int key_is(const char *k, const char *w) { return !strcmp(k, w); }
@@ -95,6 +99,37 @@ static attn_status short_string(attn__json *j, const char *key, char *buf, size_
   return ATTN_OK;
 }
 
+/* longrope's list of numbers, one per rotary pair (null: not given). */
+static attn_status factor_list(attn__json *j, const char *key, double *out, int *n) {
+  attn_status st;
+  if (lit(j, "null")) return ATTN_OK;
+  if ((st = attn__json_expect(j, '['))) return st;
+  *n = 0;
+  if (attn__json_peek(j) == ']') {
+    j->p++;
+    return ATTN_OK;
+  }
+  for (;;) {
+    if (*n == ATTN_ROPE_MAX_PAIRS)
+      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s: more than %d rotary pairs", key,
+                           ATTN_ROPE_MAX_PAIRS);
+    if ((st = attn__json_double(j, &out[*n]))) return st;
+    if (!(out[*n] > 0) || !isfinite(out[*n]))
+      return attn__json_fail(j, "%s[%d] is %g; the factors must be finite and > 0", key, *n, out[*n]);
+    ++*n;
+    const int c = attn__json_peek(j);
+    if (c == ',') {
+      j->p++;
+      continue;
+    }
+    if (c == ']') {
+      j->p++;
+      return ATTN_OK;
+    }
+    return attn__json_fail(j, "%s: expected ',' or ']'", key);
+  }
+}
+
 static attn_status rope_key(attn__json *j, const char *k, void *arg) {
   hf_rope *r = arg;
   if (key_is(k, "rope_type") || key_is(k, "type")) return short_string(j, k, r->type, sizeof r->type);
@@ -110,8 +145,10 @@ static attn_status rope_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "partial_rotary_factor")) return num_or_null(j, &r->partial);
   if (key_is(k, "original_max_position_embeddings")) return num_or_null(j, &r->original_max);
   if (key_is(k, "truncate")) return boolean(j, k, &r->truncate);
-  if (key_is(k, "short_factor") || key_is(k, "long_factor"))
-    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "RoPE %s (longrope) is not supported", k);
+  if (key_is(k, "short_factor")) return factor_list(j, k, r->shortf, &r->nshort);
+  if (key_is(k, "long_factor")) return factor_list(j, k, r->longf, &r->nlong);
+  if (key_is(k, "short_mscale") || key_is(k, "long_mscale"))
+    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "RoPE %s (PhiMoE's) is not supported", k);
   return attn__json_skip(j, 1);
 }
 
@@ -177,6 +214,7 @@ static attn_status top_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "num_hidden_layers") || key_is(k, "n_layer") || key_is(k, "num_layers") || key_is(k, "n_layers"))
     return int_or_null(j, k, &r->layers);
   if (key_is(k, "max_position_embeddings") || key_is(k, "n_positions")) return int_or_null(j, k, &r->max_pos);
+  if (key_is(k, "original_max_position_embeddings")) return num_or_null(j, &r->original_max);
   if (key_is(k, "rope_theta") || key_is(k, "rotary_emb_base")) return num_or_null(j, &r->theta);
   if (key_is(k, "partial_rotary_factor") || key_is(k, "rotary_pct")) return num_or_null(j, &r->partial);
   if (key_is(k, "rotary_dim")) return int_or_null(j, k, &r->rotary_dim);
@@ -229,8 +267,10 @@ static int family(const char *t, const char *const *list) {
 }
 
 /* rope opts from one object (its theta falling back to the config's), scaling names checked. */
-static attn_status rope_opts_of(attn__json *j, attn_rope_opts *o, const hf_rope *r, double theta, int64_t max_pos,
+static attn_status rope_opts_of(attn__json *j, attn_rope_opts *o, const hf_rope *r, const hf_raw *top,
                                 const char *which) {
+  const double theta = top->theta;
+  const int64_t max_pos = top->max_pos;
   attn_rope_opts_init(o);
   o->theta = !isnan(r->theta) ? r->theta : !isnan(theta) ? theta : 10000.0;
   const char *t = r->type;
@@ -239,6 +279,7 @@ static attn_status rope_opts_of(attn__json *j, attn_rope_opts *o, const hf_rope 
   else if (!strcmp(t, "dynamic")) o->scaling = ATTN_ROPE_DYNAMIC;
   else if (!strcmp(t, "llama3")) o->scaling = ATTN_ROPE_LLAMA3;
   else if (!strcmp(t, "yarn")) o->scaling = ATTN_ROPE_YARN;
+  else if (!strcmp(t, "longrope") || !strcmp(t, "su")) o->scaling = ATTN_ROPE_LONGROPE; /* "su": Phi-3's first name */
   else {
     char shown[40];
     attn__sanitize(shown, sizeof shown, t, strlen(t));
@@ -250,8 +291,20 @@ static attn_status rope_opts_of(attn__json *j, attn_rope_opts *o, const hf_rope 
   if (!isnan(r->beta_fast)) o->beta_fast = r->beta_fast;
   if (!isnan(r->beta_slow)) o->beta_slow = r->beta_slow;
   o->yarn_truncate = r->truncate;
-  const double om = !isnan(r->original_max) ? r->original_max : (double)max_pos;
+  const double om = !isnan(r->original_max) ? r->original_max : !isnan(top->original_max) ? top->original_max
+                                                                                          : (double)max_pos;
   o->original_max_position = om > 0 && om < 1e15 ? (int64_t)om : 0;
+  if (o->scaling == ATTN_ROPE_LONGROPE) {
+    if (r->nshort < 0 || r->nlong < 0 || r->nshort != r->nlong)
+      return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path,
+                           "%s longrope needs short_factor and long_factor of one length (got %d and %d entries)",
+                           which, r->nshort, r->nlong);
+    memcpy(o->short_factor, r->shortf, sizeof(double) * (size_t)r->nshort);
+    memcpy(o->long_factor, r->longf, sizeof(double) * (size_t)r->nlong);
+    /* Phi-3 gives no factor: the context's growth, as transformers takes it */
+    if (isnan(r->factor) && max_pos > 0 && o->original_max_position > 0)
+      o->factor = (double)max_pos / (double)o->original_max_position;
+  }
   if (!isnan(r->attention_factor)) {
     o->attention_factor = r->attention_factor;
   } else if (!isnan(r->mscale) && !isnan(r->mscale_all_dim) && o->factor > 1) {
@@ -321,9 +374,9 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
   if (out->rope) {
     attn_status st;
     const hf_rope *g = r->global.present ? &r->global : &r->scaling;
-    if ((st = rope_opts_of(j, &out->rope_global, g, r->theta, r->max_pos, "rope"))) return st;
+    if ((st = rope_opts_of(j, &out->rope_global, g, r, "rope"))) return st;
     if (r->local.present) {
-      if ((st = rope_opts_of(j, &out->rope_local, &r->local, r->theta, r->max_pos, "sliding_attention"))) return st;
+      if ((st = rope_opts_of(j, &out->rope_local, &r->local, r, "sliding_attention"))) return st;
     } else {
       out->rope_local = out->rope_global;
       if (!isnan(r->local_base)) { /* Gemma 3: its own base, no scaling, on the sliding layers */
@@ -344,6 +397,13 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
       return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "rotary dims %lld of head_dim %lld: want even, 2..head_dim",
                            (long long)rd, (long long)out->head_dim);
     out->rope_global.rotary_dim = out->rope_local.rotary_dim = rd == out->head_dim ? 0 : rd;
+    const hf_rope *lr[2] = {g, r->local.present ? &r->local : g};
+    for (int i = 0; i < 2; i++)
+      if ((i ? out->rope_local : out->rope_global).scaling == ATTN_ROPE_LONGROPE &&
+          lr[i]->nshort != (rd ? rd : out->head_dim) / 2)
+        return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path,
+                             "longrope's short_factor and long_factor have %d entries; %lld rotary dims make %lld pairs",
+                             lr[i]->nshort, (long long)(rd ? rd : out->head_dim), (long long)((rd ? rd : out->head_dim) / 2));
     if (!strcmp(r->model_type, "gptj")) out->rope_global.layout = out->rope_local.layout = ATTN_ROPE_INTERLEAVED;
   }
   return ATTN_OK;
@@ -361,7 +421,7 @@ attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, const char 
   memset(r, 0, sizeof *r);
   r->hidden = r->heads = r->kv_heads = r->head_dim = r->layers = r->sliding_window = UNSET;
   r->max_window_layers = r->max_pos = r->pattern = r->rotary_dim = UNSET;
-  r->theta = r->partial = r->local_base = r->qpas = r->softcap = r->eps = r->multiplier = NAN;
+  r->theta = r->partial = r->local_base = r->qpas = r->softcap = r->eps = r->multiplier = r->original_max = NAN;
   r->attention_bias = r->use_sliding = r->scale_attn_weights = r->scale_inverse_layer = UNSET;
   rope_unset(&r->scaling), rope_unset(&r->global), rope_unset(&r->local);
   const unsigned char *b = (const unsigned char *)json;

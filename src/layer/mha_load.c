@@ -44,8 +44,10 @@ static const char *const naming_names[][NP] = {
     [ATTN_MHA_NAMING_GPT2] = {"c_attn.weight", "c_attn.bias", "c_attn.weight", "c_attn.bias", "c_attn.weight",
                               "c_attn.bias", "c_proj.weight", "c_proj.bias"},
     [ATTN_MHA_NAMING_T5] = {"q.weight", NULL, "k.weight", NULL, "v.weight", NULL, "o.weight", NULL},
+    [ATTN_MHA_NAMING_PHI3] = {"qkv_proj.weight", NULL, "qkv_proj.weight", NULL, "qkv_proj.weight", NULL,
+                              "o_proj.weight", NULL},
 };
-#define LAST_NAMING ATTN_MHA_NAMING_T5
+#define LAST_NAMING ATTN_MHA_NAMING_PHI3 /* CUSTOM, before it, has no names here */
 
 static const char *const param_what[NP] = {"q weight", "q bias", "k weight", "k bias", "v weight", "v bias",
                                            "o weight", "o bias", "q norm weight", "q norm bias", "k norm weight",
@@ -229,7 +231,8 @@ static int st_info(const attn_safetensors *st, const char *prefix, const char *n
 }
 
 /* The first naming, in enum order, whose tell-tale tensor (its q weight) the
- * file holds, or NONE. T5's generic q.weight comes last. */
+ * file holds, or NONE. T5's generic q.weight comes after every longer name but
+ * Phi-3's qkv_proj.weight, which no other family has. */
 static attn_mha_naming detect(const attn_safetensors *st, const char *prefix) {
   attn__st_info info;
   for (int nm = ATTN_MHA_NAMING_SEED; nm <= LAST_NAMING; nm++)
@@ -289,8 +292,9 @@ static attn_status resolve(attn_ctx *ctx, const attn_safetensors *st, const char
       char list[512];
       size_t n = 0;
       for (int f = ATTN_MHA_NAMING_SEED; f <= LAST_NAMING && n < sizeof list; f++)
-        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", f > 1 ? ", " : "",
-                              naming_names[f][ATTN_MHA_Q_WEIGHT]);
+        if (naming_names[f][ATTN_MHA_Q_WEIGHT])
+          n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", f > 1 ? ", " : "",
+                                naming_names[f][ATTN_MHA_Q_WEIGHT]);
       return attn__fail(ctx, ATTN_E_NOT_FOUND, "%s: no attention parameters under prefix '%s' (looked for %s)",
                         attn__safetensors_path(st), *prefix, list);
     }
