@@ -629,7 +629,11 @@ typedef struct attn_kv_cache_config {
    * once, on append, at their positions (row b's length + i), and queries on
    * attend at theirs (len_b - Nq + i), so the cache holds rotated keys and a
    * step needs no position from the caller. positions must be NULL,
-   * position_offset 0 and transpose 0. */
+   * position_offset 0 and transpose 0. DYNAMIC and LONGROPE (with seq_len
+   * 0) take L from each call: the longest row's length + n on append (n the
+   * tensor's tokens), its length on attend; keys keep the rotation they were
+   * appended with (transformers' longrope decoding does the same with its
+   * step's positions). */
   const attn_rope_opts *rope;
   /* Storage of the keys and of the values; ATTN_KV_AS_DTYPE (0, the default
    * and what a caller built before these fields gets) = dtype. Keys are

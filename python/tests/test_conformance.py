@@ -1448,7 +1448,9 @@ def _hf_build(kind, L):
         rp = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.2, 1.5, 2.0],
               "long_factor": [1.0, 3.0, 9.0, 27.0][:n], "original_max_position_embeddings": 8}
         model = tf.Phi3ForCausalLM(tf.Phi3Config(rope_parameters=rp, partial_rotary_factor=0.5, pad_token_id=0,
+                                                 original_max_position_embeddings=8,  # else its 4096 replaces rp's
                                                  **{**dec, "max_position_embeddings": 64}))
+        assert model.config.rope_parameters["original_max_position_embeddings"] == 8, model.config.rope_parameters
     elif kind.startswith("gpt_oss"):  # learned sinks; YaRN without rounding its band (theta, P: a band of 2 pairs)
         rp = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
               "truncate": False, "original_max_position_embeddings": 64}
@@ -1563,6 +1565,31 @@ def _hf_grads_ours(g, layer):
     return out
 
 
+def _hf_decode_steps(model, kind, L, ids):
+    """transformers' own decoding, one token per step through its cache: the attention module's
+    input and output at every step, [B, N, E] each."""
+    import transformers as tf
+    mod = _hf_attention_module(model, kind, L)
+    xs, ys = [], []
+
+    def pre(m, args, kwargs):
+        xs.append(kwargs.get("hidden_states", args[0] if args else None))
+
+    def post(m, args, kwargs, out):
+        ys.append(out[0] if isinstance(out, tuple) else out)
+    h1 = mod.register_forward_pre_hook(pre, with_kwargs=True)
+    h2 = mod.register_forward_hook(post, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            cache = tf.DynamicCache(config=model.config)
+            for t in range(ids.shape[1]):
+                model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+    finally:
+        h1.remove()
+        h2.remove()
+    return torch.cat(xs, 1), torch.cat(ys, 1)
+
+
 _hf_memo = {}
 
 
@@ -1611,6 +1638,11 @@ def hf_family(kind, L=1, causal=True, pad=False, cached=True, backward=True):
         except ValueError:
             res["T5 without its relative bias is refused"] = (0.0, 0.0)
     res["forward vs float64 oracle"] = (rel(rows(got), rows(oracle)), 1e-5)
+    if kind == "phi3":  # longrope: each step in its own regime, short then long, in both caches
+        xs, ys = _hf_decode_steps(model, kind, L, ids)
+        cache = layer.new_cache(B, N)
+        steps = np.concatenate([np.asarray(layer.forward_cached(xs[:, i:i + 1].float(), cache)) for i in range(N)], 1)
+        res["token by token through the KV cache vs transformers' own decoding"] = (rel(steps, ys.double()), 1e-4)
     if backward:
         # PyTorch's own fp32 gradients, for scale: a weight gradient that cancels (saturated softmax)
         # is as hard for fp32 autograd as for us
@@ -1676,8 +1708,8 @@ if have_transformers:
         ("GptOssAttention (learned sinks, biases, YaRN truncate false, sliding window 5)", "gpt_oss_sliding",
          dict(L=0)),
         ("GptOssAttention (learned sinks, full layer)", "gpt_oss_full", {}),
-        # the cache rotates each step's keys by that step's regime (as transformers' own decoding does),
-        # so a longrope cache past P is not the full forward's rotation
+        # longrope rotates each step's keys in that step's regime: the cache is checked against
+        # transformers' own decoding, not its full forward
         ("Phi3Attention (qkv_proj packed, GQA, longrope past P, partial rotary)", "phi3", dict(cached=False)),
         ("T5Attention (no scaling, relative bias as an additive mask, d_kv 24)", "t5",
          dict(L=0, causal=False, pad=True, cached=False)),
