@@ -538,9 +538,11 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
  * layer_types (or Gemma 2's and 3's older patterns, Qwen2's use_sliding_window
  * and max_window_layers); attn_logit_softcapping; query_pre_attn_scalar;
  * GPT-2's scale_attn_weights and scale_attn_by_inverse_layer_idx;
- * attention_bias; rms_norm_eps. What the config asks for and libattn lacks (a
- * RoPE type such as longrope, relative position embeddings in BERT, an
- * unknown layer type) is ATTN_E_UNSUPPORTED naming the field, never a layer
+ * attention_bias; rms_norm_eps; SmolLM3's no_rope_layers (or its
+ * no_rope_layer_interval). What the config asks for and libattn lacks
+ * (PhiMoE's longrope mscales, relative position embeddings in BERT, an
+ * unknown layer type, Llama 4's chunked attention, weightless QK-norm and
+ * temperature tuning) is ATTN_E_UNSUPPORTED naming the field, never a layer
  * that silently differs. */
 #define ATTN_HF_MAX_LAYERS 1024
 
@@ -560,6 +562,8 @@ typedef struct attn_hf_config {
   int scale_inverse_layer;    /* GPT-2's scale_attn_by_inverse_layer_idx: layer L's scale divided by L + 1 */
   int relative_bias;          /* T5's relative position bias (relative_attention_num_buckets): not computed
                                  here; the caller passes it as an additive mask [B or 1, H, Nq, Nk] */
+  /* Added in 0.3. */
+  unsigned char nope[ATTN_HF_MAX_LAYERS]; /* 1: layer L takes no RoPE (SmolLM3's no_rope_layers[L] = 0) */
 } attn_hf_config;
 
 /* Reads path (a config.json) into *out. */

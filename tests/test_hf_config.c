@@ -120,7 +120,27 @@ int main(void) {
   parse(ctx, "{\"model_type\": \"phi3\", \"hidden_size\": 256, \"num_attention_heads\": 4, \"rope_scaling\": {\"type\":"
              " \"longrope\", \"short_factor\": [1.0], \"long_factor\": [2.0]}}", ATTN_E_FORMAT, "32 pairs");
 
+  c = parse(ctx, "{\"model_type\": \"smollm3\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                 " \"num_hidden_layers\": 4, \"rope_theta\": 5e6, \"no_rope_layers\": [1, 0, 1, 1]}", ATTN_OK, NULL);
+  CHECK(c.rope && !c.nope[0] && c.nope[1] && !c.nope[2] && !c.nope[3], "smollm3: layer 1 takes no RoPE");
+  c = parse(ctx, "{\"model_type\": \"smollm3\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                 " \"num_hidden_layers\": 8, \"rope_theta\": 5e6}", ATTN_OK, NULL);
+  CHECK(!c.nope[2] && c.nope[3] && !c.nope[4] && c.nope[7], "smollm3: every 4th layer without RoPE by default");
+  c = parse(ctx, "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                 " \"num_hidden_layers\": 8, \"attention_chunk_size\": null, \"use_qk_norm\": false}", ATTN_OK, NULL);
+  CHECK(!c.nope[3], "llama: every layer takes RoPE");
+  parse(ctx, "{\"model_type\": \"smollm3\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 3,"
+             " \"no_rope_layers\": [1, 0]}", ATTN_E_FORMAT, "2 entries for 3 layers");
+  parse(ctx, "{\"model_type\": \"smollm3\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 2,"
+             " \"no_rope_layers\": [1, 2]}", ATTN_E_FORMAT, "want 0 or 1");
+
   /* what libattn lacks: refused, naming the field */
+  parse(ctx, "{\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+             " \"attention_chunk_size\": 8192}", ATTN_E_UNSUPPORTED, "attention_chunk_size");
+  parse(ctx, "{\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+             " \"use_qk_norm\": true}", ATTN_E_UNSUPPORTED, "use_qk_norm");
+  parse(ctx, "{\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+             " \"attn_temperature_tuning\": true}", ATTN_E_UNSUPPORTED, "attn_temperature_tuning");
   parse(ctx, "{\"model_type\": \"phimoe\", \"hidden_size\": 8, \"num_attention_heads\": 4, \"rope_scaling\": {\"type\":"
              " \"longrope\", \"short_factor\": [1.0], \"long_factor\": [2.0], \"short_mscale\": 1.2}}",
         ATTN_E_UNSUPPORTED, "short_mscale");

@@ -240,6 +240,20 @@ static void test_llama_single_and_sharded(attn_ctx *ctx) {
                               " \"num_hidden_layers\": 3, \"rope_scaling\": {\"type\": \"longrope\"}}");
   expect_fail(ctx, "longrope.json", "llama.safetensors", 0, ATTN_E_FORMAT, "short_factor and long_factor", __LINE__);
   expect_fail(ctx, "llama.json", "nowhere.safetensors", 0, ATTN_E_IO, NULL, __LINE__);
+  /* SmolLM3: a layer without RoPE */
+  write_text("smollm3.json", "{\"model_type\": \"smollm3\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                             " \"num_key_value_heads\": 2, \"num_hidden_layers\": 3, \"rope_theta\": 5000000.0,"
+                             " \"no_rope_layers\": [1, 0, 1]}");
+  for (int l = 0; l < 3; l++) {
+    attn_mha *m = NULL;
+    attn_hf_layer info;
+    CHECK_OK(ctx, load(ctx, &m, &info, "smollm3.json", "llama.safetensors", l));
+    attn_mha_opts o;
+    attn_mha_opts_init(&o);
+    attn_hf_layer_opts(&info, &o);
+    CHECK(info.has_rope == (l != 1) && (o.rope != NULL) == (l != 1), "smollm3 layer %d: RoPE %d", l, info.has_rope);
+    attn_mha_destroy(m);
+  }
   free_set(&s);
 }
 

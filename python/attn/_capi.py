@@ -173,6 +173,7 @@ class HfConfig(ctypes.Structure):  # filled by the library (attn_mha_create_from
         ("rope_local", RopeOpts),
         ("scale_inverse_layer", ctypes.c_int),
         ("relative_bias", ctypes.c_int),
+        ("nope", ctypes.c_ubyte * 1024),
     ]
 
 

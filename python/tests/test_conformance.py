@@ -1443,6 +1443,8 @@ def _hf_build(kind, L):
                                                          rope_local_base_freq=10000.0, **dec))
     elif kind == "olmo2":
         model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**dec))
+    elif kind == "smollm3":  # layer 1 takes no RoPE (no_rope_layers)
+        model = tf.SmolLM3ForCausalLM(tf.SmolLM3Config(no_rope_layers=[1, 0, 1], pad_token_id=0, **dec))
     elif kind == "phi3":  # q, k, v packed in qkv_proj; longrope past P = 8 (13 tokens); partial rotary 0.5
         n = 4  # rotary pairs: head_dim 16 x 0.5 / 2
         rp = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.2, 1.5, 2.0],
@@ -1711,6 +1713,7 @@ if have_transformers:
         # longrope rotates each step's keys in that step's regime: the cache is checked against
         # transformers' own decoding, not its full forward
         ("Phi3Attention (qkv_proj packed, GQA, longrope past P, partial rotary)", "phi3", dict(cached=False)),
+        ("SmolLM3Attention (a NoPE layer: no_rope_layers)", "smollm3", {}),
         ("T5Attention (no scaling, relative bias as an additive mask, d_kv 24)", "t5",
          dict(L=0, causal=False, pad=True, cached=False)),
     ]

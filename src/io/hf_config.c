@@ -35,6 +35,8 @@ typedef struct hf_raw {
   hf_rope scaling, global, local;
   int64_t ntypes;
   unsigned char types[ATTN_HF_MAX_LAYERS]; /* 1: sliding_attention */
+  int64_t nrope, nope_interval;            /* no_rope_layers' length (UNSET: not given), its interval */
+  unsigned char use_rope[ATTN_HF_MAX_LAYERS]; /* no_rope_layers: 1 RoPE, 0 none */
 } hf_raw;
 
 static void rope_unset(hf_rope *r) {
@@ -202,6 +204,43 @@ static attn_status layer_types(attn__json *j, hf_raw *r) {
   }
 }
 
+/* SmolLM3's no_rope_layers: one 0 or 1 per layer (1: the layer takes RoPE). */
+static attn_status rope_layers(attn__json *j, hf_raw *r) {
+  attn_status st;
+  if (lit(j, "null")) return ATTN_OK;
+  if ((st = attn__json_expect(j, '['))) return st;
+  r->nrope = 0;
+  if (attn__json_peek(j) == ']') {
+    j->p++;
+    return ATTN_OK;
+  }
+  for (;;) {
+    double v;
+    if ((st = attn__json_double(j, &v))) return st;
+    if (v != 0 && v != 1) return attn__json_fail(j, "no_rope_layers[%lld] is %g; want 0 or 1", (long long)r->nrope, v);
+    if (r->nrope >= ATTN_HF_MAX_LAYERS)
+      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "no_rope_layers: more than %d layers",
+                           ATTN_HF_MAX_LAYERS);
+    r->use_rope[r->nrope++] = (unsigned char)v;
+    const int c = attn__json_peek(j);
+    if (c == ',') {
+      j->p++;
+      continue;
+    }
+    if (c == ']') {
+      j->p++;
+      return ATTN_OK;
+    }
+    return attn__json_fail(j, "no_rope_layers: expected ',' or ']'");
+  }
+}
+
+/* A key whose true (or non-null) value asks for what libattn lacks. */
+static attn_status lacking(attn__json *j, const char *k, const char *what) {
+  if (lit(j, "null") || lit(j, "false")) return ATTN_OK;
+  return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s (%s) is not supported", k, what);
+}
+
 static attn_status top_key(attn__json *j, const char *k, void *arg) {
   hf_raw *r = arg;
   if (key_is(k, "model_type")) return short_string(j, k, r->model_type, sizeof r->model_type);
@@ -226,6 +265,11 @@ static attn_status top_key(attn__json *j, const char *k, void *arg) {
     return attn__json_each_key(j, rope_parameters_key, r, 1);
   }
   if (key_is(k, "sliding_window")) return int_or_null(j, k, &r->sliding_window);
+  if (key_is(k, "no_rope_layers")) return rope_layers(j, r);
+  if (key_is(k, "no_rope_layer_interval")) return int_or_null(j, k, &r->nope_interval);
+  if (key_is(k, "attention_chunk_size")) return lacking(j, k, "Llama 4's chunked attention");
+  if (key_is(k, "use_qk_norm")) return lacking(j, k, "Llama 4's QK-norm without weights");
+  if (key_is(k, "attn_temperature_tuning")) return lacking(j, k, "Llama 4's temperature on NoPE layers");
   if (key_is(k, "layer_types")) return layer_types(j, r);
   if (key_is(k, "use_sliding_window")) return boolean(j, k, &r->use_sliding);
   if (key_is(k, "max_window_layers")) return int_or_null(j, k, &r->max_window_layers);
@@ -318,7 +362,7 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
   static const char *const rope_families[] = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
                                               "gemma", "gemma2", "gemma3", "gemma3_text", "phi", "phi3", "gpt_neox",
                                               "gptj", "olmo", "olmo2", "granite", "stablelm", "cohere", "starcoder2",
-                                              "persimmon", "internlm2", "deepseek_v2", NULL};
+                                              "persimmon", "internlm2", "deepseek_v2", "smollm3", "gpt_oss", NULL};
   memset(out, 0, sizeof *out);
   out->size = sizeof *out;
   memcpy(out->model_type, r->model_type, sizeof out->model_type);
@@ -405,6 +449,13 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
                              "longrope's short_factor and long_factor have %d entries; %lld rotary dims make %lld pairs",
                              lr[i]->nshort, (long long)(rd ? rd : out->head_dim), (long long)((rd ? rd : out->head_dim) / 2));
     if (!strcmp(r->model_type, "gptj")) out->rope_global.layout = out->rope_local.layout = ATTN_ROPE_INTERLEAVED;
+    /* NoPE layers: SmolLM3's list, or its default, every interval-th layer */
+    if (r->nrope >= 0 && L > 0 && r->nrope != L)
+      return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "no_rope_layers has %lld entries for %lld layers",
+                           (long long)r->nrope, (long long)L);
+    const int64_t every = r->nope_interval > 0 ? r->nope_interval : 4;
+    for (int64_t l = 0; l < (L > 0 ? L : r->nrope); l++)
+      out->nope[l] = r->nrope >= 0 ? !r->use_rope[l] : !strcmp(r->model_type, "smollm3") && (l + 1) % every == 0;
   }
   return ATTN_OK;
 }
@@ -423,6 +474,7 @@ attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, const char 
   r->max_window_layers = r->max_pos = r->pattern = r->rotary_dim = UNSET;
   r->theta = r->partial = r->local_base = r->qpas = r->softcap = r->eps = r->multiplier = r->original_max = NAN;
   r->attention_bias = r->use_sliding = r->scale_attn_weights = r->scale_inverse_layer = UNSET;
+  r->nrope = r->nope_interval = UNSET;
   rope_unset(&r->scaling), rope_unset(&r->global), rope_unset(&r->local);
   const unsigned char *b = (const unsigned char *)json;
   attn__json j = {b, b, b + len, ctx, path, "config", "JSON"};

@@ -104,7 +104,7 @@ static void layer_from_config(attn_hf_layer *info, attn_mha_config *like) {
   info->softcap = c->softcap;
   const int sliding = c->sliding_window > 0 && L < ATTN_HF_MAX_LAYERS && c->sliding[L];
   info->window = sliding ? c->sliding_window : 0;
-  info->has_rope = c->rope;
+  info->has_rope = c->rope && !(L < ATTN_HF_MAX_LAYERS && c->nope[L]);
   if (c->rope) info->rope = sliding ? c->rope_local : c->rope_global;
 }
 
