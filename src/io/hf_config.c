@@ -101,35 +101,31 @@ static attn_status short_string(attn__json *j, const char *key, char *buf, size_
   return ATTN_OK;
 }
 
-/* longrope's list of numbers, one per rotary pair (null: not given). */
+/* longrope's list of numbers, one per rotary pair. */
+typedef struct factors {
+  const char *key;
+  double *out;
+  int *n;
+} factors;
+
+static attn_status factor_item(attn__json *j, int64_t i, void *arg) {
+  const factors *f = arg;
+  if (i == ATTN_ROPE_MAX_PAIRS)
+    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s: more than %d rotary pairs", f->key,
+                         ATTN_ROPE_MAX_PAIRS);
+  attn_status st = attn__json_double(j, &f->out[i]);
+  if (st) return st;
+  if (!(f->out[i] > 0) || !isfinite(f->out[i]))
+    return attn__json_fail(j, "%s[%lld] is %g; the factors must be finite and > 0", f->key, (long long)i, f->out[i]);
+  *f->n = (int)i + 1;
+  return ATTN_OK;
+}
+
 static attn_status factor_list(attn__json *j, const char *key, double *out, int *n) {
-  attn_status st;
   if (lit(j, "null")) return ATTN_OK;
-  if ((st = attn__json_expect(j, '['))) return st;
+  factors f = {key, out, n};
   *n = 0;
-  if (attn__json_peek(j) == ']') {
-    j->p++;
-    return ATTN_OK;
-  }
-  for (;;) {
-    if (*n == ATTN_ROPE_MAX_PAIRS)
-      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s: more than %d rotary pairs", key,
-                           ATTN_ROPE_MAX_PAIRS);
-    if ((st = attn__json_double(j, &out[*n]))) return st;
-    if (!(out[*n] > 0) || !isfinite(out[*n]))
-      return attn__json_fail(j, "%s[%d] is %g; the factors must be finite and > 0", key, *n, out[*n]);
-    ++*n;
-    const int c = attn__json_peek(j);
-    if (c == ',') {
-      j->p++;
-      continue;
-    }
-    if (c == ']') {
-      j->p++;
-      return ATTN_OK;
-    }
-    return attn__json_fail(j, "%s: expected ',' or ']'", key);
-  }
+  return attn__json_each_item(j, factor_item, &f);
 }
 
 static attn_status rope_key(attn__json *j, const char *k, void *arg) {
@@ -168,71 +164,51 @@ static attn_status rope_parameters_key(attn__json *j, const char *k, void *arg) 
   return rope_key(j, k, &r->global);
 }
 
+static attn_status layer_type(attn__json *j, int64_t i, void *arg) {
+  hf_raw *r = arg;
+  char t[32];
+  attn_status st = short_string(j, "layer_types", t, sizeof t);
+  if (st) return st;
+  if (i >= ATTN_HF_MAX_LAYERS)
+    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "layer_types: more than %d layers",
+                         ATTN_HF_MAX_LAYERS);
+  if (!strcmp(t, "full_attention")) r->types[i] = 0;
+  else if (!strcmp(t, "sliding_attention")) r->types[i] = 1;
+  else {
+    char shown[40];
+    attn__sanitize(shown, sizeof shown, t, strlen(t));
+    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "layer_types[%lld] = '%s' is not supported",
+                         (long long)i, shown);
+  }
+  r->ntypes = i + 1;
+  return ATTN_OK;
+}
+
 static attn_status layer_types(attn__json *j, hf_raw *r) {
-  attn_status st;
   if (lit(j, "null")) return ATTN_OK;
-  if ((st = attn__json_expect(j, '['))) return st;
   r->ntypes = 0;
-  if (attn__json_peek(j) == ']') {
-    j->p++;
-    return ATTN_OK;
-  }
-  for (;;) {
-    char t[32];
-    if ((st = short_string(j, "layer_types", t, sizeof t))) return st;
-    if (r->ntypes >= ATTN_HF_MAX_LAYERS)
-      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "layer_types: more than %d layers",
-                           ATTN_HF_MAX_LAYERS);
-    if (!strcmp(t, "full_attention")) r->types[r->ntypes++] = 0;
-    else if (!strcmp(t, "sliding_attention")) r->types[r->ntypes++] = 1;
-    else {
-      char shown[40];
-      attn__sanitize(shown, sizeof shown, t, strlen(t));
-      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "layer_types[%lld] = '%s' is not supported",
-                           (long long)r->ntypes, shown);
-    }
-    const int c = attn__json_peek(j);
-    if (c == ',') {
-      j->p++;
-      continue;
-    }
-    if (c == ']') {
-      j->p++;
-      return ATTN_OK;
-    }
-    return attn__json_fail(j, "layer_types: expected ',' or ']'");
-  }
+  return attn__json_each_item(j, layer_type, r);
 }
 
 /* SmolLM3's no_rope_layers: one 0 or 1 per layer (1: the layer takes RoPE). */
+static attn_status rope_layer(attn__json *j, int64_t i, void *arg) {
+  hf_raw *r = arg;
+  double v;
+  attn_status st = attn__json_double(j, &v);
+  if (st) return st;
+  if (v != 0 && v != 1) return attn__json_fail(j, "no_rope_layers[%lld] is %g; want 0 or 1", (long long)i, v);
+  if (i >= ATTN_HF_MAX_LAYERS)
+    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "no_rope_layers: more than %d layers",
+                         ATTN_HF_MAX_LAYERS);
+  r->use_rope[i] = (unsigned char)v;
+  r->nrope = i + 1;
+  return ATTN_OK;
+}
+
 static attn_status rope_layers(attn__json *j, hf_raw *r) {
-  attn_status st;
   if (lit(j, "null")) return ATTN_OK;
-  if ((st = attn__json_expect(j, '['))) return st;
   r->nrope = 0;
-  if (attn__json_peek(j) == ']') {
-    j->p++;
-    return ATTN_OK;
-  }
-  for (;;) {
-    double v;
-    if ((st = attn__json_double(j, &v))) return st;
-    if (v != 0 && v != 1) return attn__json_fail(j, "no_rope_layers[%lld] is %g; want 0 or 1", (long long)r->nrope, v);
-    if (r->nrope >= ATTN_HF_MAX_LAYERS)
-      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "no_rope_layers: more than %d layers",
-                           ATTN_HF_MAX_LAYERS);
-    r->use_rope[r->nrope++] = (unsigned char)v;
-    const int c = attn__json_peek(j);
-    if (c == ',') {
-      j->p++;
-      continue;
-    }
-    if (c == ']') {
-      j->p++;
-      return ATTN_OK;
-    }
-    return attn__json_fail(j, "no_rope_layers: expected ',' or ']'");
-  }
+  return attn__json_each_item(j, rope_layer, r);
 }
 
 /* A key whose true (or non-null) value asks for what libattn lacks. */

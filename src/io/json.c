@@ -299,3 +299,22 @@ attn_status attn__json_each_key(attn__json *j, attn_status (*visit)(attn__json *
     return attn__json_fail(j, "expected ',' or '}'");
   }
 }
+
+attn_status attn__json_each_item(attn__json *j, attn_status (*visit)(attn__json *, int64_t, void *), void *arg) {
+  attn_status st;
+  if ((st = attn__json_expect(j, '['))) return st;
+  if (attn__json_peek(j) == ']') {
+    j->p++;
+    return ATTN_OK;
+  }
+  for (int64_t i = 0;; i++) {
+    if ((st = visit(j, i, arg))) return st;
+    const int c = attn__json_peek(j);
+    if (c == ']') {
+      j->p++;
+      return ATTN_OK;
+    }
+    if (c != ',') return attn__json_fail(j, "expected ',' or ']'");
+    j->p++;
+  }
+}

@@ -47,5 +47,7 @@ attn_status attn__json_skip(attn__json *j, int depth);
  * value; depth bounds the nesting as in attn__json_skip. */
 attn_status attn__json_each_key(attn__json *j, attn_status (*visit)(attn__json *, const char *, void *), void *arg,
                                 int depth);
+/* An array: visit(j, index, arg) for each item, which must read (or skip) it. */
+attn_status attn__json_each_item(attn__json *j, attn_status (*visit)(attn__json *, int64_t, void *), void *arg);
 
 #endif
