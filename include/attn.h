@@ -303,7 +303,8 @@ typedef struct attn_sdpa_opts {
    * (b, h, i, j) is dropped when attn_dropout_keep(seed, p, b, h, i, j) is 0,
    * so the backward pass regenerates the mask and no thread count changes it
    * (in a packed batch b is the sequence, i and j positions within it). */
-  double dropout_p;           /* in [0, 1); 0 = off */
+  double dropout_p;           /* in [0, 1]; 0 = off; 1 drops every entry: out and the
+                                 gradients of q, k, v are 0, as PyTorch gives */
   uint64_t dropout_seed;
   /* Options of recent models. Positions: query row i sits at i' = i + Nk - Nq
    * under ATTN_CAUSAL_BOTTOM_RIGHT (a KV cache), else at i' = i.

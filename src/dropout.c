@@ -3,9 +3,11 @@
 #include "internal.h"
 #include "dropout.h"
 
-/* p outside [0, 1) or NaN keeps every entry (the SDPA calls reject such p before
- * asking); p = 0 keeps every entry. Indices are truncated to 32 bits. */
+/* p >= 1 drops every entry (PyTorch's dropout at p = 1 gives zeros); p <= 0 or NaN keeps
+ * every entry (the SDPA calls reject p outside [0, 1] before asking). Indices are truncated
+ * to 32 bits. */
 int attn_dropout_keep(uint64_t seed, double p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (p >= 1) return 0;
   const uint32_t threshold = attn__dropout_threshold(p);
   if (threshold == 0) return 1;
   uint32_t ctr[4], u[4];

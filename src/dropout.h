@@ -43,7 +43,8 @@ static inline void attn__philox4x32(uint32_t out[4], const uint32_t ctr[4], uint
 }
 
 /* floor(p * 2^32) for p in [0, 1): a word u is dropped when u < this.
- * p <= 0, NaN, or p >= 1 (rejected by the public calls) give 0: nothing dropped. */
+ * p <= 0, NaN, or p >= 1 give 0 (p = 1, which drops everything, is attn_dropout_keep's
+ * case before it asks for a threshold). */
 static inline uint32_t attn__dropout_threshold(double p) {
   if (!(p > 0) || !(p < 1)) return 0;
   return (uint32_t)(p * 4294967296.0); /* < 2^32 since p < 1; the conversion truncates */

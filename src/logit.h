@@ -49,7 +49,7 @@ struct attn__sdpa {
   attn_tensor kpm;  /* [B, 1, 1, Nk] view: stride[3] on keys, stride[0] on batch */
   attn_tensor *weights; /* [B, Hq, Nq, Nk] or NULL */
   attn_tensor *lse;     /* [B, Hq, Nq] or NULL */
-  double dropout_p;     /* in [0, 1); 0 = no dropout (see dropout.h for the mask) */
+  double dropout_p;     /* in [0, 1]; 0 = no dropout, 1 = every entry dropped (see dropout.h for the mask) */
   uint64_t dropout_seed;
   attn_tensor *mask_grad; /* backward only: [B, Hq, Nq, Nk] dS of an additive mask, or NULL */
   int64_t window;         /* > 0: keys i' - window < j <= i' (causal is then never NONE) */
@@ -164,6 +164,11 @@ static inline int64_t attn__keys(const attn__sdpa *p, int64_t b) {
 static inline int64_t attn__qpos(const attn__sdpa *p, int64_t b, int64_t i) {
   const int64_t shift = p->q_offset - p->k_offset;
   return shift + (p->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + attn__keys(p, b) - attn__queries(p, b) : i);
+}
+
+/* What a kept probability is multiplied by: 1 / (1 - p); 0 at p = 1, where nothing is kept. */
+static inline float attn__dropout_scale(const attn__sdpa *p) {
+  return p->dropout_p < 1 ? (float)(1.0 / (1.0 - p->dropout_p)) : 0.0f;
 }
 
 /* Dropout's decision for (b, h, i, j), at the shard's global positions. */

@@ -190,8 +190,8 @@ attn_status attn__sdpa_prepare(attn_ctx *ctx, attn__sdpa *p, attn_tensor *out, a
                         (long long)p->Hq, (long long)p->Nq);
     p->lse = l;
   }
-  if (!isfinite(opts->dropout_p) || opts->dropout_p < 0 || opts->dropout_p >= 1)
-    return attn__fail(ctx, ATTN_E_INVALID, "dropout_p must be in [0, 1), got %g", opts->dropout_p);
+  if (!isfinite(opts->dropout_p) || opts->dropout_p < 0 || opts->dropout_p > 1)
+    return attn__fail(ctx, ATTN_E_INVALID, "dropout_p must be in [0, 1], got %g", opts->dropout_p);
   p->dropout_p = opts->dropout_p;
   p->dropout_seed = opts->dropout_seed;
   return ATTN_OK;

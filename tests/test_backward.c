@@ -346,6 +346,7 @@ static void finite_differences(attn_ctx *ctx) {
       {"dropout 0.6 gqa br",  1, 4, 2, 4, 6, 4, 5, 1, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_MASK_ADDITIVE,  0, 1, 0, 0.5, 0.6},
       {"dropout seed mask",   2, 2, 1, 4, 5, 4, 4, 0, ATTN_CAUSAL_TOP_LEFT,     ATTN_MASK_SEED,      2, 0, 0, dflt, 0.2},
       {"combo",               2, 4, 2, 5, 7, 4, 3, 1, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_MASK_KEEP,      2, 1, 1, 0.45, 0.25},
+      {"dropout 1 (all)",     1, 4, 2, 4, 6, 4, 5, 1, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_MASK_ADDITIVE,  0, 1, 0, dflt, 1.0},
   };
   for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) fd_case(ctx, &specs[i], 500 + (uint64_t)i);
   attn_ctx_set_threads(ctx, 0);
@@ -386,8 +387,9 @@ static void philox_known_answers(void) {
   int all = 1;
   for (int64_t j = 0; j < 1000; j++)
     all &= attn_dropout_keep(seed, 0, 0, 0, 0, j) && attn_dropout_keep(seed, NAN, 0, 0, 0, j) &&
-           attn_dropout_keep(seed, -1, 0, 0, 0, j) && attn_dropout_keep(seed, 1, 0, 0, 0, j);
-  CHECK(all, "p = 0 (and a p out of range) must keep everything");
+           attn_dropout_keep(seed, -1, 0, 0, 0, j) && !attn_dropout_keep(seed, 1, 0, 0, 0, j) &&
+           !attn_dropout_keep(seed, 2, 0, 0, 0, j);
+  CHECK(all, "p <= 0 (and NaN) must keep everything, p >= 1 drop everything");
 }
 
 static void dropout_statistics(attn_ctx *ctx) {
@@ -698,7 +700,7 @@ static void error_paths(attn_ctx *ctx) {
          "bool dq");
 
   /* dropout_p */
-  const double bad_p[] = {1.0, 1.5, -0.1, NAN, INFINITY};
+  const double bad_p[] = {1.0000001, 1.5, -0.1, NAN, INFINITY};
   for (size_t i = 0; i < sizeof bad_p / sizeof bad_p[0]; i++) {
     attn_sdpa_opts od = o;
     od.dropout_p = bad_p[i];

@@ -114,6 +114,12 @@ close "$T/dv1.npy" "$T/dv2.npy" 0
 differ "$T/o1.npy" $D/out.npy
 expect 0 "" -- sdpa $SQKV --out "$T/o3.npy" --dropout 0.3
 differ "$T/o3.npy" "$T/o1.npy"
+# p = 1 drops everything (PyTorch's zeros): no seed or thread count changes a bit
+expect 0 "" -- sdpa $SQKV --out "$T/o4.npy" --grad-out $D/G.npy --dq-out "$T/dq4.npy" --dropout 1 --seed 1 --threads 1
+expect 0 "" -- sdpa $SQKV --out "$T/o5.npy" --grad-out $D/G.npy --dq-out "$T/dq5.npy" --dropout 1 --seed 2 --threads 3
+close "$T/o4.npy" "$T/o5.npy" 0
+close "$T/dq4.npy" "$T/dq5.npy" 0
+differ "$T/o4.npy" $D/out.npy
 # bench decode runs, checks itself against the oracle and says so
 expect 0 "" -- bench decode --batch 2 --kv-seq 300 --heads 4 --kv-heads 2 --dim 16 --dtype bf16 --repeat 2 --json
 if grep -q '"op":"decode"' "$T/stdout" && grep -Eq '"oracle_rel_l2":[0-9.e-]+' "$T/stdout"; then ok; else bad "bench decode --json: $(cat "$T/stdout")"; fi
@@ -341,7 +347,7 @@ expect 2 "$O" -- sdpa $BQKV --out "$O" $DG --dq-out "$O"
 expect 2 "$O" -- sdpa $BQKV --out "$O" $DG --dq-out "$T/never_d.npy" --dk-out "$T/never_d.npy"
 expect 2 "$O" -- sdpa $BQKV --out "$O" $DG --dq-out ""
 expect 2 "$O" -- sdpa $BQKV --out "$O" --grad-out "" --dq-out "$T/never_dq.npy"
-expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout 1
+expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout 1.5
 expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout -0.1
 expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout nan
 expect 2 "$O" -- sdpa $BQKV --out "$O" --dropout half

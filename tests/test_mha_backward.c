@@ -623,7 +623,7 @@ static void error_paths(attn_ctx *ctx) {
   CHECK(sv == NULL, "a failed forward_save leaves *saved NULL");
   attn_mha_opts o;
   attn_mha_opts_init(&o);
-  const double bad_p[] = {1.0, -0.1, NAN, INFINITY};
+  const double bad_p[] = {1.5, -0.1, NAN, INFINITY};
   for (int i = 0; i < 4; i++) {
     o.attn.dropout_p = bad_p[i];
     CHECK_STATUS(ctx, attn_mha_forward_save(ctx, P.m, &to, NULL, &sv, &P.tq, NULL, NULL, &o), ATTN_E_INVALID,

@@ -367,6 +367,9 @@ static void chosen_cases(attn_ctx *ctx) {
   c.alibi = 1; c.sinks = 1; c.mask_mode = ATTN_MASK_KEEP; c.dead = 1; c.batch_first = 1; cs[n++] = c;
   c = base; c.name = "all, masked mask, dropout, W = 1"; c.window = 1; c.softcap = 4; c.alibi = 1; c.sinks = 1;
   c.mask_mode = ATTN_MASK_MASKED; c.kpm = 1; c.dropout = 0.2; cs[n++] = c;
+  c = base; c.name = "dropout 1: every probability dropped"; c.dropout = 1.0; cs[n++] = c;
+  c = base; c.name = "all, dropout 1, additive"; c.Hq = 4; c.Hk = 2; c.window = 7; c.softcap = 4; c.alibi = 1;
+  c.sinks = 1; c.mask_mode = ATTN_MASK_ADDITIVE; c.kpm = 1; c.dropout = 1.0; cs[n++] = c;
   c = base; c.name = "all, window > Nk, top-left, Nq > Nk"; c.Nq = 80; c.Nk = 33; c.window = 100; c.softcap = 6;
   c.alibi = 1; c.sinks = 1; c.causal = ATTN_CAUSAL_TOP_LEFT; cs[n++] = c;
   /* large enough that the forward runs on several threads, with blocks of keys skipped */
@@ -472,6 +475,43 @@ static void oracle_vs_plain(attn_ctx *ctx) {
     free(pl);
     arena_free(&a);
   }
+}
+
+/* dropout_p = 1 in the oracle, as PyTorch defines it: every probability dropped, so out,
+ * the weights and dq, dk, dv are 0 (not 0 * inf), while lse stays the softmax's. */
+static void dropout_one_oracle(attn_ctx *ctx) {
+  const ocase c = {"dropout 1", 1, 2, 1, 5, 7, 4, 3, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 1, -1, 0, 0, 1.0, 0, 2};
+  arena a = {{0}, 0};
+  problem pb;
+  make_problem(&a, &pb, &c, 77, ATTN_F64);
+  const int64_t os[4] = {1, 2, 5, 3}, ws[4] = {1, 2, 5, 7}, ls[3] = {1, 2, 5};
+  const int64_t qs[4] = {1, 2, 5, 4}, ks[4] = {1, 1, 7, 4}, vs[4] = {1, 1, 7, 3};
+  tu_rng r = {2};
+  attn_tensor out = make4(&a, &r, os, ATTN_F64, 0, 1), w = make4(&a, &r, ws, ATTN_F64, 0, 1);
+  attn_tensor lse = attn_tensor_view(arena_alloc(&a, 10 * sizeof(double)), ATTN_F64, 3, ls);
+  attn_tensor lse0 = attn_tensor_view(arena_alloc(&a, 10 * sizeof(double)), ATTN_F64, 3, ls);
+  attn_tensor dq = make4(&a, &r, qs, ATTN_F64, 0, 1), dk = make4(&a, &r, ks, ATTN_F64, 0, 1);
+  attn_tensor dv = make4(&a, &r, vs, ATTN_F64, 0, 1), ds = make_vec(&a, 2, ATTN_F32);
+  attn_sdpa_opts o = pb.o;
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &lse, &w, &pb.q, &pb.k, &pb.v, &o));
+  o.dropout_p = 0;
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, &lse0, NULL, &pb.q, &pb.k, &pb.v, &o));
+  o = pb.o;
+  CHECK_OK(ctx, attn_sdpa_ref(ctx, &out, NULL, NULL, &pb.q, &pb.k, &pb.v, &o));
+  CHECK_OK(ctx, attn_sdpa_backward_ref(ctx, &dq, &dk, &dv, NULL, &ds, &pb.G, &pb.q, &pb.k, &pb.v, &out, &lse, &o));
+  int zero = 1, same_lse = 1;
+  for (int e = 0; e < 30; e++) zero &= ((double *)out.data)[e] == 0;
+  for (int e = 0; e < 70; e++) zero &= ((double *)w.data)[e] == 0;
+  for (int e = 0; e < 40; e++) zero &= ((double *)dq.data)[e] == 0;
+  for (int e = 0; e < 28; e++) zero &= ((double *)dk.data)[e] == 0;
+  for (int e = 0; e < 21; e++) zero &= ((double *)dv.data)[e] == 0;
+  for (int e = 0; e < 2; e++) zero &= ((float *)ds.data)[e] == 0;
+  for (int e = 0; e < 10; e++) same_lse &= ((double *)lse.data)[e] == ((double *)lse0.data)[e];
+  CHECK(zero, "dropout 1: the oracle's out, weights and gradients must be 0");
+  CHECK(same_lse, "dropout 1: lse must stay the softmax's");
+  o.dropout_p = 1.0000001;
+  CHECK(attn_sdpa_ref(ctx, &out, NULL, NULL, &pb.q, &pb.k, &pb.v, &o) == ATTN_E_INVALID, "dropout_p > 1 accepted");
+  arena_free(&a);
 }
 
 /* The options through older features, on the oracle and on every kernel:
@@ -917,6 +957,7 @@ int main(int argc, char **argv) {
   argument_checks(ctx);
   shard_offsets(ctx);
   oracle_vs_plain(ctx);
+  dropout_one_oracle(ctx);
   options_as_masks(ctx);
   dead_rows_with_sinks(ctx);
   finite_differences(ctx);

@@ -185,15 +185,15 @@ int cli_parse_causal(cli_args *a, attn_causal *c) {
   return 0;
 }
 
-/* --dropout P (in [0, 1)) and --seed S (needs --dropout; default 0). */
+/* --dropout P (in [0, 1]) and --seed S (needs --dropout; default 0). */
 int cli_parse_dropout(cli_args *a, double *p, uint64_t *seed) {
   *p = 0;
   *seed = 0;
   int r;
   if (cli_has(a, "--seed") && !cli_has(a, "--dropout")) return cli_fail(CLI_EXIT_USAGE, "--seed needs --dropout");
   if ((r = cli_double(a, "--dropout", p))) return r;
-  if (!(*p >= 0 && *p < 1))
-    return cli_fail(CLI_EXIT_USAGE, "--dropout wants a probability in [0, 1), got '%s'", cli_show(cli_get(a, "--dropout")));
+  if (!(*p >= 0 && *p <= 1))
+    return cli_fail(CLI_EXIT_USAGE, "--dropout wants a probability in [0, 1], got '%s'", cli_show(cli_get(a, "--dropout")));
   return cli_u64(a, "--seed", seed);
 }
 

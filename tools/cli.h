@@ -64,7 +64,7 @@ int cli_setup_ctx(attn_ctx **ctx, cli_args *a);
 int cli_parse_mask_mode(const char *s, attn_mask_mode *mode);
 /* --causal (top-left), --causal=top-left or --causal=bottom-right; none when absent. */
 int cli_parse_causal(cli_args *a, attn_causal *c);
-/* --dropout P (in [0, 1)) and --seed S (needs --dropout; default 0). */
+/* --dropout P (in [0, 1]) and --seed S (needs --dropout; default 0). */
 int cli_parse_dropout(cli_args *a, double *p, uint64_t *seed);
 /* The mask mode: --mask-mode if given, else bool_default for a bool or u8 mask, additive for a float one. */
 int cli_mask_mode_for(cli_args *a, const attn_tensor *mask, attn_mask_mode bool_default, attn_mask_mode *mode);

@@ -72,8 +72,8 @@ class MultiheadAttention:
             raise ValueError(f"device must be the CPU, got {device!r}")
         if dtype is not None and str(dtype).replace("torch.", "") != "float32":
             raise ValueError(f"parameters are float32 (inputs may be half precision), got dtype {dtype!r}")
-        if not 0 <= float(dropout) < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if not 0 <= float(dropout) <= 1:
+            raise ValueError(f"dropout must be in [0, 1], got {dropout!r}")
         self.dropout = float(dropout)
         self.training = True
         self._ctx = _Ctx()  # one context per layer, guarded by a lock

@@ -980,7 +980,7 @@ else:
         kept, _ = m(x, x, x, need_weights=False)
         assert not torch.allclose(kept, dropped), "dropout changed nothing while training"
         for bad in (dict(add_bias_kv=True), dict(add_zero_attn=True), dict(device="cuda"),
-                    dict(dtype=torch.float64), dict(dropout=1.0)):
+                    dict(dtype=torch.float64), dict(dropout=1.5), dict(dropout=-0.1)):
             try:
                 attn.MultiheadAttention(E, H, **bad)
                 raise AssertionError(f"{bad} accepted")
@@ -991,6 +991,45 @@ else:
         return rel(kept, ref)
 
     case(MHA, "torch's positional arguments; dropout while training, none after eval()", torch_signature_and_dropout)
+
+    def dropout_everything():
+        """dropout 1 drops every probability, so torch's answers are deterministic: zeros from
+        the SDPA and its input gradients; from the layer, out_proj's bias, zero weights, and
+        gradients only for out_proj.bias. Ours must be those, whatever the seed."""
+        E, H = 16, 4
+        q, k, v = (torch.randn(2, H, 6, 8, requires_grad=True) for _ in range(3))
+        errs = []
+        for api in ("torch", "ours"):
+            if api == "torch":
+                o = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+            else:
+                o = attn.scaled_dot_product_attention(q, k, v, dropout_p=1.0, dropout_seed=3)
+            g = torch.autograd.grad(o.sum(), (q, k, v))
+            if api == "torch":
+                want = [o.detach()] + [x.detach() for x in g]
+            else:
+                errs += [rel(a.detach(), b) for a, b in zip([o] + list(g), want)]
+        assert all(float(w.abs().max()) == 0 for w in want), "torch's dropout 1 is no longer zeros"
+        tm = torch.nn.MultiheadAttention(E, H, 1.0, batch_first=True)
+        with torch.no_grad():
+            tm.out_proj.bias.normal_()
+        m = attn.MultiheadAttention(E, H, 1.0, batch_first=True)
+        m.load_state_dict(tm.state_dict())
+        x = torch.randn(2, 7, E, requires_grad=True)
+        to, tw = tm(x, x, x)
+        ours, ow = m(x.detach(), x.detach(), x.detach())
+        errs += [rel(ours, to.detach()), rel(ow, tw.detach())]
+        G = torch.randn(2, 7, E)
+        tg = dict(zip(["x"] + [n for n, _ in tm.named_parameters()],
+                      torch.autograd.grad((to * G).sum(), [x] + [p for _, p in tm.named_parameters()])))
+        og = m.grad(x.detach(), x.detach(), x.detach(), G, dropout_seed=8)
+        errs += [rel(og["query"], tg["x"])] + [rel(og[n], tg[n]) for n in ("in_proj_weight", "in_proj_bias",
+                                                                          "out_proj.weight", "out_proj.bias")]
+        assert float(tg["out_proj.bias"].abs().max()) > 0 and float(tg["in_proj_weight"].abs().max()) == 0
+        return max(errs)
+
+    case(MHA, "dropout 1 (every probability dropped): torch's zeros in the SDPA, its gradients and the layer",
+         dropout_everything)
 
 # ---- the KV cache: step by step through attn.KVCache equals one causal pass (NumPy reference) ----
 KV = "kv cache"

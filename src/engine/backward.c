@@ -143,7 +143,7 @@ static void bwd_dscores(const bwd_args *a, const bwd_tile *T, int64_t b, int64_t
   else
     kn->qk(dP, R->dO + i0 * p->Dv, a->Vt + blk * nr * p->Dv, p->Dv, nk);
   if (p->dropout_p > 0) { /* dP * M before dS; A = P * M after */
-    const float keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+    const float keep_scale = attn__dropout_scale(p);
     float *M = T->Mb; /* free again: the mask is in S */
     for (int r = 0; r < mr; r++)
       for (int jj = 0; jj < nr; jj++)

@@ -306,7 +306,7 @@ static void tile_weights(const fwd_job *j, fwd_scratch *s, const tile_state *ts,
         float *dst = wd + b * w->strides[0] + h * w->strides[1] + (ts->i0 + r) * w->strides[2];
         for (int64_t jj = 0; jj < nk; jj++)
           dst[(j0 + jj) * w->strides[3]] *=
-              attn__dropout_kept(p, b, h, ts->i0 + r, j0 + jj) ? (float)(1.0 / (1.0 - p->dropout_p)) : 0.0f;
+              attn__dropout_kept(p, b, h, ts->i0 + r, j0 + jj) ? attn__dropout_scale(p) : 0.0f;
       }
     }
   }
@@ -315,7 +315,7 @@ static void tile_weights(const fwd_job *j, fwd_scratch *s, const tile_state *ts,
 /* Dropout on one tile of probabilities (after the softmax statistics took them whole). */
 static void dropout_tile(const attn__sdpa *p, float *P, int nr, int64_t b, int64_t h, int64_t i0, int rows,
                          int64_t j0) {
-  const float keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+  const float keep_scale = attn__dropout_scale(p);
   const int64_t nk = attn__key_rows(p, b);
   for (int r = 0; r < rows; r++)
     for (int jj = 0; jj < nr && j0 + jj < nk; jj++)

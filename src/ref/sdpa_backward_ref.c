@@ -59,7 +59,7 @@ static bwd_entry entry_at(const bwd_args *a, int64_t b, int64_t h, int64_t i, in
   const double s = attn__ref_logit_slope(p, b, h, i, j, &slope);
   e.P = s == -INFINITY ? 0 : exp(s - lse_i);
   if (e.P != 0) e.C = slope;
-  if (p->dropout_p > 0) e.M = attn__dropout_kept(p, b, h, i, j) / (1 - p->dropout_p);
+  if (p->dropout_p > 0) e.M = attn__dropout_kept(p, b, h, i, j) ? 1 / (1 - p->dropout_p) : 0;
   if (e.P * e.M != 0) {
     const attn_tensor *o = a->dout, *v = &p->v;
     const int64_t ooff = attn__qoff(p, o, b, h, i), voff = attn__koff(p, v, b, g, j);

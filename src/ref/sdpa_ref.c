@@ -42,12 +42,10 @@ static void ref_row(const attn__sdpa *p, int64_t b, int64_t h, int64_t i, double
     for (int64_t j = 0; j < nk; j++) logits[j] = 0;
   }
   if (p->dropout_p > 0) {
-    /* Dropout on the probabilities: w * keep / (1 - p), so a NaN weight stays NaN even when
-     * dropped (as in PyTorch); lse stays that of the softmax. */
-    for (int64_t j = 0; j < nk; j++) {
-      const double keep = attn__dropout_kept(p, b, h, i, j);
-      logits[j] = logits[j] * keep / (1 - p->dropout_p);
-    }
+    /* Dropout on the probabilities: w / (1 - p) kept, w * 0 dropped, so a NaN weight stays
+     * NaN even when dropped (as in PyTorch), and p = 1 gives zeros; lse stays that of the softmax. */
+    for (int64_t j = 0; j < nk; j++)
+      logits[j] = attn__dropout_kept(p, b, h, i, j) ? logits[j] / (1 - p->dropout_p) : logits[j] * 0.0;
   }
 
   const int64_t ooff = attn__qoff(p, o, b, h, i);
