@@ -540,18 +540,28 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
  * and max_window_layers); attn_logit_softcapping; query_pre_attn_scalar;
  * GPT-2's scale_attn_weights and scale_attn_by_inverse_layer_idx;
  * attention_bias; rms_norm_eps; SmolLM3's no_rope_layers (or its
- * no_rope_layer_interval). What the config asks for and libattn lacks
- * (PhiMoE's longrope mscales, relative position embeddings in BERT, an
- * unknown layer type, Llama 4's chunked attention, weightless QK-norm and
- * temperature tuning) is ATTN_E_UNSUPPORTED naming the field, never a layer
- * that silently differs. */
+ * no_rope_layer_interval). Where the config is silent, a family gets what
+ * transformers gives it: interleaved RoPE pairs (cohere, cohere2, glm, glm4,
+ * helium, ernie4_5, gptj), its default rope_theta and partial rotary factor,
+ * granite's attention_multiplier 1, its sliding layers' period (gemma2/3,
+ * cohere2, exaone4, olmo3, qwen2_moe, dots1), no RoPE on cohere2's and
+ * exaone4's full layers (nope[]), and olmo3's rope_scaling on its full
+ * layers only. What the config asks for and libattn lacks (PhiMoE's longrope
+ * mscales, relative position embeddings in BERT, an unknown layer type, Llama
+ * 4's chunked attention, weightless QK-norm and temperature tuning, clip_qkv,
+ * qk_layernorm, Cohere's use_qk_norm, kv_lora_rank / q_lora_rank,
+ * key_multiplier, llama_4_scaling_beta, use_bidirectional_attention; the
+ * model_types hunyuan_v1_*, bitnet, doge, qwen3_next, jetmoe, deepseek_v2/v3,
+ * kimi_k2, falcon_h1) is ATTN_E_UNSUPPORTED naming the field or the type,
+ * never a layer that silently differs. */
 #define ATTN_HF_MAX_LAYERS 1024
 
 typedef struct attn_hf_config {
   size_t size;                /* sizeof(attn_hf_config), set by the readers */
   char model_type[64];        /* "llama", "qwen3", "gemma2", "gpt2", "bert", "t5", ...; "" when absent */
   int64_t hidden_size, num_heads, num_kv_heads, head_dim, num_layers; /* kv heads, head_dim: derived when absent */
-  double scale;               /* of the logits: query_pre_attn_scalar^(-1/2) (Gemma), 1 (T5), else NAN = 1/sqrt(head_dim) */
+  double scale;               /* of the logits: query_pre_attn_scalar^(-1/2) (Gemma), attention_multiplier
+                                 (Granite; 1 when unsaid), 1 (T5), else NAN = 1/sqrt(head_dim) */
   double softcap;             /* attn_logit_softcapping; 0 = none */
   int64_t sliding_window;     /* 0 = none; which layers use it: sliding[] */
   unsigned char sliding[ATTN_HF_MAX_LAYERS]; /* 1: layer L attends within sliding_window */
@@ -564,7 +574,8 @@ typedef struct attn_hf_config {
   int relative_bias;          /* T5's relative position bias (relative_attention_num_buckets): not computed
                                  here; the caller passes it as an additive mask [B or 1, H, Nq, Nk] */
   /* Added in 0.3. */
-  unsigned char nope[ATTN_HF_MAX_LAYERS]; /* 1: layer L takes no RoPE (SmolLM3's no_rope_layers[L] = 0) */
+  unsigned char nope[ATTN_HF_MAX_LAYERS]; /* 1: layer L takes no RoPE (SmolLM3's no_rope_layers[L] = 0;
+                                             Cohere 2's and EXAONE 4's full layers) */
 } attn_hf_config;
 
 /* Reads path (a config.json) into *out. */

@@ -134,7 +134,82 @@ int main(void) {
   parse(ctx, "{\"model_type\": \"smollm3\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 2,"
              " \"no_rope_layers\": [1, 2]}", ATTN_E_FORMAT, "want 0 or 1");
 
+  /* families as the Hub keeps them (configs saved before layer_types and per-type RoPE), read as
+   * transformers reads them: the layout, the defaults, which layers slide and which rotate */
+#define HF_SHAPE "\"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 8"
+  static const char *const interleaved[] = {"cohere", "cohere2", "glm", "glm4", "helium", "ernie4_5", "gptj"};
+  for (size_t i = 0; i < sizeof interleaved / sizeof interleaved[0]; i++) {
+    char json[256];
+    snprintf(json, sizeof json, "{\"model_type\": \"%s\", " HF_SHAPE ", \"rope_theta\": 1e4}", interleaved[i]);
+    c = parse(ctx, json, ATTN_OK, NULL);
+    CHECK(c.rope && c.rope_global.layout == ATTN_ROPE_INTERLEAVED && c.rope_local.layout == ATTN_ROPE_INTERLEAVED,
+          "%s: RoPE over interleaved pairs", interleaved[i]);
+  }
+  c = parse(ctx, "{\"model_type\": \"llama\", " HF_SHAPE "}", ATTN_OK, NULL);
+  CHECK(c.rope_global.layout == ATTN_ROPE_HALF && c.rope_global.theta == 1e4, "llama: half pairs, theta 1e4");
+  c = parse(ctx, "{\"model_type\": \"cohere\", " HF_SHAPE "}", ATTN_OK, NULL);
+  CHECK(c.rope_global.theta == 5e5, "cohere: theta 5e5 when unsaid, got %g", c.rope_global.theta);
+  c = parse(ctx, "{\"model_type\": \"glm4\", " HF_SHAPE ", \"head_dim\": 32}", ATTN_OK, NULL);
+  CHECK(c.rope_global.rotary_dim == 16, "glm4: partial rotary 0.5 when unsaid, got %lld", (long long)c.rope_global.rotary_dim);
+  c = parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"partial_rotary_factor\": null}", ATTN_OK, NULL);
+  CHECK(c.rope_global.rotary_dim == 4, "stablelm: partial rotary 0.25 when unsaid");
+  c = parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"partial_rotary_factor\": 0.5}", ATTN_OK, NULL);
+  CHECK(c.rope_global.rotary_dim == 8, "stablelm: the saved factor wins");
+  c = parse(ctx, "{\"model_type\": \"granite\", " HF_SHAPE "}", ATTN_OK, NULL);
+  CHECK(c.scale == 1.0, "granite: attention_multiplier 1 when unsaid, got %g", c.scale);
+  c = parse(ctx, "{\"model_type\": \"granite\", " HF_SHAPE ", \"attention_multiplier\": 0.0078125}", ATTN_OK, NULL);
+  CHECK(c.scale == 0.0078125, "granite: attention_multiplier");
+  c = parse(ctx, "{\"model_type\": \"cohere2\", " HF_SHAPE ", \"head_dim\": 8, \"sliding_window\": 4096}", ATTN_OK, NULL);
+  int rule = c.head_dim == 16;
+  for (int l = 0; l < 8; l++) rule &= c.sliding[l] == ((l + 1) % 4 != 0) && c.nope[l] == !c.sliding[l];
+  CHECK(rule, "cohere2: every 4th layer full and without RoPE, head_dim hidden / heads");
+  c = parse(ctx, "{\"model_type\": \"cohere2\", " HF_SHAPE ", \"sliding_window\": 4096, \"sliding_window_pattern\": 3}",
+            ATTN_OK, NULL);
+  CHECK(c.sliding[1] && !c.sliding[2] && c.nope[2] && !c.nope[3], "cohere2: sliding_window_pattern 3");
+  c = parse(ctx, "{\"model_type\": \"cohere2\", " HF_SHAPE ", \"sliding_window\": null}", ATTN_OK, NULL);
+  CHECK(c.nope[0] && c.nope[3], "cohere2 without a window: no layer rotates");
+  c = parse(ctx, "{\"model_type\": \"exaone4\", " HF_SHAPE ", \"sliding_window\": 4096, \"sliding_window_pattern\": \"LLLG\","
+                 " \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"sliding_attention\","
+                 " \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\"]}", ATTN_OK, NULL);
+  CHECK(c.sliding[0] && !c.sliding[1] && c.nope[1] && !c.nope[0] && c.nope[7], "exaone4: full layers without RoPE");
+  parse(ctx, "{\"model_type\": \"exaone4\", " HF_SHAPE ", \"sliding_window\": 4096, \"sliding_window_pattern\": \"LLLG\"}",
+        ATTN_E_FORMAT, "no layer_types");
+  c = parse(ctx, "{\"model_type\": \"exaone4\", " HF_SHAPE ", \"sliding_window\": null}", ATTN_OK, NULL);
+  CHECK(!c.nope[3], "exaone4 without a window: every layer rotates");
+  c = parse(ctx, "{\"model_type\": \"olmo3\", " HF_SHAPE ", \"sliding_window\": 4096, \"rope_theta\": 5e5,"
+                 " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8.0, \"original_max_position_embeddings\": 8192}}",
+            ATTN_OK, NULL);
+  CHECK(c.sliding[2] && !c.sliding[3] && c.rope_global.scaling == ATTN_ROPE_YARN &&
+            c.rope_local.scaling == ATTN_ROPE_DEFAULT && c.rope_local.theta == 5e5 && !c.nope[2] && !c.nope[3],
+        "olmo3: every 4th layer full; rope_scaling on the full layers only");
+  c = parse(ctx, "{\"model_type\": \"qwen2_moe\", " HF_SHAPE ", \"sliding_window\": 32, \"use_sliding_window\": true,"
+                 " \"max_window_layers\": 5}", ATTN_OK, NULL);
+  CHECK(c.sliding[0] && !c.sliding[1] && c.sliding[4] && !c.sliding[6], "qwen2_moe: even layers below max_window_layers");
+  c = parse(ctx, "{\"model_type\": \"dots1\", " HF_SHAPE ", \"sliding_window\": 32, \"max_window_layers\": 5}", ATTN_OK, NULL);
+  CHECK(!c.sliding[4] && c.sliding[5], "dots1: layers from max_window_layers on");
+  c = parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": null}", ATTN_OK, NULL);
+  c = parse(ctx, "{\"model_type\": \"ministral3\", " HF_SHAPE ", \"llama_4_scaling_beta\": 0}", ATTN_OK, NULL);
+
   /* what libattn lacks: refused, naming the field */
+  parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_E_UNSUPPORTED, "clip_qkv (OLMo");
+  parse(ctx, "{" HF_SHAPE ", \"clip_qkv\": 8.0, \"model_type\": \"olmoe\"}", ATTN_E_UNSUPPORTED, "clip_qkv");
+  parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"qk_layernorm\": true}", ATTN_E_UNSUPPORTED, "qk_layernorm");
+  parse(ctx, "{" HF_SHAPE ", \"use_qk_norm\": true, \"model_type\": \"cohere\"}", ATTN_E_UNSUPPORTED, "weight per head");
+  parse(ctx, "{\"model_type\": \"deepseek_v3\", " HF_SHAPE ", \"kv_lora_rank\": 512}", ATTN_E_UNSUPPORTED, "latent");
+  parse(ctx, "{\"model_type\": \"x\", " HF_SHAPE ", \"q_lora_rank\": 1536}", ATTN_E_UNSUPPORTED, "q_lora_rank");
+  parse(ctx, "{\"model_type\": \"falcon_h1\", " HF_SHAPE "}", ATTN_E_UNSUPPORTED, "falcon_h1");
+  parse(ctx, "{\"model_type\": \"x\", " HF_SHAPE ", \"key_multiplier\": 0.5}", ATTN_E_UNSUPPORTED, "key_multiplier");
+  parse(ctx, "{\"model_type\": \"ministral3\", " HF_SHAPE ", \"llama_4_scaling_beta\": 0.1}", ATTN_E_UNSUPPORTED,
+        "llama_4_scaling_beta");
+  parse(ctx, "{\"model_type\": \"gemma3_text\", " HF_SHAPE ", \"use_bidirectional_attention\": true}",
+        ATTN_E_UNSUPPORTED, "use_bidirectional_attention");
+  static const char *const other[] = {"hunyuan_v1_dense", "bitnet", "doge", "qwen3_next", "jetmoe", "deepseek_v2"};
+  for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+    char json[200];
+    snprintf(json, sizeof json, "{\"model_type\": \"%s\", " HF_SHAPE "}", other[i]);
+    parse(ctx, json, ATTN_E_UNSUPPORTED, other[i]);
+  }
+#undef HF_SHAPE
   parse(ctx, "{\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
              " \"attention_chunk_size\": 8192}", ATTN_E_UNSUPPORTED, "attention_chunk_size");
   parse(ctx, "{\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4,"

@@ -1499,6 +1499,23 @@ def _hf_build(kind, L):
             head_dim=16, sliding_window=5, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
             num_local_experts=4, num_experts_per_tok=2, rope_parameters=rp, attention_bias=True,
             **{**dec, "max_position_embeddings": 131072}))
+    elif kind == "cohere":  # RoPE over interleaved pairs
+        model = tf.CohereForCausalLM(tf.CohereConfig(pad_token_id=0, **dec))
+    elif kind.startswith("cohere2"):  # layers 0, 1 sliding with RoPE, layer 2 full without
+        model = tf.Cohere2ForCausalLM(tf.Cohere2Config(sliding_window=5, sliding_window_pattern=3, pad_token_id=0, **dec))
+    elif kind == "glm4":  # interleaved pairs over half the head (partial_rotary_factor's default)
+        model = tf.Glm4ForCausalLM(tf.Glm4Config(head_dim=16, pad_token_id=0, **dec))
+    elif kind.startswith("exaone4"):  # QK-norm; the full layer 2 without RoPE, as a window is set
+        model = tf.Exaone4ForCausalLM(tf.Exaone4Config(sliding_window=5, sliding_window_pattern=3, pad_token_id=0,
+                                                       **dec))
+    elif kind.startswith("olmo3"):  # whole-projection QK-norm; YaRN on the full layer 3 only
+        rs = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+        model = tf.Olmo3ForCausalLM(tf.Olmo3Config(sliding_window=5, rope_scaling=rs, pad_token_id=0,
+                                                   **{**dec, "num_hidden_layers": 4}))
+    elif kind == "granite":  # attention_multiplier as the logits' scale
+        model = tf.GraniteForCausalLM(tf.GraniteConfig(attention_multiplier=0.3, pad_token_id=0, **dec))
+    elif kind == "stablelm":  # partial rotary 0.25
+        model = tf.StableLmForCausalLM(tf.StableLmConfig(pad_token_id=0, **dec))
     elif kind == "gpt2":
         model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=64, n_layer=3, n_head=4, vocab_size=32, n_positions=128,
                                                  scale_attn_by_inverse_layer_idx=True))
@@ -1517,7 +1534,33 @@ def _hf_build(kind, L):
     model.eval()
     folder = tempfile.mkdtemp(prefix=f"attn_hf_{kind}_")
     model.save_pretrained(folder, safe_serialization=True)
+    if kind.endswith("_hub"):
+        _hub_form(folder, model.config, {"sliding_window_pattern": 3} if kind.startswith("cohere2") else {})
     return model, folder
+
+
+def _hub_form(folder, config, extra):
+    """Rewrites folder's config.json as the Hub keeps these families (saved before transformers 5):
+    no layer_types (the family's period says which layers slide), rope_theta and rope_scaling at
+    the top; then checks that transformers reads the rewritten file back into the model's own
+    layer types and RoPE, so that the file is the same model."""
+    import json
+    import transformers as tf
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        c = json.load(f)
+    c.pop("layer_types", None)
+    c.update(extra)  # what transformers 5 reads once and no longer saves (Cohere 2's period)
+    rp = c.pop("rope_parameters")
+    full = rp.get("full_attention", rp)
+    c["rope_theta"] = full["rope_theta"]
+    if full.get("rope_type", "default") != "default":
+        c["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
+    with open(path, "w") as f:
+        json.dump(c, f)
+    back = tf.AutoConfig.from_pretrained(folder)
+    assert back.layer_types == config.layer_types, (back.layer_types, config.layer_types)
+    assert back.rope_parameters == config.rope_parameters, (back.rope_parameters, config.rope_parameters)
 
 
 def _hf_attention_module(model, kind, L):
@@ -1753,6 +1796,15 @@ if have_transformers:
         # transformers' own decoding, not its full forward
         ("Phi3Attention (qkv_proj packed, GQA, longrope past P, partial rotary)", "phi3", dict(cached=False)),
         ("SmolLM3Attention (a NoPE layer: no_rope_layers)", "smollm3", {}),
+        ("CohereAttention (RoPE over interleaved pairs)", "cohere", {}),
+        ("Cohere2Attention (sliding layer: interleaved RoPE, window 5)", "cohere2", {}),
+        ("Cohere2Attention (full layer: no RoPE), config.json as on the Hub", "cohere2_hub", dict(L=2)),
+        ("Glm4Attention (interleaved RoPE over half the head)", "glm4", {}),
+        ("Exaone4Attention (QK-norm, full layer without RoPE), config.json as on the Hub", "exaone4_hub", dict(L=2)),
+        ("Olmo3Attention (sliding layer: default RoPE beside YaRN), config.json as on the Hub", "olmo3_hub", {}),
+        ("Olmo3Attention (full layer: YaRN)", "olmo3", dict(L=3)),
+        ("GraniteAttention (attention_multiplier)", "granite", {}),
+        ("StableLmAttention (partial rotary 0.25)", "stablelm", {}),
         ("T5Attention (no scaling, relative bias as an additive mask, d_kv 24)", "t5",
          dict(L=0, causal=False, pad=True, cached=False)),
     ]
@@ -1765,6 +1817,34 @@ if have_transformers:
             continue
         for check, (err, bound) in probe.items():
             case(FAM, f"{title}: {check}", lambda e=err, b=bound: (e, b))
+
+    def refused(build, needle):
+        """A family whose attention libattn does not compute, saved by transformers: from_hf refuses
+        it naming what differs, where reading it as a Llama layer would give other numbers."""
+        import shutil
+        import tempfile
+        import transformers as tf
+        dec = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=32, max_position_embeddings=128, pad_token_id=0)
+        folder = tempfile.mkdtemp(prefix="attn_hf_refused_")
+        try:
+            build(tf, dec).save_pretrained(folder, safe_serialization=True)
+            try:
+                attn.MultiheadAttention.from_hf(folder, 1)
+            except attn.AttnError as e:
+                assert needle in str(e), str(e)
+                return 0.0
+            raise AssertionError("loaded")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    case(FAM, "OlmoAttention with clip_qkv: refused naming clip_qkv",
+         lambda: refused(lambda tf, d: tf.OlmoForCausalLM(tf.OlmoConfig(clip_qkv=0.5, **d)), "clip_qkv"))
+    case(FAM, "CohereAttention with use_qk_norm (a weight per head): refused naming use_qk_norm",
+         lambda: refused(lambda tf, d: tf.CohereForCausalLM(tf.CohereConfig(use_qk_norm=True, **d)), "use_qk_norm"))
+    case(FAM, "HunYuanDenseV1Attention (QK-norm after RoPE): refused naming its model_type",
+         lambda: refused(lambda tf, d: tf.HunYuanDenseV1ForCausalLM(tf.HunYuanDenseV1Config(head_dim=16, **d)),
+                         "hunyuan_v1_dense"))
 
 print("worst relative error per family:")
 for fam, err in worst.items():

@@ -8,6 +8,7 @@
 #include "json.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #define HF_CONFIG_CAP ((int64_t)16 << 20)
@@ -37,6 +38,8 @@ typedef struct hf_raw {
   unsigned char types[ATTN_HF_MAX_LAYERS]; /* 1: sliding_attention */
   int64_t nrope, nope_interval;            /* no_rope_layers' length (UNSET: not given), its interval */
   unsigned char use_rope[ATTN_HF_MAX_LAYERS]; /* no_rope_layers: 1 RoPE, 0 none */
+  int pattern_text;                        /* sliding_window_pattern given as a string (EXAONE 4's "LLLG") */
+  char lacking[48];                        /* the first key that asks for what libattn lacks, or "" */
 } hf_raw;
 
 static void rope_unset(hf_rope *r) {
@@ -211,10 +214,31 @@ static attn_status rope_layers(attn__json *j, hf_raw *r) {
   return attn__json_each_item(j, rope_layer, r);
 }
 
-/* A key whose true (or non-null) value asks for what libattn lacks. */
-static attn_status lacking(attn__json *j, const char *k, const char *what) {
+/* A key whose true, non-zero or non-null value asks for what libattn lacks: remembered, and
+ * refused once the model_type (which may come later in the file) can name what it means. */
+static attn_status lacking(attn__json *j, hf_raw *r, const char *k) {
   if (lit(j, "null") || lit(j, "false")) return ATTN_OK;
-  return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s (%s) is not supported", k, what);
+  const int c = attn__json_peek(j);
+  if (c == '-' || (c >= '0' && c <= '9')) {
+    double x = NAN;
+    attn_status st = attn__json_double(j, &x);
+    if (st || x == 0) return st; /* 0: off */
+  } else {
+    attn_status st = attn__json_skip(j, 1);
+    if (st) return st;
+  }
+  if (!r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "%s", k);
+  return ATTN_OK;
+}
+
+/* sliding_window_pattern: a period (Gemma 3, Cohere 2, EXAONE 4), or EXAONE 4's string, which
+ * transformers leaves to layer_types. */
+static attn_status pattern(attn__json *j, hf_raw *r) {
+  if (attn__json_peek(j) == '"') {
+    r->pattern_text = 1;
+    return attn__json_skip(j, 1);
+  }
+  return int_or_null(j, "sliding_window_pattern", &r->pattern);
 }
 
 static attn_status top_key(attn__json *j, const char *k, void *arg) {
@@ -243,13 +267,14 @@ static attn_status top_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "sliding_window")) return int_or_null(j, k, &r->sliding_window);
   if (key_is(k, "no_rope_layers")) return rope_layers(j, r);
   if (key_is(k, "no_rope_layer_interval")) return int_or_null(j, k, &r->nope_interval);
-  if (key_is(k, "attention_chunk_size")) return lacking(j, k, "Llama 4's chunked attention");
-  if (key_is(k, "use_qk_norm")) return lacking(j, k, "Llama 4's QK-norm without weights");
-  if (key_is(k, "attn_temperature_tuning")) return lacking(j, k, "Llama 4's temperature on NoPE layers");
+  if (key_is(k, "attention_chunk_size") || key_is(k, "use_qk_norm") || key_is(k, "attn_temperature_tuning") ||
+      key_is(k, "clip_qkv") || key_is(k, "qk_layernorm") || key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank") ||
+      key_is(k, "key_multiplier") || key_is(k, "llama_4_scaling_beta") || key_is(k, "use_bidirectional_attention"))
+    return lacking(j, r, k);
   if (key_is(k, "layer_types")) return layer_types(j, r);
   if (key_is(k, "use_sliding_window")) return boolean(j, k, &r->use_sliding);
   if (key_is(k, "max_window_layers")) return int_or_null(j, k, &r->max_window_layers);
-  if (key_is(k, "sliding_window_pattern")) return int_or_null(j, k, &r->pattern);
+  if (key_is(k, "sliding_window_pattern")) return pattern(j, r);
   if (key_is(k, "attn_logit_softcapping")) return num_or_null(j, &r->softcap);
   if (key_is(k, "query_pre_attn_scalar")) return num_or_null(j, &r->qpas);
   if (key_is(k, "attention_multiplier")) return num_or_null(j, &r->multiplier);
@@ -334,14 +359,74 @@ static attn_status rope_opts_of(attn__json *j, attn_rope_opts *o, const hf_rope 
   return ATTN_OK;
 }
 
+/* What transformers assumes of a family where its config is silent, and its RoPE layout. */
+typedef struct family_facts {
+  const char *type;
+  double theta;    /* rope_theta when absent; 0: 10000 */
+  double partial;  /* partial_rotary_factor when absent; 0: 1 */
+  int interleaved; /* pairs (2i, 2i + 1): rotate_half over even and odd dims */
+} family_facts;
+
+static const family_facts *facts_of(const char *type) {
+  static const family_facts facts[] = {
+      {"cohere", 5e5, 0, 1},      {"cohere2", 0, 0, 1},       {"glm", 0, 0.5, 1},        {"glm4", 0, 0.5, 1},
+      {"helium", 1e5, 0, 1},      {"ernie4_5", 5e5, 0, 1},    {"gptj", 0, 0, 1},         {"llama4", 5e5, 0, 1},
+      {"stablelm", 0, 0.25, 0},   {"persimmon", 0, 0.5, 0},   {"phi", 0, 0.5, 0},        {"nemotron", 0, 0.5, 0},
+      {"gpt_neox", 0, 0.25, 0},   {"olmo3", 5e5, 0, 0},       {"apertus", 1.2e7, 0, 0},  {"mixtral", 1e6, 0, 0},
+      {"smollm3", 2e6, 0, 0},     {"gpt_oss", 1.5e5, 0, 0},   {"bitnet", 5e5, 0, 0},     {"exaone", 5e5, 0, 0},
+      {NULL, 0, 0, 0}};
+  for (const family_facts *f = facts; f->type; f++)
+    if (!strcmp(type, f->type)) return f;
+  return NULL;
+}
+
+/* A key the config set that asks for what libattn lacks: what it means, by family. */
+static const char *lacking_what(const char *k, const char *type) {
+  if (key_is(k, "use_qk_norm"))
+    return !strncmp(type, "cohere", 6) ? "Cohere's LayerNorm of q and k with a weight per head"
+                                       : "Llama 4's QK-norm without weights, after RoPE";
+  if (key_is(k, "attention_chunk_size")) return "Llama 4's chunked attention";
+  if (key_is(k, "attn_temperature_tuning")) return "Llama 4's temperature on NoPE layers";
+  if (key_is(k, "clip_qkv")) return "OLMo's clamp of q, k and v";
+  if (key_is(k, "qk_layernorm")) return "a LayerNorm of q and k: StableLM's one per head, Persimmon's and Phi's biased";
+  if (key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank")) return "DeepSeek's multi-head latent attention";
+  if (key_is(k, "key_multiplier")) return "Falcon-H1's multiplier of the keys";
+  if (key_is(k, "llama_4_scaling_beta")) return "Ministral 3's query scale growing with the position";
+  if (key_is(k, "use_bidirectional_attention")) return "bidirectional attention, whose window looks both ways";
+  return "a feature of another attention";
+}
+
 static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
   static const char *const rope_families[] = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
                                               "gemma", "gemma2", "gemma3", "gemma3_text", "phi", "phi3", "gpt_neox",
                                               "gptj", "olmo", "olmo2", "granite", "stablelm", "cohere", "starcoder2",
-                                              "persimmon", "internlm2", "deepseek_v2", "smollm3", "gpt_oss", NULL};
+                                              "persimmon", "internlm2", "deepseek_v2", "smollm3", "gpt_oss", "cohere2",
+                                              "glm", "glm4", "helium", "ernie4_5", "olmo3", "olmoe", "exaone4",
+                                              "apertus", "seed_oss", "arcee", "dots1", "nemotron", "ministral",
+                                              "granitemoe", "llama4", "llama4_text", NULL};
+  /* families whose attention differs from the one libattn computes in a way no key states */
+  static const char *const other_attention[][2] = {
+      {"hunyuan_v1_dense", "its QK-norm after RoPE"}, {"hunyuan_v1_moe", "its QK-norm after RoPE"},
+      {"bitnet", "a norm of the attention's output before o_proj"}, {"doge", "its dynamic mask"},
+      {"qwen3_next", "its gated output"}, {"jetmoe", "its mixture of attention heads"},
+      {"deepseek_v2", "multi-head latent attention"}, {"deepseek_v3", "multi-head latent attention"},
+      {"kimi_k2", "multi-head latent attention"}, {"falcon_h1", "its multiplier of the keys"}, {NULL, NULL}};
   memset(out, 0, sizeof *out);
   out->size = sizeof *out;
   memcpy(out->model_type, r->model_type, sizeof out->model_type);
+  char shown[40];
+  attn__sanitize(shown, sizeof shown, r->model_type, strlen(r->model_type));
+  for (int i = 0; other_attention[i][0]; i++)
+    if (!strcmp(r->model_type, other_attention[i][0]))
+      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "model_type '%s' (%s) is not supported", shown,
+                           other_attention[i][1]);
+  if (r->lacking[0])
+    return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s (%s) is not supported", r->lacking,
+                         lacking_what(r->lacking, r->model_type));
+  const family_facts *facts = facts_of(r->model_type);
+  if (facts && isnan(r->theta) && facts->theta > 0) r->theta = facts->theta;
+  if (facts && isnan(r->partial) && r->rotary_dim <= 0 && facts->partial > 0) r->partial = facts->partial;
+  if (!strcmp(r->model_type, "cohere2")) r->head_dim = UNSET; /* transformers sets hidden / heads whatever is said */
   if (r->hidden < 1 || r->heads < 1)
     return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path,
                          "the config names no hidden size and head count (hidden_size/n_embd/d_model, "
@@ -361,7 +446,9 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
                          (long long)out->num_layers, ATTN_HF_MAX_LAYERS);
   out->scale = !isnan(r->qpas) ? (r->qpas > 0 ? 1.0 / sqrt(r->qpas) : NAN)
              : !isnan(r->multiplier) ? r->multiplier
-             : !strcmp(r->model_type, "t5") || r->scale_attn_weights == 0 ? 1.0 : NAN;
+             : !strcmp(r->model_type, "t5") || r->scale_attn_weights == 0 ? 1.0
+             : !strncmp(r->model_type, "granite", 7) ? 1.0 /* Granite's attention_multiplier when unsaid */
+             : NAN;
   out->scale_inverse_layer = r->scale_inverse_layer == 1;
   out->relative_bias = r->relative_bias == 1;
   if (!isnan(r->qpas) && !(r->qpas > 0))
@@ -377,11 +464,21 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
     out->sliding_window = r->sliding_window;
     for (int64_t l = 0; l < L; l++) {
       int s;
+      /* without layer_types, each family's rule as transformers applies it */
+      const char *t = r->model_type;
       if (r->ntypes > 0) s = l < r->ntypes && r->types[l];
-      else if (!strcmp(r->model_type, "gemma2")) s = l % 2 == 0;
-      else if (!strcmp(r->model_type, "gemma3") || !strcmp(r->model_type, "gemma3_text"))
-        s = (l + 1) % (r->pattern > 0 ? r->pattern : 6) != 0;
-      else if (!strcmp(r->model_type, "qwen2") || !strcmp(r->model_type, "qwen3")) s = r->use_sliding == 1 && l >= r->max_window_layers;
+      else if (!strcmp(t, "gemma2")) s = l % 2 == 0;
+      else if (!strcmp(t, "gemma3") || !strcmp(t, "gemma3_text") || !strcmp(t, "cohere2") || !strcmp(t, "exaone4") ||
+               !strcmp(t, "olmo3")) {
+        if (r->pattern_text)
+          return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path,
+                               "sliding_window_pattern is a string and there are no layer_types to say which layers slide");
+        const int64_t period = !strcmp(t, "olmo3") ? 4 : r->pattern > 0 ? r->pattern : t[0] == 'g' ? 6 : 4;
+        s = (l + 1) % period != 0;
+      } else if (!strcmp(t, "qwen2") || !strcmp(t, "qwen3")) s = r->use_sliding == 1 && l >= r->max_window_layers;
+      else if (!strcmp(t, "qwen2_moe")) s = r->use_sliding == 1 && l % 2 == 0 && l < r->max_window_layers;
+      else if (!strcmp(t, "qwen3_moe")) s = r->use_sliding == 1;
+      else if (!strcmp(t, "dots1")) s = l >= r->max_window_layers;
       else s = r->use_sliding != 0; /* Mistral and the like: every layer, unless said otherwise */
       out->sliding[l] = (unsigned char)s;
     }
@@ -397,6 +494,9 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
     if ((st = rope_opts_of(j, &out->rope_global, g, r, "rope"))) return st;
     if (r->local.present) {
       if ((st = rope_opts_of(j, &out->rope_local, &r->local, r, "sliding_attention"))) return st;
+    } else if (!strcmp(r->model_type, "olmo3")) { /* rope_scaling is the full layers' alone */
+      attn_rope_opts_init(&out->rope_local);
+      out->rope_local.theta = !isnan(r->theta) ? r->theta : 5e5;
     } else {
       out->rope_local = out->rope_global;
       if (!isnan(r->local_base)) { /* Gemma 3: its own base, no scaling, on the sliding layers */
@@ -424,7 +524,7 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
         return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path,
                              "longrope's short_factor and long_factor have %d entries; %lld rotary dims make %lld pairs",
                              lr[i]->nshort, (long long)(rd ? rd : out->head_dim), (long long)((rd ? rd : out->head_dim) / 2));
-    if (!strcmp(r->model_type, "gptj")) out->rope_global.layout = out->rope_local.layout = ATTN_ROPE_INTERLEAVED;
+    if (facts && facts->interleaved) out->rope_global.layout = out->rope_local.layout = ATTN_ROPE_INTERLEAVED;
     /* NoPE layers: SmolLM3's list, or its default, every interval-th layer */
     if (r->nrope >= 0 && L > 0 && r->nrope != L)
       return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "no_rope_layers has %lld entries for %lld layers",
@@ -432,6 +532,9 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
     const int64_t every = r->nope_interval > 0 ? r->nope_interval : 4;
     for (int64_t l = 0; l < (L > 0 ? L : r->nrope); l++)
       out->nope[l] = r->nrope >= 0 ? !r->use_rope[l] : !strcmp(r->model_type, "smollm3") && (l + 1) % every == 0;
+    /* Cohere 2 and EXAONE 4 (with a window) rotate their sliding layers only */
+    if (!strcmp(r->model_type, "cohere2") || (!strcmp(r->model_type, "exaone4") && out->sliding_window > 0))
+      for (int64_t l = 0; l < L; l++) out->nope[l] |= !out->sliding[l];
   }
   return ATTN_OK;
 }

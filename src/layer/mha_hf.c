@@ -111,7 +111,8 @@ static void layer_from_config(attn_hf_layer *info, attn_mha_config *like) {
 /* What the config says and the tensors must agree with. */
 static attn_status check_against_config(attn_ctx *ctx, const attn_hf_layer *info, const attn_mha *m,
                                         const char *config_path) {
-  static const char *const qk_normed[] = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", NULL};
+  static const char *const qk_normed[] = {"qwen3",   "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "olmo3",
+                                          "olmoe",   "exaone4",   "apertus", "dots1",      NULL};
   static const char *const with_sinks[] = {"gpt_oss", NULL};
   const attn_hf_config *c = &info->config;
   const attn_mha_config *g = &m->cfg;
