@@ -60,7 +60,7 @@ static void read_case(fuzz_reader *r, mcase *c) {
   if (E != H * D || fuzz_pick(r, 3) == 0) c->cfg.head_dim = D;
   c->cfg.bias = (int)fuzz_pick(r, 2);
   c->cfg.out_bias = (int)fuzz_pick(r, 3) - 1;
-  c->cfg.qk_norm = (int)fuzz_pick(r, 3);
+  c->cfg.qk_norm = (int)fuzz_pick(r, 4); /* none, per head, whole, each head its own */
   c->cfg.qk_norm_kind = (attn_norm_kind)fuzz_pick(r, 3);
   c->cross = fuzz_pick(r, 3) == 0;
   if (c->cross) {

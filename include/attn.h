@@ -512,7 +512,8 @@ ATTN_API attn_status attn_rope_ref(attn_ctx *ctx, attn_tensor *out, const attn_t
  *   RMS_PLUS_ONE   y = x / sqrt(mean(x^2) + eps) * (1 + w)          (Gemma)
  *   LAYER          y = (x - mean(x)) / sqrt(var(x) + eps) * w + b   (b may be NULL: 0)
  * x and out are [B, H, N, F] (f32, f16, bf16, or f64 kept in double: the
- * float64 path; any strides; out may be x itself), w and b f32 [F]; eps > 0. */
+ * float64 path; any strides; out may be x itself), w and b f32 [F] shared by
+ * the heads or [H, F], each head its own (Cohere); eps > 0. */
 typedef enum attn_norm_kind {
   ATTN_NORM_RMS = 0,
   ATTN_NORM_RMS_PLUS_ONE = 1,
@@ -522,8 +523,9 @@ typedef enum attn_norm_kind {
 ATTN_API attn_status attn_head_norm(attn_ctx *ctx, attn_tensor *out, const attn_tensor *x, const attn_tensor *weight,
                                     const attn_tensor *bias, attn_norm_kind kind, double eps);
 /* Its backward, given dout = dL/dout: dx [B, H, N, F] f32 or f64 (overwritten; may be
- * dout itself), dweight and dbias f32 [F] (each may be NULL; overwritten with
- * the sum over every row, in row order: the same for any thread count). */
+ * dout itself), dweight and dbias f32 shaped as weight (each may be NULL; overwritten
+ * with the sum over every row, or every row of the head, in row order: the same
+ * for any thread count). */
 ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, attn_tensor *dweight, attn_tensor *dbias,
                                              const attn_tensor *dout, const attn_tensor *x, const attn_tensor *weight,
                                              attn_norm_kind kind, double eps);
@@ -549,7 +551,7 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
  * layers only. What the config asks for and libattn lacks (PhiMoE's longrope
  * mscales, relative position embeddings in BERT, an unknown layer type, Llama
  * 4's chunked attention, weightless QK-norm and temperature tuning, clip_qkv,
- * qk_layernorm, Cohere's use_qk_norm, kv_lora_rank / q_lora_rank,
+ * qk_layernorm, use_qk_norm but Cohere's, kv_lora_rank / q_lora_rank,
  * key_multiplier, llama_4_scaling_beta, use_bidirectional_attention; the
  * model_types hunyuan_v1_*, bitnet, doge, qwen3_next, jetmoe, deepseek_v2/v3,
  * kimi_k2, falcon_h1) is ATTN_E_UNSUPPORTED naming the field or the type,
@@ -576,6 +578,8 @@ typedef struct attn_hf_config {
   /* Added in 0.3. */
   unsigned char nope[ATTN_HF_MAX_LAYERS]; /* 1: layer L takes no RoPE (SmolLM3's no_rope_layers[L] = 0;
                                              Cohere 2's and EXAONE 4's full layers) */
+  int qk_norm;                /* 1: the config says q and k are normed (Cohere's use_qk_norm: a LayerNorm,
+                                 each head its own weights); families that always norm say nothing here */
 } attn_hf_config;
 
 /* Reads path (a config.json) into *out. */
@@ -835,7 +839,7 @@ typedef struct attn_mha_config {
   /* QK-norm: q and k normed after their projection and before RoPE, as
    * attn_head_norm defines it, with learned weights (parameters Q_NORM_*,
    * K_NORM_*). */
-  int qk_norm;                 /* ATTN_QK_NORM_NONE, _PER_HEAD or _WHOLE */
+  int qk_norm;                 /* ATTN_QK_NORM_NONE, _PER_HEAD, _WHOLE or _EACH_HEAD */
   attn_norm_kind qk_norm_kind; /* RMS (Qwen3, OLMo 2), RMS_PLUS_ONE (Gemma 3) or LAYER (with biases) */
   double qk_norm_eps;          /* > 0; attn_mha_config_init sets 1e-6 */
   /* Added in 0.3. Learned attention sinks (gpt-oss): parameter SINKS [H], one
@@ -850,7 +854,9 @@ typedef struct attn_mha_config {
 enum {
   ATTN_QK_NORM_NONE = 0,
   ATTN_QK_NORM_PER_HEAD = 1, /* over each head's D features; weights [D] shared by the heads (Qwen3, Gemma 3) */
-  ATTN_QK_NORM_WHOLE = 2     /* over the whole projection: q over H*D, k over Hk*D; weights [H*D], [Hk*D] (OLMo 2) */
+  ATTN_QK_NORM_WHOLE = 2,    /* over the whole projection: q over H*D, k over Hk*D; weights [H*D], [Hk*D] (OLMo 2) */
+  ATTN_QK_NORM_EACH_HEAD = 3 /* over each head's D features; weights [H, D] and [Hk, D], each head its own
+                                (Cohere's use_qk_norm); added in 0.3 */
 };
 
 /* Parameters, in PyTorch Linear layout (y = x W^T + b):
@@ -990,7 +996,8 @@ typedef struct attn_mha_names {
  * and v biases (all three or none: some without the others is
  * ATTN_E_UNSUPPORTED naming the missing one), out_bias = o's, QK-norm (both
  * weights or neither) per head when they are [D], whole when [H*D] and
- * [Hk*D]; a norm bias needs qk_norm_kind LAYER (ATTN_E_INVALID naming it);
+ * [Hk*D], each head its own when [H, D] and [Hk, D] (Cohere); a norm bias
+ * needs qk_norm_kind LAYER (ATTN_E_INVALID naming it);
  * sinks when the naming's SINKS tensor is there ([H]). */
 ATTN_API attn_status attn_mha_create_from_tensors(attn_ctx *ctx, attn_mha **out, const attn_safetensors *st,
                                                   const char *prefix, const attn_mha_names *names,

@@ -15,6 +15,7 @@ typedef struct norm_call {
   attn_norm_kind kind;
   double eps;
   int64_t B, H, N, F;
+  int per_head; /* w (and b) are [H, F]: each head its own */
 } norm_call;
 
 static int64_t row_offset(const attn_tensor *t, const norm_call *c, int64_t row) {
@@ -38,10 +39,17 @@ static void row_stats(const norm_call *c, int64_t xo, double *centre, double *in
   *inv = 1.0 / sqrt(sq / (double)c->F + c->eps);
 }
 
-static double scale_of(const norm_call *c, int64_t f) {
-  const double w = ((const float *)c->w->data)[f * c->w->strides[0]];
+/* Entry f of head h's weights (or biases): [F] shared, or row h of [H, F]. */
+static double param_at(const attn_tensor *p, const norm_call *c, int64_t h, int64_t f) {
+  return ((const float *)p->data)[c->per_head ? h * p->strides[0] + f * p->strides[1] : f * p->strides[0]];
+}
+
+static double scale_of(const norm_call *c, int64_t h, int64_t f) {
+  const double w = param_at(c->w, c, h, f);
   return c->kind == ATTN_NORM_RMS_PLUS_ONE ? 1.0 + w : w;
 }
+
+static int64_t head_of(const norm_call *c, int64_t row) { return (row / c->N) % c->H; }
 
 static int64_t rows_items(const void *arg, int64_t round) {
   (void)round;
@@ -55,13 +63,13 @@ static void forward_run(const void *arg, void *scratch, int64_t round, int64_t f
   const attn_tensor *x = c->x;
   attn_tensor *o = c->out;
   for (int64_t row = first; row < last; row++) {
-    const int64_t xo = row_offset(x, c, row), oo = row_offset(o, c, row);
+    const int64_t xo = row_offset(x, c, row), oo = row_offset(o, c, row), h = head_of(c, row);
     double centre, inv;
     row_stats(c, xo, &centre, &inv);
     for (int64_t f = 0; f < c->F; f++) {
       const double xh = (attn__load(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
-      const double bias = c->b ? ((const float *)c->b->data)[f * c->b->strides[0]] : 0.0;
-      attn__store(o->data, o->dtype, oo + f * o->strides[3], xh * scale_of(c, f) + bias); /* f64 keeps every bit */
+      const double bias = c->b ? param_at(c->b, c, h, f) : 0.0;
+      attn__store(o->data, o->dtype, oo + f * o->strides[3], xh * scale_of(c, h, f) + bias); /* f64 keeps every bit */
     }
   }
 }
@@ -77,11 +85,12 @@ static void backward_run(const void *arg, void *scratch, int64_t round, int64_t 
   double *u = scratch;
   for (int64_t row = first; row < last; row++) {
     const int64_t xo = row_offset(x, c, row), go = row_offset(g, c, row), dxo = row_offset(dx, c, row);
+    const int64_t h = head_of(c, row);
     double centre, inv, mu = 0, mux = 0;
     row_stats(c, xo, &centre, &inv);
     for (int64_t f = 0; f < c->F; f++) {
       const double xh = (attn__load(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
-      u[f] = attn__load(g->data, g->dtype, go + f * g->strides[3]) * scale_of(c, f);
+      u[f] = attn__load(g->data, g->dtype, go + f * g->strides[3]) * scale_of(c, h, f);
       mu += u[f];
       mux += u[f] * xh;
     }
@@ -112,8 +121,8 @@ static attn_status norm_prepare(attn_ctx *ctx, norm_call *c, attn_tensor *out, c
   attn_status st;
   memset(c, 0, sizeof *c);
   if ((st = attn__check_tensor(ctx, x, "x", 4)) || (st = attn__check_tensor(ctx, out, "out", 4)) ||
-      (st = attn__check_writable(ctx, out, "out")) || (st = attn__check_tensor(ctx, w, "weight", 1)) ||
-      (b && (st = attn__check_tensor(ctx, b, "bias", 1))))
+      (st = attn__check_writable(ctx, out, "out")) || (st = attn__check_tensor(ctx, w, "weight", w && w->rank == 2 ? 2 : 1)) ||
+      (b && (st = attn__check_tensor(ctx, b, "bias", w->rank))))
     return st;
   if ((int)kind < ATTN_NORM_RMS || kind > ATTN_NORM_LAYER) return attn__fail(ctx, ATTN_E_INVALID, "%s: unknown kind %d", fn, (int)kind);
   if (!(eps > 0) || !isfinite(eps)) return attn__fail(ctx, ATTN_E_INVALID, "%s: eps must be finite and > 0, got %g", fn, eps);
@@ -126,8 +135,12 @@ static attn_status norm_prepare(attn_ctx *ctx, norm_call *c, attn_tensor *out, c
   for (int i = 0; i < 4; i++)
     if (out->shape[i] != x->shape[i]) return attn__fail(ctx, ATTN_E_SHAPE, "%s: out must have x's shape", fn);
   c->B = x->shape[0], c->H = x->shape[1], c->N = x->shape[2], c->F = x->shape[3];
-  if (w->shape[0] != c->F || (b && b->shape[0] != c->F))
-    return attn__fail(ctx, ATTN_E_SHAPE, "%s: weight and bias must be [F] = [%lld]", fn, (long long)c->F);
+  c->per_head = w->rank == 2;
+  const int64_t lead = c->per_head ? c->H : c->F;
+  if (w->shape[0] != lead || (c->per_head && w->shape[1] != c->F) ||
+      (b && (b->shape[0] != lead || (c->per_head && b->shape[1] != c->F))))
+    return attn__fail(ctx, ATTN_E_SHAPE, "%s: weight and bias must be [F] = [%lld] or [H, F] = [%lld, %lld]", fn,
+                      (long long)c->F, (long long)c->H, (long long)c->F);
   if ((st = identical_or_apart(ctx, out, x, fn, "out", "x"))) return st;
   c->x = x, c->w = w, c->b = b, c->out = out, c->kind = kind, c->eps = eps;
   return ATTN_OK;
@@ -161,32 +174,39 @@ attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, attn_tensor 
   if ((st = identical_or_apart(ctx, dx, dout, "attn_head_norm_backward", "dx", "dout"))) return st;
   attn_tensor *pg[2] = {dweight, dbias};
   for (int i = 0; i < 2; i++)
-    if (pg[i] && ((st = attn__check_tensor(ctx, pg[i], i ? "dbias" : "dweight", 1)) ||
-                  (st = attn__check_writable(ctx, pg[i], i ? "dbias" : "dweight")) ||
-                  pg[i]->dtype != ATTN_F32 || pg[i]->shape[0] != c.F))
-      return st ? st : attn__fail(ctx, ATTN_E_SHAPE, "attn_head_norm_backward: %s must be f32 [F] = [%lld]",
-                                  i ? "dbias" : "dweight", (long long)c.F);
+    if (pg[i] && ((st = attn__check_tensor(ctx, pg[i], i ? "dbias" : "dweight", weight->rank)) ||
+                  (st = attn__check_writable(ctx, pg[i], i ? "dbias" : "dweight")) || pg[i]->dtype != ATTN_F32 ||
+                  pg[i]->rank != weight->rank || pg[i]->shape[0] != weight->shape[0] ||
+                  (c.per_head && pg[i]->shape[1] != c.F)))
+      return st ? st : attn__fail(ctx, ATTN_E_SHAPE, "attn_head_norm_backward: %s must be f32 and shaped as weight",
+                                  i ? "dbias" : "dweight");
   if (dbias && kind != ATTN_NORM_LAYER)
     return attn__fail(ctx, ATTN_E_INVALID, "attn_head_norm_backward: dbias goes with LAYER only");
   c.g = dout;
   const int64_t rows = c.B * c.H * c.N;
   /* the parameters' gradients first (serially, in row order, in double): dx may overwrite dout */
-  double *acc = calloc((size_t)(2 * c.F + 1), sizeof(double));
+  const int64_t sets = c.per_head ? c.H : 1, n = sets * c.F; /* the weight holds n floats */
+  double *acc = calloc((size_t)(2 * n + 1), sizeof(double));
   if (!acc) return attn__fail(ctx, ATTN_E_NOMEM, "attn_head_norm_backward: out of memory");
   for (int64_t row = 0; row < rows && (dweight || dbias); row++) {
     const int64_t xo = row_offset(x, &c, row), go = row_offset(dout, &c, row);
+    double *aw = acc + (c.per_head ? head_of(&c, row) * c.F : 0), *ab = aw + n;
     double centre, inv;
     row_stats(&c, xo, &centre, &inv);
     for (int64_t f = 0; f < c.F; f++) {
       const double gf = attn__load(dout->data, dout->dtype, go + f * dout->strides[3]);
-      acc[f] += gf * (attn__load(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
-      acc[c.F + f] += gf;
+      aw[f] += gf * (attn__load(x->data, x->dtype, xo + f * x->strides[3]) - centre) * inv;
+      ab[f] += gf;
     }
   }
-  for (int64_t f = 0; f < c.F; f++) {
-    if (dweight) ((float *)dweight->data)[f * dweight->strides[0]] = (float)acc[f];
-    if (dbias) ((float *)dbias->data)[f * dbias->strides[0]] = (float)acc[c.F + f];
-  }
+  for (int64_t s = 0; s < sets; s++)
+    for (int64_t f = 0; f < c.F; f++) {
+      const int64_t i = s * c.F + f;
+      if (dweight) ((float *)dweight->data)[s * (c.per_head ? dweight->strides[0] : 0) +
+                                            f * dweight->strides[c.per_head]] = (float)acc[i];
+      if (dbias) ((float *)dbias->data)[s * (c.per_head ? dbias->strides[0] : 0) + f * dbias->strides[c.per_head]] =
+          (float)acc[n + i];
+    }
   free(acc);
   if (rows == 0 || c.F == 0) return ATTN_OK;
   static const attn__phase phases[] = {{"rows", rows_items, backward_run, 0}};

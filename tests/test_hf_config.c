@@ -194,7 +194,11 @@ int main(void) {
   parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_E_UNSUPPORTED, "clip_qkv (OLMo");
   parse(ctx, "{" HF_SHAPE ", \"clip_qkv\": 8.0, \"model_type\": \"olmoe\"}", ATTN_E_UNSUPPORTED, "clip_qkv");
   parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"qk_layernorm\": true}", ATTN_E_UNSUPPORTED, "qk_layernorm");
-  parse(ctx, "{" HF_SHAPE ", \"use_qk_norm\": true, \"model_type\": \"cohere\"}", ATTN_E_UNSUPPORTED, "weight per head");
+  c = parse(ctx, "{" HF_SHAPE ", \"use_qk_norm\": true, \"model_type\": \"cohere\"}", ATTN_OK, NULL);
+  CHECK(c.qk_norm == 1, "cohere: use_qk_norm read");
+  c = parse(ctx, "{\"model_type\": \"cohere\", " HF_SHAPE ", \"use_qk_norm\": false}", ATTN_OK, NULL);
+  CHECK(c.qk_norm == 0, "cohere: use_qk_norm false");
+  parse(ctx, "{" HF_SHAPE ", \"use_qk_norm\": true, \"model_type\": \"llama4_text\"}", ATTN_E_UNSUPPORTED, "Llama 4");
   parse(ctx, "{\"model_type\": \"deepseek_v3\", " HF_SHAPE ", \"kv_lora_rank\": 512}", ATTN_E_UNSUPPORTED, "latent");
   parse(ctx, "{\"model_type\": \"x\", " HF_SHAPE ", \"q_lora_rank\": 1536}", ATTN_E_UNSUPPORTED, "q_lora_rank");
   parse(ctx, "{\"model_type\": \"falcon_h1\", " HF_SHAPE "}", ATTN_E_UNSUPPORTED, "falcon_h1");

@@ -97,6 +97,19 @@ static void create_and_views(attn_ctx *ctx) {
     expect_param(ctx, m, ATTN_MHA_Q_NORM_BIAS, 12, 0);
     attn_mha_destroy(m);
   }
+  /* Cohere-like: LayerNorm with each head's own weights [H, D], [Hk, D], and its biases alike */
+  attn_mha_config_init(&c, 12, 4);
+  c.num_kv_heads = 2;
+  c.qk_norm = ATTN_QK_NORM_EACH_HEAD;
+  c.qk_norm_kind = ATTN_NORM_LAYER;
+  if ((m = make(ctx, &c))) {
+    float *wq = expect_param(ctx, m, ATTN_MHA_Q_NORM_WEIGHT, 4, 3), *wk = expect_param(ctx, m, ATTN_MHA_K_NORM_WEIGHT, 2, 3);
+    float *bk = expect_param(ctx, m, ATTN_MHA_K_NORM_BIAS, 2, 3);
+    int start = wq && wk && bk;
+    for (int i = 0; start && i < 12; i++) start &= wq[i] == 1.0f && (i >= 6 || (wk[i] == 1.0f && bk[i] == 0.0f));
+    CHECK(start, "EACH_HEAD: every head's weights 1 and biases 0");
+    attn_mha_destroy(m);
+  }
 }
 
 static void refused_configs(attn_ctx *ctx) {
@@ -123,7 +136,7 @@ static void refused_configs(attn_ctx *ctx) {
   c.out_bias = 2;
   CHECK_ERR(ctx, attn_mha_create(ctx, &m, &c), ATTN_E_INVALID, "out_bias");
   c.out_bias = -1;
-  c.qk_norm = 3;
+  c.qk_norm = 4;
   CHECK_ERR(ctx, attn_mha_create(ctx, &m, &c), ATTN_E_INVALID, "qk_norm");
   c.qk_norm = ATTN_QK_NORM_PER_HEAD;
   c.qk_norm_kind = (attn_norm_kind)7;
@@ -212,6 +225,8 @@ static void ref_norm_rope(const lcase *c, double *rows, int64_t nrows, int64_t N
     if (c->qk_norm == ATTN_QK_NORM_WHOLE) ref_norm(x, heads * c->D, w, b, c->kind, c->eps);
     else if (c->qk_norm == ATTN_QK_NORM_PER_HEAD)
       for (int64_t h = 0; h < heads; h++) ref_norm(x + h * c->D, c->D, w, b, c->kind, c->eps);
+    else if (c->qk_norm == ATTN_QK_NORM_EACH_HEAD) /* head h's own row of [heads, D] */
+      for (int64_t h = 0; h < heads; h++) ref_norm(x + h * c->D, c->D, w + h * c->D, b ? b + h * c->D : NULL, c->kind, c->eps);
     if (c->rope)
       for (int64_t h = 0; h < heads; h++) ref_rope(x + h * c->D, c->D, r % N);
   }
@@ -599,8 +614,8 @@ static lcase random_case(tu_rng *r, int i) {
    * rounding has nothing to be relative to */
   c.E = c.H * c.D + tu_int(r, -3, 3);
   if (c.E < 2) c.E = 2 + tu_int(r, 0, 2);
-  c.qk_norm = i % 3;                   /* none, per head, whole */
-  c.kind = (attn_norm_kind)((i / 3) % 3);
+  c.qk_norm = i % 4;                   /* none, per head, whole, each head its own */
+  c.kind = (attn_norm_kind)((i / 4) % 3);
   c.eps = i % 2 ? 1e-6 : 1e-2;
   c.bias = (int)tu_int(r, 0, 1);
   c.out_bias = (int)tu_int(r, -1, 1);
@@ -713,7 +728,7 @@ int main(int argc, char **argv) {
   refused_configs(ctx);
   mismatches(ctx);
   no_keys(ctx);
-  compute_cases(ctx, argc > 1 ? atoi(argv[1]) : 36);
+  compute_cases(ctx, argc > 1 ? atoi(argv[1]) : 48);
   attn_ctx_destroy(ctx);
   return tu_finish("test_mha_qknorm");
 }

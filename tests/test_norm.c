@@ -25,24 +25,29 @@ typedef struct ncase {
   attn_norm_kind kind;
   double eps;
   int bias, permuted, in_place;
+  int per_head; /* weights and biases [H, F], each head its own */
   attn_dtype xdt;
 } ncase;
 
 static void run_case(attn_ctx *ctx, const ncase *c, int seed) {
   tu_rng r = {(uint64_t)seed * 7 + 3};
-  const int64_t rows = c->B * c->H * c->N, n = rows * c->F, s4[4] = {c->B, c->H, c->N, c->F}, s1[1] = {c->F};
+  const int64_t rows = c->B * c->H * c->N, n = rows * c->F, s4[4] = {c->B, c->H, c->N, c->F};
+  /* the parameters: [F], or [H, F] with each head's own */
+  const int64_t np = c->per_head ? c->H * c->F : c->F, s1[2] = {c->per_head ? c->H : c->F, c->F};
+  const int prank = c->per_head ? 2 : 1;
+#define PARAMS_OF(row) (c->per_head ? ((row) / c->N % c->H) * c->F : 0) /* row's offset into the parameters */
   float *x = malloc(sizeof(float) * (size_t)(n + 1)), *g = malloc(sizeof(float) * (size_t)(n + 1));
-  float *w = malloc(sizeof(float) * (size_t)c->F), *b = malloc(sizeof(float) * (size_t)c->F);
+  float *w = malloc(sizeof(float) * (size_t)np), *b = malloc(sizeof(float) * (size_t)np);
   for (int64_t e = 0; e < n; e++) x[e] = tu_round_through((float)(2 * tu_uniform(&r) + 0.3), c->xdt);
-  tu_fill_f32(&r, g, n, 1), tu_fill_f32(&r, w, c->F, 1), tu_fill_f32(&r, b, c->F, 0.5);
+  tu_fill_f32(&r, g, n, 1), tu_fill_f32(&r, w, np, 1), tu_fill_f32(&r, b, np, 0.5);
   /* x's storage in its dtype, viewed [B, H, N, F] over [B, N, H, F] memory when permuted */
   const size_t es = attn_dtype_size(c->xdt);
   void *xs = malloc(es * (size_t)(n + 1));
   attn_tensor tx = attn_tensor_view(xs, c->xdt, 4, s4);
   if (c->permuted) tx.strides[1] = c->F, tx.strides[2] = c->H * c->F, tx.strides[0] = c->N * c->H * c->F;
   double *xd = malloc(sizeof(double) * (size_t)(n + 1)), *want = malloc(sizeof(double) * (size_t)(n + 1));
-  double *wd = malloc(sizeof(double) * (size_t)c->F), *bd = malloc(sizeof(double) * (size_t)c->F);
-  for (int64_t f = 0; f < c->F; f++) wd[f] = w[f], bd[f] = b[f];
+  double *wd = malloc(sizeof(double) * (size_t)np), *bd = malloc(sizeof(double) * (size_t)np);
+  for (int64_t f = 0; f < np; f++) wd[f] = w[f], bd[f] = b[f];
   for (int64_t bb = 0; bb < c->B; bb++)
     for (int64_t h = 0; h < c->H; h++)
       for (int64_t t = 0; t < c->N; t++)
@@ -52,12 +57,13 @@ static void run_case(attn_ctx *ctx, const ncase *c, int seed) {
           xd[e] = x[e];
         }
   for (int64_t row = 0; row < rows; row++)
-    norm_row(want + row * c->F, xd + row * c->F, wd, c->bias ? bd : NULL, c->F, c->kind, c->eps);
-  attn_tensor tw = attn_tensor_view(w, ATTN_F32, 1, s1), tb = attn_tensor_view(b, ATTN_F32, 1, s1);
-  char desc[160];
-  snprintf(desc, sizeof desc, "case %d: B%lld H%lld N%lld F%lld kind %d bias %d permuted %d in place %d %s", seed,
-           (long long)c->B, (long long)c->H, (long long)c->N, (long long)c->F, (int)c->kind, c->bias, c->permuted,
-           c->in_place, attn_dtype_name(c->xdt));
+    norm_row(want + row * c->F, xd + row * c->F, wd + PARAMS_OF(row), c->bias ? bd + PARAMS_OF(row) : NULL, c->F,
+             c->kind, c->eps);
+  attn_tensor tw = attn_tensor_view(w, ATTN_F32, prank, s1), tb = attn_tensor_view(b, ATTN_F32, prank, s1);
+  char desc[180];
+  snprintf(desc, sizeof desc, "case %d: B%lld H%lld N%lld F%lld kind %d bias %d permuted %d in place %d per head %d %s",
+           seed, (long long)c->B, (long long)c->H, (long long)c->N, (long long)c->F, (int)c->kind, c->bias, c->permuted,
+           c->in_place, c->per_head, attn_dtype_name(c->xdt));
   /* forward */
   float *out = malloc(sizeof(float) * (size_t)(n + 1));
   tu_poison_f32(out, n);
@@ -76,28 +82,29 @@ static void run_case(attn_ctx *ctx, const ncase *c, int seed) {
   if (in_place) /* restore x for the backward */
     for (int64_t e = 0; e < n; e++) ((float *)xs)[e] = x[e];
   /* backward: against central differences of the double forward, for L = sum(g * y) */
-  float *dx = malloc(sizeof(float) * (size_t)(n + 1)), *dw = malloc(sizeof(float) * (size_t)c->F);
-  float *db = malloc(sizeof(float) * (size_t)c->F);
-  tu_poison_f32(dx, n), tu_poison_f32(dw, c->F), tu_poison_f32(db, c->F);
+  float *dx = malloc(sizeof(float) * (size_t)(n + 1)), *dw = malloc(sizeof(float) * (size_t)np);
+  float *db = malloc(sizeof(float) * (size_t)np);
+  tu_poison_f32(dx, n), tu_poison_f32(dw, np), tu_poison_f32(db, np);
   attn_tensor tdx = attn_tensor_view(dx, ATTN_F32, 4, s4), tg = attn_tensor_view(g, ATTN_F32, 4, s4);
-  attn_tensor tdw = attn_tensor_view(dw, ATTN_F32, 1, s1), tdb = attn_tensor_view(db, ATTN_F32, 1, s1);
+  attn_tensor tdw = attn_tensor_view(dw, ATTN_F32, prank, s1), tdb = attn_tensor_view(db, ATTN_F32, prank, s1);
   CHECK_OK(ctx, attn_head_norm_backward(ctx, &tdx, &tdw, c->kind == ATTN_NORM_LAYER ? &tdb : NULL, &tg, &tx, &tw,
                                         c->kind, c->eps));
   double *yp = malloc(sizeof(double) * (size_t)c->F), *ym = malloc(sizeof(double) * (size_t)c->F);
   const double hstep = 1e-5;
   double en = 0, ed = 0, wn = 0, wdn = 0, bn = 0, bdn = 0;
-  double *dwf = calloc((size_t)c->F, sizeof(double)), *dbf = calloc((size_t)c->F, sizeof(double));
+  double *dwf = calloc((size_t)np, sizeof(double)), *dbf = calloc((size_t)np, sizeof(double));
   double *ones = malloc(sizeof(double) * (size_t)c->F);
   for (int64_t f = 0; f < c->F; f++) ones[f] = 1;
   for (int64_t row = 0; row < rows; row++) {
     double *xr = xd + row * c->F;
     const float *gr = g + row * c->F;
+    const double *wr = wd + PARAMS_OF(row), *br = c->bias ? bd + PARAMS_OF(row) : NULL;
     for (int64_t f = 0; f < c->F; f++) { /* dx */
       const double keep = xr[f];
       xr[f] = keep + hstep;
-      norm_row(yp, xr, wd, c->bias ? bd : NULL, c->F, c->kind, c->eps);
+      norm_row(yp, xr, wr, br, c->F, c->kind, c->eps);
       xr[f] = keep - hstep;
-      norm_row(ym, xr, wd, c->bias ? bd : NULL, c->F, c->kind, c->eps);
+      norm_row(ym, xr, wr, br, c->F, c->kind, c->eps);
       xr[f] = keep;
       double fd = 0;
       for (int64_t k = 0; k < c->F; k++) fd += gr[k] * (yp[k] - ym[k]) / (2 * hstep);
@@ -108,11 +115,12 @@ static void run_case(attn_ctx *ctx, const ncase *c, int seed) {
      * from y = xhat s(w) + b with s' = 1 */
     norm_row(yp, xr, ones, NULL, c->F, c->kind == ATTN_NORM_LAYER ? ATTN_NORM_LAYER : ATTN_NORM_RMS, c->eps);
     for (int64_t f = 0; f < c->F; f++) {
-      dwf[f] += gr[f] * yp[f];
-      dbf[f] += gr[f];
+      dwf[PARAMS_OF(row) + f] += gr[f] * yp[f];
+      dbf[PARAMS_OF(row) + f] += gr[f];
     }
   }
-  for (int64_t f = 0; f < c->F; f++) {
+#undef PARAMS_OF
+  for (int64_t f = 0; f < np; f++) {
     wn += (dw[f] - dwf[f]) * (dw[f] - dwf[f]), wdn += dwf[f] * dwf[f];
     if (c->kind == ATTN_NORM_LAYER) bn += (db[f] - dbf[f]) * (db[f] - dbf[f]), bdn += dbf[f] * dbf[f];
   }
@@ -120,12 +128,12 @@ static void run_case(attn_ctx *ctx, const ncase *c, int seed) {
   CHECK(sqrt(wn / (wdn > 0 ? wdn : 1)) <= 1e-5, "%s: dweight rel L2 %.3g", desc, sqrt(wn / (wdn > 0 ? wdn : 1)));
   if (c->kind == ATTN_NORM_LAYER) CHECK(sqrt(bn / (bdn > 0 ? bdn : 1)) <= 1e-5, "%s: dbias rel L2 %.3g", desc, sqrt(bn / (bdn > 0 ? bdn : 1)));
   /* the same gradients, bitwise, on another thread count; and dx written over dout */
-  float *dx2 = malloc(sizeof(float) * (size_t)(n + 1)), *dw2 = malloc(sizeof(float) * (size_t)c->F);
+  float *dx2 = malloc(sizeof(float) * (size_t)(n + 1)), *dw2 = malloc(sizeof(float) * (size_t)np);
   memcpy(dx2, g, sizeof(float) * (size_t)n);
-  attn_tensor tdx2 = attn_tensor_view(dx2, ATTN_F32, 4, s4), tdw2 = attn_tensor_view(dw2, ATTN_F32, 1, s1);
+  attn_tensor tdx2 = attn_tensor_view(dx2, ATTN_F32, 4, s4), tdw2 = attn_tensor_view(dw2, ATTN_F32, prank, s1);
   attn_ctx_set_threads(ctx, attn_ctx_threads(ctx) == 1 ? 3 : 1);
   CHECK_OK(ctx, attn_head_norm_backward(ctx, &tdx2, &tdw2, NULL, &tdx2, &tx, &tw, c->kind, c->eps));
-  CHECK(!memcmp(dx, dx2, sizeof(float) * (size_t)n) && !memcmp(dw, dw2, sizeof(float) * (size_t)c->F),
+  CHECK(!memcmp(dx, dx2, sizeof(float) * (size_t)n) && !memcmp(dw, dw2, sizeof(float) * (size_t)np),
         "%s: the backward differs between thread counts (or in place over dout)", desc);
   free(x), free(g), free(w), free(b), free(xs), free(xd), free(want), free(wd), free(bd), free(out), free(dx);
   free(dw), free(db), free(yp), free(ym), free(dwf), free(dbf), free(dx2), free(dw2), free(ones);
@@ -192,6 +200,13 @@ static void errors(attn_ctx *ctx) {
   CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw, NULL, ATTN_NORM_RMS, NAN), ATTN_E_INVALID, "eps");
   CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw, &tb, ATTN_NORM_RMS, 1e-6), ATTN_E_INVALID, "LAYER");
   CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw3, NULL, ATTN_NORM_RMS, 1e-6), ATTN_E_SHAPE, "weight");
+  float wide[12] = {0}, wide2[8] = {0};
+  const int64_t s34[2] = {3, 4}, s24[2] = {2, 4};
+  attn_tensor tw34 = attn_tensor_view(wide, ATTN_F32, 2, s34), tw24 = attn_tensor_view(wide2, ATTN_F32, 2, s24);
+  CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw34, NULL, ATTN_NORM_RMS, 1e-6), ATTN_E_SHAPE, "[H, F]");
+  CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw24, &tb, ATTN_NORM_LAYER, 1e-6), ATTN_E_SHAPE, "bias");
+  CHECK_ERR(ctx, attn_head_norm_backward(ctx, &to, &tw, NULL, &tx, &tx, &tw24, ATTN_NORM_RMS, 1e-6), ATTN_E_SHAPE,
+            "dweight");
   CHECK_ERR(ctx, attn_head_norm(ctx, &to, &tx, &tw, NULL, (attn_norm_kind)7, 1e-6), ATTN_E_INVALID, "kind");
   CHECK_ERR(ctx, attn_head_norm(ctx, &shifted, &tx, &tw, NULL, ATTN_NORM_RMS, 1e-6), ATTN_E_INVALID, "overlaps");
   int untouched = 1;
@@ -212,6 +227,7 @@ int main(void) {
     c.bias = c.kind == ATTN_NORM_LAYER && tu_int(&r, 0, 1);
     c.permuted = tu_int(&r, 0, 1), c.in_place = tu_int(&r, 0, 1);
     c.xdt = dts[tu_int(&r, 0, 2)];
+    c.per_head = seed % 3 == 2;
     attn_ctx_set_threads(ctx, seed % 2 ? 3 : 1);
     run_case(ctx, &c, seed);
   }

@@ -17,7 +17,7 @@ MASK_KEEP, MASK_MASKED, MASK_ADDITIVE, MASK_SEED = 0, 1, 2, 3
  MHA_O_BIAS, MHA_Q_NORM_WEIGHT, MHA_Q_NORM_BIAS, MHA_K_NORM_WEIGHT, MHA_K_NORM_BIAS, MHA_SINKS,
  MHA_NUM_PARAMS) = range(14)
 # QK-norm's scope (ATTN_QK_NORM_*) and attn_norm_kind
-QK_NORM_NONE, QK_NORM_PER_HEAD, QK_NORM_WHOLE = 0, 1, 2
+QK_NORM_NONE, QK_NORM_PER_HEAD, QK_NORM_WHOLE, QK_NORM_EACH_HEAD = 0, 1, 2, 3
 NORM_RMS, NORM_RMS_PLUS_ONE, NORM_LAYER = 0, 1, 2
 
 _c_enum = ctypes.c_int  # C enums with small values are int-sized on every ABI we target
@@ -174,6 +174,7 @@ class HfConfig(ctypes.Structure):  # filled by the library (attn_mha_create_from
         ("scale_inverse_layer", ctypes.c_int),
         ("relative_bias", ctypes.c_int),
         ("nope", ctypes.c_ubyte * 1024),
+        ("qk_norm", ctypes.c_int),
     ]
 
 

@@ -46,7 +46,8 @@ class MultiheadAttention:
     out_proj [E, H*D]); out_bias (None: as bias) whether the out projection
     has a bias apart from q/k/v's; qk_norm ('per_head': weights [D] shared by
     the heads, as Qwen3 and Gemma 3; 'whole': over the whole projection,
-    [H*D] and [Hk*D], as OLMo 2) normalises q and k after their projection
+    [H*D] and [Hk*D], as OLMo 2; 'each_head': over each head's D features with
+    its own weights, [H, D] and [Hk, D], as Cohere) normalises q and k after their projection
     and before RoPE, by qk_norm_kind 'rms', 'rms_plus_one' (Gemma: 1 + w) or
     'layer' (with biases) with qk_norm_eps. Its parameters are "q_norm.weight",
     "k_norm.weight" (and "q_norm.bias", "k_norm.bias" for 'layer'), starting
@@ -56,7 +57,8 @@ class MultiheadAttention:
     differentiated by grad(); the sinks= keyword of a call then must be None.
     """
 
-    _QK_NORM = {None: _capi.QK_NORM_NONE, "per_head": _capi.QK_NORM_PER_HEAD, "whole": _capi.QK_NORM_WHOLE}
+    _QK_NORM = {None: _capi.QK_NORM_NONE, "per_head": _capi.QK_NORM_PER_HEAD, "whole": _capi.QK_NORM_WHOLE,
+                "each_head": _capi.QK_NORM_EACH_HEAD}
     _NORM_KIND = {"rms": _capi.NORM_RMS, "rms_plus_one": _capi.NORM_RMS_PLUS_ONE, "layer": _capi.NORM_LAYER}
     # QK-norm's parameters by name (attn_mha_param_view: read and written here, not by name in the library)
     _NORM_PARAMS = {"q_norm.weight": _capi.MHA_Q_NORM_WEIGHT, "q_norm.bias": _capi.MHA_Q_NORM_BIAS,
@@ -91,7 +93,7 @@ class MultiheadAttention:
             cfg.head_dim = operator.index(head_dim or 0)
             cfg.out_bias = -1 if out_bias is None else (1 if out_bias else 0)
             if qk_norm not in self._QK_NORM:
-                raise ValueError(f"qk_norm must be None, 'per_head' or 'whole', got {qk_norm!r}")
+                raise ValueError(f"qk_norm must be None, 'per_head', 'whole' or 'each_head', got {qk_norm!r}")
             if qk_norm_kind not in self._NORM_KIND:
                 raise ValueError(f"qk_norm_kind must be 'rms', 'rms_plus_one' or 'layer', got {qk_norm_kind!r}")
             cfg.qk_norm = self._QK_NORM[qk_norm]

@@ -638,16 +638,17 @@ else:
         output Linear: forward and the gradients of the input and every parameter, in float64."""
         def run():
             B, eps = 2, 1e-6
-            nq, nk = (D, D) if scope == "per_head" else (H * D, Hk * D)
+            nq, nk = {"per_head": (D, D), "whole": (H * D, Hk * D), "each_head": ((H, D), (Hk, D))}[scope]
             dbl = lambda *shape: torch.randn(*shape, dtype=torch.float64)  # noqa: E731
+            nq, nk = (nq if isinstance(nq, tuple) else (nq,)), (nk if isinstance(nk, tuple) else (nk,))
             P = {"q_proj_weight": dbl(H * D, E) * 0.3, "k_proj_weight": dbl(Hk * D, E) * 0.3,
                  "v_proj_weight": dbl(Hk * D, E) * 0.3, "out_proj.weight": dbl(E, H * D) * 0.3,
-                 "q_norm.weight": 1 + 0.3 * dbl(nq), "k_norm.weight": 1 + 0.3 * dbl(nk)}
+                 "q_norm.weight": 1 + 0.3 * dbl(*nq), "k_norm.weight": 1 + 0.3 * dbl(*nk)}
             if kind == "rms_plus_one":
                 P["q_norm.weight"] -= 1
                 P["k_norm.weight"] -= 1
             if kind == "layer":
-                P["q_norm.bias"], P["k_norm.bias"] = 0.2 * dbl(nq), 0.2 * dbl(nk)
+                P["q_norm.bias"], P["k_norm.bias"] = 0.2 * dbl(*nq), 0.2 * dbl(*nk)
             if bias:
                 P["in_proj_bias"] = dbl(H * D + 2 * Hk * D) * 0.1
             if out_bias:
@@ -658,10 +659,15 @@ else:
             G = dbl(B, L, E)
 
             def norm(t, w, b, heads):  # t [B, L, heads*D]
-                shape = (B, L, heads, D) if scope == "per_head" else (B, L, heads * D)
+                shape = (B, L, heads * D) if scope == "whole" else (B, L, heads, D)
                 t = t.reshape(shape)
                 F_ = shape[-1:]
-                if kind == "layer":
+                if scope == "each_head":  # head h by row h of w [heads, D] (Cohere)
+                    if kind == "layer":
+                        y = F.layer_norm(t, F_, None, None, eps) * w + b
+                    else:
+                        y = F.rms_norm(t, F_, None, eps) * (w + 1 if kind == "rms_plus_one" else w)
+                elif kind == "layer":
                     y = F.layer_norm(t, F_, w, b, eps)
                 else:
                     y = F.rms_norm(t, F_, w + 1 if kind == "rms_plus_one" else w, eps)
@@ -711,7 +717,9 @@ else:
               dict(E=20, H=4, Hk=1, D=6, scope="per_head", kind="rms_plus_one", bias=False, out_bias=True, rope=True),
               dict(E=16, H=2, Hk=2, D=12, scope="whole", kind="rms", bias=False),
               dict(E=30, H=6, Hk=3, D=4, scope="whole", kind="layer", out_bias=True),
-              dict(E=18, H=3, Hk=3, D=4, scope="per_head", kind="layer", rope=True)]:
+              dict(E=18, H=3, Hk=3, D=4, scope="per_head", kind="layer", rope=True),
+              dict(E=20, H=4, Hk=2, D=6, scope="each_head", kind="layer", out_bias=False, rope=True),
+              dict(E=16, H=2, Hk=1, D=8, scope="each_head", kind="rms", bias=False)]:
         desc = ",".join(f"{k}={v}" for k, v in g.items())
         case(QKN, desc, qk_norm_case(**g))
 
@@ -1501,6 +1509,8 @@ def _hf_build(kind, L):
             **{**dec, "max_position_embeddings": 131072}))
     elif kind == "cohere":  # RoPE over interleaved pairs
         model = tf.CohereForCausalLM(tf.CohereConfig(pad_token_id=0, **dec))
+    elif kind == "cohere_qk_norm":  # and a LayerNorm of q and k, each head its own weights
+        model = tf.CohereForCausalLM(tf.CohereConfig(pad_token_id=0, use_qk_norm=True, **dec))
     elif kind.startswith("cohere2"):  # layers 0, 1 sliding with RoPE, layer 2 full without
         model = tf.Cohere2ForCausalLM(tf.Cohere2Config(sliding_window=5, sliding_window_pattern=3, pad_token_id=0, **dec))
     elif kind == "glm4":  # interleaved pairs over half the head (partial_rotary_factor's default)
@@ -1797,6 +1807,7 @@ if have_transformers:
         ("Phi3Attention (qkv_proj packed, GQA, longrope past P, partial rotary)", "phi3", dict(cached=False)),
         ("SmolLM3Attention (a NoPE layer: no_rope_layers)", "smollm3", {}),
         ("CohereAttention (RoPE over interleaved pairs)", "cohere", {}),
+        ("CohereAttention (use_qk_norm: LayerNorm, weights [H, D] and [Hk, D])", "cohere_qk_norm", {}),
         ("Cohere2Attention (sliding layer: interleaved RoPE, window 5)", "cohere2", {}),
         ("Cohere2Attention (full layer: no RoPE), config.json as on the Hub", "cohere2_hub", dict(L=2)),
         ("Glm4Attention (interleaved RoPE over half the head)", "glm4", {}),
@@ -1840,8 +1851,6 @@ if have_transformers:
 
     case(FAM, "OlmoAttention with clip_qkv: refused naming clip_qkv",
          lambda: refused(lambda tf, d: tf.OlmoForCausalLM(tf.OlmoConfig(clip_qkv=0.5, **d)), "clip_qkv"))
-    case(FAM, "CohereAttention with use_qk_norm (a weight per head): refused naming use_qk_norm",
-         lambda: refused(lambda tf, d: tf.CohereForCausalLM(tf.CohereConfig(use_qk_norm=True, **d)), "use_qk_norm"))
     case(FAM, "HunYuanDenseV1Attention (QK-norm after RoPE): refused naming its model_type",
          lambda: refused(lambda tf, d: tf.HunYuanDenseV1ForCausalLM(tf.HunYuanDenseV1Config(head_dim=16, **d)),
                          "hunyuan_v1_dense"))

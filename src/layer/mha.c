@@ -71,8 +71,9 @@ static attn_status resolve_config(attn_ctx *ctx, attn_mha_config *c) {
   if (c->out_bias == -1) c->out_bias = c->bias != 0;
   c->bias = c->bias != 0;
   if (c->sinks != 0 && c->sinks != 1) return attn__fail(ctx, ATTN_E_INVALID, "sinks must be 0 or 1, got %d", c->sinks);
-  if (c->qk_norm < ATTN_QK_NORM_NONE || c->qk_norm > ATTN_QK_NORM_WHOLE)
-    return attn__fail(ctx, ATTN_E_INVALID, "qk_norm must be ATTN_QK_NORM_NONE, _PER_HEAD or _WHOLE, got %d", c->qk_norm);
+  if (c->qk_norm < ATTN_QK_NORM_NONE || c->qk_norm > ATTN_QK_NORM_EACH_HEAD)
+    return attn__fail(ctx, ATTN_E_INVALID, "qk_norm must be ATTN_QK_NORM_NONE, _PER_HEAD, _WHOLE or _EACH_HEAD, got %d",
+                      c->qk_norm);
   if (c->qk_norm) {
     if ((int)c->qk_norm_kind < ATTN_NORM_RMS || c->qk_norm_kind > ATTN_NORM_LAYER)
       return attn__fail(ctx, ATTN_E_INVALID, "qk_norm_kind must be ATTN_NORM_RMS, _RMS_PLUS_ONE or _LAYER, got %d",
@@ -98,10 +99,13 @@ attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config
   m->head_dim = D;
   m->q_dim = qd;
   m->kv_dim = kv;
-  /* QK-norm's weights: [D] shared by the heads, or [H*D] and [Hk*D] over the whole projections */
-  const int64_t qn = c.qk_norm == ATTN_QK_NORM_WHOLE ? qd : D, kn = c.qk_norm == ATTN_QK_NORM_WHOLE ? kv : D;
+  /* QK-norm's weights: [D] shared by the heads, [H*D] and [Hk*D] over the whole projections, or
+   * [H, D] and [Hk, D], each head its own */
+  const int each = c.qk_norm == ATTN_QK_NORM_EACH_HEAD, nd = each ? D : 0;
+  const int64_t qn = c.qk_norm == ATTN_QK_NORM_WHOLE ? qd : each ? c.num_heads : D;
+  const int64_t kn = c.qk_norm == ATTN_QK_NORM_WHOLE ? kv : each ? c.num_kv_heads : D;
   const int64_t r[ATTN_MHA_NUM_PARAMS] = {qd, qd, kv, kv, kv, kv, E, E, qn, qn, kn, kn, c.num_heads};
-  const int64_t k[ATTN_MHA_NUM_PARAMS] = {E, 0, c.kdim, 0, c.vdim, 0, qd, 0, 0, 0, 0, 0, 0};
+  const int64_t k[ATTN_MHA_NUM_PARAMS] = {E, 0, c.kdim, 0, c.vdim, 0, qd, 0, nd, nd, nd, nd, 0};
   const int layer_norm = c.qk_norm && c.qk_norm_kind == ATTN_NORM_LAYER;
   const int present[ATTN_MHA_NUM_PARAMS] = {1, c.bias, 1, c.bias, 1, c.bias, 1, c.out_bias,
                                             c.qk_norm != 0, layer_norm, c.qk_norm != 0, layer_norm, c.sinks};
@@ -136,7 +140,7 @@ attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config
   const int norm_weights[2] = {ATTN_MHA_Q_NORM_WEIGHT, ATTN_MHA_K_NORM_WEIGHT};
   for (int j = 0; j < 2; j++)
     if (m->param[norm_weights[j]])
-      for (int64_t f = 0; f < r[norm_weights[j]]; f++) m->param[norm_weights[j]][f] = identity;
+      for (int64_t f = 0; f < r[norm_weights[j]] * (nd ? nd : 1); f++) m->param[norm_weights[j]][f] = identity;
   if (c.sinks) m->sinks = attn_tensor_view(m->param[ATTN_MHA_SINKS], ATTN_F32, 1, &c.num_heads);
   *out = m;
   return ATTN_OK;
@@ -552,9 +556,10 @@ attn_tensor attn__mha_norm_view(const attn_mha *mha, void *data, int ref, int64_
   return attn__heads_view(data, dt, B, N, heads, mha->head_dim, ld);
 }
 
+/* A vector parameter, or QK-norm's [H, D] of EACH_HEAD. */
 attn_tensor attn__mha_param_vector(const attn_mha *mha, int which) {
-  const int64_t n = mha->rows[which];
-  return attn_tensor_view(mha->param[which], ATTN_F32, 1, &n);
+  const int64_t shape[2] = {mha->rows[which], mha->cols[which]};
+  return attn_tensor_view(mha->param[which], ATTN_F32, mha->cols[which] ? 2 : 1, shape);
 }
 
 attn_status attn__mha_qk_norm(attn_ctx *ctx, const attn_mha *mha, int ref, void *Q, int64_t ldq, void *K, int64_t ldk,

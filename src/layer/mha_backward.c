@@ -203,7 +203,8 @@ static attn_status input_backward(attn_ctx *ctx, const path *p, const attn_mha *
  * when there were no keys (every output row 0, whatever q, k and the sinks). */
 static void zero_attention_grads(attn_mha *grads) {
   for (int i = ATTN_MHA_Q_NORM_WEIGHT; i < ATTN_MHA_NUM_PARAMS; i++)
-    if (grads->param[i]) memset(grads->param[i], 0, (size_t)grads->rows[i] * sizeof(float));
+    if (grads->param[i])
+      memset(grads->param[i], 0, (size_t)(grads->rows[i] * (grads->cols[i] ? grads->cols[i] : 1)) * sizeof(float));
 }
 
 /* dQ [M, H*D] (rows ldq apart) and dK [Mk, Hk*D] (ldk), the gradients of the
@@ -241,7 +242,7 @@ static int same_config(const attn_mha_config *a, const attn_mha_config *b) {
 }
 
 static void fmt_config(char *buf, size_t n, const attn_mha_config *c) {
-  static const char *const scope[] = {"none", "per head", "whole"}, *const kind[] = {"rms", "rms+1", "layer"};
+  static const char *const scope[] = {"none", "per head", "whole", "each head"}, *const kind[] = {"rms", "rms+1", "layer"};
   snprintf(buf, n,
            "embed_dim %lld, heads %lld, kv heads %lld, head_dim %lld, kdim %lld, vdim %lld, bias %s, out bias %s, "
            "qk-norm %s %s eps %g, sinks %s",

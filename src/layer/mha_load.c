@@ -391,7 +391,7 @@ static attn_status load_into(attn_ctx *ctx, attn_mha *m, const attn_safetensors 
     const unsigned mask = members(lay, p);
     attn__st_info in;
     if (!st_info(st, prefix, lay->name[p], &in)) { /* an optional parameter the file lacks: its default */
-      memset(m->param[p], 0, sizeof(float) * (size_t)m->rows[p]);
+      memset(m->param[p], 0, sizeof(float) * (size_t)(m->rows[p] * (m->cols[p] ? m->cols[p] : 1)));
       continue;
     }
     char full[512];
@@ -481,6 +481,21 @@ static attn_status vector_len(attn_ctx *ctx, const attn_safetensors *st, const c
   return ATTN_OK;
 }
 
+/* A QK-norm weight's length, or -1 when absent; [H, D] (a weight per head) gives H * D and *heads = H. */
+static attn_status norm_len(attn_ctx *ctx, const attn_safetensors *st, const char *prefix, const char *name,
+                            int64_t *len, int64_t *heads) {
+  attn__st_info in;
+  *len = *heads = -1;
+  if (!st_info(st, prefix, name, &in)) return ATTN_OK;
+  if (in.rank == 2 && in.shape[0] > 0 && in.shape[1] > 0 && in.shape[0] <= DIM_MAX &&
+      in.shape[1] <= DIM_MAX) {
+    *heads = in.shape[0];
+    *len = in.shape[0] * in.shape[1];
+    return ATTN_OK;
+  }
+  return vector_len(ctx, st, prefix, name, len);
+}
+
 static int present(const attn_safetensors *st, const char *prefix, const attn_mha_names *lay, int p) {
   attn__st_info in;
   return st_info(st, prefix, lay->name[p], &in);
@@ -554,10 +569,11 @@ static attn_status infer(attn_ctx *ctx, const attn_safetensors *st, const char *
                       path, prefix, param_what[miss], lay->name[miss] ? lay->name[miss] : "no name given");
   }
   const int out_bias = present(st, prefix, lay, ATTN_MHA_O_BIAS);
-  /* QK-norm: the weights' length says its scope, [D] per head, [H*D] and [Hk*D] whole */
-  int64_t nq, nk;
-  if ((s = vector_len(ctx, st, prefix, lay->name[ATTN_MHA_Q_NORM_WEIGHT], &nq)) ||
-      (s = vector_len(ctx, st, prefix, lay->name[ATTN_MHA_K_NORM_WEIGHT], &nk)))
+  /* QK-norm: the weights' shape says its scope, [D] per head, [H*D] and [Hk*D] whole, [H, D] and
+   * [Hk, D] each head its own */
+  int64_t nq, nk, hq, hk;
+  if ((s = norm_len(ctx, st, prefix, lay->name[ATTN_MHA_Q_NORM_WEIGHT], &nq, &hq)) ||
+      (s = norm_len(ctx, st, prefix, lay->name[ATTN_MHA_K_NORM_WEIGHT], &nk, &hk)))
     return s;
   int qk_norm = ATTN_QK_NORM_NONE;
   if ((nq < 0) != (nk < 0)) {
@@ -566,14 +582,17 @@ static attn_status infer(attn_ctx *ctx, const attn_safetensors *st, const char *
                       path, prefix, param_what[miss], lay->name[miss] ? lay->name[miss] : "no name given");
   }
   if (nq >= 0) {
-    if (nq == D && nk == D) qk_norm = ATTN_QK_NORM_PER_HEAD;
-    else if (nq == qd && nk == kv) qk_norm = ATTN_QK_NORM_WHOLE;
+    if (hq < 0 && hk < 0 && nq == D && nk == D) qk_norm = ATTN_QK_NORM_PER_HEAD;
+    else if (hq < 0 && hk < 0 && nq == qd && nk == kv) qk_norm = ATTN_QK_NORM_WHOLE;
+    else if (hq == H && hk == Hk && nq == qd && nk == kv) qk_norm = ATTN_QK_NORM_EACH_HEAD;
     else
       return attn__fail(ctx, ATTN_E_SHAPE,
-                        "%s: %s%s is [%lld] and %s%s [%lld]; QK-norm needs [D] = [%lld] for both (per head) or "
-                        "[H*D] = [%lld] and [Hk*D] = [%lld] (whole)",
+                        "%s: %s%s has %lld and %s%s %lld entries; QK-norm needs [D] = [%lld] for both (per head), "
+                        "[H*D] = [%lld] and [Hk*D] = [%lld] (whole), or [H, D] = [%lld, %lld] and [Hk, D] = [%lld, %lld] "
+                        "(each head its own)",
                         path, prefix, lay->name[ATTN_MHA_Q_NORM_WEIGHT], (long long)nq, prefix,
-                        lay->name[ATTN_MHA_K_NORM_WEIGHT], (long long)nk, (long long)D, (long long)qd, (long long)kv);
+                        lay->name[ATTN_MHA_K_NORM_WEIGHT], (long long)nk, (long long)D, (long long)qd, (long long)kv,
+                        (long long)H, (long long)D, (long long)Hk, (long long)D);
   } else {
     for (int p = ATTN_MHA_Q_NORM_BIAS; p <= ATTN_MHA_K_NORM_BIAS; p += 2)
       if (present(st, prefix, lay, p))
@@ -601,9 +620,11 @@ static attn_status infer(attn_ctx *ctx, const attn_safetensors *st, const char *
   cfg->sinks = ns >= 0;
 
   /* the plan the layer will have, for check_file before any allocation */
-  const int64_t nl = qk_norm == ATTN_QK_NORM_WHOLE ? qd : D, nlk = qk_norm == ATTN_QK_NORM_WHOLE ? kv : D;
+  const int each = qk_norm == ATTN_QK_NORM_EACH_HEAD;
+  const int64_t nl = qk_norm == ATTN_QK_NORM_WHOLE ? qd : each ? H : D;
+  const int64_t nlk = qk_norm == ATTN_QK_NORM_WHOLE ? kv : each ? Hk : D, nd = each ? D : 0;
   const int64_t rows[NP] = {qd, qd, kv, kv, kv, kv, E, E, nl, nl, nlk, nlk, H};
-  const int64_t cols[NP] = {E, 0, cfg->kdim, 0, cfg->vdim, 0, qd, 0, 0, 0, 0, 0, 0};
+  const int64_t cols[NP] = {E, 0, cfg->kdim, 0, cfg->vdim, 0, qd, 0, nd, nd, nd, nd, 0};
   const int has[NP] = {1, bias, 1, bias, 1, bias, 1, out_bias, qk_norm != 0, norm_bias, qk_norm != 0, norm_bias,
                        cfg->sinks};
   for (int p = 0; p < NP; p++) {
