@@ -44,12 +44,10 @@ static double yarn_dim(double rotations, double d, double theta, double P) {
 /* freq[0 .. r/2) and the attention factor for opts, with L the call's largest position + 1. */
 static void rope_frequencies(const attn_rope_opts *o, int64_t r, int64_t L, double *freq, double *m) {
   const double d = (double)r, P = (double)o->original_max_position, f = o->factor;
+  const double len = (double)(o->seq_len > 0 ? o->seq_len : L); /* DYNAMIC's and LONGROPE's L */
   double theta = o->theta;
   *m = 1.0;
-  if (o->scaling == ATTN_ROPE_DYNAMIC) {
-    const double len = (double)(o->seq_len > 0 ? o->seq_len : L);
-    if (len > P) theta *= pow(f * len / P - (f - 1.0), d / (d - 2.0));
-  }
+  if (o->scaling == ATTN_ROPE_DYNAMIC && len > P) theta *= pow(f * len / P - (f - 1.0), d / (d - 2.0));
   for (int64_t i = 0; i < r / 2; i++) freq[i] = pow(theta, -2.0 * (double)i / d);
   if (o->scaling == ATTN_ROPE_LINEAR) {
     for (int64_t i = 0; i < r / 2; i++) freq[i] /= f;
@@ -78,7 +76,6 @@ static void rope_frequencies(const attn_rope_opts *o, int64_t r, int64_t L, doub
     }
     *m = isnan(o->attention_factor) ? (f <= 1.0 ? 1.0 : 0.1 * log(f) + 1.0) : o->attention_factor;
   } else if (o->scaling == ATTN_ROPE_LONGROPE) {
-    const double len = (double)(o->seq_len > 0 ? o->seq_len : L);
     const double *e = len > P ? o->long_factor : o->short_factor;
     for (int64_t i = 0; i < r / 2; i++) freq[i] /= e[i];
     *m = isnan(o->attention_factor) ? (f <= 1.0 ? 1.0 : sqrt(1.0 + log(f) / log(P))) : o->attention_factor;

@@ -216,7 +216,8 @@ static attn_status rope_layers(attn__json *j, hf_raw *r) {
 }
 
 /* A key whose true, non-zero or non-null value asks for what libattn lacks: remembered, and
- * refused once the model_type (which may come later in the file) can name what it means. */
+ * refused once the whole file is read (so that a family's own refusal, found by its
+ * model_type, which may come later, is the one reported). */
 static attn_status lacking(attn__json *j, hf_raw *r, const char *k) {
   if (lit(j, "null") || lit(j, "false")) return ATTN_OK;
   const int c = attn__json_peek(j);
@@ -382,8 +383,8 @@ static const family_facts *facts_of(const char *type) {
   return NULL;
 }
 
-/* A key the config set that asks for what libattn lacks: what it means, by family. */
-static const char *lacking_what(const char *k, const char *type) {
+/* What a key that asks for what libattn lacks means. */
+static const char *lacking_what(const char *k) {
   if (key_is(k, "use_qk_norm")) return "Llama 4's QK-norm without weights, after RoPE";
   if (key_is(k, "attention_chunk_size")) return "Llama 4's chunked attention";
   if (key_is(k, "attn_temperature_tuning")) return "Llama 4's temperature on NoPE layers";
@@ -424,7 +425,7 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
   if (r->use_qk_norm == 1 && !cohere && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "use_qk_norm");
   if (r->lacking[0])
     return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s (%s) is not supported", r->lacking,
-                         lacking_what(r->lacking, r->model_type));
+                         lacking_what(r->lacking));
   out->qk_norm = cohere && r->use_qk_norm == 1;
   const family_facts *facts = facts_of(r->model_type);
   if (facts && isnan(r->theta) && facts->theta > 0) r->theta = facts->theta;
