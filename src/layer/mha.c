@@ -140,7 +140,7 @@ attn_status attn_mha_create(attn_ctx *ctx, attn_mha **out, const attn_mha_config
   const int norm_weights[2] = {ATTN_MHA_Q_NORM_WEIGHT, ATTN_MHA_K_NORM_WEIGHT};
   for (int j = 0; j < 2; j++)
     if (m->param[norm_weights[j]])
-      for (int64_t f = 0; f < r[norm_weights[j]] * (nd ? nd : 1); f++) m->param[norm_weights[j]][f] = identity;
+      for (int64_t f = 0; f < attn__mha_param_numel(m, norm_weights[j]); f++) m->param[norm_weights[j]][f] = identity;
   if (c.sinks) m->sinks = attn_tensor_view(m->param[ATTN_MHA_SINKS], ATTN_F32, 1, &c.num_heads);
   *out = m;
   return ATTN_OK;
@@ -154,10 +154,6 @@ void attn_mha_destroy(attn_mha *mha) {
 
 const attn_mha_config *attn_mha_get_config(const attn_mha *mha) { return mha ? &mha->cfg : NULL; }
 
-static attn_tensor param_tensor(attn_mha *m, int which) {
-  int64_t shape[2] = {m->rows[which], m->cols[which]};
-  return attn_tensor_view(m->param[which], ATTN_F32, m->cols[which] ? 2 : 1, shape);
-}
 
 attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, attn_mha_param which) {
   ATTN__ENTER(ctx);
@@ -171,7 +167,7 @@ attn_status attn_mha_param_view(attn_ctx *ctx, attn_tensor *out, attn_mha *mha, 
                       : which == ATTN_MHA_Q_NORM_BIAS || which == ATTN_MHA_K_NORM_BIAS
                           ? "QK-norm biases go with qk_norm_kind LAYER"
                           : "created without qk_norm");
-  *out = param_tensor(mha, which);
+  *out = attn__mha_param(mha, which);
   return ATTN_OK;
 }
 
@@ -556,8 +552,7 @@ attn_tensor attn__mha_norm_view(const attn_mha *mha, void *data, int ref, int64_
   return attn__heads_view(data, dt, B, N, heads, mha->head_dim, ld);
 }
 
-/* A vector parameter, or QK-norm's [H, D] of EACH_HEAD. */
-attn_tensor attn__mha_param_vector(const attn_mha *mha, int which) {
+attn_tensor attn__mha_param(const attn_mha *mha, int which) {
   const int64_t shape[2] = {mha->rows[which], mha->cols[which]};
   return attn_tensor_view(mha->param[which], ATTN_F32, mha->cols[which] ? 2 : 1, shape);
 }
@@ -568,9 +563,9 @@ attn_status attn__mha_qk_norm(attn_ctx *ctx, const attn_mha *mha, int ref, void 
   const int layer = c->qk_norm_kind == ATTN_NORM_LAYER;
   attn_tensor qv = attn__mha_norm_view(mha, Q, ref, B, Nq, c->num_heads, ldq);
   attn_tensor kv = attn__mha_norm_view(mha, K, ref, B, Nk, c->num_kv_heads, ldk);
-  attn_tensor wq = attn__mha_param_vector(mha, ATTN_MHA_Q_NORM_WEIGHT), wk = attn__mha_param_vector(mha, ATTN_MHA_K_NORM_WEIGHT);
-  attn_tensor bq = layer ? attn__mha_param_vector(mha, ATTN_MHA_Q_NORM_BIAS) : wq;
-  attn_tensor bk = layer ? attn__mha_param_vector(mha, ATTN_MHA_K_NORM_BIAS) : wk;
+  attn_tensor wq = attn__mha_param(mha, ATTN_MHA_Q_NORM_WEIGHT), wk = attn__mha_param(mha, ATTN_MHA_K_NORM_WEIGHT);
+  attn_tensor bq = layer ? attn__mha_param(mha, ATTN_MHA_Q_NORM_BIAS) : wq;
+  attn_tensor bk = layer ? attn__mha_param(mha, ATTN_MHA_K_NORM_BIAS) : wk;
   attn_status st = attn_head_norm(ctx, &qv, &qv, &wq, layer ? &bq : NULL, c->qk_norm_kind, c->qk_norm_eps);
   return st ? st : attn_head_norm(ctx, &kv, &kv, &wk, layer ? &bk : NULL, c->qk_norm_kind, c->qk_norm_eps);
 }

@@ -204,7 +204,7 @@ static attn_status input_backward(attn_ctx *ctx, const path *p, const attn_mha *
 static void zero_attention_grads(attn_mha *grads) {
   for (int i = ATTN_MHA_Q_NORM_WEIGHT; i < ATTN_MHA_NUM_PARAMS; i++)
     if (grads->param[i])
-      memset(grads->param[i], 0, (size_t)(grads->rows[i] * (grads->cols[i] ? grads->cols[i] : 1)) * sizeof(float));
+      memset(grads->param[i], 0, (size_t)attn__mha_param_numel(grads, i) * sizeof(float));
 }
 
 /* dQ [M, H*D] (rows ldq apart) and dK [Mk, Hk*D] (ldk), the gradients of the
@@ -221,10 +221,10 @@ static attn_status qk_norm_backward(attn_ctx *ctx, const attn_mha *mha, attn_mha
   for (int i = 0; i < 2; i++) {
     attn_tensor dv = attn__mha_norm_view(mha, d[i], ref, B, N[i], heads[i], ld[i]);
     attn_tensor xv = attn__mha_norm_view(mha, x[i], ref, B, N[i], heads[i], heads[i] * mha->head_dim);
-    attn_tensor w = attn__mha_param_vector(mha, weight[i]), gw, gb;
+    attn_tensor w = attn__mha_param(mha, weight[i]), gw, gb;
     if (grads) {
-      gw = attn__mha_param_vector(grads, weight[i]);
-      if (layer) gb = attn__mha_param_vector(grads, weight[i] + 1); /* the bias follows its weight */
+      gw = attn__mha_param(grads, weight[i]);
+      if (layer) gb = attn__mha_param(grads, weight[i] + 1); /* the bias follows its weight */
     }
     attn_status st = attn_head_norm_backward(ctx, &dv, grads ? &gw : NULL, grads && layer ? &gb : NULL, &dv, &xv, &w,
                                              c->qk_norm_kind, c->qk_norm_eps);
@@ -316,7 +316,7 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
   if (M == 0) { /* no output rows: every gradient is zero */
     if (grads)
       for (int i = 0; i < ATTN_MHA_NUM_PARAMS; i++)
-        if (grads->param[i]) memset(grads->param[i], 0, (size_t)(grads->rows[i] * (grads->cols[i] ? grads->cols[i] : 1)) * sizeof(float));
+        if (grads->param[i]) memset(grads->param[i], 0, (size_t)attn__mha_param_numel(grads, i) * sizeof(float));
     if (dquery) scatter_rows(&p, dquery, NULL);
     if (dkey) scatter_rows(&p, dkey, NULL);
     if (dvalue) scatter_rows(&p, dvalue, NULL);

@@ -63,8 +63,12 @@ attn_status attn__mha_rope(attn_ctx *ctx, const attn_rope_opts *rope, const int6
  * [B, 1, N, heads*D] over the whole projection. */
 attn_tensor attn__mha_norm_view(const attn_mha *mha, void *data, int ref, int64_t B, int64_t N, int64_t heads,
                                 int64_t ld);
-/* An f32 [rows] view of the layer's vector parameter which (present). */
-attn_tensor attn__mha_param_vector(const attn_mha *mha, int which);
+/* An f32 view of the layer's parameter which (present): [rows], or [rows, cols]. */
+attn_tensor attn__mha_param(const attn_mha *mha, int which);
+/* Its number of floats. */
+static inline int64_t attn__mha_param_numel(const attn_mha *mha, int which) {
+  return mha->rows[which] * (mha->cols[which] ? mha->cols[which] : 1);
+}
 /* QK-norm in place on q rows Q [B, Nq, ldq] (H heads) and k rows K [B, Nk, ldk]
  * (Hk heads), in the path's type (double when ref). The layer must have qk_norm. */
 attn_status attn__mha_qk_norm(attn_ctx *ctx, const attn_mha *mha, int ref, void *Q, int64_t ldq, void *K, int64_t ldk,

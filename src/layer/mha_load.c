@@ -391,7 +391,7 @@ static attn_status load_into(attn_ctx *ctx, attn_mha *m, const attn_safetensors 
     const unsigned mask = members(lay, p);
     attn__st_info in;
     if (!st_info(st, prefix, lay->name[p], &in)) { /* an optional parameter the file lacks: its default */
-      memset(m->param[p], 0, sizeof(float) * (size_t)(m->rows[p] * (m->cols[p] ? m->cols[p] : 1)));
+      memset(m->param[p], 0, sizeof(float) * (size_t)attn__mha_param_numel(m, p));
       continue;
     }
     char full[512];
