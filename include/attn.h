@@ -551,7 +551,7 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
  * layers only. What the config asks for and libattn lacks (PhiMoE's longrope
  * mscales, relative position embeddings in BERT, an unknown layer type, Llama
  * 4's chunked attention, weightless QK-norm and temperature tuning, clip_qkv,
- * qk_layernorm, use_qk_norm but Cohere's, kv_lora_rank / q_lora_rank,
+ * qk_layernorm but Phi's, use_qk_norm but Cohere's, kv_lora_rank / q_lora_rank,
  * key_multiplier, llama_4_scaling_beta, use_bidirectional_attention; the
  * model_types hunyuan_v1_*, bitnet, doge, qwen3_next, jetmoe, deepseek_v2/v3,
  * kimi_k2, falcon_h1) is ATTN_E_UNSUPPORTED naming the field or the type,
@@ -579,7 +579,8 @@ typedef struct attn_hf_config {
   unsigned char nope[ATTN_HF_MAX_LAYERS]; /* 1: layer L takes no RoPE (SmolLM3's no_rope_layers[L] = 0;
                                              Cohere 2's and EXAONE 4's full layers) */
   int qk_norm;                /* 1: the config says q and k are normed (Cohere's use_qk_norm: a LayerNorm,
-                                 each head its own weights); families that always norm say nothing here */
+                                 each head its own weights; Phi's qk_layernorm: a LayerNorm with biases,
+                                 shared by the heads); families that always norm say nothing here */
 } attn_hf_config;
 
 /* Reads path (a config.json) into *out. */
@@ -949,7 +950,9 @@ ATTN_API attn_status attn_mha_create_from_safetensors_handle(attn_ctx *ctx, attn
                                                              int64_t num_heads, int64_t num_kv_heads);
 
 /* The parameter namings the loaders recognise, each known by a tell-tale
- * tensor (in brackets), looked for in the order of the enum. Under each
+ * tensor (in brackets), looked for in the order of the enum: the first
+ * naming whose q and o weights are both there, else the first whose q weight
+ * is. Under each
  * family's own layer prefix (e.g. "model.layers.3.self_attn.",
  * "encoder.layer.3.attention.", "h.3.attn.", "transformer.layer.3.attention.",
  * "encoder.block.3.layer.0.SelfAttention."). A bias the file lacks is
@@ -969,8 +972,10 @@ typedef enum attn_mha_naming {
                                          Conv1D layout ([in, out]: transposed relative to Linear) */
   ATTN_MHA_NAMING_T5 = 9,             /* [q.weight] q/k/v/o, no biases */
   ATTN_MHA_NAMING_CUSTOM = 10,        /* a caller's attn_mha_names */
-  ATTN_MHA_NAMING_PHI3 = 11           /* [qkv_proj.weight] q, k, v rows packed, o_proj.weight (Phi-3, Phi-4-mini);
+  ATTN_MHA_NAMING_PHI3 = 11,          /* [qkv_proj.weight] q, k, v rows packed, o_proj.weight (Phi-3, Phi-4-mini);
                                          added in 0.3 */
+  ATTN_MHA_NAMING_PHI = 12            /* [q_proj.weight and dense.weight] q/k/v_proj and dense.{weight,bias},
+                                         q_layernorm/k_layernorm.{weight,bias} (Phi-1, 1.5, 2); added in 0.3 */
 } attn_mha_naming;
 
 /* A caller's naming, for checkpoints of other families: the tensor name of

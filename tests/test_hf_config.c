@@ -194,6 +194,11 @@ int main(void) {
   parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_E_UNSUPPORTED, "clip_qkv (OLMo");
   parse(ctx, "{" HF_SHAPE ", \"clip_qkv\": 8.0, \"model_type\": \"olmoe\"}", ATTN_E_UNSUPPORTED, "clip_qkv");
   parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"qk_layernorm\": true}", ATTN_E_UNSUPPORTED, "qk_layernorm");
+  parse(ctx, "{" HF_SHAPE ", \"qk_layernorm\": true, \"model_type\": \"persimmon\"}", ATTN_E_UNSUPPORTED, "qk_layernorm");
+  c = parse(ctx, "{" HF_SHAPE ", \"qk_layernorm\": true, \"model_type\": \"phi\"}", ATTN_OK, NULL);
+  CHECK(c.qk_norm == 1 && c.rope_global.rotary_dim == 8, "phi: qk_layernorm read (a key before model_type), partial 0.5");
+  c = parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"qk_layernorm\": false}", ATTN_OK, NULL);
+  CHECK(c.qk_norm == 0, "stablelm: qk_layernorm false");
   c = parse(ctx, "{" HF_SHAPE ", \"use_qk_norm\": true, \"model_type\": \"cohere\"}", ATTN_OK, NULL);
   CHECK(c.qk_norm == 1, "cohere: use_qk_norm read");
   c = parse(ctx, "{\"model_type\": \"cohere\", " HF_SHAPE ", \"use_qk_norm\": false}", ATTN_OK, NULL);

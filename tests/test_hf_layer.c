@@ -497,6 +497,69 @@ static void test_phi3(attn_ctx *ctx) {
   free_set(&s);
 }
 
+/* Phi-1/1.5/2 as saved: q/k/v_proj beside dense (not Llama's o_proj), every
+ * projection biased, and with qk_layernorm a LayerNorm with biases over each
+ * head's D features, shared by the heads (q_layernorm, k_layernorm). A Llama
+ * file (q_proj with o_proj) is still Llama's; with qk_layernorm said and the
+ * norms missing, the layer is refused rather than loaded unnormed. */
+static void test_phi(attn_ctx *ctx) {
+  const int64_t E = 32, D = 8; /* 4 heads */
+  tset s = {0};
+  const char *lin[4] = {"q_proj", "k_proj", "v_proj", "dense"};
+  for (int i = 0; i < 4; i++) {
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.0.self_attn.%s.weight", lin[i]);
+    add(ctx, &s, n, 2, E, E);
+    snprintf(n, sizeof n, "model.layers.0.self_attn.%s.bias", lin[i]);
+    add(ctx, &s, n, 1, E, 0);
+  }
+  write_set(ctx, &s, "phi_plain.safetensors", NULL, 0);
+  const char *norms[4] = {"q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight", "k_layernorm.bias"};
+  for (int i = 0; i < 4; i++) {
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.0.self_attn.%s", norms[i]);
+    add(ctx, &s, n, 1, D, 0);
+  }
+  write_set(ctx, &s, "phi_qkln.safetensors", NULL, 0);
+  write_text("phi_qkln.json", "{\"model_type\": \"phi\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                              " \"num_hidden_layers\": 1, \"layer_norm_eps\": 1e-5, \"qk_layernorm\": true}");
+  write_text("phi_plain.json", "{\"model_type\": \"phi\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                               " \"num_hidden_layers\": 1, \"layer_norm_eps\": 1e-5}");
+  attn_mha *m = NULL;
+  attn_hf_layer info;
+  CHECK_OK(ctx, load(ctx, &m, &info, "phi_qkln.json", "phi_qkln.safetensors", 0));
+  if (m) {
+    const attn_mha_config *c = attn_mha_get_config(m);
+    CHECK(info.naming == ATTN_MHA_NAMING_PHI && c->bias && c->out_bias && c->qk_norm == ATTN_QK_NORM_PER_HEAD &&
+              c->qk_norm_kind == ATTN_NORM_LAYER && c->qk_norm_eps == 1e-5 && info.rope.rotary_dim == D / 2,
+          "phi: naming %d, qk_norm %d kind %d eps %g, rotary %lld", (int)info.naming, c->qk_norm, (int)c->qk_norm_kind,
+          c->qk_norm_eps, (long long)info.rope.rotary_dim);
+    static const struct { attn_mha_param p; const char *name; } map[] = {
+        {ATTN_MHA_O_WEIGHT, "dense.weight"},           {ATTN_MHA_O_BIAS, "dense.bias"},
+        {ATTN_MHA_Q_NORM_WEIGHT, "q_layernorm.weight"}, {ATTN_MHA_Q_NORM_BIAS, "q_layernorm.bias"},
+        {ATTN_MHA_K_NORM_WEIGHT, "k_layernorm.weight"}, {ATTN_MHA_K_NORM_BIAS, "k_layernorm.bias"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+      char n[96];
+      snprintf(n, sizeof n, "model.layers.0.self_attn.%s", map[i].name);
+      const attn_tensor *want = find(&s, n);
+      attn_tensor got;
+      CHECK_OK(ctx, attn_mha_param_view(ctx, &got, m, map[i].p));
+      CHECK(want && attn_tensor_numel(&got) == attn_tensor_numel(want) &&
+                !memcmp(got.data, want->data, sizeof(float) * (size_t)attn_tensor_numel(want)),
+            "phi: %s read as saved", map[i].name);
+    }
+    attn_mha_destroy(m);
+  }
+  CHECK_OK(ctx, load(ctx, &m, &info, "phi_plain.json", "phi_plain.safetensors", 0));
+  if (m) {
+    CHECK(info.naming == ATTN_MHA_NAMING_PHI && attn_mha_get_config(m)->qk_norm == ATTN_QK_NORM_NONE,
+          "phi without qk_layernorm");
+    attn_mha_destroy(m);
+  }
+  expect_fail(ctx, "phi_qkln.json", "phi_plain.safetensors", 0, ATTN_E_SHAPE, "q_layernorm.weight", __LINE__);
+  free_set(&s);
+}
+
 int main(void) {
   const char *env = getenv("ATTN_TEST_TMP");
   snprintf(tdir, sizeof tdir, "%s/test_hf_layer_%ld", env && env[0] ? env : "/tmp", (long)getpid());
@@ -511,6 +574,7 @@ int main(void) {
   test_gpt2(ctx);
   test_gpt_oss(ctx);
   test_phi3(ctx);
+  test_phi(ctx);
   attn_ctx_destroy(ctx);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tdir);

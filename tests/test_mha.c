@@ -367,7 +367,10 @@ static void handle_api(attn_ctx *ctx) {
   CHECK(!strcmp(attn_mha_param_name(ATTN_MHA_NAMING_PHI3, ATTN_MHA_K_WEIGHT), "qkv_proj.weight"), "phi3 packed");
   CHECK(!strcmp(attn_mha_param_name(ATTN_MHA_NAMING_LLAMA, ATTN_MHA_SINKS), "sinks"), "llama sinks");
   CHECK(attn_mha_param_name(ATTN_MHA_NAMING_BERT, ATTN_MHA_SINKS) == NULL, "BERT has no sinks");
-  CHECK(attn_mha_param_name((attn_mha_naming)12, ATTN_MHA_Q_WEIGHT) == NULL, "naming out of range");
+  CHECK(attn_mha_param_name((attn_mha_naming)13, ATTN_MHA_Q_WEIGHT) == NULL, "naming out of range");
+  CHECK(!strcmp(attn_mha_param_name(ATTN_MHA_NAMING_PHI, ATTN_MHA_O_BIAS), "dense.bias") &&
+            !strcmp(attn_mha_param_name(ATTN_MHA_NAMING_PHI, ATTN_MHA_K_NORM_BIAS), "k_layernorm.bias"),
+        "phi: dense, k_layernorm");
   CHECK(attn_mha_param_name(ATTN_MHA_NAMING_CUSTOM, ATTN_MHA_Q_WEIGHT) == NULL, "CUSTOM has no static names");
   CHECK(attn_mha_param_name(ATTN_MHA_NAMING_LLAMA, ATTN_MHA_NUM_PARAMS) == NULL, "parameter out of range");
   attn_mha_destroy(a);

@@ -1524,6 +1524,8 @@ def _hf_build(kind, L):
                                                    **{**dec, "num_hidden_layers": 4}))
     elif kind == "granite":  # attention_multiplier as the logits' scale
         model = tf.GraniteForCausalLM(tf.GraniteConfig(attention_multiplier=0.3, pad_token_id=0, **dec))
+    elif kind.startswith("phi_"):  # q/k/v_proj and dense, all biased; partial rotary 0.5; a biased LayerNorm of q, k
+        model = tf.PhiForCausalLM(tf.PhiConfig(qk_layernorm=kind == "phi_qk_layernorm", pad_token_id=0, **dec))
     elif kind == "stablelm":  # partial rotary 0.25
         model = tf.StableLmForCausalLM(tf.StableLmConfig(pad_token_id=0, **dec))
     elif kind == "gpt2":
@@ -1641,9 +1643,11 @@ def _hf_grads_torch(mod, kind, E):
     if hasattr(mod, "qkv_proj"):  # Phi-3: q's rows come first
         return {"q": mod.qkv_proj.weight.grad[:mod.config.num_attention_heads * mod.head_dim],
                 "o": mod.o_proj.weight.grad}
-    g = {"q": mod.q_proj.weight.grad, "o": mod.o_proj.weight.grad}
+    g = {"q": mod.q_proj.weight.grad, "o": (mod.o_proj if hasattr(mod, "o_proj") else mod.dense).weight.grad}
     if getattr(mod, "q_norm", None) is not None:
         g["q_norm"], g["k_norm"] = mod.q_norm.weight.grad, mod.k_norm.weight.grad
+    if getattr(mod, "q_layernorm", None) is not None:  # Phi
+        g["q_norm"], g["k_norm"] = mod.q_layernorm.weight.grad, mod.k_layernorm.weight.grad
     if isinstance(getattr(mod, "sinks", None), torch.nn.Parameter):
         g["sinks"] = mod.sinks.grad
     return g
@@ -1816,6 +1820,8 @@ if have_transformers:
         ("Olmo3Attention (full layer: YaRN)", "olmo3", dict(L=3)),
         ("GraniteAttention (attention_multiplier)", "granite", {}),
         ("StableLmAttention (partial rotary 0.25)", "stablelm", {}),
+        ("PhiAttention (q/k/v_proj and dense, biased; partial rotary 0.5)", "phi_plain", {}),
+        ("PhiAttention (qk_layernorm: a LayerNorm with biases over each head, shared)", "phi_qk_layernorm", {}),
         ("T5Attention (no scaling, relative bias as an additive mask, d_kv 24)", "t5",
          dict(L=0, causal=False, pad=True, cached=False)),
     ]
@@ -1851,6 +1857,9 @@ if have_transformers:
 
     case(FAM, "OlmoAttention with clip_qkv: refused naming clip_qkv",
          lambda: refused(lambda tf, d: tf.OlmoForCausalLM(tf.OlmoConfig(clip_qkv=0.5, **d)), "clip_qkv"))
+    case(FAM, "StableLmAttention with qk_layernorm (a LayerNorm per head, saved per head): refused naming it",
+         lambda: refused(lambda tf, d: tf.StableLmForCausalLM(tf.StableLmConfig(qk_layernorm=True, **d)),
+                         "qk_layernorm"))
     case(FAM, "HunYuanDenseV1Attention (QK-norm after RoPE): refused naming its model_type",
          lambda: refused(lambda tf, d: tf.HunYuanDenseV1ForCausalLM(tf.HunYuanDenseV1Config(head_dim=16, **d)),
                          "hunyuan_v1_dense"))

@@ -40,6 +40,7 @@ typedef struct hf_raw {
   unsigned char use_rope[ATTN_HF_MAX_LAYERS]; /* no_rope_layers: 1 RoPE, 0 none */
   int pattern_text;                        /* sliding_window_pattern given as a string (EXAONE 4's "LLLG") */
   int use_qk_norm;                         /* Cohere's LayerNorm of q and k (Llama 4's weightless norm) */
+  int qk_layernorm;                        /* Phi's biased LayerNorm of q and k (StableLM's, Persimmon's) */
   char lacking[48];                        /* the first key that asks for what libattn lacks, or "" */
 } hf_raw;
 
@@ -270,8 +271,9 @@ static attn_status top_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "no_rope_layers")) return rope_layers(j, r);
   if (key_is(k, "no_rope_layer_interval")) return int_or_null(j, k, &r->nope_interval);
   if (key_is(k, "use_qk_norm")) return boolean(j, k, &r->use_qk_norm);
+  if (key_is(k, "qk_layernorm")) return boolean(j, k, &r->qk_layernorm);
   if (key_is(k, "attention_chunk_size") || key_is(k, "attn_temperature_tuning") ||
-      key_is(k, "clip_qkv") || key_is(k, "qk_layernorm") || key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank") ||
+      key_is(k, "clip_qkv") || key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank") ||
       key_is(k, "key_multiplier") || key_is(k, "llama_4_scaling_beta") || key_is(k, "use_bidirectional_attention"))
     return lacking(j, r, k);
   if (key_is(k, "layer_types")) return layer_types(j, r);
@@ -389,7 +391,7 @@ static const char *lacking_what(const char *k) {
   if (key_is(k, "attention_chunk_size")) return "Llama 4's chunked attention";
   if (key_is(k, "attn_temperature_tuning")) return "Llama 4's temperature on NoPE layers";
   if (key_is(k, "clip_qkv")) return "OLMo's clamp of q, k and v";
-  if (key_is(k, "qk_layernorm")) return "a LayerNorm of q and k: StableLM's one per head, Persimmon's and Phi's biased";
+  if (key_is(k, "qk_layernorm")) return "StableLM's LayerNorm of q and k kept per head, Persimmon's of its fused q, k, v";
   if (key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank")) return "DeepSeek's multi-head latent attention";
   if (key_is(k, "key_multiplier")) return "Falcon-H1's multiplier of the keys";
   if (key_is(k, "llama_4_scaling_beta")) return "Ministral 3's query scale growing with the position";
@@ -422,11 +424,13 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
       return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "model_type '%s' (%s) is not supported", shown,
                            other_attention[i][1]);
   const int cohere = !strcmp(r->model_type, "cohere") || !strcmp(r->model_type, "cohere2");
+  const int phi = !strcmp(r->model_type, "phi");
   if (r->use_qk_norm == 1 && !cohere && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "use_qk_norm");
+  if (r->qk_layernorm == 1 && !phi && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "qk_layernorm");
   if (r->lacking[0])
     return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s (%s) is not supported", r->lacking,
                          lacking_what(r->lacking));
-  out->qk_norm = cohere && r->use_qk_norm == 1;
+  out->qk_norm = (cohere && r->use_qk_norm == 1) || (phi && r->qk_layernorm == 1);
   const family_facts *facts = facts_of(r->model_type);
   if (facts && isnan(r->theta) && facts->theta > 0) r->theta = facts->theta;
   if (facts && isnan(r->partial) && r->rotary_dim <= 0 && facts->partial > 0) r->partial = facts->partial;
@@ -557,7 +561,7 @@ attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, const char 
   r->max_window_layers = r->max_pos = r->pattern = r->rotary_dim = UNSET;
   r->theta = r->partial = r->local_base = r->qpas = r->softcap = r->eps = r->multiplier = r->original_max = NAN;
   r->attention_bias = r->use_sliding = r->scale_attn_weights = r->scale_inverse_layer = UNSET;
-  r->nrope = r->nope_interval = r->use_qk_norm = UNSET;
+  r->nrope = r->nope_interval = r->use_qk_norm = r->qk_layernorm = UNSET;
   rope_unset(&r->scaling), rope_unset(&r->global), rope_unset(&r->local);
   const unsigned char *b = (const unsigned char *)json;
   attn__json j = {b, b, b + len, ctx, path, "config", "JSON"};

@@ -97,7 +97,7 @@ static void layer_from_config(attn_hf_layer *info, attn_mha_config *like) {
   attn_mha_config_init(like, c->hidden_size, c->num_heads);
   like->num_kv_heads = c->num_kv_heads;
   like->head_dim = c->head_dim;
-  static const char *const layer_normed[] = {"cohere", "cohere2", NULL};
+  static const char *const layer_normed[] = {"cohere", "cohere2", "phi", NULL};
   like->qk_norm_kind = model_is(c, plus_one) ? ATTN_NORM_RMS_PLUS_ONE : model_is(c, layer_normed) ? ATTN_NORM_LAYER
                                                                                                  : ATTN_NORM_RMS;
   if (!isnan(c->norm_eps) && c->norm_eps > 0) like->qk_norm_eps = c->norm_eps;
@@ -130,10 +130,11 @@ static attn_status check_against_config(attn_ctx *ctx, const attn_hf_layer *info
     return attn__io_fail(ctx, ATTN_E_SHAPE, "config", config_path,
                          "model_type '%s' has learned attention sinks, but there is no sinks tensor under '%s'",
                          c->model_type, info->prefix);
+  const char *q_norm = attn_mha_param_name(info->naming, ATTN_MHA_Q_NORM_WEIGHT);
   if ((model_is(c, qk_normed) || c->qk_norm) && !g->qk_norm)
     return attn__io_fail(ctx, ATTN_E_SHAPE, "config", config_path,
-                         "model_type '%s' norms q and k, but there is no q_norm.weight under '%s'", c->model_type,
-                         info->prefix);
+                         "model_type '%s' norms q and k, but there is no %s under '%s'", c->model_type,
+                         q_norm ? q_norm : "QK-norm weight", info->prefix);
   return ATTN_OK;
 }
 

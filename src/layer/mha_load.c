@@ -46,8 +46,11 @@ static const char *const naming_names[][NP] = {
     [ATTN_MHA_NAMING_T5] = {"q.weight", NULL, "k.weight", NULL, "v.weight", NULL, "o.weight", NULL},
     [ATTN_MHA_NAMING_PHI3] = {"qkv_proj.weight", NULL, "qkv_proj.weight", NULL, "qkv_proj.weight", NULL,
                               "o_proj.weight", NULL},
+    [ATTN_MHA_NAMING_PHI] = {"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
+                             "v_proj.bias", "dense.weight", "dense.bias", "q_layernorm.weight", "q_layernorm.bias",
+                             "k_layernorm.weight", "k_layernorm.bias"},
 };
-#define LAST_NAMING ATTN_MHA_NAMING_PHI3 /* CUSTOM, before it, has no names here */
+#define LAST_NAMING ATTN_MHA_NAMING_PHI /* CUSTOM, before it, has no names here */
 
 static const char *const param_what[NP] = {"q weight", "q bias", "k weight", "k bias", "v weight", "v bias",
                                            "o weight", "o bias", "q norm weight", "q norm bias", "k norm weight",
@@ -230,14 +233,20 @@ static int st_info(const attn_safetensors *st, const char *prefix, const char *n
   return name && full_name(full, sizeof full, prefix, name) && attn__safetensors_info(st, full, info);
 }
 
-/* The first naming, in enum order, whose tell-tale tensor (its q weight) the
- * file holds, or NONE. T5's generic q.weight comes after every longer name but
- * Phi-3's qkv_proj.weight, which no other family has. */
+/* The first naming, in enum order, whose q and o weights the file both holds
+ * (Llama's q_proj with o_proj, Phi's with dense), else the first whose q weight
+ * it holds (so that a missing o weight is reported as that), or NONE. T5's
+ * generic q.weight comes after every longer name but Phi-3's qkv_proj.weight,
+ * which no other family has. */
 static attn_mha_naming detect(const attn_safetensors *st, const char *prefix) {
   attn__st_info info;
-  for (int nm = ATTN_MHA_NAMING_SEED; nm <= LAST_NAMING; nm++)
-    if (st_info(st, prefix, naming_names[nm][ATTN_MHA_Q_WEIGHT], &info)) return (attn_mha_naming)nm;
-  return ATTN_MHA_NAMING_NONE;
+  attn_mha_naming q_only = ATTN_MHA_NAMING_NONE;
+  for (int nm = ATTN_MHA_NAMING_SEED; nm <= LAST_NAMING; nm++) {
+    if (!st_info(st, prefix, naming_names[nm][ATTN_MHA_Q_WEIGHT], &info)) continue;
+    if (st_info(st, prefix, naming_names[nm][ATTN_MHA_O_WEIGHT], &info)) return (attn_mha_naming)nm;
+    if (q_only == ATTN_MHA_NAMING_NONE) q_only = (attn_mha_naming)nm;
+  }
+  return q_only;
 }
 
 /* The longest name any naming uses, for the prefix length check. */
@@ -291,10 +300,12 @@ static attn_status resolve(attn_ctx *ctx, const attn_safetensors *st, const char
     if (*nm == ATTN_MHA_NAMING_NONE) {
       char list[512];
       size_t n = 0;
-      for (int f = ATTN_MHA_NAMING_SEED; f <= LAST_NAMING && n < sizeof list; f++)
-        if (naming_names[f][ATTN_MHA_Q_WEIGHT])
-          n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", f > 1 ? ", " : "",
-                                naming_names[f][ATTN_MHA_Q_WEIGHT]);
+      for (int f = ATTN_MHA_NAMING_SEED; f <= LAST_NAMING && n < sizeof list; f++) {
+        const char *q = naming_names[f][ATTN_MHA_Q_WEIGHT];
+        int named = !q;
+        for (int e = ATTN_MHA_NAMING_SEED; e < f; e++) named |= same_name(q, naming_names[e][ATTN_MHA_Q_WEIGHT]);
+        if (!named) n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", f > 1 ? ", " : "", q);
+      }
       return attn__fail(ctx, ATTN_E_NOT_FOUND, "%s: no attention parameters under prefix '%s' (looked for %s)",
                         attn__safetensors_path(st), *prefix, list);
     }
