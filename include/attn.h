@@ -551,7 +551,7 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
  * layers only. What the config asks for and libattn lacks (PhiMoE's longrope
  * mscales, relative position embeddings in BERT, an unknown layer type, Llama
  * 4's chunked attention, weightless QK-norm and temperature tuning, clip_qkv,
- * qk_layernorm but Phi's, use_qk_norm but Cohere's, kv_lora_rank / q_lora_rank,
+ * qk_layernorm but Phi's and StableLM's, use_qk_norm but Cohere's, kv_lora_rank / q_lora_rank,
  * key_multiplier, llama_4_scaling_beta, use_bidirectional_attention; the
  * model_types hunyuan_v1_*, bitnet, doge, qwen3_next, jetmoe, deepseek_v2/v3,
  * kimi_k2, falcon_h1) is ATTN_E_UNSUPPORTED naming the field or the type,
@@ -580,7 +580,8 @@ typedef struct attn_hf_config {
                                              Cohere 2's and EXAONE 4's full layers) */
   int qk_norm;                /* 1: the config says q and k are normed (Cohere's use_qk_norm: a LayerNorm,
                                  each head its own weights; Phi's qk_layernorm: a LayerNorm with biases,
-                                 shared by the heads); families that always norm say nothing here */
+                                 shared by the heads; StableLM's: a LayerNorm per head, saved per head as
+                                 q_layernorm.norms.{h}.weight); families that always norm say nothing here */
 } attn_hf_config;
 
 /* Reads path (a config.json) into *out. */

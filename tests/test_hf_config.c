@@ -193,7 +193,8 @@ int main(void) {
   /* what libattn lacks: refused, naming the field */
   parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_E_UNSUPPORTED, "clip_qkv (OLMo");
   parse(ctx, "{" HF_SHAPE ", \"clip_qkv\": 8.0, \"model_type\": \"olmoe\"}", ATTN_E_UNSUPPORTED, "clip_qkv");
-  parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"qk_layernorm\": true}", ATTN_E_UNSUPPORTED, "qk_layernorm");
+  c = parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"qk_layernorm\": true}", ATTN_OK, NULL);
+  CHECK(c.qk_norm == 1, "stablelm: qk_layernorm read");
   parse(ctx, "{" HF_SHAPE ", \"qk_layernorm\": true, \"model_type\": \"persimmon\"}", ATTN_E_UNSUPPORTED, "qk_layernorm");
   c = parse(ctx, "{" HF_SHAPE ", \"qk_layernorm\": true, \"model_type\": \"phi\"}", ATTN_OK, NULL);
   CHECK(c.qk_norm == 1 && c.rope_global.rotary_dim == 8, "phi: qk_layernorm read (a key before model_type), partial 0.5");

@@ -560,6 +560,77 @@ static void test_phi(attn_ctx *ctx) {
   free_set(&s);
 }
 
+/* StableLM with qk_layernorm: a LayerNorm (no bias) per head, saved one tensor per head
+ * (q_layernorm.norms.{h}.weight), read as each head's own weights ([H, D], [Hk, D]). A head's
+ * norm missing, one past the last head, or of another length is refused. */
+static void test_stablelm_norms(attn_ctx *ctx) {
+  const int64_t E = 32, H = 4, Hk = 2, D = 8;
+  tset s = {0};
+  llama_tensors(ctx, &s, 1, E, H, Hk, D, 0, 0);
+  const int first = s.n;
+  for (int t = 0; t < 2; t++)
+    for (int64_t h = 0; h < (t ? Hk : H) + (t == 1); h++) { /* k's last one is past Hk: a decoy */
+      char n[96];
+      snprintf(n, sizeof n, "model.layers.0.self_attn.%s.norms.%lld.weight", t ? "k_layernorm" : "q_layernorm",
+               (long long)h);
+      add(ctx, &s, n, 1, D, 0);
+    }
+  int pick[MAX_T] = {0};
+  pick[s.n - 1] = 1;
+  write_set(ctx, &s, "stablelm_qkln.safetensors", pick, 0);
+  write_set(ctx, &s, "stablelm_past.safetensors", NULL, 0);
+  pick[first + 2] = 1; /* q's head 2 */
+  write_set(ctx, &s, "stablelm_missing.safetensors", pick, 0);
+  write_text("stablelm_qkln.json", "{\"model_type\": \"stablelm\", \"hidden_size\": 32, \"num_attention_heads\": 4,"
+                                   " \"num_key_value_heads\": 2, \"num_hidden_layers\": 1, \"layer_norm_eps\": 1e-4,"
+                                   " \"qk_layernorm\": true}");
+  attn_mha *m = NULL;
+  attn_hf_layer info;
+  CHECK_OK(ctx, load(ctx, &m, &info, "stablelm_qkln.json", "stablelm_qkln.safetensors", 0));
+  if (m) {
+    const attn_mha_config *c = attn_mha_get_config(m);
+    CHECK(c->qk_norm == ATTN_QK_NORM_EACH_HEAD && c->qk_norm_kind == ATTN_NORM_LAYER && c->qk_norm_eps == 1e-4 &&
+              c->num_kv_heads == Hk && info.rope.rotary_dim == D / 4,
+          "stablelm: qk_norm %d kind %d eps %g", c->qk_norm, (int)c->qk_norm_kind, c->qk_norm_eps);
+    attn_tensor w[2], b[2];
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &w[0], m, ATTN_MHA_Q_NORM_WEIGHT));
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &w[1], m, ATTN_MHA_K_NORM_WEIGHT));
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &b[0], m, ATTN_MHA_Q_NORM_BIAS));
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &b[1], m, ATTN_MHA_K_NORM_BIAS));
+    for (int t = 0; t < 2; t++) {
+      const int64_t heads = t ? Hk : H;
+      CHECK(w[t].rank == 2 && w[t].shape[0] == heads && w[t].shape[1] == D, "stablelm: norm %d is [heads, D]", t);
+      for (int64_t h = 0; h < heads; h++) {
+        const attn_tensor *want = &s.t[first + (t ? H : 0) + h];
+        CHECK(!memcmp((const float *)w[t].data + h * D, want->data, sizeof(float) * (size_t)D),
+              "stablelm: %s head %lld's norm read as saved", t ? "k" : "q", (long long)h);
+      }
+      int zero = 1;
+      for (int64_t e = 0; e < attn_tensor_numel(&b[t]); e++) zero &= ((const float *)b[t].data)[e] == 0.0f;
+      CHECK(zero, "stablelm: no norm biases (bias=False)");
+    }
+    const attn_tensor *qw = find(&s, "model.layers.0.self_attn.q_proj.weight");
+    attn_tensor got;
+    CHECK_OK(ctx, attn_mha_param_view(ctx, &got, m, ATTN_MHA_Q_WEIGHT));
+    CHECK(!memcmp(got.data, qw->data, sizeof(float) * (size_t)(H * D * E)), "stablelm: q weight kept");
+    attn_mha_destroy(m);
+  }
+  expect_fail(ctx, "stablelm_qkln.json", "stablelm_past.safetensors", 0, ATTN_E_SHAPE, "k_layernorm.norms.2", __LINE__);
+  expect_fail(ctx, "stablelm_qkln.json", "stablelm_missing.safetensors", 0, ATTN_E_NOT_FOUND, "q_layernorm.norms.2",
+              __LINE__);
+  free_set(&s);
+  llama_tensors(ctx, &s, 1, E, H, Hk, D, 0, 0);
+  for (int64_t h = 0; h < H + Hk; h++) {
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.0.self_attn.%s.norms.%lld.weight", h < H ? "q_layernorm" : "k_layernorm",
+             (long long)(h < H ? h : h - H));
+    add(ctx, &s, n, 1, h == H + 1 ? D + 1 : D, 0); /* k's head 1 one entry long */
+  }
+  write_set(ctx, &s, "stablelm_len.safetensors", NULL, 0);
+  expect_fail(ctx, "stablelm_qkln.json", "stablelm_len.safetensors", 0, ATTN_E_SHAPE, "head_dim 8", __LINE__);
+  free_set(&s);
+}
+
 int main(void) {
   const char *env = getenv("ATTN_TEST_TMP");
   snprintf(tdir, sizeof tdir, "%s/test_hf_layer_%ld", env && env[0] ? env : "/tmp", (long)getpid());
@@ -575,6 +646,7 @@ int main(void) {
   test_gpt_oss(ctx);
   test_phi3(ctx);
   test_phi(ctx);
+  test_stablelm_norms(ctx);
   attn_ctx_destroy(ctx);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tdir);

@@ -1526,8 +1526,9 @@ def _hf_build(kind, L):
         model = tf.GraniteForCausalLM(tf.GraniteConfig(attention_multiplier=0.3, pad_token_id=0, **dec))
     elif kind.startswith("phi_"):  # q/k/v_proj and dense, all biased; partial rotary 0.5; a biased LayerNorm of q, k
         model = tf.PhiForCausalLM(tf.PhiConfig(qk_layernorm=kind == "phi_qk_layernorm", pad_token_id=0, **dec))
-    elif kind == "stablelm":  # partial rotary 0.25
-        model = tf.StableLmForCausalLM(tf.StableLmConfig(pad_token_id=0, **dec))
+    elif kind.startswith("stablelm"):  # partial rotary 0.25; qk_layernorm: a LayerNorm per head, saved per head
+        model = tf.StableLmForCausalLM(tf.StableLmConfig(qk_layernorm=kind == "stablelm_qk_layernorm", pad_token_id=0,
+                                                         **dec))
     elif kind == "gpt2":
         model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=64, n_layer=3, n_head=4, vocab_size=32, n_positions=128,
                                                  scale_attn_by_inverse_layer_idx=True))
@@ -1646,7 +1647,10 @@ def _hf_grads_torch(mod, kind, E):
     g = {"q": mod.q_proj.weight.grad, "o": (mod.o_proj if hasattr(mod, "o_proj") else mod.dense).weight.grad}
     if getattr(mod, "q_norm", None) is not None:
         g["q_norm"], g["k_norm"] = mod.q_norm.weight.grad, mod.k_norm.weight.grad
-    if getattr(mod, "q_layernorm", None) is not None:  # Phi
+    if hasattr(getattr(mod, "q_layernorm", None), "norms"):  # StableLM: one LayerNorm per head
+        g["q_norm"], g["k_norm"] = (torch.stack([n.weight.grad for n in ln.norms])
+                                    for ln in (mod.q_layernorm, mod.k_layernorm))
+    elif getattr(mod, "q_layernorm", None) is not None:  # Phi
         g["q_norm"], g["k_norm"] = mod.q_layernorm.weight.grad, mod.k_layernorm.weight.grad
     if isinstance(getattr(mod, "sinks", None), torch.nn.Parameter):
         g["sinks"] = mod.sinks.grad
@@ -1820,6 +1824,7 @@ if have_transformers:
         ("Olmo3Attention (full layer: YaRN)", "olmo3", dict(L=3)),
         ("GraniteAttention (attention_multiplier)", "granite", {}),
         ("StableLmAttention (partial rotary 0.25)", "stablelm", {}),
+        ("StableLmAttention (qk_layernorm: a LayerNorm per head, saved per head)", "stablelm_qk_layernorm", {}),
         ("PhiAttention (q/k/v_proj and dense, biased; partial rotary 0.5)", "phi_plain", {}),
         ("PhiAttention (qk_layernorm: a LayerNorm with biases over each head, shared)", "phi_qk_layernorm", {}),
         ("T5Attention (no scaling, relative bias as an additive mask, d_kv 24)", "t5",
@@ -1857,8 +1862,8 @@ if have_transformers:
 
     case(FAM, "OlmoAttention with clip_qkv: refused naming clip_qkv",
          lambda: refused(lambda tf, d: tf.OlmoForCausalLM(tf.OlmoConfig(clip_qkv=0.5, **d)), "clip_qkv"))
-    case(FAM, "StableLmAttention with qk_layernorm (a LayerNorm per head, saved per head): refused naming it",
-         lambda: refused(lambda tf, d: tf.StableLmForCausalLM(tf.StableLmConfig(qk_layernorm=True, **d)),
+    case(FAM, "PersimmonAttention with qk_layernorm: refused naming it",
+         lambda: refused(lambda tf, d: tf.PersimmonForCausalLM(tf.PersimmonConfig(qk_layernorm=True, **d)),
                          "qk_layernorm"))
     case(FAM, "HunYuanDenseV1Attention (QK-norm after RoPE): refused naming its model_type",
          lambda: refused(lambda tf, d: tf.HunYuanDenseV1ForCausalLM(tf.HunYuanDenseV1Config(head_dim=16, **d)),

@@ -40,7 +40,7 @@ typedef struct hf_raw {
   unsigned char use_rope[ATTN_HF_MAX_LAYERS]; /* no_rope_layers: 1 RoPE, 0 none */
   int pattern_text;                        /* sliding_window_pattern given as a string (EXAONE 4's "LLLG") */
   int use_qk_norm;                         /* Cohere's LayerNorm of q and k (Llama 4's weightless norm) */
-  int qk_layernorm;                        /* Phi's biased LayerNorm of q and k (StableLM's, Persimmon's) */
+  int qk_layernorm;                        /* Phi's and StableLM's LayerNorm of q and k (Persimmon's) */
   char lacking[48];                        /* the first key that asks for what libattn lacks, or "" */
 } hf_raw;
 
@@ -391,7 +391,7 @@ static const char *lacking_what(const char *k) {
   if (key_is(k, "attention_chunk_size")) return "Llama 4's chunked attention";
   if (key_is(k, "attn_temperature_tuning")) return "Llama 4's temperature on NoPE layers";
   if (key_is(k, "clip_qkv")) return "OLMo's clamp of q, k and v";
-  if (key_is(k, "qk_layernorm")) return "StableLM's LayerNorm of q and k kept per head, Persimmon's of its fused q, k, v";
+  if (key_is(k, "qk_layernorm")) return "Persimmon's LayerNorm of q and k, beside its fused query_key_value";
   if (key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank")) return "DeepSeek's multi-head latent attention";
   if (key_is(k, "key_multiplier")) return "Falcon-H1's multiplier of the keys";
   if (key_is(k, "llama_4_scaling_beta")) return "Ministral 3's query scale growing with the position";
@@ -424,13 +424,13 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
       return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "model_type '%s' (%s) is not supported", shown,
                            other_attention[i][1]);
   const int cohere = !strcmp(r->model_type, "cohere") || !strcmp(r->model_type, "cohere2");
-  const int phi = !strcmp(r->model_type, "phi");
+  const int layernormed = !strcmp(r->model_type, "phi") || !strcmp(r->model_type, "stablelm");
   if (r->use_qk_norm == 1 && !cohere && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "use_qk_norm");
-  if (r->qk_layernorm == 1 && !phi && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "qk_layernorm");
+  if (r->qk_layernorm == 1 && !layernormed && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "qk_layernorm");
   if (r->lacking[0])
     return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s (%s) is not supported", r->lacking,
                          lacking_what(r->lacking));
-  out->qk_norm = (cohere && r->use_qk_norm == 1) || (phi && r->qk_layernorm == 1);
+  out->qk_norm = (cohere && r->use_qk_norm == 1) || (layernormed && r->qk_layernorm == 1);
   const family_facts *facts = facts_of(r->model_type);
   if (facts && isnan(r->theta) && facts->theta > 0) r->theta = facts->theta;
   if (facts && isnan(r->partial) && r->rotary_dim <= 0 && facts->partial > 0) r->partial = facts->partial;

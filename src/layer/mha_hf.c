@@ -97,7 +97,7 @@ static void layer_from_config(attn_hf_layer *info, attn_mha_config *like) {
   attn_mha_config_init(like, c->hidden_size, c->num_heads);
   like->num_kv_heads = c->num_kv_heads;
   like->head_dim = c->head_dim;
-  static const char *const layer_normed[] = {"cohere", "cohere2", "phi", NULL};
+  static const char *const layer_normed[] = {"cohere", "cohere2", "phi", "stablelm", NULL};
   like->qk_norm_kind = model_is(c, plus_one) ? ATTN_NORM_RMS_PLUS_ONE : model_is(c, layer_normed) ? ATTN_NORM_LAYER
                                                                                                  : ATTN_NORM_RMS;
   if (!isnan(c->norm_eps) && c->norm_eps > 0) like->qk_norm_eps = c->norm_eps;
@@ -108,6 +108,69 @@ static void layer_from_config(attn_hf_layer *info, attn_mha_config *like) {
   info->window = sliding ? c->sliding_window : 0;
   info->has_rope = c->rope && !(L < ATTN_HF_MAX_LAYERS && c->nope[L]);
   if (c->rope) info->rope = sliding ? c->rope_local : c->rope_global;
+}
+
+/* StableLM's qk_layernorm: a LayerNorm without bias per head, saved one tensor per head
+ * (q_layernorm.norms.{h}.weight, [D] each: H of them for q, Hk for k), which no name map
+ * stacks. The layer m (loaded without them) is made again with each head its own weights
+ * ([H, D], [Hk, D]), its parameters copied, and those rows read in; every tensor is checked
+ * first, and a norm past the last head is refused rather than ignored. */
+static attn_status stacked_head_norms(attn_ctx *ctx, attn_mha **m, const attn_safetensors *st, const char *prefix,
+                                      const attn_mha_config *like) {
+  const char *path = attn__safetensors_path(st);
+  static const char *const which[2] = {"q_layernorm", "k_layernorm"};
+  const attn_mha *old = *m;
+  const int64_t D = old->head_dim, heads[2] = {old->cfg.num_heads, old->kv_dim / old->head_dim};
+  char name[512];
+  attn__st_info in;
+  for (int t = 0; t < 2; t++)
+    for (int64_t h = 0; h <= heads[t]; h++) {
+      if (snprintf(name, sizeof name, "%s%s.norms.%lld.weight", prefix, which[t], (long long)h) >= (int)sizeof name)
+        return attn__fail(ctx, ATTN_E_INVALID, "parameter prefix is too long");
+      const int here = attn__safetensors_info(st, name, &in);
+      if (h == heads[t] && here)
+        return attn__fail(ctx, ATTN_E_SHAPE, "%s: %s is past the layer's %lld %s heads", path, name,
+                          (long long)heads[t], t ? "kv" : "query");
+      if (h == heads[t]) break;
+      if (!here)
+        return attn__fail(ctx, ATTN_E_NOT_FOUND, "%s: missing tensor '%s' (qk_layernorm: one norm per head)", path,
+                          name);
+      if (!in.known || !attn__is_float(in.dtype) || in.rank != 1 || in.shape[0] != D)
+        return attn__fail(ctx, ATTN_E_SHAPE, "%s: %s must be a float vector of head_dim %lld entries", path, name,
+                          (long long)D);
+    }
+  attn_mha_config cfg = old->cfg;
+  cfg.qk_norm = ATTN_QK_NORM_EACH_HEAD;
+  cfg.qk_norm_kind = ATTN_NORM_LAYER;
+  cfg.qk_norm_eps = like->qk_norm_eps;
+  attn_mha *n;
+  attn_status s = attn_mha_create(ctx, &n, &cfg);
+  if (s) return s;
+  for (int p = 0; p < ATTN_MHA_NUM_PARAMS; p++)
+    if (old->param[p] && n->param[p])
+      memcpy(n->param[p], old->param[p], sizeof(float) * (size_t)attn__mha_param_numel(old, p));
+  static const int norm_param[2] = {ATTN_MHA_Q_NORM_WEIGHT, ATTN_MHA_K_NORM_WEIGHT};
+  static const int bias_param[2] = {ATTN_MHA_Q_NORM_BIAS, ATTN_MHA_K_NORM_BIAS}; /* bias=False: zeros */
+  for (int t = 0; t < 2 && !s; t++) {
+    if (n->param[bias_param[t]])
+      memset(n->param[bias_param[t]], 0, sizeof(float) * (size_t)attn__mha_param_numel(n, bias_param[t]));
+    for (int64_t h = 0; h < heads[t] && !s; h++) {
+      snprintf(name, sizeof name, "%s%s.norms.%lld.weight", prefix, which[t], (long long)h);
+      attn_tensor v;
+      void *own = NULL;
+      if ((s = attn__safetensors_read(ctx, st, name, &v, &own))) break;
+      for (int64_t e = 0; e < D; e++)
+        n->param[norm_param[t]][h * D + e] = (float)attn__load(v.data, v.dtype, e * v.strides[0]);
+      attn__aligned_free(own);
+    }
+  }
+  if (s) {
+    attn_mha_destroy(n);
+    return s;
+  }
+  attn_mha_destroy(*m);
+  *m = n;
+  return ATTN_OK;
 }
 
 /* What the config says and the tensors must agree with. */
@@ -183,6 +246,8 @@ attn_status attn_mha_create_from_hf(attn_ctx *ctx, attn_mha **out, attn_hf_layer
       info->naming = nm;
       snprintf(info->prefix, sizeof info->prefix, "%s", prefix);
       st = attn_mha_create_from_tensors(ctx, out, st_here, prefix, NULL, &like);
+      if (!st && c->qk_norm && !strcmp(c->model_type, "stablelm") && !(*out)->cfg.qk_norm)
+        st = stacked_head_norms(ctx, out, st_here, prefix, &like);
       if (!st) st = check_against_config(ctx, info, *out, config_path);
     }
     attn_safetensors_close(shards);
