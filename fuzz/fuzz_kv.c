@@ -1,7 +1,8 @@
 /* libFuzzer harness: the linear KV cache (attn_kv_cache) as a state machine,
  * against a model of what it holds. The input's bytes pick the cache (rows,
  * capacity, kv heads, head dims, the key and value storage of every kind, RoPE
- * on the keys or not), a kernel this CPU has and 1 to 3 threads, then a run of
+ * on the keys or not, with every scaling: DYNAMIC's and LONGROPE's, which take
+ * L from each call, too), a kernel this CPU has and 1 to 3 threads, then a run of
  * operations: append (uneven counts per row, refused past the capacity),
  * attend (decode-sized and prefill steps, with window, softcap, ALiBi, sinks
  * and scale), truncate (one row or all), copy_row, and filling every row's
@@ -12,10 +13,12 @@
  *     with attn_kv_dequantize) are the appended ones as the storage gives them
  *     back: bitwise without RoPE (the cache's encoder is attn_kv_quantize's);
  *     with RoPE within the storage's rounding of the float64 rotation
- *     (attn_rope_ref) at the row's next positions;
+ *     (attn_rope_ref) at the row's next positions, L being the longest row's
+ *     length plus the call's tokens (attn_kv_cache_config's rule);
  *   - an attend's out and lse are within 5e-5 (relative L2, with a floor) of the float64
  *     oracle's on the stored tokens (bottom-right causal; with RoPE the
- *     queries rotated by attn_rope_ref at their positions), and another thread
+ *     queries rotated by attn_rope_ref at their positions, L the longest row's
+ *     length), and another thread
  *     count gives the same bits. */
 #include "attn.h"
 #include "fuzz_common.h"
@@ -75,6 +78,13 @@ static double storage_tol(attn_kv_dtype dt, const double *x, int64_t i, int64_t 
   }
 }
 
+/* The longest row's length: DYNAMIC's and LONGROPE's L is taken from it on every call. */
+static int64_t longest(const model *m) {
+  int64_t L = 0;
+  for (int64_t b = 0; b < m->B; b++) L = m->len[b] > L ? m->len[b] : L;
+  return L;
+}
+
 static void check_lengths(attn_kv_cache *kc, const model *m, attn_ctx *ctx) {
   for (int64_t b = 0; b < m->B; b++) {
     char msg[96];
@@ -102,6 +112,7 @@ static void step_append(attn_ctx *ctx, attn_kv_cache *kc, model *m, int64_t n, c
     return;
   }
   fuzz_need(st == ATTN_OK, ctx, "an append that fits failed");
+  const int64_t call_len = longest(m) + n; /* every row's n positions count, appended or not */
   double xk[128];
   float want[128], got[128];
   for (int64_t b = 0; b < m->B; b++) {
@@ -129,6 +140,7 @@ static void step_append(attn_ctx *ctx, attn_kv_cache *kc, model *m, int64_t n, c
           const int64_t one[4] = {1, 1, 1, m->D};
           attn_rope_opts ro = m->ro;
           ro.position_offset = pos;
+          ro.seq_len = call_len;
           attn_tensor x = attn_tensor_view((void *)ksrc, ATTN_F32, 4, one), y = attn_tensor_view(xk, ATTN_F64, 4, one);
           fuzz_need(attn_rope_ref(ctx, &y, &x, &ro) == ATTN_OK, ctx, "attn_rope_ref");
           for (int64_t d = 0; d < m->D; d++) {
@@ -170,6 +182,7 @@ static void step_attend(attn_ctx *ctx, attn_kv_cache *kc, const model *m, fuzz_r
       for (int64_t i = 0; i < Nq; i++) pos[i] = L - Nq + i < 0 ? 0 : L - Nq + i;
       attn_rope_opts ro_q = m->ro;
       ro_q.positions = pos;
+      ro_q.seq_len = longest(m) > 0 ? longest(m) : 1; /* the call's largest position + 1: positions clamp at 0 */
       fuzz_need(attn_rope_ref(ctx, &qd, &qq, &ro_q) == ATTN_OK, ctx, "attn_rope_ref on q");
     }
     fuzz_step_check_row(&st, ctx, b, &qd, &kk, &vv);
@@ -198,18 +211,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   m.cap = 1 + fuzz_pick(&r, MAX_CAP);
   attn_rope_opts_init(&m.ro);
   if (m.rope) {
-    static const attn_rope_scaling sc[] = {ATTN_ROPE_DEFAULT, ATTN_ROPE_LINEAR, ATTN_ROPE_LLAMA3, ATTN_ROPE_YARN};
+    static const attn_rope_scaling sc[] = {ATTN_ROPE_DEFAULT, ATTN_ROPE_LINEAR, ATTN_ROPE_LLAMA3,
+                                           ATTN_ROPE_YARN,    ATTN_ROPE_DYNAMIC, ATTN_ROPE_LONGROPE};
     m.ro.layout = fuzz_pick(&r, 2) ? ATTN_ROPE_HALF : ATTN_ROPE_INTERLEAVED;
     m.ro.rotary_dim = fuzz_pick(&r, 2) ? 0 : 2 * (1 + fuzz_pick(&r, m.D / 2));
-    m.ro.scaling = sc[fuzz_pick(&r, 4)];
+    m.ro.scaling = sc[fuzz_pick(&r, 6)];
+    if (m.ro.scaling == ATTN_ROPE_DYNAMIC && (m.ro.rotary_dim ? m.ro.rotary_dim : m.D) < 4)
+      m.ro.scaling = ATTN_ROPE_LINEAR; /* DYNAMIC's exponent r / (r - 2) needs r >= 4 (refused, as checked elsewhere) */
+    /* P = 64 under a capacity of up to 200: DYNAMIC and LONGROPE change regime within a run */
     if (m.ro.scaling != ATTN_ROPE_DEFAULT) m.ro.factor = 1 + (double)fuzz_pick(&r, 8), m.ro.original_max_position = 64;
+    if (m.ro.scaling == ATTN_ROPE_LONGROPE) {
+      const int64_t pairs = (m.ro.rotary_dim ? m.ro.rotary_dim : m.D) / 2;
+      const double spread = (double)fuzz_pick(&r, 8);
+      for (int64_t i = 0; i < pairs; i++) {
+        m.ro.short_factor[i] = 1 + 0.25 * (double)(i % 4);
+        m.ro.long_factor[i] = 1 + spread * (double)(i + 1) / (double)pairs;
+      }
+    }
     m.ro.theta = fuzz_pick(&r, 2) ? 10000 : 500000;
   }
   const attn_kernel kernel = fuzz_kernel[fuzz_pick(&r, fuzz_kernel_count)];
   const int threads = 1 + (int)fuzz_pick(&r, 3);
-  fuzz_log("kernel %s threads %d/%d B %lld capacity %lld Hk %lld D %lld Dv %lld k %s v %s rope %d",
+  fuzz_log("kernel %s threads %d/%d B %lld capacity %lld Hk %lld D %lld Dv %lld k %s v %s rope %d (scaling %d)",
            attn_kernel_name(kernel), threads, 1 + threads % 3, (long long)m.B, (long long)m.cap, (long long)m.Hk,
-           (long long)m.D, (long long)m.Dv, attn_kv_dtype_name(m.kd), attn_kv_dtype_name(m.vd), m.rope);
+           (long long)m.D, (long long)m.Dv, attn_kv_dtype_name(m.kd), attn_kv_dtype_name(m.vd), m.rope,
+           m.rope ? (int)m.ro.scaling : -1);
   fuzz_log("; operations: ");
 
   attn_ctx *ctx;
