@@ -97,6 +97,7 @@ static void read_case(fuzz_reader *r, mcase *c) {
     c->mask_kind = c->kpm = c->want_weights = 0;
   }
   if (c->rope && (c->cfg.head_dim ? c->cfg.head_dim : E / H) % 2) c->rope = 0; /* rotary pairs */
+  c->cfg.clip_qkv = fuzz_pick(r, 4) == 0 ? 0.25 * (double)(1 + fuzz_pick(r, 8)) : 0; /* drawn last: older inputs keep their cases */
 }
 
 static void describe(const mcase *c) {
@@ -104,14 +105,15 @@ static void describe(const mcase *c) {
   fuzz_report_clear();
   fuzz_log("kernel %s threads %d/%d E %lld H %lld Hk %lld head_dim %lld kdim %lld vdim %lld bias %d out_bias %d "
            "qk_norm %d kind %d cross %d B %lld Nq %lld Nk %lld causal %d window %lld softcap %g alibi %d "
-           "sinks %d dropout %g mask %d full %d kpm %d (%lld %lld) rope %d average %d weights %d backward %d",
+           "sinks %d dropout %g mask %d full %d kpm %d (%lld %lld) rope %d average %d weights %d backward %d "
+           "clip_qkv %g",
            attn_kernel_name(c->kernel), c->threads, c->threads2, (long long)g->embed_dim,
            (long long)g->num_heads, (long long)g->num_kv_heads, (long long)g->head_dim, (long long)g->kdim,
            (long long)g->vdim, g->bias, g->out_bias, g->qk_norm, (int)g->qk_norm_kind, c->cross,
            (long long)c->B, (long long)c->Nq, (long long)c->Nk, (int)c->causal, (long long)c->window,
            c->softcap, c->alibi, c->sinks, c->dropout, c->mask_kind, c->mask_full, c->kpm,
            (long long)c->kp_len[0], (long long)c->kp_len[1], c->rope, c->average, c->want_weights,
-           c->backward);
+           c->backward, g->clip_qkv);
   for (int64_t s = 0; s < c->nseq; s++) fuzz_log("%s%lld", s ? " " : " packed ", (long long)(c->cu[s + 1] - c->cu[s]));
 }
 

@@ -550,8 +550,8 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
  * exaone4's full layers (nope[]), and olmo3's rope_scaling on its full
  * layers only. What the config asks for and libattn lacks (PhiMoE's longrope
  * mscales, relative position embeddings in BERT, an unknown layer type, Llama
- * 4's chunked attention, weightless QK-norm and temperature tuning, clip_qkv,
- * qk_layernorm but Phi's and StableLM's, use_qk_norm but Cohere's, kv_lora_rank / q_lora_rank,
+ * 4's chunked attention, weightless QK-norm and temperature tuning, clip_qkv
+ * but OLMo's and OLMoE's, qk_layernorm but Phi's and StableLM's, use_qk_norm but Cohere's, kv_lora_rank / q_lora_rank,
  * key_multiplier, llama_4_scaling_beta, use_bidirectional_attention; the
  * model_types hunyuan_v1_*, bitnet, doge, qwen3_next, jetmoe, deepseek_v2/v3,
  * kimi_k2, falcon_h1) is ATTN_E_UNSUPPORTED naming the field or the type,
@@ -582,6 +582,7 @@ typedef struct attn_hf_config {
                                  each head its own weights; Phi's qk_layernorm: a LayerNorm with biases,
                                  shared by the heads; StableLM's: a LayerNorm per head, saved per head as
                                  q_layernorm.norms.{h}.weight); families that always norm say nothing here */
+  double clip_qkv;            /* OLMo's and OLMoE's clip_qkv (attn_mha_config.clip_qkv); 0 = none */
 } attn_hf_config;
 
 /* Reads path (a config.json) into *out. */
@@ -850,6 +851,11 @@ typedef struct attn_mha_config {
    * passes them to the attention (opts.attn.sinks must then be NULL); the
    * backward writes their gradient into grads' SINKS. */
   int sinks;                   /* 0 (attn_mha_config_init) or 1 */
+  /* Added in 0.3. OLMo's clip_qkv: q, k and v each clamped to [-clip_qkv,
+   * clip_qkv] after their projections (and QK-norm), before RoPE; NaN stays
+   * NaN. The backward passes a value's gradient where its unclamped value lay
+   * within the bounds, ends included (as torch.clamp). 0 = none. */
+  double clip_qkv;             /* 0 (attn_mha_config_init) or finite and > 0 */
 } attn_mha_config;
 
 /* Where QK-norm's statistics are taken. */
@@ -994,8 +1000,8 @@ typedef struct attn_mha_names {
 /* The general loader: creates a layer from the tensors under prefix in st,
  * named by names (NULL: the detected naming). like (attn_mha_config_init'd,
  * not NULL) gives what a file cannot tell: num_heads (required), num_kv_heads
- * (0: num_heads), head_dim (0: from the q weight's rows / H), qk_norm_kind and
- * qk_norm_eps; its other fields are ignored. Everything else is read from the
+ * (0: num_heads), head_dim (0: from the q weight's rows / H), qk_norm_kind,
+ * qk_norm_eps and clip_qkv; its other fields are ignored. Everything else is read from the
  * tensors' shapes, checked against each other before anything is allocated:
  * E = o's rows, H*D = q's rows, Hk*D = k's, kdim and vdim = k's and v's
  * columns (Linear layout; [in, out] transposed with conv1d), bias = the q, k

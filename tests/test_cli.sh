@@ -213,6 +213,13 @@ expect 2 "$T/never_o.npy" -- sdpa $SQKV --out "$T/never_o.npy" --precision f8
 expect 0 "" -- mha --params $G/mha_seed/params.safetensors --heads "$(sed -n 's/^heads=//p' $G/mha_seed/case.txt)" --query $G/mha_seed/x.npy --out "$T/o.npy" --weights-out "$T/w.npy"
 close "$T/o.npy" $G/mha_seed/out.npy 1e-5
 close "$T/w.npy" $G/mha_seed/weights.npy 1e-5
+# --clip-qkv: a bound no projection reaches changes nothing, a tight one changes the output; 0 is refused
+SEEDH=$(sed -n 's/^heads=//p' $G/mha_seed/case.txt)
+expect 0 "" -- mha --params $G/mha_seed/params.safetensors --heads "$SEEDH" --query $G/mha_seed/x.npy --out "$T/oc.npy" --clip-qkv 1e6
+close "$T/oc.npy" $G/mha_seed/out.npy 1e-5
+expect 0 "" -- mha --params $G/mha_seed/params.safetensors --heads "$SEEDH" --query $G/mha_seed/x.npy --out "$T/oc.npy" --clip-qkv 0.01
+differ "$T/oc.npy" $G/mha_seed/out.npy
+expect 2 "$T/never_oc.npy" -- mha --params $G/mha_seed/params.safetensors --heads "$SEEDH" --query $G/mha_seed/x.npy --out "$T/never_oc.npy" --clip-qkv 0
 H=$(sed -n 's/^heads=//p' $G/mha_torch_heads/case.txt); P=$(sed -n 's/^prefix=//p' $G/mha_torch_heads/case.txt)
 expect 0 "" -- mha --params $G/mha_torch_heads/params.safetensors --prefix "$P" --heads "$H" --query $G/mha_torch_heads/x.npy --mask $G/mha_torch_heads/mask.npy --key-padding $G/mha_torch_heads/key_padding.npy --out "$T/o.npy" --weights-out "$T/w.npy"
 close "$T/o.npy" $G/mha_torch_heads/out.npy 1e-5

@@ -188,11 +188,21 @@ int main(void) {
   c = parse(ctx, "{\"model_type\": \"dots1\", " HF_SHAPE ", \"sliding_window\": 32, \"max_window_layers\": 5}", ATTN_OK, NULL);
   CHECK(!c.sliding[4] && c.sliding[5], "dots1: layers from max_window_layers on");
   c = parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": null}", ATTN_OK, NULL);
+  CHECK(c.clip_qkv == 0, "olmo: clip_qkv null is none");
+  c = parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_OK, NULL);
+  CHECK(c.clip_qkv == 8.0, "olmo: clip_qkv read");
+  c = parse(ctx, "{" HF_SHAPE ", \"clip_qkv\": 0.5, \"model_type\": \"olmoe\"}", ATTN_OK, NULL);
+  CHECK(c.clip_qkv == 0.5, "olmoe: clip_qkv read (a key before model_type)");
+  c = parse(ctx, "{\"model_type\": \"llama\", " HF_SHAPE ", \"clip_qkv\": null}", ATTN_OK, NULL);
+  CHECK(c.clip_qkv == 0, "llama: clip_qkv null is none");
+  parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 0}", ATTN_E_FORMAT, "clip_qkv must be");
+  parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": -8}", ATTN_E_FORMAT, "clip_qkv must be");
   c = parse(ctx, "{\"model_type\": \"ministral3\", " HF_SHAPE ", \"llama_4_scaling_beta\": 0}", ATTN_OK, NULL);
 
   /* what libattn lacks: refused, naming the field */
-  parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_E_UNSUPPORTED, "clip_qkv (OLMo");
-  parse(ctx, "{" HF_SHAPE ", \"clip_qkv\": 8.0, \"model_type\": \"olmoe\"}", ATTN_E_UNSUPPORTED, "clip_qkv");
+  parse(ctx, "{\"model_type\": \"llama\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_E_UNSUPPORTED,
+        "clip_qkv (a clamp of q, k and v outside OLMo");
+  parse(ctx, "{" HF_SHAPE ", \"clip_qkv\": 8.0, \"model_type\": \"olmo2\"}", ATTN_E_UNSUPPORTED, "clip_qkv");
   c = parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"qk_layernorm\": true}", ATTN_OK, NULL);
   CHECK(c.qk_norm == 1, "stablelm: qk_layernorm read");
   parse(ctx, "{" HF_SHAPE ", \"qk_layernorm\": true, \"model_type\": \"persimmon\"}", ATTN_E_UNSUPPORTED, "qk_layernorm");

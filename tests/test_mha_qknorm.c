@@ -133,6 +133,12 @@ static void refused_configs(attn_ctx *ctx) {
   c.head_dim = 1;
   CHECK_ERR(ctx, attn_mha_create(ctx, &m, &c), ATTN_E_INVALID, "2^24");
   attn_mha_config_init(&c, 8, 2);
+  const double bad_clip[] = {-1.0, NAN, INFINITY};
+  for (int i = 0; i < 3; i++) {
+    c.clip_qkv = bad_clip[i];
+    CHECK_ERR(ctx, attn_mha_create(ctx, &m, &c), ATTN_E_INVALID, "clip_qkv");
+  }
+  c.clip_qkv = 0;
   c.out_bias = 2;
   CHECK_ERR(ctx, attn_mha_create(ctx, &m, &c), ATTN_E_INVALID, "out_bias");
   c.out_bias = -1;
@@ -173,14 +179,15 @@ typedef struct lcase {
   int bias, out_bias, qk_norm, cross, rope, causal;
   attn_norm_kind kind;
   double eps;
+  double clip; /* clip_qkv; 0 = none */
   int64_t B, Nq, Nk;
 } lcase;
 
 static void describe(char *buf, size_t n, const lcase *c) {
   snprintf(buf, n, "E%lld H%lld Hk%lld D%lld kdim%lld vdim%lld bias%d out_bias%d norm%d kind%d cross%d rope%d causal%d "
-           "B%lld Nq%lld Nk%lld", (long long)c->E, (long long)c->H, (long long)c->Hk, (long long)c->D,
+           "clip%g B%lld Nq%lld Nk%lld", (long long)c->E, (long long)c->H, (long long)c->Hk, (long long)c->D,
            (long long)c->kdim, (long long)c->vdim, c->bias, c->out_bias, c->qk_norm, (int)c->kind, c->cross, c->rope,
-           c->causal, (long long)c->B, (long long)c->Nq, (long long)c->Nk);
+           c->causal, c->clip, (long long)c->B, (long long)c->Nq, (long long)c->Nk);
 }
 
 /* y [rows, nout] = x [rows, nin] . W [nout, nin]^T + b (b may be NULL) */
@@ -217,7 +224,16 @@ static void ref_rope(double *x, int64_t D, int64_t pos) {
   }
 }
 
-/* rows [rows, heads*D]: QK-norm (as the case says) then RoPE at position (row % N). */
+/* x [n] clamped to [-clip, clip] (clip_qkv; 0: untouched) */
+static int64_t ref_clipped; /* values the reference clamped: the clip_qkv cases must meet the bound */
+static void ref_clip(double *x, int64_t n, double clip) {
+  for (int64_t i = 0; clip > 0 && i < n; i++) {
+    ref_clipped += x[i] < -clip || x[i] > clip;
+    x[i] = x[i] < -clip ? -clip : x[i] > clip ? clip : x[i];
+  }
+}
+
+/* rows [rows, heads*D]: QK-norm (as the case says), clip_qkv, then RoPE at position (row % N). */
 static void ref_norm_rope(const lcase *c, double *rows, int64_t nrows, int64_t N, int64_t heads, const double *w,
                           const double *b) {
   for (int64_t r = 0; r < nrows; r++) {
@@ -227,6 +243,7 @@ static void ref_norm_rope(const lcase *c, double *rows, int64_t nrows, int64_t N
       for (int64_t h = 0; h < heads; h++) ref_norm(x + h * c->D, c->D, w, b, c->kind, c->eps);
     else if (c->qk_norm == ATTN_QK_NORM_EACH_HEAD) /* head h's own row of [heads, D] */
       for (int64_t h = 0; h < heads; h++) ref_norm(x + h * c->D, c->D, w + h * c->D, b ? b + h * c->D : NULL, c->kind, c->eps);
+    ref_clip(x, heads * c->D, c->clip);
     if (c->rope)
       for (int64_t h = 0; h < heads; h++) ref_rope(x + h * c->D, c->D, r % N);
   }
@@ -244,6 +261,7 @@ static void ref_layer_w(const lcase *c, double *const P[ATTN_MHA_NUM_PARAMS], co
   ref_linear(q, xq, P[ATTN_MHA_Q_WEIGHT], P[ATTN_MHA_Q_BIAS], B * Nq, qd, c->E);
   ref_linear(k, xk, P[ATTN_MHA_K_WEIGHT], P[ATTN_MHA_K_BIAS], B * Nk, kv, c->kdim);
   ref_linear(v, xv, P[ATTN_MHA_V_WEIGHT], P[ATTN_MHA_V_BIAS], B * Nk, kv, c->vdim);
+  ref_clip(v, B * Nk * kv, c->clip);
   ref_norm_rope(c, q, B * Nq, Nq, H, P[ATTN_MHA_Q_NORM_WEIGHT], P[ATTN_MHA_Q_NORM_BIAS]);
   ref_norm_rope(c, k, B * Nk, Nk, Hk, P[ATTN_MHA_K_NORM_WEIGHT], P[ATTN_MHA_K_NORM_BIAS]);
   for (int64_t b = 0; b < B; b++)
@@ -289,6 +307,7 @@ static attn_mha *case_layer(attn_ctx *ctx, const lcase *c, tu_rng *r) {
   cfg.qk_norm = c->qk_norm;
   cfg.qk_norm_kind = c->kind;
   cfg.qk_norm_eps = c->eps;
+  cfg.clip_qkv = c->clip;
   attn_mha *m = make(ctx, &cfg);
   for (int p = 0; m && p < ATTN_MHA_NUM_PARAMS; p++) {
     attn_tensor t;
@@ -627,6 +646,9 @@ static lcase random_case(tu_rng *r, int i) {
   c.Nq = tu_int(r, 1, 4);
   c.Nk = c.cross ? tu_int(r, 1, 4) : c.Nq;
   c.causal = !c.cross && tu_int(r, 0, 1);
+  /* clip_qkv on every third case, low enough that some of q, k and v meet it */
+  tu_rng own = {500 + (uint64_t)i}; /* a draw of its own: the other cases' draws stay as they were */
+  c.clip = i % 3 == 1 ? 0.25 + 0.5 * (tu_uniform(&own) + 1) : 0;
   return c;
 }
 
@@ -643,6 +665,7 @@ static void compute_cases(attn_ctx *ctx, int cases) {
       cached_case(ctx, &cc, 2900 + (uint64_t)i);
     }
   }
+  CHECK(ref_clipped > 0, "the clip_qkv cases clamped %lld values of q, k and v", (long long)ref_clipped);
 }
 
 /* A saved state, grads or a cache of another shape than the layer: clear statuses. */
@@ -719,6 +742,54 @@ static void no_keys(attn_ctx *ctx) {
   attn_mha_destroy(m), attn_mha_destroy(g);
 }
 
+/* clip_qkv at its bounds: identity projections and one key, so out = clamp(x) and dx = dout where
+ * -c <= x <= c (ends included, as torch.clamp) and 0 beyond (the q and k paths add only rounding:
+ * one key's softmax is constant); every kernel, REF on doubles. */
+static void clip_bounds(attn_ctx *ctx) {
+  enum { E = 6 };
+  const double c = 0.75, x[E] = {0.75, -0.75, 0.7499999, 0.7500001, -2.0, 3.0}, pass[E] = {1, 1, 1, 0, 0, 0};
+  attn_mha_config cfg;
+  attn_mha_config_init(&cfg, E, 1);
+  cfg.bias = 0;
+  cfg.clip_qkv = c;
+  attn_mha *m = make(ctx, &cfg), *g = make(ctx, &cfg);
+  for (int p = 0; m && p < ATTN_MHA_NUM_PARAMS; p++) {
+    attn_tensor t;
+    if (attn_mha_param_view(ctx, &t, m, (attn_mha_param)p)) continue;
+    float *w = t.data;
+    for (int64_t i = 0; i < attn_tensor_numel(&t); i++) w[i] = i % (E + 1) == 0 ? 1.0f : 0.0f; /* [E, E]: I */
+  }
+  const int64_t sh[3] = {1, 1, E};
+  for (size_t ki = 0; m && g && ki < sizeof kernels / sizeof kernels[0]; ki++) {
+    if (!attn_kernel_supported(kernels[ki])) continue;
+    attn_ctx_set_kernel(ctx, kernels[ki]);
+    const int ref = kernels[ki] == ATTN_KERNEL_REF;
+    const attn_dtype dt = ref ? ATTN_F64 : ATTN_F32;
+    double xd[E], outd[E], doutd[E], dxd[E];
+    float xf[E], outf[E], doutf[E], dxf[E];
+    for (int i = 0; i < E; i++) xf[i] = (float)(xd[i] = x[i]), doutf[i] = (float)(doutd[i] = i + 1);
+    tu_poison_f32(outf, E), tu_poison_f32(dxf, E);
+    memset(outd, 0xff, sizeof outd), memset(dxd, 0xff, sizeof dxd); /* NaN */
+    attn_tensor tx = attn_tensor_view(ref ? (void *)xd : (void *)xf, dt, 3, sh);
+    attn_tensor to = attn_tensor_view(ref ? (void *)outd : (void *)outf, dt, 3, sh);
+    attn_tensor tg = attn_tensor_view(ref ? (void *)doutd : (void *)doutf, dt, 3, sh);
+    attn_tensor td = attn_tensor_view(ref ? (void *)dxd : (void *)dxf, dt, 3, sh);
+    attn_mha_saved *sv = NULL;
+    CHECK_OK(ctx, attn_mha_forward_save(ctx, m, &to, NULL, &sv, &tx, NULL, NULL, NULL));
+    CHECK_OK(ctx, attn_mha_backward(ctx, m, &td, NULL, NULL, g, sv, &tg));
+    attn_mha_saved_free(sv);
+    for (int i = 0; i < E; i++) {
+      const double want = x[i] < -c ? -c : x[i] > c ? c : x[i], wdx = pass[i] ? (double)(i + 1) : 0.0;
+      const double got = ref ? outd[i] : (double)outf[i], gdx = ref ? dxd[i] : (double)dxf[i];
+      CHECK(got == (ref ? want : (double)(float)want), "clip_qkv %s: out[%d] = %.9g, want %.9g",
+            attn_kernel_name(kernels[ki]), i, got, want);
+      CHECK(fabs(gdx - wdx) <= 1e-5, "clip_qkv %s: dx[%d] = %.9g, want %.9g", attn_kernel_name(kernels[ki]), i, gdx, wdx);
+    }
+  }
+  attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
+  attn_mha_destroy(m), attn_mha_destroy(g);
+}
+
 int main(int argc, char **argv) {
   attn_ctx *ctx;
   if (attn_ctx_create(&ctx)) return 1;
@@ -728,6 +799,7 @@ int main(int argc, char **argv) {
   refused_configs(ctx);
   mismatches(ctx);
   no_keys(ctx);
+  clip_bounds(ctx);
   compute_cases(ctx, argc > 1 ? atoi(argv[1]) : 48);
   attn_ctx_destroy(ctx);
   return tu_finish("test_mha_qknorm");

@@ -34,14 +34,15 @@ static const struct {
      "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
      "            [--precision default|fp32|bf16|f16]\n"
      "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy] [--scale S]\n"
+     "            [--clip-qkv C (OLMo: q, k, v clamped to [-C, C])]\n"
      "            [--names q=T,k=T,v=T,o=T[,q_bias=T,...,k_norm=T] [--layout linear|conv1d]]\n"
      "            [--rope THETA [--rope-dim R] [--rope-interleaved] [--rope-scaling linear:F|dynamic:F:P|\n"
      "             llama3:F:LOW:HIGH:P|yarn:F:P]] [--positions P.npy]\n"
      "            [--grad-out G.npy --grads-out GRADS.safetensors]\n"
      "  attn mha  --hf-config config.json --params model.safetensors|model.safetensors.index.json --layer L\n"
      "            --query X.npy --out O.npy [--causal] [--positions P.npy] [--mask M.npy] [--threads N] ...\n"
-     "            layer L of a Hugging Face model as saved: its prefix, heads, head_dim, QK-norm, window,\n"
-     "            softcap, scale and RoPE from the config (X: the layer's input after its norm, [B, N, E])\n"},
+     "            layer L of a Hugging Face model as saved: its prefix, heads, head_dim, QK-norm, clip_qkv,\n"
+     "            window, softcap, scale and RoPE from the config (X: the layer's input after its norm, [B, N, E])\n"},
     {"map", NULL,
      "  attn map  --params P.safetensors --heads H --query X.npy [--key K.npy [--value V.npy]] --png OUT.png\n"
      "            [--tokens T.txt] [--key-tokens T.txt] [--batch I] [--causal] [--prefix PFX] [--kv-heads G]\n"

@@ -138,14 +138,14 @@ int cmd_mha(int argc, char **argv) {
                                       "--weights-out", "--threads", "--grad-out", "--grads-out", "--dropout",
                                       "--seed", "--window", "--softcap", "--sinks", "--precision", "--scale",
                                       "--hf-config", "--layer", "--names", "--layout", "--positions", "--rope",
-                                      "--rope-dim", "--rope-scaling", NULL};
+                                      "--rope-dim", "--rope-scaling", "--clip-qkv", NULL};
   static const char *const switches[] = {"--causal", "--average-weights", "--alibi", "--rope-interleaved", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--grads-out", NULL};
   static const char *const in_flags[] = {"--params", "--query", "--key", "--value", "--mask", "--key-padding",
                                          "--grad-out", "--sinks", "--hf-config", "--positions", NULL};
   /* what a config says; given with --hf-config, they would contradict it */
   static const char *const from_config[] = {"--heads", "--kv-heads", "--prefix", "--names", "--layout", "--window",
-                                            "--softcap", "--scale", "--rope", NULL};
+                                            "--softcap", "--scale", "--rope", "--clip-qkv", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
   if (r) return r;
@@ -183,13 +183,15 @@ int cmd_mha(int argc, char **argv) {
   long long heads = 0, kv_heads = 0, layer = 0;
   attn_causal causal;
   int64_t window = 0;
-  double dropout = 0, softcap = 0, scale = NAN;
+  double dropout = 0, softcap = 0, scale = NAN, clip_qkv = 0;
   uint64_t seed = 0;
   if ((r = cli_int(&a, "--heads", 1, 1 << 20, &heads)) || (r = cli_int(&a, "--kv-heads", 1, 1 << 20, &kv_heads)) ||
       (r = cli_int(&a, "--layer", 0, ATTN_HF_MAX_LAYERS - 1, &layer)) || (r = cli_parse_causal(&a, &causal)) ||
       (r = cli_parse_dropout(&a, &dropout, &seed)) || (r = cli_parse_window_softcap(&a, &window, &softcap)) ||
-      (r = cli_double(&a, "--scale", &scale)))
+      (r = cli_double(&a, "--scale", &scale)) || (r = cli_double(&a, "--clip-qkv", &clip_qkv)))
     return r;
+  if (cli_has(&a, "--clip-qkv") && !(clip_qkv > 0 && isfinite(clip_qkv)))
+    return cli_fail(CLI_EXIT_USAGE, "--clip-qkv wants a finite number > 0, got '%s'", cli_show(cli_get(&a, "--clip-qkv")));
   if (cli_has(&a, "--scale") && !(scale > 0))
     return cli_fail(CLI_EXIT_USAGE, "--scale wants a number > 0, got '%s'", cli_show(cli_get(&a, "--scale")));
   attn_ctx *ctx = NULL;
@@ -231,6 +233,7 @@ int cmd_mha(int argc, char **argv) {
     attn_mha_config like;
     attn_mha_config_init(&like, 0, heads);
     like.num_kv_heads = kv_heads;
+    like.clip_qkv = clip_qkv;
     if (attn_safetensors_open(ctx, &params, cli_get(&a, "--params")) ||
         (!cli_has(&a, "--names") && attn_mha_detect_naming(ctx, &nm, params, prefix)) ||
         attn_mha_create_from_tensors(ctx, &mha, params, prefix, cli_has(&a, "--names") ? &names : NULL, &like)) {

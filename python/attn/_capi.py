@@ -76,6 +76,7 @@ class MhaConfig(ctypes.Structure):
         ("qk_norm_kind", ctypes.c_int),
         ("qk_norm_eps", ctypes.c_double),
         ("sinks", ctypes.c_int),
+        ("clip_qkv", ctypes.c_double),
     ]
 
 
@@ -175,6 +176,7 @@ class HfConfig(ctypes.Structure):  # filled by the library (attn_mha_create_from
         ("relative_bias", ctypes.c_int),
         ("nope", ctypes.c_ubyte * 1024),
         ("qk_norm", ctypes.c_int),
+        ("clip_qkv", ctypes.c_double),
     ]
 
 

@@ -55,6 +55,9 @@ class MultiheadAttention:
     gives the layer learned attention sinks (gpt-oss): parameter "sinks" [H],
     one logit per head joining each row's softmax, used by every forward and
     differentiated by grad(); the sinks= keyword of a call then must be None.
+    clip_qkv (OLMo's; None or > 0) clamps q, k and v to [-clip_qkv, clip_qkv]
+    after their projections (and QK-norm), before RoPE, in every forward; the
+    gradient passes where a value lay within the bounds, as torch.clamp's.
     """
 
     _QK_NORM = {None: _capi.QK_NORM_NONE, "per_head": _capi.QK_NORM_PER_HEAD, "whole": _capi.QK_NORM_WHOLE,
@@ -67,7 +70,7 @@ class MultiheadAttention:
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                  kdim=None, vdim=None, batch_first=False, device=None, dtype=None, num_kv_heads=None, *,
                  head_dim=None, out_bias=None, qk_norm=None, qk_norm_kind="rms", qk_norm_eps=1e-6, sinks=False,
-                 threads=None, _handle=None):
+                 clip_qkv=None, threads=None, _handle=None):
         if add_bias_kv or add_zero_attn:
             raise ValueError("add_bias_kv and add_zero_attn are not supported")
         if device is not None and str(device) != "cpu":
@@ -100,6 +103,7 @@ class MultiheadAttention:
             cfg.qk_norm_kind = self._NORM_KIND[qk_norm_kind]
             cfg.qk_norm_eps = float(qk_norm_eps)
             cfg.sinks = 1 if sinks else 0
+            cfg.clip_qkv = 0.0 if clip_qkv is None else float(clip_qkv)
             h = ctypes.c_void_p()
             self._ctx.check(_capi.lib.attn_mha_create(self._ctx.h, ctypes.byref(h), ctypes.byref(cfg)))
             self._h = h
@@ -116,6 +120,7 @@ class MultiheadAttention:
         self.qk_norm_kind = {v: k for k, v in self._NORM_KIND.items()}[cfg.qk_norm_kind]
         self.qk_norm_eps = cfg.qk_norm_eps
         self.has_sinks = bool(cfg.sinks)
+        self.clip_qkv = cfg.clip_qkv or None
         self.batch_first = batch_first
 
     def __repr__(self):
@@ -124,7 +129,8 @@ class MultiheadAttention:
         drop = f", dropout={self.dropout}" if self.dropout else ""
         return (f"MultiheadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}{drop}, "
                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, "
-                f"bias={self.bias}, out_bias={self.out_bias}{norm}{', sinks=True' if self.has_sinks else ''}, "
+                f"bias={self.bias}, out_bias={self.out_bias}{norm}{', sinks=True' if self.has_sinks else ''}"
+                f"{f', clip_qkv={self.clip_qkv}' if self.clip_qkv else ''}, "
                 f"batch_first={self.batch_first})")
 
     def train(self, mode=True):
@@ -150,14 +156,15 @@ class MultiheadAttention:
 
     @classmethod
     def from_safetensors(cls, path, num_heads, prefix="", *, num_kv_heads=None, head_dim=None, names=None,
-                         layout="linear", qk_norm_kind="rms", qk_norm_eps=None, batch_first=False, threads=None):
+                         layout="linear", qk_norm_kind="rms", qk_norm_eps=None, clip_qkv=None, batch_first=False,
+                         threads=None):
         """The layer under prefix in a safetensors file (attn_mha_create_from_tensors).
 
         Sizes (embed_dim, H*D, kv rows, kdim, vdim, biases, QK-norm's scope, learned sinks) are
         read off the tensors' shapes; num_heads, num_kv_heads (None: num_heads),
         head_dim (None: q rows / num_heads), qk_norm_kind ("rms", "rms_plus_one"
-        or "layer") and qk_norm_eps (None: the library's 1e-6) are what a file
-        cannot say. names=None detects the family (PyTorch, Llama/Qwen/Gemma/OLMo/gpt-oss,
+        or "layer"), qk_norm_eps (None: the library's 1e-6) and clip_qkv (None:
+        none) are what a file cannot say. names=None detects the family (PyTorch, Llama/Qwen/Gemma/OLMo/gpt-oss,
         BERT, ViT, DistilBERT, GPT-2, T5, the seed). Otherwise a dict of tensor
         names under prefix: "q", "k", "v", "o" (required) and optionally "q_bias",
         "k_bias", "v_bias", "o_bias", "q_norm", "k_norm", "q_norm_bias",
@@ -192,6 +199,8 @@ class MultiheadAttention:
         like.qk_norm_kind = cls._NORM_KIND[qk_norm_kind]
         if qk_norm_eps is not None:
             like.qk_norm_eps = float(qk_norm_eps)
+        if clip_qkv is not None:
+            like.clip_qkv = float(clip_qkv)
         c = _Ctx()
         st = ctypes.c_void_p()
         c.check(_capi.lib.attn_safetensors_open(c.h, ctypes.byref(st), str(path).encode()))

@@ -1522,6 +1522,11 @@ def _hf_build(kind, L):
         rs = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
         model = tf.Olmo3ForCausalLM(tf.Olmo3Config(sliding_window=5, rope_scaling=rs, pad_token_id=0,
                                                    **{**dec, "num_hidden_layers": 4}))
+    elif kind == "olmo_clip":  # clip_qkv: q, k, v clamped after their projections
+        model = tf.OlmoForCausalLM(tf.OlmoConfig(clip_qkv=2.0, pad_token_id=0, **dec))
+    elif kind == "olmoe_clip":  # clip_qkv after the whole-projection QK-norm
+        model = tf.OlmoeForCausalLM(tf.OlmoeConfig(clip_qkv=0.3, num_experts=4, num_experts_per_tok=2, pad_token_id=0,
+                                                   **dec))
     elif kind == "granite":  # attention_multiplier as the logits' scale
         model = tf.GraniteForCausalLM(tf.GraniteConfig(attention_multiplier=0.3, pad_token_id=0, **dec))
     elif kind.startswith("phi_"):  # q/k/v_proj and dense, all biased; partial rotary 0.5; a biased LayerNorm of q, k
@@ -1756,7 +1761,7 @@ def hf_family(kind, L=1, causal=True, pad=False, cached=True, backward=True):
         xg = x32.detach().clone().requires_grad_(True)
         (call32(xg) * G.float()).sum().backward()
         g32 = {n: v.detach().clone() for n, v in _hf_grads_torch(mod, kind, layer.embed_dim).items()}
-        if kind.startswith("gpt_oss"):  # its experts do not run in float64 on the CPU: the attention alone
+        if kind.startswith(("gpt_oss", "olmoe")):  # their experts do not run in float64 on the CPU: the attention alone
             import copy
             mod = copy.deepcopy(_hf_attention_module(model, kind, L)).double()
             _, call64, _ = _hf_run(model, kind, L, ids, mask, module=mod)
@@ -1822,6 +1827,8 @@ if have_transformers:
         ("Exaone4Attention (QK-norm, full layer without RoPE), config.json as on the Hub", "exaone4_hub", dict(L=2)),
         ("Olmo3Attention (sliding layer: default RoPE beside YaRN), config.json as on the Hub", "olmo3_hub", {}),
         ("Olmo3Attention (full layer: YaRN)", "olmo3", dict(L=3)),
+        ("OlmoAttention (clip_qkv 2: q, k and v clamped)", "olmo_clip", {}),
+        ("OlmoeAttention (clip_qkv 0.3 after QK-norm over the whole projection)", "olmoe_clip", {}),
         ("GraniteAttention (attention_multiplier)", "granite", {}),
         ("StableLmAttention (partial rotary 0.25)", "stablelm", {}),
         ("StableLmAttention (qk_layernorm: a LayerNorm per head, saved per head)", "stablelm_qk_layernorm", {}),
@@ -1860,8 +1867,8 @@ if have_transformers:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    case(FAM, "OlmoAttention with clip_qkv: refused naming clip_qkv",
-         lambda: refused(lambda tf, d: tf.OlmoForCausalLM(tf.OlmoConfig(clip_qkv=0.5, **d)), "clip_qkv"))
+    case(FAM, "Olmo2Attention with a clip_qkv in its config (which Olmo2 does not apply): refused naming clip_qkv",
+         lambda: refused(lambda tf, d: tf.Olmo2ForCausalLM(tf.Olmo2Config(clip_qkv=0.5, **d)), "clip_qkv"))
     case(FAM, "PersimmonAttention with qk_layernorm: refused naming it",
          lambda: refused(lambda tf, d: tf.PersimmonForCausalLM(tf.PersimmonConfig(qk_layernorm=True, **d)),
                          "qk_layernorm"))

@@ -66,6 +66,27 @@ def qk_norm_layer():
     assert {"q_norm.weight", "k_norm.weight", "q_norm.bias", "k_norm.bias"} <= set(g) and "out_proj.bias" not in g, g
 
 
+def clipped_qkv():
+    """clip_qkv=: the layer clamps q, k and v; with identity projections and one key the output is
+    the input clamped, and its gradient passes where the input lay within the bounds (ends too)."""
+    import numpy as np
+    m = attn.MultiheadAttention(4, 1, bias=False, clip_qkv=0.5, batch_first=True)
+    assert m.clip_qkv == 0.5 and repr(m).endswith("clip_qkv=0.5, batch_first=True)"), repr(m)
+    assert attn.MultiheadAttention(4, 1).clip_qkv is None
+    eye = np.eye(4, dtype=np.float32)
+    m.load_state_dict({"in_proj_weight": np.concatenate([eye] * 3), "out_proj.weight": eye})
+    x = np.array([[[0.5, -0.5, 0.25, 2.0]]], np.float32)
+    out, _ = m(x, x, x, need_weights=False)
+    assert (np.asarray(out) == np.array([[[0.5, -0.5, 0.25, 0.5]]], np.float32)).all(), out
+    g = m.grad(x, x, x, np.ones_like(x))["query"]
+    assert np.abs(np.asarray(g) - np.array([[[1, 1, 1, 0]]])).max() <= 1e-6, g
+    try:
+        attn.MultiheadAttention(4, 1, clip_qkv=-1.0)
+        raise AssertionError("clip_qkv -1 accepted")
+    except attn.AttnError as e:
+        assert "clip_qkv" in str(e), e
+
+
 def learned_sinks():
     """sinks=True: the parameter by name, what a call's own sinks meet, its gradient (the float64
     path's within fp32 rounding, and central differences of the float64 path)."""
@@ -284,6 +305,7 @@ def main():
                        "bias=True, out_bias=True, batch_first=True)"), repr(m)
     qk_norm_layer()
     learned_sinks()
+    clipped_qkv()
     kv_quant()
     paged()
     views()

@@ -41,6 +41,7 @@ typedef struct hf_raw {
   int pattern_text;                        /* sliding_window_pattern given as a string (EXAONE 4's "LLLG") */
   int use_qk_norm;                         /* Cohere's LayerNorm of q and k (Llama 4's weightless norm) */
   int qk_layernorm;                        /* Phi's and StableLM's LayerNorm of q and k (Persimmon's) */
+  double clip_qkv;                         /* OLMo's clamp of q, k and v; NAN when absent or null */
   char lacking[48];                        /* the first key that asks for what libattn lacks, or "" */
 } hf_raw;
 
@@ -272,8 +273,9 @@ static attn_status top_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "no_rope_layer_interval")) return int_or_null(j, k, &r->nope_interval);
   if (key_is(k, "use_qk_norm")) return boolean(j, k, &r->use_qk_norm);
   if (key_is(k, "qk_layernorm")) return boolean(j, k, &r->qk_layernorm);
+  if (key_is(k, "clip_qkv")) return num_or_null(j, &r->clip_qkv);
   if (key_is(k, "attention_chunk_size") || key_is(k, "attn_temperature_tuning") ||
-      key_is(k, "clip_qkv") || key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank") ||
+      key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank") ||
       key_is(k, "key_multiplier") || key_is(k, "llama_4_scaling_beta") || key_is(k, "use_bidirectional_attention"))
     return lacking(j, r, k);
   if (key_is(k, "layer_types")) return layer_types(j, r);
@@ -390,7 +392,7 @@ static const char *lacking_what(const char *k) {
   if (key_is(k, "use_qk_norm")) return "Llama 4's QK-norm without weights, after RoPE";
   if (key_is(k, "attention_chunk_size")) return "Llama 4's chunked attention";
   if (key_is(k, "attn_temperature_tuning")) return "Llama 4's temperature on NoPE layers";
-  if (key_is(k, "clip_qkv")) return "OLMo's clamp of q, k and v";
+  if (key_is(k, "clip_qkv")) return "a clamp of q, k and v outside OLMo and OLMoE";
   if (key_is(k, "qk_layernorm")) return "Persimmon's LayerNorm of q and k, beside its fused query_key_value";
   if (key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank")) return "DeepSeek's multi-head latent attention";
   if (key_is(k, "key_multiplier")) return "Falcon-H1's multiplier of the keys";
@@ -427,10 +429,16 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
   const int layernormed = !strcmp(r->model_type, "phi") || !strcmp(r->model_type, "stablelm");
   if (r->use_qk_norm == 1 && !cohere && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "use_qk_norm");
   if (r->qk_layernorm == 1 && !layernormed && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "qk_layernorm");
+  const int clipped = !strcmp(r->model_type, "olmo") || !strcmp(r->model_type, "olmoe");
+  if (!isnan(r->clip_qkv) && !clipped && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "clip_qkv");
   if (r->lacking[0])
     return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s (%s) is not supported", r->lacking,
                          lacking_what(r->lacking));
   out->qk_norm = (cohere && r->use_qk_norm == 1) || (layernormed && r->qk_layernorm == 1);
+  if (!isnan(r->clip_qkv) && (!(r->clip_qkv > 0) || !isfinite(r->clip_qkv)))
+    return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "clip_qkv must be null or finite and > 0, got %g",
+                         r->clip_qkv);
+  out->clip_qkv = isnan(r->clip_qkv) ? 0 : r->clip_qkv;
   const family_facts *facts = facts_of(r->model_type);
   if (facts && isnan(r->theta) && facts->theta > 0) r->theta = facts->theta;
   if (facts && isnan(r->partial) && r->rotary_dim <= 0 && facts->partial > 0) r->partial = facts->partial;
@@ -560,6 +568,7 @@ attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, const char 
   r->hidden = r->heads = r->kv_heads = r->head_dim = r->layers = r->sliding_window = UNSET;
   r->max_window_layers = r->max_pos = r->pattern = r->rotary_dim = UNSET;
   r->theta = r->partial = r->local_base = r->qpas = r->softcap = r->eps = r->multiplier = r->original_max = NAN;
+  r->clip_qkv = NAN;
   r->attention_bias = r->use_sliding = r->scale_attn_weights = r->scale_inverse_layer = UNSET;
   r->nrope = r->nope_interval = r->use_qk_norm = r->qk_layernorm = UNSET;
   rope_unset(&r->scaling), rope_unset(&r->global), rope_unset(&r->local);

@@ -81,6 +81,8 @@ static attn_status resolve_config(attn_ctx *ctx, attn_mha_config *c) {
     if (!(c->qk_norm_eps > 0) || !isfinite(c->qk_norm_eps))
       return attn__fail(ctx, ATTN_E_INVALID, "qk_norm_eps must be finite and > 0, got %g", c->qk_norm_eps);
   }
+  if (!(c->clip_qkv >= 0) || !isfinite(c->clip_qkv))
+    return attn__fail(ctx, ATTN_E_INVALID, "clip_qkv must be 0 (none) or finite and > 0, got %g", c->clip_qkv);
   return ATTN_OK;
 }
 
@@ -340,6 +342,7 @@ typedef struct fwd {
   const float *xq, *xk, *xv;    /* the fp32 inputs' contiguous rows: own_* or the caller's */
   double *cq, *ck, *cv;         /* float64 copies, kept for the backward; may share a buffer */
   void *Qx, *Kx;        /* with QK-norm, kept for the backward: q [M, H*D] and k [Mk, Hk*D] before the norm */
+  uint8_t *Cm;          /* with clip_qkv, kept for the backward: attn__mha_clip's mask */
   void *A;              /* [M, H*D]: attention's output, heads side by side */
   size_t nA;            /* its bytes */
   void *L;              /* [B, H, Nq]: attention's lse, kept for the backward (else NULL) */
@@ -361,6 +364,7 @@ static void fwd_free(fwd *f) {
   attn__aligned_free(f->Q);
   attn__aligned_free(f->Qx);
   attn__aligned_free(f->Kx);
+  attn__aligned_free(f->Cm);
   attn__aligned_free(f->A);
   attn__aligned_free(f->L);
 }
@@ -431,6 +435,13 @@ static attn_status norm_qk(attn_ctx *ctx, fwd *f, const attn_mha *mha) {
     snprintf(msg, sizeof msg, "%s", attn_ctx_error(ctx));
     return attn__fail(ctx, st, "attn_mha_forward: QK-norm: %s", msg);
   }
+  return ATTN_OK;
+}
+
+/* f's Q, K and V clamped in place (clip_qkv), the mask kept for the backward (f->Cm, when kept). */
+static attn_status clip_qkv(fwd *f, const attn_mha *mha) {
+  if (mha->cfg.clip_qkv > 0)
+    attn__mha_clip(mha, f->ref, f->Q, f->ldq, f->K, f->V, f->ldkv, f->B * f->Nq, f->B * f->Nk, f->Cm);
   return ATTN_OK;
 }
 
@@ -517,11 +528,12 @@ static attn_status save(attn_ctx *ctx, attn_mha_saved *sv, fwd *f, const attn_sd
   sv->q = f->Q; sv->k = f->K; sv->v = f->V;
   sv->ldq = f->ldq; sv->ldkv = f->ldkv;
   sv->qx = f->Qx; sv->kx = f->Kx;
+  sv->clipped = f->Cm;
   sv->a = f->A;
   sv->lse = f->L;
   void *bufs[] = {f->own_q, f->own_k, f->own_v, f->cq, f->ck != f->cq ? f->ck : NULL,
                   (f->cv != f->cq && f->cv != f->ck) ? f->cv : NULL, f->Q, f->fused ? NULL : f->K,
-                  f->fused ? NULL : f->V, f->Qx, f->Kx, f->A, f->L};
+                  f->fused ? NULL : f->V, f->Qx, f->Kx, f->Cm, f->A, f->L};
   _Static_assert(sizeof bufs / sizeof bufs[0] + ATTN__SDPA_OPT_TENSORS == ATTN__MHA_SAVED_BUFS,
                  "owned[] must hold every buffer of this list and every option copy");
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -571,6 +583,37 @@ attn_status attn__mha_qk_norm(attn_ctx *ctx, const attn_mha *mha, int ref, void 
 }
 
 /* ---- what the forward and the cached step share --------------------------------- */
+/* rows [rows, cols] ld apart clamped to [-c, c]; mask (or NULL) [rows, cols] as attn__mha_clip says.
+ * Selects, not branches: the loops vectorise (a branch a value mispredicts on random signs, 20% of a
+ * layer's forward at E 512). NaN fails both tests and stays. */
+#define CLIP_ROWS(T)                                                                           \
+  static void clip_rows_##T(T *x, int64_t rows, int64_t cols, int64_t ld, T c, uint8_t *mask) { \
+    for (int64_t r = 0; r < rows; r++) {                                                       \
+      T *restrict v = x + r * ld;                                                              \
+      if (mask)                                                                                \
+        for (int64_t i = 0; i < cols; i++) mask[r * cols + i] = v[i] >= -c && v[i] <= c;       \
+      for (int64_t i = 0; i < cols; i++) {                                                     \
+        const T y = v[i] < -c ? -c : v[i];                                                     \
+        v[i] = y > c ? c : y;                                                                  \
+      }                                                                                        \
+    }                                                                                          \
+  }
+CLIP_ROWS(float)
+CLIP_ROWS(double)
+#undef CLIP_ROWS
+
+void attn__mha_clip(const attn_mha *mha, int ref, void *Q, int64_t ldq, void *K, void *V, int64_t ldkv, int64_t M,
+                    int64_t Mk, uint8_t *mask) {
+  const int64_t qd = mha->q_dim, kv = mha->kv_dim;
+  void *const x[3] = {Q, K, V};
+  const int64_t rows[3] = {M, Mk, Mk}, cols[3] = {qd, kv, kv}, ld[3] = {ldq, ldkv, ldkv};
+  for (int i = 0; i < 3; i++) {
+    if (ref) clip_rows_double(x[i], rows[i], cols[i], ld[i], mha->cfg.clip_qkv, mask);
+    else clip_rows_float(x[i], rows[i], cols[i], ld[i], (float)mha->cfg.clip_qkv, mask);
+    if (mask) mask += rows[i] * cols[i];
+  }
+}
+
 void attn__mha_qkv(const attn_ctx *ctx, void *QKV, const float *X, const attn_mha *mha, int64_t M) {
   const int64_t E = mha->cfg.embed_dim, ld = mha->q_dim + 2 * mha->kv_dim;
   attn__project_nt(ctx, M, ld, E, X, E, mha->param[ATTN_MHA_Q_WEIGHT], E, QKV, ld, mha->param[ATTN_MHA_Q_BIAS]);
@@ -745,9 +788,12 @@ static attn_status mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, a
    * nX bounds the copies of the inputs (rows_of, rows_f64). */
   size_t nQ, nKV = 0, nL = 0, nX, nOut, nQx = 0, nKx = 0;
   const int keep_prenorm = f.keep && c->qk_norm;
+  const int keep_clip = f.keep && c->clip_qkv > 0;
+  size_t nCq = 0, nCk = 0;
   if (attn__alloc_size(B, Nq, f.fused ? ldqkv : qd, es, &nQ) || attn__alloc_size(B, Nq, qd, es, &f.nA) ||
       attn__alloc_size(B, Nq, E, es, &nOut) ||
       (keep_prenorm && (attn__alloc_size(B, Nq, qd, es, &nQx) || attn__alloc_size(B, Nk, kv, es, &nKx))) ||
+      (keep_clip && (attn__alloc_size(B, Nq, qd, 1, &nCq) || attn__alloc_size(B, Nk, 2 * kv, 1, &nCk))) ||
       (!f.fused && attn__alloc_size(B, Nk, kv, es, &nKV)) || (f.keep && attn__alloc_size(B, H, Nq, es, &nL)) ||
       attn__alloc_size(B, Nq, E, es, &nX) || attn__alloc_size(B, Nk, c->kdim, es, &nX) ||
       attn__alloc_size(B, Nk, c->vdim, es, &nX)) {
@@ -764,11 +810,14 @@ static attn_status mha_forward(attn_ctx *ctx, attn_mha *mha, attn_tensor *out, a
   f.L = f.keep ? attn__aligned_alloc(nL) : NULL;
   f.Qx = keep_prenorm ? attn__aligned_alloc(nQx) : NULL;
   f.Kx = keep_prenorm ? attn__aligned_alloc(nKx) : NULL;
+  f.Cm = keep_clip ? attn__aligned_alloc(nCq + nCk) : NULL;
   f.ldq = f.fused ? ldqkv : qd;
   f.ldkv = f.fused ? ldqkv : kv;
-  if (!f.Q || !f.K || !f.V || !f.A || (f.keep && !f.L) || (keep_prenorm && (!f.Qx || !f.Kx)))
+  if (!f.Q || !f.K || !f.V || !f.A || (f.keep && !f.L) || (keep_prenorm && (!f.Qx || !f.Kx)) ||
+      (keep_clip && !f.Cm))
     st = attn__fail(ctx, ATTN_E_NOMEM, "attn_mha_forward: cannot allocate activations");
   else if (!(st = project(ctx, &f, mha, query, key, value)) && !(st = norm_qk(ctx, &f, mha)) &&
+           !(st = clip_qkv(&f, mha)) &&
            !(st = rotate_qk(ctx, &f, mha, opts->rope ? &rope : NULL)) &&
            !(st = attend(ctx, f.A, f.L, weights, &f, mha, &opts->attn, opts->average_weights)) &&
            !(st = project_out(ctx, out, &f, mha, nOut, nQ)) && saved && !(st = save(ctx, sv, &f, &opts->attn))) {

@@ -233,22 +233,40 @@ static attn_status qk_norm_backward(attn_ctx *ctx, const attn_mha *mha, attn_mha
   return ATTN_OK;
 }
 
+/* dQ [M, qd] (ldq apart), dK and dV [Mk, kv] (ldkv apart) zeroed where mask (attn__mha_clip's) is 0. */
+static void clip_backward(const path *p, const uint8_t *mask, void *dQ, int64_t ldq, void *dK, void *dV, int64_t ldkv,
+                          int64_t M, int64_t Mk, int64_t qd, int64_t kv) {
+  void *const d[3] = {dQ, dK, dV};
+  const int64_t rows[3] = {M, Mk, Mk}, cols[3] = {qd, kv, kv}, ld[3] = {ldq, ldkv, ldkv};
+  for (int i = 0; i < 3; i++) {
+    for (int64_t r = 0; r < rows[i]; r++)
+      for (int64_t c = 0; c < cols[i]; c++)
+        if (!mask[r * cols[i] + c]) {
+          if (p->ref) ((double *)d[i])[r * ld[i] + c] = 0;
+          else ((float *)d[i])[r * ld[i] + c] = 0;
+        }
+    mask += rows[i] * cols[i];
+  }
+}
+
 /* ---- argument checks ---------------------------------------------------------- */
 static int same_config(const attn_mha_config *a, const attn_mha_config *b) {
   return a->embed_dim == b->embed_dim && a->num_heads == b->num_heads && a->num_kv_heads == b->num_kv_heads &&
          a->kdim == b->kdim && a->vdim == b->vdim && !a->bias == !b->bias && a->head_dim == b->head_dim &&
          a->out_bias == b->out_bias && a->sinks == b->sinks && a->qk_norm == b->qk_norm &&
-         (!a->qk_norm || (a->qk_norm_kind == b->qk_norm_kind && a->qk_norm_eps == b->qk_norm_eps));
+         (!a->qk_norm || (a->qk_norm_kind == b->qk_norm_kind && a->qk_norm_eps == b->qk_norm_eps)) &&
+         a->clip_qkv == b->clip_qkv;
 }
 
 static void fmt_config(char *buf, size_t n, const attn_mha_config *c) {
   static const char *const scope[] = {"none", "per head", "whole", "each head"}, *const kind[] = {"rms", "rms+1", "layer"};
   snprintf(buf, n,
            "embed_dim %lld, heads %lld, kv heads %lld, head_dim %lld, kdim %lld, vdim %lld, bias %s, out bias %s, "
-           "qk-norm %s %s eps %g, sinks %s",
+           "qk-norm %s %s eps %g, sinks %s, clip_qkv %g",
            (long long)c->embed_dim, (long long)c->num_heads, (long long)c->num_kv_heads, (long long)c->head_dim,
            (long long)c->kdim, (long long)c->vdim, c->bias ? "on" : "off", c->out_bias ? "on" : "off",
-           scope[c->qk_norm], c->qk_norm ? kind[c->qk_norm_kind] : "", c->qk_norm_eps, c->sinks ? "on" : "off");
+           scope[c->qk_norm], c->qk_norm ? kind[c->qk_norm_kind] : "", c->qk_norm_eps, c->sinks ? "on" : "off",
+           c->clip_qkv);
 }
 
 /* A [B, N, F] tensor of the backward: dout (an input) or a gradient (written, so no stride 0). */
@@ -370,6 +388,8 @@ attn_status attn_mha_backward(attn_ctx *ctx, attn_mha *mha, attn_tensor *dquery,
              : attn_sdpa_backward(ctx, &dqh, &dkh, &dvh, NULL, dsinks, &dah, &qh, &kh, &vh, &oh, &lse, &saved->attn);
     /* q and k were rotated after their projections: their gradients turn back (R^T) */
     if (!st && saved->has_rope) st = attn__mha_rope(ctx, &saved->rope, saved->rope_pos, 1, ref, &dqh, &dkh);
+    /* and before that clamped (clip_qkv): no gradient where a value met a bound from beyond */
+    if (!st && c->clip_qkv > 0) clip_backward(&p, saved->clipped, dQ, ldq, dK, dV, ldkv, M, Mk, qd, kv);
     /* and before that normed: dQ, dK through the norm, in place */
     if (!st && c->qk_norm) st = qk_norm_backward(ctx, mha, grads, saved, ref, dQ, ldq, dK, ldkv);
     if (st) {

@@ -69,6 +69,7 @@ attn_status attn_mha_forward_cached(attn_ctx *ctx, attn_mha *mha, attn_kv_cache 
     st = attn__fail(ctx, st, "attn_mha_forward_cached: QK-norm: %s", msg);
     goto done;
   }
+  if (c->clip_qkv > 0) attn__mha_clip(mha, 0, QKV, ld, QKV + qd, QKV + qd + kv, ld, M, M, NULL);
   attn_tensor qh = attn__heads_view(QKV, ATTN_F32, B, n, H, D, ld);
   attn_tensor kh = attn__heads_view(QKV + qd, ATTN_F32, B, n, Hk, D, ld);
   attn_tensor vh = attn__heads_view(QKV + qd + kv, ATTN_F32, B, n, Hk, D, ld);

@@ -101,6 +101,7 @@ static void layer_from_config(attn_hf_layer *info, attn_mha_config *like) {
   like->qk_norm_kind = model_is(c, plus_one) ? ATTN_NORM_RMS_PLUS_ONE : model_is(c, layer_normed) ? ATTN_NORM_LAYER
                                                                                                  : ATTN_NORM_RMS;
   if (!isnan(c->norm_eps) && c->norm_eps > 0) like->qk_norm_eps = c->norm_eps;
+  like->clip_qkv = c->clip_qkv;
   info->scale = c->scale;
   if (c->scale_inverse_layer) info->scale = (isnan(c->scale) ? 1.0 / sqrt((double)c->head_dim) : c->scale) / (double)(L + 1);
   info->softcap = c->softcap;

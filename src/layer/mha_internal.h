@@ -20,9 +20,9 @@ struct attn_mha {
 };
 
 /* The length of the list of buffers attn__mha_forward hands to the saved
- * state (13 activations and copies of the inputs, then the copies of the
+ * state (14 activations and copies of the inputs, then the copies of the
  * attention options' tensors), which a static assertion there ties to this. */
-#define ATTN__MHA_SAVED_BUFS (13 + ATTN__SDPA_OPT_TENSORS)
+#define ATTN__MHA_SAVED_BUFS (14 + ATTN__SDPA_OPT_TENSORS)
 
 /* What attn_mha_forward_save keeps for attn_mha_backward. Every buffer is
  * contiguous and owned; its element type is double when `ref` (the forward ran
@@ -37,6 +37,7 @@ struct attn_mha_saved {
                                q and k after QK-norm and RoPE */
   int64_t ldq, ldkv;
   const void *qx, *kx;      /* with QK-norm: q [M, H*D] and k [Mk, Hk*D] before it (contiguous); else NULL */
+  const uint8_t *clipped;   /* with clip_qkv: attn__mha_clip's mask of q, k and v (1: the gradient passes); else NULL */
   const void *a;            /* [M, H*D]: the attention output before the out projection (SDPA's out) */
   const void *lse;          /* [B, H, Nq]: SDPA's log-sum-exp */
   /* The forward's attention options. Their tensors point at opt_copy, views
@@ -69,6 +70,12 @@ attn_tensor attn__mha_param(const attn_mha *mha, int which);
 static inline int64_t attn__mha_param_numel(const attn_mha *mha, int which) {
   return mha->rows[which] * (mha->cols[which] ? mha->cols[which] : 1);
 }
+/* clip_qkv in place on q rows Q [M, H*D] (ldq apart), k rows K and v rows V [Mk, Hk*D] (ldkv apart),
+ * in the path's type (double when ref): each value outside [-c, c] set to the bound it passed, NaN
+ * kept. mask (or NULL): M H*D bytes for q, then Mk Hk*D for k and as many for v, 1 where the value
+ * lay within the bounds (torch.clamp's gradient passes), 0 elsewhere. The layer must have clip_qkv. */
+void attn__mha_clip(const attn_mha *mha, int ref, void *Q, int64_t ldq, void *K, void *V, int64_t ldkv, int64_t M,
+                    int64_t Mk, uint8_t *mask);
 /* QK-norm in place on q rows Q [B, Nq, ldq] (H heads) and k rows K [B, Nk, ldk]
  * (Hk heads), in the path's type (double when ref). The layer must have qk_norm. */
 attn_status attn__mha_qk_norm(attn_ctx *ctx, const attn_mha *mha, int ref, void *Q, int64_t ldq, void *K, int64_t ldk,

@@ -629,6 +629,7 @@ static attn_status infer(attn_ctx *ctx, const attn_safetensors *st, const char *
   cfg->qk_norm_kind = like->qk_norm_kind;
   cfg->qk_norm_eps = like->qk_norm_eps;
   cfg->sinks = ns >= 0;
+  cfg->clip_qkv = like->clip_qkv; /* not in the file: the config's */
 
   /* the plan the layer will have, for check_file before any allocation */
   const int each = qk_norm == ATTN_QK_NORM_EACH_HEAD;
