@@ -282,6 +282,19 @@ differ "$T/o.npy" $GH/llama/out.npy
 # the same Llama layer by hand: its prefix, heads, RoPE flags (llama3 scaling) and positions
 expect 0 "" -- mha --params $GH/llama/model.safetensors --prefix model.layers.1.self_attn. --heads 4 --kv-heads 2 --query $GH/llama/x.npy --out "$T/o.npy" --causal --rope 500000 --rope-scaling llama3:8:1:4:16 --positions $GH/llama/positions.npy
 close "$T/o.npy" $GH/llama/out.npy 1e-5
+# --rope-scaling longrope: one short and one long factor per rotary pair (head_dim 8: four), the long ones
+# past P. Every factor 4 with F = 1 (attention factor 1) is linear:4 in either regime; other factors differ.
+LL="--params $GH/llama/model.safetensors --prefix model.layers.1.self_attn. --heads 4 --kv-heads 2 --query $GH/llama/x.npy --causal --rope 500000 --positions $GH/llama/positions.npy"
+expect 0 "" -- mha $LL --out "$T/olin.npy" --rope-scaling linear:4
+expect 0 "" -- mha $LL --out "$T/olr.npy" --rope-scaling longrope:1:100000:4,4,4,4:1,1,1,1
+close "$T/olr.npy" "$T/olin.npy" 1e-6
+expect 0 "" -- mha $LL --out "$T/olr.npy" --rope-scaling longrope:1:2:1,1,1,1:4,4,4,4
+close "$T/olr.npy" "$T/olin.npy" 1e-6
+expect 0 "" -- mha $LL --out "$T/olr.npy" --rope-scaling longrope:1:2:4,4,4,4:1,2,4,4
+differ "$T/olr.npy" "$T/olin.npy"
+expect 2 "$T/never.npy" -- mha $LL --out "$T/never.npy" --rope-scaling longrope:1:2:4,4,4:4,4,4,4
+expect 2 "$T/never.npy" -- mha $LL --out "$T/never.npy" --rope-scaling longrope:1:2:4,4,4,4
+expect 1 "$T/never.npy" -- mha $LL --out "$T/never.npy" --rope-scaling longrope:1:2:4,4,4:4,4,4
 # and through a name map: GPT-2's fused Conv1D tensors named by hand
 GS="q=h.1.attn.c_attn.weight,k=h.1.attn.c_attn.weight,v=h.1.attn.c_attn.weight,o=h.1.attn.c_proj.weight"
 GS="$GS,q_bias=h.1.attn.c_attn.bias,k_bias=h.1.attn.c_attn.bias,v_bias=h.1.attn.c_attn.bias,o_bias=h.1.attn.c_proj.bias"

@@ -251,6 +251,49 @@ static int rope_field(const char **s, double *v) {
   return 1;
 }
 
+/* A comma-separated list of numbers from s up to the next ':' or the end, at most cap of them, into v;
+ * *s moves past it. Returns the count, or -1. */
+static int rope_list(const char **s, double *v, int cap) {
+  int n = 0;
+  for (;;) {
+    char *end;
+    if (n == cap) return -1;
+    v[n] = strtod(*s, &end);
+    if (end == *s || !isfinite(v[n])) return -1;
+    n++;
+    *s = end;
+    if (*end == ',') {
+      (*s)++;
+      continue;
+    }
+    if (*end == ':') (*s)++;
+    else if (*end) return -1;
+    return n;
+  }
+}
+
+/* longrope:F:P:S1,...:L1,... (after "longrope:" at s): the factor, the pretraining context and one
+ * short and one long factor per rotary pair (as many of each; the library checks they cover r/2). */
+static int rope_longrope(const char *s, const char *spec, attn_rope_opts *o) {
+  double f[2];
+  int n_short, n_long;
+  if (!rope_field(&s, &f[0]) || !rope_field(&s, &f[1]) || !*s ||
+      (n_short = rope_list(&s, o->short_factor, ATTN_ROPE_MAX_PAIRS)) < 0 || !*s ||
+      (n_long = rope_list(&s, o->long_factor, ATTN_ROPE_MAX_PAIRS)) < 0 || *s)
+    return cli_fail(CLI_EXIT_USAGE, "--rope-scaling wants longrope:F:P:S1,S2,...:L1,L2,... (at most %d factors each), "
+                    "got '%s'", ATTN_ROPE_MAX_PAIRS, cli_show(spec));
+  if (n_short != n_long)
+    return cli_fail(CLI_EXIT_USAGE, "--rope-scaling: longrope gives %d short factors and %d long ones, in '%s'", n_short,
+                    n_long, cli_show(spec));
+  if (!(f[1] >= 1 && f[1] < 1e15) || f[1] != floor(f[1]))
+    return cli_fail(CLI_EXIT_USAGE, "--rope-scaling: the pretraining context must be a positive integer, in '%s'",
+                    cli_show(spec));
+  o->scaling = ATTN_ROPE_LONGROPE;
+  o->factor = f[0];
+  o->original_max_position = (int64_t)f[1];
+  return 0;
+}
+
 int cli_parse_rope(cli_args *a, attn_rope_opts *o, int *on) {
   static const char *const rope_flags[] = {"--rope-dim", "--rope-interleaved", "--rope-scaling", NULL};
   attn_rope_opts_init(o);
@@ -268,6 +311,7 @@ int cli_parse_rope(cli_args *a, attn_rope_opts *o, int *on) {
   if (cli_has(a, "--rope-interleaved")) o->layout = ATTN_ROPE_INTERLEAVED;
   const char *spec = cli_get(a, "--rope-scaling");
   if (!spec) return 0;
+  if (!strncmp(spec, "longrope:", 9)) return rope_longrope(spec + 9, spec, o);
   static const struct {
     const char *name;
     attn_rope_scaling scaling;
@@ -294,7 +338,8 @@ int cli_parse_rope(cli_args *a, attn_rope_opts *o, int *on) {
     return 0;
   }
   return cli_fail(CLI_EXIT_USAGE,
-                  "--rope-scaling wants linear:F, dynamic:F:P, llama3:F:LOW:HIGH:P or yarn:F:P, got '%s'", cli_show(spec));
+                  "--rope-scaling wants linear:F, dynamic:F:P, llama3:F:LOW:HIGH:P, yarn:F:P or "
+                  "longrope:F:P:S1,...:L1,..., got '%s'", cli_show(spec));
 }
 
 int cli_load_positions(attn_ctx *ctx, cli_args *a, int64_t B, int64_t N, int64_t **pos) {
