@@ -187,22 +187,25 @@ int main(void) {
   CHECK(c.sliding[0] && !c.sliding[1] && c.sliding[4] && !c.sliding[6], "qwen2_moe: even layers below max_window_layers");
   c = parse(ctx, "{\"model_type\": \"dots1\", " HF_SHAPE ", \"sliding_window\": 32, \"max_window_layers\": 5}", ATTN_OK, NULL);
   CHECK(!c.sliding[4] && c.sliding[5], "dots1: layers from max_window_layers on");
-  c = parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": null}", ATTN_OK, NULL);
-  CHECK(c.clip_qkv == 0, "olmo: clip_qkv null is none");
-  c = parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_OK, NULL);
-  CHECK(c.clip_qkv == 8.0, "olmo: clip_qkv read");
-  c = parse(ctx, "{" HF_SHAPE ", \"clip_qkv\": 0.5, \"model_type\": \"olmoe\"}", ATTN_OK, NULL);
-  CHECK(c.clip_qkv == 0.5, "olmoe: clip_qkv read (a key before model_type)");
-  c = parse(ctx, "{\"model_type\": \"llama\", " HF_SHAPE ", \"clip_qkv\": null}", ATTN_OK, NULL);
-  CHECK(c.clip_qkv == 0, "llama: clip_qkv null is none");
-  parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 0}", ATTN_E_FORMAT, "clip_qkv must be");
-  parse(ctx, "{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": -8}", ATTN_E_FORMAT, "clip_qkv must be");
+  /* clip_qkv: read for OLMo and OLMoE (a key before model_type too), null as none anywhere */
+  static const struct { const char *json; attn_status st; double clip; const char *needle; } clips[] = {
+      {"{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": null}", ATTN_OK, 0, NULL},
+      {"{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_OK, 8, NULL},
+      {"{" HF_SHAPE ", \"clip_qkv\": 0.5, \"model_type\": \"olmoe\"}", ATTN_OK, 0.5, NULL},
+      {"{\"model_type\": \"llama\", " HF_SHAPE ", \"clip_qkv\": null}", ATTN_OK, 0, NULL},
+      {"{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": 0}", ATTN_E_FORMAT, 0, "clip_qkv must be"},
+      {"{\"model_type\": \"olmo\", " HF_SHAPE ", \"clip_qkv\": -8}", ATTN_E_FORMAT, 0, "clip_qkv must be"},
+      {"{\"model_type\": \"llama\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_E_UNSUPPORTED, 0,
+       "clip_qkv (a clamp of q, k and v outside OLMo"},
+      {"{" HF_SHAPE ", \"clip_qkv\": 8.0, \"model_type\": \"olmo2\"}", ATTN_E_UNSUPPORTED, 0, "clip_qkv"}};
+  for (size_t i = 0; i < sizeof clips / sizeof clips[0]; i++) {
+    c = parse(ctx, clips[i].json, clips[i].st, clips[i].needle);
+    CHECK(clips[i].st || c.clip_qkv == clips[i].clip, "%s: clip_qkv %g, want %g", clips[i].json, c.clip_qkv,
+          clips[i].clip);
+  }
   c = parse(ctx, "{\"model_type\": \"ministral3\", " HF_SHAPE ", \"llama_4_scaling_beta\": 0}", ATTN_OK, NULL);
 
   /* what libattn lacks: refused, naming the field */
-  parse(ctx, "{\"model_type\": \"llama\", " HF_SHAPE ", \"clip_qkv\": 8.0}", ATTN_E_UNSUPPORTED,
-        "clip_qkv (a clamp of q, k and v outside OLMo");
-  parse(ctx, "{" HF_SHAPE ", \"clip_qkv\": 8.0, \"model_type\": \"olmo2\"}", ATTN_E_UNSUPPORTED, "clip_qkv");
   c = parse(ctx, "{\"model_type\": \"stablelm\", " HF_SHAPE ", \"qk_layernorm\": true}", ATTN_OK, NULL);
   CHECK(c.qk_norm == 1, "stablelm: qk_layernorm read");
   parse(ctx, "{" HF_SHAPE ", \"qk_layernorm\": true, \"model_type\": \"persimmon\"}", ATTN_E_UNSUPPORTED, "qk_layernorm");
