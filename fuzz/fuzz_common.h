@@ -125,7 +125,7 @@ static inline double fuzz_rel_l2(const float *a, const double *r, int64_t n, con
 
 /* One attend step over a cache (fuzz_paged.c, fuzz_kv.c): B rows of Hq = G Hk query heads and Nq
  * queries (mostly decode-sized, now and then a prefill), the options a cache takes (window, softcap,
- * scale, ALiBi, sinks), q random, out and lse NaN, twice (the second for another thread count). */
+ * scale, ALiBi, sinks, chunk), q random, out and lse NaN, twice (the second for another thread count). */
 typedef struct fuzz_step {
   int64_t B, G, Hq, Nq, D, Dv;
   attn_sdpa_opts o;
@@ -147,6 +147,7 @@ static inline void fuzz_step_draw(fuzz_reader *r, fuzz_step *s, int64_t B, int64
     s->slopes[h] = (float)(0.3 * fuzz_uniform()), s->sinks[h] = (float)(2 * fuzz_uniform());
   if (fuzz_pick(r, 4) == 0) s->o.alibi_slopes = &s->ts;
   if (fuzz_pick(r, 4) == 0) s->o.sinks = &s->tsk;
+  if (fuzz_pick(r, 4) == 0) s->o.chunk = 1 + fuzz_pick(r, 300); /* Llama 4's chunks */
   const int64_t sq[4] = {B, s->Hq, s->Nq, D}, so[4] = {B, s->Hq, s->Nq, Dv}, sl[3] = {B, s->Hq, s->Nq};
   const int64_t nq = B * s->Hq * s->Nq * D, nout = B * s->Hq * s->Nq * Dv, nlse = B * s->Hq * s->Nq;
   s->q = malloc(sizeof(float) * (size_t)nq + 1);

@@ -2,14 +2,14 @@
  * input's bytes pick. The bytes choose a kernel this CPU has, 1 to 3 threads,
  * the decode kernel on or off, the precision policy and the dtype of q, k and
  * v, the sizes (empty ones, odd head dims, GQA, Nq != Nk, several tiles),
- * batch-first views, the causal alignment, a window, a mask (its mode, dtype
+ * batch-first views, the causal alignment, a window, chunks, a mask (its mode, dtype
  * and broadcast shape), key padding, softcap, ALiBi, sinks, dropout, the
  * scale, shard offsets, a packed batch, the optional outputs and the backward
  * pass; the values come from a generator seeded by the bytes. Then:
  *   - attn_sdpa and attn_sdpa_ref agree on the status (and a failure has a
  *     message); the same for the backward and its oracle;
  *   - the call under test sees NaN or Inf in k and v at every key hidden from
- *     all of its rows (causal bound, window, key padding, mask), the oracle
+ *     all of its rows (causal bound, window, chunk, key padding, mask), the oracle
  *     clean inputs; outputs hold NaN before the call;
  *   - out, lse, weights, dq, dk, dv, the mask's and the sinks' gradients are
  *     within the path's bound of the oracle's (relative L2 with a floor for
@@ -49,7 +49,7 @@ typedef struct fcase {
   int64_t B, Hq, Hk, Nq, Nk, D, Dv;
   int q_batch_first, kv_batch_first, out_batch_first;
   attn_causal causal;
-  int64_t window;
+  int64_t window, chunk;
   int mask_kind; /* 0 none, else 1 + attn_mask_mode */
   attn_dtype mask_dt;
   int mask_rank;
@@ -140,6 +140,7 @@ static void read_case(fuzz_reader *r, fcase *c) {
       c->q_off = c->k_off = c->h_off = 0;
     }
   }
+  c->chunk = fuzz_pick(r, 3) == 0 ? 1 + fuzz_pick(r, c->Nk + 3) : 0; /* drawn last: older inputs keep their cases */
   /* shrink what would be slow: the oracle's multiply-adds, and the weights */
   while (c->B * c->Hq * c->Nq * c->Nk * (c->D + c->Dv) > 4000000 && c->Nk > 1) c->Nk /= 2;
   if (c->nseq && c->cu_k[c->nseq] != c->Nk) split(r, c->Nk, c->nseq, c->cu_k);
@@ -253,14 +254,15 @@ static double mask_at(const attn_tensor *m, int64_t b, int64_t h, int64_t i, int
 }
 
 /* Whether row i of (b, h) sees key j, the header's words written out again: the
- * causal bound and window on positions (bottom-right alignment, shard offsets),
+ * causal bound, window and chunk on positions (bottom-right alignment, shard offsets),
  * key padding, and the mask (mask64 is the mask's values in double). */
 static int sees(const fcase *c, const attn_tensor *mask64, const uint8_t *kp, int64_t b, int64_t h, int64_t i,
                 int64_t j, int64_t nq, int64_t nk) {
   (void)h;
   const int64_t ip = i + (c->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? nk - nq : 0) + c->q_off, jp = j + c->k_off;
-  if ((c->causal != ATTN_CAUSAL_NONE || c->window) && jp > ip) return 0;
+  if ((c->causal != ATTN_CAUSAL_NONE || c->window || c->chunk) && jp > ip) return 0;
   if (c->window && jp <= ip - c->window) return 0;
+  if (c->chunk && jp / c->chunk != ip / c->chunk) return 0; /* jp <= ip here, both >= 0 */
   if (kp && kp[b * c->Nk + j]) return 0;
   if (mask64) {
     const double m = mask_at(mask64, b, h, i, j);
@@ -390,6 +392,7 @@ static void run(attn_ctx *ctx, pool *pl, const fcase *c) {
   o.scale = c->scale;
   o.causal = c->causal;
   o.window = c->window;
+  o.chunk = c->chunk;
   o.softcap = c->softcap;
   o.dropout_p = c->dropout;
   o.dropout_seed = c->seed;
@@ -579,13 +582,13 @@ static void run(attn_ctx *ctx, pool *pl, const fcase *c) {
 static void describe(const fcase *c) {
   fuzz_report_clear();
   fuzz_log("kernel %s threads %d/%d decode %d precision %s dtype %s B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld "
-           "Dv%lld bf %d%d%d causal %d window %lld mask %d (%s, rank %d, full %d%d%d%d) kpm %d (%lld %lld) "
+           "Dv%lld bf %d%d%d causal %d window %lld chunk %lld mask %d (%s, rank %d, full %d%d%d%d) kpm %d (%lld %lld) "
            "softcap %g alibi %d sinks %d dropout %g scale %g amp %g offsets %lld %lld %lld lse %d weights %d "
            "backward %d mask_grad %d sinks_grad %d out %s grads %s",
            attn_kernel_name(c->kernel), c->threads, c->threads2, c->decode, attn_precision_name(c->precision),
            attn_dtype_name(c->dt), (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Nq,
            (long long)c->Nk, (long long)c->D, (long long)c->Dv, c->q_batch_first, c->kv_batch_first,
-           c->out_batch_first, (int)c->causal, (long long)c->window, c->mask_kind,
+           c->out_batch_first, (int)c->causal, (long long)c->window, (long long)c->chunk, c->mask_kind,
            attn_dtype_name(c->mask_dt), c->mask_rank, c->mask_full[0], c->mask_full[1], c->mask_full[2],
            c->mask_full[3], c->kpm, (long long)c->kp_len[0], (long long)c->kp_len[1], c->softcap, c->alibi,
            c->sinks, c->dropout, c->scale, c->amp, (long long)c->q_off, (long long)c->k_off,

@@ -357,6 +357,14 @@ typedef struct attn_sdpa_opts {
    * pass their slice). 0 <= head_offset <= 2^31; 0 = off. Refused by the KV
    * caches. */
   int64_t head_offset;
+  /* Chunked attention (Llama 4's attention_chunk_size): positions are cut
+   * into chunks of `chunk` tokens, [0, chunk), [chunk, 2 chunk), ..., and
+   * query i' sees only keys j <= i' of its own chunk, floor(j / chunk) ==
+   * floor(i' / chunk). Positions as for the window (global ones with
+   * q_offset and k_offset, a sequence's own in a packed batch). Like the
+   * window it implies the causal bound (top-left when causal is NONE); with
+   * a window too, a key must lie in both. 0 = off, else > 0. */
+  int64_t chunk;
 } attn_sdpa_opts;
 
 /* The ALiBi paper's slopes for heads heads into slopes[0..heads): for a power
@@ -380,8 +388,8 @@ ATTN_API void attn_sdpa_opts_init(attn_sdpa_opts *opts);
  * (Hk = 1 is multi-query attention). Any strides: pass permuted views for
  * batch-first data. A row whose every key is masked gives zeros in out and
  * weights and -inf in lse (the sink with sinks), never NaN. NaN or Inf in the inputs propagate.
- * Hidden keys are never read: a key outside row i's causal bound or window,
- * padded by key_padding, false in a KEEP mask, true in a MASKED mask or -inf
+ * Hidden keys are never read: a key outside row i's causal bound, window or
+ * chunk, padded by key_padding, false in a KEEP mask, true in a MASKED mask or -inf
  * in an additive one reaches none of that row's out, weights, lse or
  * gradients, whatever its k and v hold (NaN and Inf included: the unused tail
  * of a buffer may stay uninitialised). Every kernel keeps this.
@@ -541,8 +549,9 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
  * layer_types (or Gemma 2's and 3's older patterns, Qwen2's use_sliding_window
  * and max_window_layers); attn_logit_softcapping; query_pre_attn_scalar;
  * GPT-2's scale_attn_weights and scale_attn_by_inverse_layer_idx;
- * attention_bias; rms_norm_eps; SmolLM3's no_rope_layers (or its
- * no_rope_layer_interval). Where the config is silent, a family gets what
+ * attention_bias; rms_norm_eps; SmolLM3's and Llama 4's no_rope_layers (or
+ * their no_rope_layer_interval); Llama 4's attention_chunk_size with
+ * layer_types (or its rule: the RoPE layers are chunked). Where the config is silent, a family gets what
  * transformers gives it: interleaved RoPE pairs (cohere, cohere2, glm, glm4,
  * helium, ernie4_5, gptj), its default rope_theta and partial rotary factor,
  * granite's attention_multiplier 1, its sliding layers' period (gemma2/3,
@@ -550,7 +559,8 @@ ATTN_API attn_status attn_head_norm_backward(attn_ctx *ctx, attn_tensor *dx, att
  * exaone4's full layers (nope[]), and olmo3's rope_scaling on its full
  * layers only. What the config asks for and libattn lacks (PhiMoE's longrope
  * mscales, relative position embeddings in BERT, an unknown layer type, Llama
- * 4's chunked attention, weightless QK-norm and temperature tuning, clip_qkv
+ * 4's weightless QK-norm and temperature tuning, attention_chunk_size outside
+ * Llama 4, clip_qkv
  * but OLMo's and OLMoE's, qk_layernorm but Phi's and StableLM's, use_qk_norm but Cohere's, kv_lora_rank / q_lora_rank,
  * key_multiplier, llama_4_scaling_beta, use_bidirectional_attention; the
  * model_types hunyuan_v1_*, bitnet, doge, qwen3_next, jetmoe, deepseek_v2/v3,
@@ -583,6 +593,10 @@ typedef struct attn_hf_config {
                                  shared by the heads; StableLM's: a LayerNorm per head, saved per head as
                                  q_layernorm.norms.{h}.weight); families that always norm say nothing here */
   double clip_qkv;            /* OLMo's and OLMoE's clip_qkv (attn_mha_config.clip_qkv); 0 = none */
+  int64_t attention_chunk;    /* Llama 4's attention_chunk_size (attn_sdpa_opts.chunk); 0 = none; which
+                                 layers use it: chunked[] */
+  unsigned char chunked[ATTN_HF_MAX_LAYERS]; /* 1: layer L attends within its chunk (layer_types'
+                                                "chunked_attention"; Llama 4's RoPE layers) */
 } attn_hf_config;
 
 /* Reads path (a config.json) into *out. */
@@ -698,7 +712,8 @@ ATTN_API attn_status attn_kv_cache_append(attn_ctx *ctx, attn_kv_cache *cache, c
  * Query i of row b is the token at position len_b - Nq + i (the row's last Nq
  * tokens, bottom-right causal), so append first, then attend. lse (or NULL)
  * is f32 [B, Hq, Nq], as in attn_sdpa. opts may set scale, window (only the
- * last W keys are read), softcap, alibi_slopes and sinks; masks, key padding
+ * last W keys are read), chunk (only the queries' chunks are read), softcap,
+ * alibi_slopes and sinks; masks, key padding
  * and dropout are refused (a row's length says which keys exist). Positions
  * < 0 (a row holding fewer than Nq tokens) see nothing: zeros, lse -inf. */
 ATTN_API attn_status attn_kv_cache_attend(attn_ctx *ctx, attn_kv_cache *cache, attn_tensor *out, attn_tensor *lse,
@@ -801,7 +816,7 @@ ATTN_API attn_status attn_paged_kv_append(attn_ctx *ctx, attn_paged_kv_cache *ca
  *   out is [nseq, Hq, Nq, Dv] (f32, f16 or bf16), q is [nseq, Hq, Nq, D] (f32,
  *   f16 or bf16), Hq a multiple of Hk; lse (or NULL) f32 [nseq, Hq, Nq].
  * Query i of seqs[b] is its token len - Nq + i (bottom-right causal: append
- * first); opts may set scale, window, softcap, alibi_slopes and sinks.
+ * first); opts may set scale, window, chunk, softcap, alibi_slopes and sinks.
  * Decode-sized steps (as attn_kv_cache_attend's: at most 64 rows a kv head,
  * 24 where the bf16 tiles would run) are one parallel
  * call over every sequence and kv head, reading the blocks in place through
@@ -1088,12 +1103,14 @@ typedef struct attn_hf_layer {
   int64_t window;             /* 0: none; else each query sees itself and the window - 1 keys before it */
   int has_rope;
   attn_rope_opts rope;        /* layer L's RoPE when has_rope */
+  /* Added in 0.3. */
+  int64_t chunk;              /* 0: none; else attn_sdpa_opts.chunk (Llama 4's chunked layers) */
 } attn_hf_layer;
 
 ATTN_API attn_status attn_mha_create_from_hf(attn_ctx *ctx, attn_mha **out, attn_hf_layer *info,
                                              const char *config_path, const char *weights_path, int64_t layer);
-/* Fills opts (after attn_mha_opts_init) with layer L's scale, window, softcap
- * and RoPE (opts->rope points into info, which must outlive its use); the
+/* Fills opts (after attn_mha_opts_init) with layer L's scale, window, chunk,
+ * softcap and RoPE (opts->rope points into info, which must outlive its use); the
  * mask, causality and positions stay the caller's. */
 ATTN_API void attn_hf_layer_opts(const attn_hf_layer *info, attn_mha_opts *opts);
 

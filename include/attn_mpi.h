@@ -39,7 +39,7 @@
  *            picks ZIGZAG.
  *
  * Options (attn_sdpa_opts), with positions counted over the whole sequence:
- * causal (TOP_LEFT and BOTTOM_RIGHT agree, as Nq = Nk), window, softcap,
+ * causal (TOP_LEFT and BOTTOM_RIGHT agree, as Nq = Nk), window, chunk, softcap,
  * ALiBi, sinks, key padding (each rank passes the [B, n] shard for its own
  * tokens), dropout (entry (b, h, i, j) at global positions and heads, so the
  * result is the single process's). Refused (ATTN_E_UNSUPPORTED): a mask

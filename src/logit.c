@@ -64,6 +64,14 @@ attn_status attn__logit_prepare(attn_ctx *ctx, attn__sdpa *p, const attn_sdpa_op
   const int64_t no_op_window = (p->Nk > p->Nq ? p->Nk : p->Nq) + shift + 1;
   p->window = opts->window < no_op_window ? opts->window : no_op_window;
   if (p->window > 0 && p->causal == ATTN_CAUSAL_NONE) p->causal = ATTN_CAUSAL_TOP_LEFT;
+  if (opts->chunk < 0) return attn__fail(ctx, ATTN_E_INVALID, "chunk must be >= 0 (0 = off), got %lld", (long long)opts->chunk);
+  /* a chunk past every global position (each below Nq + Nk + the offsets) holds them all, as one that
+   * long does: capping it keeps the chunk arithmetic from overflowing (broadcast views may be long) */
+  const int64_t long_side = (int64_t)1 << 59;
+  const int64_t no_op_chunk =
+      p->Nq > long_side || p->Nk > long_side ? long_side * 2 : p->Nq + p->Nk + p->q_offset + p->k_offset + 1;
+  p->chunk = opts->chunk < no_op_chunk ? opts->chunk : no_op_chunk;
+  if (opts->chunk > 0 && p->causal == ATTN_CAUSAL_NONE) p->causal = ATTN_CAUSAL_TOP_LEFT;
   if (!(opts->softcap >= 0) || !isfinite(opts->softcap))
     return attn__fail(ctx, ATTN_E_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", opts->softcap);
   p->softcap = opts->softcap;

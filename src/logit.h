@@ -7,7 +7,7 @@
  * unless the key is hidden from the row. A key is hidden when
  *   - it lies outside the row's band [attn__key_begin, attn__key_end): the
  *     row's keys (Nk, or kv_len[b] for a batch of rows of different lengths),
- *     the causal bound and the sliding window;
+ *     the causal bound, the sliding window and the row's chunk;
  *   - key_padding[b, j] is true;
  *   - a KEEP mask is false there, a MASKED mask true, or the mask's term is -inf.
  * A hidden key's logit is -inf by substitution, never by adding -inf to a
@@ -53,6 +53,7 @@ struct attn__sdpa {
   uint64_t dropout_seed;
   attn_tensor *mask_grad; /* backward only: [B, Hq, Nq, Nk] dS of an additive mask, or NULL */
   int64_t window;         /* > 0: keys i' - window < j <= i' (causal is then never NONE) */
+  int64_t chunk;          /* > 0: keys of i''s chunk of that many global positions (causal then never NONE) */
   double softcap;         /* > 0: s = softcap * tanh(s / softcap) */
   const attn_tensor *alibi; /* f32 [Hq] slopes or NULL */
   const attn_tensor *sinks; /* f32 [Hq] or NULL */
@@ -184,10 +185,28 @@ static inline int64_t attn__key_end(const attn__sdpa *p, int64_t b, int64_t i) {
   return e < 0 ? 0 : (e > nk ? nk : e);
 }
 
-/* The start of row i's band: the sliding window's first key, or 0. */
+/* floor(a / n) for n > 0: positions before key 0 (rows of a causal bound
+ * that see nothing) stay in chunks of their own. */
+static inline int64_t attn__floor_div(int64_t a, int64_t n) {
+  return a >= 0 ? a / n : -((-a + n - 1) / n);
+}
+
+/* The first key of the chunk holding position pos (a key index: global
+ * position k_offset + pos), so chunks are counted from the sequence's start. */
+static inline int64_t attn__chunk_start(const attn__sdpa *p, int64_t pos) {
+  return attn__floor_div(pos + p->k_offset, p->chunk) * p->chunk - p->k_offset;
+}
+
+/* The start of row i's band: the later of the sliding window's first key and
+ * the first key of the row's chunk, or 0. */
 static inline int64_t attn__key_begin(const attn__sdpa *p, int64_t b, int64_t i) {
-  if (p->window <= 0) return 0;
-  const int64_t s = attn__qpos(p, b, i) - p->window + 1;
+  if (p->window <= 0 && p->chunk <= 0) return 0;
+  const int64_t pos = attn__qpos(p, b, i);
+  int64_t s = p->window > 0 ? pos - p->window + 1 : 0;
+  if (p->chunk > 0) {
+    const int64_t c = attn__chunk_start(p, pos);
+    if (c > s) s = c;
+  }
   return s < 0 ? 0 : s;
 }
 
@@ -205,9 +224,17 @@ static inline int64_t attn__first_row_seeing(const attn__sdpa *p, int64_t b, int
 /* The end (exclusive) of the query rows whose band can hold a key below j1. */
 static inline int64_t attn__rows_seeing_end(const attn__sdpa *p, int64_t b, int64_t j1) {
   const int64_t nq = attn__queries(p, b);
-  if (p->window <= 0) return nq;
-  const int64_t e = j1 - 1 + p->window - attn__qpos(p, b, 0); /* key j1 - 1 needs i' < j1 - 1 + window */
-  return e < 0 ? 0 : e > nq ? nq : e;
+  int64_t e = nq;
+  if (p->window > 0) {
+    const int64_t w = j1 - 1 + p->window - attn__qpos(p, b, 0); /* key j1 - 1 needs i' < j1 - 1 + window */
+    if (w < e) e = w;
+  }
+  if (p->chunk > 0) {
+    /* key j1 - 1 needs i' before the end of its chunk */
+    const int64_t c = attn__chunk_start(p, j1 - 1) + p->chunk - attn__qpos(p, b, 0);
+    if (c < e) e = c;
+  }
+  return e < 0 ? 0 : e;
 }
 
 /* ---- the terms: softcap, ALiBi, masks --------------------------------------- */

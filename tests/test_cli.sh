@@ -495,7 +495,7 @@ else
   expect 1 "" -- map --weights "$T/w.npy" --png "$T/keep.png" --tokens "$T/tok3.txt"
   if cmp -s "$T/map_w.png" "$T/keep.png"; then ok; else bad "a failed map changed an existing PNG"; fi
 fi
-# --- options of recent models: --window, --softcap, --alibi, --sinks ---
+# --- options of recent models: --window, --chunk, --softcap, --alibi, --sinks ---
 # npy_f32x2 FILE BYTES: a float32 [2] .npy file (a 128-byte header; BYTES as printf escapes)
 npy_f32x2() {
   printf '\x93NUMPY\x01\x00\x76\x00%-117s\n' "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }" >"$1"
@@ -509,6 +509,11 @@ D=$G/sdpa_plain; PQKV="--q $D/q.npy --k $D/k.npy --v $D/v.npy"   # [2, 2, 7, 8] 
 # window 1: each query sees its own key alone, so out = v
 expect 0 "" -- sdpa $PQKV --out "$T/o.npy" --window 1
 close "$T/o.npy" $D/v.npy 1e-6
+# chunks of 1 do the same; chunks wider than the keys are the causal bound alone
+expect 0 "" -- sdpa $PQKV --out "$T/o.npy" --chunk 1
+close "$T/o.npy" $D/v.npy 1e-6
+expect 0 "" -- sdpa --q $G/sdpa_causal_tl/q.npy --k $G/sdpa_causal_tl/k.npy --v $G/sdpa_causal_tl/v.npy --out "$T/o.npy" --chunk 100000
+close "$T/o.npy" $G/sdpa_causal_tl/out.npy 1e-5
 # a window wider than the keys is the causal bound alone (top-left when --causal is not given)
 expect 0 "" -- sdpa --q $G/sdpa_causal_tl/q.npy --k $G/sdpa_causal_tl/k.npy --v $G/sdpa_causal_tl/v.npy --out "$T/o.npy" --window 100000
 close "$T/o.npy" $G/sdpa_causal_tl/out.npy 1e-5
@@ -516,7 +521,7 @@ D=$G/sdpa_causal_br; RQKV="--q $D/q.npy --k $D/k.npy --v $D/v.npy"
 expect 0 "" -- sdpa $RQKV --out "$T/o.npy" --causal=bottom-right --window 11
 close "$T/o.npy" $D/out.npy 1e-5
 # the fast kernel against the oracle (ATTN_KERNEL=ref) with every option, forward and backward
-OPTS="--causal=bottom-right --window 3 --softcap 2 --alibi --sinks $T/sinks.npy"
+OPTS="--causal=bottom-right --window 3 --chunk 4 --softcap 2 --alibi --sinks $T/sinks.npy"
 expect 0 "" -- sdpa $RQKV --out "$T/o.npy" --weights-out "$T/w.npy" $OPTS
 ATTN_KERNEL=ref "$ATTN" sdpa $RQKV --out "$T/o_ref.npy" --weights-out "$T/w_ref.npy" $OPTS && ok || bad "ref sdpa with options"
 close "$T/o.npy" "$T/o_ref.npy" 1e-5
@@ -529,15 +534,16 @@ for x in o dq dk dv ds; do close "$T/$x.npy" "$T/${x}_ref.npy" 1e-5; done
 differ "$T/dq.npy" $D/dq.npy
 # each option does something, and its neutral value nothing
 D=$G/sdpa_plain
-for opt in "--window 2" "--softcap 0.5" "--alibi" "--sinks $T/sinks.npy"; do
+for opt in "--window 2" "--chunk 3" "--softcap 0.5" "--alibi" "--sinks $T/sinks.npy"; do
   expect 0 "" -- sdpa $PQKV --out "$T/o.npy" $opt
   differ "$T/o.npy" $D/out.npy
 done
-expect 0 "" -- sdpa $PQKV --out "$T/o.npy" --softcap 1e6 --window 0 --sinks "$T/nosinks.npy"
+expect 0 "" -- sdpa $PQKV --out "$T/o.npy" --softcap 1e6 --window 0 --chunk 0 --sinks "$T/nosinks.npy"
 close "$T/o.npy" $D/out.npy 1e-5
 # bad values: a usage error (2) or a failed run (1), one line, no output
 O="$T/never_o.npy"
 expect 2 "$O" -- sdpa $PQKV --out "$O" --window -1
+expect 2 "$O" -- sdpa $PQKV --out "$O" --chunk -2
 expect 2 "$O" -- sdpa $PQKV --out "$O" --window 2.5
 expect 2 "$O" -- sdpa $PQKV --out "$O" --softcap -1
 expect 2 "$O" -- sdpa $PQKV --out "$O" --softcap nan

@@ -18,6 +18,7 @@ typedef struct dcase {
   int64_t window;
   double softcap;
   int alibi;
+  int64_t chunk;
 } dcase;
 
 /* A [B, H, N, F] view of fresh random data in dt (rounded through dt). */
@@ -76,6 +77,7 @@ static void run_case(const dcase *c, uint64_t seed, int decode) {
   attn_sdpa_opts_init(&o);
   o.causal = c->causal;
   o.window = c->window;
+  o.chunk = c->chunk;
   o.softcap = c->softcap;
   if (c->alibi) o.alibi_slopes = &ta;
   if (c->kpm) o.key_padding = &tk;
@@ -88,10 +90,10 @@ static void run_case(const dcase *c, uint64_t seed, int decode) {
   CHECK_OK(ctx, attn_sdpa_ref(ctx, &tro, &trl, NULL, &q, &k, &v, &o));
 
   char what[200];
-  snprintf(what, sizeof what, "B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld Dv%lld causal%d %s bf%d kpm%d mask%d W%lld cap%g alibi%d %s",
+  snprintf(what, sizeof what, "B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld Dv%lld causal%d %s bf%d kpm%d mask%d W%lld cap%g alibi%d C%lld %s",
            (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Nq, (long long)c->Nk, (long long)c->D,
            (long long)c->Dv, (int)c->causal, attn_dtype_name(c->dt), c->batch_first, c->kpm, c->mask,
-           (long long)c->window, c->softcap, c->alibi, decode ? "decode" : "blocked");
+           (long long)c->window, c->softcap, c->alibi, (long long)c->chunk, decode ? "decode" : "blocked");
   const attn_kernel kernels[3] = {ATTN_KERNEL_C, ATTN_KERNEL_AVX2, ATTN_KERNEL_AVX512};
   /* fp32 logits of size x carry errors of x * 6e-8: ALiBi without causal reaches hundreds */
   const double tol = c->alibi ? 1e-5 : c->softcap > 0 ? 3e-6 : 2e-6;
@@ -134,43 +136,52 @@ static void run_case(const dcase *c, uint64_t seed, int decode) {
 static void decode_cases(void) {
   const dcase cases[] = {
       /* B  Hq  Hk  Nq  Nk   D   Dv  causal                      dtype      bf kpm mask lse W  cap alibi */
-      {1, 8, 8, 1, 1, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0},
-      {1, 8, 8, 1, 1500, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0},
-      {1, 4, 2, 2, 4500, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 1, 1, 0, 1, 0, 0, 0},
-      {1, 8, 8, 1, 2049, 32, 32, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 0, 0, 0, 1, 0, 0, 0},
-      {1, 8, 2, 1, 4200, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 0, 0, 0, 1, 3000, 4.0, 1},
-      {2, 8, 2, 1, 1037, 64, 64, ATTN_CAUSAL_NONE, ATTN_F32, 1, 1, 0, 1, 0, 0, 0},
-      {1, 8, 2, 2, 531, 80, 48, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 1, 1, 0, 0, 0},
-      {2, 4, 1, 2, 97, 16, 16, ATTN_CAUSAL_TOP_LEFT, ATTN_F32, 1, 1, 0, 1, 0, 0, 0},
-      {1, 8, 8, 3, 700, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 0, 0, 0, 1, 0, 0, 0},
-      {1, 32, 8, 1, 1100, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 1, 0, 0, 1, 0, 0, 0},
-      {2, 4, 4, 1, 600, 33, 33, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 1, 1, 0, 0, 0, 0, 0},
+      {1, 8, 8, 1, 1, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0, 0},
+      {1, 8, 8, 1, 1500, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0, 0},
+      {1, 4, 2, 2, 4500, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 1, 1, 0, 1, 0, 0, 0, 0},
+      {1, 8, 8, 1, 2049, 32, 32, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 0, 0, 0, 1, 0, 0, 0, 0},
+      {1, 8, 2, 1, 4200, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 0, 0, 0, 1, 3000, 4.0, 1, 0},
+      {2, 8, 2, 1, 1037, 64, 64, ATTN_CAUSAL_NONE, ATTN_F32, 1, 1, 0, 1, 0, 0, 0, 0},
+      {1, 8, 2, 2, 531, 80, 48, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 1, 1, 0, 0, 0, 0},
+      {2, 4, 1, 2, 97, 16, 16, ATTN_CAUSAL_TOP_LEFT, ATTN_F32, 1, 1, 0, 1, 0, 0, 0, 0},
+      {1, 8, 8, 3, 700, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 0, 0, 0, 1, 0, 0, 0, 0},
+      {1, 32, 8, 1, 1100, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 1, 0, 0, 1, 0, 0, 0, 0},
+      {2, 4, 4, 1, 600, 33, 33, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 1, 1, 0, 0, 0, 0, 0, 0},
       /* the options */
-      {1, 8, 4, 2, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 1, 0, 0},
-      {1, 8, 4, 2, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 100, 0, 0},
-      {1, 8, 4, 1, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 0, 1, 0, 1, 2000, 0, 0},
-      {1, 8, 8, 1, 777, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 5.0, 0},
-      {1, 12, 4, 2, 640, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 0, 0, 1, 1, 300, 8.0, 1},
-      {2, 8, 8, 1, 513, 64, 64, ATTN_CAUSAL_NONE, ATTN_F32, 1, 1, 0, 1, 0, 0, 1},
+      {1, 8, 4, 2, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 1, 0, 0, 0},
+      {1, 8, 4, 2, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 100, 0, 0, 0},
+      {1, 8, 4, 1, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 0, 1, 0, 1, 2000, 0, 0, 0},
+      {1, 8, 8, 1, 777, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 5.0, 0, 0},
+      {1, 12, 4, 2, 640, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 0, 0, 1, 1, 300, 8.0, 1, 0},
+      {2, 8, 8, 1, 513, 64, 64, ATTN_CAUSAL_NONE, ATTN_F32, 1, 1, 0, 1, 0, 0, 1, 0},
       /* more rows a kv head than the kernels take a call (8): groups of rows over each block of keys */
-      {1, 32, 8, 3, 700, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0},
-      {1, 16, 2, 2, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 1, 1, 0, 1, 0, 0, 0},
-      {2, 8, 1, 8, 1100, 64, 48, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 0, 0, 1, 1, 300, 5.0, 1},
-      {1, 4, 4, 20, 2100, 32, 32, ATTN_CAUSAL_TOP_LEFT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0},
-      {1, 8, 2, 9, 530, 80, 80, ATTN_CAUSAL_NONE, ATTN_F32, 1, 0, 1, 1, 0, 0, 0},
-      {1, 4, 1, 17, 300, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0}, /* 68 rows: blocked */
+      {1, 32, 8, 3, 700, 128, 128, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0, 0},
+      {1, 16, 2, 2, 900, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F16, 1, 1, 0, 1, 0, 0, 0, 0},
+      {2, 8, 1, 8, 1100, 64, 48, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_BF16, 0, 0, 1, 1, 300, 5.0, 1, 0},
+      {1, 4, 4, 20, 2100, 32, 32, ATTN_CAUSAL_TOP_LEFT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0, 0},
+      {1, 8, 2, 9, 530, 80, 80, ATTN_CAUSAL_NONE, ATTN_F32, 1, 0, 1, 1, 0, 0, 0, 0},
+      {1, 4, 1, 17, 300, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, ATTN_F32, 0, 0, 0, 1, 0, 0, 0, 0}, /* 68 rows: blocked */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     run_case(&cases[i], 1000 + i, 1);
     run_case(&cases[i], 1000 + i, 0); /* the same problem through the blocked kernel */
+  }
+  /* chunks (Llama 4): a row reads its own chunk's keys only, a window inside it or across its start */
+  static const struct { size_t base; int64_t chunk; } chunked[] = {{1, 512}, {2, 1000}, {4, 1024}, {11, 256}, {12, 64},
+                                                                   {14, 333}, {16, 640}, {19, 100}, {22, 128}};
+  for (size_t i = 0; i < sizeof chunked / sizeof chunked[0]; i++) {
+    dcase c = cases[chunked[i].base];
+    c.chunk = chunked[i].chunk;
+    run_case(&c, 3000 + i, 1);
+    run_case(&c, 3000 + i, 0);
   }
 }
 
 /* Half-precision inputs on problems only the blocked kernel takes. */
 static void blocked_halves(void) {
   const dcase cases[] = {
-      {1, 4, 2, 70, 130, 64, 64, ATTN_CAUSAL_TOP_LEFT, ATTN_F16, 1, 0, 1, 1, 0, 0, 0},
-      {2, 2, 2, 45, 45, 40, 24, ATTN_CAUSAL_NONE, ATTN_BF16, 0, 1, 0, 1, 0, 0, 0},
+      {1, 4, 2, 70, 130, 64, 64, ATTN_CAUSAL_TOP_LEFT, ATTN_F16, 1, 0, 1, 1, 0, 0, 0, 0},
+      {2, 2, 2, 45, 45, 40, 24, ATTN_CAUSAL_NONE, ATTN_BF16, 0, 1, 0, 1, 0, 0, 0, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], 2000 + i, 1);
 }

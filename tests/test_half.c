@@ -47,6 +47,7 @@ typedef struct hcase {
   int64_t window;
   double softcap;
   int alibi, sinks, kpm, weights;
+  int64_t chunk;
 } hcase;
 
 typedef struct prob {
@@ -71,6 +72,7 @@ static void make(prob *P, const hcase *c, attn_dtype dt, tu_rng *r) {
   attn_sdpa_opts_init(&P->o);
   P->o.causal = c->causal;
   P->o.window = c->window;
+  P->o.chunk = c->chunk;
   P->o.softcap = c->softcap;
   const int64_t s2[2] = {c->B, c->Nk}, s1[1] = {c->Hq};
   if (c->kpm) {
@@ -113,6 +115,7 @@ static hcase random_case(tu_rng *r, int one_block) {
   c.sinks = !one_block && tu_int(r, 0, 3) == 0; /* a sink starts the running max: not the emulation's */
   c.kpm = tu_int(r, 0, 2) == 0;
   c.weights = tu_int(r, 0, 2) == 0;
+  c.chunk = tu_int(r, 0, 4) == 0 ? tu_int(r, 1, 80) : 0;
   return c;
 }
 
@@ -121,9 +124,9 @@ static int amx_takes(const hcase *c) { return c->Dv % 16 == 0; }
 
 static void describe(char *buf, size_t n, const hcase *c, int seed) {
   snprintf(buf, n, "case %d: B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld Dv%lld causal %d window %lld softcap %g alibi %d "
-                   "sinks %d kpm %d", seed, (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Nq,
+                   "sinks %d kpm %d chunk %lld", seed, (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Nq,
            (long long)c->Nk, (long long)c->D, (long long)c->Dv, (int)c->causal, (long long)c->window, c->softcap,
-           c->alibi, c->sinks, c->kpm);
+           c->alibi, c->sinks, c->kpm, (long long)c->chunk);
 }
 
 /* Relative L2 of got (f32) against want, and whether got is non-finite where want is finite. */
@@ -931,7 +934,7 @@ int main(int argc, char **argv) {
     if (kern == ATTN_KERNEL_AMX) backward_tiles(ctx, oracle, &c, seed, ATTN_F16);
   }
   { /* a kv head's K and V past 1 MiB: 16 tiles share each key block (engine/forward.c), shown by the plan */
-    const hcase c = {1, 2, 1, 300, 4200, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 0};
+    const hcase c = {1, 2, 1, 300, 4200, 64, 64, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 0, 0, 0, 0, 0};
     attn_ctx_set_threads(ctx, 1);
     CHECK_OK(ctx, attn_ctx_set_precision(ctx, ATTN_PRECISION_DEFAULT));
     run(ctx, oracle, &c, ATTN_BF16, 9001, 1, 0, "bf16 inputs, long keys, 1 thread");

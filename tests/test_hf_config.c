@@ -131,6 +131,44 @@ int main(void) {
   CHECK(!c.nope[3], "llama: every layer takes RoPE");
   parse(ctx, "{\"model_type\": \"smollm3\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 3,"
              " \"no_rope_layers\": [1, 0]}", ATTN_E_FORMAT, "2 entries for 3 layers");
+
+  /* Llama 4: NoPE every 4th layer (no_rope_layers absent or empty), the RoPE layers chunked, interleaved
+   * pairs and its theta; layer_types or no_rope_layers say otherwise; a chunk of 0 or chunked layers
+   * without a size are no model; attention_chunk_size elsewhere is refused */
+#define L4 "\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 8"
+  static const char *const l4_default[] = {"{" L4 ", \"attention_chunk_size\": 32}",
+                                           "{" L4 ", \"attention_chunk_size\": 32, \"no_rope_layers\": []}",
+                                           "{\"attention_chunk_size\": 32, \"no_rope_layer_interval\": 4, " L4 "}"};
+  for (size_t i = 0; i < sizeof l4_default / sizeof l4_default[0]; i++) {
+    c = parse(ctx, l4_default[i], ATTN_OK, NULL);
+    int rule = c.attention_chunk == 32 && c.rope && c.rope_global.layout == ATTN_ROPE_INTERLEAVED &&
+               c.rope_global.theta == 5e5;
+    for (int l = 0; l < 8; l++) rule &= c.nope[l] == ((l + 1) % 4 == 0) && c.chunked[l] == !c.nope[l];
+    CHECK(rule, "llama4_text config %zu: chunk %lld, every 4th layer unrotated and unchunked", i,
+          (long long)c.attention_chunk);
+  }
+  c = parse(ctx, "{" L4 ", \"attention_chunk_size\": 16, \"no_rope_layers\": [1, 0, 1, 0, 1, 1, 0, 0]}", ATTN_OK, NULL);
+  CHECK(c.chunked[0] && !c.chunked[1] && c.chunked[5] && !c.chunked[7] && c.nope[1] && !c.nope[5],
+        "llama4_text: no_rope_layers say which layers rotate and chunk");
+  c = parse(ctx, "{" L4 ", \"attention_chunk_size\": 16, \"layer_types\": [\"full_attention\", \"chunked_attention\","
+                 " \"full_attention\", \"chunked_attention\", \"chunked_attention\", \"chunked_attention\","
+                 " \"chunked_attention\", \"full_attention\"]}", ATTN_OK, NULL);
+  CHECK(!c.chunked[0] && c.chunked[1] && c.chunked[3] && !c.chunked[7] && c.sliding_window == 0 && !c.sliding[1],
+        "llama4_text: layer_types say which layers chunk");
+  c = parse(ctx, "{" L4 ", \"attention_chunk_size\": null}", ATTN_OK, NULL);
+  CHECK(c.attention_chunk == 0 && !c.chunked[0], "llama4_text: attention_chunk_size null, no chunks");
+  c = parse(ctx, "{\"model_type\": \"llama4\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 2,"
+                 " \"attention_chunk_size\": 8192}", ATTN_OK, NULL);
+  CHECK(c.attention_chunk == 8192 && c.chunked[0] && c.chunked[1], "llama4: chunk 8192 on both layers");
+  parse(ctx, "{" L4 ", \"attention_chunk_size\": 0}", ATTN_E_FORMAT, "attention_chunk_size is 0");
+  parse(ctx, "{" L4 ", \"layer_types\": [\"chunked_attention\", \"full_attention\", \"full_attention\","
+             " \"full_attention\", \"full_attention\", \"full_attention\", \"full_attention\", \"full_attention\"]}",
+        ATTN_E_FORMAT, "not given");
+  parse(ctx, "{" L4 ", \"attention_chunk_size\": 16, \"layer_types\": [\"chunked_attention\"]}", ATTN_E_FORMAT,
+        "1 entries for 8 layers");
+  parse(ctx, "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+             " \"attention_chunk_size\": 512}", ATTN_E_UNSUPPORTED, "attention_chunk_size");
+#undef L4
   parse(ctx, "{\"model_type\": \"smollm3\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_hidden_layers\": 2,"
              " \"no_rope_layers\": [1, 2]}", ATTN_E_FORMAT, "want 0 or 1");
 
@@ -233,8 +271,6 @@ int main(void) {
     parse(ctx, json, ATTN_E_UNSUPPORTED, other[i]);
   }
 #undef HF_SHAPE
-  parse(ctx, "{\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
-             " \"attention_chunk_size\": 8192}", ATTN_E_UNSUPPORTED, "attention_chunk_size");
   parse(ctx, "{\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
              " \"use_qk_norm\": true}", ATTN_E_UNSUPPORTED, "use_qk_norm");
   parse(ctx, "{\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4,"

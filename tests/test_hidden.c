@@ -1,5 +1,5 @@
 /* Hidden keys are never read (src/logit.h defines the hidden set): a key that
- * the causal bound, the window, the key padding or the mask hides from every
+ * the causal bound, the window, the chunk, the key padding or the mask hides from every
  * row holds NaN, +Inf or -Inf in K and V here, and out, weights, lse and every
  * gradient must equal the float64 oracle's on clean inputs. Run once per
  * kernel (the argument: ref, c, avx2, avx512; a kernel this CPU lacks is
@@ -35,6 +35,7 @@ typedef struct hcase {
   int alibi, sinks, weights;
   double dropout;
   int poison;       /* 0 NaN, 1 +Inf, 2 -Inf; K and V get it (V the next kind) */
+  int64_t chunk;
 } hcase;
 
 static float poison_value(int kind) { return kind == 0 ? NAN : kind == 1 ? INFINITY : -INFINITY; }
@@ -43,10 +44,11 @@ static float poison_value(int kind) { return kind == 0 ? NAN : kind == 1 ? INFIN
  * full [B, Hq, Nq, Nk] mask (0 = hidden for KEEP, nonzero for MASKED, -inf for ADDITIVE). */
 static int is_hidden(const hcase *c, const double *mask, int64_t b, int64_t h, int64_t i, int64_t j) {
   attn_causal causal = c->causal;
-  if (c->window > 0 && causal == ATTN_CAUSAL_NONE) causal = ATTN_CAUSAL_TOP_LEFT;
+  if ((c->window > 0 || c->chunk > 0) && causal == ATTN_CAUSAL_NONE) causal = ATTN_CAUSAL_TOP_LEFT;
   const int64_t pos = causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + c->Nk - c->Nq : i;
   if (causal != ATTN_CAUSAL_NONE && j > pos) return 1;
   if (c->window > 0 && j <= pos - c->window) return 1;
+  if (c->chunk > 0 && j / c->chunk != pos / c->chunk) return 1; /* j <= pos here, so pos >= 0 */
   if (c->kpm && j >= c->len[b]) return 1;
   if (c->mask) {
     const double m = mask[((b * c->Hq + h) * c->Nq + i) * c->Nk + j];
@@ -80,6 +82,7 @@ static hcase random_case(tu_rng *r, int decode) {
   c.weights = !decode && tu_int(r, 0, 2) == 0;
   c.dropout = !decode && tu_int(r, 0, 4) == 0 ? 0.25 : 0;
   c.poison = (int)tu_int(r, 0, 2);
+  c.chunk = tu_int(r, 0, 3) == 0 ? tu_int(r, 1, 60) : 0;
   return c;
 }
 
@@ -178,6 +181,7 @@ static void options(attn_sdpa_opts *o, const hcase *c, problem *P) {
   attn_sdpa_opts_init(o);
   o->causal = c->causal;
   o->window = c->window;
+  o->chunk = c->chunk;
   o->softcap = c->softcap;
   o->dropout_p = c->dropout;
   o->dropout_seed = 1234;
@@ -211,10 +215,10 @@ static int agrees(const attn_tensor *got, const double *want, int64_t n, double 
 static void describe(char *buf, size_t n, const hcase *c, int seed) {
   snprintf(buf, n,
            "case %d: B%lld Hq%lld Hk%lld Nq%lld Nk%lld D%lld Dv%lld causal %d window %lld kpm %d mask %d softcap %g "
-           "alibi %d sinks %d weights %d dropout %g poison %d",
+           "alibi %d sinks %d weights %d dropout %g poison %d chunk %lld",
            seed, (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Nq, (long long)c->Nk,
            (long long)c->D, (long long)c->Dv, (int)c->causal, (long long)c->window, c->kpm, c->mask, c->softcap,
-           c->alibi, c->sinks, c->weights, c->dropout, c->poison);
+           c->alibi, c->sinks, c->weights, c->dropout, c->poison, (long long)c->chunk);
 }
 
 /* One case on one context: forward (out, weights, lse) and backward against the oracle on clean inputs. */
@@ -358,6 +362,8 @@ static void kv_cache_tail(attn_ctx *ctx, attn_ctx *oracle, const char *kname) {
   const attn_dtype dts[3] = {ATTN_F32, ATTN_F16, ATTN_BF16};
   const int64_t lens[B] = {70, 1, 133};
   tu_rng r = {4242};
+  /* with chunks of 32, each row's first half lies before its queries' chunk: NaN keys, Inf values */
+  for (int64_t chunk = 0; chunk <= 32; chunk += 32)
   for (int di = 0; di < 3; di++)
     for (int64_t nq = 1; nq <= 5; nq += 4) {
       attn_kv_cache_config cfg;
@@ -376,6 +382,7 @@ static void kv_cache_tail(attn_ctx *ctx, attn_ctx *oracle, const char *kname) {
         }
         tu_fill_f32(&r, kbuf, B * Hk * n * D, 1);
         tu_fill_f32(&r, vbuf, B * Hk * n * D, 1);
+        for (int64_t e = 0; chunk && part == 0 && e < B * Hk * n * D; e++) kbuf[e] = NAN, vbuf[e] = INFINITY;
         const int64_t s[4] = {B, Hk, n, D};
         attn_tensor tk = attn_tensor_view(kbuf, ATTN_F32, 4, s), tv = attn_tensor_view(vbuf, ATTN_F32, 4, s);
         CHECK_OK(ctx, attn_kv_cache_append(ctx, cache, &tk, &tv, n_new));
@@ -403,6 +410,7 @@ static void kv_cache_tail(attn_ctx *ctx, attn_ctx *oracle, const char *kname) {
       attn_tensor tl = attn_tensor_view(lse, ATTN_F32, 3, sl);
       attn_sdpa_opts o;
       attn_sdpa_opts_init(&o);
+      o.chunk = chunk;
       CHECK_OK(ctx, attn_kv_cache_attend(ctx, cache, &to, &tl, &tq, &o));
       /* the oracle row by row on what the row holds (its view: the stored, rounded values) */
       double err = 0;
@@ -417,6 +425,7 @@ static void kv_cache_tail(attn_ctx *ctx, attn_ctx *oracle, const char *kname) {
         attn_sdpa_opts ob;
         attn_sdpa_opts_init(&ob);
         ob.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+        ob.chunk = chunk;
         CHECK_OK(oracle, attn_sdpa_ref(oracle, &trob, NULL, NULL, &tqb, &kv, &vv, &ob));
         double num = 0, den = 0;
         for (int64_t e = 0; e < Hq * nq * D; e++) {
@@ -428,8 +437,9 @@ static void kv_cache_tail(attn_ctx *ctx, attn_ctx *oracle, const char *kname) {
         const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
         if (rel > err) err = rel;
       }
-      CHECK(nonfinite == 0 && err <= 2e-5, "%s: KV cache %s, %lld queries: %d non-finite outputs, rel err %.3g", kname,
-            attn_dtype_name(dts[di]), (long long)nq, nonfinite, err);
+      CHECK(nonfinite == 0 && err <= 2e-5,
+            "%s: KV cache %s, %lld queries, chunk %lld: %d non-finite outputs, rel err %.3g", kname,
+            attn_dtype_name(dts[di]), (long long)nq, (long long)chunk, nonfinite, err);
       attn_kv_cache_destroy(cache);
     }
 }
@@ -490,14 +500,15 @@ static void layer_padding(attn_ctx *ctx, const char *kname) {
   attn_mha_destroy(mha);
 }
 
-/* bf16 tensors on the bf16 tiles with nothing but a band hiding keys (causal, a window): the blocks
+/* bf16 tensors on the bf16 tiles with nothing but a band hiding keys (causal, a window, chunks): the blocks
  * the band cuts go to the fused kernels only while their values are finite (engine/forward.c), so the
  * keys past the last query (hidden from every row, top-left) hold Inf or NaN in one run and finite
  * values in the other; out is held to the oracle on the clean inputs either way. */
 /* dt: bf16, or f16 (amx's f16 tiles) */
 static void band_poison(const char *kname, attn_ctx *ctx, attn_ctx *oracle, attn_dtype dt) {
-  static const struct { int64_t Nq, Nk, D, window; } cases[] = {{100, 150, 64, 0}, {70, 131, 32, 20}, {90, 200, 128, 0},
-                                                                {130, 140, 64, 50}};
+  static const struct { int64_t Nq, Nk, D, window, chunk; } cases[] = {
+      {100, 150, 64, 0, 0}, {70, 131, 32, 20, 0}, {90, 200, 128, 0, 0}, {130, 140, 64, 50, 0}, {100, 150, 64, 0, 40},
+      {130, 140, 128, 50, 72}};
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
     for (int poisoned = 0; poisoned < 2; poisoned++)
       for (int threads = 1; threads <= 2; threads++) {
@@ -527,6 +538,7 @@ static void band_poison(const char *kname, attn_ctx *ctx, attn_ctx *oracle, attn
         attn_sdpa_opts_init(&o);
         o.causal = ATTN_CAUSAL_TOP_LEFT;
         o.window = cases[ci].window;
+        o.chunk = cases[ci].chunk;
         double *want = arena_alloc(&a, 8 * (size_t)nq);
         float *got = arena_alloc(&a, 4 * (size_t)nq);
         tu_poison_f32(got, nq);
@@ -548,8 +560,10 @@ static void band_poison(const char *kname, attn_ctx *ctx, attn_ctx *oracle, attn
           den += want[e] * want[e];
         }
         CHECK(nonfinite == 0 && sqrt(num / den) <= HALF_OUT_TOL,
-              "%s %s band case %zu (Nq %lld Nk %lld D %lld window %lld) %s, %d threads: %d non-finite, rel L2 %.3g",
+              "%s %s band case %zu (Nq %lld Nk %lld D %lld window %lld chunk %lld) %s, %d threads: %d non-finite, "
+              "rel L2 %.3g",
               kname, attn_dtype_name(dt), ci, (long long)Nq, (long long)Nk, (long long)D, (long long)cases[ci].window,
+              (long long)cases[ci].chunk,
               poisoned ? "poisoned" : "clean", threads, nonfinite, sqrt(num / den));
         arena_free(&a);
       }

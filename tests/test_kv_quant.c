@@ -227,6 +227,7 @@ typedef struct options {
   int64_t window;
   double softcap;
   int alibi, sinks, rope;
+  int64_t chunk;
 } options;
 
 typedef struct setup {
@@ -321,7 +322,7 @@ static void attend_case(const setup *s, const int64_t *len, const char *only, ui
   attn_tensor tsi = attn_tensor_view(sinks, ATTN_F32, 1, hs);
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
-  o.window = s->opt.window, o.softcap = s->opt.softcap;
+  o.window = s->opt.window, o.softcap = s->opt.softcap, o.chunk = s->opt.chunk;
   o.alibi_slopes = s->opt.alibi ? &tsl : NULL;
   o.sinks = s->opt.sinks ? &tsi : NULL;
 
@@ -389,9 +390,11 @@ static void attend_case(const setup *s, const int64_t *len, const char *only, ui
 }
 
 static void attend_all(const char *only) {
-  const options opts[] = {{"plain", 0, 0, 0, 0, 0},       {"window 200", 200, 0, 0, 0, 0}, {"softcap 5", 0, 5.0, 0, 0, 0},
-                          {"alibi", 0, 0, 1, 0, 0},       {"sinks", 0, 0, 0, 1, 0},        {"rope", 0, 0, 0, 0, 1},
-                          {"all", 300, 5.0, 1, 1, 1}};
+  const options opts[] = {{"plain", 0, 0, 0, 0, 0, 0},     {"window 200", 200, 0, 0, 0, 0, 0},
+                          {"softcap 5", 0, 5.0, 0, 0, 0, 0}, {"alibi", 0, 0, 1, 0, 0, 0},
+                          {"sinks", 0, 0, 0, 1, 0, 0},       {"rope", 0, 0, 0, 0, 1, 0},
+                          {"chunk 1000", 0, 0, 0, 0, 0, 1000}, {"all", 300, 5.0, 1, 1, 1, 0},
+                          {"all, chunk 32", 300, 5.0, 1, 1, 1, 32}};
   const attn_kv_dtype pairs[][2] = {{ATTN_KV_Q8_0, ATTN_KV_Q8_0}, {ATTN_KV_Q4_0, ATTN_KV_Q4_0},
                                     {ATTN_KV_Q8_0, ATTN_KV_Q4_0}, {ATTN_KV_Q4_0, ATTN_KV_F16},
                                     {ATTN_KV_F32, ATTN_KV_Q8_0}};
@@ -446,7 +449,7 @@ static void kernel_shapes(const char *only) {
   for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++)
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
       for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++) {
-        const options opt = {"window 300", window, 0, 0, 0, 0};
+        const options opt = {"window 300", window, 0, 0, 0, 0, 0};
         const setup s = {pairs[pi][0], pairs[pi][1], 2, groups[gi][0], groups[gi][1], dims[di][0], dims[di][1],
                          groups[gi][2], opt};
         attn_ctx *ctx;

@@ -20,6 +20,7 @@ typedef struct tcase {
   double softcap, dropout;
   int alibi, sinks, kpm;
   attn_mpi_strategy strategy;
+  int64_t chunk;
 } tcase;
 
 /* A [B, H, N, F] tensor of dtype dt from f32 values. */
@@ -78,7 +79,7 @@ static void run_case(attn_ctx *ctx, const tcase *c, int idx) {
   tu_fill_f32(&rng, g, B * Hq * N * Dv, 1.0);
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
-  o.causal = c->causal, o.window = c->window, o.softcap = c->softcap;
+  o.causal = c->causal, o.window = c->window, o.softcap = c->softcap, o.chunk = c->chunk;
   o.dropout_p = c->dropout, o.dropout_seed = 1234 + (uint64_t)idx;
   float *slopes = arena_alloc(&a, (size_t)Hq * 4), *sinks = arena_alloc(&a, (size_t)Hq * 4);
   attn_tensor slopes_t = attn_tensor_view(slopes, ATTN_F32, 1, &Hq), sinks_t = attn_tensor_view(sinks, ATTN_F32, 1, &Hq);
@@ -302,24 +303,29 @@ int main(int argc, char **argv) {
   attn_ctx_set_threads(ctx, 1);
   attn_ctx_set_precision(ctx, ATTN_PRECISION_FP32);
   const tcase cases[] = {
-      {"plain", 1, 2, 2, 61, 32, 32, ATTN_F32, ATTN_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING},
-      {"causal gqa", 2, 4, 2, 97, 32, 16, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING},
-      {"causal zigzag", 1, 4, 1, 130, 64, 64, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_ZIGZAG},
+      {"plain", 1, 2, 2, 61, 32, 32, ATTN_F32, ATTN_CAUSAL_NONE, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING, 0},
+      {"causal gqa", 2, 4, 2, 97, 32, 16, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING, 0},
+      {"causal zigzag", 1, 4, 1, 130, 64, 64, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_ZIGZAG, 0},
       {"window alibi softcap", 1, 4, 2, 120, 32, 32, ATTN_F32, ATTN_CAUSAL_BOTTOM_RIGHT, 23, 20, 0, 1, 0, 0,
-       ATTN_MPI_RING},
-      {"window zigzag sinks", 1, 2, 2, 77, 16, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 19, 0, 0, 0, 1, 0, ATTN_MPI_ZIGZAG},
-      {"key padding (NaN keys)", 2, 2, 1, 90, 32, 32, ATTN_F32, ATTN_CAUSAL_NONE, 0, 0, 0, 0, 0, 1, ATTN_MPI_RING},
-      {"dropout causal", 1, 2, 2, 70, 32, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.2, 1, 0, 0, ATTN_MPI_ZIGZAG},
-      {"bf16 causal", 1, 4, 2, 100, 64, 64, ATTN_BF16, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING},
-      {"f16 zigzag sinks kpm", 1, 2, 1, 64, 32, 32, ATTN_F16, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 1, 1, ATTN_MPI_ZIGZAG},
-      {"auto", 1, 4, 4, 50, 32, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 1, 1, 0, ATTN_MPI_AUTO},
+       ATTN_MPI_RING, 0},
+      {"window zigzag sinks", 1, 2, 2, 77, 16, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 19, 0, 0, 0, 1, 0, ATTN_MPI_ZIGZAG, 0},
+      {"key padding (NaN keys)", 2, 2, 1, 90, 32, 32, ATTN_F32, ATTN_CAUSAL_NONE, 0, 0, 0, 0, 0, 1, ATTN_MPI_RING, 0},
+      {"dropout causal", 1, 2, 2, 70, 32, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.2, 1, 0, 0, ATTN_MPI_ZIGZAG, 0},
+      {"bf16 causal", 1, 4, 2, 100, 64, 64, ATTN_BF16, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING, 0},
+      {"f16 zigzag sinks kpm", 1, 2, 1, 64, 32, 32, ATTN_F16, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 1, 1, ATTN_MPI_ZIGZAG, 0},
+      {"auto", 1, 4, 4, 50, 32, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 1, 1, 0, ATTN_MPI_AUTO, 0},
       {"ulysses gqa kpm window", 2, 24, 12, 45, 16, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 9, 0, 0, 1, 1, 1,
-       ATTN_MPI_ULYSSES},
-      {"ulysses bf16 softcap", 1, 12, 12, 66, 32, 16, ATTN_BF16, ATTN_CAUSAL_NONE, 0, 30, 0, 0, 0, 0, ATTN_MPI_ULYSSES},
+       ATTN_MPI_ULYSSES, 0},
+      {"ulysses bf16 softcap", 1, 12, 12, 66, 32, 16, ATTN_BF16, ATTN_CAUSAL_NONE, 0, 30, 0, 0, 0, 0, ATTN_MPI_ULYSSES, 0},
       {"ulysses dropout gqa alibi", 2, 24, 12, 57, 32, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0.25, 1, 0, 0,
-       ATTN_MPI_ULYSSES},
+       ATTN_MPI_ULYSSES, 0},
+      /* Llama 4's chunks: counted from the whole sequence's first token, not a shard's */
+      {"chunk ring", 1, 4, 2, 120, 32, 32, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING, 17},
+      {"chunk window zigzag alibi", 1, 2, 2, 130, 16, 16, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 23, 0, 0, 1, 0, 0,
+       ATTN_MPI_ZIGZAG, 40},
+      {"chunk ulysses kpm", 2, 24, 12, 45, 16, 32, ATTN_F32, ATTN_CAUSAL_NONE, 0, 0, 0, 0, 1, 1, ATTN_MPI_ULYSSES, 8},
       /* shards past POLL_ROWS (1024): without the helper thread a step runs in several pieces */
-      {"long shards causal gqa", 1, 2, 1, 4300, 16, 16, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING},
+      {"long shards causal gqa", 1, 2, 1, 4300, 16, 16, ATTN_F32, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 0, 0, 0, ATTN_MPI_RING, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &cases[i], (int)i);
   refusals(ctx);

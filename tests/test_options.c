@@ -71,8 +71,8 @@ static void poison(attn_tensor *t) {
 }
 
 /* ---- worst errors per option, for the summary ------------------------------------ */
-enum { OPT_PLAIN, OPT_WINDOW, OPT_SOFTCAP, OPT_ALIBI, OPT_SINKS, OPT_COMBINED, OPT_KINDS };
-static const char *opt_names[OPT_KINDS] = {"none", "window", "softcap", "alibi", "sinks", "combined"};
+enum { OPT_PLAIN, OPT_WINDOW, OPT_SOFTCAP, OPT_ALIBI, OPT_SINKS, OPT_CHUNK, OPT_COMBINED, OPT_KINDS };
+static const char *opt_names[OPT_KINDS] = {"none", "window", "softcap", "alibi", "sinks", "chunk", "combined"};
 enum { ERR_OUT, ERR_W, ERR_LSE, ERR_DQKV, ERR_DMASK, ERR_DSINK, ERR_KINDS };
 static const char *err_names[ERR_KINDS] = {"out", "weights", "lse", "dq/dk/dv", "dmask", "dsinks"};
 static double worst[OPT_KINDS][ERR_KINDS];
@@ -95,13 +95,14 @@ typedef struct ocase {
   double dropout;
   int batch_first;
   double qamp;   /* larger logits so that the softmax is not flat and the cap bites */
+  int64_t chunk; /* last: the tables above leave it 0 */
 } ocase;
 
 static int opt_kind(const ocase *c) {
-  const int n = (c->window > 0) + (c->softcap > 0) + (c->alibi != 0) + (c->sinks != 0);
+  const int n = (c->window > 0) + (c->softcap > 0) + (c->alibi != 0) + (c->sinks != 0) + (c->chunk > 0);
   if (n == 0) return OPT_PLAIN;
   if (n > 1) return OPT_COMBINED;
-  return c->window > 0 ? OPT_WINDOW : c->softcap > 0 ? OPT_SOFTCAP : c->alibi ? OPT_ALIBI : OPT_SINKS;
+  return c->window > 0 ? OPT_WINDOW : c->softcap > 0 ? OPT_SOFTCAP : c->alibi ? OPT_ALIBI : c->sinks ? OPT_SINKS : OPT_CHUNK;
 }
 
 typedef struct problem {
@@ -124,6 +125,7 @@ static void make_problem(arena *a, problem *pb, const ocase *c, uint64_t seed, a
   attn_sdpa_opts *o = &pb->o;
   o->causal = c->causal;
   o->window = c->window;
+  o->chunk = c->chunk;
   o->softcap = c->softcap;
   o->dropout_p = c->dropout;
   o->dropout_seed = seed ^ 0x5eed;
@@ -174,10 +176,10 @@ static void make_problem(arena *a, problem *pb, const ocase *c, uint64_t seed, a
 static void describe(const ocase *c, uint64_t seed, char *buf, size_t n) {
   snprintf(buf, n,
            "%s seed %llu: B=%lld Hq=%lld Hk=%lld Nq=%lld Nk=%lld D=%lld Dv=%lld causal=%d window=%lld softcap=%g "
-           "alibi=%d sinks=%d mask=%d kpm=%d dead=%d p=%g bf=%d",
+           "alibi=%d sinks=%d mask=%d kpm=%d dead=%d p=%g bf=%d chunk=%lld",
            c->name, (unsigned long long)seed, (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Nq,
            (long long)c->Nk, (long long)c->D, (long long)c->Dv, (int)c->causal, (long long)c->window, c->softcap,
-           c->alibi, c->sinks, c->mask_mode, c->kpm, c->dead, c->dropout, c->batch_first);
+           c->alibi, c->sinks, c->mask_mode, c->kpm, c->dead, c->dropout, c->batch_first, (long long)c->chunk);
 }
 
 /* lse: -inf must match -inf; otherwise relative to 1 + |ref|. Returns the worst error (inf on a mismatch). */
@@ -339,8 +341,8 @@ static void check_case(attn_ctx *ctx, const ocase *c, uint64_t seed, int backwar
 /* The chosen cases: windows below, at and above Nk, W = 1, Nq != Nk both ways,
  * Nk off the tile widths (16, 64), fully masked rows with sinks, everything at once. */
 static void chosen_cases(attn_ctx *ctx) {
-  const ocase base = {"base", 1, 2, 1, 37, 70, 16, 16, ATTN_CAUSAL_NONE, 0, 0, 0, 0, -1, 0, 0, 0, 0, 3.0};
-  ocase cs[32];
+  const ocase base = {"base", 1, 2, 1, 37, 70, 16, 16, ATTN_CAUSAL_NONE, 0, 0, 0, 0, -1, 0, 0, 0, 0, 3.0, 0};
+  ocase cs[40];
   int n = 0;
   ocase c;
   /* each option alone */
@@ -377,6 +379,23 @@ static void chosen_cases(attn_ctx *ctx) {
   c.window = 37; c.softcap = 8; c.alibi = 1; c.sinks = 1; c.causal = ATTN_CAUSAL_BOTTOM_RIGHT; c.kpm = 1; cs[n++] = c;
   c = base; c.name = "window, threaded"; c.B = 1; c.Hq = 4; c.Hk = 4; c.Nq = 300; c.Nk = 300; c.D = 64; c.Dv = 64;
   c.window = 64; cs[n++] = c;
+  /* chunks: off and on the tile widths, 1, past Nk, with a window both narrower and wider, threaded */
+  static const struct { const char *name; int64_t Nq, Nk, chunk, window; attn_causal causal; } chunks[] = {
+      {"chunk 8", 37, 70, 8, 0, ATTN_CAUSAL_NONE},
+      {"chunk 1", 37, 70, 1, 0, ATTN_CAUSAL_NONE},
+      {"chunk 16, Nq > Nk, bottom-right", 90, 45, 16, 0, ATTN_CAUSAL_BOTTOM_RIGHT},
+      {"chunk 23, long keys, bottom-right", 20, 200, 23, 0, ATTN_CAUSAL_BOTTOM_RIGHT},
+      {"chunk > Nk", 37, 70, 500, 0, ATTN_CAUSAL_NONE},
+      {"chunk 20, window 7", 37, 70, 20, 7, ATTN_CAUSAL_NONE}};
+  for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
+    c = base, c.name = chunks[i].name, c.Nq = chunks[i].Nq, c.Nk = chunks[i].Nk, c.chunk = chunks[i].chunk;
+    c.window = chunks[i].window, c.causal = chunks[i].causal, cs[n++] = c;
+  }
+  c = base; c.name = "all, chunk 24, window 40, GQA, kpm"; c.B = 2; c.Hq = 6; c.Hk = 2; c.Nq = 41; c.Nk = 77;
+  c.chunk = 24; c.window = 40; c.softcap = 5; c.alibi = 1; c.sinks = 1; c.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
+  c.kpm = 1; cs[n++] = c;
+  c = base; c.name = "chunk 100, threaded"; c.B = 1; c.Hq = 4; c.Hk = 2; c.Nq = 300; c.Nk = 310; c.D = 64; c.Dv = 64;
+  c.chunk = 100; c.causal = ATTN_CAUSAL_BOTTOM_RIGHT; cs[n++] = c;
   for (int i = 0; i < n; i++) check_case(ctx, &cs[i], 1000 + (uint64_t)i, 1);
 }
 
@@ -405,6 +424,7 @@ static void random_cases(attn_ctx *ctx, int count) {
     c.dropout = tu_int(&r, 0, 4) == 0 ? 0.3 : 0;
     c.batch_first = (int)tu_int(&r, 0, 1);
     c.qamp = 1 + 4 * fabs(tu_uniform(&r));
+    c.chunk = tu_int(&r, 0, 2) == 0 ? tu_int(&r, 1, c.Nk + 5) : 0; /* drawn last: the cases before keep theirs */
     check_case(ctx, &c, 5000 + (uint64_t)s, 1);
   }
 }
@@ -419,10 +439,11 @@ static void plain_attention(const ocase *c, const double *q, const double *k, co
     for (int64_t h = 0; h < c->Hq; h++)
       for (int64_t i = 0; i < c->Nq; i++) {
         const int64_t ip = c->causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + c->Nk - c->Nq : i;
-        const int causal = c->causal != ATTN_CAUSAL_NONE || c->window > 0;
+        const int causal = c->causal != ATTN_CAUSAL_NONE || c->window > 0 || c->chunk > 0;
         double m = sinks ? sinks[h] : -INFINITY;
         for (int64_t j = 0; j < c->Nk; j++) {
-          const int seen = (!causal || j <= ip) && (c->window <= 0 || j > ip - c->window);
+          const int seen = (!causal || j <= ip) && (c->window <= 0 || j > ip - c->window) &&
+                           (c->chunk <= 0 || (ip >= 0 && j / c->chunk == ip / c->chunk));
           double x = 0;
           for (int64_t d = 0; d < c->D; d++)
             x += q[((b * c->Hq + h) * c->Nq + i) * c->D + d] * k[((b * c->Hk + h / G) * c->Nk + j) * c->D + d];
@@ -447,12 +468,16 @@ static void plain_attention(const ocase *c, const double *q, const double *k, co
 
 static void oracle_vs_plain(attn_ctx *ctx) {
   static const ocase cases[] = {
-      {"plain: window", 2, 2, 1, 9, 13, 5, 4, ATTN_CAUSAL_NONE, 4, 0, 0, 0, -1, 0, 0, 0, 0, 2},
-      {"plain: window, bottom-right", 1, 2, 2, 6, 15, 5, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 3, 0, 0, 0, -1, 0, 0, 0, 0, 2},
-      {"plain: softcap", 1, 3, 1, 7, 8, 4, 4, ATTN_CAUSAL_NONE, 0, 1.5, 0, 0, -1, 0, 0, 0, 0, 4},
-      {"plain: alibi, bottom-right", 1, 4, 2, 5, 9, 4, 4, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 1, 0, -1, 0, 0, 0, 0, 2},
-      {"plain: sinks", 2, 2, 1, 6, 7, 3, 5, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 1, -1, 0, 0, 0, 0, 2},
-      {"plain: all, Nq > Nk", 1, 2, 1, 11, 6, 4, 4, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 2.5, 1, 1, -1, 0, 0, 0, 0, 3},
+      {"plain: window", 2, 2, 1, 9, 13, 5, 4, ATTN_CAUSAL_NONE, 4, 0, 0, 0, -1, 0, 0, 0, 0, 2, 0},
+      {"plain: window, bottom-right", 1, 2, 2, 6, 15, 5, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 3, 0, 0, 0, -1, 0, 0, 0, 0, 2, 0},
+      {"plain: softcap", 1, 3, 1, 7, 8, 4, 4, ATTN_CAUSAL_NONE, 0, 1.5, 0, 0, -1, 0, 0, 0, 0, 4, 0},
+      {"plain: alibi, bottom-right", 1, 4, 2, 5, 9, 4, 4, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 0, 1, 0, -1, 0, 0, 0, 0, 2, 0},
+      {"plain: sinks", 2, 2, 1, 6, 7, 3, 5, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 1, -1, 0, 0, 0, 0, 2, 0},
+      {"plain: all, Nq > Nk", 1, 2, 1, 11, 6, 4, 4, ATTN_CAUSAL_BOTTOM_RIGHT, 2, 2.5, 1, 1, -1, 0, 0, 0, 0, 3, 0},
+      {"plain: chunk", 2, 2, 1, 9, 13, 5, 4, ATTN_CAUSAL_NONE, 0, 0, 0, 0, -1, 0, 0, 0, 0, 2, 4},
+      {"plain: chunk, window, bottom-right", 1, 2, 2, 7, 15, 5, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 4, 0, 1, 0, -1, 0, 0, 0, 0,
+       2, 5},
+      {"plain: chunk, Nq > Nk", 1, 2, 1, 11, 6, 4, 4, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 2.5, 0, 1, -1, 0, 0, 0, 0, 3, 3},
   };
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     const ocase *c = &cases[ci];
@@ -480,7 +505,7 @@ static void oracle_vs_plain(attn_ctx *ctx) {
 /* dropout_p = 1 in the oracle, as PyTorch defines it: every probability dropped, so out,
  * the weights and dq, dk, dv are 0 (not 0 * inf), while lse stays the softmax's. */
 static void dropout_one_oracle(attn_ctx *ctx) {
-  const ocase c = {"dropout 1", 1, 2, 1, 5, 7, 4, 3, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 1, -1, 0, 0, 1.0, 0, 2};
+  const ocase c = {"dropout 1", 1, 2, 1, 5, 7, 4, 3, ATTN_CAUSAL_TOP_LEFT, 0, 0, 0, 1, -1, 0, 0, 1.0, 0, 2, 0};
   arena a = {{0}, 0};
   problem pb;
   make_problem(&a, &pb, &c, 77, ATTN_F64);
@@ -514,20 +539,35 @@ static void dropout_one_oracle(attn_ctx *ctx) {
   arena_free(&a);
 }
 
+/* out and lse of attn_sdpa(q, k, v, o) and attn_sdpa(q, kb, vb, m) agree within tol. */
+static void same_as(attn_ctx *ctx, const char *kn, const char *what, double tol, const problem *pb, const attn_sdpa_opts *o,
+                    const attn_sdpa_opts *m, const attn_tensor *kb, const attn_tensor *vb, attn_tensor *oa,
+                    attn_tensor *ob, attn_tensor *la, attn_tensor *lb) {
+  CHECK_OK(ctx, attn_sdpa(ctx, oa, la, NULL, &pb->q, &pb->k, &pb->v, o));
+  CHECK_OK(ctx, attn_sdpa(ctx, ob, lb, NULL, &pb->q, kb, vb, m));
+  double *x = tu_to_f64(oa), *y = tu_to_f64(ob), *lx = tu_to_f64(la), *ly = tu_to_f64(lb);
+  const double e = tu_rel_l2(x, y, attn_tensor_numel(oa)), el = lse_err(lx, ly, attn_tensor_numel(la));
+  CHECK(e <= tol && el <= tol, "%s: %s: out %.3g lse %.3g", kn, what, e, el);
+  free(x), free(y), free(lx), free(ly);
+}
+
 /* The options through older features, on the oracle and on every kernel:
  * window = boolean band mask, ALiBi = additive mask, sink = an extra key of value 0. */
 static void options_as_masks(attn_ctx *ctx) {
   arena a = {{0}, 0};
-  const ocase c = {"as masks", 2, 3, 1, 29, 83, 16, 8, ATTN_CAUSAL_BOTTOM_RIGHT, 11, 0, 1, 1, -1, 0, 0, 0, 0, 3};
+  const ocase c = {"as masks", 2, 3, 1, 29, 83, 16, 8, ATTN_CAUSAL_BOTTOM_RIGHT, 11, 0, 1, 1, -1, 0, 0, 0, 0, 3, 0};
   problem pb;
   make_problem(&a, &pb, &c, 42, ATTN_F32);
   const int64_t B = c.B, Hq = c.Hq, Nq = c.Nq, Nk = c.Nk, D = c.D, Dv = c.Dv, sh = Nk - Nq;
   const int64_t os[4] = {B, Hq, Nq, Dv}, ls[3] = {B, Hq, Nq}, ms[4] = {B, Hq, Nq, Nk};
   const int64_t ms1[4] = {B, Hq, Nq, Nk + 1}, ks1[4] = {B, c.Hk, Nk + 1, D}, vs1[4] = {B, c.Hk, Nk + 1, Dv};
-  const int64_t no = B * Hq * Nq * Dv, nl = B * Hq * Nq;
+  const int64_t nl = B * Hq * Nq;
   tu_rng r = {9};
-  /* band: j in (i' - W, i'] as a KEEP mask with causal off; ALiBi folded into an additive mask */
+  /* band: j in (i' - W, i'] as a KEEP mask with causal off; ALiBi folded into an additive mask;
+   * chunks: j <= i' and j / C = i' / C as a KEEP mask */
+  const int64_t C = 16;
   attn_tensor band = make4(&a, &r, ms, ATTN_BOOL, 0, 0), bias = make4(&a, &r, ms, ATTN_F32, 0, 0);
+  attn_tensor chunks = make4(&a, &r, ms, ATTN_BOOL, 0, 0);
   /* the sink as key Nk: k = 0, v = 0, the additive mask puts the sink there */
   attn_tensor k1 = make4(&a, &r, ks1, ATTN_F32, 0, 0), v1 = make4(&a, &r, vs1, ATTN_F32, 0, 0);
   attn_tensor bias1 = make4(&a, &r, ms1, ATTN_F32, 0, 0);
@@ -545,6 +585,7 @@ static void options_as_masks(attn_ctx *ctx) {
           const int in = j <= ip && j > ip - c.window;
           const double al = ((float *)pb.slopes.data)[h] * (float)(j - ip);
           tset(&band, off4(&band, b, h, i, j), in);
+          tset(&chunks, off4(&chunks, b, h, i, j), j <= ip && j / C == ip / C);
           tset(&bias, off4(&bias, b, h, i, j), in ? al : -INFINITY);
           tset(&bias1, off4(&bias1, b, h, i, j), in ? al : -INFINITY);
         }
@@ -558,49 +599,26 @@ static void options_as_masks(attn_ctx *ctx) {
     CHECK_OK(ctx, attn_ctx_set_kernel(ctx, kern));
     const char *kn = attn_kernel_name(kern);
     attn_tensor oa = make4(&a, &r, os, ATTN_F32, 0, 0), ob = make4(&a, &r, os, ATTN_F32, 0, 0);
+    attn_sdpa_opts o, m;
     /* window alone vs the band */
-    attn_sdpa_opts o;
+    attn_sdpa_opts_init(&o), attn_sdpa_opts_init(&m);
+    o.causal = ATTN_CAUSAL_BOTTOM_RIGHT, o.window = c.window;
+    m.mask = &band, m.mask_mode = ATTN_MASK_KEEP;
+    same_as(ctx, kn, "window vs a band mask", 1e-6, &pb, &o, &m, &pb.k, &pb.v, &oa, &ob, &lse_a, &lse_b);
+    /* chunk alone vs its mask */
     attn_sdpa_opts_init(&o);
-    o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-    o.window = c.window;
-    CHECK_OK(ctx, attn_sdpa(ctx, &oa, &lse_a, NULL, &pb.q, &pb.k, &pb.v, &o));
-    attn_sdpa_opts_init(&o);
-    o.mask = &band;
-    o.mask_mode = ATTN_MASK_KEEP;
-    CHECK_OK(ctx, attn_sdpa(ctx, &ob, &lse_b, NULL, &pb.q, &pb.k, &pb.v, &o));
-    double *x = tu_to_f64(&oa), *y = tu_to_f64(&ob), *lx = tu_to_f64(&lse_a), *ly = tu_to_f64(&lse_b);
-    double e = tu_rel_l2(x, y, no), el = lse_err(lx, ly, nl);
-    CHECK(e <= 1e-6 && el <= 1e-6, "%s: window vs a band mask: out %.3g lse %.3g", kn, e, el);
-    free(x), free(y), free(lx), free(ly);
+    o.causal = ATTN_CAUSAL_BOTTOM_RIGHT, o.chunk = C;
+    m.mask = &chunks;
+    same_as(ctx, kn, "chunk vs a mask of chunks", 1e-6, &pb, &o, &m, &pb.k, &pb.v, &oa, &ob, &lse_a, &lse_b);
     /* window + ALiBi vs the band with the bias added */
     attn_sdpa_opts_init(&o);
-    o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-    o.window = c.window;
-    o.alibi_slopes = &pb.slopes;
-    CHECK_OK(ctx, attn_sdpa(ctx, &oa, &lse_a, NULL, &pb.q, &pb.k, &pb.v, &o));
-    attn_sdpa_opts_init(&o);
-    o.mask = &bias;
-    o.mask_mode = ATTN_MASK_ADDITIVE;
-    CHECK_OK(ctx, attn_sdpa(ctx, &ob, &lse_b, NULL, &pb.q, &pb.k, &pb.v, &o));
-    x = tu_to_f64(&oa), y = tu_to_f64(&ob), lx = tu_to_f64(&lse_a), ly = tu_to_f64(&lse_b);
-    e = tu_rel_l2(x, y, no), el = lse_err(lx, ly, nl);
-    CHECK(e <= 1e-5 && el <= 1e-5, "%s: ALiBi vs an additive mask: out %.3g lse %.3g", kn, e, el);
-    free(x), free(y), free(lx), free(ly);
+    o.causal = ATTN_CAUSAL_BOTTOM_RIGHT, o.window = c.window, o.alibi_slopes = &pb.slopes;
+    m.mask = &bias, m.mask_mode = ATTN_MASK_ADDITIVE;
+    same_as(ctx, kn, "ALiBi vs an additive mask", 1e-5, &pb, &o, &m, &pb.k, &pb.v, &oa, &ob, &lse_a, &lse_b);
     /* window + ALiBi + sinks vs one more key */
-    attn_sdpa_opts_init(&o);
-    o.causal = ATTN_CAUSAL_BOTTOM_RIGHT;
-    o.window = c.window;
-    o.alibi_slopes = &pb.slopes;
     o.sinks = &pb.sinks;
-    CHECK_OK(ctx, attn_sdpa(ctx, &oa, &lse_a, NULL, &pb.q, &pb.k, &pb.v, &o));
-    attn_sdpa_opts_init(&o);
-    o.mask = &bias1;
-    o.mask_mode = ATTN_MASK_ADDITIVE;
-    CHECK_OK(ctx, attn_sdpa(ctx, &ob, &lse_b, NULL, &pb.q, &k1, &v1, &o));
-    x = tu_to_f64(&oa), y = tu_to_f64(&ob), lx = tu_to_f64(&lse_a), ly = tu_to_f64(&lse_b);
-    e = tu_rel_l2(x, y, no), el = lse_err(lx, ly, nl);
-    CHECK(e <= 1e-5 && el <= 1e-5, "%s: sinks vs an extra key: out %.3g lse %.3g", kn, e, el);
-    free(x), free(y), free(lx), free(ly);
+    m.mask = &bias1;
+    same_as(ctx, kn, "sinks vs an extra key", 1e-5, &pb, &o, &m, &k1, &v1, &oa, &ob, &lse_a, &lse_b);
   }
   attn_ctx_set_kernel(ctx, ATTN_KERNEL_AUTO);
   arena_free(&a);
@@ -689,12 +707,13 @@ static double fd_err(attn_ctx *ctx, const problem *pb, const ocase *c, attn_tens
 
 static void finite_differences(attn_ctx *ctx) {
   static const ocase cases[] = {
-      {"fd: window", 1, 2, 1, 6, 9, 4, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 3, 0, 0, 0, -1, 0, 0, 0, 0, 2},
-      {"fd: softcap", 1, 2, 1, 5, 7, 4, 3, ATTN_CAUSAL_NONE, 0, 1.2, 0, 0, ATTN_MASK_ADDITIVE, 0, 0, 0, 0, 3},
-      {"fd: alibi", 1, 2, 2, 5, 6, 3, 4, ATTN_CAUSAL_TOP_LEFT, 0, 0, 1, 0, ATTN_MASK_ADDITIVE, 0, 0, 0, 0, 2},
-      {"fd: sinks", 2, 2, 1, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0, 1, -1, 0, 0, 0, 0, 2},
-      {"fd: sinks, dead rows", 1, 2, 1, 5, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0, 1, -1, 0, 1, 0, 0, 2},
-      {"fd: all", 1, 4, 2, 7, 9, 4, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 4, 1.5, 1, 1, ATTN_MASK_ADDITIVE, 1, 0, 0, 0, 3},
+      {"fd: window", 1, 2, 1, 6, 9, 4, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 3, 0, 0, 0, -1, 0, 0, 0, 0, 2, 0},
+      {"fd: softcap", 1, 2, 1, 5, 7, 4, 3, ATTN_CAUSAL_NONE, 0, 1.2, 0, 0, ATTN_MASK_ADDITIVE, 0, 0, 0, 0, 3, 0},
+      {"fd: alibi", 1, 2, 2, 5, 6, 3, 4, ATTN_CAUSAL_TOP_LEFT, 0, 0, 1, 0, ATTN_MASK_ADDITIVE, 0, 0, 0, 0, 2, 0},
+      {"fd: sinks", 2, 2, 1, 4, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0, 1, -1, 0, 0, 0, 0, 2, 0},
+      {"fd: sinks, dead rows", 1, 2, 1, 5, 6, 3, 3, ATTN_CAUSAL_NONE, 0, 0, 0, 1, -1, 0, 1, 0, 0, 2, 0},
+      {"fd: all", 1, 4, 2, 7, 9, 4, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 4, 1.5, 1, 1, ATTN_MASK_ADDITIVE, 1, 0, 0, 0, 3, 0},
+      {"fd: chunk", 1, 2, 1, 7, 9, 4, 3, ATTN_CAUSAL_BOTTOM_RIGHT, 0, 1.5, 1, 1, -1, 0, 0, 0, 0, 3, 3},
   };
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     const ocase *c = &cases[ci];
@@ -828,6 +847,8 @@ static void argument_checks(attn_ctx *ctx) {
     CHECK_OK(ctx, attn_ctx_set_kernel(ctx, kk ? ATTN_KERNEL_AUTO : ATTN_KERNEL_REF));
     attn_sdpa_opts_init(&o); o.window = -1;
     EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_INVALID, "negative window");
+    attn_sdpa_opts_init(&o); o.chunk = -3;
+    EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_INVALID, "negative chunk");
     attn_sdpa_opts_init(&o); o.softcap = -1;
     EXPECT(attn_sdpa(ctx, &out, NULL, NULL, &q, &k, &v, &o), ATTN_E_INVALID, "negative softcap");
     attn_sdpa_opts_init(&o); o.softcap = NAN;
@@ -885,7 +906,7 @@ static void argument_checks(attn_ctx *ctx) {
  * (q_offset, k_offset), give the whole sequence's rows: causal, window, ALiBi
  * and dropout all count globally. Rows [30, 70) of 70 see keys from
  * 30 - window + 1 = 11 on, so keys [11, 70) are all they need. */
-static void shard_offsets(attn_ctx *ctx) {
+static void shard_offsets(attn_ctx *ctx, int64_t chunk) {
   arena a = {{0}, 0};
   tu_rng r = {77};
   /* the shard: rows from q0, keys from k0, heads from h0 (sequence and head parallelism at once) */
@@ -898,6 +919,7 @@ static void shard_offsets(attn_ctx *ctx) {
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
   o.causal = ATTN_CAUSAL_TOP_LEFT, o.window = 20, o.alibi_slopes = &slopes, o.dropout_p = 0.15, o.dropout_seed = 9;
+  o.chunk = chunk; /* chunks start at global multiples of chunk, which the shard's own positions are not */
   CHECK_OK(ctx, attn_ctx_set_kernel(ctx, ATTN_KERNEL_REF));
   CHECK_OK(ctx, attn_sdpa_ref(ctx, &ref, &ref_lse, NULL, &q, &k, &v, &o));
   for (size_t ki = 0; ki <= sizeof kernels / sizeof kernels[0]; ki++) {
@@ -922,8 +944,9 @@ static void shard_offsets(attn_ctx *ctx) {
       double *x = tu_to_f64(&out), *y = tu_to_f64(&rs), *xl = tu_to_f64(&lse), *yl = tu_to_f64(&rl);
       const double e = tu_rel_l2(x, y, attn_tensor_numel(&out)), el = tu_rel_l2(xl, yl, attn_tensor_numel(&lse));
       if (global_heads)
-        CHECK(e <= 1e-6 && el <= 1e-6, "kernel %s: a shard at offsets (%lld, %lld, head %lld): out %.2e, lse %.2e",
-              attn_kernel_name(kern), (long long)q0, (long long)k0, (long long)h0, e, el);
+        CHECK(e <= 1e-6 && el <= 1e-6,
+              "kernel %s: a shard at offsets (%lld, %lld, head %lld), chunk %lld: out %.2e, lse %.2e",
+              attn_kernel_name(kern), (long long)q0, (long long)k0, (long long)h0, (long long)chunk, e, el);
       else /* the heads numbered from 0 draw other dropout: the check above can tell */
         CHECK(e > 1e-2, "kernel %s: head_offset 0 gave the shard's dropout anyway (%.2e)", attn_kernel_name(kern), e);
       free(x), free(y), free(xl), free(yl);
@@ -955,7 +978,8 @@ int main(int argc, char **argv) {
   alibi_slopes();
   fast_tanh();
   argument_checks(ctx);
-  shard_offsets(ctx);
+  shard_offsets(ctx, 0);
+  shard_offsets(ctx, 16);
   oracle_vs_plain(ctx);
   dropout_one_oracle(ctx);
   options_as_masks(ctx);

@@ -265,10 +265,12 @@ static void against_linear(void) {
   const int64_t blocks[6] = {1, 16, 64, 100, 128, 256};
   const int64_t len[3] = {2100, 37, 300}; /* past a decode chunk (2048 keys), short, between */
   tu_rng r = {77};
-  attn_sdpa_opts plain, win;
+  attn_sdpa_opts plain, win, chunked;
   attn_sdpa_opts_init(&plain);
   attn_sdpa_opts_init(&win);
+  attn_sdpa_opts_init(&chunked);
   win.window = 200, win.softcap = 5.0;
+  chunked.chunk = 700; /* the long row's queries read from key 2100 - 2100 % 700 = 1400 on */
   for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
     for (int bi = 0; bi < 6; bi++) {
       const int wide = (int)(di + (size_t)bi) % 2; /* D 128 with Dv 64, or D = Dv = 64 */
@@ -280,10 +282,12 @@ static void against_linear(void) {
         CHECK(runs_of(p.pg, p.seq[row]) == attn_paged_kv_block_table(p.pg, p.seq[row], &t),
               "block %lld, row %lld: a crowded pool scatters the blocks", (long long)blocks[bi], (long long)row);
       }
-      /* (a window starts the decode's blocks at its first key, not at a multiple of 128) */
-      const int exact = blocks[bi] % DEC_NB == 0, windowed = (di + (size_t)bi) % 3 == 0;
+      /* (a window or a chunk starts the decode's blocks at its first key, not at a multiple of 128) */
+      const int exact = blocks[bi] % DEC_NB == 0, banded = (di + (size_t)bi) % 3;
       pair_check(ctx, &p, 8, 1, &plain, &r, "decode", exact);
-      pair_check(ctx, &p, 8, 2, windowed ? &win : &plain, &r, "decode Nq 2", exact && !windowed);
+      pair_check(ctx, &p, 8, 2, banded == 0 ? &win : banded == 1 ? &chunked : &plain, &r,
+                 banded == 0 ? "decode Nq 2, window" : banded == 1 ? "decode Nq 2, chunk" : "decode Nq 2",
+                 exact && banded == 2);
       if (bi == 1 || bi == 3) {
         pair_check(ctx, &p, 4, 6, &plain, &r, "decode, 12 rows a kv head", exact); /* two groups of the kernels' rows */
         pair_check(ctx, &p, 4, 40, &plain, &r, "prefill", exact);

@@ -23,6 +23,7 @@ typedef struct vcase {
   int causal, half_tiles, with_sinks, with_alibi;
   int64_t window;
   double softcap, scale, dropout;
+  int64_t chunk;
 } vcase;
 
 static attn_tensor tensor4(arena *a, attn_dtype dt, int64_t s0, int64_t s1, int64_t s2, int64_t s3) {
@@ -86,7 +87,8 @@ static int same_bits(const attn_tensor *a, const attn_tensor *b) {
 /* Relative L2 error, with equal infinities (lse of rows that see no key) as
  * no error, and a floor under the norm: a gradient that is 0 but for
  * rounding (a row of one visible key) is not compared digit by digit. */
-static double rel_err(const attn_tensor *got, const attn_tensor *want) {
+/* Relative L2 error, against at least floor_norm (and 1e-3 a value). */
+static double rel_err_floor(const attn_tensor *got, const attn_tensor *want, double floor_norm) {
   double *a = tu_to_f64(got), *b = tu_to_f64(want);
   const int64_t n = attn_tensor_numel(got);
   double num = 0, den = 0;
@@ -96,14 +98,24 @@ static double rel_err(const attn_tensor *got, const attn_tensor *want) {
     else num += (a[e] - b[e]) * (a[e] - b[e]), den += b[e] * b[e];
   }
   free(a), free(b);
-  return sqrt(num) / fmax(sqrt(den), 1e-3 * sqrt((double)(n > 0 ? n : 1)));
+  return sqrt(num) / fmax(fmax(sqrt(den), floor_norm), 1e-3 * sqrt((double)(n > 0 ? n : 1)));
+}
+
+static double rel_err(const attn_tensor *got, const attn_tensor *want) { return rel_err_floor(got, want, 0); }
+
+static double norm_of(const attn_tensor *t) {
+  double *a = tu_to_f64(t), s = 0;
+  const int64_t n = attn_tensor_numel(t);
+  for (int64_t e = 0; e < n; e++) s += isfinite(a[e]) ? a[e] * a[e] : 0;
+  free(a);
+  return sqrt(s);
 }
 
 static void describe(const vcase *c, char *buf, size_t n) {
-  int used = snprintf(buf, n, "seqs=%lld Hq=%lld Hk=%lld D=%lld Dv=%lld dt=%s causal=%d window=%lld softcap=%g "
-                      "alibi=%d sinks=%d dropout=%g half=%d q/k:", (long long)c->nseq, (long long)c->Hq,
+  int used = snprintf(buf, n, "seqs=%lld Hq=%lld Hk=%lld D=%lld Dv=%lld dt=%s causal=%d window=%lld chunk=%lld "
+                      "softcap=%g alibi=%d sinks=%d dropout=%g half=%d q/k:", (long long)c->nseq, (long long)c->Hq,
                       (long long)c->Hk, (long long)c->D, (long long)c->Dv, attn_dtype_name(c->dt), c->causal,
-                      (long long)c->window, c->softcap, c->with_alibi, c->with_sinks, c->dropout, c->half_tiles);
+                      (long long)c->window, (long long)c->chunk, c->softcap, c->with_alibi, c->with_sinks, c->dropout, c->half_tiles);
   for (int64_t s = 0; s < c->nseq && used > 0 && (size_t)used < n; s++)
     used += snprintf(buf + used, n - (size_t)used, " %lld/%lld", (long long)(c->cq[s + 1] - c->cq[s]),
                      (long long)(c->ck[s + 1] - c->ck[s]));
@@ -137,6 +149,7 @@ static vcase random_case(tu_rng *r, int bf16_kernel) {
   c.with_sinks = tu_int(r, 0, 3) == 0;
   c.scale = tu_int(r, 0, 2) == 0 ? 0.3 : NAN;
   c.dropout = tu_int(r, 0, 3) == 0 ? 0.2 : 0;
+  c.chunk = tu_int(r, 0, 3) == 0 ? tu_int(r, 1, 50) : 0;
   return c;
 }
 
@@ -150,6 +163,7 @@ static void make_opts(const vcase *c, bufs *b, arena *a) {
   attn_sdpa_opts_init(&b->o);
   b->o.causal = (attn_causal)c->causal;
   b->o.window = c->window;
+  b->o.chunk = c->chunk;
   b->o.softcap = c->softcap;
   b->o.scale = c->scale;
   b->o.dropout_p = c->dropout;
@@ -220,7 +234,9 @@ static void run_case(attn_ctx *ctx, attn_kernel kern, const vcase *c, uint64_t s
     const int bwd_tiles = (kern == ATTN_KERNEL_AMX || (kern == ATTN_KERNEL_AVX512_BF16 && c->dt == ATTN_BF16)) &&
                           c->dt != ATTN_F32 && c->D % 16 == 0 && c->Dv % 16 == 0;
     const char *tiles_plan = c->dt == ATTN_F16 ? "f16 tiles (bf16 hi + lo), packed batch" : "bf16 tiles, packed batch";
-    CHECK(bwd_tiles == (strstr(attn_ctx_plan(ctx), tiles_plan) != NULL), "the backward's half tiles %s (%s): %s",
+    /* (a batch without queries or keys returns before any plan: the last call's stays) */
+    CHECK(TQ == 0 || TK == 0 || bwd_tiles == (strstr(attn_ctx_plan(ctx), tiles_plan) != NULL),
+          "the backward's half tiles %s (%s): %s",
           bwd_tiles ? "did not run" : "ran", desc, attn_ctx_plan(ctx));
     attn_tensor rq = tensor4(&a, ATTN_F64, 1, c->Hq, TQ, c->D), rk = tensor4(&a, ATTN_F64, 1, c->Hk, TK, c->D);
     attn_tensor rv = tensor4(&a, ATTN_F64, 1, c->Hk, TK, c->Dv);
@@ -229,8 +245,14 @@ static void run_case(attn_ctx *ctx, attn_kernel kern, const vcase *c, uint64_t s
      * the backward recomputes, and the oracle takes Dd from its own probabilities;
      * the f16 backward tiles round P, dS and dO to f16 (test_half's F16_GRAD_BOUND) */
     const double btol = half ? 1e-2 : bwd_tiles && c->dt == ATTN_F16 ? 1e-3 : 1e-4;
-    CHECK((e = rel_err(&b.dq, &rq)) < btol, "dq vs oracle: %.3g (%s, seed %llu)", e, desc, (unsigned long long)seed);
-    CHECK((e = rel_err(&b.dk, &rk)) < btol, "dk vs oracle: %.3g (%s, seed %llu)", e, desc, (unsigned long long)seed);
+    /* Where every row sees one key (a sequence of one key, a chunk or window of 1), dS = P (dP - Dd)
+     * cancels: dq and dk are 0 but for roundings, the oracle's and ours alike. Their error is taken
+     * against at least a tenth of dv's norm (no cancellation there; dq and dk are of its order otherwise). */
+    const double dv_tenth = 0.1 * norm_of(&rv);
+    CHECK((e = rel_err_floor(&b.dq, &rq, dv_tenth)) < btol, "dq vs oracle: %.3g (%s, seed %llu)", e, desc,
+          (unsigned long long)seed);
+    CHECK((e = rel_err_floor(&b.dk, &rk, dv_tenth)) < btol, "dk vs oracle: %.3g (%s, seed %llu)", e, desc,
+          (unsigned long long)seed);
     CHECK((e = rel_err(&b.dv, &rv)) < btol, "dv vs oracle: %.3g (%s, seed %llu)", e, desc, (unsigned long long)seed);
   }
 

@@ -229,15 +229,17 @@ int cli_alloc_f32(attn_ctx *ctx, attn_tensor *t, int rank, const int64_t *shape)
   return 0;
 }
 
-/* --window W (>= 0, 0 = off) and --softcap C (finite, >= 0, 0 = off): checked before any file is read. */
-int cli_parse_window_softcap(cli_args *a, int64_t *window, double *softcap) {
-  long long w = 0;
+/* --window W, --chunk C (>= 0, 0 = off) and --softcap C (finite, >= 0, 0 = off): checked before any file is read. */
+int cli_parse_band_softcap(cli_args *a, int64_t *window, int64_t *chunk, double *softcap) {
+  long long w = 0, c = 0;
   int r;
   *softcap = 0;
-  if ((r = cli_int(a, "--window", 0, (long long)1 << 62, &w)) || (r = cli_double(a, "--softcap", softcap))) return r;
+  if ((r = cli_int(a, "--window", 0, (long long)1 << 62, &w)) || (r = cli_int(a, "--chunk", 0, (long long)1 << 62, &c)) ||
+      (r = cli_double(a, "--softcap", softcap)))
+    return r;
   if (!(*softcap >= 0) || !isfinite(*softcap))
     return cli_fail(CLI_EXIT_USAGE, "--softcap wants a finite number >= 0 (0 = off), got '%s'", cli_show(cli_get(a, "--softcap")));
-  *window = (int64_t)w;
+  *window = (int64_t)w, *chunk = (int64_t)c;
   return 0;
 }
 

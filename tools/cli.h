@@ -68,8 +68,8 @@ int cli_parse_causal(cli_args *a, attn_causal *c);
 int cli_parse_dropout(cli_args *a, double *p, uint64_t *seed);
 /* The mask mode: --mask-mode if given, else bool_default for a bool or u8 mask, additive for a float one. */
 int cli_mask_mode_for(cli_args *a, const attn_tensor *mask, attn_mask_mode bool_default, attn_mask_mode *mode);
-/* --window W (>= 0, 0 = off) and --softcap C (finite, >= 0, 0 = off): checked before any file is read. */
-int cli_parse_window_softcap(cli_args *a, int64_t *window, double *softcap);
+/* --window W, --chunk C (>= 0, 0 = off) and --softcap C (finite, >= 0, 0 = off): checked before any file is read. */
+int cli_parse_band_softcap(cli_args *a, int64_t *window, int64_t *chunk, double *softcap);
 /* RoPE from --rope THETA [--rope-dim R] [--rope-interleaved] [--rope-scaling linear:F | dynamic:F:P |
  * llama3:F:LOW:HIGH:P | yarn:F:P] (P: the pretraining context); *on 0 when --rope is absent (and the
  * others are then refused). Checked before any file is read. */

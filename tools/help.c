@@ -16,7 +16,7 @@ static const struct {
      "  attn sdpa --q Q.npy --k K.npy --v V.npy --out O.npy\n"
      "            [--mask M.npy --mask-mode keep|masked|additive|seed] [--key-padding KP.npy]\n"
      "            [--causal | --causal=bottom-right] [--scale S] [--weights-out W.npy] [--threads N]\n"
-     "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy]\n"
+     "            [--dropout P [--seed S]] [--window W] [--chunk C] [--softcap C] [--alibi] [--sinks S.npy]\n"
      "            [--kv-dtype f32|f16|bf16] [--precision default|fp32|bf16|f16]\n"
      "            [--cu-seqlens CU.npy [--cu-seqlens-k CUK.npy]] [--q-offset I --k-offset J]\n"
      "            [--grad-out G.npy [--dq-out DQ.npy] [--dk-out DK.npy] [--dv-out DV.npy] [--mask-grad-out DM.npy]\n"
@@ -24,7 +24,7 @@ static const struct {
     {"mpi-sdpa", NULL,
      "  mpirun -np P attn mpi-sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--lse-out L.npy]\n"
      "            [--strategy ring|zigzag|ulysses|auto] [--causal] [--scale S] [--threads N] [--window W]\n"
-     "            [--softcap C] [--alibi] [--dropout P [--seed S]]\n"
+     "            [--chunk C] [--softcap C] [--alibi] [--dropout P [--seed S]]\n"
      "            [--grad-out G.npy --dq-out DQ.npy --dk-out DK.npy --dv-out DV.npy]\n"
      "            attn sdpa over MPI ranks (libattn_mpi): each rank reads its shard of the whole-sequence\n"
      "            files, rank 0 writes the gathered results (needs a build with MPI)\n"},
@@ -33,8 +33,8 @@ static const struct {
      "            [--key K.npy --value V.npy] --out O.npy [--mask M.npy --mask-mode ...]\n"
      "            [--key-padding KP.npy] [--causal] [--weights-out W.npy] [--average-weights] [--threads N]\n"
      "            [--precision default|fp32|bf16|f16]\n"
-     "            [--dropout P [--seed S]] [--window W] [--softcap C] [--alibi] [--sinks S.npy] [--scale S]\n"
-     "            [--clip-qkv C (OLMo: q, k, v clamped to [-C, C])]\n"
+     "            [--dropout P [--seed S]] [--window W] [--chunk C] [--softcap C] [--alibi] [--sinks S.npy]\n"
+     "            [--scale S] [--clip-qkv C (OLMo: q, k, v clamped to [-C, C])]\n"
      "            [--names q=T,k=T,v=T,o=T[,q_bias=T,...,k_norm=T] [--layout linear|conv1d]]\n"
      "            [--rope THETA [--rope-dim R] [--rope-interleaved] [--rope-scaling linear:F|dynamic:F:P|\n"
      "             llama3:F:LOW:HIGH:P|yarn:F:P|longrope:F:P:S1,...:L1,... (one short and one long\n"
@@ -43,7 +43,7 @@ static const struct {
      "  attn mha  --hf-config config.json --params model.safetensors|model.safetensors.index.json --layer L\n"
      "            --query X.npy --out O.npy [--causal] [--positions P.npy] [--mask M.npy] [--threads N] ...\n"
      "            layer L of a Hugging Face model as saved: its prefix, heads, head_dim, QK-norm, clip_qkv,\n"
-     "            window, softcap, scale and RoPE from the config (X: the layer's input after its norm, [B, N, E])\n"},
+     "            window, chunk, softcap, scale and RoPE from the config (X: the layer's input after its norm, [B, N, E])\n"},
     {"map", NULL,
      "  attn map  --params P.safetensors --heads H --query X.npy [--key K.npy [--value V.npy]] --png OUT.png\n"
      "            [--tokens T.txt] [--key-tokens T.txt] [--batch I] [--causal] [--prefix PFX] [--kv-heads G]\n"
@@ -52,7 +52,7 @@ static const struct {
     {"bench", "sdpa",
      "  attn bench sdpa --batch B --heads H [--kv-heads G] --seq N [--kv-seq M] --dim D [--causal] [--window W]\n"
      "            [--padding F] [--backward] [--dtype f32|bf16|f16] [--precision P] [--threads T] [--repeat R]\n"
-     "            [--kernel K] [--max-gflop F] [--json]\n"
+     "            [--kernel K] [--max-gflop F] [--json] [--chunk C]\n"
      "            (--padding F: the last fraction F of every row's keys is key padding, and holds NaN)\n"
      "  attn bench sdpa --lengths L1,L2,... --heads H [--kv-heads G] --dim D [--causal] [--padded] [--backward]\n"
      "            [--dtype f32|bf16|f16] [--precision P] [--threads T] [--repeat R] [--kernel K] [--max-gflop F]\n"
@@ -87,7 +87,8 @@ static const char notes_data[] =
     "additive mask's, in the mask's shape); mha writes every parameter's under the file's own names (with\n"
     "the prefix) and the inputs' as query (key, value) into one safetensors file.\n"
     "--dropout P: training-mode dropout on the attention probabilities (seed S, default 0).\n"
-    "--window W: query i' sees keys i'-W < j <= i' (causal implied); --softcap C: logits C*tanh(logits/C);\n"
+    "--window W: query i' sees keys i'-W < j <= i' (causal implied); --chunk C: query i' sees keys j <= i' of\n"
+    "its own chunk of C positions, j/C = i'/C (Llama 4; causal implied); --softcap C: logits C*tanh(logits/C);\n"
     "--alibi: the ALiBi paper's slopes per query head; --sinks S.npy: one sink logit per query head [H].\n"
     "--kv-dtype: k and v rounded to f16 or bf16 (and read stored so) before attention.\n"
     "--cu-seqlens CU.npy: a packed batch (int32/int64 [S+1] offsets: 0, ..., total): q/k/v are [1, H, total, D],\n"

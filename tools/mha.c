@@ -136,7 +136,7 @@ int cmd_mha(int argc, char **argv) {
   static const char *const known[] = {"--params", "--prefix", "--heads", "--kv-heads", "--query", "--key",
                                       "--value", "--out", "--mask", "--mask-mode", "--key-padding",
                                       "--weights-out", "--threads", "--grad-out", "--grads-out", "--dropout",
-                                      "--seed", "--window", "--softcap", "--sinks", "--precision", "--scale",
+                                      "--seed", "--window", "--chunk", "--softcap", "--sinks", "--precision", "--scale",
                                       "--hf-config", "--layer", "--names", "--layout", "--positions", "--rope",
                                       "--rope-dim", "--rope-scaling", "--clip-qkv", NULL};
   static const char *const switches[] = {"--causal", "--average-weights", "--alibi", "--rope-interleaved", NULL};
@@ -144,7 +144,7 @@ int cmd_mha(int argc, char **argv) {
   static const char *const in_flags[] = {"--params", "--query", "--key", "--value", "--mask", "--key-padding",
                                          "--grad-out", "--sinks", "--hf-config", "--positions", NULL};
   /* what a config says; given with --hf-config, they would contradict it */
-  static const char *const from_config[] = {"--heads", "--kv-heads", "--prefix", "--names", "--layout", "--window",
+  static const char *const from_config[] = {"--heads", "--kv-heads", "--prefix", "--names", "--layout", "--window", "--chunk",
                                             "--softcap", "--scale", "--rope", "--clip-qkv", NULL};
   cli_args a;
   int r = cli_parse(&a, argc, argv, known, switches);
@@ -182,12 +182,12 @@ int cmd_mha(int argc, char **argv) {
   if (train && !*cli_get(&a, "--grad-out")) return cli_fail(CLI_EXIT_USAGE, "--grad-out needs a file name");
   long long heads = 0, kv_heads = 0, layer = 0;
   attn_causal causal;
-  int64_t window = 0;
+  int64_t window = 0, chunk = 0;
   double dropout = 0, softcap = 0, scale = NAN, clip_qkv = 0;
   uint64_t seed = 0;
   if ((r = cli_int(&a, "--heads", 1, 1 << 20, &heads)) || (r = cli_int(&a, "--kv-heads", 1, 1 << 20, &kv_heads)) ||
       (r = cli_int(&a, "--layer", 0, ATTN_HF_MAX_LAYERS - 1, &layer)) || (r = cli_parse_causal(&a, &causal)) ||
-      (r = cli_parse_dropout(&a, &dropout, &seed)) || (r = cli_parse_window_softcap(&a, &window, &softcap)) ||
+      (r = cli_parse_dropout(&a, &dropout, &seed)) || (r = cli_parse_band_softcap(&a, &window, &chunk, &softcap)) ||
       (r = cli_double(&a, "--scale", &scale)) || (r = cli_double(&a, "--clip-qkv", &clip_qkv)))
     return r;
   if (cli_has(&a, "--clip-qkv") && !(clip_qkv > 0 && isfinite(clip_qkv)))
@@ -262,6 +262,7 @@ int cmd_mha(int argc, char **argv) {
     attn_hf_layer_opts(info, &o);
   } else {
     o.attn.window = window;
+    o.attn.chunk = chunk;
     o.attn.softcap = softcap;
     o.attn.scale = scale;
     o.rope = rope_on ? &rope : NULL;

@@ -1,6 +1,6 @@
 /* attn mpi-sdpa: attn sdpa over MPI ranks (libattn_mpi), on whole-sequence files.
  *
- *   mpirun -np P attn mpi-sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--causal] [--window W]
+ *   mpirun -np P attn mpi-sdpa --q Q.npy --k K.npy --v V.npy --out O.npy [--causal] [--window W] [--chunk C]
  *          [--softcap C] [--alibi] [--dropout P --seed S] [--scale S] [--threads T]
  *          [--strategy ring|zigzag|ulysses|auto] [--lse-out L.npy]
  *          [--grad-out G.npy --dq-out DQ.npy --dk-out DK.npy --dv-out DV.npy]
@@ -117,7 +117,7 @@ done:
 
 int cmd_mpi_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--q", "--k", "--v", "--out", "--lse-out", "--scale", "--threads", "--grad-out",
-                                      "--dq-out", "--dk-out", "--dv-out", "--dropout", "--seed", "--window",
+                                      "--dq-out", "--dk-out", "--dv-out", "--dropout", "--seed", "--window", "--chunk",
                                       "--softcap", "--strategy", NULL};
   static const char *const switches[] = {"--causal", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--lse-out", "--dq-out", "--dk-out", "--dv-out", NULL};
@@ -141,10 +141,10 @@ int cmd_mpi_sdpa(int argc, char **argv) {
   attn_causal causal = ATTN_CAUSAL_NONE;
   double scale = NAN, dropout = 0, softcap = 0;
   uint64_t seed = 0;
-  int64_t window = 0;
+  int64_t window = 0, chunk = 0;
   if (!r && !(r = cli_parse_causal(&a, &causal)) && !(r = cli_double(&a, "--scale", &scale)) &&
       !(r = cli_parse_dropout(&a, &dropout, &seed)))
-    r = cli_parse_window_softcap(&a, &window, &softcap);
+    r = cli_parse_band_softcap(&a, &window, &chunk, &softcap);
   attn_mpi_strategy strategy = ATTN_MPI_AUTO;
   const char *sname = r ? NULL : cli_get(&a, "--strategy");
   if (sname) {
@@ -182,7 +182,7 @@ int cmd_mpi_sdpa(int argc, char **argv) {
   if ((r = all_agree(r))) goto done;
   attn_sdpa_opts o;
   attn_sdpa_opts_init(&o);
-  o.scale = scale, o.causal = causal, o.dropout_p = dropout, o.dropout_seed = seed, o.window = window;
+  o.scale = scale, o.causal = causal, o.dropout_p = dropout, o.dropout_seed = seed, o.window = window, o.chunk = chunk;
   o.softcap = softcap;
   if (cli_has(&a, "--alibi")) {
     if ((r = cli_load_head_options(ctx, &a, q.shape[1], &slopes, NULL)) == 0) o.alibi_slopes = &slopes;

@@ -68,7 +68,7 @@ int cmd_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--q", "--k", "--v", "--out", "--mask", "--mask-mode", "--scale",
                                       "--weights-out", "--threads", "--key-padding", "--grad-out", "--dq-out",
                                       "--dk-out", "--dv-out", "--mask-grad-out", "--dropout", "--seed",
-                                      "--window", "--softcap", "--sinks", "--sinks-grad-out", "--kv-dtype", "--precision",
+                                      "--window", "--chunk", "--softcap", "--sinks", "--sinks-grad-out", "--kv-dtype", "--precision",
                                       "--cu-seqlens", "--cu-seqlens-k", "--q-offset", "--k-offset", NULL};
   static const char *const switches[] = {"--causal", "--alibi", NULL};
   static const char *const out_flags[] = {"--out", "--weights-out", "--dq-out", "--dk-out", "--dv-out",
@@ -84,10 +84,10 @@ int cmd_sdpa(int argc, char **argv) {
   attn_causal causal;
   double scale = NAN, dropout = 0;
   uint64_t seed = 0;
-  int64_t window = 0;
+  int64_t window = 0, chunk = 0;
   double softcap = 0;
   if ((r = cli_parse_causal(&a, &causal)) || (r = cli_double(&a, "--scale", &scale)) ||
-      (r = cli_parse_dropout(&a, &dropout, &seed)) || (r = cli_parse_window_softcap(&a, &window, &softcap)))
+      (r = cli_parse_dropout(&a, &dropout, &seed)) || (r = cli_parse_band_softcap(&a, &window, &chunk, &softcap)))
     return r;
   /* the fp32 kernels scale in float: a larger scale (or inf, or NaN, the default's marker) is no scale */
   if (cli_has(&a, "--scale") && !(fabs(scale) <= FLT_MAX))
@@ -143,6 +143,7 @@ int cmd_sdpa(int argc, char **argv) {
   o.dropout_p = dropout;
   o.dropout_seed = seed;
   o.window = window;
+  o.chunk = chunk;
   o.softcap = softcap;
   o.q_offset = q_offset, o.k_offset = k_offset;
   if ((r = cli_load_head_options(ctx, &a, q.shape[1], &slopes, &sinks))) goto done;

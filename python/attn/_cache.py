@@ -38,7 +38,7 @@ def _kv_kind(dtype, what):
 def _attend(owner, q, shape, scale, return_lse, call, model):
     """Shared body of KVCache.attend and PagedKVCache.attend: q [B, Hq, Nq, D]
     (its names in shape, for the error), out and lse made here, model the
-    window, softcap, alibi and sinks keywords, and call(out, lse or None, q,
+    window, chunk, softcap, alibi and sinks keywords, and call(out, lse or None, q,
     opts), the library call, run under owner's lock."""
     like_torch = _is_torch(q)
     qa = _to_numpy(q, "q", "half")
@@ -173,19 +173,20 @@ class KVCache(_Owner):
             self._ctx.check(_capi.lib.attn_kv_cache_append(self._ctx.h, self._handle(), ctypes.byref(kt),
                                                            ctypes.byref(vt), nn))
 
-    def attend(self, q, scale=None, return_lse=False, *, window=None, softcap=None, alibi=None, sinks=None):
+    def attend(self, q, scale=None, return_lse=False, *, window=None, softcap=None, alibi=None, sinks=None,
+               chunk=None):
         """Attention of new queries over every cached token of their row.
 
         q [B, Hq, Nq, D] (float32, float16 or torch bfloat16 read in place;
         Hq a multiple of Hk): query i of row b is the token at position
-        len_b - Nq + i (append first). window, softcap, alibi and sinks as in
+        len_b - Nq + i (append first). window, chunk, softcap, alibi and sinks as in
         attn.scaled_dot_product_attention (positions counted from the row's
         first token). Returns out [B, Hq, Nq, Dv] float32, NumPy or torch like
         q, and with return_lse also lse [B, Hq, Nq]."""
         return _attend(self, q, "[B, Hq, Nq, D]", scale, return_lse,
                        lambda out, lse, qt, o: _capi.lib.attn_kv_cache_attend(self._ctx.h, self._handle(), out, lse,
                                                                               qt, o),
-                       dict(window=window, softcap=softcap, alibi=alibi, sinks=sinks))
+                       dict(window=window, softcap=softcap, alibi=alibi, sinks=sinks, chunk=chunk))
 
     def truncate(self, length, row=None):
         """Rollback: row (None: every row) keeps its first length tokens."""
@@ -348,15 +349,16 @@ class PagedKVCache(_Owner):
             self._ctx.check(_capi.lib.attn_paged_kv_append(self._ctx.h, self._handle(), nseq, sa, ctypes.byref(kt),
                                                            ctypes.byref(vt), nn))
 
-    def attend(self, seqs, q, scale=None, return_lse=False, *, window=None, softcap=None, alibi=None, sinks=None):
+    def attend(self, seqs, q, scale=None, return_lse=False, *, window=None, softcap=None, alibi=None, sinks=None,
+               chunk=None):
         """Attention of q [nseq, Hq, Nq, D] (float32, float16 or torch bfloat16)
         over sequences seqs: query i of seqs[b] is its token len - Nq + i
-        (append first). window, softcap, alibi and sinks as in KVCache.attend.
+        (append first). window, chunk, softcap, alibi and sinks as in KVCache.attend.
         Returns out [nseq, Hq, Nq, Dv] float32, NumPy or torch like q, and
         with return_lse also lse [nseq, Hq, Nq]."""
         nseq, sa = self._seqs(seqs)
         return _attend(self, q, "[nseq, Hq, Nq, D]", scale, return_lse,
                        lambda out, lse, qt, o: _capi.lib.attn_paged_kv_attend(self._ctx.h, self._handle(), out, lse,
                                                                               qt, nseq, sa, o),
-                       dict(window=window, softcap=softcap, alibi=alibi, sinks=sinks))
+                       dict(window=window, softcap=softcap, alibi=alibi, sinks=sinks, chunk=chunk))
 

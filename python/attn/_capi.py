@@ -57,6 +57,7 @@ class SdpaOpts(ctypes.Structure):
         ("q_offset", ctypes.c_int64),
         ("k_offset", ctypes.c_int64),
         ("head_offset", ctypes.c_int64),
+        ("chunk", ctypes.c_int64),
     ]
 
 
@@ -177,6 +178,8 @@ class HfConfig(ctypes.Structure):  # filled by the library (attn_mha_create_from
         ("nope", ctypes.c_ubyte * 1024),
         ("qk_norm", ctypes.c_int),
         ("clip_qkv", ctypes.c_double),
+        ("attention_chunk", ctypes.c_int64),
+        ("chunked", ctypes.c_ubyte * 1024),
     ]
 
 
@@ -193,6 +196,7 @@ class HfLayer(ctypes.Structure):  # attn_hf_layer, filled by attn_mha_create_fro
         ("window", ctypes.c_int64),
         ("has_rope", ctypes.c_int),
         ("rope", RopeOpts),
+        ("chunk", ctypes.c_int64),
     ]
 
 

@@ -221,7 +221,7 @@ class MultiheadAttention:
         checkpoint's model.safetensors.index.json), or its config.json with the
         weights' file in weights. The family's prefix is found, the config's
         heads, kv heads, head_dim and QK-norm shape the layer, and its options
-        for that layer (scale, sliding window, softcap, RoPE) become forward's
+        for that layer (scale, sliding window, chunk, softcap, RoPE) become forward's
         and forward_cached's defaults (new_cache gives the cache the RoPE). The
         input is the layer's input after its norm, batch-first by default; pass
         is_causal=True for a decoder, and positions for RoPE other than 0..N-1.
@@ -249,7 +249,7 @@ class MultiheadAttention:
     @property
     def hf_options(self):
         """The options from_hf read for this layer (None for other layers): prefix, naming, scale, window,
-        softcap, rope (a dict of attn.rope's keywords, or None)."""
+        chunk, softcap, rope (a dict of attn.rope's keywords, or None)."""
         i = self._hf
         if i is None:
             return None
@@ -266,7 +266,7 @@ class MultiheadAttention:
                 n = (r.rotary_dim or self.head_dim) // 2
                 rope.update(short_factor=list(r.short_factor[:n]), long_factor=list(r.long_factor[:n]))
         return dict(prefix=i.prefix.decode(), naming=int(i.naming), model_type=i.config.model_type.decode(),
-                    scale=i.scale, window=i.window, softcap=i.softcap, rope=rope)
+                    scale=i.scale, window=i.window, chunk=i.chunk, softcap=i.softcap, rope=rope)
 
     def _hf_defaults(self, opts, keep, B, L, positions, rope, cached=False):
         """A from_hf layer's own options into opts, before the caller's: RoPE (unless rope is given,
@@ -392,7 +392,7 @@ class MultiheadAttention:
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, *, mask_mode=None, rope=None, positions=None,
                 window=None, softcap=None, alibi=None, sinks=None, dropout_p=None, dropout_seed=None,
-                cu_seqlens=None, scale=None):
+                cu_seqlens=None, scale=None, chunk=None):
         """As torch.nn.MultiheadAttention.forward: returns (out, weights or None).
 
         Library extras: mask_mode ('masked', 'keep', 'additive', 'seed') reads
@@ -400,7 +400,7 @@ class MultiheadAttention:
         float added); 'seed' is the seed module's logits += mask * -1e9.
         rope: a dict of attn.rope's keywords; the projected q and k are rotated
         at positions ([B, L] integers; default 0..L-1) before attention.
-        scale, window, softcap, alibi (True: the paper's slopes, or [H]), sinks
+        scale, window, chunk, softcap, alibi (True: the paper's slopes, or [H]), sinks
         ([H]), dropout_p and dropout_seed: as in attn.scaled_dot_product_attention
         (each over a from_hf model's own, where given; dropout_p None: the
         layer's dropout while training).
@@ -419,7 +419,7 @@ class MultiheadAttention:
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         self._hf_defaults(opts, keep, B, L, positions, rope)
         _model_options(opts.attn, keep, H, window, softcap, alibi, sinks, self._dropout_p(dropout_p), dropout_seed,
-                       scale)
+                       scale, chunk)
         _cu_seqlens(opts.attn, keep, cu_seqlens, None)
         if rope is not None:
             ro = rope_opts(**rope)
@@ -463,13 +463,13 @@ class MultiheadAttention:
         rope = self._hf.rope if self._hf is not None and self._hf.has_rope else None
         return KVCache(batch, capacity, self.num_kv_heads, self.head_dim, dtype=dtype, threads=threads, rope=rope)
 
-    def forward_cached(self, x, cache, *, window=None, softcap=None, alibi=None, sinks=None, scale=None):
+    def forward_cached(self, x, cache, *, window=None, softcap=None, alibi=None, sinks=None, scale=None, chunk=None):
         """Incremental causal self-attention (decoding) through a KVCache.
 
         x holds the next n tokens of every row, in the layer's layout: [B, n, E]
         with batch_first, else [n, B, E] (and [n, E] for one row). Their keys and
         values are appended to cache (from new_cache(B, ...)), then their queries
-        attend over the whole row. scale, window, softcap, alibi and sinks as in
+        attend over the whole row. scale, window, chunk, softcap, alibi and sinks as in
         forward (over a model's own options, from_hf, where given). Returns out
         like x (same layout, float32, NumPy or torch). Token by token this
         equals forward() with a causal mask over the whole sequence and the
@@ -484,7 +484,7 @@ class MultiheadAttention:
         _capi.init(opts)
         keep = []
         self._hf_defaults(opts, keep, B, n, None, None, cached=True)
-        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks, scale=scale)
+        _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks, scale=scale, chunk=chunk)
         ot, xt = _tensor(ob), _tensor(xb)
         # layer lock, then cache lock: KVCache methods take only the latter, so no cycle
         with self._lock, cache._lock:
@@ -501,11 +501,11 @@ class MultiheadAttention:
 
     def grad(self, query, key, value, grad_output, key_padding_mask=None, attn_mask=None, is_causal=False, *,
              mask_mode=None, rope=None, positions=None, window=None, softcap=None, alibi=None, sinks=None,
-             dropout_p=None, dropout_seed=None, cu_seqlens=None, scale=None):
+             dropout_p=None, dropout_seed=None, cu_seqlens=None, scale=None, chunk=None):
         """Gradients of a loss L through forward(query, key, value, ...), given grad_output = dL/dout.
 
         Runs the forward pass again (attn_mha_forward_save), then attn_mha_backward.
-        rope, positions, scale, window, softcap, alibi, sinks (constants: not differentiated),
+        rope, positions, scale, window, chunk, softcap, alibi, sinks (constants: not differentiated),
         dropout_p, dropout_seed and cu_seqlens (a packed batch): as in forward;
         with dropout, pass the forward's dropout_seed to differentiate that very
         forward (without one this call draws its own mask).
@@ -528,7 +528,7 @@ class MultiheadAttention:
         opts, keep = self._opts(B, L, S, key_padding_mask, attn_mask, is_causal, mask_mode)
         self._hf_defaults(opts, keep, B, L, positions, rope)
         _model_options(opts.attn, keep, self.num_heads, window, softcap, alibi, sinks, self._dropout_p(dropout_p),
-                       dropout_seed, scale)
+                       dropout_seed, scale, chunk)
         _cu_seqlens(opts.attn, keep, cu_seqlens, None)
         if rope is not None:
             ro = rope_opts(**rope)

@@ -41,14 +41,16 @@ def _cu_seqlens(o, keep, cu_q, cu_k):
 
 
 def _model_options(o, keep, H, window=None, softcap=None, alibi=None, sinks=None, dropout_p=0.0, dropout_seed=None,
-                   scale=None):
+                   scale=None, chunk=None):
     """The options of recent models into attn_sdpa_opts o (H query heads): scale (None: the
     default or a model's), window, softcap, ALiBi slopes (True: the paper's), sinks [H], dropout
-    (a random seed unless given); the arrays they point at go into keep."""
+    (a random seed unless given), chunk; the arrays they point at go into keep."""
     if scale is not None:
         o.scale = float(scale)
     if window:
         o.window = int(window)
+    if chunk:
+        o.chunk = int(chunk)
     if softcap:
         o.softcap = float(softcap)
     for attr, val in (("alibi_slopes", alibi), ("sinks", sinks)):
@@ -78,7 +80,8 @@ class _SdpaCall:
 
     def __init__(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask,
                  causal_align, dropout_seed, mask_mode, halves=False, window=None, softcap=None, alibi=None,
-                 sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, k_offset=0, head_offset=0):
+                 sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, k_offset=0, head_offset=0,
+                 chunk=None):
         kind = "half" if halves else "float"
         qa, ka, va = (_to_numpy(x, n, kind) for x, n in ((q, "q"), (k, "k"), (v, "v")))
         self.batch = tuple(qa.shape[:-2])
@@ -115,7 +118,7 @@ class _SdpaCall:
             kpt = _tensor(kp)
             self.keep += [kp, kpt]
             o.key_padding = ctypes.pointer(kpt)
-        _model_options(o, self.keep, self.H, window, softcap, alibi, sinks, dropout_p, dropout_seed)
+        _model_options(o, self.keep, self.H, window, softcap, alibi, sinks, dropout_p, dropout_seed, chunk=chunk)
         _cu_seqlens(o, self.keep, cu_seqlens_q, cu_seqlens_k)
         for attr, val in (("q_offset", q_offset), ("k_offset", k_offset), ("head_offset", head_offset)):
             # the library checks the range
@@ -257,7 +260,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                                  mask_mode=None, return_weights=False, return_lse=False, threads=None,
                                  dropout_seed=None, window=None, softcap=None, alibi=None, sinks=None,
                                  precision=None, cu_seqlens_q=None, cu_seqlens_k=None, q_offset=0, k_offset=0,
-                                 head_offset=0):
+                                 head_offset=0, chunk=None):
     """Like torch.nn.functional.scaled_dot_product_attention, on CPU.
 
     q [..., L, D], k [..., S, D], v [..., S, Dv] with up to two leading dims
@@ -281,7 +284,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     'bottom-right' (a KV cache); mask_mode 'keep', 'masked', 'additive' or
     'seed' (logits += mask * -1e9) to read attn_mask another way; dropout_seed
     makes dropout reproducible; window W (query i' sees keys i'-W < j <= i',
-    causal implied), softcap C (logits C*tanh(logits/C)), alibi (True for the
+    causal implied), chunk C (Llama 4's chunked attention: query i' sees keys
+    j <= i' with j // C == i' // C, causal implied), softcap C (logits C*tanh(logits/C)), alibi (True for the
     paper's slopes, or slopes [H]) and sinks (one logit per query head [H]).
     Packed variable-length batch (FlashAttention's varlen): cu_seqlens_q, int
     [num_seqs + 1] (NumPy or torch), 0 first, non-decreasing, total_q last;
@@ -302,7 +306,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                 key_padding_mask=key_padding_mask, causal_align=causal_align, dropout_seed=dropout_seed,
                 mask_mode=mask_mode, window=window, softcap=softcap, alibi=alibi, sinks=sinks,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_offset=q_offset, k_offset=k_offset,
-                head_offset=head_offset)
+                head_offset=head_offset, chunk=chunk)
     if _is_torch(q) and _wants_autograd(q, k, v, attn_mask, sinks):  # torch q: autograd saves tensors only
         res = _autograd_fn().apply(q, k, v, attn_mask, sinks if _is_torch(sinks) else None,
                                    dict(call=call, return_weights=return_weights, return_lse=return_lse,
@@ -323,7 +327,7 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
                   enable_gqa=False, *, key_padding_mask=None, causal_align="top-left", mask_mode=None,
                   dropout_seed=None, return_mask_grad=False, threads=None, window=None, softcap=None, alibi=None,
                   sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, precision=None, q_offset=0, k_offset=0,
-                  head_offset=0, return_sinks_grad=False):
+                  head_offset=0, return_sinks_grad=False, chunk=None):
     """Gradients of a loss L through scaled_dot_product_attention, given dout = dL/dout.
 
     out and lse come from the forward call (return_lse=True) made with the same
@@ -332,8 +336,8 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
     gradient, summed down to the mask's own shape), then dsinks [H] with
     return_sinks_grad (summed over batch and rows). float32, NumPy or torch
     like q. With grouped-query attention dk/dv sum over each group.
-    window, softcap, alibi, sinks, cu_seqlens_q, cu_seqlens_k, q_offset, k_offset and head_offset as the
-    forward's.
+    window, chunk, softcap, alibi, sinks, cu_seqlens_q, cu_seqlens_k, q_offset, k_offset and head_offset as
+    the forward's.
     torch bfloat16 q, k and v run on the bf16 backward tiles where the CPU has
     AMX (bf16 products, fp32 sums; precision='fp32' widens them instead), and
     float16 ones on its f16 tiles (exact f16 products, fp32 sums); the
@@ -345,7 +349,7 @@ def sdpa_backward(dout, q, k, v, out, lse, attn_mask=None, dropout_p=0.0, is_cau
     c = _SdpaCall(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask, causal_align,
                   dropout_seed, mask_mode, halves=True, window=window, softcap=softcap, alibi=alibi,
                   sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, q_offset=q_offset,
-                  k_offset=k_offset, head_offset=head_offset)
+                  k_offset=k_offset, head_offset=head_offset, chunk=chunk)
     dq, dk, dv, dm, ds = _sdpa_backward(c, dout, out, lse, return_mask_grad, threads, precision, return_sinks_grad)
     res = [_wrap(x.reshape(shp), like_torch) for x, shp in zip((dq, dk, dv), c.shapes)]
     if return_mask_grad:

@@ -1118,24 +1118,27 @@ if torch is not None:
          lambda: mha_decode(False))
 
 # ---- the options of recent models, against a NumPy float64 reference ----
-def options_case(window=None, softcap=None, alibi=False, sinks=False):
+def options_case(window=None, softcap=None, alibi=False, sinks=False, chunk=None):
     B, H, Hk, L, S, D = 2, 4, 2, 9, 23, 16
     q, k, v = randn(B, H, L, D), randn(B, Hk, S, D), randn(B, Hk, S, D)
     sk = rng.standard_normal(H).astype(np.float32) if sinks else None
     slopes = np.array([2.0 ** (-8 * (h + 1) / H) for h in range(H)])  # the paper's rule for a power of two
-    out = attn.scaled_dot_product_attention(q, k, v, is_causal=window is not None, causal_align="bottom-right",
+    banded = window is not None or chunk is not None
+    out = attn.scaled_dot_product_attention(q, k, v, is_causal=banded, causal_align="bottom-right",
                                             enable_gqa=True, window=window, softcap=softcap, alibi=alibi,
-                                            sinks=sk)
+                                            sinks=sk, chunk=chunk)
     kk, vv = (np.repeat(x.astype(np.float64), H // Hk, axis=1) for x in (k, v))
     s = q.astype(np.float64) @ np.swapaxes(kk, -1, -2) / math.sqrt(D)
     if softcap:
         s = softcap * np.tanh(s / softcap)
-    qpos = np.arange(L)[:, None] + (S - L if window is not None else 0)
+    qpos = np.arange(L)[:, None] + (S - L if banded else 0)
     j = np.arange(S)[None, :]
     if alibi:
         s = s + slopes[None, :, None, None] * (j - qpos)[None, None]
     if window is not None:
         s = np.where((j <= qpos) & (j > qpos - window), s, -np.inf)
+    if chunk is not None:  # Llama 4's chunked mask: the same chunk, causal
+        s = np.where((j <= qpos) & (j // chunk == qpos // chunk), s, -np.inf)
     m = s.max(-1, keepdims=True)
     if sinks:
         m = np.maximum(m, sk.astype(np.float64)[None, :, None, None])
@@ -1150,6 +1153,25 @@ case(OPT, "softcap 2", lambda: options_case(softcap=2.0))
 case(OPT, "ALiBi, the paper's slopes", lambda: options_case(alibi=True))
 case(OPT, "sinks", lambda: options_case(sinks=True))
 case(OPT, "all four", lambda: options_case(window=7, softcap=3.0, alibi=True, sinks=True))
+case(OPT, "chunk 6 (bottom-right)", lambda: options_case(chunk=6))
+case(OPT, "chunk 8 with window 5, softcap, ALiBi and sinks", lambda: options_case(window=5, softcap=3.0, alibi=True,
+                                                                                   sinks=True, chunk=8))
+
+
+def cache_chunk_case():
+    """KVCache.attend(chunk=) token by token equals scaled_dot_product_attention(chunk=) over the whole sequence."""
+    B, H, Hk, T, D, C = 2, 4, 2, 21, 16, 5
+    q, k, v = randn(B, H, T, D), randn(B, Hk, T, D), randn(B, Hk, T, D)
+    ref = attn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, chunk=C)
+    cache = attn.KVCache(B, T, Hk, D)
+    got = []
+    for t in range(T):
+        cache.append(k[:, :, t:t + 1], v[:, :, t:t + 1])
+        got.append(cache.attend(q[:, :, t:t + 1], chunk=C))
+    return rel(np.concatenate(got, 2), ref)
+
+
+case(OPT, "chunk 5 through a KV cache, token by token", cache_chunk_case)
 
 
 def layer_options_case():
@@ -1161,7 +1183,8 @@ def layer_options_case():
     wo, bo = randn(E, E) * 0.2, randn(E) * 0.1
     m.load_state_dict({"in_proj_weight": w, "in_proj_bias": b, "out_proj.weight": wo, "out_proj.bias": bo})
     x = randn(B, L, E)
-    kw = dict(window=4, softcap=5.0, alibi=True, sinks=randn(H), dropout_p=0.25, dropout_seed=11, scale=0.3)
+    kw = dict(window=4, softcap=5.0, alibi=True, sinks=randn(H), dropout_p=0.25, dropout_seed=11, scale=0.3,
+              chunk=6)
     got, _ = m(x, x, x, need_weights=False, **kw)
     heads = lambda t: t.reshape(B, L, H, E // H).transpose(0, 2, 1, 3)
     q, k, v = (heads(x @ w[i * E:(i + 1) * E].T + b[i * E:(i + 1) * E]) for i in range(3))
@@ -1169,7 +1192,7 @@ def layer_options_case():
     return rel(got, a.astype(np.float64) @ wo.T + bo)
 
 
-case(OPT, "the layer: scale, window, softcap, ALiBi, sinks and seeded dropout in MultiheadAttention.forward",
+case(OPT, "the layer: scale, window, chunk, softcap, ALiBi, sinks and seeded dropout in MultiheadAttention.forward",
      layer_options_case)
 
 
@@ -1467,7 +1490,7 @@ def _hf_build(kind, L):
     tiny = dict(vocab_size=32, max_position_embeddings=128)
     dec = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                num_key_value_heads=2, **tiny)
-    if kind.startswith("llama"):
+    if kind.startswith("llama_"):
         rp = {"default": {"rope_type": "default", "rope_theta": 10000.0},
               "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
               "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
@@ -1527,6 +1550,12 @@ def _hf_build(kind, L):
     elif kind == "olmoe_clip":  # clip_qkv after the whole-projection QK-norm
         model = tf.OlmoeForCausalLM(tf.OlmoeConfig(clip_qkv=0.3, num_experts=4, num_experts_per_tok=2, pad_token_id=0,
                                                    **dec))
+    elif kind.startswith("llama4_chunk"):  # layers 0, 1 chunked (chunks of 5) with interleaved RoPE, layer 2 full
+        # without; dense MLPs; its weightless QK-norm and NoPE temperature off (libattn refuses them)
+        model = tf.Llama4ForCausalLM(tf.Llama4TextConfig(
+            attention_chunk_size=5, use_qk_norm=False, attn_temperature_tuning=False, moe_layers=[],
+            no_rope_layers=[1, 1, 0], intermediate_size_mlp=96, head_dim=16, pad_token_id=0, **dec))
+        assert model.config.layer_types == ["chunked_attention", "chunked_attention", "full_attention"]
     elif kind == "granite":  # attention_multiplier as the logits' scale
         model = tf.GraniteForCausalLM(tf.GraniteConfig(attention_multiplier=0.3, pad_token_id=0, **dec))
     elif kind.startswith("phi_"):  # q/k/v_proj and dense, all biased; partial rotary 0.5; a biased LayerNorm of q, k
@@ -1822,6 +1851,8 @@ if have_transformers:
         ("CohereAttention (RoPE over interleaved pairs)", "cohere", {}),
         ("CohereAttention (use_qk_norm: LayerNorm, weights [H, D] and [Hk, D])", "cohere_qk_norm", {}),
         ("Cohere2Attention (sliding layer: interleaved RoPE, window 5)", "cohere2", {}),
+        ("Llama4TextAttention (chunked layer 0: chunks of 5 over 13 tokens, interleaved RoPE)", "llama4_chunk", {}),
+        ("Llama4TextAttention (full NoPE layer 2)", "llama4_chunk_nope", dict(L=2)),
         ("Cohere2Attention (full layer: no RoPE), config.json as on the Hub", "cohere2_hub", dict(L=2)),
         ("Glm4Attention (interleaved RoPE over half the head)", "glm4", {}),
         ("Exaone4Attention (QK-norm, full layer without RoPE), config.json as on the Hub", "exaone4_hub", dict(L=2)),
@@ -1872,6 +1903,13 @@ if have_transformers:
     case(FAM, "PersimmonAttention with qk_layernorm: refused naming it",
          lambda: refused(lambda tf, d: tf.PersimmonForCausalLM(tf.PersimmonConfig(qk_layernorm=True, **d)),
                          "qk_layernorm"))
+    l4 = dict(attention_chunk_size=5, moe_layers=[], intermediate_size_mlp=96, head_dim=16)
+    case(FAM, "Llama4TextAttention with its weightless QK-norm after RoPE: refused naming use_qk_norm",
+         lambda: refused(lambda tf, d: tf.Llama4ForCausalLM(tf.Llama4TextConfig(
+             use_qk_norm=True, attn_temperature_tuning=False, **l4, **d)), "use_qk_norm"))
+    case(FAM, "Llama4TextAttention with temperature tuning on its NoPE layers: refused naming attn_temperature_tuning",
+         lambda: refused(lambda tf, d: tf.Llama4ForCausalLM(tf.Llama4TextConfig(
+             use_qk_norm=False, attn_temperature_tuning=True, **l4, **d)), "attn_temperature_tuning"))
     case(FAM, "HunYuanDenseV1Attention (QK-norm after RoPE): refused naming its model_type",
          lambda: refused(lambda tf, d: tf.HunYuanDenseV1ForCausalLM(tf.HunYuanDenseV1Config(head_dim=16, **d)),
                          "hunyuan_v1_dense"))

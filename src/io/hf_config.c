@@ -35,7 +35,8 @@ typedef struct hf_raw {
   int attention_bias, use_sliding, scale_attn_weights, scale_inverse_layer, relative_bias;
   hf_rope scaling, global, local;
   int64_t ntypes;
-  unsigned char types[ATTN_HF_MAX_LAYERS]; /* 1: sliding_attention */
+  unsigned char types[ATTN_HF_MAX_LAYERS]; /* 0: full_attention, 1: sliding_attention, 2: chunked_attention */
+  int64_t chunk;                           /* attention_chunk_size (UNSET: not given or null) */
   int64_t nrope, nope_interval;            /* no_rope_layers' length (UNSET: not given), its interval */
   unsigned char use_rope[ATTN_HF_MAX_LAYERS]; /* no_rope_layers: 1 RoPE, 0 none */
   int pattern_text;                        /* sliding_window_pattern given as a string (EXAONE 4's "LLLG") */
@@ -180,6 +181,7 @@ static attn_status layer_type(attn__json *j, int64_t i, void *arg) {
                          ATTN_HF_MAX_LAYERS);
   if (!strcmp(t, "full_attention")) r->types[i] = 0;
   else if (!strcmp(t, "sliding_attention")) r->types[i] = 1;
+  else if (!strcmp(t, "chunked_attention")) r->types[i] = 2;
   else {
     char shown[40];
     attn__sanitize(shown, sizeof shown, t, strlen(t));
@@ -196,7 +198,7 @@ static attn_status layer_types(attn__json *j, hf_raw *r) {
   return attn__json_each_item(j, layer_type, r);
 }
 
-/* SmolLM3's no_rope_layers: one 0 or 1 per layer (1: the layer takes RoPE). */
+/* SmolLM3's and Llama 4's no_rope_layers: one 0 or 1 per layer (1: the layer takes RoPE). */
 static attn_status rope_layer(attn__json *j, int64_t i, void *arg) {
   hf_raw *r = arg;
   double v;
@@ -274,7 +276,8 @@ static attn_status top_key(attn__json *j, const char *k, void *arg) {
   if (key_is(k, "use_qk_norm")) return boolean(j, k, &r->use_qk_norm);
   if (key_is(k, "qk_layernorm")) return boolean(j, k, &r->qk_layernorm);
   if (key_is(k, "clip_qkv")) return num_or_null(j, &r->clip_qkv);
-  if (key_is(k, "attention_chunk_size") || key_is(k, "attn_temperature_tuning") ||
+  if (key_is(k, "attention_chunk_size")) return int_or_null(j, k, &r->chunk);
+  if (key_is(k, "attn_temperature_tuning") ||
       key_is(k, "kv_lora_rank") || key_is(k, "q_lora_rank") ||
       key_is(k, "key_multiplier") || key_is(k, "llama_4_scaling_beta") || key_is(k, "use_bidirectional_attention"))
     return lacking(j, r, k);
@@ -378,6 +381,7 @@ static const family_facts *facts_of(const char *type) {
   static const family_facts facts[] = {
       {"cohere", 5e5, 0, 1},      {"cohere2", 0, 0, 1},       {"glm", 0, 0.5, 1},        {"glm4", 0, 0.5, 1},
       {"helium", 1e5, 0, 1},      {"ernie4_5", 5e5, 0, 1},    {"gptj", 0, 0, 1},         {"llama4", 5e5, 0, 1},
+      {"llama4_text", 5e5, 0, 1},
       {"stablelm", 0, 0.25, 0},   {"persimmon", 0, 0.5, 0},   {"phi", 0, 0.5, 0},        {"nemotron", 0, 0.5, 0},
       {"gpt_neox", 0, 0.25, 0},   {"olmo3", 5e5, 0, 0},       {"apertus", 1.2e7, 0, 0},  {"mixtral", 1e6, 0, 0},
       {"smollm3", 2e6, 0, 0},     {"gpt_oss", 1.5e5, 0, 0},   {"bitnet", 5e5, 0, 0},     {"exaone", 5e5, 0, 0},
@@ -390,7 +394,7 @@ static const family_facts *facts_of(const char *type) {
 /* What a key that asks for what libattn lacks means. */
 static const char *lacking_what(const char *k) {
   if (key_is(k, "use_qk_norm")) return "Llama 4's QK-norm without weights, after RoPE";
-  if (key_is(k, "attention_chunk_size")) return "Llama 4's chunked attention";
+  if (key_is(k, "attention_chunk_size")) return "chunked attention outside Llama 4";
   if (key_is(k, "attn_temperature_tuning")) return "Llama 4's temperature on NoPE layers";
   if (key_is(k, "clip_qkv")) return "a clamp of q, k and v outside OLMo and OLMoE";
   if (key_is(k, "qk_layernorm")) return "Persimmon's LayerNorm of q and k, beside its fused query_key_value";
@@ -431,6 +435,12 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
   if (r->qk_layernorm == 1 && !layernormed && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "qk_layernorm");
   const int clipped = !strcmp(r->model_type, "olmo") || !strcmp(r->model_type, "olmoe");
   if (!isnan(r->clip_qkv) && !clipped && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "clip_qkv");
+  const int llama4 = !strcmp(r->model_type, "llama4") || !strcmp(r->model_type, "llama4_text");
+  if (r->chunk > 0 && !llama4 && !r->lacking[0]) snprintf(r->lacking, sizeof r->lacking, "attention_chunk_size");
+  for (int64_t l = 0; l < r->ntypes && !llama4; l++)
+    if (r->types[l] == 2)
+      return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path,
+                           "layer_types[%lld] = 'chunked_attention' is not supported outside Llama 4", (long long)l);
   if (r->lacking[0])
     return attn__io_fail(j->ctx, ATTN_E_UNSUPPORTED, j->kind, j->path, "%s (%s) is not supported", r->lacking,
                          lacking_what(r->lacking));
@@ -482,7 +492,7 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
       int s;
       /* without layer_types, each family's rule as transformers applies it */
       const char *t = r->model_type;
-      if (r->ntypes > 0) s = l < r->ntypes && r->types[l];
+      if (r->ntypes > 0) s = l < r->ntypes && r->types[l] == 1;
       else if (!strcmp(t, "gemma2")) s = l % 2 == 0;
       else if (!strcmp(t, "gemma3") || !strcmp(t, "gemma3_text") || !strcmp(t, "cohere2") || !strcmp(t, "exaone4") ||
                !strcmp(t, "olmo3")) {
@@ -541,16 +551,33 @@ static attn_status finish(attn__json *j, attn_hf_config *out, hf_raw *r) {
                              "longrope's short_factor and long_factor have %d entries; %lld rotary dims make %lld pairs",
                              lr[i]->nshort, (long long)(rd ? rd : out->head_dim), (long long)((rd ? rd : out->head_dim) / 2));
     if (facts && facts->interleaved) out->rope_global.layout = out->rope_local.layout = ATTN_ROPE_INTERLEAVED;
-    /* NoPE layers: SmolLM3's list, or its default, every interval-th layer */
+    /* NoPE layers: SmolLM3's and Llama 4's list, or their default, every interval-th layer (an empty
+     * list is Llama 4's default too) */
+    if (llama4 && r->nrope == 0) r->nrope = UNSET;
     if (r->nrope >= 0 && L > 0 && r->nrope != L)
       return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "no_rope_layers has %lld entries for %lld layers",
                            (long long)r->nrope, (long long)L);
     const int64_t every = r->nope_interval > 0 ? r->nope_interval : 4;
     for (int64_t l = 0; l < (L > 0 ? L : r->nrope); l++)
-      out->nope[l] = r->nrope >= 0 ? !r->use_rope[l] : !strcmp(r->model_type, "smollm3") && (l + 1) % every == 0;
+      out->nope[l] = r->nrope >= 0 ? !r->use_rope[l] : (!strcmp(r->model_type, "smollm3") || llama4) && (l + 1) % every == 0;
     /* Cohere 2 and EXAONE 4 (with a window) rotate their sliding layers only */
     if (!strcmp(r->model_type, "cohere2") || (!strcmp(r->model_type, "exaone4") && out->sliding_window > 0))
       for (int64_t l = 0; l < L; l++) out->nope[l] |= !out->sliding[l];
+  }
+  /* Llama 4's chunked layers: layer_types' "chunked_attention", or its rule, the RoPE layers */
+  int typed_chunks = 0;
+  for (int64_t l = 0; l < r->ntypes; l++) typed_chunks |= r->types[l] == 2;
+  if ((llama4 && r->chunk == 0) || (typed_chunks && r->chunk <= 0))
+    return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path,
+                         "%s: attention_chunk_size is %s", typed_chunks ? "layer_types has chunked_attention layers"
+                                                                        : "chunked attention",
+                         r->chunk == 0 ? "0" : "not given");
+  if (r->chunk > 0) {
+    if (r->ntypes > 0 && r->ntypes != L)
+      return attn__io_fail(j->ctx, ATTN_E_FORMAT, j->kind, j->path, "layer_types has %lld entries for %lld layers",
+                           (long long)r->ntypes, (long long)L);
+    out->attention_chunk = r->chunk;
+    for (int64_t l = 0; l < L; l++) out->chunked[l] = r->ntypes > 0 ? r->types[l] == 2 : out->rope && !out->nope[l];
   }
   return ATTN_OK;
 }
@@ -566,7 +593,7 @@ attn_status attn_hf_config_parse(attn_ctx *ctx, attn_hf_config *out, const char 
   if (!r) return attn__fail(ctx, ATTN_E_NOMEM, "attn_hf_config_parse: out of memory");
   memset(r, 0, sizeof *r);
   r->hidden = r->heads = r->kv_heads = r->head_dim = r->layers = r->sliding_window = UNSET;
-  r->max_window_layers = r->max_pos = r->pattern = r->rotary_dim = UNSET;
+  r->max_window_layers = r->max_pos = r->pattern = r->rotary_dim = r->chunk = UNSET;
   r->theta = r->partial = r->local_base = r->qpas = r->softcap = r->eps = r->multiplier = r->original_max = NAN;
   r->clip_qkv = NAN;
   r->attention_bias = r->use_sliding = r->scale_attn_weights = r->scale_inverse_layer = UNSET;

@@ -107,6 +107,7 @@ static void layer_from_config(attn_hf_layer *info, attn_mha_config *like) {
   info->softcap = c->softcap;
   const int sliding = c->sliding_window > 0 && L < ATTN_HF_MAX_LAYERS && c->sliding[L];
   info->window = sliding ? c->sliding_window : 0;
+  info->chunk = c->attention_chunk > 0 && L < ATTN_HF_MAX_LAYERS && c->chunked[L] ? c->attention_chunk : 0;
   info->has_rope = c->rope && !(L < ATTN_HF_MAX_LAYERS && c->nope[L]);
   if (c->rope) info->rope = sliding ? c->rope_local : c->rope_global;
 }
@@ -274,5 +275,6 @@ void attn_hf_layer_opts(const attn_hf_layer *info, attn_mha_opts *opts) {
   opts->attn.scale = info->scale;
   opts->attn.softcap = info->softcap;
   opts->attn.window = info->window;
+  opts->attn.chunk = info->chunk;
   opts->rope = info->has_rope ? &info->rope : NULL;
 }

@@ -176,10 +176,10 @@ static attn_status make_plan(attn_ctx *ctx, MPI_Comm comm, plan *pl, attn_mpi_st
   MPI_Comm_size(comm, &pl->P);
   MPI_Comm_rank(comm, &pl->rank);
   if ((st = agree(ctx, comm, st ? st : local_checks(ctx, pl->P, strategy, q, k, v, out, lse, o)))) return st;
-  enum { NSIG = 19 };
+  enum { NSIG = 20 };
   int64_t sig[NSIG] = {q->shape[0], q->shape[1], k->shape[1], q->shape[3], v->shape[3], q->dtype, k->dtype, v->dtype,
                        strategy, o->causal != ATTN_CAUSAL_NONE, o->window, 0, 0, 0, o->alibi_slopes != NULL,
-                       o->sinks != NULL, o->key_padding != NULL, (int64_t)o->dropout_seed, wants_sinks_grad};
+                       o->sinks != NULL, o->key_padding != NULL, (int64_t)o->dropout_seed, wants_sinks_grad, o->chunk};
   bits_of(&sig[11], o->scale), bits_of(&sig[12], o->softcap), bits_of(&sig[13], o->dropout_p);
   int64_t lo[NSIG], hi[NSIG];
   MPI_Allreduce(sig, lo, NSIG, MPI_INT64_T, MPI_MIN, comm);
@@ -187,7 +187,7 @@ static attn_status make_plan(attn_ctx *ctx, MPI_Comm comm, plan *pl, attn_mpi_st
   static const char *const names[NSIG] = {"B", "Hq", "Hk", "D", "Dv", "q's dtype", "k's dtype", "v's dtype",
                                           "the strategy", "causal", "window", "scale", "softcap", "dropout_p",
                                           "ALiBi", "sinks", "key padding", "dropout_seed",
-                                          "whether sinks_grad is asked for"};
+                                          "whether sinks_grad is asked for", "chunk"};
   for (int i = 0; i < NSIG; i++)
     if (lo[i] != hi[i]) {
       st = attn_ctx_fail(ctx, ATTN_E_SHAPE, "the ranks disagree on %s (this rank: %lld; every rank must pass the "
@@ -363,9 +363,10 @@ static attn_tensor block_kp(const block *bl, const plan *pl, int64_t r0, int64_t
 /* Whether segment ks of keys can be seen by any row of segment qs. */
 static int pair_visible(const segment *qs, const segment *ks, const attn_sdpa_opts *o) {
   if (qs->rows == 0 || ks->rows == 0) return 0;
-  const int causal = o->causal != ATTN_CAUSAL_NONE || o->window > 0;
+  const int causal = o->causal != ATTN_CAUSAL_NONE || o->window > 0 || o->chunk > 0;
   if (causal && ks->global > qs->global + qs->rows - 1) return 0; /* every key after every row */
   if (o->window > 0 && ks->global + ks->rows - 1 < qs->global - o->window + 1) return 0; /* before every window */
+  if (o->chunk > 0 && (ks->global + ks->rows - 1) / o->chunk < qs->global / o->chunk) return 0; /* before every chunk */
   return 1;
 }
 

@@ -286,7 +286,7 @@ done:
 }
 
 static int bench_lengths(cli_args *a) {
-  static const char *const refused[] = {"--batch", "--seq", "--kv-seq", "--padding", "--window", NULL};
+  static const char *const refused[] = {"--batch", "--seq", "--kv-seq", "--padding", "--window", "--chunk", NULL};
   for (int i = 0; refused[i]; i++)
     if (cli_has(a, refused[i])) return cli_fail(CLI_EXIT_USAGE, "--lengths takes no %s", refused[i]);
   int64_t len[LENGTHS_MAX], cu[LENGTHS_MAX + 1] = {0}, S = 0, Lmax = 0;
@@ -435,7 +435,7 @@ done:
 
 int cmd_bench_sdpa(int argc, char **argv) {
   static const char *const known[] = {"--batch", "--heads", "--kv-heads", "--seq", "--kv-seq", "--dim",
-                                      "--threads", "--repeat", "--kernel", "--window", "--max-gflop",
+                                      "--threads", "--repeat", "--kernel", "--window", "--chunk", "--max-gflop",
                                       "--padding", "--dtype", "--precision", "--lengths", NULL};
   static const char *const switches[] = {"--causal", "--json", "--backward", "--padded", NULL};
   cli_args a;
@@ -450,11 +450,12 @@ int cmd_bench_sdpa(int argc, char **argv) {
   if ((r = cli_double(&a, "--padding", &padding))) return r;
   if (!(padding >= 0 && padding < 1))
     return cli_fail(CLI_EXIT_USAGE, "--padding wants a fraction in [0, 1), got '%s'", cli_show(cli_get(&a, "--padding")));
-  long long B, H, G = 0, N, M = 0, D, repeat = 0, window = 0;
+  long long B, H, G = 0, N, M = 0, D, repeat = 0, window = 0, chunk = 0;
   if ((r = bench_need_int(&a, "sdpa", "--batch", 1 << 20, &B)) || (r = bench_need_int(&a, "sdpa", "--heads", 1 << 16, &H)) ||
       (r = bench_need_int(&a, "sdpa", "--seq", 1 << 24, &N)) || (r = bench_need_int(&a, "sdpa", "--dim", 1 << 16, &D)) ||
       (r = cli_int(&a, "--kv-heads", 1, 1 << 16, &G)) || (r = cli_int(&a, "--kv-seq", 1, 1 << 24, &M)) ||
-      (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)) || (r = cli_int(&a, "--window", 0, 1 << 24, &window)))
+      (r = cli_int(&a, "--repeat", 1, BENCH_MAX_REPEATS, &repeat)) || (r = cli_int(&a, "--window", 0, 1 << 24, &window)) ||
+      (r = cli_int(&a, "--chunk", 0, 1 << 24, &chunk)))
     return r;
   if (!G) G = H;
   if (!M) M = N;
@@ -466,13 +467,14 @@ int cmd_bench_sdpa(int argc, char **argv) {
     else if (!strcmp(cs, "bottom-right")) causal = ATTN_CAUSAL_BOTTOM_RIGHT;
     else return cli_fail(CLI_EXIT_USAGE, "--causal wants nothing, =top-left or =bottom-right, got '%s'", cli_show(cs));
   }
-  if (window > 0 && causal == ATTN_CAUSAL_NONE) causal = ATTN_CAUSAL_TOP_LEFT; /* as the library reads a window */
+  if ((window > 0 || chunk > 0) && causal == ATTN_CAUSAL_NONE) causal = ATTN_CAUSAL_TOP_LEFT; /* as the library reads them */
   const int64_t kept = M - (int64_t)(padding * (double)M); /* keys [0, kept) of each row are not padding */
   double pairs = 0; /* visible (query, key) pairs of one head */
   for (int64_t i = 0; i < N; i++) {
     const int64_t qpos = causal == ATTN_CAUSAL_BOTTOM_RIGHT ? i + M - N : i;
     const int64_t end = causal_end(causal, i, N, M) < kept ? causal_end(causal, i, N, M) : kept;
-    const int64_t begin = window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0; /* the window's first key */
+    int64_t begin = window > 0 && qpos - window + 1 > 0 ? qpos - window + 1 : 0; /* the window's first key */
+    if (chunk > 0 && qpos >= 0 && qpos - qpos % chunk > begin) begin = qpos - qpos % chunk; /* the chunk's */
     pairs += end > begin ? (double)(end - begin) : 0;
   }
   const double fwd_gflop = 4.0 * (double)D * pairs * (double)(B * H) * 1e-9;
@@ -510,6 +512,7 @@ int cmd_bench_sdpa(int argc, char **argv) {
   attn_sdpa_opts_init(&c.o);
   c.o.causal = causal;
   c.o.window = window;
+  c.o.chunk = chunk;
   if (kept < M) {
     /* padded keys hold NaN, as the unused tail of a buffer may: hidden keys are never read, and the oracle check says so */
     int64_t ps[2] = {B, M};
